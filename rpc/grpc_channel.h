@@ -1,0 +1,19 @@
+// Client channels with the same explicit message size limits as the servers.
+#ifndef PSTRAIN_RPC_GRPC_CHANNEL_H_
+#define PSTRAIN_RPC_GRPC_CHANNEL_H_
+
+#include <grpcpp/channel.h>
+
+#include <memory>
+#include <string>
+
+#include "rpc/grpc_server.h"
+
+namespace pstrain {
+
+std::shared_ptr<grpc::Channel> CreateChannel(const std::string& target,
+                                             int max_message_bytes = kDefaultMaxMessageBytes);
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_RPC_GRPC_CHANNEL_H_

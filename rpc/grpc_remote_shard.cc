@@ -1,0 +1,124 @@
+#include "rpc/grpc_remote_shard.h"
+
+#include <grpcpp/alarm.h>
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "rpc/grpc_channel.h"
+#include "rpc/grpc_tensor_coding.h"
+#include "rpc/status_util.h"
+
+namespace pstrain {
+
+struct GrpcRemoteShard::Call {
+  std::string method;
+  grpc::ByteBuffer request;
+  grpc::ByteBuffer response;
+  std::unique_ptr<grpc::ClientContext> context;
+  google::protobuf::MessageLite* response_header = nullptr;
+  std::vector<TensorBuffer>* response_tensors = nullptr;
+  absl::Time deadline;
+  int attempt = 0;
+  absl::Duration backoff;
+  grpc::Alarm alarm;
+  StatusCallback done;
+};
+
+GrpcRemoteShard::GrpcRemoteShard(RemoteShardOptions options)
+    : options_(std::move(options)),
+      channel_(CreateChannel(options_.target, options_.max_message_bytes)),
+      stub_(std::make_unique<grpc::GenericStub>(channel_)) {}
+
+GrpcRemoteShard::~GrpcRemoteShard() = default;
+
+void GrpcRemoteShard::Start(const std::string& method, const google::protobuf::MessageLite& header,
+                            const std::vector<TensorBuffer>& tensors,
+                            google::protobuf::MessageLite* response,
+                            std::vector<TensorBuffer>* response_tensors,
+                            const CallOptions& options, StatusCallback done) {
+  auto call = std::make_shared<Call>();
+  call->method = absl::StrCat("/pstrain.ParameterService/", method);
+  absl::Status encoded = EncodeTensorMessage(header, tensors, &call->request);
+  if (!encoded.ok()) {
+    done(encoded);
+    return;
+  }
+  call->response_header = response;
+  call->response_tensors = response_tensors;
+  call->deadline = options.deadline == absl::InfiniteFuture()
+                       ? absl::Now() + options_.default_timeout
+                       : options.deadline;
+  call->backoff = options_.initial_backoff;
+  call->done = std::move(done);
+  Attempt(std::move(call));
+}
+
+void GrpcRemoteShard::Attempt(std::shared_ptr<Call> call) {
+  ++call->attempt;
+  call->context = std::make_unique<grpc::ClientContext>();
+  call->context->set_deadline(absl::ToChronoTime(call->deadline));
+  call->response.Clear();
+  // The request ByteBuffer is kept for retries: copying it copies slice
+  // references, not bytes.
+  stub_->UnaryCall(
+      call->context.get(), call->method, grpc::StubOptions(), &call->request, &call->response,
+      [this, call](grpc::Status status) {
+        if (status.error_code() == grpc::StatusCode::UNAVAILABLE &&
+            call->attempt < options_.max_attempts &&
+            absl::Now() + call->backoff < call->deadline) {
+          absl::Time when = absl::Now() + call->backoff;
+          call->backoff = std::min(call->backoff * 2, options_.max_backoff);
+          call->alarm.Set(absl::ToChronoTime(when), [this, call](bool ok) {
+            if (ok) {
+              Attempt(call);
+            } else {
+              call->done(absl::CancelledError("call cancelled while waiting to retry"));
+            }
+          });
+          return;
+        }
+        if (!status.ok()) {
+          absl::Status s = FromGrpcStatus(status);
+          call->done(absl::Status(
+              s.code(), absl::StrCat(call->method, " on ", options_.target, ": ", s.message())));
+          return;
+        }
+        std::vector<TensorBuffer> scratch;
+        absl::Status decoded = DecodeTensorMessage(
+            call->response, call->response_header,
+            call->response_tensors != nullptr ? call->response_tensors : &scratch);
+        call->done(decoded);
+      });
+}
+
+void GrpcRemoteShard::InitTable(const InitTableRequest& request, std::vector<TensorBuffer> values,
+                                InitTableResponse* response, const CallOptions& options,
+                                StatusCallback done) {
+  Start("InitTable", request, values, response, nullptr, options, std::move(done));
+}
+
+void GrpcRemoteShard::Pull(const PullRequest& request, PullResponse* response,
+                           std::vector<TensorBuffer>* values, const CallOptions& options,
+                           StatusCallback done) {
+  Start("Pull", request, {}, response, values, options, std::move(done));
+}
+
+void GrpcRemoteShard::Push(const PushRequest& request, std::vector<TensorBuffer> grads,
+                           PushResponse* response, const CallOptions& options,
+                           StatusCallback done) {
+  Start("Push", request, grads, response, nullptr, options, std::move(done));
+}
+
+void GrpcRemoteShard::PushPull(const PushPullRequest& request, std::vector<TensorBuffer> grads,
+                               PushPullResponse* response, std::vector<TensorBuffer>* values,
+                               const CallOptions& options, StatusCallback done) {
+  Start("PushPull", request, grads, response, values, options, std::move(done));
+}
+
+void GrpcRemoteShard::Stats(const StatsRequest& request, StatsResponse* response,
+                            const CallOptions& options, StatusCallback done) {
+  Start("Stats", request, {}, response, nullptr, options, std::move(done));
+}
+
+}  // namespace pstrain

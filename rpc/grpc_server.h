@@ -1,0 +1,62 @@
+// Server scaffolding shared by every pstrain server: explicit message size
+// limits, the standard gRPC health service (grpc.health.v1, for Kubernetes
+// probes) and server reflection, and port 0 binding with the chosen port read
+// back.
+//
+// Lifecycle: Create() builds and starts (STARTED); Shutdown() marks every
+// service NOT_SERVING, stops accepting calls and waits for in-flight ones up
+// to a deadline (STOPPED). Shutdown() is idempotent and thread-safe.
+#ifndef PSTRAIN_RPC_GRPC_SERVER_H_
+#define PSTRAIN_RPC_GRPC_SERVER_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace pstrain {
+
+// Default for both ends: large enough for a 4 MiB-chunked model push of
+// 64 chunks, small enough that a bad client cannot make a server allocate
+// gigabytes. Configurable per server and per channel.
+constexpr int kDefaultMaxMessageBytes = 256 << 20;
+
+struct GrpcServerOptions {
+  // "host:port"; port 0 picks a free port.
+  std::string address = "0.0.0.0:0";
+  int max_message_bytes = kDefaultMaxMessageBytes;
+};
+
+class GrpcServer {
+ public:
+  // Registers `services` (not owned; they must outlive the server), starts
+  // serving and reports every service SERVING.
+  static absl::StatusOr<std::unique_ptr<GrpcServer>> Create(
+      const GrpcServerOptions& options, const std::vector<grpc::Service*>& services);
+  ~GrpcServer();
+
+  int port() const { return port_; }
+  // "127.0.0.1:<port>" style target for clients on this machine.
+  std::string local_target() const;
+
+  void Shutdown(absl::Duration grace = absl::Seconds(5));
+  void Wait();
+
+ private:
+  GrpcServer() = default;
+
+  std::unique_ptr<grpc::Server> server_;
+  std::vector<std::string> service_names_;
+  int port_ = 0;
+  std::mutex mu_;
+  bool stopped_ = false;  // guarded by mu_
+};
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_RPC_GRPC_SERVER_H_

@@ -1,0 +1,337 @@
+#include "rpc/grpc_tensor_coding.h"
+
+#include <grpcpp/support/slice.h>
+
+#include <cstring>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+
+namespace pstrain {
+namespace {
+
+enum WireType : uint32_t { kVarint = 0, kFixed64 = 1, kLengthDelimited = 2, kFixed32 = 5 };
+
+constexpr int kDtypeField = 1;
+constexpr int kShapeField = 2;
+constexpr int kDataField = 3;
+
+void PutVarint(uint64_t v, std::string* out) {
+  while (v >= 0x80) {
+    out->push_back(static_cast<char>(v | 0x80));
+    v >>= 7;
+  }
+  out->push_back(static_cast<char>(v));
+}
+
+size_t VarintSize(uint64_t v) {
+  size_t n = 1;
+  while (v >= 0x80) {
+    v >>= 7;
+    ++n;
+  }
+  return n;
+}
+
+void PutTag(int field, WireType wt, std::string* out) {
+  PutVarint((static_cast<uint64_t>(field) << 3) | wt, out);
+}
+
+// Metadata of one TensorProto up to and including the length prefix of its
+// data field; the data bytes follow in their own slice.
+std::string TensorMetadata(const TensorBuffer& t) {
+  std::string m;
+  if (t.dtype != DT_INVALID) {
+    PutTag(kDtypeField, kVarint, &m);
+    PutVarint(static_cast<uint64_t>(t.dtype), &m);
+  }
+  if (!t.shape.empty()) {
+    std::string packed;
+    for (int64_t d : t.shape) PutVarint(static_cast<uint64_t>(d), &packed);
+    PutTag(kShapeField, kLengthDelimited, &m);
+    PutVarint(packed.size(), &m);
+    m += packed;
+  }
+  if (t.nbytes > 0) {
+    PutTag(kDataField, kLengthDelimited, &m);
+    PutVarint(t.nbytes, &m);
+  }
+  return m;
+}
+
+void ReleaseOwner(void* user_data) { delete static_cast<std::shared_ptr<const void>*>(user_data); }
+
+// Reads a message spread over gRPC slices. Positions are absolute offsets.
+class SliceReader {
+ public:
+  explicit SliceReader(std::vector<grpc::Slice> slices) : slices_(std::move(slices)) {
+    for (const grpc::Slice& s : slices_) size_ += s.size();
+  }
+
+  size_t size() const { return size_; }
+  size_t pos() const { return pos_; }
+  bool AtEnd() const { return pos_ >= size_; }
+
+  bool ReadByte(uint8_t* b) {
+    if (pos_ >= size_) return false;
+    Normalize();
+    *b = slices_[slice_].begin()[offset_];
+    Advance(1);
+    return true;
+  }
+
+  bool ReadVarint(uint64_t* v) {
+    uint64_t result = 0;
+    for (int shift = 0; shift < 64; shift += 7) {
+      uint8_t b;
+      if (!ReadByte(&b)) return false;
+      result |= static_cast<uint64_t>(b & 0x7f) << shift;
+      if ((b & 0x80) == 0) {
+        *v = result;
+        return true;
+      }
+    }
+    return false;  // more than 10 bytes
+  }
+
+  // Copies n bytes into out (appending).
+  bool ReadInto(size_t n, std::string* out) {
+    if (n > size_ - pos_) return false;
+    while (n > 0) {
+      Normalize();
+      size_t take = std::min(n, slices_[slice_].size() - offset_);
+      out->append(reinterpret_cast<const char*>(slices_[slice_].begin() + offset_), take);
+      Advance(take);
+      n -= take;
+    }
+    return true;
+  }
+
+  bool CopyTo(size_t n, uint8_t* dst) {
+    if (n > size_ - pos_) return false;
+    while (n > 0) {
+      Normalize();
+      size_t take = std::min(n, slices_[slice_].size() - offset_);
+      std::memcpy(dst, slices_[slice_].begin() + offset_, take);
+      dst += take;
+      Advance(take);
+      n -= take;
+    }
+    return true;
+  }
+
+  // If the next n bytes lie in one slice, returns a pointer to them and the
+  // slice (to hold a reference); otherwise nullptr.
+  const uint8_t* Contiguous(size_t n, const grpc::Slice** slice) {
+    if (n > size_ - pos_ || n == 0) return nullptr;
+    Normalize();
+    if (slices_[slice_].size() - offset_ < n) return nullptr;
+    *slice = &slices_[slice_];
+    return slices_[slice_].begin() + offset_;
+  }
+
+  bool Skip(size_t n) {
+    if (n > size_ - pos_) return false;
+    while (n > 0) {
+      Normalize();
+      size_t take = std::min(n, slices_[slice_].size() - offset_);
+      Advance(take);
+      n -= take;
+    }
+    return true;
+  }
+
+ private:
+  void Normalize() {
+    while (slice_ < slices_.size() && offset_ >= slices_[slice_].size()) {
+      ++slice_;
+      offset_ = 0;
+    }
+  }
+  void Advance(size_t n) {
+    offset_ += n;
+    pos_ += n;
+  }
+
+  std::vector<grpc::Slice> slices_;
+  size_t size_ = 0;
+  size_t pos_ = 0;
+  size_t slice_ = 0;
+  size_t offset_ = 0;
+};
+
+absl::Status Malformed(const std::string& what) {
+  return absl::InvalidArgumentError(absl::StrCat("malformed message: ", what));
+}
+
+// Parses one TensorProto of `len` bytes at the reader's position.
+absl::Status ReadTensor(SliceReader* r, size_t len, size_t index, TensorBuffer* t) {
+  const size_t end = r->pos() + len;
+  const std::string what = absl::StrCat("tensor ", index);
+  bool have_data = false;
+  while (r->pos() < end) {
+    uint64_t tag;
+    if (!r->ReadVarint(&tag)) return Malformed(what + ": truncated field tag");
+    const uint64_t field = tag >> 3;
+    const uint32_t wt = tag & 7;
+    if (field == kDtypeField && wt == kVarint) {
+      uint64_t v;
+      if (!r->ReadVarint(&v)) return Malformed(what + ": truncated dtype");
+      t->dtype = static_cast<DataType>(static_cast<int>(v));
+    } else if (field == kShapeField && wt == kLengthDelimited) {
+      uint64_t n;
+      if (!r->ReadVarint(&n) || n > end - r->pos()) return Malformed(what + ": truncated shape");
+      const size_t shape_end = r->pos() + n;
+      while (r->pos() < shape_end) {
+        uint64_t d;
+        if (!r->ReadVarint(&d)) return Malformed(what + ": truncated shape");
+        t->shape.push_back(static_cast<int64_t>(d));
+      }
+      if (r->pos() != shape_end) return Malformed(what + ": shape overruns its length");
+    } else if (field == kShapeField && wt == kVarint) {
+      uint64_t d;
+      if (!r->ReadVarint(&d)) return Malformed(what + ": truncated shape");
+      t->shape.push_back(static_cast<int64_t>(d));
+    } else if (field == kDataField && wt == kLengthDelimited) {
+      uint64_t n;
+      if (!r->ReadVarint(&n) || n > end - r->pos()) return Malformed(what + ": truncated data");
+      // Protobuf semantics: the last occurrence wins.
+      have_data = true;
+      // Resolve the bytes now, while the reader is here.
+      size_t elem = DataTypeSize(t->dtype);
+      const grpc::Slice* slice = nullptr;
+      const uint8_t* p = r->Contiguous(n, &slice);
+      if (p != nullptr && elem != 0 && reinterpret_cast<uintptr_t>(p) % elem == 0) {
+        t->data = p;
+        t->nbytes = n;
+        t->owner = std::make_shared<grpc::Slice>(*slice);  // a reference, not a copy
+        r->Skip(n);
+      } else {
+        TensorBuffer copy = TensorBuffer::Allocate(DT_UINT8, {static_cast<int64_t>(n)});
+        if (!r->CopyTo(n, copy.MutableData())) return Malformed(what + ": truncated data");
+        t->data = copy.data;
+        t->nbytes = n;
+        t->owner = std::move(copy.owner);
+      }
+    } else {
+      // Unknown field: skip it by wire type.
+      uint64_t skip = 0;
+      switch (wt) {
+        case kVarint: {
+          uint64_t v;
+          if (!r->ReadVarint(&v)) return Malformed(what + ": truncated varint");
+          break;
+        }
+        case kFixed64: skip = 8; break;
+        case kFixed32: skip = 4; break;
+        case kLengthDelimited:
+          if (!r->ReadVarint(&skip)) return Malformed(what + ": truncated length");
+          break;
+        default:
+          return Malformed(absl::StrCat(what, ": unsupported wire type ", wt));
+      }
+      if (skip > end - r->pos() || !r->Skip(skip)) return Malformed(what + ": truncated field");
+    }
+    if (r->pos() > end) return Malformed(what + ": field overruns the tensor");
+  }
+  if (!have_data) {
+    t->data = nullptr;
+    t->nbytes = 0;
+  }
+  return ValidateTensorBuffer(*t, what);
+}
+
+}  // namespace
+
+absl::Status EncodeTensorMessage(const google::protobuf::MessageLite& header,
+                                 const std::vector<TensorBuffer>& tensors, grpc::ByteBuffer* out,
+                                 int tensor_field) {
+  std::vector<grpc::Slice> slices;
+  slices.reserve(1 + 2 * tensors.size());
+  std::string pending;
+  if (!header.AppendToString(&pending)) {
+    return absl::InternalError("could not serialize the message header");
+  }
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const TensorBuffer& t = tensors[i];
+    absl::Status valid = ValidateTensorBuffer(t, absl::StrCat("tensor ", i));
+    if (!valid.ok()) return valid;
+    const std::string meta = TensorMetadata(t);
+    PutTag(tensor_field, kLengthDelimited, &pending);
+    PutVarint(meta.size() + t.nbytes, &pending);
+    pending += meta;
+    if (t.nbytes < kZeroCopyMinBytes) {
+      pending.append(reinterpret_cast<const char*>(t.data), t.nbytes);
+      continue;
+    }
+    slices.emplace_back(pending.data(), pending.size());
+    pending.clear();
+    // The slice points into the tensor's memory; its destroy callback drops
+    // our reference to the owner once gRPC has written the bytes.
+    auto* owner = new std::shared_ptr<const void>(t.owner);
+    slices.emplace_back(const_cast<uint8_t*>(t.data), t.nbytes, &ReleaseOwner, owner);
+  }
+  if (!pending.empty() || slices.empty()) slices.emplace_back(pending.data(), pending.size());
+  grpc::ByteBuffer bb(slices.data(), slices.size());
+  out->Swap(&bb);
+  return absl::OkStatus();
+}
+
+absl::Status DecodeTensorMessage(const grpc::ByteBuffer& in, google::protobuf::MessageLite* header,
+                                 std::vector<TensorBuffer>* tensors, int tensor_field) {
+  std::vector<grpc::Slice> slices;
+  if (in.Valid()) {
+    grpc::Status dumped = in.Dump(&slices);
+    if (!dumped.ok()) return absl::InternalError("could not read the received message");
+  }
+  SliceReader r(std::move(slices));
+  std::string header_bytes;
+  std::vector<TensorBuffer> out;
+  while (!r.AtEnd()) {
+    uint64_t tag;
+    if (!r.ReadVarint(&tag)) return Malformed("truncated field tag");
+    const uint64_t field = tag >> 3;
+    const uint32_t wt = tag & 7;
+    if (field == 0) return Malformed("field number 0");
+    if (field == static_cast<uint64_t>(tensor_field) && wt == kLengthDelimited) {
+      uint64_t len;
+      if (!r.ReadVarint(&len) || len > r.size() - r.pos()) {
+        return Malformed(absl::StrCat("tensor ", out.size(), " is truncated"));
+      }
+      TensorBuffer t;
+      absl::Status s = ReadTensor(&r, len, out.size(), &t);
+      if (!s.ok()) return s;
+      out.push_back(std::move(t));
+      continue;
+    }
+    PutVarint(tag, &header_bytes);
+    switch (wt) {
+      case kVarint: {
+        uint64_t v;
+        if (!r.ReadVarint(&v)) return Malformed("truncated varint");
+        PutVarint(v, &header_bytes);
+        break;
+      }
+      case kFixed64:
+        if (!r.ReadInto(8, &header_bytes)) return Malformed("truncated fixed64");
+        break;
+      case kFixed32:
+        if (!r.ReadInto(4, &header_bytes)) return Malformed("truncated fixed32");
+        break;
+      case kLengthDelimited: {
+        uint64_t len;
+        if (!r.ReadVarint(&len) || len > r.size() - r.pos()) return Malformed("truncated field");
+        PutVarint(len, &header_bytes);
+        if (!r.ReadInto(len, &header_bytes)) return Malformed("truncated field");
+        break;
+      }
+      default:
+        return Malformed(absl::StrCat("unsupported wire type ", wt));
+    }
+  }
+  if (!header->ParseFromString(header_bytes)) return Malformed("could not parse the header");
+  *tensors = std::move(out);
+  return absl::OkStatus();
+}
+
+}  // namespace pstrain

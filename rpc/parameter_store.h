@@ -1,0 +1,56 @@
+// ParameterStore: the transport-neutral interface of one parameter shard.
+// ShardStore (server/ps) is the in-process implementation, GrpcRemoteShard
+// (rpc/) reaches one over gRPC, and GrpcParameterService (server/ps) exposes
+// a ParameterStore over gRPC. Requests and responses are the protos of
+// proto/parameter.proto with their tensor field left empty; tensors travel
+// beside them as TensorBuffers, so no layer copies tensor bytes into protos.
+//
+// Every call is asynchronous: `done` runs exactly once, on some thread of the
+// implementation, after the response and tensor outputs are filled in (on
+// error they may be partly filled). Callers keep the outputs alive until then.
+#ifndef PSTRAIN_RPC_PARAMETER_STORE_H_
+#define PSTRAIN_RPC_PARAMETER_STORE_H_
+
+#include <functional>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "proto/parameter.pb.h"
+#include "rpc/tensor_buffer.h"
+
+namespace pstrain {
+
+using StatusCallback = std::function<void(absl::Status)>;
+
+struct CallOptions {
+  // A call still waiting at its deadline fails with DEADLINE_EXCEEDED.
+  absl::Time deadline = absl::InfiniteFuture();
+};
+
+class ParameterStore {
+ public:
+  virtual ~ParameterStore() = default;
+
+  virtual void InitTable(const InitTableRequest& request, std::vector<TensorBuffer> values,
+                         InitTableResponse* response, const CallOptions& options,
+                         StatusCallback done) = 0;
+  virtual void Pull(const PullRequest& request, PullResponse* response,
+                    std::vector<TensorBuffer>* values, const CallOptions& options,
+                    StatusCallback done) = 0;
+  virtual void Push(const PushRequest& request, std::vector<TensorBuffer> grads,
+                    PushResponse* response, const CallOptions& options, StatusCallback done) = 0;
+  virtual void PushPull(const PushPullRequest& request, std::vector<TensorBuffer> grads,
+                        PushPullResponse* response, std::vector<TensorBuffer>* values,
+                        const CallOptions& options, StatusCallback done) = 0;
+  virtual void Stats(const StatsRequest& request, StatsResponse* response,
+                     const CallOptions& options, StatusCallback done) = 0;
+};
+
+// Runs one asynchronous call and waits for its `done`. For tests, tools and
+// callers that have nothing else to do meanwhile.
+absl::Status WaitFor(const std::function<void(StatusCallback)>& call);
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_RPC_PARAMETER_STORE_H_

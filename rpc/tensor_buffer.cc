@@ -1,0 +1,119 @@
+#include "rpc/tensor_buffer.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace pstrain {
+
+size_t DataTypeSize(DataType dtype) {
+  switch (dtype) {
+    case DT_FLOAT32: return 4;
+    case DT_FLOAT64: return 8;
+    case DT_FLOAT16: return 2;
+    case DT_BFLOAT16: return 2;
+    case DT_INT32: return 4;
+    case DT_INT64: return 8;
+    case DT_UINT8: return 1;
+    case DT_BOOL: return 1;
+    default: return 0;
+  }
+}
+
+std::string DataTypeName(DataType dtype) {
+  switch (dtype) {
+    case DT_FLOAT32: return "float32";
+    case DT_FLOAT64: return "float64";
+    case DT_FLOAT16: return "float16";
+    case DT_BFLOAT16: return "bfloat16";
+    case DT_INT32: return "int32";
+    case DT_INT64: return "int64";
+    case DT_UINT8: return "uint8";
+    case DT_BOOL: return "bool";
+    default: return absl::StrCat("invalid(", static_cast<int>(dtype), ")");
+  }
+}
+
+int64_t TensorBuffer::NumElements() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+std::string TensorBuffer::ShapeString() const {
+  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+}
+
+namespace {
+// 64-byte alignment suits every element type and vector loads.
+constexpr size_t kAlignment = 64;
+
+struct AlignedFree {
+  void operator()(void* p) const { std::free(p); }
+};
+}  // namespace
+
+TensorBuffer TensorBuffer::Allocate(DataType dtype, std::vector<int64_t> shape) {
+  TensorBuffer t;
+  t.dtype = dtype;
+  t.shape = std::move(shape);
+  t.nbytes = static_cast<size_t>(t.NumElements()) * DataTypeSize(dtype);
+  size_t rounded = (t.nbytes + kAlignment - 1) / kAlignment * kAlignment;
+  void* p = std::aligned_alloc(kAlignment, rounded == 0 ? kAlignment : rounded);
+  if (p == nullptr) throw std::bad_alloc();
+  std::shared_ptr<void> owner(p, AlignedFree());
+  t.data = static_cast<const uint8_t*>(p);
+  t.owner = std::move(owner);
+  return t;
+}
+
+TensorBuffer TensorBuffer::CopyOf(DataType dtype, std::vector<int64_t> shape,
+                                  const void* bytes, size_t nbytes) {
+  TensorBuffer t = Allocate(dtype, std::move(shape));
+  t.nbytes = nbytes;
+  if (nbytes > 0) std::memcpy(t.MutableData(), bytes, nbytes);
+  return t;
+}
+
+absl::StatusOr<size_t> ExpectedBytes(DataType dtype, const std::vector<int64_t>& shape) {
+  size_t elem = DataTypeSize(dtype);
+  if (elem == 0) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown dtype ", DataTypeName(dtype)));
+  }
+  // Keep the total below 2^62 bytes so no product overflows.
+  constexpr uint64_t kLimit = uint64_t{1} << 62;
+  uint64_t n = elem;
+  for (int64_t d : shape) {
+    if (d < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("negative dimension ", d, " in shape [",
+                                                     absl::StrJoin(shape, ", "), "]"));
+    }
+    if (d != 0 && n > kLimit / static_cast<uint64_t>(d)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("shape [", absl::StrJoin(shape, ", "), "] is too large"));
+    }
+    n *= static_cast<uint64_t>(d);
+  }
+  return static_cast<size_t>(n);
+}
+
+absl::Status ValidateTensorBuffer(const TensorBuffer& t, const std::string& what) {
+  absl::StatusOr<size_t> expected = ExpectedBytes(t.dtype, t.shape);
+  if (!expected.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": ", expected.status().message()));
+  }
+  if (*expected != t.nbytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": ", t.nbytes, " bytes of data, but shape ", t.ShapeString(), " of ",
+                     DataTypeName(t.dtype), " needs ", *expected));
+  }
+  if (t.nbytes > 0 && t.data == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": no data"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace pstrain

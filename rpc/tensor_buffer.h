@@ -1,0 +1,61 @@
+// TensorBuffer: the transport's view of a dense tensor -- element type, shape
+// and a span of little-endian bytes -- kept alive by a shared owner. Both the
+// LibTorch side (worker) and the shard side (plain float arrays) speak it, so
+// the shard server never needs LibTorch headers.
+#ifndef PSTRAIN_RPC_TENSOR_BUFFER_H_
+#define PSTRAIN_RPC_TENSOR_BUFFER_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "proto/tensor.pb.h"
+
+namespace pstrain {
+
+// Bytes per element of `dtype`; 0 for DT_INVALID or an unknown value.
+size_t DataTypeSize(DataType dtype);
+// "float32", "int64", ...; "invalid(N)" for anything else.
+std::string DataTypeName(DataType dtype);
+
+// An immutable view of tensor bytes. Copying a TensorBuffer copies the view,
+// not the bytes; `owner` keeps `data` valid for as long as any copy lives.
+// Thread-safe to read from many threads.
+struct TensorBuffer {
+  DataType dtype = DT_INVALID;
+  std::vector<int64_t> shape;
+  const uint8_t* data = nullptr;
+  size_t nbytes = 0;
+  std::shared_ptr<const void> owner;
+
+  // Product of `shape` (1 for a 0-dim tensor).
+  int64_t NumElements() const;
+  std::string ShapeString() const;  // "[2, 3]"
+
+  // A buffer of `nbytes` bytes, aligned for any element type, that this
+  // TensorBuffer owns. The caller fills it through MutableData() before
+  // sharing the buffer.
+  static TensorBuffer Allocate(DataType dtype, std::vector<int64_t> shape);
+  uint8_t* MutableData() const { return const_cast<uint8_t*>(data); }
+
+  // A buffer holding a copy of `bytes`.
+  static TensorBuffer CopyOf(DataType dtype, std::vector<int64_t> shape,
+                             const void* bytes, size_t nbytes);
+};
+
+// Checks that dtype is known, no dimension is negative, the element count does
+// not overflow, and nbytes == elements x element size. The message names
+// `what` (e.g. "grads[3] (key fc1.weight#0)") so a person can find the culprit.
+absl::Status ValidateTensorBuffer(const TensorBuffer& t, const std::string& what);
+
+// Number of bytes that `shape` of `dtype` needs, or an error on overflow,
+// negative dimension or unknown dtype.
+absl::StatusOr<size_t> ExpectedBytes(DataType dtype, const std::vector<int64_t>& shape);
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_RPC_TENSOR_BUFFER_H_

@@ -1,0 +1,103 @@
+#include "server/ps/grpc_parameter_service.h"
+
+#include <memory>
+
+#include "rpc/grpc_tensor_coding.h"
+#include "rpc/status_util.h"
+
+namespace pstrain {
+namespace {
+
+CallOptions OptionsFrom(const grpc::CallbackServerContext* context) {
+  CallOptions options;
+  const auto deadline = context->deadline();
+  // gRPC reports "no deadline" as the far future; keep that infinite.
+  if (deadline < std::chrono::system_clock::now() + std::chrono::hours(24 * 365 * 10)) {
+    options.deadline = absl::FromChrono(deadline);
+  }
+  return options;
+}
+
+// Request, response and tensors of one call. Shared with the store's
+// callback, which may run after the client has gone (at the latest at the
+// call's deadline); gRPC keeps `response` valid until Finish().
+template <typename Request, typename Response>
+struct CallState {
+  Request request;
+  std::vector<TensorBuffer> in_tensors;
+  Response response;
+  std::vector<TensorBuffer> out_tensors;
+};
+
+// Decodes the request, runs `invoke(state, done)` and finishes the call with
+// the encoded response or the error.
+template <typename Request, typename Response, typename Invoke>
+grpc::ServerUnaryReactor* Serve(grpc::CallbackServerContext* context,
+                                const grpc::ByteBuffer* request, grpc::ByteBuffer* response,
+                                Invoke invoke) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  auto state = std::make_shared<CallState<Request, Response>>();
+  absl::Status decoded = DecodeTensorMessage(*request, &state->request, &state->in_tensors);
+  if (!decoded.ok()) {
+    reactor->Finish(ToGrpcStatus(decoded));
+    return reactor;
+  }
+  invoke(state, OptionsFrom(context), [state, reactor, response](absl::Status s) {
+    if (s.ok()) s = EncodeTensorMessage(state->response, state->out_tensors, response);
+    reactor->Finish(ToGrpcStatus(s));
+  });
+  return reactor;
+}
+
+}  // namespace
+
+grpc::ServerUnaryReactor* GrpcParameterService::InitTable(grpc::CallbackServerContext* context,
+                                                          const grpc::ByteBuffer* request,
+                                                          grpc::ByteBuffer* response) {
+  return Serve<InitTableRequest, InitTableResponse>(
+      context, request, response, [this](auto state, const CallOptions& options, auto done) {
+        store_->InitTable(state->request, std::move(state->in_tensors), &state->response, options,
+                          std::move(done));
+      });
+}
+
+grpc::ServerUnaryReactor* GrpcParameterService::Pull(grpc::CallbackServerContext* context,
+                                                     const grpc::ByteBuffer* request,
+                                                     grpc::ByteBuffer* response) {
+  return Serve<PullRequest, PullResponse>(
+      context, request, response, [this](auto state, const CallOptions& options, auto done) {
+        store_->Pull(state->request, &state->response, &state->out_tensors, options,
+                     std::move(done));
+      });
+}
+
+grpc::ServerUnaryReactor* GrpcParameterService::Push(grpc::CallbackServerContext* context,
+                                                     const grpc::ByteBuffer* request,
+                                                     grpc::ByteBuffer* response) {
+  return Serve<PushRequest, PushResponse>(
+      context, request, response, [this](auto state, const CallOptions& options, auto done) {
+        store_->Push(state->request, std::move(state->in_tensors), &state->response, options,
+                     std::move(done));
+      });
+}
+
+grpc::ServerUnaryReactor* GrpcParameterService::PushPull(grpc::CallbackServerContext* context,
+                                                         const grpc::ByteBuffer* request,
+                                                         grpc::ByteBuffer* response) {
+  return Serve<PushPullRequest, PushPullResponse>(
+      context, request, response, [this](auto state, const CallOptions& options, auto done) {
+        store_->PushPull(state->request, std::move(state->in_tensors), &state->response,
+                         &state->out_tensors, options, std::move(done));
+      });
+}
+
+grpc::ServerUnaryReactor* GrpcParameterService::Stats(grpc::CallbackServerContext* context,
+                                                      const grpc::ByteBuffer* request,
+                                                      grpc::ByteBuffer* response) {
+  return Serve<StatsRequest, StatsResponse>(
+      context, request, response, [this](auto state, const CallOptions& options, auto done) {
+        store_->Stats(state->request, &state->response, options, std::move(done));
+      });
+}
+
+}  // namespace pstrain

@@ -1,0 +1,99 @@
+// pstrain-ps: one parameter shard server.
+//
+//   pstrain-ps --port=7070 --shard_index=0 --num_shards=2
+//
+// Serves pstrain.ParameterService, grpc.health.v1.Health and reflection.
+// SIGTERM or SIGINT: fail waiting calls with UNAVAILABLE, stop accepting,
+// drain in-flight calls, exit 0.
+#include <signal.h>
+
+#include <cstdio>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "common/file_util.h"
+#include "rpc/grpc_server.h"
+#include "server/ps/grpc_parameter_service.h"
+#include "server/ps/shard_store.h"
+#include "spdlog/spdlog.h"
+
+ABSL_FLAG(std::string, host, "0.0.0.0", "Address to listen on.");
+ABSL_FLAG(int, port, 0, "Port to listen on; 0 picks a free one (see --port_file).");
+ABSL_FLAG(std::string, port_file, "",
+          "If set, write the chosen host:port here (atomically) once serving.");
+ABSL_FLAG(int, shard_index, 0, "This shard's index, 0 <= shard_index < num_shards.");
+ABSL_FLAG(int, num_shards, 1, "Number of shards in the cluster.");
+ABSL_FLAG(int, max_message_mb, pstrain::kDefaultMaxMessageBytes >> 20,
+          "Largest request or response in MiB; larger ones fail with RESOURCE_EXHAUSTED.");
+ABSL_FLAG(int, max_wait_s, 1800, "Longest a call may wait for other workers, in seconds.");
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage("pstrain parameter shard server");
+  absl::ParseCommandLine(argc, argv);
+
+  const int num_shards = absl::GetFlag(FLAGS_num_shards);
+  const int shard_index = absl::GetFlag(FLAGS_shard_index);
+  const int port = absl::GetFlag(FLAGS_port);
+  const int max_mb = absl::GetFlag(FLAGS_max_message_mb);
+  if (num_shards < 1 || shard_index < 0 || shard_index >= num_shards) {
+    std::fprintf(stderr, "pstrain-ps: need 0 <= --shard_index < --num_shards (got %d, %d)\n",
+                 shard_index, num_shards);
+    return 2;
+  }
+  if (port < 0 || port > 65535) {
+    std::fprintf(stderr, "pstrain-ps: --port must be in 0..65535 (got %d)\n", port);
+    return 2;
+  }
+  if (max_mb < 1 || max_mb > 2047) {
+    std::fprintf(stderr, "pstrain-ps: --max_message_mb must be in 1..2047 (got %d)\n", max_mb);
+    return 2;
+  }
+  if (absl::GetFlag(FLAGS_max_wait_s) < 1) {
+    std::fprintf(stderr, "pstrain-ps: --max_wait_s must be >= 1\n");
+    return 2;
+  }
+
+  // Block the stop signals in every thread; this one waits for them below.
+  sigset_t stop;
+  sigemptyset(&stop);
+  sigaddset(&stop, SIGTERM);
+  sigaddset(&stop, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
+
+  pstrain::ShardStoreOptions store_options;
+  store_options.shard_index = static_cast<uint32_t>(shard_index);
+  store_options.num_shards = static_cast<uint32_t>(num_shards);
+  store_options.max_wait = absl::Seconds(absl::GetFlag(FLAGS_max_wait_s));
+  pstrain::ShardStore store(store_options);
+  pstrain::GrpcParameterService service(&store);
+
+  pstrain::GrpcServerOptions server_options;
+  server_options.address = absl::StrCat(absl::GetFlag(FLAGS_host), ":", port);
+  server_options.max_message_bytes = max_mb << 20;
+  auto server = pstrain::GrpcServer::Create(server_options, {&service});
+  if (!server.ok()) {
+    spdlog::error("pstrain-ps: {}", server.status().ToString());
+    return 1;
+  }
+  spdlog::info("pstrain-ps shard {}/{} serving on port {}", shard_index, num_shards,
+               (*server)->port());
+  if (!absl::GetFlag(FLAGS_port_file).empty()) {
+    absl::Status s = pstrain::WriteFileAtomically(absl::GetFlag(FLAGS_port_file),
+                                                  (*server)->local_target() + "\n");
+    if (!s.ok()) {
+      spdlog::error("pstrain-ps: {}", s.ToString());
+      return 1;
+    }
+  }
+
+  int sig = 0;
+  sigwait(&stop, &sig);
+  spdlog::info("pstrain-ps: signal {}, draining", sig);
+  store.Shutdown();
+  (*server)->Shutdown(absl::Seconds(10));
+  spdlog::info("pstrain-ps: stopped");
+  return 0;
+}

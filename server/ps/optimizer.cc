@@ -1,0 +1,136 @@
+#include "server/ps/optimizer.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+
+namespace pstrain {
+
+absl::Status NormalizeOptimizerConfig(OptimizerConfig* c) {
+  auto bad = [](const std::string& field, const std::string& why) {
+    return absl::InvalidArgumentError(absl::StrCat("optimizer.", field, " ", why));
+  };
+  if (c->kind() == OptimizerConfig::KIND_UNSPECIFIED) {
+    return bad("kind", "is not set: use SGD, ADAM, ADAMW or ADAGRAD");
+  }
+  if (!OptimizerConfig::Kind_IsValid(c->kind())) return bad("kind", "is unknown");
+  if (!(c->lr() > 0) || !std::isfinite(c->lr())) return bad("lr", "must be a positive number");
+  if (c->weight_decay() < 0 || !std::isfinite(c->weight_decay())) {
+    return bad("weight_decay", "must be >= 0");
+  }
+  switch (c->kind()) {
+    case OptimizerConfig::SGD:
+      if (c->momentum() < 0 || !std::isfinite(c->momentum())) return bad("momentum", "must be >= 0");
+      if (c->dampening() < 0 || c->dampening() > 1) return bad("dampening", "must be in [0, 1]");
+      if (c->nesterov() && (c->momentum() <= 0 || c->dampening() != 0)) {
+        return bad("nesterov", "needs momentum > 0 and dampening 0 (as in PyTorch)");
+      }
+      break;
+    case OptimizerConfig::ADAM:
+    case OptimizerConfig::ADAMW:
+      if (c->beta1() == 0) c->set_beta1(0.9);
+      if (c->beta2() == 0) c->set_beta2(0.999);
+      if (c->eps() == 0) c->set_eps(1e-8);
+      if (c->beta1() < 0 || c->beta1() >= 1) return bad("beta1", "must be in [0, 1)");
+      if (c->beta2() < 0 || c->beta2() >= 1) return bad("beta2", "must be in [0, 1)");
+      if (!(c->eps() > 0)) return bad("eps", "must be > 0");
+      break;
+    case OptimizerConfig::ADAGRAD:
+      if (c->eps() == 0) c->set_eps(1e-10);
+      if (!(c->eps() > 0)) return bad("eps", "must be > 0");
+      if (c->lr_decay() < 0) return bad("lr_decay", "must be >= 0");
+      if (c->initial_accumulator_value() < 0) return bad("initial_accumulator_value", "must be >= 0");
+      break;
+    default:
+      break;
+  }
+  return absl::OkStatus();
+}
+
+int OptimizerStateSlots(OptimizerConfig::Kind kind) {
+  switch (kind) {
+    case OptimizerConfig::SGD: return 1;  // momentum buffer
+    case OptimizerConfig::ADAM:
+    case OptimizerConfig::ADAMW: return 2;  // exp_avg, exp_avg_sq
+    case OptimizerConfig::ADAGRAD: return 1;  // sum of squares
+    default: return 0;
+  }
+}
+
+template <typename T>
+void ApplyOptimizer(const OptimizerConfig& c, int64_t step, T* p, const T* g, T* const* state,
+                    size_t n, double grad_scale) {
+  const T scale = static_cast<T>(grad_scale);
+  const T lr = static_cast<T>(c.lr());
+  const T wd = static_cast<T>(c.weight_decay());
+  switch (c.kind()) {
+    case OptimizerConfig::SGD: {
+      const T mom = static_cast<T>(c.momentum());
+      const T damp = static_cast<T>(1.0 - c.dampening());
+      T* buf = state[0];
+      if (mom == 0) {
+        for (size_t i = 0; i < n; ++i) p[i] -= lr * (g[i] * scale + wd * p[i]);
+      } else if (step == 1) {
+        // PyTorch starts the momentum buffer as a copy of the first gradient.
+        for (size_t i = 0; i < n; ++i) {
+          const T d = g[i] * scale + wd * p[i];
+          buf[i] = d;
+          p[i] -= lr * (c.nesterov() ? d + mom * d : d);
+        }
+      } else {
+        for (size_t i = 0; i < n; ++i) {
+          const T d = g[i] * scale + wd * p[i];
+          buf[i] = mom * buf[i] + damp * d;
+          p[i] -= lr * (c.nesterov() ? d + mom * buf[i] : buf[i]);
+        }
+      }
+      break;
+    }
+    case OptimizerConfig::ADAM:
+    case OptimizerConfig::ADAMW: {
+      const double b1 = c.beta1(), b2 = c.beta2();
+      const T beta1 = static_cast<T>(b1), beta2 = static_cast<T>(b2);
+      const T bc1 = static_cast<T>(1.0 - std::pow(b1, static_cast<double>(step)));
+      const T bc2_sqrt = static_cast<T>(std::sqrt(1.0 - std::pow(b2, static_cast<double>(step))));
+      const T step_size = lr / bc1;
+      const T eps = static_cast<T>(c.eps());
+      const bool decoupled = c.kind() == OptimizerConfig::ADAMW;
+      const T decay = static_cast<T>(1.0 - c.lr() * c.weight_decay());
+      T* m = state[0];
+      T* v = state[1];
+      for (size_t i = 0; i < n; ++i) {
+        T d = g[i] * scale;
+        if (decoupled) {
+          p[i] *= decay;
+        } else {
+          d += wd * p[i];
+        }
+        m[i] = beta1 * m[i] + (1 - beta1) * d;
+        v[i] = beta2 * v[i] + (1 - beta2) * d * d;
+        const T denom = std::sqrt(v[i]) / bc2_sqrt + eps;
+        p[i] -= step_size * m[i] / denom;
+      }
+      break;
+    }
+    case OptimizerConfig::ADAGRAD: {
+      const T clr = static_cast<T>(c.lr() / (1.0 + static_cast<double>(step - 1) * c.lr_decay()));
+      const T eps = static_cast<T>(c.eps());
+      T* sum = state[0];
+      for (size_t i = 0; i < n; ++i) {
+        const T d = g[i] * scale + wd * p[i];
+        sum[i] += d * d;
+        p[i] -= clr * d / (std::sqrt(sum[i]) + eps);
+      }
+      break;
+    }
+    default:
+      break;
+  }
+}
+
+template void ApplyOptimizer<float>(const OptimizerConfig&, int64_t, float*, const float*,
+                                    float* const*, size_t, double);
+template void ApplyOptimizer<double>(const OptimizerConfig&, int64_t, double*, const double*,
+                                     double* const*, size_t, double);
+
+}  // namespace pstrain

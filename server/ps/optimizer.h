@@ -1,0 +1,35 @@
+// Server-side optimizers, applied by a shard to one chunk (a flat span of a
+// parameter) at a time. The arithmetic follows PyTorch 1.13's torch.optim
+// (SGD with momentum/dampening/Nesterov/weight decay, Adam, AdamW, Adagrad),
+// which optimizer_test.cc checks against LibTorch on the same inputs. Plain
+// loops over float or double: the shard server needs no LibTorch.
+#ifndef PSTRAIN_SERVER_PS_OPTIMIZER_H_
+#define PSTRAIN_SERVER_PS_OPTIMIZER_H_
+
+#include <cstddef>
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "proto/parameter.pb.h"
+
+namespace pstrain {
+
+// Fills PyTorch's defaults into unset fields (betas, eps) and checks ranges.
+// INVALID_ARGUMENT names the offending field.
+absl::Status NormalizeOptimizerConfig(OptimizerConfig* config);
+
+// Number of state buffers (each the size of the chunk) `kind` keeps.
+int OptimizerStateSlots(OptimizerConfig::Kind kind);
+
+// Applies one update to param[0..n). `step` counts updates of this chunk,
+// starting at 1. `grad_scale` multiplies the gradient first (1/N when a sync
+// shard applies the sum of N workers' gradients). `state` holds
+// OptimizerStateSlots() buffers of n elements, zero-initialised (Adagrad's
+// accumulator to initial_accumulator_value) before step 1.
+template <typename T>
+void ApplyOptimizer(const OptimizerConfig& config, int64_t step, T* param, const T* grad,
+                    T* const* state, size_t n, double grad_scale);
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_SERVER_PS_OPTIMIZER_H_

@@ -1,0 +1,603 @@
+#include "server/ps/shard_store.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "absl/strings/str_cat.h"
+#include "server/ps/optimizer.h"
+
+namespace pstrain {
+
+struct ShardStore::Chunk {
+  std::string key;
+  DataType dtype = DT_INVALID;
+  std::vector<int64_t> shape;
+  size_t numel = 0;
+
+  std::mutex mu;
+  TensorBuffer value;               // written in place under mu
+  std::vector<TensorBuffer> state;  // optimizer state buffers
+  TensorBuffer accum;               // SYNC: sum of this step's gradients
+  int64_t optimizer_step = 0;
+  std::vector<int64_t> last_step;   // per worker; -1 before its first push
+  std::vector<bool> arrived;        // SYNC: worker pushed the current step
+  uint32_t arrivals = 0;
+
+  // Published under mu, read by waiters without it.
+  std::atomic<int64_t> version{0};
+  std::atomic<int64_t> clock{-1};  // min over workers of last_step
+};
+
+struct ShardStore::Table {
+  std::string job;
+  TableConfig config;
+  std::vector<std::unique_ptr<Chunk>> chunks;
+  std::unordered_map<std::string, size_t> index;
+
+  std::atomic<uint64_t> pushes_applied{0};
+  std::atomic<uint64_t> pushes_duplicate{0};
+  std::atomic<uint64_t> grads_skipped{0};
+  std::atomic<uint64_t> pulls{0};
+  std::atomic<uint64_t> bytes_pushed{0};
+  std::atomic<uint64_t> bytes_pulled{0};
+};
+
+struct ShardStore::Waiter {
+  std::shared_ptr<Table> table;
+  std::vector<size_t> chunks;
+  bool by_clock = false;
+  int64_t threshold = 0;
+  absl::Time deadline;
+  StatusCallback ready;
+
+  bool Satisfied() const {
+    for (size_t c : chunks) {
+      const Chunk& chunk = *table->chunks[c];
+      int64_t v = by_clock ? chunk.clock.load(std::memory_order_acquire)
+                           : chunk.version.load(std::memory_order_acquire);
+      if (v < threshold) return false;
+    }
+    return true;
+  }
+
+  // Names the first chunk that is behind, for a message a person can act on.
+  std::string Lagging() const {
+    for (size_t c : chunks) {
+      const Chunk& chunk = *table->chunks[c];
+      int64_t v = by_clock ? chunk.clock.load() : chunk.version.load();
+      if (v < threshold) {
+        return absl::StrCat("key ", chunk.key, " is at ", by_clock ? "worker step " : "version ",
+                            v, ", waited for ", threshold);
+      }
+    }
+    return "";
+  }
+};
+
+namespace {
+
+absl::Status Unavailable() {
+  return absl::UnavailableError("parameter shard is shutting down; retry on its replacement");
+}
+
+// Non-finite exactly when the exponent bits are all ones. Integer OR-reduction
+// vectorizes, unlike a per-element std::isfinite branch.
+template <typename Bits, Bits kExponent>
+bool AllFinite(const uint8_t* data, size_t numel) {
+  const Bits* p = reinterpret_cast<const Bits*>(data);
+  Bits bad = 0;
+  for (size_t i = 0; i < numel; ++i) bad |= static_cast<Bits>((p[i] & kExponent) == kExponent);
+  return bad == 0;
+}
+
+bool IsFinite(const TensorBuffer& t) {
+  size_t numel = static_cast<size_t>(t.NumElements());
+  if (t.dtype == DT_FLOAT32) return AllFinite<uint32_t, 0x7f800000u>(t.data, numel);
+  if (t.dtype == DT_FLOAT64) {
+    return AllFinite<uint64_t, 0x7ff0000000000000ull>(t.data, numel);
+  }
+  return true;
+}
+
+template <typename T>
+void AddInto(uint8_t* dst, const uint8_t* src, size_t numel) {
+  T* d = reinterpret_cast<T*>(dst);
+  const T* s = reinterpret_cast<const T*>(src);
+  for (size_t i = 0; i < numel; ++i) d[i] += s[i];
+}
+
+template <typename T>
+void Fill(const TensorBuffer& t, double value) {
+  T* p = reinterpret_cast<T*>(t.MutableData());
+  std::fill(p, p + t.NumElements(), static_cast<T>(value));
+}
+
+
+void ApplyToChunk(const OptimizerConfig& config, int64_t step, const TensorBuffer& value,
+                  const uint8_t* grad, const std::vector<TensorBuffer>& state, double scale) {
+  const size_t n = static_cast<size_t>(value.NumElements());
+  if (value.dtype == DT_FLOAT32) {
+    std::vector<float*> s;
+    for (const TensorBuffer& b : state) s.push_back(reinterpret_cast<float*>(b.MutableData()));
+    ApplyOptimizer<float>(config, step, reinterpret_cast<float*>(value.MutableData()),
+                          reinterpret_cast<const float*>(grad), s.data(), n, scale);
+  } else {
+    std::vector<double*> s;
+    for (const TensorBuffer& b : state) s.push_back(reinterpret_cast<double*>(b.MutableData()));
+    ApplyOptimizer<double>(config, step, reinterpret_cast<double*>(value.MutableData()),
+                           reinterpret_cast<const double*>(grad), s.data(), n, scale);
+  }
+}
+
+TensorBuffer Zeros(DataType dtype, const std::vector<int64_t>& shape) {
+  TensorBuffer t = TensorBuffer::Allocate(dtype, shape);
+  if (t.nbytes > 0) std::memset(t.MutableData(), 0, t.nbytes);
+  return t;
+}
+
+absl::Status ValidateTableConfig(TableConfig* config) {
+  absl::Status s = NormalizeOptimizerConfig(config->mutable_optimizer());
+  if (!s.ok()) return s;
+  if (config->consistency() == CONSISTENCY_UNSPECIFIED || !Consistency_IsValid(config->consistency())) {
+    return absl::InvalidArgumentError("config.consistency must be ASYNC, SYNC or SSP");
+  }
+  if (config->num_workers() == 0 || config->num_workers() > 65536) {
+    return absl::InvalidArgumentError("config.num_workers must be between 1 and 65536");
+  }
+  if (!NonFinitePolicy_IsValid(config->nonfinite())) {
+    return absl::InvalidArgumentError("config.nonfinite is not a known policy");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+ShardStore::ShardStore(ShardStoreOptions options) : options_(std::move(options)) {
+  reaper_ = std::thread([this] { ReaperLoop(); });
+}
+
+ShardStore::~ShardStore() {
+  Shutdown();
+  if (reaper_.joinable()) reaper_.join();
+}
+
+void ShardStore::Shutdown() {
+  std::list<std::shared_ptr<Waiter>> waiters;
+  {
+    std::lock_guard<std::mutex> lock(waiters_mu_);
+    if (shutdown_) return;
+    shutdown_ = true;
+    waiters.swap(waiters_);
+    waiters_cv_.notify_all();
+  }
+  for (auto& w : waiters) w->ready(Unavailable());
+}
+
+absl::StatusOr<std::shared_ptr<ShardStore::Table>> ShardStore::FindTable(const std::string& job) {
+  {
+    std::lock_guard<std::mutex> lock(waiters_mu_);
+    if (shutdown_) return Unavailable();
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = tables_.find(job);
+  if (it == tables_.end()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job '", job, "' has no table on shard ", options_.shard_index,
+                     ": call InitTable before pushing or pulling"));
+  }
+  return it->second;
+}
+
+absl::StatusOr<std::vector<size_t>> ShardStore::ResolveKeys(
+    const Table& table, const google::protobuf::RepeatedPtrField<std::string>& keys) {
+  std::vector<size_t> out;
+  out.reserve(keys.size());
+  std::unordered_set<size_t> seen;
+  for (const std::string& key : keys) {
+    auto it = table.index.find(key);
+    if (it == table.index.end()) {
+      return absl::NotFoundError(absl::StrCat("key '", key, "' is not in job '", table.job,
+                                              "' on shard ", options_.shard_index,
+                                              " (was it assigned to another shard?)"));
+    }
+    if (!seen.insert(it->second).second) {
+      return absl::InvalidArgumentError(absl::StrCat("key '", key, "' appears twice in one request"));
+    }
+    out.push_back(it->second);
+  }
+  return out;
+}
+
+void ShardStore::InitTable(const InitTableRequest& request, std::vector<TensorBuffer> values,
+                           InitTableResponse* response, const CallOptions& /*options*/,
+                           StatusCallback done) {
+  {
+    std::lock_guard<std::mutex> lock(waiters_mu_);
+    if (shutdown_) return done(Unavailable());
+  }
+  if (request.job().empty()) return done(absl::InvalidArgumentError("job must not be empty"));
+  TableConfig config = request.config();
+  absl::Status s = ValidateTableConfig(&config);
+  if (!s.ok()) return done(s);
+  if (static_cast<size_t>(request.keys_size()) != values.size()) {
+    return done(absl::InvalidArgumentError(absl::StrCat(
+        request.keys_size(), " keys but ", values.size(), " values: give one value per key")));
+  }
+  auto table = std::make_shared<Table>();
+  table->job = request.job();
+  table->config = config;
+  const int slots = OptimizerStateSlots(config.optimizer().kind());
+  for (size_t i = 0; i < values.size(); ++i) {
+    const std::string& key = request.keys(static_cast<int>(i));
+    const TensorBuffer& v = values[i];
+    const std::string what = absl::StrCat("value of key '", key, "'");
+    if (key.empty()) return done(absl::InvalidArgumentError(absl::StrCat("key ", i, " is empty")));
+    s = ValidateTensorBuffer(v, what);
+    if (!s.ok()) return done(s);
+    if (v.dtype != DT_FLOAT32 && v.dtype != DT_FLOAT64) {
+      return done(absl::InvalidArgumentError(absl::StrCat(
+          what, " is ", DataTypeName(v.dtype), ": trainable parameters must be float32 or float64")));
+    }
+    if (!IsFinite(v)) return done(absl::InvalidArgumentError(what + " has NaN or Inf"));
+    if (!table->index.emplace(key, i).second) {
+      return done(absl::InvalidArgumentError(absl::StrCat("key '", key, "' appears twice")));
+    }
+    auto chunk = std::make_unique<Chunk>();
+    chunk->key = key;
+    chunk->dtype = v.dtype;
+    chunk->shape = v.shape;
+    chunk->numel = static_cast<size_t>(v.NumElements());
+    chunk->value = TensorBuffer::CopyOf(v.dtype, v.shape, v.data, v.nbytes);
+    for (int k = 0; k < slots; ++k) chunk->state.push_back(Zeros(v.dtype, v.shape));
+    if (config.optimizer().kind() == OptimizerConfig::ADAGRAD) {
+      if (v.dtype == DT_FLOAT32) {
+        Fill<float>(chunk->state[0], config.optimizer().initial_accumulator_value());
+      } else {
+        Fill<double>(chunk->state[0], config.optimizer().initial_accumulator_value());
+      }
+    }
+    chunk->last_step.assign(config.num_workers(), -1);
+    if (config.consistency() == SYNC) {
+      chunk->accum = Zeros(v.dtype, v.shape);
+      chunk->arrived.assign(config.num_workers(), false);
+    }
+    table->chunks.push_back(std::move(chunk));
+  }
+
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = tables_.find(request.job());
+  if (it != tables_.end()) {
+    // Every worker may initialise with the same seeded values: an identical
+    // layout and config keeps the existing table (and its progress).
+    const Table& old = *it->second;
+    bool same = old.config.SerializeAsString() == config.SerializeAsString() &&
+                old.chunks.size() == table->chunks.size();
+    for (size_t i = 0; same && i < old.chunks.size(); ++i) {
+      const Chunk& a = *old.chunks[i];
+      const Chunk& b = *table->chunks[i];
+      same = a.key == b.key && a.dtype == b.dtype && a.shape == b.shape;
+    }
+    if (!same) {
+      return done(absl::AlreadyExistsError(absl::StrCat(
+          "job '", request.job(), "' already has a table on shard ", options_.shard_index,
+          " with different keys, shapes or config; use a new job name")));
+    }
+    response->set_created(false);
+    return done(absl::OkStatus());
+  }
+  tables_.emplace(request.job(), std::move(table));
+  response->set_created(true);
+  done(absl::OkStatus());
+}
+
+absl::Status ShardStore::ApplyPush(Table& table, const PushInput& in, std::vector<size_t>* chunks,
+                                   PushResponse* response) {
+  const TableConfig& config = table.config;
+  if (static_cast<size_t>(in.keys->size()) != in.grads->size()) {
+    return absl::InvalidArgumentError(absl::StrCat(in.keys->size(), " keys but ",
+                                                   in.grads->size(), " gradients"));
+  }
+  if (in.worker >= config.num_workers()) {
+    return absl::InvalidArgumentError(absl::StrCat("worker ", in.worker, " is out of range: job '",
+                                                   table.job, "' has ", config.num_workers(),
+                                                   " workers (0..", config.num_workers() - 1, ")"));
+  }
+  if (in.step < 0) return absl::InvalidArgumentError("step must be >= 0");
+  absl::StatusOr<std::vector<size_t>> resolved = ResolveKeys(table, *in.keys);
+  if (!resolved.ok()) return resolved.status();
+  *chunks = std::move(*resolved);
+
+  // Validate everything before touching anything.
+  std::vector<bool> skip(chunks->size(), false);
+  for (size_t i = 0; i < chunks->size(); ++i) {
+    const Chunk& c = *table.chunks[(*chunks)[i]];
+    const TensorBuffer& g = (*in.grads)[i];
+    const std::string what = absl::StrCat("gradient for key '", c.key, "'");
+    absl::Status s = ValidateTensorBuffer(g, what);
+    if (!s.ok()) return s;
+    if (g.dtype != c.dtype || g.shape != c.shape) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, " is ", DataTypeName(g.dtype), g.ShapeString(), " but the parameter is ",
+                       DataTypeName(c.dtype), c.value.ShapeString()));
+    }
+    if (config.consistency() == SYNC && in.step > c.version.load(std::memory_order_acquire)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "key '", c.key, "' is at step ", c.version.load(), " but worker ", in.worker,
+          " pushed step ", in.step, "; under SYNC a worker pulls step t's result before pushing step t+1"));
+    }
+    if (!IsFinite(g)) {
+      if (config.nonfinite() == NONFINITE_REJECT) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            what, " from worker ", in.worker, " at step ", in.step,
+            " has NaN or Inf; nothing in this push was applied (lower the learning rate, clip "
+            "gradients, or set the table's nonfinite policy to SKIP)"));
+      }
+      skip[i] = true;
+    }
+  }
+
+  uint32_t applied = 0, duplicates = 0, skipped = 0;
+  uint64_t bytes = 0;
+  for (size_t i = 0; i < chunks->size(); ++i) {
+    Chunk& c = *table.chunks[(*chunks)[i]];
+    const TensorBuffer& g = (*in.grads)[i];
+    std::lock_guard<std::mutex> lock(c.mu);
+    int64_t& last = c.last_step[in.worker];
+    if (config.consistency() == SYNC) {
+      const int64_t version = c.version.load(std::memory_order_relaxed);
+      // Versions only grow, so the check above still holds: step <= version.
+      if (in.step != version || c.arrived[in.worker]) {
+        ++duplicates;
+      } else {
+        c.arrived[in.worker] = true;
+        ++c.arrivals;
+        last = in.step;
+        if (skip[i]) {
+          ++skipped;  // counts as this worker's (empty) contribution
+        } else {
+          if (c.dtype == DT_FLOAT32) {
+            AddInto<float>(c.accum.MutableData(), g.data, c.numel);
+          } else {
+            AddInto<double>(c.accum.MutableData(), g.data, c.numel);
+          }
+          ++applied;
+          bytes += g.nbytes;
+        }
+        if (c.arrivals == config.num_workers()) {
+          ++c.optimizer_step;
+          ApplyToChunk(config.optimizer(), c.optimizer_step, c.value, c.accum.data, c.state,
+                       1.0 / config.num_workers());
+          std::memset(c.accum.MutableData(), 0, c.accum.nbytes);
+          std::fill(c.arrived.begin(), c.arrived.end(), false);
+          c.arrivals = 0;
+          c.version.store(version + 1, std::memory_order_release);
+        }
+      }
+    } else {
+      if (in.step <= last) {
+        ++duplicates;
+      } else {
+        last = in.step;
+        if (skip[i]) {
+          ++skipped;
+        } else {
+          ++c.optimizer_step;
+          ApplyToChunk(config.optimizer(), c.optimizer_step, c.value, g.data, c.state, 1.0);
+          c.version.fetch_add(1, std::memory_order_release);
+          ++applied;
+          bytes += g.nbytes;
+        }
+        c.clock.store(*std::min_element(c.last_step.begin(), c.last_step.end()),
+                      std::memory_order_release);
+      }
+    }
+    response->add_versions(c.version.load(std::memory_order_relaxed));
+  }
+  response->set_applied(applied);
+  response->set_duplicates(duplicates);
+  response->set_skipped_nonfinite(skipped);
+  table.pushes_applied += applied;
+  table.pushes_duplicate += duplicates;
+  table.grads_skipped += skipped;
+  table.bytes_pushed += bytes;
+  return absl::OkStatus();
+}
+
+void ShardStore::Snapshot(Table& table, const std::vector<size_t>& chunks,
+                          google::protobuf::RepeatedField<int64_t>* versions,
+                          std::vector<TensorBuffer>* values) {
+  values->clear();
+  values->reserve(chunks.size());
+  uint64_t bytes = 0;
+  for (size_t idx : chunks) {
+    Chunk& c = *table.chunks[idx];
+    TensorBuffer copy = TensorBuffer::Allocate(c.dtype, c.shape);
+    {
+      std::lock_guard<std::mutex> lock(c.mu);
+      if (copy.nbytes > 0) std::memcpy(copy.MutableData(), c.value.data, copy.nbytes);
+      versions->Add(c.version.load(std::memory_order_relaxed));
+    }
+    bytes += copy.nbytes;
+    values->push_back(std::move(copy));
+  }
+  ++table.pulls;
+  table.bytes_pulled += bytes;
+}
+
+void ShardStore::WhenReady(std::shared_ptr<Table> table, std::vector<size_t> chunks,
+                           bool by_clock, int64_t threshold, absl::Time deadline,
+                           StatusCallback ready) {
+  auto w = std::make_shared<Waiter>();
+  w->table = std::move(table);
+  w->chunks = std::move(chunks);
+  w->by_clock = by_clock;
+  w->threshold = threshold;
+  w->deadline = std::min(deadline, absl::Now() + options_.max_wait);
+  absl::Status now;
+  {
+    std::lock_guard<std::mutex> lock(waiters_mu_);
+    if (shutdown_) {
+      now = Unavailable();
+    } else if (!w->Satisfied()) {
+      waiters_.push_back(w);
+      waiters_cv_.notify_all();  // the reaper may need an earlier wake-up
+      return;
+    }
+  }
+  w->ready(now);
+}
+
+void ShardStore::NotifyWaiters() {
+  std::vector<std::shared_ptr<Waiter>> fired;
+  {
+    std::lock_guard<std::mutex> lock(waiters_mu_);
+    for (auto it = waiters_.begin(); it != waiters_.end();) {
+      if ((*it)->Satisfied()) {
+        fired.push_back(std::move(*it));
+        it = waiters_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (auto& w : fired) w->ready(absl::OkStatus());
+}
+
+void ShardStore::ReaperLoop() {
+  std::unique_lock<std::mutex> lock(waiters_mu_);
+  while (!shutdown_) {
+    absl::Time next = absl::InfiniteFuture();
+    for (const auto& w : waiters_) next = std::min(next, w->deadline);
+    if (next == absl::InfiniteFuture()) {
+      waiters_cv_.wait(lock);
+    } else {
+      waiters_cv_.wait_until(lock, absl::ToChronoTime(next));
+    }
+    const absl::Time now = absl::Now();
+    std::vector<std::shared_ptr<Waiter>> expired;
+    for (auto it = waiters_.begin(); it != waiters_.end();) {
+      if ((*it)->deadline <= now) {
+        expired.push_back(std::move(*it));
+        it = waiters_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    if (expired.empty()) continue;
+    lock.unlock();
+    for (auto& w : expired) {
+      w->ready(absl::DeadlineExceededError(absl::StrCat(
+          "deadline passed while waiting on job '", w->table->job, "': ", w->Lagging(),
+          "; a worker may have died or fallen behind")));
+    }
+    lock.lock();
+  }
+}
+
+void ShardStore::Pull(const PullRequest& request, PullResponse* response,
+                      std::vector<TensorBuffer>* values, const CallOptions& options,
+                      StatusCallback done) {
+  absl::StatusOr<std::shared_ptr<Table>> table = FindTable(request.job());
+  if (!table.ok()) return done(table.status());
+  absl::StatusOr<std::vector<size_t>> chunks = ResolveKeys(**table, request.keys());
+  if (!chunks.ok()) return done(chunks.status());
+  std::shared_ptr<Table> t = *table;
+  auto idx = std::make_shared<std::vector<size_t>>(std::move(*chunks));
+  WhenReady(t, *idx, /*by_clock=*/false, request.min_version(), options.deadline,
+            [this, t, idx, response, values, done = std::move(done)](absl::Status s) {
+              if (s.ok()) Snapshot(*t, *idx, response->mutable_versions(), values);
+              done(s);
+            });
+}
+
+void ShardStore::Push(const PushRequest& request, std::vector<TensorBuffer> grads,
+                      PushResponse* response, const CallOptions& /*options*/,
+                      StatusCallback done) {
+  absl::StatusOr<std::shared_ptr<Table>> table = FindTable(request.job());
+  if (!table.ok()) return done(table.status());
+  PushInput in{request.job(), request.worker(), request.step(), &request.keys(), &grads};
+  std::vector<size_t> chunks;
+  absl::Status s = ApplyPush(**table, in, &chunks, response);
+  if (s.ok()) NotifyWaiters();
+  done(s);
+}
+
+void ShardStore::PushPull(const PushPullRequest& request, std::vector<TensorBuffer> grads,
+                          PushPullResponse* response, std::vector<TensorBuffer>* values,
+                          const CallOptions& options, StatusCallback done) {
+  absl::StatusOr<std::shared_ptr<Table>> table = FindTable(request.job());
+  if (!table.ok()) return done(table.status());
+  std::shared_ptr<Table> t = *table;
+  PushInput in{request.job(), request.worker(), request.step(), &request.keys(), &grads};
+  auto idx = std::make_shared<std::vector<size_t>>();
+  absl::Status s = ApplyPush(*t, in, idx.get(), response->mutable_push());
+  if (!s.ok()) return done(s);
+  NotifyWaiters();
+  bool by_clock = false;
+  int64_t threshold = 0;
+  switch (t->config.consistency()) {
+    case SYNC:
+      threshold = request.step() + 1;
+      break;
+    case SSP:
+      by_clock = true;
+      threshold = request.step() - static_cast<int64_t>(t->config.staleness());
+      break;
+    default:
+      break;
+  }
+  WhenReady(t, *idx, by_clock, threshold, options.deadline,
+            [this, t, idx, response, values, done = std::move(done)](absl::Status s) {
+              if (s.ok()) Snapshot(*t, *idx, response->mutable_versions(), values);
+              done(s);
+            });
+}
+
+void ShardStore::Stats(const StatsRequest& request, StatsResponse* response,
+                       const CallOptions& /*options*/, StatusCallback done) {
+  std::vector<std::shared_ptr<Table>> tables;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& [job, table] : tables_) {
+      if (request.job().empty() || request.job() == job) tables.push_back(table);
+    }
+  }
+  if (!request.job().empty() && tables.empty()) {
+    return done(absl::NotFoundError(
+        absl::StrCat("job '", request.job(), "' has no table on shard ", options_.shard_index)));
+  }
+  response->set_shard_index(options_.shard_index);
+  response->set_num_shards(options_.num_shards);
+  for (const auto& t : tables) {
+    TableStats* s = response->add_tables();
+    s->set_job(t->job);
+    *s->mutable_config() = t->config;
+    s->set_num_chunks(t->chunks.size());
+    int64_t lo = INT64_MAX, hi = 0;
+    uint64_t elements = 0, bytes = 0;
+    for (const auto& c : t->chunks) {
+      elements += c->numel;
+      bytes += c->value.nbytes;
+      const int64_t v = c->version.load();
+      lo = std::min(lo, v);
+      hi = std::max(hi, v);
+    }
+    s->set_num_elements(elements);
+    s->set_value_bytes(bytes);
+    s->set_min_version(t->chunks.empty() ? 0 : lo);
+    s->set_max_version(hi);
+    s->set_pushes_applied(t->pushes_applied.load());
+    s->set_pushes_duplicate(t->pushes_duplicate.load());
+    s->set_grads_skipped_nonfinite(t->grads_skipped.load());
+    s->set_pulls(t->pulls.load());
+    s->set_bytes_pushed(t->bytes_pushed.load());
+    s->set_bytes_pulled(t->bytes_pulled.load());
+  }
+  done(absl::OkStatus());
+}
+
+}  // namespace pstrain

@@ -1,0 +1,112 @@
+#include "common/partition_plan.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <numeric>
+#include <random>
+
+namespace pstrain {
+namespace {
+
+std::vector<ParameterSpec> RandomModel(std::mt19937* rng, int n) {
+  std::vector<ParameterSpec> params;
+  std::uniform_int_distribution<int> rows(1, 3000), cols(1, 1200);
+  for (int i = 0; i < n; ++i) {
+    ParameterSpec p;
+    p.name = "layer" + std::to_string(i) + ".weight";
+    p.shape = {rows(*rng), cols(*rng)};
+    p.dtype = (i % 7 == 0) ? DT_FLOAT64 : DT_FLOAT32;
+    params.push_back(p);
+  }
+  return params;
+}
+
+TEST(PartitionPlanTest, ChunksCoverEveryParameterExactlyAndRespectChunkBytes) {
+  std::mt19937 rng(1);
+  auto params = RandomModel(&rng, 30);
+  const size_t chunk_bytes = 1 << 20;
+  auto plan = MakePartitionPlan(params, 3, chunk_bytes);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  for (size_t p = 0; p < params.size(); ++p) {
+    int64_t numel = 1;
+    for (int64_t d : params[p].shape) numel *= d;
+    int64_t next = 0;
+    for (const ChunkSpec& c : plan->chunks) {
+      if (c.param != p) continue;
+      EXPECT_EQ(c.offset, next) << c.key;
+      EXPECT_LE(c.bytes, chunk_bytes) << c.key;
+      EXPECT_GT(c.numel, 0);
+      next += c.numel;
+    }
+    EXPECT_EQ(next, numel) << params[p].name;
+  }
+}
+
+TEST(PartitionPlanTest, LargestShardWithinTenPercentOfMeanPlusOneChunk) {
+  for (int seed = 0; seed < 20; ++seed) {
+    std::mt19937 rng(seed);
+    auto params = RandomModel(&rng, 5 + seed * 3);
+    for (int shards : {1, 2, 3, 4, 7, 16}) {
+      auto plan = MakePartitionPlan(params, shards, 512 << 10);
+      ASSERT_TRUE(plan.ok()) << plan.status();
+      size_t total = std::accumulate(plan->shard_bytes.begin(), plan->shard_bytes.end(), size_t{0});
+      size_t largest_chunk = 0;
+      for (const ChunkSpec& c : plan->chunks) largest_chunk = std::max(largest_chunk, c.bytes);
+      const double mean = static_cast<double>(total) / shards;
+      const size_t largest = *std::max_element(plan->shard_bytes.begin(), plan->shard_bytes.end());
+      EXPECT_LE(largest, 1.1 * mean + largest_chunk) << "seed " << seed << " shards " << shards;
+      size_t recount = 0;
+      for (int s = 0; s < shards; ++s) {
+        size_t b = 0;
+        for (size_t i : plan->shard_chunks[s]) {
+          EXPECT_EQ(plan->chunks[i].shard, s);
+          b += plan->chunks[i].bytes;
+        }
+        EXPECT_EQ(b, plan->shard_bytes[s]);
+        recount += plan->shard_chunks[s].size();
+      }
+      EXPECT_EQ(recount, plan->chunks.size());
+    }
+  }
+}
+
+TEST(PartitionPlanTest, DeterministicAcrossCalls) {
+  std::mt19937 rng(7);
+  auto params = RandomModel(&rng, 40);
+  auto a = MakePartitionPlan(params, 5, 256 << 10);
+  auto b = MakePartitionPlan(params, 5, 256 << 10);
+  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_EQ(a->chunks.size(), b->chunks.size());
+  for (size_t i = 0; i < a->chunks.size(); ++i) {
+    EXPECT_EQ(a->chunks[i].key, b->chunks[i].key);
+    EXPECT_EQ(a->chunks[i].shard, b->chunks[i].shard);
+    EXPECT_EQ(a->chunks[i].offset, b->chunks[i].offset);
+  }
+}
+
+TEST(PartitionPlanTest, SplitsOneLargeTensorEvenlyAcrossShards) {
+  // 10M float32 in one tensor: 10 chunks of <= 4 MiB over 2 shards.
+  auto plan = MakePartitionPlan({{"flat", {10'000'000}, DT_FLOAT32}}, 2);
+  ASSERT_TRUE(plan.ok());
+  EXPECT_EQ(plan->chunks.size(), 10u);
+  EXPECT_EQ(plan->shard_bytes[0], plan->shard_bytes[1]);
+}
+
+TEST(PartitionPlanTest, RejectsBadInput) {
+  EXPECT_EQ(MakePartitionPlan({{"a", {2}, DT_FLOAT32}}, 0).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(MakePartitionPlan({{"a", {2}, DT_FLOAT32}}, 1, 0).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(MakePartitionPlan({{"a", {2}, DT_FLOAT32}, {"a", {3}, DT_FLOAT32}}, 1).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(MakePartitionPlan({{"a", {-2}, DT_FLOAT32}}, 1).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(MakePartitionPlan({{"", {2}, DT_FLOAT32}}, 1).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(MakePartitionPlan({{"a", {2}, DT_INVALID}}, 1).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace pstrain

@@ -1,0 +1,253 @@
+#include "rpc/grpc_tensor_coding.h"
+
+#include <ATen/ops/arange.h>
+#include <ATen/ops/equal.h>
+#include <ATen/ops/randint.h>
+#include <ATen/ops/randn.h>
+#include <ATen/ops/scalar_tensor.h>
+#include <gtest/gtest.h>
+
+#include "proto/parameter.pb.h"
+#include "rpc/tensor_codec.h"
+
+namespace pstrain {
+namespace {
+
+std::string Flatten(const grpc::ByteBuffer& bb) {
+  std::vector<grpc::Slice> slices;
+  EXPECT_TRUE(bb.Dump(&slices).ok());
+  std::string out;
+  for (const auto& s : slices) out.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  return out;
+}
+
+grpc::ByteBuffer FromString(const std::string& s, size_t piece = 0) {
+  // Optionally split into many slices, as a network receive would.
+  std::vector<grpc::Slice> slices;
+  if (piece == 0) piece = s.size() == 0 ? 1 : s.size();
+  for (size_t i = 0; i < s.size(); i += piece) slices.emplace_back(s.data() + i, std::min(piece, s.size() - i));
+  if (slices.empty()) slices.emplace_back("", 0);
+  return grpc::ByteBuffer(slices.data(), slices.size());
+}
+
+at::Tensor RandomTensor(c10::ScalarType type, std::vector<int64_t> shape) {
+  if (type == c10::ScalarType::Bool) return at::randint(0, 2, shape).to(type);
+  if (c10::isIntegralType(type, /*includeBool=*/false)) return at::randint(0, 200, shape).to(type);
+  return at::randn(shape).to(type);
+}
+
+struct Case {
+  c10::ScalarType type;
+  int64_t numel;
+};
+
+class TensorCodingTest : public ::testing::TestWithParam<Case> {};
+
+// Every dtype, at sizes from empty to 64 MiB: encode with the zero-copy path,
+// parse with the plain protobuf parser, and decode with our decoder from one
+// slice and from many odd-sized slices.
+TEST_P(TensorCodingTest, RoundTripsAndParsesWithPlainProtobuf) {
+  const Case& c = GetParam();
+  at::Tensor t = RandomTensor(c.type, {c.numel});
+  auto buf = TensorToBuffer(t);
+  ASSERT_TRUE(buf.ok()) << buf.status();
+
+  PushRequest header;
+  header.set_job("job");
+  header.set_worker(3);
+  header.set_step(17);
+  header.add_keys("k#0");
+  grpc::ByteBuffer bb;
+  ASSERT_TRUE(EncodeTensorMessage(header, {*buf}, &bb).ok());
+
+  const std::string wire = Flatten(bb);
+  PushRequest parsed;
+  ASSERT_TRUE(parsed.ParseFromString(wire));
+  EXPECT_EQ(parsed.job(), "job");
+  EXPECT_EQ(parsed.worker(), 3u);
+  EXPECT_EQ(parsed.step(), 17);
+  ASSERT_EQ(parsed.grads_size(), 1);
+  EXPECT_EQ(parsed.grads(0).dtype(), buf->dtype);
+  ASSERT_EQ(parsed.grads(0).shape_size(), 1);
+  EXPECT_EQ(parsed.grads(0).shape(0), c.numel);
+  ASSERT_EQ(parsed.grads(0).data().size(), buf->nbytes);
+  EXPECT_EQ(0, std::memcmp(parsed.grads(0).data().data(), buf->data, buf->nbytes));
+
+  for (size_t piece : {size_t{0}, size_t{4093}}) {
+    grpc::ByteBuffer in = piece == 0 ? bb : FromString(wire, piece);
+    PushRequest h;
+    std::vector<TensorBuffer> tensors;
+    absl::Status s = DecodeTensorMessage(in, &h, &tensors);
+    ASSERT_TRUE(s.ok()) << s;
+    EXPECT_EQ(h.job(), "job");
+    EXPECT_EQ(h.grads_size(), 0);
+    ASSERT_EQ(tensors.size(), 1u);
+    auto back = BufferToTensor(tensors[0]);
+    ASSERT_TRUE(back.ok()) << back.status();
+    EXPECT_EQ(back->scalar_type(), c.type);
+    EXPECT_TRUE(at::equal(*back, t));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    AllDtypesAndSizes, TensorCodingTest,
+    ::testing::Values(Case{c10::ScalarType::Float, 0}, Case{c10::ScalarType::Float, 1},
+                      Case{c10::ScalarType::Float, 1000}, Case{c10::ScalarType::Float, 16 << 20},
+                      Case{c10::ScalarType::Double, 0}, Case{c10::ScalarType::Double, 3},
+                      Case{c10::ScalarType::Double, 200000}, Case{c10::ScalarType::Half, 0},
+                      Case{c10::ScalarType::Half, 7}, Case{c10::ScalarType::Half, 100000},
+                      Case{c10::ScalarType::BFloat16, 0}, Case{c10::ScalarType::BFloat16, 9},
+                      Case{c10::ScalarType::BFloat16, 100000}, Case{c10::ScalarType::Int, 0},
+                      Case{c10::ScalarType::Int, 5}, Case{c10::ScalarType::Int, 300000},
+                      Case{c10::ScalarType::Long, 0}, Case{c10::ScalarType::Long, 2},
+                      Case{c10::ScalarType::Long, 300000}, Case{c10::ScalarType::Byte, 0},
+                      Case{c10::ScalarType::Byte, 1}, Case{c10::ScalarType::Byte, 1 << 20},
+                      Case{c10::ScalarType::Bool, 0}, Case{c10::ScalarType::Bool, 1},
+                      Case{c10::ScalarType::Bool, 70000}));
+
+TEST(TensorCodingTest, SixtyFourMiBTensorIsSentFromItsOwnMemory) {
+  at::Tensor t = at::randn({16 << 20});  // 64 MiB of float32
+  auto buf = TensorToBuffer(t);
+  ASSERT_TRUE(buf.ok());
+  EXPECT_EQ(buf->data, t.data_ptr());  // the view copied nothing
+  grpc::ByteBuffer bb;
+  ASSERT_TRUE(EncodeTensorMessage(PullResponse(), {*buf}, &bb).ok());
+  std::vector<grpc::Slice> slices;
+  ASSERT_TRUE(bb.Dump(&slices).ok());
+  bool points_into_tensor = false;
+  for (const auto& s : slices) {
+    if (s.begin() == t.data_ptr() && s.size() == static_cast<size_t>(t.nbytes())) {
+      points_into_tensor = true;
+    }
+  }
+  EXPECT_TRUE(points_into_tensor) << "the 64 MiB payload was copied into the message";
+  EXPECT_LT(bb.Length(), static_cast<size_t>(t.nbytes()) + 32) << "unexpected framing overhead";
+}
+
+TEST(TensorCodingTest, EncodedTensorOutlivesTheCallersReference) {
+  grpc::ByteBuffer bb;
+  std::vector<float> expected;
+  {
+    at::Tensor t = at::arange(100000, at::kFloat);
+    expected.assign(t.data_ptr<float>(), t.data_ptr<float>() + t.numel());
+    auto buf = TensorToBuffer(t);
+    ASSERT_TRUE(EncodeTensorMessage(PullResponse(), {*buf}, &bb).ok());
+  }  // the tensor's last outside reference is gone; the slices keep it alive
+  PullResponse h;
+  std::vector<TensorBuffer> out;
+  ASSERT_TRUE(DecodeTensorMessage(bb, &h, &out).ok());
+  ASSERT_EQ(out[0].nbytes, expected.size() * 4);
+  EXPECT_EQ(0, std::memcmp(out[0].data, expected.data(), out[0].nbytes));
+}
+
+TEST(TensorCodingTest, NonContiguousAndZeroDimTensors) {
+  at::Tensor m = at::randn({64, 33});
+  at::Tensor tr = m.t();  // non-contiguous view
+  at::Tensor scalar = at::scalar_tensor(2.5, at::kDouble);
+  auto a = TensorToBuffer(tr);
+  auto b = TensorToBuffer(scalar);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(b->shape.size(), 0u);
+  EXPECT_EQ(b->nbytes, 8u);
+  grpc::ByteBuffer bb;
+  ASSERT_TRUE(EncodeTensorMessage(PullResponse(), {*a, *b}, &bb).ok());
+  PullResponse h;
+  std::vector<TensorBuffer> out;
+  ASSERT_TRUE(DecodeTensorMessage(bb, &h, &out).ok());
+  ASSERT_EQ(out.size(), 2u);
+  auto ta = BufferToTensor(out[0]);
+  auto tb = BufferToTensor(out[1]);
+  ASSERT_TRUE(ta.ok() && tb.ok());
+  EXPECT_TRUE(at::equal(*ta, tr));
+  EXPECT_EQ(tb->dim(), 0);
+  EXPECT_DOUBLE_EQ(tb->item<double>(), 2.5);
+}
+
+TEST(TensorCodingTest, ReceivedAlignedBytesAreNotCopiedAgain) {
+  at::Tensor t = at::randn({50000});
+  auto buf = TensorToBuffer(t);
+  grpc::ByteBuffer bb;
+  ASSERT_TRUE(EncodeTensorMessage(PullResponse(), {*buf}, &bb).ok());
+  PullResponse h;
+  std::vector<TensorBuffer> out;
+  ASSERT_TRUE(DecodeTensorMessage(bb, &h, &out).ok());
+  // In process the received slice is the sender's: the decoded view and the
+  // tensor built over it point at the same bytes.
+  EXPECT_EQ(out[0].data, t.data_ptr());
+  auto back = BufferToTensor(out[0]);
+  ASSERT_TRUE(back.ok());
+  EXPECT_EQ(back->data_ptr(), t.data_ptr());
+}
+
+TEST(TensorCodingTest, RejectsMalformedInput) {
+  at::Tensor t = at::randn({1000});
+  auto buf = TensorToBuffer(t);
+  PushRequest header;
+  header.set_job("j");
+  grpc::ByteBuffer bb;
+  ASSERT_TRUE(EncodeTensorMessage(header, {*buf}, &bb).ok());
+  const std::string wire = Flatten(bb);
+  // Every truncation is refused cleanly.
+  for (size_t cut : {size_t{1}, size_t{5}, size_t{12}, wire.size() / 2, wire.size() - 1}) {
+    PushRequest h;
+    std::vector<TensorBuffer> out;
+    absl::Status s = DecodeTensorMessage(FromString(wire.substr(0, cut)), &h, &out);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << "cut at " << cut << ": " << s;
+    EXPECT_TRUE(out.empty());
+  }
+  // Shape that does not match the byte count.
+  TensorBuffer lying = *buf;
+  lying.shape = {999};
+  EXPECT_EQ(EncodeTensorMessage(header, {lying}, &bb).code(), absl::StatusCode::kInvalidArgument);
+  PushRequest proto;
+  auto* g = proto.add_grads();
+  g->set_dtype(DT_FLOAT32);
+  g->add_shape(10);
+  g->set_data(std::string(39, 'x'));
+  PushRequest h;
+  std::vector<TensorBuffer> out;
+  absl::Status s = DecodeTensorMessage(FromString(proto.SerializeAsString()), &h, &out);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("needs 40"), absl::string_view::npos) << s;
+  g->set_dtype(static_cast<DataType>(42));
+  s = DecodeTensorMessage(FromString(proto.SerializeAsString()), &h, &out);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  // Negative dimension.
+  g->set_dtype(DT_FLOAT32);
+  g->set_shape(0, -10);
+  s = DecodeTensorMessage(FromString(proto.SerializeAsString()), &h, &out);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  // Garbage.
+  s = DecodeTensorMessage(FromString(std::string("\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff", 11)), &h, &out);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(TensorCodingTest, DecodesWhatThePlainProtobufSerializerWrites) {
+  // A peer that does not use our encoder (plain protobuf) is understood too.
+  PushRequest proto;
+  proto.set_job("plain");
+  proto.add_keys("a");
+  proto.add_keys("b");
+  for (int i = 0; i < 2; ++i) {
+    auto* g = proto.add_grads();
+    g->set_dtype(DT_INT64);
+    g->add_shape(2);
+    g->add_shape(3);
+    std::string data(48, 0);
+    for (int k = 0; k < 6; ++k) data[k * 8] = static_cast<char>(k + i);
+    g->set_data(data);
+  }
+  PushRequest h;
+  std::vector<TensorBuffer> out;
+  ASSERT_TRUE(DecodeTensorMessage(FromString(proto.SerializeAsString(), 7), &h, &out).ok());
+  EXPECT_EQ(h.job(), "plain");
+  EXPECT_EQ(h.keys_size(), 2);
+  ASSERT_EQ(out.size(), 2u);
+  auto t = BufferToTensor(out[1]);
+  ASSERT_TRUE(t.ok());
+  EXPECT_EQ(t->sizes(), (std::vector<int64_t>{2, 3}));
+  EXPECT_EQ(t->flatten()[5].item<int64_t>(), 6);
+}
+
+}  // namespace
+}  // namespace pstrain

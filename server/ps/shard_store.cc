@@ -297,6 +297,7 @@ void ShardStore::InitTable(const InitTableRequest& request, std::vector<TensorBu
 absl::Status ShardStore::ApplyPush(Table& table, const PushInput& in, std::vector<size_t>* chunks,
                                    PushResponse* response) {
   const TableConfig& config = table.config;
+  response->Clear();
   if (static_cast<size_t>(in.keys->size()) != in.grads->size()) {
     return absl::InvalidArgumentError(absl::StrCat(in.keys->size(), " keys but ",
                                                    in.grads->size(), " gradients"));
@@ -437,6 +438,7 @@ void ShardStore::WhenReady(std::shared_ptr<Table> table, std::vector<size_t> chu
   w->by_clock = by_clock;
   w->threshold = threshold;
   w->deadline = std::min(deadline, absl::Now() + options_.max_wait);
+  w->ready = std::move(ready);
   absl::Status now;
   {
     std::lock_guard<std::mutex> lock(waiters_mu_);

@@ -1,0 +1,325 @@
+#include "server/ps/shard_store.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <thread>
+
+namespace pstrain {
+namespace {
+
+TensorBuffer Floats(const std::vector<float>& v, std::vector<int64_t> shape = {}) {
+  if (shape.empty()) shape = {static_cast<int64_t>(v.size())};
+  return TensorBuffer::CopyOf(DT_FLOAT32, shape, v.data(), v.size() * sizeof(float));
+}
+
+std::vector<float> ToFloats(const TensorBuffer& t) {
+  const float* p = reinterpret_cast<const float*>(t.data);
+  return std::vector<float>(p, p + t.NumElements());
+}
+
+TableConfig Config(Consistency consistency, uint32_t workers, double lr = 0.5) {
+  TableConfig c;
+  c.mutable_optimizer()->set_kind(OptimizerConfig::SGD);
+  c.mutable_optimizer()->set_lr(lr);
+  c.set_consistency(consistency);
+  c.set_num_workers(workers);
+  return c;
+}
+
+class ShardStoreTest : public ::testing::Test {
+ protected:
+  absl::Status Init(const TableConfig& config, const std::string& job = "job") {
+    InitTableRequest req;
+    req.set_job(job);
+    *req.mutable_config() = config;
+    req.add_keys("a");
+    req.add_keys("b");
+    InitTableResponse resp;
+    return WaitFor([&](StatusCallback done) {
+      store_.InitTable(req, {Floats({1, 2, 3}), Floats({10, 20})}, &resp, {}, done);
+    });
+  }
+
+  absl::Status Push(uint32_t worker, int64_t step, std::vector<std::string> keys,
+                    std::vector<TensorBuffer> grads, PushResponse* resp = nullptr,
+                    const std::string& job = "job") {
+    PushRequest req;
+    req.set_job(job);
+    req.set_worker(worker);
+    req.set_step(step);
+    for (auto& k : keys) req.add_keys(k);
+    PushResponse local;
+    return WaitFor([&](StatusCallback done) {
+      store_.Push(req, std::move(grads), resp ? resp : &local, {}, done);
+    });
+  }
+
+  absl::StatusOr<std::vector<std::vector<float>>> Pull(std::vector<std::string> keys,
+                                                       int64_t min_version = 0,
+                                                       absl::Duration timeout = absl::Seconds(10)) {
+    PullRequest req;
+    req.set_job("job");
+    req.set_min_version(min_version);
+    for (auto& k : keys) req.add_keys(k);
+    PullResponse resp;
+    std::vector<TensorBuffer> values;
+    CallOptions opts;
+    opts.deadline = absl::Now() + timeout;
+    absl::Status s = WaitFor([&](StatusCallback done) {
+      store_.Pull(req, &resp, &values, opts, done);
+    });
+    if (!s.ok()) return s;
+    std::vector<std::vector<float>> out;
+    for (auto& v : values) out.push_back(ToFloats(v));
+    return out;
+  }
+
+  ShardStore store_{ShardStoreOptions{}};
+};
+
+TEST_F(ShardStoreTest, InitTableThenPullReturnsInitialValues) {
+  ASSERT_TRUE(Init(Config(ASYNC, 1)).ok());
+  auto v = Pull({"b", "a"});
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ((*v)[0], (std::vector<float>{10, 20}));
+  EXPECT_EQ((*v)[1], (std::vector<float>{1, 2, 3}));
+}
+
+TEST_F(ShardStoreTest, InitTableIsIdempotentForTheSameLayoutOnly) {
+  ASSERT_TRUE(Init(Config(ASYNC, 2)).ok());
+  ASSERT_TRUE(Push(0, 0, {"a"}, {Floats({1, 1, 1})}).ok());
+  // Same layout and config: kept as is, progress included.
+  ASSERT_TRUE(Init(Config(ASYNC, 2)).ok());
+  EXPECT_EQ((*Pull({"a"}))[0], (std::vector<float>{0.5, 1.5, 2.5}));
+  // Different config: refused, nothing changed.
+  absl::Status s = Init(Config(SYNC, 2));
+  EXPECT_EQ(s.code(), absl::StatusCode::kAlreadyExists) << s;
+  EXPECT_EQ((*Pull({"a"}))[0], (std::vector<float>{0.5, 1.5, 2.5}));
+}
+
+TEST_F(ShardStoreTest, AsyncAppliesOnArrivalAndARetriedPushOnlyOnce) {
+  ASSERT_TRUE(Init(Config(ASYNC, 2)).ok());
+  PushResponse r;
+  ASSERT_TRUE(Push(0, 0, {"a", "b"}, {Floats({2, 2, 2}), Floats({4, 4})}, &r).ok());
+  EXPECT_EQ(r.applied(), 2u);
+  EXPECT_EQ(r.versions(0), 1);
+  // The same (worker, step) again, as a retry after a lost response would be.
+  ASSERT_TRUE(Push(0, 0, {"a", "b"}, {Floats({2, 2, 2}), Floats({4, 4})}, &r).ok());
+  EXPECT_EQ(r.applied(), 0u);
+  EXPECT_EQ(r.duplicates(), 2u);
+  EXPECT_EQ(r.versions(0), 1);
+  // Another worker's step 0 is a different push.
+  ASSERT_TRUE(Push(1, 0, {"a"}, {Floats({2, 2, 2})}, &r).ok());
+  EXPECT_EQ(r.applied(), 1u);
+  auto v = Pull({"a", "b"});
+  EXPECT_EQ((*v)[0], (std::vector<float>{-1, 0, 1}));
+  EXPECT_EQ((*v)[1], (std::vector<float>{8, 18}));
+}
+
+TEST_F(ShardStoreTest, SyncAveragesAllWorkersAndPushPullWaitsForTheStep) {
+  ASSERT_TRUE(Init(Config(SYNC, 2, 1.0)).ok());
+  PushPullRequest req;
+  req.set_job("job");
+  req.set_worker(0);
+  req.set_step(0);
+  req.add_keys("a");
+  PushPullResponse resp0;
+  std::vector<TensorBuffer> values0;
+  std::atomic<bool> finished{false};
+  absl::Status status0;
+  store_.PushPull(req, {Floats({2, 4, 6})}, &resp0, &values0, {}, [&](absl::Status s) {
+    status0 = s;
+    finished = true;
+  });
+  absl::SleepFor(absl::Milliseconds(100));
+  EXPECT_FALSE(finished) << "SYNC PushPull returned before the other worker pushed";
+  // Until the step completes, the value is unchanged.
+  EXPECT_EQ((*Pull({"a"}))[0], (std::vector<float>{1, 2, 3}));
+  // A retry of worker 0's push is not counted twice.
+  PushResponse r;
+  ASSERT_TRUE(Push(0, 0, {"a"}, {Floats({2, 4, 6})}, &r).ok());
+  EXPECT_EQ(r.duplicates(), 1u);
+  // A push for a step ahead is refused.
+  EXPECT_EQ(Push(1, 1, {"a"}, {Floats({0, 0, 0})}).code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(Push(1, 0, {"a"}, {Floats({0, 0, 0})}, &r).ok());
+  EXPECT_EQ(r.versions(0), 1);
+  for (int i = 0; i < 100 && !finished; ++i) absl::SleepFor(absl::Milliseconds(10));
+  ASSERT_TRUE(finished);
+  ASSERT_TRUE(status0.ok()) << status0;
+  // mean gradient {1, 2, 3}, lr 1
+  EXPECT_EQ(ToFloats(values0[0]), (std::vector<float>{0, 0, 0}));
+  EXPECT_EQ(resp0.versions(0), 1);
+}
+
+TEST_F(ShardStoreTest, PullWithMinVersionWaitsThenFailsAtTheDeadline) {
+  ASSERT_TRUE(Init(Config(ASYNC, 1)).ok());
+  auto v = Pull({"a"}, /*min_version=*/1, absl::Milliseconds(200));
+  EXPECT_EQ(v.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_NE(v.status().message().find("key a is at version 0"), absl::string_view::npos)
+      << v.status();
+  std::thread pusher([&] {
+    absl::SleepFor(absl::Milliseconds(50));
+    ASSERT_TRUE(Push(0, 0, {"a"}, {Floats({0, 0, 2})}).ok());
+  });
+  v = Pull({"a"}, 1, absl::Seconds(10));
+  pusher.join();
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ((*v)[0], (std::vector<float>{1, 2, 2}));
+}
+
+TEST_F(ShardStoreTest, SspBoundsHowFarAWorkerRunsAhead) {
+  TableConfig c = Config(SSP, 2);
+  c.set_staleness(1);
+  ASSERT_TRUE(Init(c).ok());
+  auto push_pull = [&](uint32_t worker, int64_t step, absl::Duration timeout) {
+    PushPullRequest req;
+    req.set_job("job");
+    req.set_worker(worker);
+    req.set_step(step);
+    req.add_keys("b");
+    PushPullResponse resp;
+    std::vector<TensorBuffer> values;
+    CallOptions opts;
+    opts.deadline = absl::Now() + timeout;
+    return WaitFor([&](StatusCallback done) {
+      store_.PushPull(req, {Floats({0, 0})}, &resp, &values, opts, done);
+    });
+  };
+  // PushPull for step t returns once every worker pushed step t - 1: worker 0
+  // may compute at most one step ahead of the slowest.
+  const absl::StatusCode kBlocked = absl::StatusCode::kDeadlineExceeded;
+  EXPECT_TRUE(push_pull(0, 0, absl::Seconds(5)).ok());
+  EXPECT_EQ(push_pull(0, 1, absl::Milliseconds(150)).code(), kBlocked);
+  EXPECT_TRUE(push_pull(1, 0, absl::Seconds(5)).ok());
+  EXPECT_TRUE(push_pull(0, 1, absl::Seconds(5)).ok());  // its push was kept; now it may go on
+  EXPECT_EQ(push_pull(0, 2, absl::Milliseconds(150)).code(), kBlocked);
+  EXPECT_TRUE(push_pull(1, 1, absl::Seconds(5)).ok());
+  EXPECT_TRUE(push_pull(0, 2, absl::Seconds(5)).ok());
+}
+
+TEST_F(ShardStoreTest, BadInputIsRefusedAndChangesNothing) {
+  // Before InitTable.
+  EXPECT_EQ(Push(0, 0, {"a"}, {Floats({1, 1, 1})}).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(Pull({"a"}).status().code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(Init(Config(ASYNC, 2)).ok());
+  const std::vector<float> a0{1, 2, 3}, b0{10, 20};
+  struct Bad {
+    std::string name;
+    std::vector<std::string> keys;
+    std::vector<TensorBuffer> grads;
+    uint32_t worker;
+    absl::StatusCode code;
+  };
+  TensorBuffer short_bytes = Floats({1, 1, 1});
+  short_bytes.nbytes = 8;
+  std::vector<Bad> cases = {
+      {"unknown key", {"b", "zzz"}, {Floats({1, 1}), Floats({1})}, 0, absl::StatusCode::kNotFound},
+      {"shape", {"b", "a"}, {Floats({1, 1}), Floats({1, 1, 1, 1})}, 0,
+       absl::StatusCode::kInvalidArgument},
+      {"rank", {"b", "a"}, {Floats({1, 1}), Floats({1, 1, 1}, {1, 3})}, 0,
+       absl::StatusCode::kInvalidArgument},
+      {"dtype", {"b", "a"}, {Floats({1, 1}), TensorBuffer::CopyOf(DT_INT32, {3}, "abcdefghijkl", 12)},
+       0, absl::StatusCode::kInvalidArgument},
+      {"byte length", {"b", "a"}, {Floats({1, 1}), short_bytes}, 0,
+       absl::StatusCode::kInvalidArgument},
+      {"nan", {"b", "a"}, {Floats({1, 1}), Floats({1, NAN, 1})}, 0,
+       absl::StatusCode::kInvalidArgument},
+      {"inf", {"b", "a"}, {Floats({1, 1}), Floats({1, 1, -INFINITY})}, 0,
+       absl::StatusCode::kInvalidArgument},
+      {"duplicate key", {"a", "a"}, {Floats({1, 1, 1}), Floats({1, 1, 1})}, 0,
+       absl::StatusCode::kInvalidArgument},
+      {"count mismatch", {"a", "b"}, {Floats({1, 1, 1})}, 0, absl::StatusCode::kInvalidArgument},
+      {"worker out of range", {"b"}, {Floats({1, 1})}, 7, absl::StatusCode::kInvalidArgument},
+  };
+  for (auto& c : cases) {
+    absl::Status s = Push(c.worker, 5, c.keys, c.grads);
+    EXPECT_EQ(s.code(), c.code) << c.name << ": " << s;
+    EXPECT_FALSE(s.message().empty()) << c.name;
+    auto v = Pull({"a", "b"});
+    ASSERT_TRUE(v.ok());
+    EXPECT_EQ((*v)[0], a0) << c.name << " changed key a";
+    EXPECT_EQ((*v)[1], b0) << c.name << " changed key b";
+  }
+  // The step of a refused push was not consumed: the same push, fixed, applies.
+  PushResponse r;
+  ASSERT_TRUE(Push(0, 5, {"b"}, {Floats({2, 2})}, &r).ok());
+  EXPECT_EQ(r.applied(), 1u);
+}
+
+TEST_F(ShardStoreTest, NonFiniteGradientsCanBeSkippedByPolicy) {
+  TableConfig c = Config(ASYNC, 1);
+  c.set_nonfinite(NONFINITE_SKIP);
+  ASSERT_TRUE(Init(c).ok());
+  PushResponse r;
+  ASSERT_TRUE(Push(0, 0, {"a", "b"}, {Floats({NAN, 0, 0}), Floats({2, 2})}, &r).ok());
+  EXPECT_EQ(r.skipped_nonfinite(), 1u);
+  EXPECT_EQ(r.applied(), 1u);
+  auto v = Pull({"a", "b"});
+  EXPECT_EQ((*v)[0], (std::vector<float>{1, 2, 3}));
+  EXPECT_EQ((*v)[1], (std::vector<float>{9, 19}));
+}
+
+TEST_F(ShardStoreTest, ConcurrentPushesAreAllAppliedExactlyOnce) {
+  // Plain SGD with lr 1 adds up, so the final value does not depend on order.
+  ASSERT_TRUE(Init(Config(ASYNC, 8, 1.0)).ok());
+  std::vector<std::thread> threads;
+  for (uint32_t w = 0; w < 8; ++w) {
+    threads.emplace_back([&, w] {
+      for (int step = 0; step < 200; ++step) {
+        // Each push is sent twice, as a retry would be.
+        for (int copy = 0; copy < 2; ++copy) {
+          ASSERT_TRUE(Push(w, step, {"a", "b"}, {Floats({1, 0, 0}), Floats({0, 0.5})}).ok());
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  auto v = Pull({"a", "b"}, 1600);
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ((*v)[0], (std::vector<float>{1 - 1600, 2, 3}));
+  EXPECT_EQ((*v)[1], (std::vector<float>{10, 20 - 800}));
+  StatsResponse stats;
+  ASSERT_TRUE(WaitFor([&](StatusCallback done) { store_.Stats({}, &stats, {}, done); }).ok());
+  ASSERT_EQ(stats.tables_size(), 1);
+  EXPECT_EQ(stats.tables(0).pushes_applied(), 3200u);
+  EXPECT_EQ(stats.tables(0).pushes_duplicate(), 3200u);
+  EXPECT_EQ(stats.tables(0).min_version(), 1600);
+}
+
+TEST_F(ShardStoreTest, ShutdownFailsWaitingCallsWithUnavailable) {
+  ASSERT_TRUE(Init(Config(ASYNC, 1)).ok());
+  std::thread waiter([&] {
+    auto v = Pull({"a"}, 5, absl::Seconds(30));
+    EXPECT_EQ(v.status().code(), absl::StatusCode::kUnavailable);
+  });
+  absl::SleepFor(absl::Milliseconds(100));
+  store_.Shutdown();
+  waiter.join();
+  EXPECT_EQ(Push(0, 0, {"a"}, {Floats({1, 1, 1})}).code(), absl::StatusCode::kUnavailable);
+}
+
+TEST_F(ShardStoreTest, InitTableRefusesBadTables) {
+  InitTableRequest req;
+  req.set_job("j");
+  *req.mutable_config() = Config(ASYNC, 1);
+  req.add_keys("a");
+  InitTableResponse resp;
+  auto init = [&](std::vector<TensorBuffer> values) {
+    return WaitFor([&](StatusCallback done) { store_.InitTable(req, values, &resp, {}, done); });
+  };
+  EXPECT_EQ(init({}).code(), absl::StatusCode::kInvalidArgument);  // count
+  EXPECT_EQ(init({TensorBuffer::CopyOf(DT_INT64, {1}, "abcdefgh", 8)}).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(init({Floats({NAN})}).code(), absl::StatusCode::kInvalidArgument);
+  req.mutable_config()->set_num_workers(0);
+  EXPECT_EQ(init({Floats({1})}).code(), absl::StatusCode::kInvalidArgument);
+  req.mutable_config()->set_num_workers(1);
+  req.mutable_config()->mutable_optimizer()->set_lr(0);
+  EXPECT_EQ(init({Floats({1})}).code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace pstrain

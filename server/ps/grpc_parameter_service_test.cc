@@ -1,0 +1,235 @@
+// The parameter service over real gRPC on 127.0.0.1, in process.
+#include "server/ps/grpc_parameter_service.h"
+
+#include <grpcpp/generic/generic_stub.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <future>
+
+#include "rpc/grpc_channel.h"
+#include "rpc/grpc_remote_shard.h"
+#include "rpc/grpc_server.h"
+#include "server/ps/shard_store.h"
+
+namespace pstrain {
+namespace {
+
+TensorBuffer Floats(const std::vector<float>& v) {
+  return TensorBuffer::CopyOf(DT_FLOAT32, {static_cast<int64_t>(v.size())}, v.data(),
+                              v.size() * sizeof(float));
+}
+
+std::vector<float> ToFloats(const TensorBuffer& t) {
+  const float* p = reinterpret_cast<const float*>(t.data);
+  return std::vector<float>(p, p + t.NumElements());
+}
+
+class GrpcParameterServiceTest : public ::testing::Test {
+ protected:
+  void StartServer(int max_message_bytes = kDefaultMaxMessageBytes) {
+    GrpcServerOptions options;
+    options.address = "127.0.0.1:0";
+    options.max_message_bytes = max_message_bytes;
+    auto server = GrpcServer::Create(options, {&service_});
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = std::move(*server);
+    ASSERT_GT(server_->port(), 0);
+    RemoteShardOptions ro;
+    ro.target = server_->local_target();
+    ro.max_message_bytes = 512 << 20;
+    ro.default_timeout = absl::Seconds(20);
+    client_ = std::make_unique<GrpcRemoteShard>(ro);
+  }
+  void SetUp() override { StartServer(); }
+  void TearDown() override {
+    store_.Shutdown();
+    if (server_) server_->Shutdown();
+  }
+
+  absl::Status Init(Consistency consistency, uint32_t workers, std::vector<TensorBuffer> values) {
+    InitTableRequest req;
+    req.set_job("job");
+    req.mutable_config()->mutable_optimizer()->set_kind(OptimizerConfig::SGD);
+    req.mutable_config()->mutable_optimizer()->set_lr(1.0);
+    req.mutable_config()->set_consistency(consistency);
+    req.mutable_config()->set_num_workers(workers);
+    for (size_t i = 0; i < values.size(); ++i) req.add_keys("k" + std::to_string(i));
+    InitTableResponse resp;
+    return WaitFor([&](StatusCallback done) {
+      client_->InitTable(req, values, &resp, {}, done);
+    });
+  }
+
+  absl::Status Push(uint32_t worker, int64_t step, std::vector<std::string> keys,
+                    std::vector<TensorBuffer> grads, PushResponse* resp) {
+    PushRequest req;
+    req.set_job("job");
+    req.set_worker(worker);
+    req.set_step(step);
+    for (auto& k : keys) req.add_keys(k);
+    return WaitFor([&](StatusCallback done) { client_->Push(req, grads, resp, {}, done); });
+  }
+
+  std::vector<float> Pull(const std::string& key) {
+    PullRequest req;
+    req.set_job("job");
+    req.add_keys(key);
+    PullResponse resp;
+    std::vector<TensorBuffer> values;
+    absl::Status s = WaitFor([&](StatusCallback done) {
+      client_->Pull(req, &resp, &values, {}, done);
+    });
+    EXPECT_TRUE(s.ok()) << s;
+    return values.empty() ? std::vector<float>{} : ToFloats(values[0]);
+  }
+
+  ShardStore store_{ShardStoreOptions{}};
+  GrpcParameterService service_{&store_};
+  std::unique_ptr<GrpcServer> server_;
+  std::unique_ptr<GrpcRemoteShard> client_;
+};
+
+TEST_F(GrpcParameterServiceTest, PushPullRoundTripOverGrpc) {
+  ASSERT_TRUE(Init(ASYNC, 1, {Floats({1, 2, 3}), Floats(std::vector<float>(300000, 1.f))}).ok());
+  PushPullRequest req;
+  req.set_job("job");
+  req.set_worker(0);
+  req.set_step(0);
+  req.add_keys("k0");
+  req.add_keys("k1");
+  PushPullResponse resp;
+  std::vector<TensorBuffer> values;
+  absl::Status s = WaitFor([&](StatusCallback done) {
+    client_->PushPull(req, {Floats({1, 1, 1}), Floats(std::vector<float>(300000, 0.25f))}, &resp,
+                      &values, {}, done);
+  });
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(resp.push().applied(), 2u);
+  ASSERT_EQ(values.size(), 2u);
+  EXPECT_EQ(ToFloats(values[0]), (std::vector<float>{0, 1, 2}));
+  EXPECT_EQ(ToFloats(values[1]), std::vector<float>(300000, 0.75f));
+  EXPECT_EQ(resp.versions_size(), 2);
+}
+
+TEST_F(GrpcParameterServiceTest, ErrorsArriveWithFittingCodesAndChangeNothing) {
+  PushResponse r;
+  EXPECT_EQ(Push(0, 0, {"k0"}, {Floats({1})}, &r).code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(Init(ASYNC, 1, {Floats({1, 2, 3})}).ok());
+  EXPECT_EQ(Push(0, 0, {"nope"}, {Floats({1})}, &r).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(Push(0, 0, {"k0"}, {Floats({1, 1})}, &r).code(), absl::StatusCode::kInvalidArgument);
+  absl::Status nan = Push(0, 0, {"k0"}, {Floats({1, NAN, 1})}, &r);
+  EXPECT_EQ(nan.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(nan.message().find("NaN"), absl::string_view::npos) << nan;
+  EXPECT_EQ(Pull("k0"), (std::vector<float>{1, 2, 3}));
+  ASSERT_TRUE(Push(0, 0, {"k0"}, {Floats({1, 1, 1})}, &r).ok());
+  ASSERT_TRUE(Push(0, 0, {"k0"}, {Floats({1, 1, 1})}, &r).ok());
+  EXPECT_EQ(r.duplicates(), 1u);
+  EXPECT_EQ(Pull("k0"), (std::vector<float>{0, 1, 2}));
+}
+
+TEST_F(GrpcParameterServiceTest, GarbageBytesGetInvalidArgumentAndTheServerCarriesOn) {
+  ASSERT_TRUE(Init(ASYNC, 1, {Floats({1, 2, 3})}).ok());
+  grpc::GenericStub stub(CreateChannel(server_->local_target()));
+  const std::string garbage = "\x7a\xff\xff\xff\x0f garbage";
+  grpc::Slice slice(garbage.data(), garbage.size());
+  grpc::ByteBuffer request(&slice, 1), response;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  std::promise<grpc::Status> result;
+  stub.UnaryCall(&ctx, "/pstrain.ParameterService/Push", grpc::StubOptions(), &request, &response,
+                 [&](grpc::Status s) { result.set_value(s); });
+  grpc::Status s = result.get_future().get();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  EXPECT_EQ(Pull("k0"), (std::vector<float>{1, 2, 3}));
+}
+
+TEST_F(GrpcParameterServiceTest, SyncPushPullHonoursTheCallDeadline) {
+  ASSERT_TRUE(Init(SYNC, 2, {Floats({1, 2, 3})}).ok());
+  PushPullRequest req;
+  req.set_job("job");
+  req.set_worker(0);
+  req.set_step(0);
+  req.add_keys("k0");
+  PushPullResponse resp;
+  std::vector<TensorBuffer> values;
+  CallOptions opts;
+  opts.deadline = absl::Now() + absl::Milliseconds(300);
+  const absl::Time start = absl::Now();
+  absl::Status s = WaitFor([&](StatusCallback done) {
+    client_->PushPull(req, {Floats({1, 1, 1})}, &resp, &values, opts, done);
+  });
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+}
+
+class SmallLimitTest : public GrpcParameterServiceTest {
+ protected:
+  void SetUp() override { StartServer(1 << 20); }
+};
+
+TEST_F(SmallLimitTest, OversizedMessageGetsResourceExhausted) {
+  ASSERT_TRUE(Init(ASYNC, 1, {Floats({1, 2, 3})}).ok());
+  PushResponse r;
+  absl::Status s = Push(0, 0, {"k0"}, {Floats(std::vector<float>(1 << 19, 1.f))}, &r);  // 2 MiB
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  // The server is unharmed and the table unchanged.
+  EXPECT_EQ(Pull("k0"), (std::vector<float>{1, 2, 3}));
+}
+
+// grpc.health.v1.Health/Check with an empty service name, hand-encoded:
+// HealthCheckResponse{status: SERVING} is the two bytes 08 01.
+TEST_F(GrpcParameterServiceTest, AnswersTheStandardHealthCheck) {
+  grpc::GenericStub stub(CreateChannel(server_->local_target()));
+  grpc::ByteBuffer request, response;
+  grpc::Slice empty("", 0);
+  request = grpc::ByteBuffer(&empty, 1);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  std::promise<grpc::Status> result;
+  stub.UnaryCall(&ctx, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request, &response,
+                 [&](grpc::Status s) { result.set_value(s); });
+  grpc::Status s = result.get_future().get();
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  grpc::Slice out;
+  ASSERT_TRUE(response.DumpToSingleSlice(&out).ok());
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(out.begin()), out.size()), "\x08\x01");
+}
+
+// grpc.reflection.v1alpha list_services, hand-encoded: the answer names the
+// parameter service.
+TEST_F(GrpcParameterServiceTest, AnswersServerReflection) {
+  grpc::GenericStub stub(CreateChannel(server_->local_target()));
+  grpc::CompletionQueue cq;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  auto call = stub.PrepareCall(&ctx, "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", &cq);
+  void* tag;
+  bool ok;
+  call->StartCall(reinterpret_cast<void*>(1));
+  ASSERT_TRUE(cq.Next(&tag, &ok) && ok);
+  const std::string list_services("\x3a\x00", 2);  // field 7 (list_services) = ""
+  grpc::Slice slice(list_services.data(), list_services.size());
+  grpc::ByteBuffer request(&slice, 1);
+  call->Write(request, reinterpret_cast<void*>(2));
+  ASSERT_TRUE(cq.Next(&tag, &ok) && ok);
+  call->WritesDone(reinterpret_cast<void*>(3));
+  ASSERT_TRUE(cq.Next(&tag, &ok) && ok);
+  grpc::ByteBuffer response;
+  call->Read(&response, reinterpret_cast<void*>(4));
+  ASSERT_TRUE(cq.Next(&tag, &ok) && ok);
+  grpc::Slice out;
+  ASSERT_TRUE(response.DumpToSingleSlice(&out).ok());
+  std::string text(reinterpret_cast<const char*>(out.begin()), out.size());
+  EXPECT_NE(text.find("pstrain.ParameterService"), std::string::npos);
+  EXPECT_NE(text.find("grpc.health.v1.Health"), std::string::npos);
+  grpc::Status status;
+  call->Finish(&status, reinterpret_cast<void*>(5));
+  cq.Next(&tag, &ok);
+  cq.Shutdown();
+  while (cq.Next(&tag, &ok)) {
+  }
+}
+
+}  // namespace
+}  // namespace pstrain

@@ -1,0 +1,207 @@
+// Two pstrain-ps processes on loopback and clients that push and pull a
+// model-sized set of tensors split by the partition plan, checked against
+// torch::optim on the same gradients. Plus failure: a SIGKILLed shard gives
+// a clean UNAVAILABLE, not a hang; SIGTERM drains and exits 0.
+#include <ATen/ops/allclose.h>
+#include <ATen/ops/randn.h>
+#include <ATen/ops/zeros_like.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <torch/optim/sgd.h>
+
+#include <thread>
+
+#include "rpc/grpc_remote_shard.h"
+#include "tests/child_process.h"
+#include "worker/ps_client.h"
+
+namespace pstrain {
+namespace {
+
+const std::vector<std::vector<int64_t>> kShapes = {
+    {6, 1, 5, 5}, {6}, {16, 6, 5, 5}, {16}, {120, 400}, {120}, {84, 120}, {84}, {10, 84}, {10},
+    {1000, 1000}, {4096}};
+
+class ShardCluster {
+ public:
+  explicit ShardCluster(int num_shards) {
+    dir_ = MakeTempDir("shards");
+    for (int i = 0; i < num_shards; ++i) {
+      const std::string port_file = dir_ + "/shard" + std::to_string(i) + ".addr";
+      auto child = ChildProcess::Start(
+          {"server/ps/pstrain-ps", "--host=127.0.0.1", "--port=0", "--port_file=" + port_file,
+           "--shard_index=" + std::to_string(i), "--num_shards=" + std::to_string(num_shards)},
+          dir_ + "/shard" + std::to_string(i) + ".log");
+      EXPECT_TRUE(child.ok());
+      children_.push_back(std::move(*child));
+      auto addr = WaitForAddressFile(port_file, absl::Seconds(30));
+      EXPECT_TRUE(addr.ok()) << addr.status();
+      RemoteShardOptions ro;
+      ro.target = addr.ok() ? *addr : "127.0.0.1:1";
+      ro.default_timeout = absl::Seconds(30);
+      ro.max_attempts = 4;
+      ro.initial_backoff = absl::Milliseconds(20);
+      remotes_.push_back(std::make_unique<GrpcRemoteShard>(ro));
+    }
+  }
+  std::vector<ParameterStore*> stores() {
+    std::vector<ParameterStore*> out;
+    for (auto& r : remotes_) out.push_back(r.get());
+    return out;
+  }
+  ChildProcess& child(int i) { return *children_[i]; }
+  GrpcRemoteShard& remote(int i) { return *remotes_[i]; }
+
+ private:
+  std::string dir_;
+  std::vector<std::unique_ptr<ChildProcess>> children_;
+  std::vector<std::unique_ptr<GrpcRemoteShard>> remotes_;
+};
+
+PartitionPlan Plan(int shards) {
+  std::vector<ParameterSpec> specs;
+  for (size_t i = 0; i < kShapes.size(); ++i) specs.push_back({"p" + std::to_string(i), kShapes[i], DT_FLOAT32});
+  auto plan = MakePartitionPlan(specs, shards, 256 << 10);  // small chunks: big tensors span shards
+  EXPECT_TRUE(plan.ok());
+  return *plan;
+}
+
+std::vector<at::Tensor> RandomParams(uint64_t seed) {
+  at::manual_seed(seed);
+  std::vector<at::Tensor> out;
+  for (const auto& s : kShapes) out.push_back(at::randn(s));
+  return out;
+}
+
+TableConfig SgdConfig(Consistency consistency, uint32_t workers) {
+  TableConfig c;
+  c.mutable_optimizer()->set_kind(OptimizerConfig::SGD);
+  c.mutable_optimizer()->set_lr(0.05);
+  c.mutable_optimizer()->set_momentum(0.9);
+  c.mutable_optimizer()->set_weight_decay(1e-4);
+  c.set_consistency(consistency);
+  c.set_num_workers(workers);
+  return c;
+}
+
+std::unique_ptr<torch::optim::SGD> Reference(std::vector<at::Tensor>* params) {
+  for (auto& p : *params) p.set_requires_grad(true);
+  return std::make_unique<torch::optim::SGD>(
+      *params, torch::optim::SGDOptions(0.05).momentum(0.9).weight_decay(1e-4));
+}
+
+void ExpectClose(const std::vector<at::Tensor>& ours, const std::vector<at::Tensor>& ref) {
+  for (size_t i = 0; i < ours.size(); ++i) {
+    EXPECT_TRUE(at::allclose(ours[i], ref[i].detach(), 1e-5, 1e-6))
+        << "parameter " << i << " differs by " << (ours[i] - ref[i].detach()).abs().max().item<float>();
+  }
+}
+
+TEST(MultiProcessPsTest, AsyncTrainingMatchesTorchOptimAcrossTwoShardProcesses) {
+  ShardCluster cluster(2);
+  PsClientOptions o;
+  o.job = "async";
+  o.plan = Plan(2);
+  ASSERT_GT(o.plan.chunks.size(), kShapes.size());  // some parameters were split
+  auto client = PsClient::Create(o, cluster.stores());
+  ASSERT_TRUE(client.ok());
+  std::vector<at::Tensor> params = RandomParams(1);
+  std::vector<at::Tensor> ref = RandomParams(1);
+  auto opt = Reference(&ref);
+  ASSERT_TRUE((*client)->InitTables(params, SgdConfig(ASYNC, 1)).ok());
+  for (auto& p : params) p.zero_();
+  ASSERT_TRUE((*client)->Pull(params).ok());
+  ExpectClose(params, ref);
+  for (int step = 0; step < 8; ++step) {
+    std::vector<at::Tensor> grads;
+    for (const auto& s : kShapes) grads.push_back(at::randn(s));
+    absl::Status st = step % 2 == 0 ? (*client)->PushPull(step, grads, params)
+                                    : (*client)->Push(step, grads);
+    ASSERT_TRUE(st.ok()) << st;
+    if (step % 2 == 1) {
+      ASSERT_TRUE((*client)->Pull(params).ok());
+    }
+    for (size_t i = 0; i < grads.size(); ++i) ref[i].mutable_grad() = grads[i];
+    opt->step();
+  }
+  ExpectClose(params, ref);
+}
+
+TEST(MultiProcessPsTest, SyncWithTwoWorkersAppliesTheMeanGradientOncePerStep) {
+  ShardCluster cluster(2);
+  std::vector<std::unique_ptr<PsClient>> clients;
+  for (uint32_t w = 0; w < 2; ++w) {
+    PsClientOptions o;
+    o.job = "sync";
+    o.worker = w;
+    o.plan = Plan(2);
+    o.timeout = absl::Seconds(30);
+    clients.push_back(std::move(*PsClient::Create(o, cluster.stores())));
+  }
+  std::vector<std::vector<at::Tensor>> params = {RandomParams(2), RandomParams(2)};
+  std::vector<at::Tensor> ref = RandomParams(2);
+  auto opt = Reference(&ref);
+  for (int w = 0; w < 2; ++w) ASSERT_TRUE(clients[w]->InitTables(params[w], SgdConfig(SYNC, 2)).ok());
+  for (int step = 0; step < 6; ++step) {
+    std::vector<std::vector<at::Tensor>> grads(2);
+    for (int w = 0; w < 2; ++w) {
+      for (const auto& s : kShapes) grads[w].push_back(at::randn(s));
+    }
+    std::vector<absl::Status> status(2);
+    std::vector<std::thread> threads;
+    for (int w = 0; w < 2; ++w) {
+      threads.emplace_back([&, w] { status[w] = clients[w]->PushPull(step, grads[w], params[w]); });
+    }
+    for (auto& t : threads) t.join();
+    ASSERT_TRUE(status[0].ok()) << status[0];
+    ASSERT_TRUE(status[1].ok()) << status[1];
+    for (size_t i = 0; i < kShapes.size(); ++i) ref[i].mutable_grad() = (grads[0][i] + grads[1][i]) / 2;
+    opt->step();
+    ExpectClose(params[0], ref);
+    ExpectClose(params[1], ref);
+  }
+}
+
+TEST(MultiProcessPsTest, KilledShardGivesUnavailableQuicklyNotAHang) {
+  ShardCluster cluster(2);
+  PsClientOptions o;
+  o.job = "kill";
+  o.plan = Plan(2);
+  o.timeout = absl::Seconds(20);
+  auto client = PsClient::Create(o, cluster.stores());
+  std::vector<at::Tensor> params = RandomParams(3);
+  ASSERT_TRUE((*client)->InitTables(params, SgdConfig(ASYNC, 1)).ok());
+  cluster.child(1).Signal(SIGKILL);
+  EXPECT_EQ(cluster.child(1).Wait(), 128 + SIGKILL);
+  std::vector<at::Tensor> grads;
+  for (const auto& s : kShapes) grads.push_back(at::zeros(s));
+  const absl::Time start = absl::Now();
+  absl::Status s = (*client)->Push(0, grads);
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_NE(s.message().find("shard 1"), absl::string_view::npos) << s;
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10)) << "gave up only after retries ran long";
+  // The surviving shard still serves.
+  StatsResponse stats;
+  ASSERT_TRUE(WaitFor([&](StatusCallback done) { cluster.remote(0).Stats({}, &stats, {}, done); }).ok());
+  EXPECT_EQ(stats.tables(0).job(), "kill");
+}
+
+TEST(MultiProcessPsTest, SigtermDrainsWaitingCallsAndExitsZero) {
+  ShardCluster cluster(1);
+  PsClientOptions o;
+  o.job = "drain";
+  o.plan = Plan(1);
+  auto client = PsClient::Create(o, cluster.stores());
+  std::vector<at::Tensor> params = RandomParams(4);
+  ASSERT_TRUE((*client)->InitTables(params, SgdConfig(ASYNC, 1)).ok());
+  absl::Status waiting;
+  std::thread t([&] { waiting = (*client)->Pull(params, /*min_version=*/100); });
+  absl::SleepFor(absl::Milliseconds(300));
+  cluster.child(0).Signal(SIGTERM);
+  EXPECT_EQ(cluster.child(0).Wait(), 0);
+  t.join();
+  EXPECT_EQ(waiting.code(), absl::StatusCode::kUnavailable) << waiting;
+}
+
+}  // namespace
+}  // namespace pstrain

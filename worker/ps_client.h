@@ -1,0 +1,68 @@
+// PsClient: a worker's view of a sharded parameter table. It cuts LibTorch
+// parameters into the chunks of a PartitionPlan and talks to every shard in
+// parallel: one request per shard per operation, all shards in flight at
+// once. Outgoing chunk bytes are views of the parameters and gradients
+// themselves (no copy); pulled values are copied once, into the parameters.
+//
+// Not thread-safe: one training loop drives one PsClient. The tensors passed
+// in must stay alive and unmodified until the call returns.
+#ifndef PSTRAIN_WORKER_PS_CLIENT_H_
+#define PSTRAIN_WORKER_PS_CLIENT_H_
+
+#include <ATen/core/Tensor.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/partition_plan.h"
+#include "rpc/parameter_store.h"
+
+namespace pstrain {
+
+struct PsClientOptions {
+  std::string job;
+  uint32_t worker = 0;
+  PartitionPlan plan;
+  // Deadline of each operation (all shards together).
+  absl::Duration timeout = absl::Seconds(120);
+};
+
+class PsClient {
+ public:
+  // `shards[i]` serves shard i of the plan; not owned, must outlive the client.
+  static absl::StatusOr<std::unique_ptr<PsClient>> Create(PsClientOptions options,
+                                                          std::vector<ParameterStore*> shards);
+
+  // Creates every shard's table from `params` (idempotent for identical
+  // tables, so every worker may call it with the same seeded values).
+  absl::Status InitTables(const std::vector<at::Tensor>& params, const TableConfig& config);
+  // Copies the shards' values into `params`, waiting for min_version.
+  absl::Status Pull(const std::vector<at::Tensor>& params, int64_t min_version = 0);
+  absl::Status Push(int64_t step, const std::vector<at::Tensor>& grads);
+  // Push, then the new values into `params`, in one round trip per shard.
+  absl::Status PushPull(int64_t step, const std::vector<at::Tensor>& grads,
+                        const std::vector<at::Tensor>& params);
+
+  const PartitionPlan& plan() const { return options_.plan; }
+
+ private:
+  PsClient(PsClientOptions options, std::vector<ParameterStore*> shards)
+      : options_(std::move(options)), shards_(std::move(shards)) {}
+
+  absl::Status CheckTensors(const std::vector<at::Tensor>& tensors, const char* what) const;
+  // The chunks of shard `s` as views of `tensors`.
+  absl::StatusOr<std::vector<TensorBuffer>> ChunkViews(const std::vector<at::Tensor>& tensors,
+                                                      int shard) const;
+  absl::Status CopyIntoParams(int shard, const std::vector<TensorBuffer>& values,
+                              const std::vector<at::Tensor>& params) const;
+  // Runs call(shard, done) for every shard at once and waits for all.
+  absl::Status ForEachShard(const std::function<void(int, StatusCallback)>& call);
+
+  const PsClientOptions options_;
+  std::vector<ParameterStore*> shards_;
+};
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_WORKER_PS_CLIENT_H_

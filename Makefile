@@ -1,0 +1,29 @@
+# pstrain: the two commands are `make demo` and `make test`. Both install
+# what is missing first (Debian packages, via tools/setup.sh).
+SHELL := /bin/bash
+BAZEL ?= bazel
+# Debian's python3 has python3-torch; the first python3 on PATH may not.
+PYTHON ?= /usr/bin/python3
+
+.PHONY: all setup build test demo bench clean
+
+all: build
+
+setup:
+	@tools/setup.sh
+
+build: setup
+	$(BAZEL) build //...
+
+test: setup
+	@status=0; $(BAZEL) test //... || status=$$?; \
+	$(PYTHON) tools/test_totals.py; exit $$status
+
+demo: build
+	bench/run.sh pushpull
+
+bench: build
+	bench/run.sh pushpull
+
+clean:
+	$(BAZEL) clean

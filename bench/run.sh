@@ -1,0 +1,142 @@
+#!/usr/bin/env bash
+# Benchmarks with their peers measured in the same run.
+#
+#   bench/run.sh pushpull [REPS]   pstrain push+pull vs torch.distributed.rpc
+#                                  and loopback TCP (iperf3); codec speed
+#
+# Prints a readable table and, as its last line, one JSON object.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PY=/usr/bin/python3   # Debian's, with python3-torch
+BIN=bazel-bin
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/pstrain-bench.XXXXXX")
+PIDS=()
+cleanup() {
+  for p in "${PIDS[@]:-}"; do [ -n "$p" ] && kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$WORK"
+}
+trap cleanup EXIT INT TERM
+
+log() { echo "[bench] $*" >&2; }
+
+wait_file() {  # wait_file PATH SECONDS
+  local deadline=$((SECONDS + $2))
+  until [ -s "$1" ]; do
+    [ $SECONDS -lt $deadline ] || { echo "no address in $1" >&2; exit 1; }
+    sleep 0.05
+  done
+}
+
+median() { sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
+
+free_port() { $PY -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+# One pstrain run: 2 shard processes + 2 worker processes, timed together.
+ours_once() {  # ours_once MODEL SECONDS -> prints "gb_per_s p50 p99"
+  local model=$1 secs=$2 run=$WORK/run.$RANDOM
+  mkdir -p "$run"
+  local shard_pids=()
+  for i in 0 1; do
+    $BIN/server/ps/pstrain-ps --host=127.0.0.1 --port=0 --port_file="$run/s$i" \
+      --shard_index=$i --num_shards=2 >"$run/s$i.log" 2>&1 &
+    shard_pids+=($!); PIDS+=($!)
+  done
+  wait_file "$run/s0" 30; wait_file "$run/s1" 30
+  local shards; shards="$(head -1 "$run/s0"),$(head -1 "$run/s1")"
+  local start=$(( $(date +%s%3N) + 4000 ))
+  local wpids=()
+  for w in 0 1; do
+    $BIN/bench/pushpull_bench --role=worker --shards="$shards" --model="$model" --worker=$w \
+      --num_workers=2 --start_at_ms=$start --seconds="$secs" >"$run/w$w.json" 2>"$run/w$w.log" &
+    wpids+=($!)
+  done
+  for p in "${wpids[@]}"; do wait "$p" || { cat "$run"/w*.log >&2; exit 1; }; done
+  kill "${shard_pids[@]}" 2>/dev/null || true
+  wait "${shard_pids[@]}" 2>/dev/null || true
+  $PY - "$run/w0.json" "$run/w1.json" <<'PYEOF'
+import json, sys
+rows = [json.loads(open(p).read().strip().splitlines()[-1]) for p in sys.argv[1:]]
+print(sum(r["gb_per_s"] for r in rows), sorted(r["p50_ms"] for r in rows)[0], max(r["p99_ms"] for r in rows))
+PYEOF
+}
+
+torch_once() {  # torch_once MODEL TRANSPORT SECONDS -> "gb_per_s p50 p99"
+  $PY bench/torch_rpc_ps.py --model "$1" --transport "$2" --seconds "$3" 2>"$WORK/torch.log" \
+    | tail -1 | $PY -c 'import json,sys; r=json.loads(sys.stdin.read()); print(r["gb_per_s"], r["p50_ms"], r["p99_ms"])'
+}
+
+iperf_once() {
+  local port; port=$(free_port)
+  iperf3 -s -1 -p "$port" >/dev/null 2>&1 &
+  local spid=$!; PIDS+=($spid)
+  sleep 0.5
+  iperf3 -c 127.0.0.1 -p "$port" -t 4 -J | $PY -c 'import json,sys; print(json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"]/8e9)'
+  wait "$spid" 2>/dev/null || true
+}
+
+pushpull() {
+  local reps=${1:-3} secs=${SECONDS_PER_RUN:-6}
+  log "building"
+  bazel build //server/ps:pstrain-ps //bench:pushpull_bench >&2
+  declare -A runs
+  for r in $(seq "$reps"); do
+    for model in flat mixed; do
+      log "rep $r/$reps: pstrain $model"
+      runs[ours_$model]+="$(ours_once "$model" "$secs")"$'\n'
+      for tr in tcp default; do
+        log "rep $r/$reps: torch.distributed.rpc ($tr) $model"
+        runs[torch_${tr}_$model]+="$(torch_once "$model" "$tr" "$secs")"$'\n'
+      done
+    done
+    log "rep $r/$reps: iperf3 loopback"
+    runs[iperf]+="$(iperf_once)"$'\n'
+  done
+  log "codec"
+  codec=$($BIN/bench/pushpull_bench --role=codec | tail -1)
+
+  col() { printf '%s' "${runs[$1]}" | awk -v c="$2" 'NF {print $c}' | median; }
+  local keys=(ours_flat ours_mixed torch_tcp_flat torch_tcp_mixed torch_default_flat torch_default_mixed)
+  printf '\n%-24s %10s %10s %10s   (medians of %s runs, 2 shards + 2 workers, 10M float32)\n' \
+    "push+pull" "GB/s" "p50 ms" "p99 ms" "$reps" >&2
+  for k in "${keys[@]}"; do
+    printf '%-24s %10.3f %10.1f %10.1f\n' "$k" "$(col "$k" 1)" "$(col "$k" 2)" "$(col "$k" 3)" >&2
+  done
+  printf '%-24s %10.3f\n' "iperf3 loopback" "$(col iperf 1)" >&2
+  printf 'codec: %s\n\n' "$codec" >&2
+
+  $PY - "$codec" <<PYEOF
+import json, sys
+codec = json.loads(sys.argv[1])
+ours_flat, ours_mixed = $(col ours_flat 1), $(col ours_mixed 1)
+tcp_flat, tcp_mixed = $(col torch_tcp_flat 1), $(col torch_tcp_mixed 1)
+dflt_flat, dflt_mixed = $(col torch_default_flat 1), $(col torch_default_mixed 1)
+iperf = $(col iperf 1)
+out = {
+    "bench": "pushpull", "reps": $reps, "seconds_per_run": $secs,
+    "setup": "2 shards + 2 workers on 127.0.0.1, 10M float32, PushPull every step",
+    "ours_gb_per_s": {"flat": ours_flat, "mixed": ours_mixed},
+    "ours_p50_ms": {"flat": $(col ours_flat 2), "mixed": $(col ours_mixed 2)},
+    "ours_p99_ms": {"flat": $(col ours_flat 3), "mixed": $(col ours_mixed 3)},
+    "torch_rpc_tcp_gb_per_s": {"flat": tcp_flat, "mixed": tcp_mixed},
+    "torch_rpc_default_gb_per_s": {"flat": dflt_flat, "mixed": dflt_mixed},
+    "iperf3_loopback_gb_per_s": iperf,
+    "codec_encode_gb_per_s": codec["encode_gb_per_s"],
+    "codec_decode_gb_per_s": codec["decode_gb_per_s"],
+    "ratios": {
+        "vs_torch_rpc_tcp": round(ours_flat / tcp_flat, 3),
+        "vs_torch_rpc_default": round(ours_flat / dflt_flat, 3),
+        "vs_loopback_tcp": round(ours_flat / iperf, 3),
+        "mixed_vs_torch_rpc_tcp": round(ours_mixed / tcp_mixed, 3),
+        "mixed_vs_torch_rpc_default": round(ours_mixed / dflt_mixed, 3),
+    },
+}
+print(json.dumps(out))
+PYEOF
+}
+
+case "${1:-}" in
+  pushpull) shift; pushpull "$@" ;;
+  *) echo "usage: bench/run.sh pushpull [REPS]" >&2; exit 2 ;;
+esac

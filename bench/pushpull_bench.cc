@@ -17,6 +17,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_split.h"
+#include "common/malloc_tuning.h"
 #include "rpc/grpc_remote_shard.h"
 #include "rpc/grpc_tensor_coding.h"
 #include "rpc/tensor_codec.h"
@@ -192,6 +193,7 @@ int RunCodec() {
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
+  pstrain::KeepBulkBuffersMapped();
   const std::string role = absl::GetFlag(FLAGS_role);
   if (role == "worker") return pstrain::RunWorker();
   if (role == "codec") return pstrain::RunCodec();

@@ -13,6 +13,7 @@ std::shared_ptr<grpc::Channel> CreateChannel(const std::string& target, int max_
   // Each client talks to each shard over its own connection; sharing one
   // subchannel between clients in the same process would serialize them.
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  for (const auto& [key, value] : BulkTransferChannelArgs()) args.SetInt(key, value);
   return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
 }
 

@@ -18,6 +18,7 @@ struct GrpcRemoteShard::Call {
   std::unique_ptr<grpc::ClientContext> context;
   google::protobuf::MessageLite* response_header = nullptr;
   std::vector<TensorBuffer>* response_tensors = nullptr;
+  std::vector<TensorBuffer> destinations;  // caller-provided output buffers
   absl::Time deadline;
   int attempt = 0;
   absl::Duration backoff;
@@ -46,6 +47,7 @@ void GrpcRemoteShard::Start(const std::string& method, const google::protobuf::M
   }
   call->response_header = response;
   call->response_tensors = response_tensors;
+  if (response_tensors != nullptr) call->destinations = *response_tensors;
   call->deadline = options.deadline == absl::InfiniteFuture()
                        ? absl::Now() + options_.default_timeout
                        : options.deadline;
@@ -87,7 +89,8 @@ void GrpcRemoteShard::Attempt(std::shared_ptr<Call> call) {
         std::vector<TensorBuffer> scratch;
         absl::Status decoded = DecodeTensorMessage(
             call->response, call->response_header,
-            call->response_tensors != nullptr ? call->response_tensors : &scratch);
+            call->response_tensors != nullptr ? call->response_tensors : &scratch,
+            call->destinations.empty() ? nullptr : &call->destinations);
         call->done(decoded);
       });
 }

@@ -7,6 +7,15 @@
 
 namespace pstrain {
 
+std::vector<std::pair<std::string, int>> BulkTransferChannelArgs() {
+  return {
+      {GRPC_ARG_HTTP2_MAX_FRAME_SIZE, 16 * 1024 * 1024 - 1},
+      {GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 64 * 1024 * 1024},
+      {GRPC_ARG_TCP_MIN_READ_CHUNK_SIZE, 256 * 1024},
+      {GRPC_ARG_TCP_MAX_READ_CHUNK_SIZE, 16 * 1024 * 1024},
+  };
+}
+
 absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Create(
     const GrpcServerOptions& options, const std::vector<grpc::Service*>& services) {
   if (options.max_message_bytes <= 0) {
@@ -21,6 +30,7 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Create(
   builder.AddListeningPort(options.address, grpc::InsecureServerCredentials(), &s->port_);
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   builder.SetMaxSendMessageSize(options.max_message_bytes);
+  for (const auto& [key, value] : BulkTransferChannelArgs()) builder.AddChannelArgument(key, value);
   for (grpc::Service* service : services) builder.RegisterService(service);
   s->server_ = builder.BuildAndStart();
   if (s->server_ == nullptr || s->port_ == 0) {

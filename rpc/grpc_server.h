@@ -26,6 +26,11 @@ namespace pstrain {
 // gigabytes. Configurable per server and per channel.
 constexpr int kDefaultMaxMessageBytes = 256 << 20;
 
+// HTTP/2 and TCP settings for bulk tensor traffic, used on both ends: the
+// defaults (16 KiB frames, small read chunks) cost a lot of per-byte CPU when
+// messages are megabytes.
+std::vector<std::pair<std::string, int>> BulkTransferChannelArgs();
+
 struct GrpcServerOptions {
   // "host:port"; port 0 picks a free port.
   std::string address = "0.0.0.0:0";

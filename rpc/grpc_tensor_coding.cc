@@ -165,7 +165,10 @@ absl::Status Malformed(const std::string& what) {
 }
 
 // Parses one TensorProto of `len` bytes at the reader's position.
-absl::Status ReadTensor(SliceReader* r, size_t len, size_t index, TensorBuffer* t) {
+// With `dest`, the bytes are copied into dest's buffer, which must have
+// exactly the received size.
+absl::Status ReadTensor(SliceReader* r, size_t len, size_t index, const TensorBuffer* dest,
+                        TensorBuffer* t) {
   const size_t end = r->pos() + len;
   const std::string what = absl::StrCat("tensor ", index);
   bool have_data = false;
@@ -200,8 +203,17 @@ absl::Status ReadTensor(SliceReader* r, size_t len, size_t index, TensorBuffer* 
       // Resolve the bytes now, while the reader is here.
       size_t elem = DataTypeSize(t->dtype);
       const grpc::Slice* slice = nullptr;
-      const uint8_t* p = r->Contiguous(n, &slice);
-      if (p != nullptr && elem != 0 && reinterpret_cast<uintptr_t>(p) % elem == 0) {
+      const uint8_t* p = dest != nullptr ? nullptr : r->Contiguous(n, &slice);
+      if (dest != nullptr) {
+        if (n != dest->nbytes) {
+          return Malformed(absl::StrCat(what, " has ", n, " bytes where ", dest->nbytes,
+                                        " were expected"));
+        }
+        if (!r->CopyTo(n, dest->MutableData())) return Malformed(what + ": truncated data");
+        t->data = dest->data;
+        t->nbytes = n;
+        t->owner = dest->owner;
+      } else if (p != nullptr && elem != 0 && reinterpret_cast<uintptr_t>(p) % elem == 0) {
         t->data = p;
         t->nbytes = n;
         t->owner = std::make_shared<grpc::Slice>(*slice);  // a reference, not a copy
@@ -237,6 +249,11 @@ absl::Status ReadTensor(SliceReader* r, size_t len, size_t index, TensorBuffer* 
   if (!have_data) {
     t->data = nullptr;
     t->nbytes = 0;
+  }
+  if (dest != nullptr && (t->dtype != dest->dtype || (!have_data && dest->nbytes != 0))) {
+    return Malformed(absl::StrCat(what, " is ", DataTypeName(t->dtype), " of ", t->nbytes,
+                                  " bytes where ", DataTypeName(dest->dtype), " of ",
+                                  dest->nbytes, " bytes were expected"));
   }
   return ValidateTensorBuffer(*t, what);
 }
@@ -278,7 +295,8 @@ absl::Status EncodeTensorMessage(const google::protobuf::MessageLite& header,
 }
 
 absl::Status DecodeTensorMessage(const grpc::ByteBuffer& in, google::protobuf::MessageLite* header,
-                                 std::vector<TensorBuffer>* tensors, int tensor_field) {
+                                 std::vector<TensorBuffer>* tensors,
+                                 const std::vector<TensorBuffer>* destinations, int tensor_field) {
   std::vector<grpc::Slice> slices;
   if (in.Valid()) {
     grpc::Status dumped = in.Dump(&slices);
@@ -299,7 +317,15 @@ absl::Status DecodeTensorMessage(const grpc::ByteBuffer& in, google::protobuf::M
         return Malformed(absl::StrCat("tensor ", out.size(), " is truncated"));
       }
       TensorBuffer t;
-      absl::Status s = ReadTensor(&r, len, out.size(), &t);
+      const TensorBuffer* dest = nullptr;
+      if (destinations != nullptr) {
+        if (out.size() >= destinations->size()) {
+          return Malformed(absl::StrCat("more than the ", destinations->size(),
+                                        " expected tensors"));
+        }
+        dest = &(*destinations)[out.size()];
+      }
+      absl::Status s = ReadTensor(&r, len, out.size(), dest, &t);
       if (!s.ok()) return s;
       out.push_back(std::move(t));
       continue;
@@ -330,6 +356,10 @@ absl::Status DecodeTensorMessage(const grpc::ByteBuffer& in, google::protobuf::M
     }
   }
   if (!header->ParseFromString(header_bytes)) return Malformed("could not parse the header");
+  if (destinations != nullptr && out.size() != destinations->size()) {
+    return Malformed(absl::StrCat(out.size(), " tensors where ", destinations->size(),
+                                  " were expected"));
+  }
   *tensors = std::move(out);
   return absl::OkStatus();
 }

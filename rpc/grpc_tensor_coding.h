@@ -41,8 +41,14 @@ absl::Status EncodeTensorMessage(const google::protobuf::MessageLite& header,
 // Decodes `in` into `header` (tensor field left empty) and `tensors`. Every
 // tensor is validated (known dtype, byte count matching the shape). Malformed
 // input yields INVALID_ARGUMENT and leaves no partial result in `tensors`.
+//
+// With `destinations`, the message must carry exactly that many tensors of
+// the same dtypes and byte sizes, and their bytes are written straight into
+// the destination buffers (e.g. a model's parameters) -- the one copy that
+// receiving needs. On error the destinations' contents are unspecified.
 absl::Status DecodeTensorMessage(const grpc::ByteBuffer& in, google::protobuf::MessageLite* header,
                                  std::vector<TensorBuffer>* tensors,
+                                 const std::vector<TensorBuffer>* destinations = nullptr,
                                  int tensor_field = kTensorField);
 
 }  // namespace pstrain

@@ -5,6 +5,12 @@
 // proto/parameter.proto with their tensor field left empty; tensors travel
 // beside them as TensorBuffers, so no layer copies tensor bytes into protos.
 //
+// Tensor outputs (`values`): when the caller passes a non-empty vector, its
+// buffers are the destinations -- one per requested key, of the key's dtype
+// and size -- and the implementation writes the values into them (a worker
+// passes views of its parameters, so pulled values land in place with one
+// copy). An empty vector gets freshly allocated buffers.
+//
 // Every call is asynchronous: `done` runs exactly once, on some thread of the
 // implementation, after the response and tensor outputs are filled in (on
 // error they may be partly filled). Callers keep the outputs alive until then.

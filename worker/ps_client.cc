@@ -68,8 +68,10 @@ absl::Status PsClient::CopyIntoParams(int shard, const std::vector<TensorBuffer>
       return absl::InternalError(absl::StrCat("shard ", shard, " returned ", values[i].nbytes,
                                               " bytes for ", c.key, ", expected ", c.bytes));
     }
-    std::memcpy(static_cast<uint8_t*>(p.data_ptr()) + c.offset * p.element_size(), values[i].data,
-                c.bytes);
+    uint8_t* dst = static_cast<uint8_t*>(p.data_ptr()) + c.offset * p.element_size();
+    // Usually the store wrote straight into the parameter (see ChunkViews
+    // passed as destinations); copy only if it did not.
+    if (values[i].data != dst) std::memcpy(dst, values[i].data, c.bytes);
   }
   return absl::OkStatus();
 }
@@ -120,6 +122,9 @@ absl::Status PsClient::Pull(const std::vector<at::Tensor>& params, int64_t min_v
   std::vector<PullResponse> responses(shards_.size());
   std::vector<std::vector<TensorBuffer>> values(shards_.size());
   return ForEachShard([&](int shard, StatusCallback done) {
+    auto dest = ChunkViews(params, shard);
+    if (!dest.ok()) return done(dest.status());
+    values[shard] = std::move(*dest);
     PullRequest& req = requests[shard];
     req.set_job(options_.job);
     req.set_min_version(min_version);
@@ -165,6 +170,9 @@ absl::Status PsClient::PushPull(int64_t step, const std::vector<at::Tensor>& gra
   return ForEachShard([&](int shard, StatusCallback done) {
     auto views = ChunkViews(grads, shard);
     if (!views.ok()) return done(views.status());
+    auto dest = ChunkViews(params, shard);
+    if (!dest.ok()) return done(dest.status());
+    values[shard] = std::move(*dest);
     PushPullRequest& req = requests[shard];
     req.set_job(options_.job);
     req.set_worker(options_.worker);

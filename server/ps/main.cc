@@ -15,6 +15,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "common/file_util.h"
+#include "common/malloc_tuning.h"
 #include "rpc/grpc_server.h"
 #include "server/ps/grpc_parameter_service.h"
 #include "server/ps/shard_store.h"
@@ -33,6 +34,7 @@ ABSL_FLAG(int, max_wait_s, 1800, "Longest a call may wait for other workers, in 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("pstrain parameter shard server");
   absl::ParseCommandLine(argc, argv);
+  pstrain::KeepBulkBuffersMapped();
 
   const int num_shards = absl::GetFlag(FLAGS_num_shards);
   const int shard_index = absl::GetFlag(FLAGS_shard_index);

@@ -58,8 +58,8 @@ int OptimizerStateSlots(OptimizerConfig::Kind kind) {
 }
 
 template <typename T>
-void ApplyOptimizer(const OptimizerConfig& c, int64_t step, T* p, const T* g, T* const* state,
-                    size_t n, double grad_scale) {
+void ApplyOptimizer(const OptimizerConfig& c, int64_t step, const T* param, T* out, const T* g,
+                    T* const* state, size_t n, double grad_scale) {
   const T scale = static_cast<T>(grad_scale);
   const T lr = static_cast<T>(c.lr());
   const T wd = static_cast<T>(c.weight_decay());
@@ -69,19 +69,25 @@ void ApplyOptimizer(const OptimizerConfig& c, int64_t step, T* p, const T* g, T*
       const T damp = static_cast<T>(1.0 - c.dampening());
       T* buf = state[0];
       if (mom == 0) {
-        for (size_t i = 0; i < n; ++i) p[i] -= lr * (g[i] * scale + wd * p[i]);
+        for (size_t i = 0; i < n; ++i) {
+          const T p = param[i];
+          out[i] = p - lr * (g[i] * scale + wd * p);
+        }
       } else if (step == 1) {
         // PyTorch starts the momentum buffer as a copy of the first gradient.
         for (size_t i = 0; i < n; ++i) {
-          const T d = g[i] * scale + wd * p[i];
+          const T p = param[i];
+          const T d = g[i] * scale + wd * p;
           buf[i] = d;
-          p[i] -= lr * (c.nesterov() ? d + mom * d : d);
+          out[i] = p - lr * (c.nesterov() ? d + mom * d : d);
         }
       } else {
         for (size_t i = 0; i < n; ++i) {
-          const T d = g[i] * scale + wd * p[i];
-          buf[i] = mom * buf[i] + damp * d;
-          p[i] -= lr * (c.nesterov() ? d + mom * buf[i] : buf[i]);
+          const T p = param[i];
+          const T d = g[i] * scale + wd * p;
+          const T b = mom * buf[i] + damp * d;
+          buf[i] = b;
+          out[i] = p - lr * (c.nesterov() ? d + mom * b : b);
         }
       }
       break;
@@ -99,16 +105,17 @@ void ApplyOptimizer(const OptimizerConfig& c, int64_t step, T* p, const T* g, T*
       T* m = state[0];
       T* v = state[1];
       for (size_t i = 0; i < n; ++i) {
+        T p = param[i];
         T d = g[i] * scale;
         if (decoupled) {
-          p[i] *= decay;
+          p *= decay;
         } else {
-          d += wd * p[i];
+          d += wd * p;
         }
         m[i] = beta1 * m[i] + (1 - beta1) * d;
         v[i] = beta2 * v[i] + (1 - beta2) * d * d;
         const T denom = std::sqrt(v[i]) / bc2_sqrt + eps;
-        p[i] -= step_size * m[i] / denom;
+        out[i] = p - step_size * m[i] / denom;
       }
       break;
     }
@@ -117,9 +124,10 @@ void ApplyOptimizer(const OptimizerConfig& c, int64_t step, T* p, const T* g, T*
       const T eps = static_cast<T>(c.eps());
       T* sum = state[0];
       for (size_t i = 0; i < n; ++i) {
-        const T d = g[i] * scale + wd * p[i];
+        const T p = param[i];
+        const T d = g[i] * scale + wd * p;
         sum[i] += d * d;
-        p[i] -= clr * d / (std::sqrt(sum[i]) + eps);
+        out[i] = p - clr * d / (std::sqrt(sum[i]) + eps);
       }
       break;
     }
@@ -128,9 +136,9 @@ void ApplyOptimizer(const OptimizerConfig& c, int64_t step, T* p, const T* g, T*
   }
 }
 
-template void ApplyOptimizer<float>(const OptimizerConfig&, int64_t, float*, const float*,
-                                    float* const*, size_t, double);
-template void ApplyOptimizer<double>(const OptimizerConfig&, int64_t, double*, const double*,
-                                     double* const*, size_t, double);
+template void ApplyOptimizer<float>(const OptimizerConfig&, int64_t, const float*, float*,
+                                    const float*, float* const*, size_t, double);
+template void ApplyOptimizer<double>(const OptimizerConfig&, int64_t, const double*, double*,
+                                     const double*, double* const*, size_t, double);
 
 }  // namespace pstrain

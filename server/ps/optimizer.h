@@ -21,14 +21,16 @@ absl::Status NormalizeOptimizerConfig(OptimizerConfig* config);
 // Number of state buffers (each the size of the chunk) `kind` keeps.
 int OptimizerStateSlots(OptimizerConfig::Kind kind);
 
-// Applies one update to param[0..n). `step` counts updates of this chunk,
-// starting at 1. `grad_scale` multiplies the gradient first (1/N when a sync
+// Applies one update: out[i] = update(param[i], grad[i]) for i in [0, n).
+// `out` may be `param` (in place) or another buffer (copy-on-write: the shard
+// hands out the old values to readers without copying them). `step` counts
+// updates of this chunk, starting at 1. `grad_scale` multiplies the gradient first (1/N when a sync
 // shard applies the sum of N workers' gradients). `state` holds
 // OptimizerStateSlots() buffers of n elements, zero-initialised (Adagrad's
 // accumulator to initial_accumulator_value) before step 1.
 template <typename T>
-void ApplyOptimizer(const OptimizerConfig& config, int64_t step, T* param, const T* grad,
-                    T* const* state, size_t n, double grad_scale);
+void ApplyOptimizer(const OptimizerConfig& config, int64_t step, const T* param, T* out,
+                    const T* grad, T* const* state, size_t n, double grad_scale);
 
 }  // namespace pstrain
 

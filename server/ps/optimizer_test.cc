@@ -79,7 +79,16 @@ void RunCase(const OptCase& oc, c10::ScalarType type) {
     // Ours receives the gradient doubled and scaled by 1/2, as a SYNC shard
     // applies the sum of two workers' gradients.
     at::Tensor doubled = g * 2;
-    ApplyOptimizer<T>(config, step, ours.data(), doubled.data_ptr<T>(), state_ptrs.data(), n, 0.5);
+    // Alternate in-place and out-of-place (copy-on-write) updates.
+    if (step % 2 == 0) {
+      ApplyOptimizer<T>(config, step, ours.data(), ours.data(), doubled.data_ptr<T>(),
+                        state_ptrs.data(), n, 0.5);
+    } else {
+      std::vector<T> next(n);
+      ApplyOptimizer<T>(config, step, ours.data(), next.data(), doubled.data_ptr<T>(),
+                        state_ptrs.data(), n, 0.5);
+      ours = std::move(next);
+    }
     theirs.mutable_grad() = g.clone();
     opt->step();
   }

@@ -19,7 +19,7 @@ struct ShardStore::Chunk {
   size_t numel = 0;
 
   std::mutex mu;
-  TensorBuffer value;               // written in place under mu
+  TensorBuffer value;               // replaced or updated under mu (copy-on-write)
   std::vector<TensorBuffer> state;  // optimizer state buffers
   TensorBuffer accum;               // SYNC: sum of this step's gradients
   int64_t optimizer_step = 0;
@@ -117,20 +117,31 @@ void Fill(const TensorBuffer& t, double value) {
 }
 
 
-void ApplyToChunk(const OptimizerConfig& config, int64_t step, const TensorBuffer& value,
+// Applies one update to `*value`. When a reader still holds the current
+// buffer (a pull response being sent), the update is written to a new buffer
+// instead (copy-on-write): reading p and writing p' costs the same memory
+// traffic in place or not, so readers get values without any copy.
+void ApplyToChunk(const OptimizerConfig& config, int64_t step, TensorBuffer* value,
                   const uint8_t* grad, const std::vector<TensorBuffer>& state, double scale) {
-  const size_t n = static_cast<size_t>(value.NumElements());
-  if (value.dtype == DT_FLOAT32) {
+  const size_t n = static_cast<size_t>(value->NumElements());
+  TensorBuffer out = *value;
+  // Only this thread (holding the chunk lock) can add readers, so a count of
+  // 1 cannot grow under us; a stale higher count only costs an allocation.
+  if (value->owner.use_count() > 1) out = TensorBuffer::Allocate(value->dtype, value->shape);
+  if (value->dtype == DT_FLOAT32) {
     std::vector<float*> s;
     for (const TensorBuffer& b : state) s.push_back(reinterpret_cast<float*>(b.MutableData()));
-    ApplyOptimizer<float>(config, step, reinterpret_cast<float*>(value.MutableData()),
+    ApplyOptimizer<float>(config, step, reinterpret_cast<const float*>(value->data),
+                          reinterpret_cast<float*>(out.MutableData()),
                           reinterpret_cast<const float*>(grad), s.data(), n, scale);
   } else {
     std::vector<double*> s;
     for (const TensorBuffer& b : state) s.push_back(reinterpret_cast<double*>(b.MutableData()));
-    ApplyOptimizer<double>(config, step, reinterpret_cast<double*>(value.MutableData()),
+    ApplyOptimizer<double>(config, step, reinterpret_cast<const double*>(value->data),
+                           reinterpret_cast<double*>(out.MutableData()),
                            reinterpret_cast<const double*>(grad), s.data(), n, scale);
   }
+  *value = std::move(out);
 }
 
 TensorBuffer Zeros(DataType dtype, const std::vector<int64_t>& shape) {
@@ -370,7 +381,7 @@ absl::Status ShardStore::ApplyPush(Table& table, const PushInput& in, std::vecto
         }
         if (c.arrivals == config.num_workers()) {
           ++c.optimizer_step;
-          ApplyToChunk(config.optimizer(), c.optimizer_step, c.value, c.accum.data, c.state,
+          ApplyToChunk(config.optimizer(), c.optimizer_step, &c.value, c.accum.data, c.state,
                        1.0 / config.num_workers());
           std::memset(c.accum.MutableData(), 0, c.accum.nbytes);
           std::fill(c.arrived.begin(), c.arrived.end(), false);
@@ -387,7 +398,7 @@ absl::Status ShardStore::ApplyPush(Table& table, const PushInput& in, std::vecto
           ++skipped;
         } else {
           ++c.optimizer_step;
-          ApplyToChunk(config.optimizer(), c.optimizer_step, c.value, g.data, c.state, 1.0);
+          ApplyToChunk(config.optimizer(), c.optimizer_step, &c.value, g.data, c.state, 1.0);
           c.version.fetch_add(1, std::memory_order_release);
           ++applied;
           bytes += g.nbytes;
@@ -411,19 +422,29 @@ absl::Status ShardStore::ApplyPush(Table& table, const PushInput& in, std::vecto
 void ShardStore::Snapshot(Table& table, const std::vector<size_t>& chunks,
                           google::protobuf::RepeatedField<int64_t>* versions,
                           std::vector<TensorBuffer>* values) {
-  values->clear();
-  values->reserve(chunks.size());
+  // Without destinations, readers share the chunk's current buffer: updates
+  // are copy-on-write (ApplyToChunk), so it never changes under them. With
+  // caller-provided destinations that fit, the values are copied into them.
+  bool use_destinations = !values->empty() && values->size() == chunks.size();
+  for (size_t i = 0; use_destinations && i < chunks.size(); ++i) {
+    const Chunk& c = *table.chunks[chunks[i]];
+    use_destinations = (*values)[i].dtype == c.dtype && (*values)[i].nbytes == c.value.nbytes;
+  }
+  if (!use_destinations) values->assign(chunks.size(), TensorBuffer());
   uint64_t bytes = 0;
-  for (size_t idx : chunks) {
-    Chunk& c = *table.chunks[idx];
-    TensorBuffer copy = TensorBuffer::Allocate(c.dtype, c.shape);
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    Chunk& c = *table.chunks[chunks[i]];
+    TensorBuffer& out = (*values)[i];
     {
       std::lock_guard<std::mutex> lock(c.mu);
-      if (copy.nbytes > 0) std::memcpy(copy.MutableData(), c.value.data, copy.nbytes);
+      if (use_destinations) {
+        if (out.nbytes > 0) std::memcpy(out.MutableData(), c.value.data, out.nbytes);
+      } else {
+        out = c.value;
+      }
       versions->Add(c.version.load(std::memory_order_relaxed));
     }
-    bytes += copy.nbytes;
-    values->push_back(std::move(copy));
+    bytes += out.nbytes;
   }
   ++table.pulls;
   table.bytes_pulled += bytes;

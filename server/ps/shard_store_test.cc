@@ -154,6 +154,27 @@ TEST_F(ShardStoreTest, SyncAveragesAllWorkersAndPushPullWaitsForTheStep) {
   EXPECT_EQ(resp0.versions(0), 1);
 }
 
+TEST_F(ShardStoreTest, PulledValuesAreSnapshotsThatLaterPushesDoNotTouch) {
+  ASSERT_TRUE(Init(Config(ASYNC, 1, 1.0)).ok());
+  PullRequest req;
+  req.set_job("job");
+  req.add_keys("a");
+  PullResponse resp;
+  std::vector<TensorBuffer> held;  // as a response still being sent would
+  ASSERT_TRUE(WaitFor([&](StatusCallback done) { store_.Pull(req, &resp, &held, {}, done); }).ok());
+  ASSERT_TRUE(Push(0, 0, {"a"}, {Floats({1, 1, 1})}).ok());
+  ASSERT_TRUE(Push(0, 1, {"a"}, {Floats({1, 1, 1})}).ok());
+  EXPECT_EQ(ToFloats(held[0]), (std::vector<float>{1, 2, 3}));
+  EXPECT_EQ((*Pull({"a"}))[0], (std::vector<float>{-1, 0, 1}));
+  // Caller-provided destinations receive the values in place.
+  std::vector<float> dest(3, 0.f);
+  std::vector<TensorBuffer> into = {
+      TensorBuffer{DT_FLOAT32, {3}, reinterpret_cast<const uint8_t*>(dest.data()), 12, nullptr}};
+  PullResponse resp2;
+  ASSERT_TRUE(WaitFor([&](StatusCallback done) { store_.Pull(req, &resp2, &into, {}, done); }).ok());
+  EXPECT_EQ(dest, (std::vector<float>{-1, 0, 1}));
+}
+
 TEST_F(ShardStoreTest, PullWithMinVersionWaitsThenFailsAtTheDeadline) {
   ASSERT_TRUE(Init(Config(ASYNC, 1)).ok());
   auto v = Pull({"a"}, /*min_version=*/1, absl::Milliseconds(200));

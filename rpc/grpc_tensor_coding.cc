@@ -120,6 +120,26 @@ class SliceReader {
     return true;
   }
 
+  // CopyTo that also checks float32/float64 elements for NaN/Inf, block by
+  // block while each block is still in cache, so the check costs no extra
+  // pass over memory. *finite is false if any element is not finite.
+  bool CopyToCheckingFinite(size_t n, uint8_t* dst, DataType dtype, bool* finite) {
+    constexpr size_t kBlock = 64 << 10;
+    const size_t elem = DataTypeSize(dtype);
+    size_t done = 0, checked = 0;
+    bool ok = true;
+    while (done < n) {
+      const size_t take = std::min(kBlock, n - done);
+      if (!CopyTo(take, dst + done)) return false;
+      done += take;
+      const size_t whole = elem == 0 ? checked : done / elem * elem;
+      if (ok && whole > checked) ok = AllFinite(dtype, dst + checked, whole - checked);
+      checked = whole;
+    }
+    *finite = ok && (elem == 0 || n % elem == 0);
+    return true;
+  }
+
   // If the next n bytes lie in one slice, returns a pointer to them and the
   // slice (to hold a reference); otherwise nullptr.
   const uint8_t* Contiguous(size_t n, const grpc::Slice** slice) {
@@ -220,7 +240,11 @@ absl::Status ReadTensor(SliceReader* r, size_t len, size_t index, const TensorBu
         r->Skip(n);
       } else {
         TensorBuffer copy = TensorBuffer::Allocate(DT_UINT8, {static_cast<int64_t>(n)});
-        if (!r->CopyTo(n, copy.MutableData())) return Malformed(what + ": truncated data");
+        bool finite = false;
+        if (!r->CopyToCheckingFinite(n, copy.MutableData(), t->dtype, &finite)) {
+          return Malformed(what + ": truncated data");
+        }
+        t->known_finite = finite;
         t->data = copy.data;
         t->nbytes = n;
         t->owner = std::move(copy.owner);

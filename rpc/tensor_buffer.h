@@ -31,6 +31,9 @@ struct TensorBuffer {
   const uint8_t* data = nullptr;
   size_t nbytes = 0;
   std::shared_ptr<const void> owner;
+  // Set by whoever produced the bytes and already checked them (the decoder
+  // does, while copying): every element is finite. False means "not known".
+  bool known_finite = false;
 
   // Product of `shape` (1 for a 0-dim tensor).
   int64_t NumElements() const;
@@ -46,6 +49,10 @@ struct TensorBuffer {
   static TensorBuffer CopyOf(DataType dtype, std::vector<int64_t> shape,
                              const void* bytes, size_t nbytes);
 };
+
+// True if no element of a float32/float64 buffer is NaN or Inf (always true
+// for other dtypes). `nbytes` is rounded down to whole elements.
+bool AllFinite(DataType dtype, const uint8_t* data, size_t nbytes);
 
 // Checks that dtype is known, no dimension is negative, the element count does
 // not overflow, and nbytes == elements x element size. The message names

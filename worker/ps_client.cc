@@ -19,6 +19,16 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Create(PsClientOptions optio
   return std::unique_ptr<PsClient>(new PsClient(std::move(options), std::move(shards)));
 }
 
+PsClient::PsClient(PsClientOptions options, std::vector<ParameterStore*> shards)
+    : options_(std::move(options)), shards_(std::move(shards)) {
+  param_chunks_.assign(options_.plan.params.size(),
+                       std::vector<std::vector<size_t>>(shards_.size()));
+  for (size_t i = 0; i < options_.plan.chunks.size(); ++i) {
+    const ChunkSpec& c = options_.plan.chunks[i];
+    param_chunks_[c.param][c.shard].push_back(i);
+  }
+}
+
 absl::Status PsClient::CheckTensors(const std::vector<at::Tensor>& tensors, const char* what) const {
   const auto& params = options_.plan.params;
   if (tensors.size() != params.size()) {
@@ -138,7 +148,7 @@ absl::Status PsClient::Pull(const std::vector<at::Tensor>& params, int64_t min_v
   });
 }
 
-absl::Status PsClient::Push(int64_t step, const std::vector<at::Tensor>& grads) {
+absl::Status PsClient::Push(int64_t step, const std::vector<at::Tensor>& grads, double lr) {
   absl::Status s = CheckTensors(grads, "gradients");
   if (!s.ok()) return s;
   CallOptions opts;
@@ -152,13 +162,14 @@ absl::Status PsClient::Push(int64_t step, const std::vector<at::Tensor>& grads) 
     req.set_job(options_.job);
     req.set_worker(options_.worker);
     req.set_step(step);
+    req.set_lr(lr);
     for (size_t idx : options_.plan.shard_chunks[shard]) req.add_keys(options_.plan.chunks[idx].key);
     shards_[shard]->Push(req, std::move(*views), &responses[shard], opts, std::move(done));
   });
 }
 
 absl::Status PsClient::PushPull(int64_t step, const std::vector<at::Tensor>& grads,
-                                const std::vector<at::Tensor>& params) {
+                                const std::vector<at::Tensor>& params, double lr) {
   absl::Status s = CheckTensors(grads, "gradients");
   if (s.ok()) s = CheckTensors(params, "parameters");
   if (!s.ok()) return s;
@@ -177,6 +188,7 @@ absl::Status PsClient::PushPull(int64_t step, const std::vector<at::Tensor>& gra
     req.set_job(options_.job);
     req.set_worker(options_.worker);
     req.set_step(step);
+    req.set_lr(lr);
     for (size_t idx : options_.plan.shard_chunks[shard]) req.add_keys(options_.plan.chunks[idx].key);
     shards_[shard]->PushPull(req, std::move(*views), &responses[shard], &values[shard], opts,
                              [&, shard, done = std::move(done)](absl::Status st) {
@@ -185,6 +197,95 @@ absl::Status PsClient::PushPull(int64_t step, const std::vector<at::Tensor>& gra
                                done(st);
                              });
   });
+}
+
+namespace {
+
+// Views of the chunks `ids` of a flattened tensor.
+absl::StatusOr<std::vector<TensorBuffer>> ViewsOf(const at::Tensor& t, const PartitionPlan& plan,
+                                                 const std::vector<size_t>& ids) {
+  absl::StatusOr<TensorBuffer> whole = TensorToBuffer(t);
+  if (!whole.ok()) return whole.status();
+  const size_t elem = DataTypeSize(whole->dtype);
+  std::vector<TensorBuffer> out;
+  for (size_t idx : ids) {
+    const ChunkSpec& c = plan.chunks[idx];
+    TensorBuffer v = *whole;
+    v.shape = {c.numel};
+    v.data = whole->data + c.offset * elem;
+    v.nbytes = c.numel * elem;
+    out.push_back(std::move(v));
+  }
+  return out;
+}
+
+}  // namespace
+
+void PsClient::PushPullParamAsync(int64_t step, size_t param, const at::Tensor& grad,
+                                  const at::Tensor& into, double lr, StatusCallback done) {
+  struct State {
+    std::mutex mu;
+    int pending = 0;
+    absl::Status status;
+    std::vector<PushPullRequest> requests;
+    std::vector<PushPullResponse> responses;
+    std::vector<std::vector<TensorBuffer>> values;
+    StatusCallback done;
+  };
+  if (param >= param_chunks_.size()) return done(absl::InvalidArgumentError("no such parameter"));
+  const std::vector<int64_t>& shape = options_.plan.params[param].shape;
+  for (const at::Tensor* t : {&grad, &into}) {
+    if (!t->defined() || !t->is_contiguous() || !t->device().is_cpu() ||
+        std::vector<int64_t>(t->sizes().begin(), t->sizes().end()) != shape) {
+      return done(absl::InvalidArgumentError(absl::StrCat(
+          "parameter ", options_.plan.params[param].name,
+          ": gradient and destination must be contiguous CPU tensors of the planned shape")));
+    }
+  }
+  auto state = std::make_shared<State>();
+  state->done = std::move(done);
+  const size_t n = shards_.size();
+  state->requests.resize(n);
+  state->responses.resize(n);
+  state->values.resize(n);
+  std::vector<int> involved;
+  for (size_t s = 0; s < n; ++s) {
+    if (!param_chunks_[param][s].empty()) involved.push_back(static_cast<int>(s));
+  }
+  state->pending = static_cast<int>(involved.size());
+  if (involved.empty()) return state->done(absl::OkStatus());
+  CallOptions opts;
+  opts.deadline = absl::Now() + options_.timeout;
+  for (int s : involved) {
+    const auto& ids = param_chunks_[param][s];
+    absl::StatusOr<std::vector<TensorBuffer>> grads = ViewsOf(grad, options_.plan, ids);
+    absl::StatusOr<std::vector<TensorBuffer>> dest = ViewsOf(into, options_.plan, ids);
+    auto finish = [state, s](absl::Status st) {
+      bool last;
+      {
+        std::lock_guard<std::mutex> lock(state->mu);
+        if (!st.ok() && state->status.ok()) {
+          state->status = absl::Status(st.code(), absl::StrCat("shard ", s, ": ", st.message()));
+        }
+        last = --state->pending == 0;
+      }
+      if (last) state->done(state->status);
+    };
+    if (!grads.ok() || !dest.ok()) {
+      finish(grads.ok() ? dest.status() : grads.status());
+      continue;
+    }
+    state->values[s] = std::move(*dest);
+    PushPullRequest& req = state->requests[s];
+    req.set_job(options_.job);
+    req.set_worker(options_.worker);
+    req.set_step(step);
+    req.set_lr(lr);
+    for (size_t idx : ids) req.add_keys(options_.plan.chunks[idx].key);
+    // The shard writes into the destination views (the `into` tensor).
+    shards_[s]->PushPull(req, std::move(*grads), &state->responses[s], &state->values[s], opts,
+                         finish);
+  }
 }
 
 }  // namespace pstrain

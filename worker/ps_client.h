@@ -39,16 +39,25 @@ class PsClient {
   absl::Status InitTables(const std::vector<at::Tensor>& params, const TableConfig& config);
   // Copies the shards' values into `params`, waiting for min_version.
   absl::Status Pull(const std::vector<at::Tensor>& params, int64_t min_version = 0);
-  absl::Status Push(int64_t step, const std::vector<at::Tensor>& grads);
+  // `lr` > 0 overrides the table's learning rate for this update (schedules).
+  absl::Status Push(int64_t step, const std::vector<at::Tensor>& grads, double lr = 0);
   // Push, then the new values into `params`, in one round trip per shard.
   absl::Status PushPull(int64_t step, const std::vector<at::Tensor>& grads,
-                        const std::vector<at::Tensor>& params);
+                        const std::vector<at::Tensor>& params, double lr = 0);
+
+  // One parameter's PushPull, asynchronous: pushes `grad` (parameter
+  // `param`'s gradient) to the shards holding its chunks and writes the new
+  // values into `into` (same shape; may be the parameter itself if nothing
+  // reads it meanwhile). `done` runs once, on a gRPC thread, when every shard
+  // involved has answered. Lets a worker push each gradient as soon as
+  // autograd produces it. `grad` and `into` must stay alive until `done`.
+  void PushPullParamAsync(int64_t step, size_t param, const at::Tensor& grad,
+                          const at::Tensor& into, double lr, StatusCallback done);
 
   const PartitionPlan& plan() const { return options_.plan; }
 
  private:
-  PsClient(PsClientOptions options, std::vector<ParameterStore*> shards)
-      : options_(std::move(options)), shards_(std::move(shards)) {}
+  PsClient(PsClientOptions options, std::vector<ParameterStore*> shards);
 
   absl::Status CheckTensors(const std::vector<at::Tensor>& tensors, const char* what) const;
   // The chunks of shard `s` as views of `tensors`.
@@ -61,6 +70,8 @@ class PsClient {
 
   const PsClientOptions options_;
   std::vector<ParameterStore*> shards_;
+  // param_chunks_[p][s]: chunk indices of parameter p on shard s.
+  std::vector<std::vector<std::vector<size_t>>> param_chunks_;
 };
 
 }  // namespace pstrain

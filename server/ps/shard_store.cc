@@ -304,6 +304,11 @@ absl::Status ShardStore::ApplyPush(Table& table, const PushInput& in, std::vecto
                                                    " workers (0..", config.num_workers() - 1, ")"));
   }
   if (in.step < 0) return absl::InvalidArgumentError("step must be >= 0");
+  if (in.lr < 0 || !std::isfinite(in.lr)) {
+    return absl::InvalidArgumentError("lr must be a finite number >= 0 (0: the table's)");
+  }
+  OptimizerConfig optimizer = config.optimizer();
+  if (in.lr > 0) optimizer.set_lr(in.lr);
   absl::StatusOr<std::vector<size_t>> resolved = ResolveKeys(table, *in.keys);
   if (!resolved.ok()) return resolved.status();
   *chunks = std::move(*resolved);
@@ -366,7 +371,7 @@ absl::Status ShardStore::ApplyPush(Table& table, const PushInput& in, std::vecto
         }
         if (c.arrivals == config.num_workers()) {
           ++c.optimizer_step;
-          ApplyToChunk(config.optimizer(), c.optimizer_step, &c.value, c.accum.data, c.state,
+          ApplyToChunk(optimizer, c.optimizer_step, &c.value, c.accum.data, c.state,
                        1.0 / config.num_workers());
           std::memset(c.accum.MutableData(), 0, c.accum.nbytes);
           std::fill(c.arrived.begin(), c.arrived.end(), false);
@@ -383,7 +388,7 @@ absl::Status ShardStore::ApplyPush(Table& table, const PushInput& in, std::vecto
           ++skipped;
         } else {
           ++c.optimizer_step;
-          ApplyToChunk(config.optimizer(), c.optimizer_step, &c.value, g.data, c.state, 1.0);
+          ApplyToChunk(optimizer, c.optimizer_step, &c.value, g.data, c.state, 1.0);
           c.version.fetch_add(1, std::memory_order_release);
           ++applied;
           bytes += g.nbytes;
@@ -527,7 +532,7 @@ void ShardStore::Push(const PushRequest& request, std::vector<TensorBuffer> grad
                       StatusCallback done) {
   absl::StatusOr<std::shared_ptr<Table>> table = FindTable(request.job());
   if (!table.ok()) return done(table.status());
-  PushInput in{request.job(), request.worker(), request.step(), &request.keys(), &grads};
+  PushInput in{request.job(), request.worker(), request.step(), request.lr(), &request.keys(), &grads};
   std::vector<size_t> chunks;
   absl::Status s = ApplyPush(**table, in, &chunks, response);
   if (s.ok()) NotifyWaiters();
@@ -540,7 +545,7 @@ void ShardStore::PushPull(const PushPullRequest& request, std::vector<TensorBuff
   absl::StatusOr<std::shared_ptr<Table>> table = FindTable(request.job());
   if (!table.ok()) return done(table.status());
   std::shared_ptr<Table> t = *table;
-  PushInput in{request.job(), request.worker(), request.step(), &request.keys(), &grads};
+  PushInput in{request.job(), request.worker(), request.step(), request.lr(), &request.keys(), &grads};
   auto idx = std::make_shared<std::vector<size_t>>();
   absl::Status s = ApplyPush(*t, in, idx.get(), response->mutable_push());
   if (!s.ok()) return done(s);

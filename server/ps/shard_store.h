@@ -67,6 +67,7 @@ class ShardStore : public ParameterStore {
     std::string job;
     uint32_t worker = 0;
     int64_t step = 0;
+    double lr = 0;  // 0: the table's
     const google::protobuf::RepeatedPtrField<std::string>* keys = nullptr;
     const std::vector<TensorBuffer>* grads = nullptr;
   };

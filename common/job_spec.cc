@@ -1,0 +1,262 @@
+#include "common/job_spec.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <cmath>
+#include <functional>
+#include <map>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/file_util.h"
+
+namespace pstrain {
+namespace {
+
+// Reads one YAML mapping into C++ fields, refusing unknown keys and values of
+// the wrong type with the full path of the field ("optimizer.lr").
+class MappingReader {
+ public:
+  MappingReader(const YAML::Node& node, std::string path, std::string origin)
+      : node_(node), path_(std::move(path)), origin_(std::move(origin)) {}
+
+  absl::Status Check() const {
+    if (!node_.IsMap()) return Error(path_.empty() ? "the top level" : path_, "must be a mapping");
+    for (const auto& kv : node_) {
+      const std::string key = kv.first.as<std::string>();
+      if (known_.count(key) == 0) {
+        std::vector<std::string> names(known_.begin(), known_.end());
+        return Error(Full(key), absl::StrCat("is not a known field (known here: ",
+                                             absl::StrJoin(names, ", "), ")"));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  template <typename T>
+  absl::Status Read(const std::string& key, T* out) {
+    known_.insert(key);
+    const YAML::Node v = node_[key];
+    if (!v) return absl::OkStatus();
+    if (!v.IsScalar()) return Error(Full(key), "must be a single value");
+    try {
+      *out = v.as<T>();
+    } catch (const YAML::Exception&) {
+      return Error(Full(key), absl::StrCat("has the wrong type: '", v.Scalar(), "'"));
+    }
+    return absl::OkStatus();
+  }
+
+  // A nested mapping (may be absent).
+  absl::Status Nested(const std::string& key,
+                      const std::function<absl::Status(MappingReader&)>& fn) {
+    known_.insert(key);
+    const YAML::Node v = node_[key];
+    if (!v) return absl::OkStatus();
+    MappingReader inner(v, Full(key), origin_);
+    if (!v.IsMap()) return Error(Full(key), "must be a mapping");
+    absl::Status s = fn(inner);
+    if (!s.ok()) return s;
+    return inner.Check();
+  }
+
+  absl::Status Error(const std::string& field, const std::string& what) const {
+    return absl::InvalidArgumentError(absl::StrCat(origin_, ": ", field, " ", what));
+  }
+  std::string Full(const std::string& key) const { return path_.empty() ? key : path_ + "." + key; }
+
+ private:
+  YAML::Node node_;
+  std::string path_;
+  std::string origin_;
+  std::set<std::string> known_;
+};
+
+#define RETURN_IF_ERROR(expr)        \
+  do {                               \
+    absl::Status _s = (expr);        \
+    if (!_s.ok()) return _s;         \
+  } while (0)
+
+}  // namespace
+
+absl::StatusOr<JobSpec> ParseJobSpec(const std::string& yaml, const std::string& origin) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml);
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat(origin, ": not valid YAML: ", e.what()));
+  }
+  JobSpec spec;
+  spec.optimizer.set_kind(OptimizerConfig::SGD);
+  spec.optimizer.set_lr(0.05);
+  MappingReader r(root, "", origin);
+  if (!root.IsMap()) return r.Error("the top level", "must be a mapping of fields");
+
+  RETURN_IF_ERROR(r.Read("name", &spec.name));
+  RETURN_IF_ERROR(r.Read("mode", &spec.mode));
+  RETURN_IF_ERROR(r.Read("model", &spec.model));
+  RETURN_IF_ERROR(r.Nested("data", [&](MappingReader& d) {
+    DataSpec& ds = spec.data;
+    RETURN_IF_ERROR(d.Read("format", &ds.format));
+    RETURN_IF_ERROR(d.Read("dir", &ds.dir));
+    RETURN_IF_ERROR(d.Read("train_images", &ds.train_images));
+    RETURN_IF_ERROR(d.Read("train_labels", &ds.train_labels));
+    RETURN_IF_ERROR(d.Read("test_images", &ds.test_images));
+    RETURN_IF_ERROR(d.Read("test_labels", &ds.test_labels));
+    RETURN_IF_ERROR(d.Read("train_csv", &ds.train_csv));
+    RETURN_IF_ERROR(d.Read("test_csv", &ds.test_csv));
+    RETURN_IF_ERROR(d.Read("synthetic_train", &ds.synthetic_train));
+    RETURN_IF_ERROR(d.Read("synthetic_test", &ds.synthetic_test));
+    RETURN_IF_ERROR(d.Read("num_classes", &ds.num_classes));
+    RETURN_IF_ERROR(d.Read("mean", &ds.mean));
+    RETURN_IF_ERROR(d.Read("std", &ds.std));
+    RETURN_IF_ERROR(d.Read("limit_train", &ds.limit_train));
+    RETURN_IF_ERROR(d.Read("limit_test", &ds.limit_test));
+    return absl::OkStatus();
+  }));
+  std::string kind = "sgd";
+  RETURN_IF_ERROR(r.Nested("optimizer", [&](MappingReader& o) {
+    double lr = spec.optimizer.lr(), momentum = 0, dampening = 0, wd = 0, beta1 = 0, beta2 = 0,
+           eps = 0, lr_decay = 0, init_acc = 0;
+    bool nesterov = false;
+    RETURN_IF_ERROR(o.Read("kind", &kind));
+    RETURN_IF_ERROR(o.Read("lr", &lr));
+    RETURN_IF_ERROR(o.Read("momentum", &momentum));
+    RETURN_IF_ERROR(o.Read("dampening", &dampening));
+    RETURN_IF_ERROR(o.Read("nesterov", &nesterov));
+    RETURN_IF_ERROR(o.Read("weight_decay", &wd));
+    RETURN_IF_ERROR(o.Read("beta1", &beta1));
+    RETURN_IF_ERROR(o.Read("beta2", &beta2));
+    RETURN_IF_ERROR(o.Read("eps", &eps));
+    RETURN_IF_ERROR(o.Read("lr_decay", &lr_decay));
+    RETURN_IF_ERROR(o.Read("initial_accumulator_value", &init_acc));
+    spec.optimizer.set_lr(lr);
+    spec.optimizer.set_momentum(momentum);
+    spec.optimizer.set_dampening(dampening);
+    spec.optimizer.set_nesterov(nesterov);
+    spec.optimizer.set_weight_decay(wd);
+    spec.optimizer.set_beta1(beta1);
+    spec.optimizer.set_beta2(beta2);
+    spec.optimizer.set_eps(eps);
+    spec.optimizer.set_lr_decay(lr_decay);
+    spec.optimizer.set_initial_accumulator_value(init_acc);
+    return absl::OkStatus();
+  }));
+  static const std::map<std::string, OptimizerConfig::Kind> kKinds = {
+      {"sgd", OptimizerConfig::SGD},
+      {"adam", OptimizerConfig::ADAM},
+      {"adamw", OptimizerConfig::ADAMW},
+      {"adagrad", OptimizerConfig::ADAGRAD}};
+  auto k = kKinds.find(kind);
+  if (k == kKinds.end()) return r.Error("optimizer.kind", "must be sgd, adam, adamw or adagrad");
+  spec.optimizer.set_kind(k->second);
+  RETURN_IF_ERROR(r.Nested("lr_schedule", [&](MappingReader& l) {
+    RETURN_IF_ERROR(l.Read("kind", &spec.lr_schedule.kind));
+    RETURN_IF_ERROR(l.Read("step_epochs", &spec.lr_schedule.step_epochs));
+    RETURN_IF_ERROR(l.Read("gamma", &spec.lr_schedule.gamma));
+    RETURN_IF_ERROR(l.Read("min_lr", &spec.lr_schedule.min_lr));
+    RETURN_IF_ERROR(l.Read("warmup_steps", &spec.lr_schedule.warmup_steps));
+    return absl::OkStatus();
+  }));
+  std::string consistency = "async";
+  RETURN_IF_ERROR(r.Read("consistency", &consistency));
+  RETURN_IF_ERROR(r.Read("staleness", &spec.staleness));
+  RETURN_IF_ERROR(r.Read("workers", &spec.workers));
+  RETURN_IF_ERROR(r.Read("shards", &spec.shards));
+  RETURN_IF_ERROR(r.Read("epochs", &spec.epochs));
+  RETURN_IF_ERROR(r.Read("batch_size", &spec.batch_size));
+  RETURN_IF_ERROR(r.Read("accumulate_steps", &spec.accumulate_steps));
+  RETURN_IF_ERROR(r.Read("clip_grad_norm", &spec.clip_grad_norm));
+  RETURN_IF_ERROR(r.Read("seed", &spec.seed));
+  RETURN_IF_ERROR(r.Read("threads_per_worker", &spec.threads_per_worker));
+  RETURN_IF_ERROR(r.Read("chunk_bytes", &spec.chunk_bytes));
+  RETURN_IF_ERROR(r.Read("max_steps", &spec.max_steps));
+  RETURN_IF_ERROR(r.Read("output_dir", &spec.output_dir));
+  RETURN_IF_ERROR(r.Read("log_every_steps", &spec.log_every_steps));
+  RETURN_IF_ERROR(r.Check());
+
+  // Values.
+  if (spec.name.empty()) return r.Error("name", "must not be empty");
+  if (spec.mode != "ps") return r.Error("mode", "must be ps (allreduce is not available yet)");
+  if (spec.model != "mlp" && spec.model != "lenet" && spec.model.rfind("torchscript:", 0) != 0) {
+    return r.Error("model", "must be mlp, lenet or torchscript:<path to a saved scripted module>");
+  }
+  if (spec.model == "torchscript:") return r.Error("model", "torchscript: needs a path");
+  const DataSpec& d = spec.data;
+  if (d.format != "idx" && d.format != "csv" && d.format != "synthetic") {
+    return r.Error("data.format", "must be idx, csv or synthetic");
+  }
+  if (d.format == "csv" && (d.train_csv.empty() || d.test_csv.empty())) {
+    return r.Error("data.train_csv", "and data.test_csv are needed for format csv");
+  }
+  if (d.synthetic_train < 1 || d.synthetic_test < 1) {
+    return r.Error("data.synthetic_train", "and synthetic_test must be >= 1");
+  }
+  if (d.num_classes < 2) return r.Error("data.num_classes", "must be >= 2");
+  if (!(d.std > 0)) return r.Error("data.std", "must be > 0");
+  if (d.limit_train < 0 || d.limit_test < 0) return r.Error("data.limit_train", "must be >= 0");
+  if (!(spec.optimizer.lr() > 0)) return r.Error("optimizer.lr", "must be > 0");
+  const auto& ls = spec.lr_schedule;
+  if (ls.kind != "constant" && ls.kind != "step" && ls.kind != "cosine") {
+    return r.Error("lr_schedule.kind", "must be constant, step or cosine");
+  }
+  if (ls.step_epochs < 1) return r.Error("lr_schedule.step_epochs", "must be >= 1");
+  if (!(ls.gamma > 0)) return r.Error("lr_schedule.gamma", "must be > 0");
+  if (ls.warmup_steps < 0) return r.Error("lr_schedule.warmup_steps", "must be >= 0");
+  if (consistency == "async") {
+    spec.consistency = ASYNC;
+  } else if (consistency == "sync") {
+    spec.consistency = SYNC;
+  } else if (consistency == "ssp") {
+    spec.consistency = SSP;
+  } else {
+    return r.Error("consistency", "must be async, sync or ssp");
+  }
+  if (spec.workers < 1 || spec.workers > 1024) return r.Error("workers", "must be in 1..1024");
+  if (spec.shards < 1 || spec.shards > 1024) return r.Error("shards", "must be in 1..1024");
+  if (spec.epochs < 1) return r.Error("epochs", "must be >= 1");
+  if (spec.batch_size < 1) return r.Error("batch_size", "must be >= 1");
+  if (spec.accumulate_steps < 1) return r.Error("accumulate_steps", "must be >= 1");
+  if (spec.clip_grad_norm < 0) return r.Error("clip_grad_norm", "must be >= 0 (0 turns it off)");
+  if (spec.threads_per_worker < 1) return r.Error("threads_per_worker", "must be >= 1");
+  if (spec.chunk_bytes < 1024) return r.Error("chunk_bytes", "must be >= 1024");
+  if (spec.max_steps < 0) return r.Error("max_steps", "must be >= 0");
+  if (spec.output_dir.empty()) return r.Error("output_dir", "must not be empty");
+  if (spec.log_every_steps < 1) return r.Error("log_every_steps", "must be >= 1");
+  return spec;
+}
+
+absl::StatusOr<JobSpec> LoadJobSpec(const std::string& path) {
+  absl::StatusOr<std::string> text = ReadFile(path);
+  if (!text.ok()) return absl::NotFoundError(absl::StrCat("cannot read job spec ", path));
+  return ParseJobSpec(*text, path);
+}
+
+double LearningRate(const JobSpec& spec, int epoch, int64_t step) {
+  const double base = spec.optimizer.lr();
+  const LrScheduleSpec& s = spec.lr_schedule;
+  double lr = base;
+  if (s.kind == "step") {
+    lr = base * std::pow(s.gamma, epoch / s.step_epochs);
+  } else if (s.kind == "cosine") {
+    const double t = spec.epochs <= 1 ? 0.0 : static_cast<double>(epoch) / spec.epochs;
+    lr = s.min_lr + 0.5 * (base - s.min_lr) * (1 + std::cos(M_PI * t));
+  }
+  if (s.warmup_steps > 0 && step >= 0 && step < s.warmup_steps) {
+    lr *= static_cast<double>(step + 1) / s.warmup_steps;
+  }
+  return lr;
+}
+
+TableConfig MakeTableConfig(const JobSpec& spec) {
+  TableConfig c;
+  *c.mutable_optimizer() = spec.optimizer;
+  c.set_consistency(spec.consistency);
+  c.set_num_workers(static_cast<uint32_t>(spec.workers));
+  c.set_staleness(spec.staleness);
+  return c;
+}
+
+}  // namespace pstrain

@@ -1,0 +1,85 @@
+// JobSpec: what to train and how -- the YAML a user writes (see README.md,
+// "The job spec", for every field and its default). Parsed and validated in
+// one place; an unknown field or a bad value is refused with a message that
+// names the field, before anything starts.
+#ifndef PSTRAIN_COMMON_JOB_SPEC_H_
+#define PSTRAIN_COMMON_JOB_SPEC_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "proto/parameter.pb.h"
+
+namespace pstrain {
+
+struct DataSpec {
+  std::string format = "idx";  // idx | csv | synthetic
+  // idx: a directory with the four MNIST-format files (gzip or raw).
+  std::string dir = "/usr/share/datasets/fashion-mnist";
+  std::string train_images = "train-images-idx3-ubyte.gz";
+  std::string train_labels = "train-labels-idx1-ubyte.gz";
+  std::string test_images = "t10k-images-idx3-ubyte.gz";
+  std::string test_labels = "t10k-labels-idx1-ubyte.gz";
+  // csv: files with numeric features and an integer label in the last column.
+  std::string train_csv;
+  std::string test_csv;
+  // synthetic: class blobs shaped like 28x28 images (for tests).
+  int64_t synthetic_train = 4096;
+  int64_t synthetic_test = 1024;
+  int64_t num_classes = 10;
+  // Normalisation: (x / 255 - mean) / std for idx; (x - mean) / std for csv.
+  double mean = 0.2860;
+  double std = 0.3530;
+  // Use only the first N examples (0: all).
+  int64_t limit_train = 0;
+  int64_t limit_test = 0;
+};
+
+struct LrScheduleSpec {
+  std::string kind = "constant";  // constant | step | cosine
+  int64_t step_epochs = 1;        // step: multiply by gamma every this many epochs
+  double gamma = 0.1;
+  double min_lr = 0.0;  // cosine: floor
+  // Linear warm-up from lr/warmup_steps to the schedule's lr over the first
+  // optimizer steps of each worker (0: none).
+  int64_t warmup_steps = 0;
+};
+
+struct JobSpec {
+  std::string name = "job";
+  std::string mode = "ps";
+  std::string model = "lenet";  // mlp | lenet | torchscript:<path>
+  DataSpec data;
+  OptimizerConfig optimizer;    // kind SGD, lr 0.05 unless set
+  LrScheduleSpec lr_schedule;
+  Consistency consistency = ASYNC;
+  uint32_t staleness = 0;
+  int workers = 1;
+  int shards = 1;
+  int epochs = 1;
+  int64_t batch_size = 64;      // per worker
+  int accumulate_steps = 1;
+  double clip_grad_norm = 0;    // 0: off
+  uint64_t seed = 42;
+  int threads_per_worker = 1;
+  int64_t chunk_bytes = 4 << 20;
+  int64_t max_steps = 0;        // stop each worker after this many steps (0: all epochs)
+  std::string output_dir = "out";
+  int log_every_steps = 20;
+};
+
+// Parses YAML text. `origin` (a file name) prefixes error messages.
+absl::StatusOr<JobSpec> ParseJobSpec(const std::string& yaml, const std::string& origin = "job spec");
+absl::StatusOr<JobSpec> LoadJobSpec(const std::string& path);
+
+// The learning rate for `epoch` (0-based) and this worker's optimizer `step`
+// (0-based) under the spec's schedule and warm-up.
+double LearningRate(const JobSpec& spec, int epoch, int64_t step = -1);
+
+// The shard table configuration that the spec implies.
+TableConfig MakeTableConfig(const JobSpec& spec);
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_COMMON_JOB_SPEC_H_

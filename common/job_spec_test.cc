@@ -1,0 +1,87 @@
+#include "common/job_spec.h"
+
+#include <gtest/gtest.h>
+
+namespace pstrain {
+namespace {
+
+TEST(JobSpecTest, DefaultsAndAFullSpec) {
+  auto spec = ParseJobSpec(R"(
+name: fmnist
+model: lenet
+data:
+  format: idx
+  limit_train: 100
+optimizer:
+  kind: sgd
+  lr: 0.05
+  momentum: 0.9
+consistency: sync
+workers: 2
+shards: 3
+epochs: 4
+batch_size: 32
+lr_schedule:
+  kind: step
+  step_epochs: 2
+  gamma: 0.5
+)");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->name, "fmnist");
+  EXPECT_EQ(spec->consistency, SYNC);
+  EXPECT_EQ(spec->shards, 3);
+  EXPECT_EQ(spec->data.limit_train, 100);
+  EXPECT_EQ(spec->data.dir, "/usr/share/datasets/fashion-mnist");
+  EXPECT_DOUBLE_EQ(spec->optimizer.momentum(), 0.9);
+  EXPECT_DOUBLE_EQ(LearningRate(*spec, 0), 0.05);
+  EXPECT_DOUBLE_EQ(LearningRate(*spec, 2), 0.025);
+  EXPECT_EQ(MakeTableConfig(*spec).num_workers(), 2u);
+  auto empty = ParseJobSpec("{}");
+  ASSERT_TRUE(empty.ok());
+  EXPECT_EQ(empty->model, "lenet");
+  EXPECT_EQ(empty->consistency, ASYNC);
+}
+
+TEST(JobSpecTest, CosineScheduleEndsNearMin) {
+  auto spec = ParseJobSpec("epochs: 10\nlr_schedule: {kind: cosine, min_lr: 0.001}\noptimizer: {lr: 0.1}");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_DOUBLE_EQ(LearningRate(*spec, 0), 0.1);
+  EXPECT_LT(LearningRate(*spec, 9), 0.01);
+  EXPECT_GT(LearningRate(*spec, 9), 0.001);
+}
+
+TEST(JobSpecTest, RefusesUnknownFieldsAndBadValuesNamingTheField) {
+  struct Bad {
+    const char* yaml;
+    const char* field;
+  };
+  const Bad cases[] = {
+      {"epochz: 3", "epochz"},
+      {"data: {formt: idx}", "data.formt"},
+      {"optimizer: {kind: rmsprop}", "optimizer.kind"},
+      {"optimizer: {lr: -1}", "optimizer.lr"},
+      {"optimizer: {lr: fast}", "optimizer.lr"},
+      {"workers: 0", "workers"},
+      {"batch_size: -5", "batch_size"},
+      {"consistency: eventually", "consistency"},
+      {"model: resnet", "model"},
+      {"mode: allreduce", "mode"},
+      {"data: {format: csv}", "data.train_csv"},
+      {"epochs: [1, 2]", "epochs"},
+      {"data: 3", "data"},
+      {"lr_schedule: {kind: linear}", "lr_schedule.kind"},
+  };
+  for (const Bad& c : cases) {
+    auto spec = ParseJobSpec(c.yaml, "job.yaml");
+    ASSERT_FALSE(spec.ok()) << c.yaml;
+    EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument) << c.yaml;
+    EXPECT_NE(spec.status().message().find(c.field), absl::string_view::npos)
+        << c.yaml << " -> " << spec.status().message();
+    EXPECT_NE(spec.status().message().find("job.yaml"), absl::string_view::npos);
+  }
+  EXPECT_FALSE(ParseJobSpec("a: [unclosed").ok());
+  EXPECT_EQ(LoadJobSpec("/nonexistent.yaml").status().code(), absl::StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace pstrain

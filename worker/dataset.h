@@ -1,0 +1,47 @@
+// Training data for the worker: MNIST-format IDX files (gzip or raw), CSV
+// files, or synthetic class blobs. Inputs come back normalised as a float
+// tensor (N, 1, 28, 28) for images or (N, F) for CSV; labels as int64 (N).
+// A truncated, corrupt or mismatched file is refused with a message that
+// names the file and what is wrong.
+#ifndef PSTRAIN_WORKER_DATASET_H_
+#define PSTRAIN_WORKER_DATASET_H_
+
+#include <ATen/core/Tensor.h>
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "common/job_spec.h"
+
+namespace pstrain {
+
+struct Dataset {
+  at::Tensor inputs;  // float32
+  at::Tensor labels;  // int64
+  int64_t size() const { return labels.defined() ? labels.size(0) : 0; }
+};
+
+// Reads an IDX images file (magic 0x00000803, ubyte, N x rows x cols) and an
+// IDX labels file (0x00000801, ubyte, N). `limit` > 0 keeps the first N.
+absl::StatusOr<Dataset> LoadIdx(const std::string& images_path, const std::string& labels_path,
+                                double mean, double std, int64_t limit, int64_t num_classes);
+
+// Numeric CSV: every row the same number of columns, the last one the label
+// (an integer in [0, num_classes)). A first row that is not numeric is taken
+// as a header and skipped.
+absl::StatusOr<Dataset> LoadCsv(const std::string& path, double mean, double std, int64_t limit,
+                                int64_t num_classes);
+
+// `n` 28x28 images in `classes` classes: a fixed random prototype per class
+// plus noise, deterministic in `seed`.
+Dataset MakeSynthetic(int64_t n, int64_t classes, uint64_t seed);
+
+struct TrainTest {
+  Dataset train;
+  Dataset test;
+};
+absl::StatusOr<TrainTest> LoadData(const DataSpec& spec, uint64_t seed);
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_WORKER_DATASET_H_

@@ -1,0 +1,94 @@
+#include "worker/model.h"
+
+#include <ATen/ops/max_pool2d.h>
+#include <ATen/ops/relu.h>
+#include <torch/nn/module.h>
+#include <torch/nn/modules/conv.h>
+#include <torch/nn/modules/linear.h>
+
+#include "absl/strings/str_cat.h"
+
+namespace pstrain {
+namespace {
+
+// Wraps a torch::nn::Module subclass with a forward(x).
+template <typename Net>
+class ModuleModel : public Model {
+ public:
+  explicit ModuleModel(std::shared_ptr<Net> net) : net_(std::move(net)) {}
+  at::Tensor Forward(const at::Tensor& inputs) override { return net_->forward(inputs); }
+  std::vector<std::pair<std::string, at::Tensor>> NamedParameters() override {
+    std::vector<std::pair<std::string, at::Tensor>> out;
+    for (const auto& item : net_->named_parameters()) out.emplace_back(item.key(), item.value());
+    return out;
+  }
+  void SetTraining(bool training) override { net_->train(training); }
+
+ private:
+  std::shared_ptr<Net> net_;
+};
+
+struct MlpNet : torch::nn::Module {
+  MlpNet(int64_t in, int64_t classes)
+      : fc1(register_module("fc1", torch::nn::Linear(in, 256))),
+        fc2(register_module("fc2", torch::nn::Linear(256, 128))),
+        fc3(register_module("fc3", torch::nn::Linear(128, classes))) {}
+  at::Tensor forward(const at::Tensor& x) {
+    at::Tensor h = x.flatten(1);
+    h = at::relu(fc1->forward(h));
+    h = at::relu(fc2->forward(h));
+    return fc3->forward(h);
+  }
+  torch::nn::Linear fc1, fc2, fc3;
+};
+
+// LeNet-5: conv 1->6 5x5 pad 2, max-pool, conv 6->16 5x5, max-pool,
+// fc 400->120->84->classes, ReLU activations.
+struct LeNet : torch::nn::Module {
+  explicit LeNet(int64_t classes)
+      : conv1(register_module("conv1", torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 6, 5).padding(2)))),
+        conv2(register_module("conv2", torch::nn::Conv2d(torch::nn::Conv2dOptions(6, 16, 5)))),
+        fc1(register_module("fc1", torch::nn::Linear(400, 120))),
+        fc2(register_module("fc2", torch::nn::Linear(120, 84))),
+        fc3(register_module("fc3", torch::nn::Linear(84, classes))) {}
+  at::Tensor forward(const at::Tensor& x) {
+    at::Tensor h = at::max_pool2d(at::relu(conv1->forward(x)), 2);
+    h = at::max_pool2d(at::relu(conv2->forward(h)), 2);
+    h = h.flatten(1);
+    h = at::relu(fc1->forward(h));
+    h = at::relu(fc2->forward(h));
+    return fc3->forward(h);
+  }
+  torch::nn::Conv2d conv1, conv2;
+  torch::nn::Linear fc1, fc2, fc3;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Model>> CreateModel(const std::string& name,
+                                                   const std::vector<int64_t>& input_shape,
+                                                   int64_t num_classes, uint64_t seed) {
+  if (name.rfind("torchscript:", 0) == 0) return LoadTorchScriptModel(name.substr(12));
+  try {
+    // One seed for every worker: identical initial weights everywhere.
+    at::manual_seed(seed);
+    if (name == "mlp") {
+      int64_t in = 1;
+      for (int64_t d : input_shape) in *= d;
+      return std::unique_ptr<Model>(
+          new ModuleModel<MlpNet>(std::make_shared<MlpNet>(in, num_classes)));
+    }
+    if (name == "lenet") {
+      if (input_shape != std::vector<int64_t>{1, 28, 28}) {
+        return absl::InvalidArgumentError(
+            "model lenet needs 1x28x28 image inputs (data.format idx or synthetic)");
+      }
+      return std::unique_ptr<Model>(new ModuleModel<LeNet>(std::make_shared<LeNet>(num_classes)));
+    }
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("building model ", name, ": ", e.what_without_backtrace()));
+  }
+  return absl::InvalidArgumentError(absl::StrCat("unknown model '", name, "'"));
+}
+
+}  // namespace pstrain

@@ -1,0 +1,277 @@
+#include "worker/trainer.h"
+
+#include <ATen/ops/cross_entropy_loss.h>
+#include <ATen/ops/empty_like.h>
+#include <ATen/ops/zeros_like.h>
+#include <c10/core/GradMode.h>
+#include <torch/csrc/api/include/torch/serialize.h>
+#include <torch/nn/utils/clip_grad.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <filesystem>
+#include <mutex>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/file_util.h"
+#include "common/partition_plan.h"
+#include "worker/model.h"
+#include "worker/ps_client.h"
+#include "worker/sampler.h"
+
+namespace pstrain {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+// Counts asynchronous parameter updates of one step and keeps the first error.
+class StepBarrier {
+ public:
+  void Add() {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++pending_;
+  }
+  void Done(const absl::Status& s) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!s.ok() && status_.ok()) status_ = s;
+    if (--pending_ == 0) cv_.notify_all();
+  }
+  absl::Status Wait() {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return pending_ == 0; });
+    absl::Status s = status_;
+    status_ = absl::OkStatus();
+    return s;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int pending_ = 0;
+  absl::Status status_;
+};
+
+struct EvalResult {
+  double loss = 0;
+  double accuracy = 0;
+};
+
+EvalResult Evaluate(Model& model, const Dataset& test) {
+  c10::NoGradGuard no_grad;
+  model.SetTraining(false);
+  double loss_sum = 0;
+  int64_t correct = 0;
+  const int64_t n = test.size();
+  for (int64_t start = 0; start < n; start += 1000) {
+    const int64_t len = std::min<int64_t>(1000, n - start);
+    at::Tensor logits = model.Forward(test.inputs.narrow(0, start, len));
+    at::Tensor y = test.labels.narrow(0, start, len);
+    loss_sum += at::cross_entropy_loss(logits, y, {}, at::Reduction::Sum).item<double>();
+    correct += logits.argmax(1).eq(y).sum().item<int64_t>();
+  }
+  model.SetTraining(true);
+  return {n == 0 ? 0 : loss_sum / n, n == 0 ? 0 : static_cast<double>(correct) / n};
+}
+
+absl::Status SaveWeights(const std::vector<std::pair<std::string, at::Tensor>>& params,
+                         const std::string& path) {
+  try {
+    c10::Dict<std::string, at::Tensor> dict;
+    for (const auto& [name, t] : params) dict.insert(name, t.detach().clone());
+    std::vector<char> bytes = torch::pickle_save(dict);
+    return WriteFileAtomically(path, absl::string_view(bytes.data(), bytes.size()));
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("saving weights: ", e.what_without_backtrace()));
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<TrainResult> RunTrainer(const TrainerOptions& options, const TrainTest& data) {
+  const JobSpec& spec = options.spec;
+  if (data.train.size() == 0) return absl::InvalidArgumentError("the training set is empty");
+  std::vector<int64_t> input_shape(data.train.inputs.sizes().begin() + 1,
+                                   data.train.inputs.sizes().end());
+  auto model_or = CreateModel(spec.model, input_shape, spec.data.num_classes, spec.seed);
+  if (!model_or.ok()) return model_or.status();
+  Model& model = **model_or;
+  model.SetTraining(true);
+  auto named = model.NamedParameters();
+  std::vector<at::Tensor> params;
+  std::vector<ParameterSpec> specs;
+  for (auto& [name, t] : named) {
+    if (t.scalar_type() != at::kFloat && t.scalar_type() != at::kDouble) {
+      return absl::InvalidArgumentError(absl::StrCat("parameter ", name, " is not float32/float64"));
+    }
+    params.push_back(t);
+    specs.push_back({name, std::vector<int64_t>(t.sizes().begin(), t.sizes().end()),
+                     t.scalar_type() == at::kFloat ? DT_FLOAT32 : DT_FLOAT64});
+  }
+  auto plan = MakePartitionPlan(specs, spec.shards, static_cast<size_t>(spec.chunk_bytes));
+  if (!plan.ok()) return plan.status();
+  PsClientOptions po;
+  po.job = spec.name;
+  po.worker = static_cast<uint32_t>(options.rank);
+  po.plan = *plan;
+  auto ps_or = PsClient::Create(po, options.shards);
+  if (!ps_or.ok()) return ps_or.status();
+  PsClient& ps = **ps_or;
+
+  // Every rank offers the same seeded values; the first InitTable wins and
+  // the rest find an identical table. Then everyone starts from the shards'.
+  std::vector<at::Tensor> detached;
+  for (auto& p : params) detached.push_back(p.detach());
+  absl::Status s = ps.InitTables(detached, MakeTableConfig(spec));
+  if (s.ok()) s = ps.Pull(detached);
+  if (!s.ok()) return s;
+
+  std::vector<at::Tensor> staging;
+  for (auto& p : detached) staging.push_back(at::empty_like(p));
+
+  const bool hooks = spec.accumulate_steps == 1 && spec.clip_grad_norm == 0;
+  StepBarrier barrier;
+  std::vector<bool> pushed(params.size(), false);
+  int64_t step = 0;
+  double lr = spec.optimizer.lr();
+  auto launch = [&](size_t i, const at::Tensor& grad) {
+    pushed[i] = true;
+    barrier.Add();
+    ps.PushPullParamAsync(step, i, grad.contiguous(), staging[i], lr,
+                          [&barrier](absl::Status st) { barrier.Done(st); });
+  };
+  bool armed = false;
+  if (hooks) {
+    for (size_t i = 0; i < params.size(); ++i) {
+      params[i].register_hook([&, i](const at::Tensor& grad) {
+        if (armed) launch(i, grad);
+      });
+    }
+  }
+
+  DistributedSampler sampler(data.train.size(), options.rank, options.world_size, spec.seed);
+  const int64_t micro_per_epoch = (sampler.per_rank() + spec.batch_size - 1) / spec.batch_size;
+  const int64_t steps_per_epoch = (micro_per_epoch + spec.accumulate_steps - 1) / spec.accumulate_steps;
+  int64_t total_steps = steps_per_epoch * spec.epochs;
+  if (spec.max_steps > 0) total_steps = std::min<int64_t>(total_steps, spec.max_steps);
+
+  TrainResult result;
+  const auto start = Clock::now();
+  auto window_start = start;
+  int64_t window_samples = 0;
+  double window_loss = 0;
+  int window_steps = 0;
+  for (int epoch = 0; epoch < spec.epochs && step < total_steps; ++epoch) {
+    const std::vector<int64_t> order = sampler.Indices(epoch);
+    int64_t micro = 0;
+    for (int64_t es = 0; es < steps_per_epoch && step < total_steps; ++es) {
+      lr = LearningRate(spec, epoch, step);
+      const int64_t first = micro;
+      const int64_t last = std::min(micro_per_epoch, first + spec.accumulate_steps);
+      micro = last;
+      for (auto& p : params) {
+        if (p.grad().defined()) p.mutable_grad().zero_();
+      }
+      std::fill(pushed.begin(), pushed.end(), false);
+      double step_loss = 0;
+      int64_t step_samples = 0;
+      try {
+        for (int64_t m = first; m < last; ++m) {
+          const int64_t b0 = m * spec.batch_size;
+          const int64_t len = std::min<int64_t>(spec.batch_size, sampler.per_rank() - b0);
+          at::Tensor idx = at::from_blob(const_cast<int64_t*>(order.data() + b0), {len}, at::kLong);
+          at::Tensor x = data.train.inputs.index_select(0, idx);
+          at::Tensor y = data.train.labels.index_select(0, idx);
+          at::Tensor loss = at::cross_entropy_loss(model.Forward(x), y, {}, at::Reduction::Mean);
+          step_loss += loss.item<double>() / (last - first);
+          armed = hooks;
+          (loss / static_cast<double>(last - first)).backward();
+          armed = false;
+          step_samples += len;
+        }
+        if (spec.clip_grad_norm > 0) {
+          torch::nn::utils::clip_grad_norm_(params, spec.clip_grad_norm);
+        }
+      } catch (const c10::Error& e) {
+        barrier.Wait();
+        return absl::InternalError(absl::StrCat("training step ", step, ": ", e.what_without_backtrace()));
+      }
+      // Everything the hooks did not push: all of it without hooks, and any
+      // parameter that got no gradient (the shards expect every chunk).
+      for (size_t i = 0; i < params.size(); ++i) {
+        if (pushed[i]) continue;
+        at::Tensor g = params[i].grad();
+        launch(i, g.defined() ? g : at::zeros_like(detached[i]));
+      }
+      s = barrier.Wait();
+      if (!s.ok()) return absl::Status(s.code(), absl::StrCat("step ", step, ": ", s.message()));
+      {
+        c10::NoGradGuard no_grad;
+        for (size_t i = 0; i < params.size(); ++i) detached[i].copy_(staging[i]);
+      }
+      ++step;
+      result.samples += step_samples;
+      window_samples += step_samples;
+      window_loss += step_loss;
+      ++window_steps;
+      if (step % spec.log_every_steps == 0 || step == total_steps) {
+        const auto now = Clock::now();
+        options.emit(absl::StrFormat(
+            "{\"event\": \"progress\", \"rank\": %d, \"epoch\": %d, \"epochs\": %d, \"step\": %d, "
+            "\"steps\": %d, \"loss\": %.5f, \"samples_per_s\": %.1f, \"elapsed_s\": %.2f}",
+            options.rank, epoch + 1, spec.epochs, step, total_steps, window_loss / window_steps,
+            window_samples / std::max(1e-9, Seconds(window_start, now)), Seconds(start, now)));
+        window_start = now;
+        window_samples = 0;
+        window_loss = 0;
+        window_steps = 0;
+      }
+    }
+    if (options.rank == 0 && data.test.size() > 0 && epoch + 1 < spec.epochs && step < total_steps) {
+      // Mid-run evaluation with the current values (others keep training).
+      s = ps.Pull(detached);
+      if (!s.ok()) return s;
+      EvalResult ev = Evaluate(model, data.test);
+      options.emit(absl::StrFormat(
+          "{\"event\": \"eval\", \"epoch\": %d, \"test_loss\": %.5f, \"accuracy\": %.5f}", epoch + 1,
+          ev.loss, ev.accuracy));
+    }
+  }
+  result.steps = step;
+  result.seconds = Seconds(start, Clock::now());
+  options.emit(absl::StrFormat(
+      "{\"event\": \"done\", \"rank\": %d, \"steps\": %d, \"samples\": %d, \"seconds\": %.3f}",
+      options.rank, result.steps, result.samples, result.seconds));
+
+  // Final values: wait until every worker's every step has landed (each
+  // worker pushes each chunk once per step), then evaluate.
+  const int64_t updates_per_step = spec.consistency == SYNC ? 1 : options.world_size;
+  s = ps.Pull(detached, updates_per_step * step);
+  if (!s.ok()) return s;
+  if (options.rank == 0) {
+    if (data.test.size() > 0) {
+      EvalResult ev = Evaluate(model, data.test);
+      result.final_accuracy = ev.accuracy;
+      result.final_test_loss = ev.loss;
+      options.emit(absl::StrFormat(
+          "{\"event\": \"eval\", \"epoch\": %d, \"test_loss\": %.5f, \"accuracy\": %.5f, "
+          "\"final\": true}",
+          spec.epochs, ev.loss, ev.accuracy));
+    }
+    if (options.write_weights) {
+      std::filesystem::create_directories(spec.output_dir);
+      const std::string path = spec.output_dir + "/model.pt";
+      s = SaveWeights(named, path);
+      if (!s.ok()) return s;
+      options.emit(absl::StrCat("{\"event\": \"weights\", \"path\": \"", path, "\"}"));
+    }
+  }
+  for (auto& [name, t] : named) result.parameters.emplace_back(name, t.detach().clone());
+  return result;
+}
+
+}  // namespace pstrain

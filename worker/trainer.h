@@ -1,0 +1,55 @@
+// Trainer: one worker's training loop against the parameter shards.
+//
+// Every optimizer step: forward and backward on this rank's batch; each
+// parameter's gradient is pushed as soon as autograd produces it (a hook per
+// parameter starts an asynchronous PushPull for that parameter's chunks), so
+// communication overlaps the rest of backward; the new values land in
+// staging buffers and replace the parameters once backward is done. With
+// gradient accumulation or clipping the gradients are complete only after
+// the last backward, so then every parameter is pushed after it.
+//
+// Events (progress, per-epoch evaluation, the final result) go to `emit` as
+// one JSON object per call; `pstrain local` renders them.
+#ifndef PSTRAIN_WORKER_TRAINER_H_
+#define PSTRAIN_WORKER_TRAINER_H_
+
+#include <ATen/core/Tensor.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "common/job_spec.h"
+#include "rpc/parameter_store.h"
+#include "worker/dataset.h"
+
+namespace pstrain {
+
+struct TrainerOptions {
+  JobSpec spec;
+  int rank = 0;
+  int world_size = 1;
+  std::vector<ParameterStore*> shards;  // not owned; shard i of the plan
+  std::function<void(const std::string& json)> emit = [](const std::string&) {};
+  // Rank 0 writes <output_dir>/model.pt at the end.
+  bool write_weights = true;
+};
+
+struct TrainResult {
+  int64_t steps = 0;
+  int64_t samples = 0;
+  double seconds = 0;
+  double final_accuracy = -1;  // rank 0 only
+  double final_test_loss = -1;
+  std::vector<std::pair<std::string, at::Tensor>> parameters;  // final values
+};
+
+// Runs the whole job for one rank. `data` may be shared by ranks in one
+// process (tests); it is read only.
+absl::StatusOr<TrainResult> RunTrainer(const TrainerOptions& options, const TrainTest& data);
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_WORKER_TRAINER_H_

@@ -19,8 +19,11 @@ test: setup
 	@status=0; $(BAZEL) test //... || status=$$?; \
 	$(PYTHON) tools/test_totals.py; exit $$status
 
-demo: build
-	bench/run.sh pushpull
+# The main job: a local cluster (2 shards, 2 workers) training LeNet on
+# Fashion-MNIST, with live progress and the final test accuracy.
+demo: setup
+	$(BAZEL) build //client:pstrain
+	bazel-bin/client/pstrain local examples/fashion_mnist.yaml
 
 bench: build
 	bench/run.sh pushpull

@@ -20,9 +20,11 @@ struct ShardStore::Chunk {
 
   std::mutex mu;
   TensorBuffer value;               // replaced or updated under mu (copy-on-write)
-  std::vector<TensorBuffer> state;  // optimizer state buffers
+  // Optimizer state buffers: state[k][slot], with k the worker under ASYNC
+  // and SSP (see TableConfig.shared_async_state), else one set (k = 0).
+  std::vector<std::vector<TensorBuffer>> state;
+  std::vector<int64_t> optimizer_step;  // updates applied through state[k]
   TensorBuffer accum;               // SYNC: sum of this step's gradients
-  int64_t optimizer_step = 0;
   std::vector<int64_t> last_step;   // per worker; -1 before its first push
   std::vector<bool> arrived;        // SYNC: worker pushed the current step
   uint32_t arrivals = 0;
@@ -248,12 +250,18 @@ void ShardStore::InitTable(const InitTableRequest& request, std::vector<TensorBu
     chunk->shape = v.shape;
     chunk->numel = static_cast<size_t>(v.NumElements());
     chunk->value = TensorBuffer::CopyOf(v.dtype, v.shape, v.data, v.nbytes);
-    for (int k = 0; k < slots; ++k) chunk->state.push_back(Zeros(v.dtype, v.shape));
-    if (config.optimizer().kind() == OptimizerConfig::ADAGRAD) {
-      if (v.dtype == DT_FLOAT32) {
-        Fill<float>(chunk->state[0], config.optimizer().initial_accumulator_value());
-      } else {
-        Fill<double>(chunk->state[0], config.optimizer().initial_accumulator_value());
+    const bool per_worker = config.consistency() != SYNC && !config.shared_async_state();
+    const uint32_t sets = per_worker ? config.num_workers() : 1;
+    chunk->state.resize(sets);
+    chunk->optimizer_step.assign(sets, 0);
+    for (auto& set : chunk->state) {
+      for (int k = 0; k < slots; ++k) set.push_back(Zeros(v.dtype, v.shape));
+      if (config.optimizer().kind() == OptimizerConfig::ADAGRAD) {
+        if (v.dtype == DT_FLOAT32) {
+          Fill<float>(set[0], config.optimizer().initial_accumulator_value());
+        } else {
+          Fill<double>(set[0], config.optimizer().initial_accumulator_value());
+        }
       }
     }
     chunk->last_step.assign(config.num_workers(), -1);
@@ -309,6 +317,12 @@ absl::Status ShardStore::ApplyPush(Table& table, const PushInput& in, std::vecto
   }
   OptimizerConfig optimizer = config.optimizer();
   if (in.lr > 0) optimizer.set_lr(in.lr);
+  if (config.consistency() != SYNC && !config.shared_async_state()) {
+    // With per-worker state, one round of pushes from all N workers moves the
+    // parameters as far as one SYNC step of the averaged gradient: the job's
+    // lr means the same in every mode (and as in DDP).
+    optimizer.set_lr(optimizer.lr() / config.num_workers());
+  }
   absl::StatusOr<std::vector<size_t>> resolved = ResolveKeys(table, *in.keys);
   if (!resolved.ok()) return resolved.status();
   *chunks = std::move(*resolved);
@@ -370,8 +384,7 @@ absl::Status ShardStore::ApplyPush(Table& table, const PushInput& in, std::vecto
           bytes += g.nbytes;
         }
         if (c.arrivals == config.num_workers()) {
-          ++c.optimizer_step;
-          ApplyToChunk(optimizer, c.optimizer_step, &c.value, c.accum.data, c.state,
+          ApplyToChunk(optimizer, ++c.optimizer_step[0], &c.value, c.accum.data, c.state[0],
                        1.0 / config.num_workers());
           std::memset(c.accum.MutableData(), 0, c.accum.nbytes);
           std::fill(c.arrived.begin(), c.arrived.end(), false);
@@ -387,8 +400,8 @@ absl::Status ShardStore::ApplyPush(Table& table, const PushInput& in, std::vecto
         if (skip[i]) {
           ++skipped;
         } else {
-          ++c.optimizer_step;
-          ApplyToChunk(optimizer, c.optimizer_step, &c.value, g.data, c.state, 1.0);
+          const size_t k = c.state.size() == 1 ? 0 : in.worker;
+          ApplyToChunk(optimizer, ++c.optimizer_step[k], &c.value, g.data, c.state[k], 1.0);
           c.version.fetch_add(1, std::memory_order_release);
           ++applied;
           bytes += g.nbytes;

@@ -20,8 +20,11 @@ std::vector<float> ToFloats(const TensorBuffer& t) {
   return std::vector<float>(p, p + t.NumElements());
 }
 
+// Classic shared optimizer state, full lr per push (the per-worker default
+// has its own test below).
 TableConfig Config(Consistency consistency, uint32_t workers, double lr = 0.5) {
   TableConfig c;
+  c.set_shared_async_state(true);
   c.mutable_optimizer()->set_kind(OptimizerConfig::SGD);
   c.mutable_optimizer()->set_lr(lr);
   c.set_consistency(consistency);
@@ -117,6 +120,19 @@ TEST_F(ShardStoreTest, AsyncAppliesOnArrivalAndARetriedPushOnlyOnce) {
   auto v = Pull({"a", "b"});
   EXPECT_EQ((*v)[0], (std::vector<float>{-1, 0, 1}));
   EXPECT_EQ((*v)[1], (std::vector<float>{8, 18}));
+}
+
+TEST_F(ShardStoreTest, AsyncKeepsMomentumPerWorkerAndScalesLrByWorkers) {
+  TableConfig c = Config(ASYNC, 2, 1.0);
+  c.set_shared_async_state(false);
+  c.mutable_optimizer()->set_momentum(0.5);
+  ASSERT_TRUE(Init(c).ok());
+  ASSERT_TRUE(Push(0, 0, {"b"}, {Floats({2, 2})}).ok());  // buf0 = 2: 10 - 0.5 * 2
+  EXPECT_EQ((*Pull({"b"}))[0], (std::vector<float>{9, 19}));
+  ASSERT_TRUE(Push(1, 0, {"b"}, {Floats({4, 4})}).ok());  // buf1 = 4: 9 - 0.5 * 4
+  EXPECT_EQ((*Pull({"b"}))[0], (std::vector<float>{7, 17}));
+  ASSERT_TRUE(Push(0, 1, {"b"}, {Floats({2, 2})}).ok());  // buf0 = 0.5 * 2 + 2 = 3
+  EXPECT_EQ((*Pull({"b"}))[0], (std::vector<float>{5.5, 15.5}));
 }
 
 TEST_F(ShardStoreTest, SyncAveragesAllWorkersAndPushPullWaitsForTheStep) {

@@ -1,0 +1,156 @@
+// The training loop against in-process shards (ShardStore behind the
+// ParameterStore interface): the correctness test of the SYNC path, and the
+// TorchScript model path.
+#include <ATen/ops/allclose.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <thread>
+
+#include "server/ps/shard_store.h"
+#include "worker/model.h"
+#include "worker/trainer.h"
+
+namespace pstrain {
+namespace {
+
+JobSpec SyntheticSpec(const std::string& name, const std::string& model) {
+  JobSpec spec;
+  spec.name = name;
+  spec.model = model;
+  spec.data.format = "synthetic";
+  spec.data.synthetic_train = 2048;
+  spec.data.synthetic_test = 512;
+  spec.optimizer.set_kind(OptimizerConfig::SGD);
+  spec.optimizer.set_lr(0.05);
+  spec.optimizer.set_momentum(0.9);
+  spec.epochs = 1;
+  spec.seed = 7;
+  spec.log_every_steps = 5;
+  return spec;
+}
+
+struct Shards {
+  explicit Shards(int n) {
+    for (int i = 0; i < n; ++i) {
+      ShardStoreOptions o;
+      o.shard_index = i;
+      o.num_shards = n;
+      stores.push_back(std::make_unique<ShardStore>(o));
+      ptrs.push_back(stores.back().get());
+    }
+  }
+  std::vector<std::unique_ptr<ShardStore>> stores;
+  std::vector<ParameterStore*> ptrs;
+};
+
+// Two SYNC workers with batch B must train exactly like one worker with
+// batch 2B on the concatenated batches: the shard averages the two halves'
+// mean gradients, which is the mean gradient over all 2B examples.
+TEST(TrainerTest, SyncTwoWorkersEqualOneWorkerOnTheConcatenatedBatch) {
+  auto data = LoadData(SyntheticSpec("x", "lenet").data, 7);
+  ASSERT_TRUE(data.ok());
+  const int kSteps = 20;
+
+  JobSpec two = SyntheticSpec("sync-two", "lenet");
+  two.consistency = SYNC;
+  two.workers = 2;
+  two.shards = 2;
+  two.batch_size = 16;
+  two.max_steps = kSteps;
+  two.chunk_bytes = 16 << 10;  // several chunks per shard
+  Shards shards2(2);
+  std::vector<absl::StatusOr<TrainResult>> results(2, absl::UnknownError("not run"));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      TrainerOptions o;
+      o.spec = two;
+      o.rank = r;
+      o.world_size = 2;
+      o.shards = shards2.ptrs;
+      o.write_weights = false;
+      results[r] = RunTrainer(o, *data);
+    });
+  }
+  for (auto& t : threads) t.join();
+  ASSERT_TRUE(results[0].ok()) << results[0].status();
+  ASSERT_TRUE(results[1].ok()) << results[1].status();
+  EXPECT_EQ(results[0]->steps, kSteps);
+
+  JobSpec one = two;
+  one.name = "sync-one";
+  one.workers = 1;
+  one.shards = 1;
+  one.batch_size = 32;
+  Shards shards1(1);
+  TrainerOptions o;
+  o.spec = one;
+  o.shards = shards1.ptrs;
+  o.write_weights = false;
+  auto single = RunTrainer(o, *data);
+  ASSERT_TRUE(single.ok()) << single.status();
+
+  ASSERT_EQ(single->parameters.size(), results[0]->parameters.size());
+  for (size_t i = 0; i < single->parameters.size(); ++i) {
+    const auto& [name, a] = single->parameters[i];
+    const at::Tensor& b = results[0]->parameters[i].second;
+    const at::Tensor& c = results[1]->parameters[i].second;
+    EXPECT_TRUE(at::allclose(a, b, 1e-4, 1e-5))
+        << name << " differs by " << a.sub(b).abs().max().item<float>();
+    EXPECT_TRUE(at::allclose(b, c, 0, 0)) << name << ": the two workers disagree";
+  }
+  // And training did move the parameters away from the seeded start.
+  auto init = CreateModel("lenet", {1, 28, 28}, 10, two.seed);
+  ASSERT_TRUE(init.ok());
+  const at::Tensor start = (*init)->NamedParameters()[0].second.detach();
+  EXPECT_FALSE(at::allclose(single->parameters[0].second, start, 1e-3, 1e-4));
+}
+
+std::vector<double> Losses(const std::vector<std::string>& events) {
+  std::vector<double> out;
+  for (const auto& line : events) {
+    auto e = nlohmann::json::parse(line);
+    if (e["event"] == "progress") out.push_back(e["loss"].get<double>());
+  }
+  return out;
+}
+
+TEST(TrainerTest, TorchScriptModuleWrittenInPythonTrains) {
+  JobSpec spec = SyntheticSpec("scripted", "torchscript:worker/testdata/small_net.pt");
+  spec.batch_size = 32;
+  spec.max_steps = 60;
+  Shards shards(2);
+  spec.shards = 2;
+  auto data = LoadData(spec.data, spec.seed);
+  ASSERT_TRUE(data.ok());
+  std::vector<std::string> events;
+  TrainerOptions o;
+  o.spec = spec;
+  o.shards = shards.ptrs;
+  o.write_weights = false;
+  o.emit = [&](const std::string& e) { events.push_back(e); };
+  auto result = RunTrainer(o, *data);
+  ASSERT_TRUE(result.ok()) << result.status();
+  std::vector<double> losses = Losses(events);
+  ASSERT_GE(losses.size(), 4u);
+  EXPECT_LT(losses.back(), 0.5 * losses.front()) << "loss did not fall";
+  EXPECT_GT(result->final_accuracy, 0.5);  // 10 classes: chance is 0.1
+  // Its parameters are the module's own, by name.
+  EXPECT_EQ(result->parameters.front().first, "conv.weight");
+}
+
+TEST(TrainerTest, MissingTorchScriptFileIsAClearError) {
+  JobSpec spec = SyntheticSpec("missing", "torchscript:/nonexistent/net.pt");
+  Shards shards(1);
+  auto data = LoadData(spec.data, spec.seed);
+  TrainerOptions o;
+  o.spec = spec;
+  o.shards = shards.ptrs;
+  auto result = RunTrainer(o, *data);
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(result.status().message().find("/nonexistent/net.pt"), absl::string_view::npos);
+}
+
+}  // namespace
+}  // namespace pstrain

@@ -76,8 +76,10 @@ void ProgressView::Render(bool force) {
                  slow.epoch, slow.epochs, bar.c_str(), static_cast<long long>(slow.step),
                  static_cast<long long>(slow.steps), loss, rate, eta_s.c_str());
     bar_shown_ = true;
-  } else if (force || absl::Now() - last_plain_ > absl::Seconds(3)) {
-    if (force) return;  // plain mode: evaluation lines speak for themselves
+  } else if (!force && (last_plain_ == absl::InfinitePast() || slow.step == slow.steps ||
+                         absl::Now() - last_plain_ > absl::Seconds(2))) {
+    // Plain mode (not a terminal): the first report, then every 2 s, and the
+    // last step; evaluation lines speak for themselves.
     std::fprintf(out_, "epoch %d/%d  step %lld/%lld  loss %.4f  %.0f samples/s  ETA %s\n",
                  slow.epoch, slow.epochs, static_cast<long long>(slow.step),
                  static_cast<long long>(slow.steps), loss, rate, eta_s.c_str());

@@ -1,0 +1,149 @@
+// `pstrain local` end to end: real shard and worker processes on 127.0.0.1
+// training on real data; Ctrl-C and a failing worker stop everything.
+#include <dirent.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <filesystem>
+#include <fstream>
+#include <regex>
+
+#include "common/file_util.h"
+#include "tests/child_process.h"
+
+namespace pstrain {
+namespace {
+
+const char kPstrain[] = "client/pstrain";
+
+bool HaveFashionMnist() {
+  return std::filesystem::exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz");
+}
+
+struct RunOutput {
+  int exit_code;
+  std::string output;
+};
+
+RunOutput RunPstrain(const std::vector<std::string>& args, const std::string& dir,
+               absl::Duration timeout = absl::Minutes(4)) {
+  std::vector<std::string> argv = {kPstrain};
+  argv.insert(argv.end(), args.begin(), args.end());
+  auto child = ChildProcess::Start(argv, dir + "/pstrain.out");
+  EXPECT_TRUE(child.ok());
+  int code = (*child)->Wait(timeout);
+  return {code, ReadFile(dir + "/pstrain.out").value_or("")};
+}
+
+std::string WriteSpec(const std::string& dir, const std::string& yaml) {
+  const std::string path = dir + "/job.yaml";
+  EXPECT_TRUE(WriteFileAtomically(path, yaml).ok());
+  return path;
+}
+
+// Processes whose command line mentions `needle` (to find orphans).
+int CountProcessesMentioning(const std::string& needle) {
+  int n = 0;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+    const std::string pid = entry.path().filename();
+    if (pid.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream in(entry.path() / "cmdline");
+    std::string cmd((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (cmd.find(needle) != std::string::npos && std::to_string(getpid()) != pid) ++n;
+  }
+  return n;
+}
+
+TEST(LocalRunTest, TrainsLeNetOnAFashionMnistSubsetWithTwoShardsAndTwoWorkers) {
+  if (!HaveFashionMnist()) GTEST_SKIP() << "dataset-fashion-mnist is not installed (make setup installs it)";
+  const std::string dir = MakeTempDir("local-run");
+  const std::string spec = WriteSpec(dir, R"(
+name: e2e
+model: lenet
+data: {format: idx, limit_train: 16000, limit_test: 2000}
+optimizer: {kind: sgd, lr: 0.05, momentum: 0.9}
+consistency: async
+workers: 2
+shards: 2
+epochs: 2
+batch_size: 32
+log_every_steps: 25
+)");
+  RunOutput run = RunPstrain({"local", spec, "--output_dir", dir + "/out"}, dir);
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  // Plain progress lines (stdout is not a terminal): the loss falls.
+  std::regex loss_re("step (\\d+)/(\\d+)  loss ([0-9.]+)");
+  std::vector<double> losses;
+  for (std::sregex_iterator it(run.output.begin(), run.output.end(), loss_re), end; it != end; ++it) {
+    losses.push_back(std::stod((*it)[3]));
+  }
+  ASSERT_GE(losses.size(), 2u) << run.output;
+  EXPECT_LT(losses.back(), 0.7 * losses.front()) << run.output;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(run.output, m, std::regex("final test accuracy ([0-9.]+)"))) << run.output;
+  EXPECT_GT(std::stod(m[1]), 0.6) << "chance is 0.1\n" << run.output;  // 500 steps of 32
+  EXPECT_NE(run.output.find("eval     epoch 1"), std::string::npos) << run.output;
+  ASSERT_TRUE(std::filesystem::exists(dir + "/out/model.pt"));
+  // The weights are a file Python's torch.load reads, with the model's names.
+  if (std::filesystem::exists("/usr/bin/python3")) {
+    const std::string cmd = "/usr/bin/python3 -c \"import torch; d = torch.load('" + dir +
+                            "/out/model.pt'); print(sorted(d)); assert tuple(d['conv1.weight'].shape) == (6, 1, 5, 5)\" > " +
+                            dir + "/py.out 2>&1";
+    EXPECT_EQ(std::system(cmd.c_str()), 0) << ReadFile(dir + "/py.out").value_or("");
+  }
+}
+
+TEST(LocalRunTest, CtrlCStopsEveryChildAndExits130) {
+  const std::string dir = MakeTempDir("local-interrupt");
+  const std::string spec = WriteSpec(dir, R"(
+name: long
+model: mlp
+data: {format: synthetic, synthetic_train: 60000, synthetic_test: 100}
+workers: 2
+shards: 2
+epochs: 100
+log_every_steps: 10
+)");
+  auto child = ChildProcess::Start({kPstrain, "local", spec, "--output_dir", dir + "/out"},
+                                   dir + "/pstrain.out");
+  ASSERT_TRUE(child.ok());
+  // Wait for training to be under way.
+  const absl::Time deadline = absl::Now() + absl::Seconds(90);
+  while (ReadFile(dir + "/pstrain.out").value_or("").find("step ") == std::string::npos) {
+    ASSERT_LT(absl::Now(), deadline) << ReadFile(dir + "/pstrain.out").value_or("");
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  // pstrain itself, two shards (their port files are under out/) and two workers.
+  EXPECT_EQ(CountProcessesMentioning(dir + "/out"), 5);
+  (*child)->Signal(SIGINT);
+  EXPECT_EQ((*child)->Wait(absl::Seconds(20)), 130);
+  EXPECT_EQ(CountProcessesMentioning(dir), 0) << "orphaned shard or worker processes";
+}
+
+TEST(LocalRunTest, AFailingWorkerStopsTheJobAndShowsItsLog) {
+  const std::string dir = MakeTempDir("local-fail");
+  const std::string spec = WriteSpec(dir, R"(
+name: broken
+model: "torchscript:/nonexistent/model.pt"
+data: {format: synthetic}
+workers: 2
+shards: 1
+)");
+  RunOutput run = RunPstrain({"local", spec, "--output_dir", dir + "/out"}, dir);
+  EXPECT_EQ(run.exit_code, 1) << run.output;
+  EXPECT_NE(run.output.find("worker-"), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("/nonexistent/model.pt"), std::string::npos) << run.output;
+  EXPECT_EQ(CountProcessesMentioning(dir), 0);
+}
+
+TEST(LocalRunTest, BadSpecIsRefusedBeforeAnythingStarts) {
+  const std::string dir = MakeTempDir("local-badspec");
+  const std::string spec = WriteSpec(dir, "model: lenet\nepochs: 3\nbatchsize: 64\n");
+  RunOutput run = RunPstrain({"local", spec, "--output_dir", dir + "/out"}, dir);
+  EXPECT_EQ(run.exit_code, 2);
+  EXPECT_NE(run.output.find("batchsize"), std::string::npos) << run.output;
+  EXPECT_FALSE(std::filesystem::exists(dir + "/out/logs"));
+}
+
+}  // namespace
+}  // namespace pstrain

@@ -3,6 +3,8 @@
 #
 #   bench/run.sh pushpull [REPS]   pstrain push+pull vs torch.distributed.rpc
 #                                  and loopback TCP (iperf3); codec speed
+#   bench/run.sh train [REPS]      the demo job (async) and its sync variant
+#                                  vs PyTorch DDP (gloo), same settings
 #
 # Prints a readable table and, as its last line, one JSON object.
 set -euo pipefail
@@ -136,7 +138,54 @@ print(json.dumps(out))
 PYEOF
 }
 
+# One `pstrain local` run -> "samples_per_s accuracy seconds".
+pstrain_once() {  # pstrain_once SPEC
+  local out=$WORK/train.$RANDOM
+  bazel-bin/client/pstrain local "$1" --output_dir "$out" >"$out.log" 2>&1 || { cat "$out.log" >&2; exit 1; }
+  sed -n 's/^done: \([0-9.]*\) s, \([0-9.]*\) samples\/s, final test accuracy \([0-9.]*\).*/\2 \3 \1/p' "$out.log"
+}
+
+ddp_once() {
+  $PY bench/torch_ddp_train.py --workers 2 --epochs 3 --batch 64 --lr 0.05 --threads 1 2>"$WORK/ddp.log" \
+    | tail -1 | $PY -c 'import json,sys; r=json.loads(sys.stdin.read()); print(r["samples_per_s"], r["accuracy"], r["seconds"])'
+}
+
+train() {
+  local reps=${1:-3}
+  log "building"
+  bazel build //client:pstrain >&2
+  declare -A runs
+  for r in $(seq "$reps"); do
+    log "rep $r/$reps: pstrain async (examples/fashion_mnist.yaml)"
+    runs[async]+="$(pstrain_once examples/fashion_mnist.yaml)"$'\n'
+    log "rep $r/$reps: pstrain sync (examples/fashion_mnist_sync.yaml)"
+    runs[sync]+="$(pstrain_once examples/fashion_mnist_sync.yaml)"$'\n'
+    log "rep $r/$reps: PyTorch DDP (gloo)"
+    runs[ddp]+="$(ddp_once)"$'\n'
+  done
+  col() { printf '%s' "${runs[$1]}" | awk -v c="$2" 'NF {print $c}' | median; }
+  printf '\n%-28s %12s %10s %10s   (medians of %s runs; LeNet, Fashion-MNIST, 2 workers, batch 64, 3 epochs, 1 thread each)\n' \
+    "train" "samples/s" "accuracy" "seconds" "$reps" >&2
+  for k in async sync ddp; do
+    printf '%-28s %12.0f %10.4f %10.1f\n' "$k" "$(col $k 1)" "$(col $k 2)" "$(col $k 3)" >&2
+  done
+  $PY - <<PYEOF
+import json
+a, s, d = $(col async 1), $(col sync 1), $(col ddp 1)
+print(json.dumps({
+    "bench": "train", "reps": $reps,
+    "setup": "LeNet-5, Fashion-MNIST, 2 workers x batch 64, 3 epochs, SGD lr 0.05 momentum 0.9 cosine, 1 thread per process",
+    "ours_async_samples_per_s": a, "ours_sync_samples_per_s": s, "torch_ddp_samples_per_s": d,
+    "ours_async_accuracy": $(col async 2), "ours_sync_accuracy": $(col sync 2),
+    "torch_ddp_accuracy": $(col ddp 2),
+    "accuracy": $(col async 2),
+    "ratios": {"vs_torch_ddp": round(a / d, 3), "sync_vs_torch_ddp": round(s / d, 3)},
+}))
+PYEOF
+}
+
 case "${1:-}" in
   pushpull) shift; pushpull "$@" ;;
-  *) echo "usage: bench/run.sh pushpull [REPS]" >&2; exit 2 ;;
+  train) shift; train "$@" ;;
+  *) echo "usage: bench/run.sh pushpull|train [REPS]" >&2; exit 2 ;;
 esac

@@ -172,6 +172,7 @@ absl::StatusOr<JobSpec> ParseJobSpec(const std::string& yaml, const std::string&
   RETURN_IF_ERROR(r.Read("seed", &spec.seed));
   RETURN_IF_ERROR(r.Read("threads_per_worker", &spec.threads_per_worker));
   RETURN_IF_ERROR(r.Read("chunk_bytes", &spec.chunk_bytes));
+  RETURN_IF_ERROR(r.Read("bucket_bytes", &spec.bucket_bytes));
   RETURN_IF_ERROR(r.Read("max_steps", &spec.max_steps));
   RETURN_IF_ERROR(r.Read("output_dir", &spec.output_dir));
   RETURN_IF_ERROR(r.Read("log_every_steps", &spec.log_every_steps));
@@ -222,6 +223,7 @@ absl::StatusOr<JobSpec> ParseJobSpec(const std::string& yaml, const std::string&
   if (spec.clip_grad_norm < 0) return r.Error("clip_grad_norm", "must be >= 0 (0 turns it off)");
   if (spec.threads_per_worker < 1) return r.Error("threads_per_worker", "must be >= 1");
   if (spec.chunk_bytes < 1024) return r.Error("chunk_bytes", "must be >= 1024");
+  if (spec.bucket_bytes < 1) return r.Error("bucket_bytes", "must be >= 1");
   if (spec.max_steps < 0) return r.Error("max_steps", "must be >= 0");
   if (spec.output_dir.empty()) return r.Error("output_dir", "must not be empty");
   if (spec.log_every_steps < 1) return r.Error("log_every_steps", "must be >= 1");

@@ -64,6 +64,7 @@ struct JobSpec {
   uint64_t seed = 42;
   int threads_per_worker = 1;
   int64_t chunk_bytes = 4 << 20;
+  int64_t bucket_bytes = 4 << 20;  // gradients pushed together (one request per shard)
   int64_t max_steps = 0;        // stop each worker after this many steps (0: all epochs)
   std::string output_dir = "out";
   int log_every_steps = 20;

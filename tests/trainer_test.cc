@@ -59,6 +59,7 @@ TEST(TrainerTest, SyncTwoWorkersEqualOneWorkerOnTheConcatenatedBatch) {
   two.batch_size = 16;
   two.max_steps = kSteps;
   two.chunk_bytes = 16 << 10;  // several chunks per shard
+  two.bucket_bytes = 8 << 10;  // several buckets
   Shards shards2(2);
   std::vector<absl::StatusOr<TrainResult>> results(2, absl::UnknownError("not run"));
   std::vector<std::thread> threads;

@@ -6,6 +6,8 @@
 #include <torch/nn/modules/conv.h>
 #include <torch/nn/modules/linear.h>
 
+#include <mutex>
+
 #include "absl/strings/str_cat.h"
 
 namespace pstrain {
@@ -70,7 +72,12 @@ absl::StatusOr<std::unique_ptr<Model>> CreateModel(const std::string& name,
                                                    int64_t num_classes, uint64_t seed) {
   if (name.rfind("torchscript:", 0) == 0) return LoadTorchScriptModel(name.substr(12));
   try {
-    // One seed for every worker: identical initial weights everywhere.
+    // One seed for every worker: identical initial weights everywhere. The
+    // generator is process-wide, so seeding and drawing must not interleave
+    // with another model being built in this process (ranks run as threads
+    // in tests).
+    static std::mutex init_mu;
+    std::lock_guard<std::mutex> lock(init_mu);
     at::manual_seed(seed);
     if (name == "mlp") {
       int64_t in = 1;

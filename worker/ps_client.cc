@@ -46,22 +46,41 @@ absl::Status PsClient::CheckTensors(const std::vector<at::Tensor>& tensors, cons
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<TensorBuffer>> PsClient::ChunkViews(
-    const std::vector<at::Tensor>& tensors, int shard) const {
+namespace {
+
+// Views of the chunks `ids` of the plan, each cut from the flattened tensor
+// of its parameter: `tensor_of(param)`. No bytes are copied.
+template <typename TensorOf>
+absl::StatusOr<std::vector<TensorBuffer>> ChunkViewsOf(const PartitionPlan& plan,
+                                                      const std::vector<size_t>& ids,
+                                                      const TensorOf& tensor_of) {
   std::vector<TensorBuffer> out;
-  for (size_t idx : options_.plan.shard_chunks[shard]) {
-    const ChunkSpec& c = options_.plan.chunks[idx];
-    const at::Tensor& t = tensors[c.param];
-    absl::StatusOr<TensorBuffer> whole = TensorToBuffer(t);
+  out.reserve(ids.size());
+  for (size_t idx : ids) {
+    const ChunkSpec& c = plan.chunks[idx];
+    absl::StatusOr<TensorBuffer> whole = TensorToBuffer(tensor_of(c.param));
     if (!whole.ok()) return whole.status();
     const size_t elem = DataTypeSize(whole->dtype);
-    TensorBuffer view = *whole;
+    TensorBuffer view = std::move(*whole);
     view.shape = {c.numel};
-    view.data = whole->data + c.offset * elem;
+    view.data += c.offset * elem;
     view.nbytes = c.numel * elem;
     out.push_back(std::move(view));
   }
   return out;
+}
+
+void AddKeys(const PartitionPlan& plan, const std::vector<size_t>& ids,
+             google::protobuf::RepeatedPtrField<std::string>* keys) {
+  for (size_t idx : ids) keys->Add()->assign(plan.chunks[idx].key);
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<TensorBuffer>> PsClient::ChunkViews(
+    const std::vector<at::Tensor>& tensors, int shard) const {
+  return ChunkViewsOf(options_.plan, options_.plan.shard_chunks[shard],
+                      [&](size_t param) -> const at::Tensor& { return tensors[param]; });
 }
 
 absl::Status PsClient::CopyIntoParams(int shard, const std::vector<TensorBuffer>& values,
@@ -118,7 +137,7 @@ absl::Status PsClient::InitTables(const std::vector<at::Tensor>& params, const T
     InitTableRequest& req = requests[shard];
     req.set_job(options_.job);
     *req.mutable_config() = config;
-    for (size_t idx : options_.plan.shard_chunks[shard]) req.add_keys(options_.plan.chunks[idx].key);
+    AddKeys(options_.plan, options_.plan.shard_chunks[shard], req.mutable_keys());
     shards_[shard]->InitTable(req, std::move(*views), &responses[shard], opts, std::move(done));
   });
 }
@@ -138,7 +157,7 @@ absl::Status PsClient::Pull(const std::vector<at::Tensor>& params, int64_t min_v
     PullRequest& req = requests[shard];
     req.set_job(options_.job);
     req.set_min_version(min_version);
-    for (size_t idx : options_.plan.shard_chunks[shard]) req.add_keys(options_.plan.chunks[idx].key);
+    AddKeys(options_.plan, options_.plan.shard_chunks[shard], req.mutable_keys());
     shards_[shard]->Pull(req, &responses[shard], &values[shard], opts,
                          [&, shard, done = std::move(done)](absl::Status st) {
                            if (st.ok()) st = CopyIntoParams(shard, values[shard], params);
@@ -163,7 +182,7 @@ absl::Status PsClient::Push(int64_t step, const std::vector<at::Tensor>& grads, 
     req.set_worker(options_.worker);
     req.set_step(step);
     req.set_lr(lr);
-    for (size_t idx : options_.plan.shard_chunks[shard]) req.add_keys(options_.plan.chunks[idx].key);
+    AddKeys(options_.plan, options_.plan.shard_chunks[shard], req.mutable_keys());
     shards_[shard]->Push(req, std::move(*views), &responses[shard], opts, std::move(done));
   });
 }
@@ -189,7 +208,7 @@ absl::Status PsClient::PushPull(int64_t step, const std::vector<at::Tensor>& gra
     req.set_worker(options_.worker);
     req.set_step(step);
     req.set_lr(lr);
-    for (size_t idx : options_.plan.shard_chunks[shard]) req.add_keys(options_.plan.chunks[idx].key);
+    AddKeys(options_.plan, options_.plan.shard_chunks[shard], req.mutable_keys());
     shards_[shard]->PushPull(req, std::move(*views), &responses[shard], &values[shard], opts,
                              [&, shard, done = std::move(done)](absl::Status st) {
                                if (st.ok()) st = CopyIntoParams(shard, values[shard], params);
@@ -199,30 +218,10 @@ absl::Status PsClient::PushPull(int64_t step, const std::vector<at::Tensor>& gra
   });
 }
 
-namespace {
-
-// Views of the chunks `ids` of a flattened tensor.
-absl::StatusOr<std::vector<TensorBuffer>> ViewsOf(const at::Tensor& t, const PartitionPlan& plan,
-                                                 const std::vector<size_t>& ids) {
-  absl::StatusOr<TensorBuffer> whole = TensorToBuffer(t);
-  if (!whole.ok()) return whole.status();
-  const size_t elem = DataTypeSize(whole->dtype);
-  std::vector<TensorBuffer> out;
-  for (size_t idx : ids) {
-    const ChunkSpec& c = plan.chunks[idx];
-    TensorBuffer v = *whole;
-    v.shape = {c.numel};
-    v.data = whole->data + c.offset * elem;
-    v.nbytes = c.numel * elem;
-    out.push_back(std::move(v));
-  }
-  return out;
-}
-
-}  // namespace
-
-void PsClient::PushPullParamAsync(int64_t step, size_t param, const at::Tensor& grad,
-                                  const at::Tensor& into, double lr, StatusCallback done) {
+void PsClient::PushPullAsync(int64_t step, const std::vector<size_t>& params,
+                             const std::vector<at::Tensor>& grads,
+                             const std::vector<at::Tensor>& intos, double lr,
+                             StatusCallback done) {
   struct State {
     std::mutex mu;
     int pending = 0;
@@ -232,34 +231,45 @@ void PsClient::PushPullParamAsync(int64_t step, size_t param, const at::Tensor& 
     std::vector<std::vector<TensorBuffer>> values;
     StatusCallback done;
   };
-  if (param >= param_chunks_.size()) return done(absl::InvalidArgumentError("no such parameter"));
-  const std::vector<int64_t>& shape = options_.plan.params[param].shape;
-  for (const at::Tensor* t : {&grad, &into}) {
-    if (!t->defined() || !t->is_contiguous() || !t->device().is_cpu() ||
-        std::vector<int64_t>(t->sizes().begin(), t->sizes().end()) != shape) {
-      return done(absl::InvalidArgumentError(absl::StrCat(
-          "parameter ", options_.plan.params[param].name,
-          ": gradient and destination must be contiguous CPU tensors of the planned shape")));
+  if (grads.size() != params.size() || intos.size() != params.size()) {
+    return done(absl::InvalidArgumentError("one gradient and one destination per parameter"));
+  }
+  // position[p]: where parameter p is in `params`.
+  std::vector<int> position(param_chunks_.size(), -1);
+  for (size_t k = 0; k < params.size(); ++k) {
+    const size_t p = params[k];
+    if (p >= param_chunks_.size() || position[p] != -1) {
+      return done(absl::InvalidArgumentError("unknown or repeated parameter index"));
+    }
+    position[p] = static_cast<int>(k);
+    const std::vector<int64_t>& shape = options_.plan.params[p].shape;
+    for (const at::Tensor* t : {&grads[k], &intos[k]}) {
+      if (!t->defined() || !t->is_contiguous() || !t->device().is_cpu() ||
+          std::vector<int64_t>(t->sizes().begin(), t->sizes().end()) != shape) {
+        return done(absl::InvalidArgumentError(absl::StrCat(
+            "parameter ", options_.plan.params[p].name,
+            ": gradient and destination must be contiguous CPU tensors of the planned shape")));
+      }
+    }
+  }
+  const size_t n = shards_.size();
+  std::vector<std::vector<size_t>> ids(n);
+  for (size_t p : params) {
+    for (size_t s = 0; s < n; ++s) {
+      ids[s].insert(ids[s].end(), param_chunks_[p][s].begin(), param_chunks_[p][s].end());
     }
   }
   auto state = std::make_shared<State>();
   state->done = std::move(done);
-  const size_t n = shards_.size();
   state->requests.resize(n);
   state->responses.resize(n);
   state->values.resize(n);
-  std::vector<int> involved;
-  for (size_t s = 0; s < n; ++s) {
-    if (!param_chunks_[param][s].empty()) involved.push_back(static_cast<int>(s));
-  }
-  state->pending = static_cast<int>(involved.size());
-  if (involved.empty()) return state->done(absl::OkStatus());
+  for (size_t s = 0; s < n; ++s) state->pending += ids[s].empty() ? 0 : 1;
+  if (state->pending == 0) return state->done(absl::OkStatus());
   CallOptions opts;
   opts.deadline = absl::Now() + options_.timeout;
-  for (int s : involved) {
-    const auto& ids = param_chunks_[param][s];
-    absl::StatusOr<std::vector<TensorBuffer>> grads = ViewsOf(grad, options_.plan, ids);
-    absl::StatusOr<std::vector<TensorBuffer>> dest = ViewsOf(into, options_.plan, ids);
+  for (size_t s = 0; s < n; ++s) {
+    if (ids[s].empty()) continue;
     auto finish = [state, s](absl::Status st) {
       bool last;
       {
@@ -271,8 +281,14 @@ void PsClient::PushPullParamAsync(int64_t step, size_t param, const at::Tensor& 
       }
       if (last) state->done(state->status);
     };
-    if (!grads.ok() || !dest.ok()) {
-      finish(grads.ok() ? dest.status() : grads.status());
+    auto grad_views = ChunkViewsOf(options_.plan, ids[s], [&](size_t p) -> const at::Tensor& {
+      return grads[position[p]];
+    });
+    auto dest = ChunkViewsOf(options_.plan, ids[s], [&](size_t p) -> const at::Tensor& {
+      return intos[position[p]];
+    });
+    if (!grad_views.ok() || !dest.ok()) {
+      finish(grad_views.ok() ? dest.status() : grad_views.status());
       continue;
     }
     state->values[s] = std::move(*dest);
@@ -281,10 +297,10 @@ void PsClient::PushPullParamAsync(int64_t step, size_t param, const at::Tensor& 
     req.set_worker(options_.worker);
     req.set_step(step);
     req.set_lr(lr);
-    for (size_t idx : ids) req.add_keys(options_.plan.chunks[idx].key);
-    // The shard writes into the destination views (the `into` tensor).
-    shards_[s]->PushPull(req, std::move(*grads), &state->responses[s], &state->values[s], opts,
-                         finish);
+    AddKeys(options_.plan, ids[s], req.mutable_keys());
+    // The shard writes into the destination views (the `intos` tensors).
+    shards_[s]->PushPull(req, std::move(*grad_views), &state->responses[s], &state->values[s],
+                         opts, finish);
   }
 }
 

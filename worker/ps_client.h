@@ -45,14 +45,16 @@ class PsClient {
   absl::Status PushPull(int64_t step, const std::vector<at::Tensor>& grads,
                         const std::vector<at::Tensor>& params, double lr = 0);
 
-  // One parameter's PushPull, asynchronous: pushes `grad` (parameter
-  // `param`'s gradient) to the shards holding its chunks and writes the new
-  // values into `into` (same shape; may be the parameter itself if nothing
-  // reads it meanwhile). `done` runs once, on a gRPC thread, when every shard
-  // involved has answered. Lets a worker push each gradient as soon as
-  // autograd produces it. `grad` and `into` must stay alive until `done`.
-  void PushPullParamAsync(int64_t step, size_t param, const at::Tensor& grad,
-                          const at::Tensor& into, double lr, StatusCallback done);
+  // PushPull of some parameters (a bucket), asynchronous: pushes grads[k]
+  // (the gradient of parameter params[k]) to the shards holding its chunks,
+  // one request per shard, and writes the new values into intos[k] (same
+  // shape; may be the parameter itself if nothing reads it meanwhile). `done`
+  // runs once, on a gRPC thread, when every shard involved has answered. Lets
+  // a worker push gradients as soon as autograd produces them. The tensors
+  // must stay alive until `done`.
+  void PushPullAsync(int64_t step, const std::vector<size_t>& params,
+                     const std::vector<at::Tensor>& grads, const std::vector<at::Tensor>& intos,
+                     double lr, StatusCallback done);
 
   const PartitionPlan& plan() const { return options_.plan; }
 

@@ -133,22 +133,52 @@ absl::StatusOr<TrainResult> RunTrainer(const TrainerOptions& options, const Trai
   std::vector<at::Tensor> staging;
   for (auto& p : detached) staging.push_back(at::empty_like(p));
 
+  // Buckets of parameters, in reverse order (the order backward produces
+  // their gradients), of up to bucket_bytes each: a bucket is pushed (one
+  // request per shard) as soon as all its gradients exist. Few requests for
+  // small models, overlap with backward for large ones.
+  std::vector<std::vector<size_t>> buckets;
+  std::vector<size_t> bucket_of(params.size());
+  {
+    std::vector<size_t> current;
+    int64_t bytes = 0;
+    for (size_t i = params.size(); i-- > 0;) {
+      current.push_back(i);
+      bytes += detached[i].nbytes();
+      if (bytes >= spec.bucket_bytes || i == 0) {
+        for (size_t p : current) bucket_of[p] = buckets.size();
+        buckets.push_back(std::move(current));
+        current.clear();
+        bytes = 0;
+      }
+    }
+  }
   const bool hooks = spec.accumulate_steps == 1 && spec.clip_grad_norm == 0;
   StepBarrier barrier;
-  std::vector<bool> pushed(params.size(), false);
+  std::vector<at::Tensor> ready(params.size());
+  std::vector<bool> offered(params.size(), false);
+  std::vector<size_t> missing(buckets.size());
   int64_t step = 0;
   double lr = spec.optimizer.lr();
-  auto launch = [&](size_t i, const at::Tensor& grad) {
-    pushed[i] = true;
+  auto offer = [&](size_t i, const at::Tensor& grad) {
+    offered[i] = true;
+    ready[i] = grad.contiguous();
+    const size_t b = bucket_of[i];
+    if (--missing[b] > 0) return;
+    std::vector<at::Tensor> grads, intos;
+    for (size_t p : buckets[b]) {
+      grads.push_back(std::move(ready[p]));
+      intos.push_back(staging[p]);
+    }
     barrier.Add();
-    ps.PushPullParamAsync(step, i, grad.contiguous(), staging[i], lr,
-                          [&barrier](absl::Status st) { barrier.Done(st); });
+    ps.PushPullAsync(step, buckets[b], grads, intos, lr,
+                     [&barrier](absl::Status st) { barrier.Done(st); });
   };
   bool armed = false;
   if (hooks) {
     for (size_t i = 0; i < params.size(); ++i) {
       params[i].register_hook([&, i](const at::Tensor& grad) {
-        if (armed) launch(i, grad);
+        if (armed) offer(i, grad);
       });
     }
   }
@@ -176,7 +206,9 @@ absl::StatusOr<TrainResult> RunTrainer(const TrainerOptions& options, const Trai
       for (auto& p : params) {
         if (p.grad().defined()) p.mutable_grad().zero_();
       }
-      std::fill(pushed.begin(), pushed.end(), false);
+      for (size_t b = 0; b < buckets.size(); ++b) missing[b] = buckets[b].size();
+      std::fill(ready.begin(), ready.end(), at::Tensor());
+      std::fill(offered.begin(), offered.end(), false);
       double step_loss = 0;
       int64_t step_samples = 0;
       try {
@@ -203,9 +235,9 @@ absl::StatusOr<TrainResult> RunTrainer(const TrainerOptions& options, const Trai
       // Everything the hooks did not push: all of it without hooks, and any
       // parameter that got no gradient (the shards expect every chunk).
       for (size_t i = 0; i < params.size(); ++i) {
-        if (pushed[i]) continue;
+        if (offered[i]) continue;
         at::Tensor g = params[i].grad();
-        launch(i, g.defined() ? g : at::zeros_like(detached[i]));
+        offer(i, g.defined() ? g : at::zeros_like(detached[i]));
       }
       s = barrier.Wait();
       if (!s.ok()) return absl::Status(s.code(), absl::StrCat("step ", step, ": ", s.message()));

@@ -1,13 +1,12 @@
 #include "rpc/grpc_remote_shard.h"
 
-#include <grpcpp/alarm.h>
-
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
 #include "rpc/grpc_channel.h"
 #include "rpc/grpc_tensor_coding.h"
 #include "rpc/status_util.h"
+#include "spdlog/spdlog.h"
 
 namespace pstrain {
 
@@ -22,14 +21,14 @@ struct GrpcRemoteShard::Call {
   absl::Time deadline;
   int attempt = 0;
   absl::Duration backoff;
-  grpc::Alarm alarm;
   StatusCallback done;
 };
 
 GrpcRemoteShard::GrpcRemoteShard(RemoteShardOptions options)
     : options_(std::move(options)),
       channel_(CreateChannel(options_.target, options_.max_message_bytes)),
-      stub_(std::make_unique<grpc::GenericStub>(channel_)) {}
+      stub_(std::make_unique<grpc::GenericStub>(channel_)),
+      retry_timer_(std::make_unique<RetryTimer>()) {}
 
 GrpcRemoteShard::~GrpcRemoteShard() = default;
 
@@ -71,11 +70,14 @@ void GrpcRemoteShard::Attempt(std::shared_ptr<Call> call) {
             absl::Now() + call->backoff < call->deadline) {
           absl::Time when = absl::Now() + call->backoff;
           call->backoff = std::min(call->backoff * 2, options_.max_backoff);
-          call->alarm.Set(absl::ToChronoTime(when), [this, call](bool ok) {
+          spdlog::warn("{} on {} unavailable ({}); retry {} of {} in {}", call->method,
+                       options_.target, status.error_message(), call->attempt,
+                       options_.max_attempts - 1, absl::FormatDuration(when - absl::Now()));
+          retry_timer_->RunAt(when, [this, call](bool ok) {
             if (ok) {
               Attempt(call);
             } else {
-              call->done(absl::CancelledError("call cancelled while waiting to retry"));
+              call->done(absl::CancelledError("client shut down while waiting to retry"));
             }
           });
           return;

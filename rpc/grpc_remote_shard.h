@@ -15,6 +15,7 @@
 
 #include "rpc/grpc_server.h"
 #include "rpc/parameter_store.h"
+#include "rpc/retry_timer.h"
 
 namespace pstrain {
 
@@ -59,6 +60,7 @@ class GrpcRemoteShard : public ParameterStore {
   const RemoteShardOptions options_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<grpc::GenericStub> stub_;
+  std::unique_ptr<RetryTimer> retry_timer_;
 };
 
 }  // namespace pstrain

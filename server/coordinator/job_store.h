@@ -1,0 +1,55 @@
+// JobStore: the coordinator's durable record of its jobs, in SQLite. A job
+// is one row: id, submission order, spec, output dir and its JobStatus (a
+// serialized proto). Each write is a transaction; the database runs in WAL
+// mode with synchronous=FULL, so a job the coordinator acknowledged survives
+// a crash of the coordinator or the machine.
+//
+// Thread-safe (one mutex around the connection).
+#ifndef PSTRAIN_SERVER_COORDINATOR_JOB_STORE_H_
+#define PSTRAIN_SERVER_COORDINATOR_JOB_STORE_H_
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "proto/control.pb.h"
+
+struct sqlite3;
+
+namespace pstrain {
+
+struct StoredJob {
+  std::string id;
+  int64_t seq = 0;  // submission order
+  std::string spec_yaml;
+  std::string output_dir;
+  JobStatus status;
+};
+
+class JobStore {
+ public:
+  // Opens (creating if needed) the database at `path`; ":memory:" for tests.
+  static absl::StatusOr<std::unique_ptr<JobStore>> Open(const std::string& path);
+  ~JobStore();
+
+  // Stores a new job; assigns its id ("job-000042") into the status.
+  absl::StatusOr<StoredJob> Create(const std::string& spec_yaml, const std::string& output_dir,
+                                   JobStatus status);
+  absl::Status Update(const JobStatus& status);
+  absl::StatusOr<StoredJob> Get(const std::string& id);
+  // Every job, in submission order.
+  absl::StatusOr<std::vector<StoredJob>> List();
+
+ private:
+  explicit JobStore(sqlite3* db) : db_(db) {}
+  absl::Status Exec(const char* sql);
+
+  std::mutex mu_;
+  sqlite3* db_;
+};
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_SERVER_COORDINATOR_JOB_STORE_H_

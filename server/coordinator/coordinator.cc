@@ -1,0 +1,504 @@
+#include "server/coordinator/coordinator.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_join.h"
+#include "spdlog/spdlog.h"
+
+namespace pstrain {
+
+const char* JobStateName(JobState state) {
+  switch (state) {
+    case PENDING: return "Pending";
+    case RUNNING: return "Running";
+    case CHECKPOINTING: return "Checkpointing";
+    case SUCCEEDED: return "Succeeded";
+    case FAILED: return "Failed";
+    case CANCELLED: return "Cancelled";
+    default: return "Unknown";
+  }
+}
+
+bool IsTerminal(JobState state) { return state == SUCCEEDED || state == FAILED || state == CANCELLED; }
+
+namespace {
+int64_t NowMs() { return absl::ToUnixMillis(absl::Now()); }
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(CoordinatorOptions options,
+                                                                  std::unique_ptr<JobStore> store) {
+  if (options.heartbeat_interval <= absl::ZeroDuration() || options.missed_heartbeats < 1) {
+    return absl::InvalidArgumentError("heartbeat interval and missed heartbeats must be positive");
+  }
+  std::unique_ptr<Coordinator> c(new Coordinator(options, std::move(store)));
+  auto stored = c->store_->List();
+  if (!stored.ok()) return stored.status();
+  {
+    std::lock_guard<std::mutex> lock(c->mu_);
+    for (StoredJob& s : *stored) {
+      Job job;
+      auto spec = ParseJobSpec(s.spec_yaml, s.id);
+      if (!spec.ok()) return spec.status();
+      job.spec = *spec;
+      job.stored = std::move(s);
+      // Members of running jobs get one lease to come back after a restart.
+      job.attach_deadline = absl::Now() + c->lease();
+      c->jobs_.emplace(job.stored.id, std::move(job));
+    }
+  }
+  if (options.background_tick) {
+    c->ticker_ = std::thread([raw = c.get()] {
+      std::unique_lock<std::mutex> lock(raw->mu_);
+      while (!raw->shutdown_) {
+        raw->cv_.wait_for(lock, absl::ToChronoMilliseconds(raw->options_.heartbeat_interval / 2));
+        if (raw->shutdown_) break;
+        raw->ExpireLeases();
+        raw->Schedule();
+      }
+    });
+  }
+  return c;
+}
+
+Coordinator::~Coordinator() { Shutdown(); }
+
+void Coordinator::Shutdown() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    shutdown_ = true;
+    cv_.notify_all();
+  }
+  if (ticker_.joinable()) ticker_.join();
+}
+
+Coordinator::Job* Coordinator::FindJob(const std::string& id) {
+  auto it = jobs_.find(id);
+  return it == jobs_.end() ? nullptr : &it->second;
+}
+
+void Coordinator::Changed(Job& job) {
+  ++job.version;
+  absl::Status s = store_->Update(job.stored.status);
+  if (!s.ok()) spdlog::error("coordinator: {}", s.ToString());
+  cv_.notify_all();
+}
+
+void Coordinator::RefreshMembers(Job& job) {
+  // The status lists the job's members with their current health.
+  for (MemberStatus& m : *job.stored.status.mutable_members()) {
+    bool found = false;
+    for (auto& [id, member] : members_) {
+      if (member.status.name() == m.name() && member.status.role() == m.role()) {
+        m.set_alive(member.status.alive());
+        m.set_last_heartbeat_unix_ms(member.status.last_heartbeat_unix_ms());
+        m.set_member_id(id);
+        m.set_address(member.status.address());
+        found = true;
+      }
+    }
+    if (!found) m.set_alive(false);
+  }
+}
+
+void Coordinator::Transition(Job& job, JobState state, const std::string& reason,
+                             const std::string& message) {
+  JobStatus& st = job.stored.status;
+  st.set_state(state);
+  JobCondition* c = st.add_conditions();
+  c->set_state(state);
+  c->set_time_unix_ms(NowMs());
+  c->set_reason(reason);
+  c->set_message(message);
+  spdlog::info("coordinator: {} -> {} ({}: {})", st.job_id(), JobStateName(state), reason, message);
+  if (IsTerminal(state)) {
+    RefreshMembers(job);
+    for (auto& [id, member] : members_) {
+      if (member.status.job_id() == st.job_id()) {
+        member.status.set_job_id("");
+        member.status.set_rank(-1);
+      }
+    }
+    kv_.erase(st.job_id());
+  }
+  Changed(job);
+}
+
+absl::StatusOr<std::string> Coordinator::SubmitJob(const SubmitJobRequest& request) {
+  auto spec = ParseJobSpec(request.spec_yaml(), "job spec");
+  if (!spec.ok()) return spec.status();
+  JobStatus status;
+  status.set_name(spec->name);
+  status.set_state(PENDING);
+  status.set_created_unix_ms(NowMs());
+  status.set_final_accuracy(-1);
+  status.set_num_shards(spec->shards);
+  status.set_num_workers(spec->workers);
+  const std::string output_dir = request.output_dir().empty() ? spec->output_dir : request.output_dir();
+  std::lock_guard<std::mutex> lock(mu_);
+  if (shutdown_) return absl::UnavailableError("coordinator is shutting down");
+  auto stored = store_->Create(request.spec_yaml(), output_dir, status);
+  if (!stored.ok()) return stored.status();
+  Job job;
+  job.spec = *spec;
+  job.stored = std::move(*stored);
+  const std::string id = job.stored.id;
+  Job& j = jobs_.emplace(id, std::move(job)).first->second;
+  Transition(j, PENDING, "Submitted",
+             absl::StrCat("waiting for ", spec->shards, " shard(s) and ", spec->workers, " worker(s)"));
+  Schedule();
+  return id;
+}
+
+absl::StatusOr<JobStatus> Coordinator::GetJob(const std::string& job_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Job* job = FindJob(job_id);
+  if (job == nullptr) return absl::NotFoundError(absl::StrCat("no job '", job_id, "' (see `pstrain list`)"));
+  RefreshMembers(*job);
+  return job->stored.status;
+}
+
+std::vector<JobStatus> Coordinator::ListJobs() {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<const Job*> order;
+  for (auto& [id, job] : jobs_) order.push_back(&job);
+  std::sort(order.begin(), order.end(),
+            [](const Job* a, const Job* b) { return a->stored.seq < b->stored.seq; });
+  std::vector<JobStatus> out;
+  for (const Job* j : order) out.push_back(j->stored.status);
+  return out;
+}
+
+absl::StatusOr<JobState> Coordinator::CancelJob(const std::string& job_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Job* job = FindJob(job_id);
+  if (job == nullptr) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
+  const JobState state = job->stored.status.state();
+  if (IsTerminal(state)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job ", job_id, " already ended (", JobStateName(state), ")"));
+  }
+  Transition(*job, CANCELLED, "CancelRequested", "cancelled by a user; its members are freed");
+  Schedule();
+  return CANCELLED;
+}
+
+absl::StatusOr<JobStatus> Coordinator::WaitJob(const std::string& job_id, uint64_t* version,
+                                               absl::Time deadline) {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (true) {
+    Job* job = FindJob(job_id);
+    if (job == nullptr) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
+    if (job->version > *version || absl::Now() >= deadline || shutdown_) {
+      *version = job->version;
+      RefreshMembers(*job);
+      return job->stored.status;
+    }
+    cv_.wait_until(lock, absl::ToChronoTime(deadline));
+  }
+}
+
+absl::StatusOr<RegisterResponse> Coordinator::Register(const RegisterRequest& request) {
+  if (request.role() != "shard" && request.role() != "worker") {
+    return absl::InvalidArgumentError("role must be shard or worker");
+  }
+  if (request.role() == "shard" && request.address().empty()) {
+    return absl::InvalidArgumentError("a shard must give the address of its ParameterService");
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  std::string name = request.name().empty() ? absl::StrCat(request.role(), "-", next_member_) : request.name();
+  // A member that registers again (after a restart on either side) replaces
+  // its old registration.
+  for (auto it = members_.begin(); it != members_.end();) {
+    if (it->second.status.name() == name) {
+      it = members_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  Member m;
+  const std::string id = absl::StrCat(name, "#", next_member_++);
+  m.status.set_member_id(id);
+  m.status.set_role(request.role());
+  m.status.set_name(name);
+  m.status.set_address(request.address());
+  m.status.set_alive(true);
+  m.status.set_last_heartbeat_unix_ms(NowMs());
+  m.status.set_rank(-1);
+  m.last_beat = absl::Now();
+  // Re-attach to a running job it was part of.
+  if (!request.job_id().empty()) {
+    Job* job = FindJob(request.job_id());
+    if (job != nullptr && !IsTerminal(job->stored.status.state())) {
+      for (const MemberStatus& jm : job->stored.status.members()) {
+        if (jm.name() == name && jm.role() == request.role()) {
+          m.status.set_job_id(request.job_id());
+          m.status.set_rank(jm.rank());
+        }
+      }
+    }
+  }
+  spdlog::info("coordinator: {} {} registered{}", request.role(), name,
+               m.status.job_id().empty() ? "" : absl::StrCat(" (on ", m.status.job_id(), ")"));
+  members_[id] = std::move(m);
+  cv_.notify_all();
+  Schedule();
+  RegisterResponse r;
+  r.set_member_id(id);
+  r.set_heartbeat_interval_ms(absl::ToInt64Milliseconds(options_.heartbeat_interval));
+  return r;
+}
+
+absl::StatusOr<HeartbeatResponse> Coordinator::Heartbeat(const HeartbeatRequest& request) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = members_.find(request.member_id());
+  if (it == members_.end()) {
+    return absl::NotFoundError(absl::StrCat("member ", request.member_id(),
+                                            " is not registered (coordinator restarted?): register again"));
+  }
+  Member& m = it->second;
+  m.last_beat = absl::Now();
+  m.status.set_last_heartbeat_unix_ms(NowMs());
+  if (!m.status.alive()) {
+    m.status.set_alive(true);
+    cv_.notify_all();
+  }
+  HeartbeatResponse r;
+  r.set_job_id(m.status.job_id());
+  r.set_cancel_job(!request.running_job_id().empty() && request.running_job_id() != m.status.job_id());
+  return r;
+}
+
+absl::StatusOr<Assignment> Coordinator::GetAssignment(const std::string& member_id,
+                                                      absl::Time deadline) {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (true) {
+    auto it = members_.find(member_id);
+    if (it == members_.end()) {
+      return absl::NotFoundError(absl::StrCat("member ", member_id, " is not registered: register again"));
+    }
+    const MemberStatus& m = it->second.status;
+    Job* job = m.job_id().empty() ? nullptr : FindJob(m.job_id());
+    if (job != nullptr) {
+      Assignment a;
+      a.set_job_id(m.job_id());
+      a.set_spec_yaml(job->stored.spec_yaml);
+      a.set_output_dir(job->stored.output_dir);
+      a.set_rank(m.rank());
+      a.set_world_size(m.role() == "worker" ? job->spec.workers : job->spec.shards);
+      std::vector<std::pair<int, std::string>> shards;
+      for (const MemberStatus& jm : job->stored.status.members()) {
+        if (jm.role() == "shard") shards.emplace_back(jm.rank(), jm.address());
+      }
+      std::sort(shards.begin(), shards.end());
+      for (auto& [rank, address] : shards) a.add_shard_addresses(address);
+      return a;
+    }
+    if (absl::Now() >= deadline || shutdown_) return Assignment();
+    cv_.wait_until(lock, absl::ToChronoTime(deadline));
+  }
+}
+
+absl::StatusOr<ReportProgressResponse> Coordinator::ReportProgress(const ReportProgressRequest& request) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = members_.find(request.member_id());
+  if (it == members_.end()) {
+    return absl::NotFoundError(absl::StrCat("member ", request.member_id(), " is not registered"));
+  }
+  ReportProgressResponse r;
+  Member& m = it->second;
+  m.last_beat = absl::Now();
+  Job* job = FindJob(request.job_id());
+  if (job == nullptr || m.status.job_id() != request.job_id()) {
+    r.set_cancel_job(true);  // not (or no longer) this member's job
+    return r;
+  }
+  ApplyEvent(*job, m.status.rank(), request.event_json());
+  r.set_cancel_job(m.status.job_id() != request.job_id());
+  return r;
+}
+
+void Coordinator::ApplyEvent(Job& job, int rank, const std::string& event_json) {
+  nlohmann::json e = nlohmann::json::parse(event_json, nullptr, /*allow_exceptions=*/false);
+  if (e.is_discarded() || !e.is_object()) return;
+  JobStatus& st = job.stored.status;
+  const std::string kind = e.value("event", "");
+  if (kind == "progress") {
+    while (st.workers_size() < job.spec.workers) st.add_workers()->set_rank(st.workers_size() - 1);
+    if (rank < 0 || rank >= st.workers_size()) return;
+    WorkerProgress* w = st.mutable_workers(rank);
+    w->set_epoch(e.value("epoch", 0));
+    w->set_step(e.value("step", int64_t{0}));
+    w->set_steps(e.value("steps", int64_t{0}));
+    w->set_loss(e.value("loss", 0.0));
+    w->set_samples_per_s(e.value("samples_per_s", 0.0));
+    int64_t step = INT64_MAX;
+    int epoch = INT32_MAX;
+    double loss = 0, rate = 0;
+    for (const WorkerProgress& p : st.workers()) {
+      step = std::min(step, p.step());
+      epoch = std::min(epoch, p.epoch());
+      loss += p.loss();
+      rate += p.samples_per_s();
+    }
+    st.set_step(step);
+    st.set_epoch(epoch);
+    st.set_steps(w->steps());
+    st.set_loss(loss / st.workers_size());
+    st.set_samples_per_s(rate);
+    // Progress is frequent: notify watchers, persist only on transitions.
+    ++job.version;
+    cv_.notify_all();
+  } else if (kind == "eval") {
+    EpochEval ev;
+    ev.set_epoch(e.value("epoch", 0));
+    ev.set_accuracy(e.value("accuracy", 0.0));
+    ev.set_test_loss(e.value("test_loss", 0.0));
+    *st.add_evals() = ev;
+    if (e.value("final", false)) st.set_final_accuracy(ev.accuracy());
+    Changed(job);
+  } else if (kind == "weights") {
+    st.set_weights_path(e.value("path", ""));
+    Changed(job);
+  } else if (kind == "done") {
+    job.done_ranks.insert(rank);
+    if (static_cast<int>(job.done_ranks.size()) >= job.spec.workers && st.state() == RUNNING) {
+      Transition(job, SUCCEEDED, "Completed", absl::StrCat("all ", job.spec.workers, " workers finished"));
+      Schedule();
+    } else {
+      Changed(job);
+    }
+  } else if (kind == "error") {
+    if (!IsTerminal(st.state())) {
+      Transition(job, FAILED, "WorkerFailed",
+                 absl::StrCat("worker ", rank, ": ", e.value("message", "failed")));
+      Schedule();
+    }
+  }
+}
+
+void Coordinator::ExpireLeases() {
+  const absl::Time now = absl::Now();
+  for (auto& [id, m] : members_) {
+    if (m.status.alive() && now - m.last_beat > lease()) {
+      m.status.set_alive(false);
+      spdlog::warn("coordinator: {} {} lost (no heartbeat for {})", m.status.role(), m.status.name(),
+                   absl::FormatDuration(now - m.last_beat));
+    }
+  }
+  // A running job needs every one of its members, alive and attached.
+  for (auto& [id, job] : jobs_) {
+    JobStatus& st = job.stored.status;
+    if (st.state() != RUNNING && st.state() != CHECKPOINTING) continue;
+    if (now < job.attach_deadline) continue;
+    for (const MemberStatus& jm : st.members()) {
+      bool ok = false;
+      for (auto& [mid, m] : members_) {
+        ok = ok || (m.status.name() == jm.name() && m.status.alive() && m.status.job_id() == id);
+      }
+      if (!ok) {
+        Transition(job, FAILED, "MemberLost",
+                   absl::StrCat(jm.role(), " ", jm.name(), " (rank ", jm.rank(), ") was lost: missed ",
+                                options_.missed_heartbeats, " heartbeats"));
+        break;
+      }
+    }
+  }
+}
+
+void Coordinator::Schedule() {
+  std::vector<Job*> pending;
+  for (auto& [id, job] : jobs_) {
+    if (job.stored.status.state() == PENDING) pending.push_back(&job);
+  }
+  std::sort(pending.begin(), pending.end(),
+            [](const Job* a, const Job* b) { return a->stored.seq < b->stored.seq; });
+  for (Job* job : pending) {
+    std::vector<Member*> shards, workers;
+    for (auto& [id, m] : members_) {
+      if (!m.status.alive() || !m.status.job_id().empty()) continue;
+      (m.status.role() == "shard" ? shards : workers).push_back(&m);
+    }
+    auto by_name = [](const Member* a, const Member* b) { return a->status.name() < b->status.name(); };
+    std::sort(shards.begin(), shards.end(), by_name);
+    std::sort(workers.begin(), workers.end(), by_name);
+    if (static_cast<int>(shards.size()) < job->spec.shards ||
+        static_cast<int>(workers.size()) < job->spec.workers) {
+      return;  // strict FIFO: nothing overtakes the oldest pending job
+    }
+    JobStatus& st = job->stored.status;
+    st.clear_members();
+    std::vector<std::string> names;
+    auto assign = [&](std::vector<Member*>& pool, int count) {
+      for (int r = 0; r < count; ++r) {
+        pool[r]->status.set_job_id(st.job_id());
+        pool[r]->status.set_rank(r);
+        MemberStatus* ms = st.add_members();
+        *ms = pool[r]->status;
+        names.push_back(pool[r]->status.name());
+      }
+    };
+    assign(shards, job->spec.shards);
+    assign(workers, job->spec.workers);
+    job->attach_deadline = absl::Now();
+    job->done_ranks.clear();
+    Transition(*job, RUNNING, "Scheduled", absl::StrCat("assigned to ", absl::StrJoin(names, ", ")));
+  }
+}
+
+void Coordinator::Tick() {
+  std::lock_guard<std::mutex> lock(mu_);
+  ExpireLeases();
+  Schedule();
+}
+
+std::vector<MemberStatus> Coordinator::Members() {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<MemberStatus> out;
+  for (auto& [id, m] : members_) out.push_back(m.status);
+  return out;
+}
+
+absl::Status Coordinator::KvSet(const std::string& job_id, const std::string& key,
+                                const std::string& value) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (FindJob(job_id) == nullptr) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
+  kv_[job_id][key] = value;
+  cv_.notify_all();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> Coordinator::KvGet(const std::string& job_id, const std::string& key,
+                                               absl::Time deadline) {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (true) {
+    if (FindJob(job_id) == nullptr) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
+    auto& table = kv_[job_id];
+    auto it = table.find(key);
+    if (it != table.end()) return it->second;
+    if (absl::Now() >= deadline || shutdown_) {
+      return absl::DeadlineExceededError(absl::StrCat("key '", key, "' of job ", job_id, " was not set in time"));
+    }
+    cv_.wait_until(lock, absl::ToChronoTime(deadline));
+  }
+}
+
+absl::StatusOr<int64_t> Coordinator::KvAdd(const std::string& job_id, const std::string& key,
+                                           int64_t delta) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (FindJob(job_id) == nullptr) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
+  std::string& v = kv_[job_id][key];
+  int64_t n = 0;
+  if (!v.empty() && !absl::SimpleAtoi(v, &n)) {
+    return absl::FailedPreconditionError(absl::StrCat("key '", key, "' does not hold a number"));
+  }
+  n += delta;
+  v = std::to_string(n);
+  cv_.notify_all();
+  return n;
+}
+
+}  // namespace pstrain

@@ -1,0 +1,230 @@
+#include "server/coordinator/coordinator.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <thread>
+
+namespace pstrain {
+namespace {
+
+const char kSpec[] = "name: t\nworkers: 2\nshards: 1\ndata: {format: synthetic}\n";
+
+class CoordinatorTest : public ::testing::Test {
+ protected:
+  std::unique_ptr<Coordinator> Make(const std::string& db = ":memory:") {
+    CoordinatorOptions o;
+    o.heartbeat_interval = absl::Milliseconds(50);
+    o.missed_heartbeats = 3;
+    o.background_tick = false;
+    auto store = JobStore::Open(db);
+    EXPECT_TRUE(store.ok());
+    auto c = Coordinator::Create(o, std::move(*store));
+    EXPECT_TRUE(c.ok()) << c.status();
+    return std::move(*c);
+  }
+  std::string Join(Coordinator& c, const std::string& role, const std::string& name,
+                   const std::string& job = "", int rank = 0) {
+    RegisterRequest r;
+    r.set_role(role);
+    r.set_name(name);
+    if (role == "shard") r.set_address("127.0.0.1:1" + name.substr(name.size() - 1));
+    r.set_job_id(job);
+    r.set_rank(rank);
+    auto resp = c.Register(r);
+    EXPECT_TRUE(resp.ok()) << resp.status();
+    return resp->member_id();
+  }
+  std::string Submit(Coordinator& c, const std::string& spec = kSpec) {
+    SubmitJobRequest req;
+    req.set_spec_yaml(spec);
+    auto id = c.SubmitJob(req);
+    EXPECT_TRUE(id.ok()) << id.status();
+    return id.value_or("");
+  }
+  void Event(Coordinator& c, const std::string& member, const std::string& job, const std::string& json) {
+    ReportProgressRequest r;
+    r.set_member_id(member);
+    r.set_job_id(job);
+    r.set_event_json(json);
+    ASSERT_TRUE(c.ReportProgress(r).ok());
+  }
+  JobState State(Coordinator& c, const std::string& job) { return c.GetJob(job)->state(); }
+};
+
+TEST_F(CoordinatorTest, JobRunsWhenItsMembersAreFreeAndSucceedsWhenWorkersAreDone) {
+  auto c = Make();
+  const std::string job = Submit(*c);
+  EXPECT_EQ(State(*c, job), PENDING);
+  const std::string s0 = Join(*c, "shard", "shard-0");
+  const std::string w0 = Join(*c, "worker", "worker-0");
+  EXPECT_EQ(State(*c, job), PENDING);  // all or nothing: needs 2 workers
+  const std::string w1 = Join(*c, "worker", "worker-1");
+  EXPECT_EQ(State(*c, job), RUNNING);
+
+  auto a = c->GetAssignment(w1, absl::Now());
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(a->job_id(), job);
+  EXPECT_EQ(a->rank(), 1);
+  EXPECT_EQ(a->world_size(), 2);
+  ASSERT_EQ(a->shard_addresses_size(), 1);
+  EXPECT_EQ(a->shard_addresses(0), "127.0.0.1:10");
+
+  Event(*c, w0, job, R"({"event": "progress", "rank": 0, "epoch": 1, "step": 10, "steps": 20, "loss": 1.5, "samples_per_s": 100})");
+  Event(*c, w1, job, R"({"event": "progress", "rank": 1, "epoch": 1, "step": 8, "steps": 20, "loss": 0.5, "samples_per_s": 50})");
+  auto st = c->GetJob(job);
+  EXPECT_EQ(st->step(), 8);
+  EXPECT_DOUBLE_EQ(st->loss(), 1.0);
+  EXPECT_DOUBLE_EQ(st->samples_per_s(), 150);
+  Event(*c, w0, job, R"({"event": "eval", "epoch": 1, "accuracy": 0.9, "test_loss": 0.3, "final": true})");
+  Event(*c, w0, job, R"({"event": "done", "rank": 0})");
+  EXPECT_EQ(State(*c, job), RUNNING);
+  Event(*c, w1, job, R"({"event": "done", "rank": 1})");
+  st = c->GetJob(job);
+  EXPECT_EQ(st->state(), SUCCEEDED);
+  EXPECT_DOUBLE_EQ(st->final_accuracy(), 0.9);
+  std::vector<std::string> reasons;
+  for (const auto& cond : st->conditions()) reasons.push_back(cond.reason());
+  EXPECT_EQ(reasons, (std::vector<std::string>{"Submitted", "Scheduled", "Completed"}));
+  EXPECT_EQ(st->members_size(), 3);
+  // The members are free for the next job.
+  const std::string next = Submit(*c);
+  EXPECT_EQ(State(*c, next), RUNNING);
+}
+
+TEST_F(CoordinatorTest, FifoAllOrNothingAndCancelFreesMembers) {
+  auto c = Make();
+  Join(*c, "shard", "shard-0");
+  Join(*c, "worker", "worker-0");
+  Join(*c, "worker", "worker-1");
+  const std::string big = Submit(*c, "name: big\nworkers: 3\nshards: 1\n");
+  const std::string small = Submit(*c);
+  // The big job cannot start, and the small one does not overtake it.
+  EXPECT_EQ(State(*c, big), PENDING);
+  EXPECT_EQ(State(*c, small), PENDING);
+  ASSERT_TRUE(c->CancelJob(big).ok());
+  EXPECT_EQ(State(*c, big), CANCELLED);
+  EXPECT_EQ(State(*c, small), RUNNING);
+  ASSERT_TRUE(c->CancelJob(small).ok());
+  for (const auto& m : c->Members()) EXPECT_EQ(m.job_id(), "") << m.name();
+  EXPECT_EQ(c->CancelJob(small).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(c->CancelJob("job-999999").status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(CoordinatorTest, CancelledMemberLearnsItThroughItsHeartbeat) {
+  auto c = Make();
+  Join(*c, "shard", "shard-0");
+  const std::string w0 = Join(*c, "worker", "worker-0");
+  const std::string job = Submit(*c, "name: one\nworkers: 1\nshards: 1\n");
+  HeartbeatRequest hb;
+  hb.set_member_id(w0);
+  hb.set_running_job_id(job);
+  EXPECT_FALSE(c->Heartbeat(hb)->cancel_job());
+  ASSERT_TRUE(c->CancelJob(job).ok());
+  EXPECT_TRUE(c->Heartbeat(hb)->cancel_job());
+}
+
+TEST_F(CoordinatorTest, LostMemberFailsItsRunningJob) {
+  auto c = Make();
+  Join(*c, "shard", "shard-0");
+  const std::string w0 = Join(*c, "worker", "worker-0");
+  const std::string job = Submit(*c, "name: one\nworkers: 1\nshards: 1\n");
+  EXPECT_EQ(State(*c, job), RUNNING);
+  // Only the worker keeps beating.
+  for (int i = 0; i < 6; ++i) {
+    absl::SleepFor(absl::Milliseconds(40));
+    HeartbeatRequest hb;
+    hb.set_member_id(w0);
+    ASSERT_TRUE(c->Heartbeat(hb).ok());
+    c->Tick();
+  }
+  auto st = c->GetJob(job);
+  EXPECT_EQ(st->state(), FAILED);
+  EXPECT_EQ(st->conditions().rbegin()->reason(), "MemberLost");
+  EXPECT_NE(st->conditions().rbegin()->message().find("shard-0"), std::string::npos);
+}
+
+TEST_F(CoordinatorTest, RestartedCoordinatorKeepsJobsAndReattachesMembers) {
+  const std::string db = ::testing::TempDir() + "/coord.db";
+  std::filesystem::remove(db);
+  std::string job, pending;
+  {
+    auto c = Make(db);
+    Join(*c, "shard", "shard-0");
+    Join(*c, "worker", "worker-0");
+    job = Submit(*c, "name: one\nworkers: 1\nshards: 1\n");
+    pending = Submit(*c, "name: two\nworkers: 1\nshards: 1\n");
+    EXPECT_EQ(State(*c, job), RUNNING);
+  }
+  auto c = Make(db);
+  EXPECT_EQ(State(*c, job), RUNNING);
+  EXPECT_EQ(State(*c, pending), PENDING);
+  // The members come back, saying what they were running, and keep beating:
+  // the job carries on past the re-attach window and then completes.
+  const std::string s0 = Join(*c, "shard", "shard-0", job, 0);
+  const std::string w0 = Join(*c, "worker", "worker-0", job, 0);
+  for (int i = 0; i < 6; ++i) {
+    absl::SleepFor(absl::Milliseconds(40));
+    for (const std::string& m : {s0, w0}) {
+      HeartbeatRequest hb;
+      hb.set_member_id(m);
+      hb.set_running_job_id(job);
+      auto r = c->Heartbeat(hb);
+      ASSERT_TRUE(r.ok());
+      EXPECT_FALSE(r->cancel_job());
+    }
+    c->Tick();
+  }
+  EXPECT_EQ(State(*c, job), RUNNING);
+  EXPECT_EQ(State(*c, pending), PENDING);
+  Event(*c, w0, job, R"({"event": "done", "rank": 0})");
+  EXPECT_EQ(State(*c, job), SUCCEEDED);
+  EXPECT_EQ(State(*c, pending), RUNNING);
+}
+
+TEST_F(CoordinatorTest, RunningJobFailsIfItsMembersDoNotComeBackAfterARestart) {
+  const std::string db = ::testing::TempDir() + "/coord2.db";
+  std::filesystem::remove(db);
+  std::string job;
+  {
+    auto c = Make(db);
+    Join(*c, "shard", "shard-0");
+    Join(*c, "worker", "worker-0");
+    job = Submit(*c, "name: one\nworkers: 1\nshards: 1\n");
+  }
+  auto c = Make(db);
+  absl::SleepFor(absl::Milliseconds(200));  // past one lease (3 x 50 ms)
+  c->Tick();
+  EXPECT_EQ(State(*c, job), FAILED);
+}
+
+TEST_F(CoordinatorTest, SpecErrorsAreRefusedAtSubmit) {
+  auto c = Make();
+  SubmitJobRequest req;
+  req.set_spec_yaml("workers: 0\n");
+  auto id = c->SubmitJob(req);
+  EXPECT_EQ(id.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(id.status().message().find("workers"), absl::string_view::npos);
+  EXPECT_TRUE(c->ListJobs().empty());
+}
+
+TEST_F(CoordinatorTest, KeyValueStoreWaitsForKeys) {
+  auto c = Make();
+  const std::string job = Submit(*c);
+  std::thread setter([&] {
+    absl::SleepFor(absl::Milliseconds(50));
+    ASSERT_TRUE(c->KvSet(job, "nccl_id", "abc").ok());
+  });
+  auto v = c->KvGet(job, "nccl_id", absl::Now() + absl::Seconds(5));
+  setter.join();
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(*v, "abc");
+  EXPECT_EQ(c->KvGet(job, "missing", absl::Now() + absl::Milliseconds(20)).status().code(),
+            absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(*c->KvAdd(job, "ranks", 1), 1);
+  EXPECT_EQ(*c->KvAdd(job, "ranks", 2), 3);
+  EXPECT_EQ(c->KvSet("job-999", "k", "v").code(), absl::StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace pstrain

@@ -1,63 +1,84 @@
 // pstrain-worker: trains one rank of a job against the parameter shards.
 //
+// Standalone (pstrain local without a coordinator, tests):
 //   pstrain-worker --spec=job.yaml --rank=0 --world_size=2 --shards=H:P,H:P
+// Pool member (Kubernetes, pstrain local):
+//   pstrain-worker --coordinator=H:P [--name=worker-0]
+//   registers with the coordinator, waits for an assignment, trains it,
+//   reports progress, and waits for the next one until SIGTERM.
 //
-// Writes one JSON event per line on stdout (progress, evaluation, result)
-// and logs on stderr. Exit code 0 on success, 1 on a training error, 2 on bad
-// flags or a bad job spec.
+// Events (one JSON object per line) go to stdout and, as a pool member, to
+// the coordinator; logs go to stderr. Exit code: 0 success, 1 a training
+// error, 2 bad flags, spec or data.
 #include <signal.h>
+#include <unistd.h>
 
 #include <ATen/Parallel.h>
 
+#include <atomic>
 #include <cstdio>
 #include <iostream>
 #include <mutex>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/job_spec.h"
 #include "common/malloc_tuning.h"
+#include "rpc/cluster_member.h"
 #include "rpc/grpc_remote_shard.h"
 #include "spdlog/spdlog.h"
 #include "worker/trainer.h"
 
-ABSL_FLAG(std::string, spec, "", "Job spec (YAML).");
-ABSL_FLAG(int, rank, 0, "This worker's rank, 0 <= rank < world_size.");
+ABSL_FLAG(std::string, spec, "", "Job spec (YAML), standalone mode.");
+ABSL_FLAG(int, rank, 0, "This worker's rank, 0 <= rank < world_size (standalone).");
 ABSL_FLAG(int, world_size, 0, "Number of workers (default: the spec's `workers`).");
-ABSL_FLAG(std::string, shards, "", "Comma-separated host:port of shard 0, 1, ...");
+ABSL_FLAG(std::string, shards, "", "Comma-separated host:port of shard 0, 1, ... (standalone).");
 ABSL_FLAG(std::string, output_dir, "", "Overrides the spec's output_dir.");
 ABSL_FLAG(int, rpc_timeout_s, 120, "Deadline of each call to the shards, in seconds.");
+ABSL_FLAG(std::string, coordinator, "", "host:port of pstrain-coordinator: run as a pool member.");
+ABSL_FLAG(std::string, name, "", "Member name (default: <hostname>-<pid>).");
 
-int main(int argc, char** argv) {
-  absl::ParseCommandLine(argc, argv);
-  pstrain::KeepBulkBuffersMapped();
-  auto spec = pstrain::LoadJobSpec(absl::GetFlag(FLAGS_spec));
-  if (!spec.ok()) {
-    std::fprintf(stderr, "pstrain-worker: %s\n", std::string(spec.status().message()).c_str());
-    return 2;
+namespace {
+
+std::atomic<bool> g_stop{false};
+std::mutex g_out_mu;
+
+void Print(const std::string& json) {
+  std::lock_guard<std::mutex> lock(g_out_mu);
+  std::cout << json << std::endl;
+}
+
+std::string JsonEscape(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    if (c == '"' || c == '\\') out += '\\';
+    if (c == '\n') {
+      out += "\\n";
+      continue;
+    }
+    out += c;
   }
-  if (!absl::GetFlag(FLAGS_output_dir).empty()) spec->output_dir = absl::GetFlag(FLAGS_output_dir);
+  return out;
+}
+
+// Trains one job; `emit` receives every event.
+absl::Status RunJob(pstrain::JobSpec spec, int rank, int world_size,
+                    const std::vector<std::string>& targets, const std::atomic<bool>* stop,
+                    const std::function<void(const std::string&)>& emit) {
+  if (rank < 0 || rank >= world_size) {
+    return absl::InvalidArgumentError(absl::StrCat("need 0 <= rank < world size (", rank, ", ", world_size, ")"));
+  }
+  if (static_cast<int>(targets.size()) != spec.shards) {
+    return absl::InvalidArgumentError(absl::StrCat("the spec asks for ", spec.shards, " shards but ",
+                                                   targets.size(), " addresses were given"));
+  }
+  at::set_num_threads(spec.threads_per_worker);
   pstrain::TrainerOptions options;
-  options.spec = *spec;
-  options.rank = absl::GetFlag(FLAGS_rank);
-  options.world_size = absl::GetFlag(FLAGS_world_size) > 0 ? absl::GetFlag(FLAGS_world_size)
-                                                           : spec->workers;
-  if (options.rank < 0 || options.rank >= options.world_size) {
-    std::fprintf(stderr, "pstrain-worker: need 0 <= --rank < world size (%d, %d)\n", options.rank,
-                 options.world_size);
-    return 2;
-  }
-  const std::vector<std::string> targets =
-      absl::StrSplit(absl::GetFlag(FLAGS_shards), ',', absl::SkipEmpty());
-  if (static_cast<int>(targets.size()) != spec->shards) {
-    std::fprintf(stderr, "pstrain-worker: the spec asks for %d shards but --shards lists %zu\n",
-                 spec->shards, targets.size());
-    return 2;
-  }
-  at::set_num_threads(spec->threads_per_worker);
-  at::set_num_interop_threads(1);
-
+  options.spec = spec;
+  options.rank = rank;
+  options.world_size = world_size;
   std::vector<std::unique_ptr<pstrain::GrpcRemoteShard>> remotes;
   for (const auto& t : targets) {
     pstrain::RemoteShardOptions ro;
@@ -66,25 +87,109 @@ int main(int argc, char** argv) {
     remotes.push_back(std::make_unique<pstrain::GrpcRemoteShard>(ro));
     options.shards.push_back(remotes.back().get());
   }
-  std::mutex out_mu;
-  options.emit = [&out_mu](const std::string& json) {
-    std::lock_guard<std::mutex> lock(out_mu);
-    std::cout << json << std::endl;
-  };
-  options.write_weights = options.rank == 0;
+  options.emit = emit;
+  options.write_weights = rank == 0;
+  options.stop = stop;
+  spdlog::info("pstrain-worker rank {}/{} of {}: loading data ({})", rank, world_size, spec.name,
+               spec.data.format);
+  auto data = pstrain::LoadData(spec.data, spec.seed);
+  if (!data.ok()) return data.status();
+  auto result = pstrain::RunTrainer(options, *data);
+  return result.status();
+}
 
-  spdlog::info("pstrain-worker rank {}/{}: loading data ({})", options.rank, options.world_size,
-               spec->data.format);
-  auto data = pstrain::LoadData(spec->data, spec->seed);
-  if (!data.ok()) {
-    std::fprintf(stderr, "pstrain-worker: %s\n", std::string(data.status().message()).c_str());
+int RunPoolMember() {
+  sigset_t stop;
+  sigemptyset(&stop);
+  sigaddset(&stop, SIGTERM);
+  sigaddset(&stop, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
+  std::thread signals([&stop] {
+    int sig;
+    sigwait(&stop, &sig);
+    g_stop = true;
+  });
+  signals.detach();
+
+  char host[256] = "worker";
+  gethostname(host, sizeof(host) - 1);
+  pstrain::ClusterMemberOptions mo;
+  mo.coordinator = absl::GetFlag(FLAGS_coordinator);
+  mo.role = "worker";
+  mo.name = absl::GetFlag(FLAGS_name).empty() ? absl::StrCat(host, "-", getpid()) : absl::GetFlag(FLAGS_name);
+  pstrain::ClusterMember member(mo);
+  absl::Status s = member.Start(absl::Seconds(60));
+  if (!s.ok()) {
+    std::fprintf(stderr, "pstrain-worker: %s\n", std::string(s.message()).c_str());
+    return 1;
+  }
+  while (!g_stop) {
+    auto a = member.WaitForAssignment(absl::Seconds(2));
+    if (!a.ok()) {
+      spdlog::warn("pstrain-worker {}: {}", mo.name, a.status().ToString());
+      absl::SleepFor(absl::Seconds(1));
+      continue;
+    }
+    if (a->job_id().empty()) continue;
+    auto spec = pstrain::ParseJobSpec(a->spec_yaml(), a->job_id());
+    member.SetRunning(a->job_id(), a->rank());
+    auto emit = [&](const std::string& json) {
+      Print(json);
+      member.Report(json);
+    };
+    if (spec.ok()) {
+      spec->name = a->job_id();  // the shards' table name: unique per job
+      if (!a->output_dir().empty()) spec->output_dir = a->output_dir();
+      std::vector<std::string> targets(a->shard_addresses().begin(), a->shard_addresses().end());
+      // Stop on SIGTERM as well as on cancellation.
+      std::atomic<bool> stop_job{false};
+      std::thread watch([&] {
+        while (!stop_job) {
+          if (g_stop || member.cancelled()) stop_job = true;
+          absl::SleepFor(absl::Milliseconds(50));
+        }
+      });
+      s = RunJob(*spec, a->rank(), a->world_size(), targets, &stop_job, emit);
+      const bool cancelled = member.cancelled();
+      stop_job = true;
+      watch.join();
+      if (!s.ok() && !cancelled) {
+        emit(absl::StrCat("{\"event\": \"error\", \"rank\": ", a->rank(), ", \"message\": \"",
+                          JsonEscape(std::string(s.message())), "\"}"));
+        spdlog::error("pstrain-worker {}: job {} failed: {}", mo.name, a->job_id(), s.ToString());
+      }
+    } else {
+      emit(absl::StrCat("{\"event\": \"error\", \"rank\": ", a->rank(), ", \"message\": \"",
+                        JsonEscape(std::string(spec.status().message())), "\"}"));
+    }
+    member.Flush(absl::Seconds(30));
+    member.SetRunning("", -1);
+  }
+  member.Flush(absl::Seconds(5));
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  pstrain::KeepBulkBuffersMapped();
+  at::set_num_interop_threads(1);
+  if (!absl::GetFlag(FLAGS_coordinator).empty()) return RunPoolMember();
+
+  auto spec = pstrain::LoadJobSpec(absl::GetFlag(FLAGS_spec));
+  if (!spec.ok()) {
+    std::fprintf(stderr, "pstrain-worker: %s\n", std::string(spec.status().message()).c_str());
     return 2;
   }
-  auto result = pstrain::RunTrainer(options, *data);
-  if (!result.ok()) {
-    std::fprintf(stderr, "pstrain-worker rank %d: %s\n", options.rank,
-                 result.status().ToString().c_str());
-    return 1;
+  if (!absl::GetFlag(FLAGS_output_dir).empty()) spec->output_dir = absl::GetFlag(FLAGS_output_dir);
+  const int world = absl::GetFlag(FLAGS_world_size) > 0 ? absl::GetFlag(FLAGS_world_size) : spec->workers;
+  const std::vector<std::string> targets =
+      absl::StrSplit(absl::GetFlag(FLAGS_shards), ',', absl::SkipEmpty());
+  absl::Status s = RunJob(*spec, absl::GetFlag(FLAGS_rank), world, targets, nullptr, Print);
+  if (!s.ok()) {
+    std::fprintf(stderr, "pstrain-worker rank %d: %s\n", absl::GetFlag(FLAGS_rank), s.ToString().c_str());
+    return s.code() == absl::StatusCode::kInvalidArgument || s.code() == absl::StatusCode::kNotFound ? 2 : 1;
   }
   return 0;
 }

@@ -199,6 +199,9 @@ absl::StatusOr<TrainResult> RunTrainer(const TrainerOptions& options, const Trai
     const std::vector<int64_t> order = sampler.Indices(epoch);
     int64_t micro = 0;
     for (int64_t es = 0; es < steps_per_epoch && step < total_steps; ++es) {
+      if (options.stop != nullptr && options.stop->load()) {
+        return absl::CancelledError(absl::StrCat("job cancelled at step ", step));
+      }
       lr = LearningRate(spec, epoch, step);
       const int64_t first = micro;
       const int64_t last = std::min(micro_per_epoch, first + spec.accumulate_steps);

@@ -15,6 +15,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <string>
@@ -35,6 +36,8 @@ struct TrainerOptions {
   std::function<void(const std::string& json)> emit = [](const std::string&) {};
   // Rank 0 writes <output_dir>/model.pt at the end.
   bool write_weights = true;
+  // When set and true, training stops at the next step with CANCELLED.
+  const std::atomic<bool>* stop = nullptr;
 };
 
 struct TrainResult {

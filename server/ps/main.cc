@@ -6,6 +6,7 @@
 // SIGTERM or SIGINT: fail waiting calls with UNAVAILABLE, stop accepting,
 // drain in-flight calls, exit 0.
 #include <signal.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <string>
@@ -16,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/file_util.h"
 #include "common/malloc_tuning.h"
+#include "rpc/cluster_member.h"
 #include "rpc/grpc_server.h"
 #include "server/ps/grpc_parameter_service.h"
 #include "server/ps/shard_store.h"
@@ -30,6 +32,11 @@ ABSL_FLAG(int, num_shards, 1, "Number of shards in the cluster.");
 ABSL_FLAG(int, max_message_mb, pstrain::kDefaultMaxMessageBytes >> 20,
           "Largest request or response in MiB; larger ones fail with RESOURCE_EXHAUSTED.");
 ABSL_FLAG(int, max_wait_s, 1800, "Longest a call may wait for other workers, in seconds.");
+ABSL_FLAG(std::string, coordinator, "",
+          "host:port of pstrain-coordinator: join its pool (register and heartbeat).");
+ABSL_FLAG(std::string, name, "", "Member name for the coordinator (default: <hostname>-<pid>).");
+ABSL_FLAG(std::string, advertise_host, "",
+          "Host name or address other processes reach this shard at (default: the hostname).");
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("pstrain parameter shard server");
@@ -91,8 +98,29 @@ int main(int argc, char** argv) {
     }
   }
 
+  std::unique_ptr<pstrain::ClusterMember> member;
+  if (!absl::GetFlag(FLAGS_coordinator).empty()) {
+    char host[256] = "localhost";
+    gethostname(host, sizeof(host) - 1);
+    pstrain::ClusterMemberOptions mo;
+    mo.coordinator = absl::GetFlag(FLAGS_coordinator);
+    mo.role = "shard";
+    mo.name = absl::GetFlag(FLAGS_name).empty() ? absl::StrCat(host, "-", getpid())
+                                                : absl::GetFlag(FLAGS_name);
+    const std::string advertise =
+        absl::GetFlag(FLAGS_advertise_host).empty() ? host : absl::GetFlag(FLAGS_advertise_host);
+    mo.address = absl::StrCat(advertise, ":", (*server)->port());
+    member = std::make_unique<pstrain::ClusterMember>(mo);
+    absl::Status s = member->Start(absl::Seconds(60));
+    if (!s.ok()) {
+      spdlog::error("pstrain-ps: {}", s.ToString());
+      return 1;
+    }
+  }
+
   int sig = 0;
   sigwait(&stop, &sig);
+  if (member) member->Stop();
   spdlog::info("pstrain-ps: signal {}, draining", sig);
   store.Shutdown();
   (*server)->Shutdown(absl::Seconds(10));

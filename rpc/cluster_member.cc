@@ -1,0 +1,190 @@
+#include "rpc/cluster_member.h"
+
+#include <grpcpp/client_context.h>
+
+#include "absl/strings/str_cat.h"
+#include "rpc/grpc_channel.h"
+#include "rpc/status_util.h"
+#include "spdlog/spdlog.h"
+
+namespace pstrain {
+namespace {
+
+constexpr size_t kMaxQueuedEvents = 1000;
+
+void SetDeadline(grpc::ClientContext* ctx, absl::Duration d) {
+  ctx->set_deadline(absl::ToChronoTime(absl::Now() + d));
+}
+
+}  // namespace
+
+ClusterMember::ClusterMember(ClusterMemberOptions options)
+    : options_(std::move(options)),
+      stub_(ClusterService::NewStub(CreateChannel(options_.coordinator, 64 << 20))) {}
+
+ClusterMember::~ClusterMember() { Stop(); }
+
+void ClusterMember::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+    cv_.notify_all();
+  }
+  if (heartbeat_.joinable()) heartbeat_.join();
+  if (sender_.joinable()) sender_.join();
+}
+
+std::string ClusterMember::member_id() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return member_id_;
+}
+
+absl::Status ClusterMember::RegisterOnce() {
+  RegisterRequest req;
+  req.set_role(options_.role);
+  req.set_name(options_.name);
+  req.set_address(options_.address);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    req.set_job_id(job_id_);
+    req.set_rank(rank_);
+  }
+  RegisterResponse resp;
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, options_.rpc_timeout);
+  absl::Status s = FromGrpcStatus(stub_->Register(&ctx, req, &resp));
+  if (!s.ok()) return s;
+  std::lock_guard<std::mutex> lock(mu_);
+  member_id_ = resp.member_id();
+  interval_ = absl::Milliseconds(std::max<int64_t>(10, resp.heartbeat_interval_ms()));
+  return absl::OkStatus();
+}
+
+absl::Status ClusterMember::Start(absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  absl::Status s;
+  while (true) {
+    s = RegisterOnce();
+    if (s.ok()) break;
+    if (s.code() != absl::StatusCode::kUnavailable && s.code() != absl::StatusCode::kDeadlineExceeded) {
+      return s;
+    }
+    if (absl::Now() > deadline) {
+      return absl::UnavailableError(absl::StrCat("cannot reach the coordinator at ", options_.coordinator,
+                                                 ": ", s.message()));
+    }
+    absl::SleepFor(absl::Milliseconds(200));
+  }
+  spdlog::info("{} {} registered with the coordinator at {} as {}", options_.role, options_.name,
+               options_.coordinator, member_id());
+  started_ = true;
+  heartbeat_ = std::thread([this] { HeartbeatLoop(); });
+  sender_ = std::thread([this] { SenderLoop(); });
+  return absl::OkStatus();
+}
+
+void ClusterMember::HeartbeatLoop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stop_) {
+    cv_.wait_for(lock, absl::ToChronoMilliseconds(interval_));
+    if (stop_) break;
+    HeartbeatRequest req;
+    req.set_member_id(member_id_);
+    req.set_running_job_id(job_id_);
+    lock.unlock();
+    HeartbeatResponse resp;
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx, options_.rpc_timeout);
+    grpc::Status s = stub_->Heartbeat(&ctx, req, &resp);
+    if (s.ok()) {
+      if (resp.cancel_job() && !cancelled_.exchange(true)) {
+        spdlog::warn("{} {}: job {} is no longer assigned here; stopping it", options_.role,
+                     options_.name, req.running_job_id());
+      }
+    } else if (s.error_code() == grpc::StatusCode::NOT_FOUND) {
+      // The coordinator forgot us (it restarted): register again, saying
+      // what we are running so the job can carry on.
+      absl::Status r = RegisterOnce();
+      spdlog::info("{} {}: registered again with the coordinator: {}", options_.role, options_.name,
+                   r.ToString());
+    }
+    lock.lock();
+  }
+}
+
+void ClusterMember::SetRunning(const std::string& job_id, int rank) {
+  std::lock_guard<std::mutex> lock(mu_);
+  job_id_ = job_id;
+  rank_ = rank;
+  cancelled_ = false;
+}
+
+void ClusterMember::Report(const std::string& event_json) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (events_.size() >= kMaxQueuedEvents) {
+    // Drop the oldest progress report, never a result.
+    for (auto it = events_.begin(); it != events_.end(); ++it) {
+      if (it->second.find("\"progress\"") != std::string::npos) {
+        events_.erase(it);
+        break;
+      }
+    }
+  }
+  events_.emplace_back(job_id_, event_json);
+  cv_.notify_all();
+}
+
+bool ClusterMember::Flush(absl::Duration timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  return cv_.wait_for(lock, absl::ToChronoMilliseconds(timeout), [&] { return events_.empty() || stop_; });
+}
+
+void ClusterMember::SenderLoop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (true) {
+    cv_.wait(lock, [&] { return stop_ || !events_.empty(); });
+    if (events_.empty() && stop_) break;
+    if (stop_ && !started_) break;
+    auto [job, json] = events_.front();
+    ReportProgressRequest req;
+    req.set_member_id(member_id_);
+    req.set_job_id(job);
+    req.set_event_json(json);
+    lock.unlock();
+    ReportProgressResponse resp;
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx, options_.rpc_timeout);
+    grpc::Status s = stub_->ReportProgress(&ctx, req, &resp);
+    lock.lock();
+    const bool progress = json.find("\"progress\"") != std::string::npos;
+    if (s.ok() || progress || s.error_code() == grpc::StatusCode::INVALID_ARGUMENT) {
+      events_.pop_front();
+      cv_.notify_all();
+    } else {
+      // The coordinator is away (or restarting and has not re-admitted us
+      // yet): keep the event and try again shortly.
+      if (stop_) break;
+      cv_.wait_for(lock, std::chrono::milliseconds(200));
+    }
+  }
+}
+
+absl::StatusOr<Assignment> ClusterMember::WaitForAssignment(absl::Duration wait) {
+  GetAssignmentRequest req;
+  req.set_member_id(member_id());
+  req.set_wait_ms(absl::ToInt64Milliseconds(wait));
+  Assignment a;
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, wait + options_.rpc_timeout);
+  absl::Status s = FromGrpcStatus(stub_->GetAssignment(&ctx, req, &a));
+  if (s.code() == absl::StatusCode::kNotFound) {
+    // Forgotten by a restarted coordinator: register again, then ask again.
+    absl::Status r = RegisterOnce();
+    if (!r.ok()) return r;
+    return Assignment();
+  }
+  if (!s.ok()) return s;
+  return a;
+}
+
+}  // namespace pstrain

@@ -1,0 +1,85 @@
+// ClusterMember: a shard's or worker's link to the coordinator. It
+// registers (retrying until the coordinator answers), heartbeats on a
+// thread of its own, registers again when the coordinator has forgotten it
+// (a coordinator restart) -- saying which job and rank it is running, so the
+// job carries on -- and learns from the heartbeat replies when the job it is
+// running was cancelled. Events (JSON lines) are sent in order by a
+// background sender: progress may be dropped when the coordinator is slow or
+// away, every other event is retried until delivered.
+//
+// Thread-safe.
+#ifndef PSTRAIN_RPC_CLUSTER_MEMBER_H_
+#define PSTRAIN_RPC_CLUSTER_MEMBER_H_
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "proto/control.grpc.pb.h"
+
+namespace pstrain {
+
+struct ClusterMemberOptions {
+  std::string coordinator;  // host:port
+  std::string role;         // "shard" or "worker"
+  std::string name;         // stable name (pod name)
+  std::string address;      // shards: where their ParameterService listens
+  absl::Duration rpc_timeout = absl::Seconds(10);
+};
+
+class ClusterMember {
+ public:
+  explicit ClusterMember(ClusterMemberOptions options);
+  ~ClusterMember();
+
+  // Registers (retrying for up to `timeout`) and starts heartbeating.
+  absl::Status Start(absl::Duration timeout);
+  void Stop();
+
+  // Long-polls the coordinator for this member's assignment; an empty job_id
+  // means none yet.
+  absl::StatusOr<Assignment> WaitForAssignment(absl::Duration wait);
+
+  // The job this member is working on ("" when idle).
+  void SetRunning(const std::string& job_id, int rank);
+  // True once the coordinator no longer assigns the running job to us.
+  const std::atomic<bool>& cancelled() const { return cancelled_; }
+
+  // Queues one event of the running job for the coordinator.
+  void Report(const std::string& event_json);
+  // Waits until the queue is empty (or the timeout).
+  bool Flush(absl::Duration timeout);
+
+ private:
+  absl::Status RegisterOnce();
+  void HeartbeatLoop();
+  void SenderLoop();
+  std::string member_id();
+
+  const ClusterMemberOptions options_;
+  std::unique_ptr<ClusterService::Stub> stub_;
+  std::atomic<bool> cancelled_{false};
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::string member_id_ ABSL_GUARDED_BY(mu_);
+  std::string job_id_ ABSL_GUARDED_BY(mu_);
+  int rank_ ABSL_GUARDED_BY(mu_) = -1;
+  absl::Duration interval_ ABSL_GUARDED_BY(mu_) = absl::Seconds(1);
+  std::deque<std::pair<std::string, std::string>> events_ ABSL_GUARDED_BY(mu_);  // (job, json)
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  bool started_ = false;
+  std::thread heartbeat_;
+  std::thread sender_;
+};
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_RPC_CLUSTER_MEMBER_H_

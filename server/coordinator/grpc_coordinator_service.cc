@@ -1,0 +1,119 @@
+#include "server/coordinator/grpc_coordinator_service.h"
+
+#include <algorithm>
+
+#include "rpc/status_util.h"
+
+namespace pstrain {
+namespace {
+
+// The earlier of the call's deadline and now + `cap`.
+absl::Time WaitUntil(const grpc::ServerContext* ctx, absl::Duration cap) {
+  absl::Time limit = absl::Now() + cap;
+  const auto d = ctx->deadline();
+  if (d < std::chrono::system_clock::now() + std::chrono::hours(24 * 365)) {
+    limit = std::min(limit, absl::FromChrono(d));
+  }
+  return limit;
+}
+
+template <typename T>
+grpc::Status Fill(absl::StatusOr<T> v, T* out) {
+  if (!v.ok()) return ToGrpcStatus(v.status());
+  *out = std::move(*v);
+  return grpc::Status::OK;
+}
+
+}  // namespace
+
+grpc::Status GrpcJobService::SubmitJob(grpc::ServerContext*, const SubmitJobRequest* req,
+                                       SubmitJobResponse* resp) {
+  auto id = coordinator_->SubmitJob(*req);
+  if (!id.ok()) return ToGrpcStatus(id.status());
+  resp->set_job_id(*id);
+  return grpc::Status::OK;
+}
+
+grpc::Status GrpcJobService::GetJob(grpc::ServerContext*, const GetJobRequest* req, JobStatus* resp) {
+  return Fill(coordinator_->GetJob(req->job_id()), resp);
+}
+
+grpc::Status GrpcJobService::ListJobs(grpc::ServerContext*, const ListJobsRequest*,
+                                      ListJobsResponse* resp) {
+  for (auto& j : coordinator_->ListJobs()) *resp->add_jobs() = std::move(j);
+  return grpc::Status::OK;
+}
+
+grpc::Status GrpcJobService::WatchJob(grpc::ServerContext* ctx, const WatchJobRequest* req,
+                                      grpc::ServerWriter<JobStatus>* writer) {
+  uint64_t version = 0;
+  while (!ctx->IsCancelled()) {
+    // Wake up at least every second to notice a client that went away.
+    auto st = coordinator_->WaitJob(req->job_id(), &version, WaitUntil(ctx, absl::Seconds(1)));
+    if (!st.ok()) return ToGrpcStatus(st.status());
+    if (!writer->Write(*st)) return grpc::Status::OK;  // client gone
+    if (IsTerminal(st->state())) return grpc::Status::OK;
+    if (absl::Now() >= WaitUntil(ctx, absl::Hours(1e6))) {
+      return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "watch deadline reached");
+    }
+  }
+  return grpc::Status(grpc::StatusCode::CANCELLED, "watch cancelled");
+}
+
+grpc::Status GrpcJobService::CancelJob(grpc::ServerContext*, const CancelJobRequest* req,
+                                       CancelJobResponse* resp) {
+  auto st = coordinator_->CancelJob(req->job_id());
+  if (!st.ok()) return ToGrpcStatus(st.status());
+  resp->set_state(*st);
+  return grpc::Status::OK;
+}
+
+grpc::Status GrpcJobService::ListMembers(grpc::ServerContext*, const ListMembersRequest*,
+                                         ListMembersResponse* resp) {
+  for (auto& m : coordinator_->Members()) *resp->add_members() = std::move(m);
+  return grpc::Status::OK;
+}
+
+grpc::Status GrpcClusterService::Register(grpc::ServerContext*, const RegisterRequest* req,
+                                          RegisterResponse* resp) {
+  return Fill(coordinator_->Register(*req), resp);
+}
+
+grpc::Status GrpcClusterService::Heartbeat(grpc::ServerContext*, const HeartbeatRequest* req,
+                                           HeartbeatResponse* resp) {
+  return Fill(coordinator_->Heartbeat(*req), resp);
+}
+
+grpc::Status GrpcClusterService::GetAssignment(grpc::ServerContext* ctx,
+                                               const GetAssignmentRequest* req, Assignment* resp) {
+  const absl::Duration wait = absl::Milliseconds(std::clamp<int64_t>(req->wait_ms(), 0, 60000));
+  return Fill(coordinator_->GetAssignment(req->member_id(), WaitUntil(ctx, wait)), resp);
+}
+
+grpc::Status GrpcClusterService::ReportProgress(grpc::ServerContext*,
+                                                const ReportProgressRequest* req,
+                                                ReportProgressResponse* resp) {
+  return Fill(coordinator_->ReportProgress(*req), resp);
+}
+
+grpc::Status GrpcClusterService::KvSet(grpc::ServerContext*, const KvSetRequest* req, KvSetResponse*) {
+  return ToGrpcStatus(coordinator_->KvSet(req->job_id(), req->key(), req->value()));
+}
+
+grpc::Status GrpcClusterService::KvGet(grpc::ServerContext* ctx, const KvGetRequest* req,
+                                       KvGetResponse* resp) {
+  const absl::Duration wait = absl::Milliseconds(std::clamp<int64_t>(req->wait_ms(), 0, 600000));
+  auto v = coordinator_->KvGet(req->job_id(), req->key(), WaitUntil(ctx, wait));
+  if (!v.ok()) return ToGrpcStatus(v.status());
+  resp->set_value(*v);
+  return grpc::Status::OK;
+}
+
+grpc::Status GrpcClusterService::KvAdd(grpc::ServerContext*, const KvAddRequest* req, KvAddResponse* resp) {
+  auto v = coordinator_->KvAdd(req->job_id(), req->key(), req->delta());
+  if (!v.ok()) return ToGrpcStatus(v.status());
+  resp->set_value(*v);
+  return grpc::Status::OK;
+}
+
+}  // namespace pstrain

@@ -1,0 +1,85 @@
+// pstrain-coordinator: the control plane server.
+//
+//   pstrain-coordinator --port=7000 --db=/var/lib/pstrain/jobs.db
+//
+// Serves pstrain.JobService (for the CLI), pstrain.ClusterService (for
+// shards and workers), grpc.health.v1.Health and reflection. Jobs live in
+// the SQLite database at --db and survive restarts. SIGTERM/SIGINT: stop
+// accepting, drain, exit 0.
+#include <signal.h>
+
+#include <cstdio>
+#include <filesystem>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_cat.h"
+#include "common/file_util.h"
+#include "rpc/grpc_server.h"
+#include "server/coordinator/grpc_coordinator_service.h"
+#include "spdlog/spdlog.h"
+
+ABSL_FLAG(std::string, host, "0.0.0.0", "Address to listen on.");
+ABSL_FLAG(int, port, 0, "Port; 0 picks a free one (see --port_file).");
+ABSL_FLAG(std::string, port_file, "", "If set, write host:port here once serving.");
+ABSL_FLAG(std::string, db, "pstrain-jobs.db", "SQLite job store (created if missing).");
+ABSL_FLAG(int, heartbeat_ms, 1000, "Heartbeat interval members are told to use.");
+ABSL_FLAG(int, missed_heartbeats, 5, "A member missing this many heartbeats is lost.");
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  const int port = absl::GetFlag(FLAGS_port);
+  if (port < 0 || port > 65535 || absl::GetFlag(FLAGS_heartbeat_ms) < 10 ||
+      absl::GetFlag(FLAGS_missed_heartbeats) < 1) {
+    std::fprintf(stderr, "pstrain-coordinator: need 0 <= --port <= 65535, --heartbeat_ms >= 10, "
+                         "--missed_heartbeats >= 1\n");
+    return 2;
+  }
+  sigset_t stop;
+  sigemptyset(&stop);
+  sigaddset(&stop, SIGTERM);
+  sigaddset(&stop, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
+
+  const std::string db = absl::GetFlag(FLAGS_db);
+  const auto parent = std::filesystem::path(db).parent_path();
+  if (!parent.empty()) std::filesystem::create_directories(parent);
+  auto store = pstrain::JobStore::Open(db);
+  if (!store.ok()) {
+    spdlog::error("pstrain-coordinator: {}", store.status().ToString());
+    return 1;
+  }
+  pstrain::CoordinatorOptions options;
+  options.heartbeat_interval = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_ms));
+  options.missed_heartbeats = absl::GetFlag(FLAGS_missed_heartbeats);
+  auto coordinator = pstrain::Coordinator::Create(options, std::move(*store));
+  if (!coordinator.ok()) {
+    spdlog::error("pstrain-coordinator: {}", coordinator.status().ToString());
+    return 1;
+  }
+  pstrain::GrpcJobService jobs(coordinator->get());
+  pstrain::GrpcClusterService cluster(coordinator->get());
+  pstrain::GrpcServerOptions server_options;
+  server_options.address = absl::StrCat(absl::GetFlag(FLAGS_host), ":", port);
+  server_options.max_message_bytes = 64 << 20;
+  auto server = pstrain::GrpcServer::Create(server_options, {&jobs, &cluster});
+  if (!server.ok()) {
+    spdlog::error("pstrain-coordinator: {}", server.status().ToString());
+    return 1;
+  }
+  spdlog::info("pstrain-coordinator serving on port {} (jobs in {})", (*server)->port(), db);
+  if (!absl::GetFlag(FLAGS_port_file).empty()) {
+    absl::Status s = pstrain::WriteFileAtomically(absl::GetFlag(FLAGS_port_file),
+                                                  (*server)->local_target() + "\n");
+    if (!s.ok()) {
+      spdlog::error("pstrain-coordinator: {}", s.ToString());
+      return 1;
+    }
+  }
+  int sig = 0;
+  sigwait(&stop, &sig);
+  spdlog::info("pstrain-coordinator: signal {}, draining", sig);
+  (*coordinator)->Shutdown();
+  (*server)->Shutdown(absl::Seconds(5));
+  return 0;
+}

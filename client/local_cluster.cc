@@ -1,7 +1,7 @@
 #include "client/local_cluster.h"
 
 #include <fcntl.h>
-#include <poll.h>
+#include <grpcpp/client_context.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -12,12 +12,21 @@
 #include <deque>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
+#include <regex>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "proto/control.grpc.pb.h"
+#include "rpc/grpc_channel.h"
+#include "rpc/status_util.h"
 
 namespace pstrain {
+namespace {
+bool IsTerminalState(JobState s) { return s == SUCCEEDED || s == FAILED || s == CANCELLED; }
+}  // namespace
 
 std::string TailFile(const std::string& path, int n) {
   std::ifstream in(path);
@@ -30,14 +39,10 @@ std::string TailFile(const std::string& path, int n) {
   return absl::StrJoin(lines, "\n");
 }
 
-absl::Status LocalCluster::Spawn(const std::string& name, const std::vector<std::string>& argv,
-                                 bool capture_stdout, Child* child) {
-  child->name = name;
-  child->log_path = absl::StrCat(options_.output_dir, "/logs/", name, ".log");
-  int pipe_fds[2] = {-1, -1};
-  if (capture_stdout && pipe2(pipe_fds, O_CLOEXEC) != 0) {
-    return absl::InternalError(absl::StrCat("pipe: ", std::strerror(errno)));
-  }
+absl::Status LocalCluster::Spawn(const std::string& name, const std::vector<std::string>& argv) {
+  Child child;
+  child.name = name;
+  child.log_path = absl::StrCat(options_.output_dir, "/logs/", name, ".log");
   std::vector<char*> args;
   for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
@@ -48,12 +53,10 @@ absl::Status LocalCluster::Spawn(const std::string& name, const std::vector<std:
     prctl(PR_SET_PDEATHSIG, SIGTERM);
     if (getppid() != parent) _exit(1);
     setpgid(0, 0);  // Ctrl-C reaches the launcher only; it stops the children
-    int log = open(child->log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (log >= 0) dup2(log, 2);
-    if (capture_stdout) {
-      dup2(pipe_fds[1], 1);
-    } else if (log >= 0) {
+    int log = open(child.log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (log >= 0) {
       dup2(log, 1);
+      dup2(log, 2);
     }
     // One BLAS thread: LibTorch's own threads are the ones to size.
     setenv("OPENBLAS_NUM_THREADS", "1", 1);
@@ -65,12 +68,8 @@ absl::Status LocalCluster::Spawn(const std::string& name, const std::vector<std:
     std::fprintf(stderr, "cannot run %s: %s\n", args[0], std::strerror(errno));
     _exit(127);
   }
-  child->pid = pid;
-  if (capture_stdout) {
-    close(pipe_fds[1]);
-    child->stdout_fd = pipe_fds[0];
-    fcntl(child->stdout_fd, F_SETFL, O_NONBLOCK);
-  }
+  child.pid = pid;
+  children_.push_back(std::move(child));
   return absl::OkStatus();
 }
 
@@ -80,145 +79,153 @@ absl::Status LocalCluster::ChildFailed(const Child& c, const std::string& what) 
 }
 
 void LocalCluster::Reap() {
-  for (auto* group : {&shards_, &workers_}) {
-    for (Child& c : *group) {
-      if (c.pid <= 0 || c.exited) continue;
-      int status = 0;
-      if (waitpid(c.pid, &status, WNOHANG) == c.pid) {
-        c.exited = true;
-        c.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-      }
+  for (Child& c : children_) {
+    if (c.pid <= 0 || c.exited) continue;
+    int status = 0;
+    if (waitpid(c.pid, &status, WNOHANG) == c.pid) {
+      c.exited = true;
+      c.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
     }
   }
 }
 
-absl::Status LocalCluster::Run(const std::function<void(const std::string& line)>& on_event,
-                               const std::atomic<bool>& stop_requested) {
-  const JobSpec& spec = options_.spec;
-  std::filesystem::create_directories(options_.output_dir + "/logs");
-  const std::string addr_dir = options_.output_dir + "/logs";
-  // Shards.
-  shards_.resize(spec.shards);
-  for (int i = 0; i < spec.shards; ++i) {
-    const std::string port_file = absl::StrCat(addr_dir, "/shard-", i, ".addr");
-    std::filesystem::remove(port_file);
-    absl::Status s = Spawn(absl::StrCat("shard-", i),
-                           {options_.ps_binary, "--host=127.0.0.1", "--port=0",
-                            "--port_file=" + port_file, absl::StrCat("--shard_index=", i),
-                            absl::StrCat("--num_shards=", spec.shards)},
-                           false, &shards_[i]);
-    if (!s.ok()) return s;
-  }
-  std::vector<std::string> addresses(spec.shards);
+absl::StatusOr<std::string> LocalCluster::WaitForAddress(const std::string& port_file, Child& child,
+                                                         const std::atomic<bool>& stop_requested) {
   const absl::Time deadline = absl::Now() + absl::Seconds(60);
-  for (int i = 0; i < spec.shards; ++i) {
-    const std::string port_file = absl::StrCat(addr_dir, "/shard-", i, ".addr");
-    while (true) {
-      std::ifstream in(port_file);
-      if (in && std::getline(in, addresses[i]) && !addresses[i].empty()) break;
-      Reap();
-      if (shards_[i].exited) return ChildFailed(shards_[i], absl::StrCat("exited with code ", shards_[i].exit_code, " while starting"));
-      if (stop_requested) return absl::CancelledError("interrupted");
-      if (absl::Now() > deadline) return ChildFailed(shards_[i], "did not report its address within 60 s");
-      absl::SleepFor(absl::Milliseconds(20));
-    }
+  while (true) {
+    std::ifstream in(port_file);
+    std::string address;
+    if (in && std::getline(in, address) && !address.empty()) return address;
+    Reap();
+    if (child.exited) return ChildFailed(child, absl::StrCat("exited with code ", child.exit_code, " while starting"));
+    if (stop_requested) return absl::CancelledError("interrupted");
+    if (absl::Now() > deadline) return ChildFailed(child, "did not report its address within 60 s");
+    absl::SleepFor(absl::Milliseconds(20));
   }
-  // Workers.
-  workers_.resize(spec.workers);
-  for (int r = 0; r < spec.workers; ++r) {
-    absl::Status s = Spawn(absl::StrCat("worker-", r),
-                           {options_.worker_binary, "--spec=" + options_.spec_path,
-                            absl::StrCat("--rank=", r), absl::StrCat("--world_size=", spec.workers),
-                            "--shards=" + absl::StrJoin(addresses, ","),
-                            "--output_dir=" + options_.output_dir},
-                           true, &workers_[r]);
+}
+
+absl::StatusOr<JobStatus> LocalCluster::Run(const std::function<void(const JobStatus&)>& on_status,
+                                            const std::atomic<bool>& stop_requested) {
+  const JobSpec& spec = options_.spec;
+  const std::string logs = options_.output_dir + "/logs";
+  std::filesystem::create_directories(logs);
+  // The coordinator; members re-check it every 200 ms and are lost after 2 s.
+  const std::string coord_file = logs + "/coordinator.addr";
+  std::filesystem::remove(coord_file);
+  absl::Status s = Spawn("coordinator", {options_.coordinator_binary, "--host=127.0.0.1", "--port=0",
+                                         "--port_file=" + coord_file,
+                                         "--db=" + options_.output_dir + "/coordinator.db",
+                                         "--heartbeat_ms=200", "--missed_heartbeats=10"});
+  if (!s.ok()) return s;
+  auto address = WaitForAddress(coord_file, children_.back(), stop_requested);
+  if (!address.ok()) return address.status();
+  coordinator_ = *address;
+  for (int i = 0; i < spec.shards; ++i) {
+    s = Spawn(absl::StrCat("shard-", i),
+              {options_.ps_binary, "--host=127.0.0.1", "--port=0", "--advertise_host=127.0.0.1",
+               "--coordinator=" + coordinator_, absl::StrCat("--name=shard-", i),
+               absl::StrCat("--shard_index=", i), absl::StrCat("--num_shards=", spec.shards)});
     if (!s.ok()) return s;
   }
-  // Relay events until every worker is done; stop at the first failure.
-  while (true) {
-    std::vector<pollfd> fds;
-    for (Child& w : workers_) {
-      if (w.stdout_fd >= 0) fds.push_back({w.stdout_fd, POLLIN, 0});
+  for (int r = 0; r < spec.workers; ++r) {
+    s = Spawn(absl::StrCat("worker-", r), {options_.worker_binary, "--coordinator=" + coordinator_,
+                                           absl::StrCat("--name=worker-", r)});
+    if (!s.ok()) return s;
+  }
+
+  // Submit through the JobService, as `pstrain submit` would.
+  auto channel = CreateChannel(coordinator_, 64 << 20);
+  auto jobs = JobService::NewStub(channel);
+  SubmitJobRequest submit;
+  submit.set_spec_yaml(options_.spec_yaml);
+  submit.set_output_dir(options_.output_dir);
+  SubmitJobResponse submitted;
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
+    s = FromGrpcStatus(jobs->SubmitJob(&ctx, submit, &submitted));
+    if (!s.ok()) return s;
+  }
+
+  // Watch on a thread of its own; this one minds the processes.
+  std::mutex mu;
+  JobStatus last;
+  bool watch_done = false;
+  absl::Status watch_status;
+  grpc::ClientContext watch_ctx;
+  std::thread watcher([&] {
+    WatchJobRequest req;
+    req.set_job_id(submitted.job_id());
+    auto reader = jobs->WatchJob(&watch_ctx, req);
+    JobStatus st;
+    while (reader->Read(&st)) {
+      on_status(st);
+      std::lock_guard<std::mutex> lock(mu);
+      last = st;
     }
-    if (!fds.empty()) poll(fds.data(), fds.size(), 200);
-    else absl::SleepFor(absl::Milliseconds(50));
-    for (Child& w : workers_) {
-      if (w.stdout_fd < 0) continue;
-      char buf[8192];
-      while (true) {
-        ssize_t n = read(w.stdout_fd, buf, sizeof(buf));
-        if (n > 0) {
-          w.partial.append(buf, n);
-          size_t nl;
-          while ((nl = w.partial.find('\n')) != std::string::npos) {
-            on_event(w.partial.substr(0, nl));
-            w.partial.erase(0, nl + 1);
-          }
-          continue;
-        }
-        if (n == 0) {  // EOF
-          close(w.stdout_fd);
-          w.stdout_fd = -1;
-        }
-        break;
-      }
+    grpc::Status end = reader->Finish();
+    std::lock_guard<std::mutex> lock(mu);
+    watch_status = FromGrpcStatus(end);
+    watch_done = true;
+  });
+  absl::Status failure;
+  while (true) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (watch_done) break;
     }
     Reap();
     if (stop_requested) {
-      Stop();
-      return absl::CancelledError("interrupted; every shard and worker was stopped");
+      failure = absl::CancelledError("interrupted; every process of the cluster was stopped");
+      break;
     }
-    bool all_done = true;
-    for (Child& w : workers_) {
-      if (w.exited && w.exit_code != 0) {
-        Stop();
-        return ChildFailed(w, absl::StrCat("failed (exit code ", w.exit_code, ")"));
-      }
-      all_done = all_done && w.exited && w.stdout_fd < 0;
-    }
-    for (Child& s : shards_) {
-      if (s.exited && !all_done) {
-        Stop();
-        return ChildFailed(s, absl::StrCat("exited during the job (code ", s.exit_code, ")"));
+    for (const Child& c : children_) {
+      if (c.exited) {
+        failure = ChildFailed(c, absl::StrCat("exited during the job (code ", c.exit_code, ")"));
+        break;
       }
     }
-    if (all_done) break;
+    if (!failure.ok()) break;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  watch_ctx.TryCancel();
+  watcher.join();
+  if (failure.ok() && !IsTerminalState(last.state())) failure = watch_status;
+  if (failure.ok() && last.state() == FAILED) {
+    // Quote the log of the worker the coordinator blames.
+    const std::string why = last.conditions().empty() ? "" : last.conditions().rbegin()->message();
+    std::smatch m;
+    if (std::regex_search(why, m, std::regex("worker[ -](\\d+)"))) {
+      const std::string log = absl::StrCat(logs, "/worker-", m[1].str(), ".log");
+      failure = absl::AbortedError(absl::StrCat(why, "; last lines of ", log, ":\n", TailFile(log, 15)));
+    }
   }
   Stop();
-  return absl::OkStatus();
+  if (!failure.ok()) return failure;
+  return last;
 }
 
 void LocalCluster::Stop() {
   bool any = false;
-  for (auto* group : {&workers_, &shards_}) {
-    for (Child& c : *group) {
-      if (c.pid > 0 && !c.exited) {
-        kill(c.pid, SIGTERM);
-        any = true;
-      }
+  for (Child& c : children_) {
+    if (c.pid > 0 && !c.exited) {
+      kill(c.pid, SIGTERM);
+      any = true;
     }
   }
   const absl::Time deadline = absl::Now() + absl::Seconds(5);
   while (any && absl::Now() < deadline) {
     Reap();
     any = false;
-    for (auto* group : {&workers_, &shards_}) {
-      for (Child& c : *group) any = any || (c.pid > 0 && !c.exited);
-    }
+    for (Child& c : children_) any = any || (c.pid > 0 && !c.exited);
     if (any) absl::SleepFor(absl::Milliseconds(20));
   }
-  for (auto* group : {&workers_, &shards_}) {
-    for (Child& c : *group) {
-      if (c.pid > 0 && !c.exited) {
-        kill(c.pid, SIGKILL);
-        waitpid(c.pid, nullptr, 0);
-        c.exited = true;
-        c.exit_code = 128 + SIGKILL;
-      }
-      if (c.stdout_fd >= 0) {
-        close(c.stdout_fd);
-        c.stdout_fd = -1;
-      }
+  for (Child& c : children_) {
+    if (c.pid > 0 && !c.exited) {
+      kill(c.pid, SIGKILL);
+      waitpid(c.pid, nullptr, 0);
+      c.exited = true;
+      c.exit_code = 128 + SIGKILL;
     }
   }
 }

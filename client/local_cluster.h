@@ -1,10 +1,11 @@
-// LocalCluster: runs a job's shards and workers as child processes on
-// 127.0.0.1 for `pstrain local`. Shards bind port 0 and report their address
-// through a file; workers get the addresses on their command line and report
-// progress as JSON lines on stdout, which are handed to `on_event`. Each
-// child's stderr goes to <output_dir>/logs/<name>.log.
+// LocalCluster: a whole pstrain cluster as child processes on 127.0.0.1,
+// for `pstrain local`: a coordinator, the job's shards and workers (pool
+// members that register with the coordinator), then the job submitted and
+// watched through the same JobService API a remote user has. Every server
+// binds port 0 and reports its address through a file; every child's output
+// goes to <output_dir>/logs/<name>.log.
 //
-// Stop() (also run by the destructor, and on any child failure) sends
+// Stop() (also run by the destructor, on Ctrl-C and on any failure) sends
 // SIGTERM to every child, then SIGKILL to those still running after a grace
 // period; children also die with the launcher (PR_SET_PDEATHSIG), so no run
 // leaves orphans.
@@ -18,14 +19,16 @@
 #include <string>
 #include <vector>
 
-#include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "common/job_spec.h"
+#include "proto/control.pb.h"
 
 namespace pstrain {
 
 struct LocalClusterOptions {
-  std::string spec_path;
+  std::string spec_yaml;
   JobSpec spec;
+  std::string coordinator_binary;
   std::string ps_binary;
   std::string worker_binary;
   std::string output_dir;
@@ -36,32 +39,33 @@ class LocalCluster {
   explicit LocalCluster(LocalClusterOptions options) : options_(std::move(options)) {}
   ~LocalCluster() { Stop(); }
 
-  // Starts the shards, waits for their addresses, starts the workers, and
-  // runs until every worker has exited. Returns OK when all workers exited
-  // 0; otherwise an error naming the failing process with the last lines of
-  // its log. `stop_requested` (set from a signal handler) ends it early.
-  absl::Status Run(const std::function<void(const std::string& line)>& on_event,
-                   const std::atomic<bool>& stop_requested);
+  // Runs the job to its end and returns its final status (whatever the
+  // outcome). An error means the cluster itself failed (a process died, an
+  // interrupt): it names the process and quotes the end of its log.
+  absl::StatusOr<JobStatus> Run(const std::function<void(const JobStatus&)>& on_status,
+                                const std::atomic<bool>& stop_requested);
   void Stop();
+
+  // Address of the coordinator once started.
+  const std::string& coordinator() const { return coordinator_; }
 
  private:
   struct Child {
     std::string name;
     pid_t pid = -1;
-    int stdout_fd = -1;
     std::string log_path;
-    std::string partial;  // incomplete stdout line
     bool exited = false;
     int exit_code = 0;
   };
-  absl::Status Spawn(const std::string& name, const std::vector<std::string>& argv,
-                     bool capture_stdout, Child* child);
+  absl::Status Spawn(const std::string& name, const std::vector<std::string>& argv);
+  absl::StatusOr<std::string> WaitForAddress(const std::string& port_file, Child& child,
+                                             const std::atomic<bool>& stop_requested);
   absl::Status ChildFailed(const Child& c, const std::string& what) const;
   void Reap();
 
   LocalClusterOptions options_;
-  std::vector<Child> shards_;
-  std::vector<Child> workers_;
+  std::vector<Child> children_;  // coordinator, shards, workers
+  std::string coordinator_;
 };
 
 // Last `n` lines of a file ("" if unreadable).

@@ -1,11 +1,17 @@
 // pstrain: the command-line client.
 //
-//   pstrain local JOB.yaml [--output_dir DIR]
-//       Runs the job on this machine: its shards and workers as child
-//       processes on 127.0.0.1, with live progress and a final summary.
+//   pstrain local JOB.yaml [--output_dir DIR]   a whole cluster on this machine
+//   pstrain submit JOB.yaml [--output_dir DIR]  prints the job id
+//   pstrain status JOB | list | watch JOB | cancel JOB | cluster
 //
-// Exit codes: 0 success; 1 the job failed; 2 bad usage or job spec;
-// 130 interrupted (Ctrl-C).
+// The coordinator is --coordinator HOST:PORT, else $PSTRAIN_COORDINATOR,
+// else 127.0.0.1:7000. -o table (default) or -o json.
+//
+// Exit codes: 0 success; 1 the job failed or was cancelled (watch, local);
+// 2 bad usage or an invalid job spec; 3 the coordinator is unreachable;
+// 4 no such job; 130 interrupted.
+#include <grpcpp/client_context.h>
+#include <google/protobuf/util/json_util.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -14,78 +20,147 @@
 #include <cstdio>
 #include <filesystem>
 
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
 #include "client/local_cluster.h"
 #include "client/progress_view.h"
+#include "common/file_util.h"
 #include "common/job_spec.h"
+#include "proto/control.grpc.pb.h"
+#include "rpc/grpc_channel.h"
+#include "rpc/status_util.h"
 
 namespace {
 
 std::atomic<bool> g_stop{false};
-
 void OnSignal(int) { g_stop = true; }
 
-// The server and worker binaries: beside this one (an installed layout or a
-// container image), or where Bazel puts them (bazel-bin/client/pstrain ->
-// bazel-bin/server/ps/pstrain-ps); PSTRAIN_PS_BIN / PSTRAIN_WORKER_BIN win.
+constexpr int kFailed = 1, kUsage = 2, kUnreachable = 3, kNoSuchJob = 4, kInterrupted = 130;
+
+int ExitCodeFor(const absl::Status& s) {
+  switch (s.code()) {
+    case absl::StatusCode::kInvalidArgument: return kUsage;
+    case absl::StatusCode::kUnavailable:
+    case absl::StatusCode::kDeadlineExceeded: return kUnreachable;
+    case absl::StatusCode::kNotFound: return kNoSuchJob;
+    default: return kFailed;
+  }
+}
+
+int Fail(const absl::Status& s, const std::string& coordinator) {
+  if (s.code() == absl::StatusCode::kUnavailable || s.code() == absl::StatusCode::kDeadlineExceeded) {
+    std::fprintf(stderr, "pstrain: cannot reach the coordinator at %s (%s); set --coordinator or PSTRAIN_COORDINATOR\n",
+                 coordinator.c_str(), std::string(s.message()).c_str());
+  } else {
+    std::fprintf(stderr, "pstrain: %s\n", std::string(s.message()).c_str());
+  }
+  return ExitCodeFor(s);
+}
+
+const char* StateName(pstrain::JobState s) {
+  switch (s) {
+    case pstrain::PENDING: return "Pending";
+    case pstrain::RUNNING: return "Running";
+    case pstrain::CHECKPOINTING: return "Checkpointing";
+    case pstrain::SUCCEEDED: return "Succeeded";
+    case pstrain::FAILED: return "Failed";
+    case pstrain::CANCELLED: return "Cancelled";
+    default: return "Unknown";
+  }
+}
+
+std::string Json(const google::protobuf::Message& m) {
+  std::string out;
+  google::protobuf::util::JsonPrintOptions o;
+  o.add_whitespace = true;
+  o.preserve_proto_field_names = true;
+  (void)google::protobuf::util::MessageToJsonString(m, &out, o);
+  return out;
+}
+
+std::string Ago(int64_t unix_ms) {
+  const int64_t s = (absl::ToUnixMillis(absl::Now()) - unix_ms) / 1000;
+  if (s < 120) return absl::StrFormat("%ds", s);
+  if (s < 7200) return absl::StrFormat("%dm", s / 60);
+  return absl::StrFormat("%dh", s / 3600);
+}
+
+void PrintJobTable(const pstrain::JobStatus& st) {
+  std::printf("job:        %s (%s)\n", st.job_id().c_str(), st.name().c_str());
+  std::printf("state:      %s\n", StateName(st.state()));
+  std::printf("progress:   epoch %d, step %lld/%lld, loss %.4f, %.0f samples/s\n", st.epoch(),
+              static_cast<long long>(st.step()), static_cast<long long>(st.steps()), st.loss(), st.samples_per_s());
+  for (const auto& w : st.workers()) {
+    std::printf("  worker %d: epoch %d, step %lld/%lld, loss %.4f, %.0f samples/s\n", w.rank(), w.epoch(),
+                static_cast<long long>(w.step()), static_cast<long long>(w.steps()), w.loss(), w.samples_per_s());
+  }
+  for (const auto& e : st.evals()) {
+    std::printf("eval:       epoch %d: test accuracy %.4f, test loss %.4f\n", e.epoch(), e.accuracy(), e.test_loss());
+  }
+  if (st.final_accuracy() >= 0) std::printf("final:      test accuracy %.4f\n", st.final_accuracy());
+  if (!st.weights_path().empty()) std::printf("weights:    %s\n", st.weights_path().c_str());
+  std::printf("members:\n");
+  for (const auto& m : st.members()) {
+    std::printf("  %-6s %-3d %-16s %-22s %s\n", m.role().c_str(), m.rank(), m.name().c_str(),
+                m.address().c_str(), m.alive() ? "alive" : "LOST");
+  }
+  std::printf("conditions:\n");
+  for (const auto& c : st.conditions()) {
+    std::printf("  %-6s ago  %-13s %-16s %s\n", Ago(c.time_unix_ms()).c_str(), StateName(c.state()),
+                c.reason().c_str(), c.message().c_str());
+  }
+}
+
 std::string FindBinary(const char* env, const std::string& name, const std::string& bazel_rel) {
   if (const char* v = std::getenv(env)) return v;
   std::error_code ec;
-  const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
-  const std::filesystem::path dir = self.parent_path();
+  const std::filesystem::path dir = std::filesystem::read_symlink("/proc/self/exe", ec).parent_path();
   for (const auto& candidate : {dir / name, dir / ".." / bazel_rel}) {
     if (std::filesystem::exists(candidate, ec)) return std::filesystem::canonical(candidate, ec).string();
   }
-  return name;  // from PATH: execv needs a path, so this fails with a clear message
+  return name;
 }
 
-int RunLocal(const std::string& spec_path, const std::string& output_dir_flag) {
-  auto spec = pstrain::LoadJobSpec(spec_path);
-  if (!spec.ok()) {
-    std::fprintf(stderr, "pstrain: %s\n", std::string(spec.status().message()).c_str());
-    return 2;
+class Client {
+ public:
+  explicit Client(std::string target)
+      : target_(std::move(target)), stub_(pstrain::JobService::NewStub(pstrain::CreateChannel(target_, 64 << 20))) {}
+  const std::string& target() const { return target_; }
+  pstrain::JobService::Stub* stub() { return stub_.get(); }
+  static void Deadline(grpc::ClientContext* ctx, absl::Duration d = absl::Seconds(15)) {
+    ctx->set_deadline(absl::ToChronoTime(absl::Now() + d));
   }
-  pstrain::LocalClusterOptions options;
-  options.spec_path = std::filesystem::absolute(spec_path).string();
-  options.spec = *spec;
-  options.output_dir = output_dir_flag.empty() ? spec->output_dir : output_dir_flag;
-  options.ps_binary = FindBinary("PSTRAIN_PS_BIN", "pstrain-ps", "server/ps/pstrain-ps");
-  options.worker_binary = FindBinary("PSTRAIN_WORKER_BIN", "pstrain-worker", "worker/pstrain-worker");
-  for (const std::string& b : {options.ps_binary, options.worker_binary}) {
-    if (access(b.c_str(), X_OK) != 0) {
-      std::fprintf(stderr, "pstrain: cannot find %s (build with `bazel build //...`)\n", b.c_str());
-      return 2;
-    }
+
+ private:
+  std::string target_;
+  std::unique_ptr<pstrain::JobService::Stub> stub_;
+};
+
+// Streams the job's status into `view` until it ends; the job's final status.
+absl::StatusOr<pstrain::JobStatus> Watch(Client& c, const std::string& job, pstrain::ProgressView& view) {
+  grpc::ClientContext ctx;
+  pstrain::WatchJobRequest req;
+  req.set_job_id(job);
+  auto reader = c.stub()->WatchJob(&ctx, req);
+  pstrain::JobStatus st, last;
+  while (!g_stop && reader->Read(&st)) {
+    view.OnStatus(st);
+    last = st;
   }
-  std::printf("pstrain local: job '%s': %s, %d shard(s), %d worker(s), %s, %d epoch(s), batch %lld\n",
-              spec->name.c_str(), spec->model.c_str(), spec->shards, spec->workers,
-              spec->consistency == pstrain::SYNC  ? "sync"
-              : spec->consistency == pstrain::SSP ? "ssp"
-                                                  : "async",
-              spec->epochs, static_cast<long long>(spec->batch_size));
-  std::printf("output: %s (logs in %s/logs)\n", options.output_dir.c_str(), options.output_dir.c_str());
-  std::fflush(stdout);
+  if (g_stop) {
+    ctx.TryCancel();
+    reader->Finish();
+    return absl::CancelledError("interrupted");
+  }
+  absl::Status s = pstrain::FromGrpcStatus(reader->Finish());
+  if (!s.ok()) return s;
+  return last;
+}
 
-  struct sigaction sa {};
-  sa.sa_handler = OnSignal;
-  sigaction(SIGINT, &sa, nullptr);
-  sigaction(SIGTERM, &sa, nullptr);
-
-  pstrain::ProgressView view(stdout, isatty(STDOUT_FILENO) == 1, spec->workers);
-  pstrain::LocalCluster cluster(options);
-  absl::Status s = cluster.Run([&](const std::string& line) { view.OnEvent(line); }, g_stop);
+int JobOutcome(const pstrain::JobStatus& st, pstrain::ProgressView& view) {
   view.ClearLine();
-  if (!s.ok()) {
-    std::fprintf(stderr, "pstrain: job '%s' %s\n", spec->name.c_str(),
-                 std::string(s.message()).c_str());
-    return g_stop ? 130 : 1;
-  }
-  const pstrain::RunSummary& sum = view.summary();
-  std::printf("done: %.1f s, %.0f samples/s", sum.seconds,
-              sum.seconds > 0 ? sum.samples / sum.seconds : 0.0);
-  if (sum.final_accuracy >= 0) std::printf(", final test accuracy %.4f", sum.final_accuracy);
-  if (!sum.weights_path.empty()) std::printf("\nweights: %s", sum.weights_path.c_str());
-  std::printf("\n");
-  return 0;
+  std::printf("%s\n", pstrain::SummaryLine(st).c_str());
+  return st.state() == pstrain::SUCCEEDED ? 0 : kFailed;
 }
 
 }  // namespace
@@ -93,16 +168,169 @@ int RunLocal(const std::string& spec_path, const std::string& output_dir_flag) {
 int main(int argc, char** argv) {
   CLI::App app{"pstrain: distributed training for LibTorch models"};
   app.require_subcommand(1);
-  std::string spec_path, output_dir;
-  CLI::App* local = app.add_subcommand("local", "run a job on this machine (shards and workers as child processes)");
+  std::string coordinator, output = "table";
+  if (const char* env = std::getenv("PSTRAIN_COORDINATOR")) coordinator = env;
+  app.add_option("--coordinator", coordinator, "coordinator host:port (default $PSTRAIN_COORDINATOR or 127.0.0.1:7000)");
+  app.add_option("-o,--output", output, "table or json")->check(CLI::IsMember({"table", "json"}));
+  std::string spec_path, output_dir, job_id;
+  CLI::App* local = app.add_subcommand("local", "run a job on a whole cluster on this machine");
   local->add_option("spec", spec_path, "job spec (YAML)")->required();
   local->add_option("--output_dir", output_dir, "overrides the spec's output_dir");
+  CLI::App* submit = app.add_subcommand("submit", "submit a job; prints its id");
+  submit->add_option("spec", spec_path, "job spec (YAML)")->required();
+  submit->add_option("--output_dir", output_dir, "overrides the spec's output_dir");
+  CLI::App* status = app.add_subcommand("status", "a job's status");
+  status->add_option("job", job_id)->required();
+  CLI::App* list = app.add_subcommand("list", "every job");
+  CLI::App* watch = app.add_subcommand("watch", "live progress until the job ends; exit code = result");
+  watch->add_option("job", job_id)->required();
+  CLI::App* cancel = app.add_subcommand("cancel", "cancel a job");
+  cancel->add_option("job", job_id)->required();
+  CLI::App* cluster = app.add_subcommand("cluster", "the pool: shards and workers and their health");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    int rc = app.exit(e);
-    return rc == 0 ? 0 : 2;
+    return app.exit(e) == 0 ? 0 : kUsage;
   }
-  if (local->parsed()) return RunLocal(spec_path, output_dir);
-  return 2;
+  if (coordinator.empty()) coordinator = "127.0.0.1:7000";
+  struct sigaction sa {};
+  sa.sa_handler = OnSignal;
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+  const bool json = output == "json";
+
+  std::string spec_yaml;
+  if (local->parsed() || submit->parsed()) {
+    auto text = pstrain::ReadFile(spec_path);
+    if (!text.ok()) {
+      std::fprintf(stderr, "pstrain: cannot read job spec %s\n", spec_path.c_str());
+      return kUsage;
+    }
+    spec_yaml = *text;
+    auto spec = pstrain::ParseJobSpec(spec_yaml, spec_path);
+    if (!spec.ok()) {
+      std::fprintf(stderr, "pstrain: %s\n", std::string(spec.status().message()).c_str());
+      return kUsage;
+    }
+    if (local->parsed()) {
+      pstrain::LocalClusterOptions o;
+      o.spec_yaml = spec_yaml;
+      o.spec = *spec;
+      o.output_dir = std::filesystem::absolute(output_dir.empty() ? spec->output_dir : output_dir).string();
+      o.coordinator_binary = FindBinary("PSTRAIN_COORDINATOR_BIN", "pstrain-coordinator",
+                                        "server/coordinator/pstrain-coordinator");
+      o.ps_binary = FindBinary("PSTRAIN_PS_BIN", "pstrain-ps", "server/ps/pstrain-ps");
+      o.worker_binary = FindBinary("PSTRAIN_WORKER_BIN", "pstrain-worker", "worker/pstrain-worker");
+      for (const std::string& b : {o.coordinator_binary, o.ps_binary, o.worker_binary}) {
+        if (access(b.c_str(), X_OK) != 0) {
+          std::fprintf(stderr, "pstrain: cannot find %s (build with `bazel build //...`)\n", b.c_str());
+          return kUsage;
+        }
+      }
+      std::printf("pstrain local: job '%s': %s, %d shard(s), %d worker(s), %s, %d epoch(s), batch %lld\n",
+                  spec->name.c_str(), spec->model.c_str(), spec->shards, spec->workers,
+                  spec->consistency == pstrain::SYNC ? "sync" : spec->consistency == pstrain::SSP ? "ssp" : "async",
+                  spec->epochs, static_cast<long long>(spec->batch_size));
+      std::printf("output: %s (logs in %s/logs)\n", o.output_dir.c_str(), o.output_dir.c_str());
+      std::fflush(stdout);
+      pstrain::ProgressView view(stdout, isatty(STDOUT_FILENO) == 1);
+      pstrain::LocalCluster cluster_run(o);
+      auto st = cluster_run.Run([&](const pstrain::JobStatus& s) { view.OnStatus(s); }, g_stop);
+      view.ClearLine();
+      if (!st.ok()) {
+        std::fprintf(stderr, "pstrain: job '%s' %s\n", spec->name.c_str(), std::string(st.status().message()).c_str());
+        return g_stop ? kInterrupted : kFailed;
+      }
+      return JobOutcome(*st, view);
+    }
+  }
+
+  Client client(coordinator);
+  if (submit->parsed()) {
+    pstrain::SubmitJobRequest req;
+    req.set_spec_yaml(spec_yaml);
+    if (!output_dir.empty()) req.set_output_dir(std::filesystem::absolute(output_dir).string());
+    pstrain::SubmitJobResponse resp;
+    grpc::ClientContext ctx;
+    Client::Deadline(&ctx);
+    absl::Status s = pstrain::FromGrpcStatus(client.stub()->SubmitJob(&ctx, req, &resp));
+    if (!s.ok()) return Fail(s, coordinator);
+    std::printf(json ? "{\"job_id\": \"%s\"}\n" : "%s\n", resp.job_id().c_str());
+    return 0;
+  }
+  if (status->parsed()) {
+    pstrain::GetJobRequest req;
+    req.set_job_id(job_id);
+    pstrain::JobStatus st;
+    grpc::ClientContext ctx;
+    Client::Deadline(&ctx);
+    absl::Status s = pstrain::FromGrpcStatus(client.stub()->GetJob(&ctx, req, &st));
+    if (!s.ok()) return Fail(s, coordinator);
+    if (json) {
+      std::printf("%s\n", Json(st).c_str());
+    } else {
+      PrintJobTable(st);
+    }
+    return 0;
+  }
+  if (list->parsed()) {
+    pstrain::ListJobsResponse resp;
+    grpc::ClientContext ctx;
+    Client::Deadline(&ctx);
+    absl::Status s = pstrain::FromGrpcStatus(client.stub()->ListJobs(&ctx, {}, &resp));
+    if (!s.ok()) return Fail(s, coordinator);
+    if (json) {
+      std::printf("%s\n", Json(resp).c_str());
+      return 0;
+    }
+    std::printf("%-12s %-24s %-13s %-13s %-8s %-9s %s\n", "JOB", "NAME", "STATE", "STEP", "LOSS", "ACCURACY", "AGE");
+    for (const auto& j : resp.jobs()) {
+      std::printf("%-12s %-24s %-13s %-13s %-8.4f %-9s %s\n", j.job_id().c_str(), j.name().c_str(),
+                  StateName(j.state()), absl::StrFormat("%d/%d", j.step(), j.steps()).c_str(), j.loss(),
+                  j.final_accuracy() >= 0 ? absl::StrFormat("%.4f", j.final_accuracy()).c_str() : "-",
+                  Ago(j.created_unix_ms()).c_str());
+    }
+    return 0;
+  }
+  if (watch->parsed()) {
+    pstrain::ProgressView view(stdout, isatty(STDOUT_FILENO) == 1);
+    auto st = Watch(client, job_id, view);
+    if (!st.ok()) {
+      view.ClearLine();
+      if (g_stop) return kInterrupted;
+      return Fail(st.status(), coordinator);
+    }
+    return JobOutcome(*st, view);
+  }
+  if (cancel->parsed()) {
+    pstrain::CancelJobRequest req;
+    req.set_job_id(job_id);
+    pstrain::CancelJobResponse resp;
+    grpc::ClientContext ctx;
+    Client::Deadline(&ctx);
+    absl::Status s = pstrain::FromGrpcStatus(client.stub()->CancelJob(&ctx, req, &resp));
+    if (!s.ok()) return Fail(s, coordinator);
+    std::printf(json ? "{\"job_id\": \"%s\", \"state\": \"%s\"}\n" : "%s %s\n", job_id.c_str(), StateName(resp.state()));
+    return 0;
+  }
+  if (cluster->parsed()) {
+    pstrain::ListMembersResponse resp;
+    grpc::ClientContext ctx;
+    Client::Deadline(&ctx);
+    absl::Status s = pstrain::FromGrpcStatus(client.stub()->ListMembers(&ctx, {}, &resp));
+    if (!s.ok()) return Fail(s, coordinator);
+    if (json) {
+      std::printf("%s\n", Json(resp).c_str());
+      return 0;
+    }
+    std::printf("%-7s %-18s %-22s %-7s %-12s %-5s %s\n", "ROLE", "NAME", "ADDRESS", "HEALTH", "JOB", "RANK", "LAST BEAT");
+    for (const auto& m : resp.members()) {
+      std::printf("%-7s %-18s %-22s %-7s %-12s %-5s %s ago\n", m.role().c_str(), m.name().c_str(),
+                  m.address().empty() ? "-" : m.address().c_str(), m.alive() ? "alive" : "LOST",
+                  m.job_id().empty() ? "-" : m.job_id().c_str(),
+                  m.job_id().empty() ? "-" : std::to_string(m.rank()).c_str(), Ago(m.last_heartbeat_unix_ms()).c_str());
+    }
+    return 0;
+  }
+  return kUsage;
 }

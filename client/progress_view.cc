@@ -1,7 +1,5 @@
 #include "client/progress_view.h"
 
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
 
 #include "absl/strings/str_format.h"
@@ -9,8 +7,8 @@
 
 namespace pstrain {
 
-ProgressView::ProgressView(FILE* out, bool terminal, int workers)
-    : out_(out), terminal_(terminal), workers_(workers), start_(absl::Now()) {}
+ProgressView::ProgressView(FILE* out, bool terminal)
+    : out_(out), terminal_(terminal), start_(absl::Now()) {}
 
 void ProgressView::ClearLine() {
   if (terminal_ && bar_shown_) {
@@ -19,72 +17,63 @@ void ProgressView::ClearLine() {
   }
 }
 
-void ProgressView::OnEvent(const std::string& line) {
-  nlohmann::json e = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-  if (e.is_discarded() || !e.is_object() || !e.contains("event")) return;
-  const std::string kind = e["event"].get<std::string>();
-  if (kind == "progress") {
-    RankState& r = ranks_[e.value("rank", 0)];
-    r.epoch = e.value("epoch", 0);
-    r.epochs = e.value("epochs", 0);
-    r.step = e.value("step", int64_t{0});
-    r.steps = e.value("steps", int64_t{0});
-    r.loss = e.value("loss", 0.0);
-    r.samples_per_s = e.value("samples_per_s", 0.0);
-    Render(false);
-  } else if (kind == "eval") {
-    ClearLine();
-    const bool final = e.value("final", false);
-    std::fprintf(out_, "%s epoch %d: test accuracy %.4f, test loss %.4f\n",
-                 final ? "final   " : "eval    ", e.value("epoch", 0), e.value("accuracy", 0.0),
-                 e.value("test_loss", 0.0));
-    if (final) {
-      summary_.final_accuracy = e.value("accuracy", 0.0);
-      summary_.final_loss = e.value("test_loss", 0.0);
+void ProgressView::OnStatus(const JobStatus& st) {
+  if (st.state() != last_state_ && !st.conditions().empty()) {
+    const JobCondition& c = *st.conditions().rbegin();
+    if (st.state() == RUNNING || st.state() == PENDING) {
+      ClearLine();
+      std::fprintf(out_, "%-8s %s: %s\n", st.state() == RUNNING ? "running" : "pending",
+                   c.reason().c_str(), c.message().c_str());
     }
-    Render(true);
-  } else if (kind == "done") {
-    summary_.samples += e.value("samples", int64_t{0});
-    summary_.seconds = std::max(summary_.seconds, e.value("seconds", 0.0));
-  } else if (kind == "weights") {
-    summary_.weights_path = e.value("path", "");
+    last_state_ = st.state();
   }
+  for (; evals_printed_ < st.evals_size(); ++evals_printed_) {
+    const EpochEval& e = st.evals(evals_printed_);
+    const bool final = evals_printed_ == st.evals_size() - 1 && st.final_accuracy() >= 0 &&
+                       e.accuracy() == st.final_accuracy();
+    ClearLine();
+    std::fprintf(out_, "%s epoch %d: test accuracy %.4f, test loss %.4f\n", final ? "final   " : "eval    ",
+                 e.epoch(), e.accuracy(), e.test_loss());
+  }
+  if (st.state() == RUNNING && st.steps() > 0) Render(st);
   std::fflush(out_);
 }
 
-void ProgressView::Render(bool force) {
-  if (ranks_.empty()) return;
-  // The job is as far along as its slowest worker; throughput is the sum.
-  RankState slow = ranks_.begin()->second;
-  double rate = 0, loss = 0;
-  for (const auto& [rank, r] : ranks_) {
-    if (r.step < slow.step) slow = r;
-    rate += r.samples_per_s;
-    loss += r.loss;
-  }
-  loss /= ranks_.size();
+void ProgressView::Render(const JobStatus& st) {
   const double elapsed = absl::ToDoubleSeconds(absl::Now() - start_);
-  const double frac = slow.steps > 0 ? static_cast<double>(slow.step) / slow.steps : 0;
+  const double frac = static_cast<double>(st.step()) / st.steps();
   const double eta = frac > 0 ? elapsed * (1 - frac) / frac : 0;
   const std::string eta_s = absl::StrFormat("%d:%02d", static_cast<int>(eta) / 60, static_cast<int>(eta) % 60);
   if (terminal_) {
     const int width = 28;
-    const int filled = static_cast<int>(frac * width);
+    const int filled = std::clamp(static_cast<int>(frac * width), 0, width);
     std::string bar(filled, '#');
     bar += std::string(width - filled, '-');
-    std::fprintf(out_, "\r\033[2Kepoch %d/%d [%s] %lld/%lld  loss %.4f  %.0f samples/s  ETA %s",
-                 slow.epoch, slow.epochs, bar.c_str(), static_cast<long long>(slow.step),
-                 static_cast<long long>(slow.steps), loss, rate, eta_s.c_str());
+    std::fprintf(out_, "\r\033[2Kepoch %d [%s] %lld/%lld  loss %.4f  %.0f samples/s  ETA %s", st.epoch(),
+                 bar.c_str(), static_cast<long long>(st.step()), static_cast<long long>(st.steps()), st.loss(),
+                 st.samples_per_s(), eta_s.c_str());
     bar_shown_ = true;
-  } else if (!force && (last_plain_ == absl::InfinitePast() || slow.step == slow.steps ||
-                         absl::Now() - last_plain_ > absl::Seconds(2))) {
-    // Plain mode (not a terminal): the first report, then every 2 s, and the
-    // last step; evaluation lines speak for themselves.
-    std::fprintf(out_, "epoch %d/%d  step %lld/%lld  loss %.4f  %.0f samples/s  ETA %s\n",
-                 slow.epoch, slow.epochs, static_cast<long long>(slow.step),
-                 static_cast<long long>(slow.steps), loss, rate, eta_s.c_str());
+  } else if (st.step() != last_plain_step_ &&
+             (last_plain_ == absl::InfinitePast() || st.step() == st.steps() ||
+              absl::Now() - last_plain_ > absl::Seconds(2))) {
+    std::fprintf(out_, "epoch %d  step %lld/%lld  loss %.4f  %.0f samples/s  ETA %s\n", st.epoch(),
+                 static_cast<long long>(st.step()), static_cast<long long>(st.steps()), st.loss(),
+                 st.samples_per_s(), eta_s.c_str());
     last_plain_ = absl::Now();
+    last_plain_step_ = st.step();
   }
+}
+
+std::string SummaryLine(const JobStatus& st) {
+  if (st.state() != SUCCEEDED) {
+    const std::string why = st.conditions().empty() ? "" : st.conditions().rbegin()->message();
+    return absl::StrFormat("%s: %s", st.state() == CANCELLED ? "cancelled" : "failed", why);
+  }
+  std::string line = absl::StrFormat("done: %.1f s, %.0f samples/s", st.train_seconds(),
+                                     st.train_seconds() > 0 ? st.samples() / st.train_seconds() : 0.0);
+  if (st.final_accuracy() >= 0) line += absl::StrFormat(", final test accuracy %.4f", st.final_accuracy());
+  if (!st.weights_path().empty()) line += "\nweights: " + st.weights_path();
+  return line;
 }
 
 }  // namespace pstrain

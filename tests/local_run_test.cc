@@ -113,11 +113,15 @@ log_every_steps: 10
     ASSERT_LT(absl::Now(), deadline) << ReadFile(dir + "/pstrain.out").value_or("");
     absl::SleepFor(absl::Milliseconds(100));
   }
-  // pstrain itself, two shards (their port files are under out/) and two workers.
-  EXPECT_EQ(CountProcessesMentioning(dir + "/out"), 5);
+  // Every shard and worker points at the run's coordinator.
+  auto coordinator = ReadFile(dir + "/out/logs/coordinator.addr");
+  ASSERT_TRUE(coordinator.ok());
+  const std::string needle = "--coordinator=" + coordinator->substr(0, coordinator->find('\n'));
+  EXPECT_EQ(CountProcessesMentioning(needle), 4);  // 2 shards + 2 workers
   (*child)->Signal(SIGINT);
   EXPECT_EQ((*child)->Wait(absl::Seconds(20)), 130);
-  EXPECT_EQ(CountProcessesMentioning(dir), 0) << "orphaned shard or worker processes";
+  EXPECT_EQ(CountProcessesMentioning(needle), 0) << "orphaned shard or worker processes";
+  EXPECT_EQ(CountProcessesMentioning(dir), 0) << "orphaned coordinator";
 }
 
 TEST(LocalRunTest, AFailingWorkerStopsTheJobAndShowsItsLog) {

@@ -278,9 +278,6 @@ absl::StatusOr<TrainResult> RunTrainer(const TrainerOptions& options, const Trai
   }
   result.steps = step;
   result.seconds = Seconds(start, Clock::now());
-  options.emit(absl::StrFormat(
-      "{\"event\": \"done\", \"rank\": %d, \"steps\": %d, \"samples\": %d, \"seconds\": %.3f}",
-      options.rank, result.steps, result.samples, result.seconds));
 
   // Final values: wait until every worker's every step has landed (each
   // worker pushes each chunk once per step), then evaluate.
@@ -306,6 +303,11 @@ absl::StatusOr<TrainResult> RunTrainer(const TrainerOptions& options, const Trai
     }
   }
   for (auto& [name, t] : named) result.parameters.emplace_back(name, t.detach().clone());
+  // Last: a job is complete when every worker is done, and worker 0's final
+  // evaluation and weights must be in by then.
+  options.emit(absl::StrFormat(
+      "{\"event\": \"done\", \"rank\": %d, \"steps\": %d, \"samples\": %d, \"seconds\": %.3f}",
+      options.rank, result.steps, result.samples, result.seconds));
   return result;
 }
 

@@ -335,10 +335,13 @@ void Coordinator::ApplyEvent(Job& job, int rank, const std::string& event_json) 
     w->set_steps(e.value("steps", int64_t{0}));
     w->set_loss(e.value("loss", 0.0));
     w->set_samples_per_s(e.value("samples_per_s", 0.0));
+    // The job is as far as its slowest reporting worker; rates add up.
     int64_t step = INT64_MAX;
-    int epoch = INT32_MAX;
+    int epoch = INT32_MAX, reporting = 0;
     double loss = 0, rate = 0;
     for (const WorkerProgress& p : st.workers()) {
+      if (p.steps() == 0) continue;  // not reported yet
+      ++reporting;
       step = std::min(step, p.step());
       epoch = std::min(epoch, p.epoch());
       loss += p.loss();
@@ -347,7 +350,7 @@ void Coordinator::ApplyEvent(Job& job, int rank, const std::string& event_json) 
     st.set_step(step);
     st.set_epoch(epoch);
     st.set_steps(w->steps());
-    st.set_loss(loss / st.workers_size());
+    st.set_loss(loss / reporting);
     st.set_samples_per_s(rate);
     // Progress is frequent: notify watchers, persist only on transitions.
     ++job.version;
@@ -364,7 +367,10 @@ void Coordinator::ApplyEvent(Job& job, int rank, const std::string& event_json) 
     st.set_weights_path(e.value("path", ""));
     Changed(job);
   } else if (kind == "done") {
-    job.done_ranks.insert(rank);
+    if (job.done_ranks.insert(rank).second) {
+      st.set_samples(st.samples() + e.value("samples", int64_t{0}));
+      st.set_train_seconds(std::max(st.train_seconds(), e.value("seconds", 0.0)));
+    }
     if (static_cast<int>(job.done_ranks.size()) >= job.spec.workers && st.state() == RUNNING) {
       Transition(job, SUCCEEDED, "Completed", absl::StrCat("all ", job.spec.workers, " workers finished"));
       Schedule();

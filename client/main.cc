@@ -168,6 +168,7 @@ int JobOutcome(const pstrain::JobStatus& st, pstrain::ProgressView& view) {
 int main(int argc, char** argv) {
   CLI::App app{"pstrain: distributed training for LibTorch models"};
   app.require_subcommand(1);
+  app.fallthrough();  // global options may come after the subcommand
   std::string coordinator, output = "table";
   if (const char* env = std::getenv("PSTRAIN_COORDINATOR")) coordinator = env;
   app.add_option("--coordinator", coordinator, "coordinator host:port (default $PSTRAIN_COORDINATOR or 127.0.0.1:7000)");

@@ -96,12 +96,7 @@ void ClusterMember::HeartbeatLoop() {
     grpc::ClientContext ctx;
     SetDeadline(&ctx, options_.rpc_timeout);
     grpc::Status s = stub_->Heartbeat(&ctx, req, &resp);
-    if (s.ok()) {
-      if (resp.cancel_job() && !cancelled_.exchange(true)) {
-        spdlog::warn("{} {}: job {} is no longer assigned here; stopping it", options_.role,
-                     options_.name, req.running_job_id());
-      }
-    } else if (s.error_code() == grpc::StatusCode::NOT_FOUND) {
+    if (s.error_code() == grpc::StatusCode::NOT_FOUND) {
       // The coordinator forgot us (it restarted): register again, saying
       // what we are running so the job can carry on.
       absl::Status r = RegisterOnce();
@@ -109,6 +104,16 @@ void ClusterMember::HeartbeatLoop() {
                    r.ToString());
     }
     lock.lock();
+    if (!s.ok()) continue;
+    if (options_.role == "shard") {
+      // A shard serves whatever job it is assigned; remembering it lets a
+      // restarted coordinator re-attach the shard to its running job.
+      job_id_ = resp.job_id();
+    }
+    if (resp.cancel_job() && !cancelled_.exchange(true)) {
+      spdlog::warn("{} {}: job {} is no longer assigned here; stopping it", options_.role,
+                   options_.name, req.running_job_id());
+    }
   }
 }
 

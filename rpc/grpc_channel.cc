@@ -14,6 +14,11 @@ std::shared_ptr<grpc::Channel> CreateChannel(const std::string& target, int max_
   // subchannel between clients in the same process would serialize them.
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   for (const auto& [key, value] : BulkTransferChannelArgs()) args.SetInt(key, value);
+  // Reconnect quickly after a peer restarts (the default backoff starts at
+  // 1 s and grows to 2 minutes).
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
   return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
 }
 

@@ -45,8 +45,9 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(CoordinatorOpti
       if (!spec.ok()) return spec.status();
       job.spec = *spec;
       job.stored = std::move(s);
-      // Members of running jobs get one lease to come back after a restart.
-      job.attach_deadline = absl::Now() + c->lease();
+      // Members of running jobs get time to notice the restart, reconnect
+      // and register again: two leases, and never less than 10 s.
+      job.attach_deadline = absl::Now() + std::max(2 * c->lease(), absl::Seconds(10));
       c->jobs_.emplace(job.stored.id, std::move(job));
     }
   }

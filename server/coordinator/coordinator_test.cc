@@ -193,7 +193,9 @@ TEST_F(CoordinatorTest, RunningJobFailsIfItsMembersDoNotComeBackAfterARestart) {
     job = Submit(*c, "name: one\nworkers: 1\nshards: 1\n");
   }
   auto c = Make(db);
-  absl::SleepFor(absl::Milliseconds(200));  // past one lease (3 x 50 ms)
+  c->Tick();
+  EXPECT_EQ(State(*c, job), RUNNING);  // members get time to come back
+  absl::SleepFor(absl::Milliseconds(10200));  // past the re-attach window (10 s at least)
   c->Tick();
   EXPECT_EQ(State(*c, job), FAILED);
 }

@@ -1,0 +1,173 @@
+// The control plane with real processes: a coordinator, a pool of shards and
+// workers registered with it, and the pstrain CLI talking to it.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <filesystem>
+#include <regex>
+
+#include "common/file_util.h"
+#include "tests/child_process.h"
+
+namespace pstrain {
+namespace {
+
+struct CliResult {
+  int code;
+  std::string out;
+};
+
+class ControlPlaneTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = MakeTempDir("control");
+    StartCoordinator(0);
+    for (int i = 0; i < 1; ++i) {
+      pool_.push_back(Start("shard-" + std::to_string(i),
+                            {"server/ps/pstrain-ps", "--host=127.0.0.1", "--port=0", "--advertise_host=127.0.0.1",
+                             "--coordinator=" + coordinator_, "--name=shard-" + std::to_string(i)}));
+    }
+    for (int r = 0; r < 2; ++r) {
+      pool_.push_back(Start("worker-" + std::to_string(r), {"worker/pstrain-worker", "--coordinator=" + coordinator_,
+                                                            "--name=worker-" + std::to_string(r)}));
+    }
+    // Wait until the pool has registered.
+    const absl::Time deadline = absl::Now() + absl::Seconds(60);
+    while (Cli({"cluster"}).out.find("worker-1") == std::string::npos) {
+      ASSERT_LT(absl::Now(), deadline) << Cli({"cluster"}).out;
+      absl::SleepFor(absl::Milliseconds(100));
+    }
+  }
+
+  void StartCoordinator(int port) {
+    const std::string port_file = dir_ + "/coordinator.addr";
+    std::filesystem::remove(port_file);
+    coordinator_process_ = Start("coordinator", {"server/coordinator/pstrain-coordinator", "--host=127.0.0.1",
+                                                 "--port=" + std::to_string(port), "--port_file=" + port_file,
+                                                 "--db=" + dir_ + "/jobs.db", "--heartbeat_ms=100",
+                                                 "--missed_heartbeats=20"});
+    auto addr = WaitForAddressFile(port_file, absl::Seconds(30));
+    ASSERT_TRUE(addr.ok()) << addr.status();
+    coordinator_ = *addr;
+  }
+
+  std::unique_ptr<ChildProcess> Start(const std::string& name, const std::vector<std::string>& argv) {
+    auto child = ChildProcess::Start(argv, dir_ + "/" + name + ".log");
+    EXPECT_TRUE(child.ok());
+    return std::move(*child);
+  }
+
+  CliResult Cli(std::vector<std::string> args, absl::Duration timeout = absl::Seconds(120)) {
+    std::vector<std::string> argv = {"client/pstrain", "--coordinator", coordinator_};
+    argv.insert(argv.end(), args.begin(), args.end());
+    const std::string log = dir_ + "/cli.out";
+    auto child = ChildProcess::Start(argv, log);
+    int code = (*child)->Wait(timeout);
+    return {code, ReadFile(log).value_or("")};
+  }
+
+  std::string Spec(const std::string& name, int epochs, int64_t max_steps) {
+    const std::string path = dir_ + "/" + name + ".yaml";
+    EXPECT_TRUE(WriteFileAtomically(path, "name: " + name + "\nmodel: mlp\n"
+                                          "data: {format: synthetic, synthetic_train: 4096, synthetic_test: 512}\n"
+                                          "workers: 2\nshards: 1\nbatch_size: 32\nlog_every_steps: 5\n"
+                                          "epochs: " + std::to_string(epochs) +
+                                          "\nmax_steps: " + std::to_string(max_steps) + "\n").ok());
+    return path;
+  }
+
+  std::string Submit(const std::string& spec) {
+    CliResult r = Cli({"submit", spec, "--output_dir", dir_ + "/out"});
+    EXPECT_EQ(r.code, 0) << r.out;
+    std::smatch m;
+    EXPECT_TRUE(std::regex_search(r.out, m, std::regex("job-\\d+"))) << r.out;
+    return m.str();
+  }
+
+  std::string State(const std::string& job) {
+    CliResult r = Cli({"status", job, "-o", "json"});
+    std::smatch m;
+    if (!std::regex_search(r.out, m, std::regex("\"state\": \"([A-Z]+)\""))) return r.out;
+    return m[1];
+  }
+
+  void WaitForState(const std::string& job, const std::string& state, absl::Duration timeout) {
+    const absl::Time deadline = absl::Now() + timeout;
+    while (State(job) != state) {
+      ASSERT_LT(absl::Now(), deadline) << Cli({"status", job}).out;
+      absl::SleepFor(absl::Milliseconds(100));
+    }
+  }
+
+  std::string dir_, coordinator_;
+  std::unique_ptr<ChildProcess> coordinator_process_;
+  std::vector<std::unique_ptr<ChildProcess>> pool_;
+};
+
+TEST_F(ControlPlaneTest, SubmitWatchStatusListAndCluster) {
+  const std::string job = Submit(Spec("quick", 1, 40));
+  CliResult watch = Cli({"watch", job});
+  EXPECT_EQ(watch.code, 0) << watch.out;
+  EXPECT_NE(watch.out.find("final test accuracy"), std::string::npos) << watch.out;
+  CliResult status = Cli({"status", job, "-o", "json"});
+  EXPECT_EQ(status.code, 0);
+  EXPECT_NE(status.out.find("\"state\": \"SUCCEEDED\""), std::string::npos) << status.out;
+  EXPECT_NE(status.out.find("\"reason\": \"Scheduled\""), std::string::npos) << status.out;
+  EXPECT_NE(status.out.find("\"reason\": \"Completed\""), std::string::npos) << status.out;
+  EXPECT_NE(status.out.find("\"final_accuracy\""), std::string::npos) << status.out;
+  EXPECT_NE(status.out.find("\"samples_per_s\""), std::string::npos) << status.out;
+  CliResult table = Cli({"status", job});
+  EXPECT_NE(table.out.find("Succeeded"), std::string::npos) << table.out;
+  EXPECT_NE(table.out.find("worker-1"), std::string::npos) << table.out;
+  CliResult list = Cli({"list"});
+  EXPECT_NE(list.out.find(job), std::string::npos) << list.out;
+  CliResult cluster = Cli({"cluster"});
+  EXPECT_NE(cluster.out.find("shard-0"), std::string::npos) << cluster.out;
+  EXPECT_EQ(cluster.out.find("LOST"), std::string::npos) << cluster.out;
+}
+
+TEST_F(ControlPlaneTest, CancelStopsTheJobAndFreesItsMembersForTheNext) {
+  const std::string long_job = Submit(Spec("long", 1000, 0));
+  WaitForState(long_job, "RUNNING", absl::Seconds(60));
+  // A second job waits: the pool is busy (all or nothing).
+  const std::string next = Submit(Spec("next", 1, 20));
+  EXPECT_EQ(State(next), "PENDING");
+  CliResult cancel = Cli({"cancel", long_job});
+  EXPECT_EQ(cancel.code, 0) << cancel.out;
+  EXPECT_EQ(State(long_job), "CANCELLED");
+  CliResult watch = Cli({"watch", next});
+  EXPECT_EQ(watch.code, 0) << watch.out;
+  // The cancelled job's watch exits non-zero.
+  EXPECT_EQ(Cli({"watch", long_job}).code, 1);
+}
+
+TEST_F(ControlPlaneTest, JobCompletesAcrossACoordinatorRestart) {
+  const std::string job = Submit(Spec("survivor", 1000, 300));
+  WaitForState(job, "RUNNING", absl::Seconds(60));
+  const int port = std::stoi(coordinator_.substr(coordinator_.rfind(':') + 1));
+  coordinator_process_->Signal(SIGKILL);
+  coordinator_process_->Wait();
+  absl::SleepFor(absl::Milliseconds(500));
+  StartCoordinator(port);  // same address: the members find it again
+  CliResult watch = Cli({"watch", job}, absl::Seconds(180));
+  EXPECT_EQ(watch.code, 0) << watch.out << ReadFile(dir_ + "/coordinator.log").value_or("");
+  EXPECT_EQ(State(job), "SUCCEEDED");
+}
+
+TEST_F(ControlPlaneTest, ClearErrorsAndExitCodes) {
+  CliResult unknown = Cli({"status", "job-424242"});
+  EXPECT_EQ(unknown.code, 4) << unknown.out;
+  EXPECT_NE(unknown.out.find("job-424242"), std::string::npos);
+  const std::string bad = dir_ + "/bad.yaml";
+  ASSERT_TRUE(WriteFileAtomically(bad, "workers: many\n").ok());
+  CliResult invalid = Cli({"submit", bad});
+  EXPECT_EQ(invalid.code, 2) << invalid.out;
+  EXPECT_NE(invalid.out.find("workers"), std::string::npos) << invalid.out;
+  std::vector<std::string> argv = {"client/pstrain", "--coordinator", "127.0.0.1:1", "list"};
+  auto child = ChildProcess::Start(argv, dir_ + "/unreachable.out");
+  EXPECT_EQ((*child)->Wait(absl::Seconds(60)), 3);
+  EXPECT_NE(ReadFile(dir_ + "/unreachable.out")->find("cannot reach the coordinator"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace pstrain

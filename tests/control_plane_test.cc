@@ -1,7 +1,11 @@
 // The control plane with real processes: a coordinator, a pool of shards and
 // workers registered with it, and the pstrain CLI talking to it.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <regex>
@@ -11,6 +15,28 @@
 
 namespace pstrain {
 namespace {
+
+// GET /metrics over a plain socket.
+std::string Scrape(const std::string& host_port) {
+  const int port = std::stoi(host_port.substr(host_port.rfind(':') + 1));
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(port);
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(fd);
+    return "";
+  }
+  const std::string req = "GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n";
+  (void)!write(fd, req.data(), req.size());
+  std::string out;
+  char buf[4096];
+  ssize_t n;
+  while ((n = read(fd, buf, sizeof(buf))) > 0) out.append(buf, n);
+  close(fd);
+  return out;
+}
 
 struct CliResult {
   int code;
@@ -45,7 +71,8 @@ class ControlPlaneTest : public ::testing::Test {
     coordinator_process_ = Start("coordinator", {"server/coordinator/pstrain-coordinator", "--host=127.0.0.1",
                                                  "--port=" + std::to_string(port), "--port_file=" + port_file,
                                                  "--db=" + dir_ + "/jobs.db", "--heartbeat_ms=100",
-                                                 "--missed_heartbeats=20"});
+                                                 "--missed_heartbeats=20", "--metrics_port=0",
+                                                 "--metrics_port_file=" + dir_ + "/metrics.addr"});
     auto addr = WaitForAddressFile(port_file, absl::Seconds(30));
     ASSERT_TRUE(addr.ok()) << addr.status();
     coordinator_ = *addr;
@@ -124,6 +151,13 @@ TEST_F(ControlPlaneTest, SubmitWatchStatusListAndCluster) {
   CliResult cluster = Cli({"cluster"});
   EXPECT_NE(cluster.out.find("shard-0"), std::string::npos) << cluster.out;
   EXPECT_EQ(cluster.out.find("LOST"), std::string::npos) << cluster.out;
+  // Prometheus metrics of the coordinator.
+  auto metrics_addr = WaitForAddressFile(dir_ + "/metrics.addr", absl::Seconds(10));
+  ASSERT_TRUE(metrics_addr.ok());
+  const std::string metrics = Scrape(*metrics_addr);
+  EXPECT_NE(metrics.find("pstrain_jobs{state=\"Succeeded\"} 1"), std::string::npos) << metrics;
+  EXPECT_NE(metrics.find("pstrain_member_up{role=\"worker\",name=\"worker-1\"} 1"), std::string::npos) << metrics;
+  EXPECT_NE(metrics.find("pstrain_job_final_accuracy{job=\"" + job + "\""), std::string::npos) << metrics;
 }
 
 TEST_F(ControlPlaneTest, CancelStopsTheJobAndFreesItsMembersForTheNext) {

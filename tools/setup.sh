@@ -10,7 +10,7 @@ PACKAGES=(
   libgrpc++-dev grpc-proto libabsl-dev
   libgtest-dev libgmock-dev
   libspdlog-dev libfmt-dev zlib1g-dev libyaml-cpp-dev nlohmann-json3-dev libcli11-dev
-  libsqlite3-dev
+  libsqlite3-dev prometheus-cpp-dev
   # LibTorch (CPU) with a fast BLAS; collectives
   libtorch-dev libopenblas0-pthread libgloo-dev
   # peers for the benchmarks and interop tests (Debian's /usr/bin/python3)

@@ -15,6 +15,8 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "common/file_util.h"
+#include "common/metrics_server.h"
+#include "server/coordinator/coordinator_metrics.h"
 #include "rpc/grpc_server.h"
 #include "server/coordinator/grpc_coordinator_service.h"
 #include "spdlog/spdlog.h"
@@ -25,6 +27,8 @@ ABSL_FLAG(std::string, port_file, "", "If set, write host:port here once serving
 ABSL_FLAG(std::string, db, "pstrain-jobs.db", "SQLite job store (created if missing).");
 ABSL_FLAG(int, heartbeat_ms, 1000, "Heartbeat interval members are told to use.");
 ABSL_FLAG(int, missed_heartbeats, 5, "A member missing this many heartbeats is lost.");
+ABSL_FLAG(int, metrics_port, -1, "Prometheus /metrics HTTP port (0 picks one; -1 off).");
+ABSL_FLAG(std::string, metrics_port_file, "", "If set, write the metrics host:port here.");
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
@@ -76,6 +80,28 @@ int main(int argc, char** argv) {
       return 1;
     }
   }
+  std::unique_ptr<pstrain::MetricsServer> metrics;
+  std::shared_ptr<pstrain::CoordinatorMetrics> collector;
+  if (absl::GetFlag(FLAGS_metrics_port) >= 0) {
+    auto m = pstrain::MetricsServer::Start(absl::GetFlag(FLAGS_host), absl::GetFlag(FLAGS_metrics_port));
+    if (!m.ok()) {
+      spdlog::error("pstrain-coordinator: {}", m.status().ToString());
+      return 1;
+    }
+    metrics = std::move(*m);
+    collector = std::make_shared<pstrain::CoordinatorMetrics>(coordinator->get());
+    metrics->Add(collector);
+    spdlog::info("pstrain-coordinator: Prometheus metrics on port {}", metrics->port());
+    if (!absl::GetFlag(FLAGS_metrics_port_file).empty()) {
+      absl::Status s = pstrain::WriteFileAtomically(absl::GetFlag(FLAGS_metrics_port_file),
+                                                    absl::StrCat("127.0.0.1:", metrics->port(), "\n"));
+      if (!s.ok()) {
+        spdlog::error("pstrain-coordinator: {}", s.ToString());
+        return 1;
+      }
+    }
+  }
+
   int sig = 0;
   sigwait(&stop, &sig);
   spdlog::info("pstrain-coordinator: signal {}, draining", sig);

@@ -32,19 +32,29 @@ struct CallState {
 // Decodes the request, runs `invoke(state, done)` and finishes the call with
 // the encoded response or the error.
 template <typename Request, typename Response, typename Invoke>
-grpc::ServerUnaryReactor* Serve(grpc::CallbackServerContext* context,
+grpc::ServerUnaryReactor* Serve(const char* method, ParameterServiceMetrics* metrics,
+                                grpc::CallbackServerContext* context,
                                 const grpc::ByteBuffer* request, grpc::ByteBuffer* response,
                                 Invoke invoke) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  const absl::Time start = absl::Now();
+  const size_t bytes_in = request->Length();
+  auto finish = [=](const absl::Status& s) {
+    if (metrics != nullptr) {
+      metrics->Record(method, absl::StatusCodeToString(s.code()), bytes_in, s.ok() ? response->Length() : 0,
+                      absl::ToDoubleSeconds(absl::Now() - start));
+    }
+    reactor->Finish(ToGrpcStatus(s));
+  };
   auto state = std::make_shared<CallState<Request, Response>>();
   absl::Status decoded = DecodeTensorMessage(*request, &state->request, &state->in_tensors);
   if (!decoded.ok()) {
-    reactor->Finish(ToGrpcStatus(decoded));
+    finish(decoded);
     return reactor;
   }
-  invoke(state, OptionsFrom(context), [state, reactor, response](absl::Status s) {
+  invoke(state, OptionsFrom(context), [state, response, finish](absl::Status s) {
     if (s.ok()) s = EncodeTensorMessage(state->response, state->out_tensors, response);
-    reactor->Finish(ToGrpcStatus(s));
+    finish(s);
   });
   return reactor;
 }
@@ -55,7 +65,7 @@ grpc::ServerUnaryReactor* GrpcParameterService::InitTable(grpc::CallbackServerCo
                                                           const grpc::ByteBuffer* request,
                                                           grpc::ByteBuffer* response) {
   return Serve<InitTableRequest, InitTableResponse>(
-      context, request, response, [this](auto state, const CallOptions& options, auto done) {
+      "InitTable", metrics_, context, request, response, [this](auto state, const CallOptions& options, auto done) {
         store_->InitTable(state->request, std::move(state->in_tensors), &state->response, options,
                           std::move(done));
       });
@@ -65,7 +75,7 @@ grpc::ServerUnaryReactor* GrpcParameterService::Pull(grpc::CallbackServerContext
                                                      const grpc::ByteBuffer* request,
                                                      grpc::ByteBuffer* response) {
   return Serve<PullRequest, PullResponse>(
-      context, request, response, [this](auto state, const CallOptions& options, auto done) {
+      "Pull", metrics_, context, request, response, [this](auto state, const CallOptions& options, auto done) {
         store_->Pull(state->request, &state->response, &state->out_tensors, options,
                      std::move(done));
       });
@@ -75,7 +85,7 @@ grpc::ServerUnaryReactor* GrpcParameterService::Push(grpc::CallbackServerContext
                                                      const grpc::ByteBuffer* request,
                                                      grpc::ByteBuffer* response) {
   return Serve<PushRequest, PushResponse>(
-      context, request, response, [this](auto state, const CallOptions& options, auto done) {
+      "Push", metrics_, context, request, response, [this](auto state, const CallOptions& options, auto done) {
         store_->Push(state->request, std::move(state->in_tensors), &state->response, options,
                      std::move(done));
       });
@@ -85,7 +95,7 @@ grpc::ServerUnaryReactor* GrpcParameterService::PushPull(grpc::CallbackServerCon
                                                          const grpc::ByteBuffer* request,
                                                          grpc::ByteBuffer* response) {
   return Serve<PushPullRequest, PushPullResponse>(
-      context, request, response, [this](auto state, const CallOptions& options, auto done) {
+      "PushPull", metrics_, context, request, response, [this](auto state, const CallOptions& options, auto done) {
         store_->PushPull(state->request, std::move(state->in_tensors), &state->response,
                          &state->out_tensors, options, std::move(done));
       });
@@ -95,7 +105,7 @@ grpc::ServerUnaryReactor* GrpcParameterService::Stats(grpc::CallbackServerContex
                                                       const grpc::ByteBuffer* request,
                                                       grpc::ByteBuffer* response) {
   return Serve<StatsRequest, StatsResponse>(
-      context, request, response, [this](auto state, const CallOptions& options, auto done) {
+      "Stats", metrics_, context, request, response, [this](auto state, const CallOptions& options, auto done) {
         store_->Stats(state->request, &state->response, options, std::move(done));
       });
 }

@@ -8,6 +8,7 @@
 
 #include "proto/parameter.grpc.pb.h"
 #include "rpc/parameter_store.h"
+#include "server/ps/parameter_service_metrics.h"
 
 namespace pstrain {
 
@@ -18,8 +19,10 @@ class GrpcParameterService final
                   ParameterService::WithRawCallbackMethod_PushPull<
                       ParameterService::WithRawCallbackMethod_Stats<ParameterService::Service>>>>> {
  public:
-  // `store` is not owned and must outlive the service.
-  explicit GrpcParameterService(ParameterStore* store) : store_(store) {}
+  // `store` (and `metrics`, if given) are not owned and must outlive the
+  // service.
+  explicit GrpcParameterService(ParameterStore* store, ParameterServiceMetrics* metrics = nullptr)
+      : store_(store), metrics_(metrics) {}
 
   grpc::ServerUnaryReactor* InitTable(grpc::CallbackServerContext* context,
                                       const grpc::ByteBuffer* request,
@@ -39,6 +42,7 @@ class GrpcParameterService final
 
  private:
   ParameterStore* const store_;
+  ParameterServiceMetrics* const metrics_;
 };
 
 }  // namespace pstrain

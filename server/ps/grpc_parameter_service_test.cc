@@ -2,10 +2,12 @@
 #include "server/ps/grpc_parameter_service.h"
 
 #include <grpcpp/generic/generic_stub.h>
+#include <prometheus/text_serializer.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <future>
+#include <regex>
 
 #include "rpc/grpc_channel.h"
 #include "rpc/grpc_remote_shard.h"
@@ -84,8 +86,10 @@ class GrpcParameterServiceTest : public ::testing::Test {
     return values.empty() ? std::vector<float>{} : ToFloats(values[0]);
   }
 
+  prometheus::Registry registry_;
+  ParameterServiceMetrics metrics_{registry_, 0};
   ShardStore store_{ShardStoreOptions{}};
-  GrpcParameterService service_{&store_};
+  GrpcParameterService service_{&store_, &metrics_};
   std::unique_ptr<GrpcServer> server_;
   std::unique_ptr<GrpcRemoteShard> client_;
 };
@@ -110,6 +114,25 @@ TEST_F(GrpcParameterServiceTest, PushPullRoundTripOverGrpc) {
   EXPECT_EQ(ToFloats(values[0]), (std::vector<float>{0, 1, 2}));
   EXPECT_EQ(ToFloats(values[1]), std::vector<float>(300000, 0.75f));
   EXPECT_EQ(resp.versions_size(), 2);
+}
+
+TEST_F(GrpcParameterServiceTest, CountsRequestsBytesAndLatencyForPrometheus) {
+  ASSERT_TRUE(Init(ASYNC, 1, {Floats(std::vector<float>(1000, 1.f))}).ok());
+  PushResponse r;
+  ASSERT_TRUE(Push(0, 0, {"k0"}, {Floats(std::vector<float>(1000, 1.f))}, &r).ok());
+  EXPECT_EQ(Push(0, 1, {"nope"}, {Floats({1})}, &r).code(), absl::StatusCode::kNotFound);
+  const std::string text = prometheus::TextSerializer().Serialize(registry_.Collect());
+  EXPECT_NE(text.find("pstrain_shard_requests_total{code=\"OK\",method=\"Push\",shard=\"0\"} 1"),
+            std::string::npos) << text;
+  EXPECT_NE(text.find("pstrain_shard_requests_total{code=\"NOT_FOUND\",method=\"Push\",shard=\"0\"} 1"),
+            std::string::npos) << text;
+  EXPECT_NE(text.find("pstrain_shard_request_seconds_count{method=\"Push\",shard=\"0\"} 2"), std::string::npos)
+      << text;
+  // The 4000-byte gradient plus framing came in.
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(text, m, std::regex(
+      "pstrain_shard_bytes_total\\{direction=\"in\",method=\"Push\",shard=\"0\"\\} ([0-9.e+]+)")));
+  EXPECT_GT(std::stod(m[1]), 4000);
 }
 
 TEST_F(GrpcParameterServiceTest, ErrorsArriveWithFittingCodesAndChangeNothing) {

@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/file_util.h"
 #include "common/malloc_tuning.h"
+#include "common/metrics_server.h"
 #include "rpc/cluster_member.h"
 #include "rpc/grpc_server.h"
 #include "server/ps/grpc_parameter_service.h"
@@ -32,6 +33,7 @@ ABSL_FLAG(int, num_shards, 1, "Number of shards in the cluster.");
 ABSL_FLAG(int, max_message_mb, pstrain::kDefaultMaxMessageBytes >> 20,
           "Largest request or response in MiB; larger ones fail with RESOURCE_EXHAUSTED.");
 ABSL_FLAG(int, max_wait_s, 1800, "Longest a call may wait for other workers, in seconds.");
+ABSL_FLAG(int, metrics_port, -1, "Prometheus /metrics HTTP port (0 picks one; -1 off).");
 ABSL_FLAG(std::string, coordinator, "",
           "host:port of pstrain-coordinator: join its pool (register and heartbeat).");
 ABSL_FLAG(std::string, name, "", "Member name for the coordinator (default: <hostname>-<pid>).");
@@ -77,7 +79,19 @@ int main(int argc, char** argv) {
   store_options.num_shards = static_cast<uint32_t>(num_shards);
   store_options.max_wait = absl::Seconds(absl::GetFlag(FLAGS_max_wait_s));
   pstrain::ShardStore store(store_options);
-  pstrain::GrpcParameterService service(&store);
+  std::unique_ptr<pstrain::MetricsServer> metrics;
+  std::unique_ptr<pstrain::ParameterServiceMetrics> service_metrics;
+  if (absl::GetFlag(FLAGS_metrics_port) >= 0) {
+    auto m = pstrain::MetricsServer::Start(absl::GetFlag(FLAGS_host), absl::GetFlag(FLAGS_metrics_port));
+    if (!m.ok()) {
+      spdlog::error("pstrain-ps: {}", m.status().ToString());
+      return 1;
+    }
+    metrics = std::move(*m);
+    service_metrics = std::make_unique<pstrain::ParameterServiceMetrics>(metrics->registry(), shard_index);
+    spdlog::info("pstrain-ps: Prometheus metrics on port {}", metrics->port());
+  }
+  pstrain::GrpcParameterService service(&store, service_metrics.get());
 
   pstrain::GrpcServerOptions server_options;
   server_options.address = absl::StrCat(absl::GetFlag(FLAGS_host), ":", port);

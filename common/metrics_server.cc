@@ -1,0 +1,30 @@
+#include "common/metrics_server.h"
+
+#include <prometheus/exposer.h>
+
+#include "absl/strings/str_cat.h"
+
+namespace pstrain {
+
+absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::string& host, int port) {
+  std::unique_ptr<MetricsServer> m(new MetricsServer());
+  try {
+    m->exposer_ = std::make_unique<prometheus::Exposer>(absl::StrCat(host, ":", port));
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(absl::StrCat("cannot serve metrics on ", host, ":", port, ": ", e.what()));
+  }
+  auto ports = m->exposer_->GetListeningPorts();
+  if (ports.empty()) return absl::UnavailableError(absl::StrCat("metrics: no listening port on ", host));
+  m->port_ = ports.front();
+  m->registry_ = std::make_shared<prometheus::Registry>();
+  m->exposer_->RegisterCollectable(m->registry_);
+  return m;
+}
+
+MetricsServer::~MetricsServer() = default;
+
+void MetricsServer::Add(const std::shared_ptr<prometheus::Collectable>& collectable) {
+  exposer_->RegisterCollectable(collectable);
+}
+
+}  // namespace pstrain

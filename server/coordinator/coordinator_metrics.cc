@@ -1,0 +1,54 @@
+#include "server/coordinator/coordinator_metrics.h"
+
+#include <prometheus/metric_family.h>
+
+#include <map>
+
+namespace pstrain {
+namespace {
+
+prometheus::MetricFamily Gauge(const std::string& name, const std::string& help) {
+  prometheus::MetricFamily f;
+  f.name = name;
+  f.help = help;
+  f.type = prometheus::MetricType::Gauge;
+  return f;
+}
+
+void Add(prometheus::MetricFamily& f, std::vector<prometheus::ClientMetric::Label> labels, double v) {
+  prometheus::ClientMetric m;
+  m.label = std::move(labels);
+  m.gauge.value = v;
+  f.metric.push_back(std::move(m));
+}
+
+}  // namespace
+
+std::vector<prometheus::MetricFamily> CoordinatorMetrics::Collect() const {
+  auto jobs = Gauge("pstrain_jobs", "Jobs known to the coordinator, by state.");
+  auto step = Gauge("pstrain_job_step", "Step of the slowest worker of a running job.");
+  auto loss = Gauge("pstrain_job_loss", "Mean training loss of a running job's workers.");
+  auto rate = Gauge("pstrain_job_samples_per_second", "Training samples per second of a running job, all workers.");
+  auto accuracy = Gauge("pstrain_job_final_accuracy", "Final test accuracy of a finished job.");
+  std::map<JobState, int> by_state;
+  for (JobState s : {PENDING, RUNNING, CHECKPOINTING, SUCCEEDED, FAILED, CANCELLED}) by_state[s] = 0;
+  for (const JobStatus& j : coordinator_->ListJobs()) {
+    ++by_state[j.state()];
+    const std::vector<prometheus::ClientMetric::Label> labels = {{"job", j.job_id()}, {"name", j.name()}};
+    if (j.state() == RUNNING) {
+      Add(step, labels, static_cast<double>(j.step()));
+      Add(loss, labels, j.loss());
+      Add(rate, labels, j.samples_per_s());
+    }
+    if (j.final_accuracy() >= 0) Add(accuracy, labels, j.final_accuracy());
+  }
+  for (const auto& [state, n] : by_state) Add(jobs, {{"state", JobStateName(state)}}, n);
+
+  auto up = Gauge("pstrain_member_up", "1 if a registered shard or worker is alive, 0 if lost.");
+  for (const MemberStatus& m : coordinator_->Members()) {
+    Add(up, {{"role", m.role()}, {"name", m.name()}}, m.alive() ? 1 : 0);
+  }
+  return {jobs, step, loss, rate, accuracy, up};
+}
+
+}  // namespace pstrain

@@ -126,4 +126,14 @@ void GrpcRemoteShard::Stats(const StatsRequest& request, StatsResponse* response
   Start("Stats", request, {}, response, nullptr, options, std::move(done));
 }
 
+void GrpcRemoteShard::SaveTable(const SaveTableRequest& request, SaveTableResponse* response,
+                                const CallOptions& options, StatusCallback done) {
+  Start("SaveTable", request, {}, response, nullptr, options, std::move(done));
+}
+
+void GrpcRemoteShard::LoadTable(const LoadTableRequest& request, LoadTableResponse* response,
+                                const CallOptions& options, StatusCallback done) {
+  Start("LoadTable", request, {}, response, nullptr, options, std::move(done));
+}
+
 }  // namespace pstrain

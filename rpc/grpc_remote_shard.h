@@ -48,6 +48,10 @@ class GrpcRemoteShard : public ParameterStore {
                 const CallOptions& options, StatusCallback done) override;
   void Stats(const StatsRequest& request, StatsResponse* response, const CallOptions& options,
              StatusCallback done) override;
+  void SaveTable(const SaveTableRequest& request, SaveTableResponse* response,
+                 const CallOptions& options, StatusCallback done) override;
+  void LoadTable(const LoadTableRequest& request, LoadTableResponse* response,
+                 const CallOptions& options, StatusCallback done) override;
 
  private:
   struct Call;

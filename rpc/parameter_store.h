@@ -51,6 +51,10 @@ class ParameterStore {
                         const CallOptions& options, StatusCallback done) = 0;
   virtual void Stats(const StatsRequest& request, StatsResponse* response,
                      const CallOptions& options, StatusCallback done) = 0;
+  virtual void SaveTable(const SaveTableRequest& request, SaveTableResponse* response,
+                         const CallOptions& options, StatusCallback done) = 0;
+  virtual void LoadTable(const LoadTableRequest& request, LoadTableResponse* response,
+                         const CallOptions& options, StatusCallback done) = 0;
 };
 
 // Runs one asynchronous call and waits for its `done`. For tests, tools and

@@ -110,4 +110,24 @@ grpc::ServerUnaryReactor* GrpcParameterService::Stats(grpc::CallbackServerContex
       });
 }
 
+grpc::ServerUnaryReactor* GrpcParameterService::SaveTable(grpc::CallbackServerContext* context,
+                                                          const grpc::ByteBuffer* request,
+                                                          grpc::ByteBuffer* response) {
+  return Serve<SaveTableRequest, SaveTableResponse>(
+      "SaveTable", metrics_, context, request, response,
+      [this](auto state, const CallOptions& options, auto done) {
+        store_->SaveTable(state->request, &state->response, options, std::move(done));
+      });
+}
+
+grpc::ServerUnaryReactor* GrpcParameterService::LoadTable(grpc::CallbackServerContext* context,
+                                                          const grpc::ByteBuffer* request,
+                                                          grpc::ByteBuffer* response) {
+  return Serve<LoadTableRequest, LoadTableResponse>(
+      "LoadTable", metrics_, context, request, response,
+      [this](auto state, const CallOptions& options, auto done) {
+        store_->LoadTable(state->request, &state->response, options, std::move(done));
+      });
+}
+
 }  // namespace pstrain

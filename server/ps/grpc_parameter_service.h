@@ -13,11 +13,13 @@
 namespace pstrain {
 
 class GrpcParameterService final
-    : public ParameterService::WithRawCallbackMethod_InitTable<
+    : public ParameterService::WithRawCallbackMethod_SaveTable<
+          ParameterService::WithRawCallbackMethod_LoadTable<
+          ParameterService::WithRawCallbackMethod_InitTable<
           ParameterService::WithRawCallbackMethod_Pull<
               ParameterService::WithRawCallbackMethod_Push<
                   ParameterService::WithRawCallbackMethod_PushPull<
-                      ParameterService::WithRawCallbackMethod_Stats<ParameterService::Service>>>>> {
+                      ParameterService::WithRawCallbackMethod_Stats<ParameterService::Service>>>>>>> {
  public:
   // `store` (and `metrics`, if given) are not owned and must outlive the
   // service.
@@ -39,6 +41,12 @@ class GrpcParameterService final
   grpc::ServerUnaryReactor* Stats(grpc::CallbackServerContext* context,
                                   const grpc::ByteBuffer* request,
                                   grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* SaveTable(grpc::CallbackServerContext* context,
+                                      const grpc::ByteBuffer* request,
+                                      grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* LoadTable(grpc::CallbackServerContext* context,
+                                      const grpc::ByteBuffer* request,
+                                      grpc::ByteBuffer* response) override;
 
  private:
   ParameterStore* const store_;

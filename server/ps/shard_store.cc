@@ -3,11 +3,14 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <zlib.h>
+
 #include <cstring>
 #include <unordered_map>
 #include <unordered_set>
 
 #include "absl/strings/str_cat.h"
+#include "common/file_util.h"
 #include "server/ps/optimizer.h"
 
 namespace pstrain {
@@ -154,6 +157,37 @@ absl::Status ValidateTableConfig(TableConfig* config) {
 
 }  // namespace
 
+std::unique_ptr<ShardStore::Chunk> ShardStore::NewChunk(const std::string& key, const TensorBuffer& v,
+                                                       const TableConfig& config) {
+  auto chunk = std::make_unique<Chunk>();
+  chunk->key = key;
+  chunk->dtype = v.dtype;
+  chunk->shape = v.shape;
+  chunk->numel = static_cast<size_t>(v.NumElements());
+  chunk->value = TensorBuffer::CopyOf(v.dtype, v.shape, v.data, v.nbytes);
+  const int slots = OptimizerStateSlots(config.optimizer().kind());
+  const bool per_worker = config.consistency() != SYNC && !config.shared_async_state();
+  const uint32_t sets = per_worker ? config.num_workers() : 1;
+  chunk->state.resize(sets);
+  chunk->optimizer_step.assign(sets, 0);
+  for (auto& set : chunk->state) {
+    for (int k = 0; k < slots; ++k) set.push_back(Zeros(v.dtype, v.shape));
+    if (config.optimizer().kind() == OptimizerConfig::ADAGRAD) {
+      if (v.dtype == DT_FLOAT32) {
+        Fill<float>(set[0], config.optimizer().initial_accumulator_value());
+      } else {
+        Fill<double>(set[0], config.optimizer().initial_accumulator_value());
+      }
+    }
+  }
+  chunk->last_step.assign(config.num_workers(), -1);
+  if (config.consistency() == SYNC) {
+    chunk->accum = Zeros(v.dtype, v.shape);
+    chunk->arrived.assign(config.num_workers(), false);
+  }
+  return chunk;
+}
+
 ShardStore::ShardStore(ShardStoreOptions options) : options_(std::move(options)) {
   reaper_ = std::thread([this] { ReaperLoop(); });
 }
@@ -228,7 +262,6 @@ void ShardStore::InitTable(const InitTableRequest& request, std::vector<TensorBu
   auto table = std::make_shared<Table>();
   table->job = request.job();
   table->config = config;
-  const int slots = OptimizerStateSlots(config.optimizer().kind());
   for (size_t i = 0; i < values.size(); ++i) {
     const std::string& key = request.keys(static_cast<int>(i));
     const TensorBuffer& v = values[i];
@@ -244,31 +277,7 @@ void ShardStore::InitTable(const InitTableRequest& request, std::vector<TensorBu
     if (!table->index.emplace(key, i).second) {
       return done(absl::InvalidArgumentError(absl::StrCat("key '", key, "' appears twice")));
     }
-    auto chunk = std::make_unique<Chunk>();
-    chunk->key = key;
-    chunk->dtype = v.dtype;
-    chunk->shape = v.shape;
-    chunk->numel = static_cast<size_t>(v.NumElements());
-    chunk->value = TensorBuffer::CopyOf(v.dtype, v.shape, v.data, v.nbytes);
-    const bool per_worker = config.consistency() != SYNC && !config.shared_async_state();
-    const uint32_t sets = per_worker ? config.num_workers() : 1;
-    chunk->state.resize(sets);
-    chunk->optimizer_step.assign(sets, 0);
-    for (auto& set : chunk->state) {
-      for (int k = 0; k < slots; ++k) set.push_back(Zeros(v.dtype, v.shape));
-      if (config.optimizer().kind() == OptimizerConfig::ADAGRAD) {
-        if (v.dtype == DT_FLOAT32) {
-          Fill<float>(set[0], config.optimizer().initial_accumulator_value());
-        } else {
-          Fill<double>(set[0], config.optimizer().initial_accumulator_value());
-        }
-      }
-    }
-    chunk->last_step.assign(config.num_workers(), -1);
-    if (config.consistency() == SYNC) {
-      chunk->accum = Zeros(v.dtype, v.shape);
-      chunk->arrived.assign(config.num_workers(), false);
-    }
+    std::unique_ptr<Chunk> chunk = NewChunk(key, v, config);
     table->chunks.push_back(std::move(chunk));
   }
 
@@ -623,6 +632,152 @@ void ShardStore::Stats(const StatsRequest& request, StatsResponse* response,
     s->set_bytes_pushed(t->bytes_pushed.load());
     s->set_bytes_pulled(t->bytes_pulled.load());
   }
+  done(absl::OkStatus());
+}
+
+void ShardStore::SaveTable(const SaveTableRequest& request, SaveTableResponse* response,
+                           const CallOptions& /*options*/, StatusCallback done) {
+  absl::StatusOr<std::shared_ptr<Table>> table = FindTable(request.job());
+  if (!table.ok()) return done(table.status());
+  if (request.path().empty()) return done(absl::InvalidArgumentError("path must not be empty"));
+  TableSnapshot snap;
+  snap.set_job((*table)->job);
+  *snap.mutable_config() = (*table)->config;
+  snap.set_shard_index(options_.shard_index);
+  int64_t lo = INT64_MAX, hi = 0;
+  for (const auto& c : (*table)->chunks) {
+    std::lock_guard<std::mutex> lock(c->mu);
+    if (c->arrivals > 0) {
+      return done(absl::FailedPreconditionError(absl::StrCat(
+          "key '", c->key, "' has a SYNC step half pushed; checkpoint when every worker is paused")));
+    }
+    ChunkSnapshot* cs = snap.add_chunks();
+    cs->set_key(c->key);
+    cs->set_dtype(c->dtype);
+    for (int64_t d : c->shape) cs->add_shape(d);
+    cs->set_value(reinterpret_cast<const char*>(c->value.data), c->value.nbytes);
+    for (size_t k = 0; k < c->state.size(); ++k) {
+      ChunkSnapshot::StateSet* set = cs->add_state();
+      for (const TensorBuffer& b : c->state[k]) set->add_slots(reinterpret_cast<const char*>(b.data), b.nbytes);
+      set->set_optimizer_step(c->optimizer_step[k]);
+    }
+    const int64_t v = c->version.load();
+    cs->set_version(v);
+    for (int64_t l : c->last_step) cs->add_last_step(l);
+    lo = std::min(lo, v);
+    hi = std::max(hi, v);
+    response->add_keys(c->key);
+  }
+  std::string bytes;
+  if (!snap.SerializeToString(&bytes)) {
+    return done(absl::ResourceExhaustedError("the table is too large for one checkpoint file (2 GiB)"));
+  }
+  absl::Status s = WriteFileAtomically(request.path(), bytes);
+  if (!s.ok()) return done(s);
+  response->set_path(request.path());
+  response->set_bytes(bytes.size());
+  response->set_crc32(static_cast<uint32_t>(
+      crc32(0L, reinterpret_cast<const Bytef*>(bytes.data()), static_cast<uInt>(bytes.size()))));
+  response->set_min_version(lo == INT64_MAX ? 0 : lo);
+  response->set_max_version(hi);
+  done(absl::OkStatus());
+}
+
+void ShardStore::LoadTable(const LoadTableRequest& request, LoadTableResponse* response,
+                           const CallOptions& /*options*/, StatusCallback done) {
+  {
+    std::lock_guard<std::mutex> lock(waiters_mu_);
+    if (shutdown_) return done(Unavailable());
+  }
+  if (request.job().empty()) return done(absl::InvalidArgumentError("job must not be empty"));
+  TableConfig config = request.config();
+  absl::Status s = ValidateTableConfig(&config);
+  if (!s.ok()) return done(s);
+  std::unordered_map<std::string, ChunkSnapshot> wanted;
+  for (const std::string& k : request.keys()) wanted.emplace(k, ChunkSnapshot());
+  std::unordered_set<std::string> found;
+  for (const auto& f : request.files()) {
+    absl::StatusOr<std::string> bytes = ReadFile(f.path());
+    if (!bytes.ok()) {
+      return done(absl::DataLossError(absl::StrCat("checkpoint file ", f.path(), " is missing")));
+    }
+    if (f.bytes() != 0 && bytes->size() != f.bytes()) {
+      return done(absl::DataLossError(absl::StrCat("checkpoint file ", f.path(), " has ", bytes->size(),
+                                                   " bytes, the manifest says ", f.bytes(), " (truncated?)")));
+    }
+    const uint32_t crc = static_cast<uint32_t>(
+        crc32(0L, reinterpret_cast<const Bytef*>(bytes->data()), static_cast<uInt>(bytes->size())));
+    if (crc != f.crc32()) {
+      return done(absl::DataLossError(absl::StrCat("checkpoint file ", f.path(), " is corrupt (crc32 ", crc,
+                                                   ", the manifest says ", f.crc32(), ")")));
+    }
+    TableSnapshot snap;
+    if (!snap.ParseFromString(*bytes)) {
+      return done(absl::DataLossError(absl::StrCat("checkpoint file ", f.path(), " cannot be parsed")));
+    }
+    for (ChunkSnapshot& c : *snap.mutable_chunks()) {
+      auto it = wanted.find(c.key());
+      if (it != wanted.end()) {
+        it->second = std::move(c);
+        found.insert(it->first);
+      }
+    }
+  }
+  auto table = std::make_shared<Table>();
+  table->job = request.job();
+  table->config = config;
+  const int slots = OptimizerStateSlots(config.optimizer().kind());
+  int64_t lo = INT64_MAX;
+  for (const std::string& key : request.keys()) {
+    if (found.count(key) == 0) {
+      return done(absl::DataLossError(absl::StrCat("the checkpoint has no chunk '", key,
+                                                   "': it is incomplete or from another model")));
+    }
+    const ChunkSnapshot& c = wanted[key];
+    TensorBuffer v;
+    v.dtype = c.dtype();
+    v.shape.assign(c.shape().begin(), c.shape().end());
+    v.data = reinterpret_cast<const uint8_t*>(c.value().data());
+    v.nbytes = c.value().size();
+    s = ValidateTensorBuffer(v, absl::StrCat("checkpointed chunk '", key, "'"));
+    if (!s.ok() || (v.dtype != DT_FLOAT32 && v.dtype != DT_FLOAT64)) {
+      return done(absl::DataLossError(s.ok() ? absl::StrCat("chunk '", key, "' is not float") : std::string(s.message())));
+    }
+    if (!table->index.emplace(key, table->chunks.size()).second) {
+      return done(absl::InvalidArgumentError(absl::StrCat("key '", key, "' appears twice")));
+    }
+    std::unique_ptr<Chunk> chunk = NewChunk(key, v, config);
+    // Optimizer state and per-worker steps carry over when they fit the new
+    // table (same worker count and optimizer); otherwise they start afresh.
+    bool state_fits = static_cast<size_t>(c.state_size()) == chunk->state.size();
+    for (const auto& set : c.state()) {
+      state_fits = state_fits && set.slots_size() == slots;
+      for (const std::string& b : set.slots()) state_fits = state_fits && b.size() == v.nbytes;
+    }
+    if (state_fits) {
+      for (size_t k = 0; k < chunk->state.size(); ++k) {
+        for (int j = 0; j < slots; ++j) {
+          std::memcpy(chunk->state[k][j].MutableData(), c.state(k).slots(j).data(), v.nbytes);
+        }
+        chunk->optimizer_step[k] = c.state(k).optimizer_step();
+      }
+    }
+    if (static_cast<size_t>(c.last_step_size()) == chunk->last_step.size()) {
+      chunk->last_step.assign(c.last_step().begin(), c.last_step().end());
+      chunk->clock.store(*std::min_element(chunk->last_step.begin(), chunk->last_step.end()));
+    }
+    chunk->version.store(c.version());
+    lo = std::min(lo, c.version());
+    table->chunks.push_back(std::move(chunk));
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  if (tables_.count(request.job()) != 0) {
+    return done(absl::AlreadyExistsError(absl::StrCat("job '", request.job(), "' already has a table on shard ",
+                                                      options_.shard_index, "; restore into a new job")));
+  }
+  response->set_chunks(static_cast<uint32_t>(table->chunks.size()));
+  response->set_min_version(lo == INT64_MAX ? 0 : lo);
+  tables_.emplace(request.job(), std::move(table));
   done(absl::OkStatus());
 }
 

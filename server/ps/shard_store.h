@@ -58,6 +58,12 @@ class ShardStore : public ParameterStore {
                 const CallOptions& options, StatusCallback done) override;
   void Stats(const StatsRequest& request, StatsResponse* response, const CallOptions& options,
              StatusCallback done) override;
+  // Runs on the calling thread (file I/O): callers are the gRPC service
+  // (one call per checkpoint) and tests.
+  void SaveTable(const SaveTableRequest& request, SaveTableResponse* response,
+                 const CallOptions& options, StatusCallback done) override;
+  void LoadTable(const LoadTableRequest& request, LoadTableResponse* response,
+                 const CallOptions& options, StatusCallback done) override;
 
  private:
   struct Chunk;
@@ -72,6 +78,8 @@ class ShardStore : public ParameterStore {
     const std::vector<TensorBuffer>* grads = nullptr;
   };
 
+  static std::unique_ptr<Chunk> NewChunk(const std::string& key, const TensorBuffer& value,
+                                         const TableConfig& config);
   absl::StatusOr<std::shared_ptr<Table>> FindTable(const std::string& job);
   absl::StatusOr<std::vector<size_t>> ResolveKeys(
       const Table& table, const google::protobuf::RepeatedPtrField<std::string>& keys);

@@ -188,6 +188,17 @@ int main(int argc, char** argv) {
   CLI::App* cancel = app.add_subcommand("cancel", "cancel a job");
   cancel->add_option("job", job_id)->required();
   CLI::App* cluster = app.add_subcommand("cluster", "the pool: shards and workers and their health");
+  std::string resume, export_path;
+  submit->add_option("--resume", resume, "start from this checkpoint directory (ckpt-<step>/)");
+  CLI::App* checkpoint = app.add_subcommand("checkpoint", "checkpoint a running job now; prints the directory");
+  checkpoint->add_option("job", job_id)->required();
+  CLI::App* restore = app.add_subcommand("restore", "a new job continuing from a checkpoint (its spec, or --spec)");
+  restore->add_option("--from", resume, "checkpoint directory (ckpt-<step>/)")->required();
+  restore->add_option("--spec", spec_path, "job spec to use instead of the checkpoint's (e.g. more shards)");
+  restore->add_option("--output_dir", output_dir, "overrides the spec's output_dir");
+  CLI::App* export_cmd = app.add_subcommand("export", "write a finished job's weights (torch.load reads them)");
+  export_cmd->add_option("job", job_id)->required();
+  export_cmd->add_option("-f,--file", export_path, "destination file")->required();
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -201,7 +212,7 @@ int main(int argc, char** argv) {
   const bool json = output == "json";
 
   std::string spec_yaml;
-  if (local->parsed() || submit->parsed()) {
+  if (local->parsed() || submit->parsed() || (restore->parsed() && !spec_path.empty())) {
     auto text = pstrain::ReadFile(spec_path);
     if (!text.ok()) {
       std::fprintf(stderr, "pstrain: cannot read job spec %s\n", spec_path.c_str());
@@ -247,9 +258,10 @@ int main(int argc, char** argv) {
   }
 
   Client client(coordinator);
-  if (submit->parsed()) {
+  if (submit->parsed() || restore->parsed()) {
     pstrain::SubmitJobRequest req;
     req.set_spec_yaml(spec_yaml);
+    if (!resume.empty()) req.set_resume_from(std::filesystem::absolute(resume).string());
     if (!output_dir.empty()) req.set_output_dir(std::filesystem::absolute(output_dir).string());
     pstrain::SubmitJobResponse resp;
     grpc::ClientContext ctx;
@@ -302,6 +314,41 @@ int main(int argc, char** argv) {
       return Fail(st.status(), coordinator);
     }
     return JobOutcome(*st, view);
+  }
+  if (checkpoint->parsed()) {
+    pstrain::CheckpointRequest req;
+    req.set_job_id(job_id);
+    pstrain::CheckpointResponse resp;
+    grpc::ClientContext ctx;
+    Client::Deadline(&ctx, absl::Minutes(15));
+    absl::Status s = pstrain::FromGrpcStatus(client.stub()->Checkpoint(&ctx, req, &resp));
+    if (!s.ok()) return Fail(s, coordinator);
+    std::printf(json ? "{\"path\": \"%s\", \"step\": %lld}\n" : "%s (step %lld)\n", resp.path().c_str(),
+                static_cast<long long>(resp.step()));
+    return 0;
+  }
+  if (export_cmd->parsed()) {
+    pstrain::GetJobRequest req;
+    req.set_job_id(job_id);
+    pstrain::JobStatus st;
+    grpc::ClientContext ctx;
+    Client::Deadline(&ctx);
+    absl::Status s = pstrain::FromGrpcStatus(client.stub()->GetJob(&ctx, req, &st));
+    if (!s.ok()) return Fail(s, coordinator);
+    if (st.weights_path().empty()) {
+      std::fprintf(stderr, "pstrain: job %s has no final weights yet (it is %s); export works on a finished job\n",
+                   job_id.c_str(), StateName(st.state()));
+      return kFailed;
+    }
+    auto bytes = pstrain::ReadFile(st.weights_path());
+    if (!bytes.ok()) {
+      std::fprintf(stderr, "pstrain: cannot read %s (is its file system mounted here?)\n", st.weights_path().c_str());
+      return kFailed;
+    }
+    s = pstrain::WriteFileAtomically(export_path, *bytes);
+    if (!s.ok()) return Fail(s, coordinator);
+    std::printf("%s\n", export_path.c_str());
+    return 0;
   }
   if (cancel->parsed()) {
     pstrain::CancelJobRequest req;

@@ -50,13 +50,16 @@ absl::Status WriteFileAtomically(const std::string& path, absl::string_view cont
     return s;
   }
   const size_t slash = path.rfind('/');
-  const std::string dir = slash == std::string::npos ? "." : path.substr(0, slash + 1);
-  int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  SyncDirectory(slash == std::string::npos ? "." : path.substr(0, slash + 1));
+  return absl::OkStatus();
+}
+
+void SyncDirectory(const std::string& dir) {
+  int dfd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dfd >= 0) {
     ::fsync(dfd);
     ::close(dfd);
   }
-  return absl::OkStatus();
 }
 
 absl::StatusOr<std::string> ReadFile(const std::string& path) {

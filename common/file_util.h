@@ -13,6 +13,8 @@ namespace pstrain {
 
 absl::Status WriteFileAtomically(const std::string& path, absl::string_view contents);
 absl::StatusOr<std::string> ReadFile(const std::string& path);
+// fsyncs a directory, so a rename inside it is durable.
+void SyncDirectory(const std::string& dir);
 
 }  // namespace pstrain
 

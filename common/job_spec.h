@@ -67,6 +67,8 @@ struct JobSpec {
   int64_t bucket_bytes = 4 << 20;  // gradients pushed together (one request per shard)
   int64_t max_steps = 0;        // stop each worker after this many steps (0: all epochs)
   std::string output_dir = "out";
+  int64_t checkpoint_every_steps = 0;  // 0: only on demand (pstrain checkpoint)
+  int checkpoint_keep = 3;             // newest checkpoints kept
   int log_every_steps = 20;
 };
 

@@ -105,6 +105,7 @@ void ClusterMember::HeartbeatLoop() {
     }
     lock.lock();
     if (!s.ok()) continue;
+    pause_ = resp.pause();
     if (options_.role == "shard") {
       // A shard serves whatever job it is assigned; remembering it lets a
       // restarted coordinator re-attach the shard to its running job.

@@ -51,6 +51,8 @@ class ClusterMember {
   void SetRunning(const std::string& job_id, int rank);
   // True once the coordinator no longer assigns the running job to us.
   const std::atomic<bool>& cancelled() const { return cancelled_; }
+  // True while the coordinator asks this worker to pause (a checkpoint).
+  bool pause_requested() const { return pause_; }
 
   // Queues one event of the running job for the coordinator.
   void Report(const std::string& event_json);
@@ -66,6 +68,7 @@ class ClusterMember {
   const ClusterMemberOptions options_;
   std::unique_ptr<ClusterService::Stub> stub_;
   std::atomic<bool> cancelled_{false};
+  std::atomic<bool> pause_{false};
 
   std::mutex mu_;
   std::condition_variable cv_;

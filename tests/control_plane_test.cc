@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <regex>
 
+#include "absl/strings/str_replace.h"
 #include "common/file_util.h"
 #include "tests/child_process.h"
 
@@ -48,21 +49,38 @@ class ControlPlaneTest : public ::testing::Test {
   void SetUp() override {
     dir_ = MakeTempDir("control");
     StartCoordinator(0);
-    for (int i = 0; i < 1; ++i) {
+    StartPool(1, 2);
+  }
+
+  void StartPool(int shards, int workers, int first_shard = 0) {
+    for (int i = first_shard; i < first_shard + shards; ++i) {
       pool_.push_back(Start("shard-" + std::to_string(i),
                             {"server/ps/pstrain-ps", "--host=127.0.0.1", "--port=0", "--advertise_host=127.0.0.1",
                              "--coordinator=" + coordinator_, "--name=shard-" + std::to_string(i)}));
     }
-    for (int r = 0; r < 2; ++r) {
+    for (int r = 0; r < workers; ++r) {
       pool_.push_back(Start("worker-" + std::to_string(r), {"worker/pstrain-worker", "--coordinator=" + coordinator_,
                                                             "--name=worker-" + std::to_string(r)}));
     }
     // Wait until the pool has registered.
+    const std::string last = workers > 0 ? "worker-" + std::to_string(workers - 1)
+                                          : "shard-" + std::to_string(first_shard + shards - 1);
     const absl::Time deadline = absl::Now() + absl::Seconds(60);
-    while (Cli({"cluster"}).out.find("worker-1") == std::string::npos) {
+    while (Cli({"cluster"}).out.find(last) == std::string::npos) {
       ASSERT_LT(absl::Now(), deadline) << Cli({"cluster"}).out;
       absl::SleepFor(absl::Milliseconds(100));
     }
+  }
+
+  // SIGKILL the coordinator and every member.
+  void KillEverything() {
+    coordinator_process_->Signal(SIGKILL);
+    coordinator_process_->Wait();
+    for (auto& p : pool_) {
+      p->Signal(SIGKILL);
+      p->Wait();
+    }
+    pool_.clear();
   }
 
   void StartCoordinator(int port) {
@@ -201,6 +219,82 @@ TEST_F(ControlPlaneTest, ClearErrorsAndExitCodes) {
   auto child = ChildProcess::Start(argv, dir_ + "/unreachable.out");
   EXPECT_EQ((*child)->Wait(absl::Seconds(60)), 3);
   EXPECT_NE(ReadFile(dir_ + "/unreachable.out")->find("cannot reach the coordinator"), std::string::npos);
+}
+
+double FinalAccuracy(const std::string& out) {
+  std::smatch m;
+  if (!std::regex_search(out, m, std::regex("final test accuracy ([0-9.]+)"))) return -1;
+  return std::stod(m[1]);
+}
+
+// Checkpoint a 2-shard job, kill every process, start a fresh cluster with 3
+// shards, restore: the job finishes with the accuracy of an uninterrupted
+// run (SYNC with 2 workers is deterministic, so it is the same up to float
+// rounding), and the 2-shard checkpoint was re-partitioned onto 3 shards.
+TEST_F(ControlPlaneTest, CheckpointKillEverythingRestoreOntoThreeShardsAndFinish) {
+  if (!std::filesystem::exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz")) {
+    GTEST_SKIP() << "dataset-fashion-mnist is not installed (make setup installs it)";
+  }
+  StartPool(1, 0, /*first_shard=*/1);  // shard-1 beside the fixture's shard-0
+  const std::string spec = dir_ + "/fmnist.yaml";
+  const std::string yaml =
+      "name: fmnist\nmodel: mlp\ndata: {format: idx, limit_train: 8000, limit_test: 2000}\n"
+      "consistency: sync\nworkers: 2\nshards: 2\nepochs: 2\nbatch_size: 32\nlog_every_steps: 5\n"
+      "optimizer: {kind: sgd, lr: 0.05, momentum: 0.9}\n";
+  ASSERT_TRUE(WriteFileAtomically(spec, yaml).ok());
+  // The uninterrupted run.
+  const std::string whole = Submit(spec);
+  CliResult a = Cli({"watch", whole});
+  ASSERT_EQ(a.code, 0) << a.out;
+  const double acc_whole = FinalAccuracy(a.out);
+  ASSERT_GT(acc_whole, 0.5) << a.out;
+
+  // The interrupted one: checkpoint mid-run, then kill everything.
+  const std::string job = Submit(spec);
+  const absl::Time deadline = absl::Now() + absl::Seconds(120);
+  while (true) {
+    CliResult st = Cli({"status", job, "-o", "json"});
+    std::smatch m;
+    if (std::regex_search(st.out, m, std::regex("\"step\": \"(\\d+)\"")) && std::stoll(m[1]) >= 60) break;
+    ASSERT_LT(absl::Now(), deadline) << st.out;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  CliResult ck = Cli({"checkpoint", job});
+  ASSERT_EQ(ck.code, 0) << ck.out;
+  const std::string ckpt = ck.out.substr(0, ck.out.find(' '));
+  ASSERT_TRUE(std::filesystem::exists(ckpt + "/manifest.json")) << ck.out;
+  EXPECT_TRUE(std::filesystem::exists(ckpt + "/shard-1.bin"));
+  KillEverything();
+
+  // A fresh cluster with 3 shards; the same job store.
+  StartCoordinator(0);
+  StartPool(3, 2);
+  const std::string spec3 = dir_ + "/fmnist3.yaml";
+  ASSERT_TRUE(WriteFileAtomically(spec3, absl::StrReplaceAll(yaml, {{"shards: 2", "shards: 3"}})).ok());
+  CliResult restored = Cli({"restore", "--from", ckpt, "--spec", spec3, "--output_dir", dir_ + "/restored"});
+  ASSERT_EQ(restored.code, 0) << restored.out;
+  const std::string resumed = restored.out.substr(0, restored.out.find('\n'));
+  CliResult b = Cli({"watch", resumed});
+  ASSERT_EQ(b.code, 0) << b.out << Cli({"status", resumed}).out;
+  const double acc_resumed = FinalAccuracy(b.out);
+  std::printf("uninterrupted accuracy %.4f, checkpointed + restored onto 3 shards %.4f\n", acc_whole, acc_resumed);
+  EXPECT_NEAR(acc_resumed, acc_whole, 0.005) << a.out << "\n---\n" << b.out;
+  CliResult st = Cli({"status", resumed, "-o", "json"});
+  EXPECT_NE(st.out.find("\"reason\": \"Restored\""), std::string::npos) << st.out;
+  EXPECT_NE(st.out.find("onto 3 shard(s)"), std::string::npos) << st.out;
+}
+
+TEST_F(ControlPlaneTest, CorruptCheckpointIsRefused) {
+  const std::string fake = dir_ + "/ckpt-7";
+  std::filesystem::create_directories(fake);
+  CliResult none = Cli({"restore", "--from", fake});
+  EXPECT_EQ(none.code, 4) << none.out;  // no manifest: not a checkpoint
+  EXPECT_NE(none.out.find("manifest"), std::string::npos) << none.out;
+  ASSERT_TRUE(WriteFileAtomically(fake + "/manifest.json",
+                                  "{\"format\": \"pstrain-checkpoint-1\", \"job\": \"j\"}").ok());
+  CliResult partial = Cli({"restore", "--from", fake});
+  EXPECT_NE(partial.code, 0);
+  EXPECT_NE(partial.out.find("incomplete"), std::string::npos) << partial.out;
 }
 
 }  // namespace

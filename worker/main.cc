@@ -66,7 +66,9 @@ std::string JsonEscape(const std::string& s) {
 // Trains one job; `emit` receives every event.
 absl::Status RunJob(pstrain::JobSpec spec, int rank, int world_size,
                     const std::vector<std::string>& targets, const std::atomic<bool>* stop,
-                    const std::function<void(const std::string&)>& emit) {
+                    const std::function<void(const std::string&)>& emit,
+                    const pstrain::Assignment* assignment = nullptr,
+                    pstrain::ClusterMember* member = nullptr) {
   if (rank < 0 || rank >= world_size) {
     return absl::InvalidArgumentError(absl::StrCat("need 0 <= rank < world size (", rank, ", ", world_size, ")"));
   }
@@ -90,6 +92,23 @@ absl::Status RunJob(pstrain::JobSpec spec, int rank, int world_size,
   options.emit = emit;
   options.write_weights = rank == 0;
   options.stop = stop;
+  if (assignment != nullptr) {
+    options.start_step = assignment->start_step();
+    options.start_epoch = assignment->start_epoch();
+    options.start_epoch_step = assignment->start_epoch_step();
+  }
+  if (member != nullptr) {
+    // A checkpoint pauses every worker at a step boundary: report where, then
+    // wait until the coordinator has saved the shards.
+    options.at_step_boundary = [member, stop, rank, &emit](int64_t step, int epoch, int64_t epoch_step) {
+      if (!member->pause_requested()) return;
+      emit(absl::StrCat("{\"event\": \"paused\", \"rank\": ", rank, ", \"step\": ", step,
+                        ", \"epoch\": ", epoch, ", \"epoch_step\": ", epoch_step, "}"));
+      while (member->pause_requested() && !(stop != nullptr && stop->load())) {
+        absl::SleepFor(absl::Milliseconds(10));
+      }
+    };
+  }
   spdlog::info("pstrain-worker rank {}/{} of {}: loading data ({})", rank, world_size, spec.name,
                spec.data.format);
   auto data = pstrain::LoadData(spec.data, spec.seed);
@@ -149,7 +168,7 @@ int RunPoolMember() {
           absl::SleepFor(absl::Milliseconds(50));
         }
       });
-      s = RunJob(*spec, a->rank(), a->world_size(), targets, &stop_job, emit);
+      s = RunJob(*spec, a->rank(), a->world_size(), targets, &stop_job, emit, &*a, &member);
       const bool cancelled = member.cancelled();
       stop_job = true;
       watch.join();

@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "common/file_util.h"
 #include "common/partition_plan.h"
 #include "worker/model.h"
@@ -130,6 +131,18 @@ absl::StatusOr<TrainResult> RunTrainer(const TrainerOptions& options, const Trai
   if (s.ok()) s = ps.Pull(detached);
   if (!s.ok()) return s;
 
+  if (options.rank == 0) {
+    // The model's layout, for checkpoints and their re-partitioning.
+    std::string params_json;
+    for (const ParameterSpec& p : specs) {
+      if (!params_json.empty()) params_json += ", ";
+      params_json += absl::StrCat("{\"name\": \"", p.name, "\", \"shape\": [", absl::StrJoin(p.shape, ", "),
+                                  "], \"dtype\": ", static_cast<int>(p.dtype), "}");
+    }
+    options.emit(absl::StrCat("{\"event\": \"plan\", \"chunk_bytes\": ", spec.chunk_bytes, ", \"params\": [",
+                              params_json, "]}"));
+  }
+
   std::vector<at::Tensor> staging;
   for (auto& p : detached) staging.push_back(at::empty_like(p));
 
@@ -158,7 +171,7 @@ absl::StatusOr<TrainResult> RunTrainer(const TrainerOptions& options, const Trai
   std::vector<at::Tensor> ready(params.size());
   std::vector<bool> offered(params.size(), false);
   std::vector<size_t> missing(buckets.size());
-  int64_t step = 0;
+  int64_t step = options.start_step;
   double lr = spec.optimizer.lr();
   auto offer = [&](size_t i, const at::Tensor& grad) {
     offered[i] = true;
@@ -195,10 +208,12 @@ absl::StatusOr<TrainResult> RunTrainer(const TrainerOptions& options, const Trai
   int64_t window_samples = 0;
   double window_loss = 0;
   int window_steps = 0;
-  for (int epoch = 0; epoch < spec.epochs && step < total_steps; ++epoch) {
+  for (int epoch = options.start_epoch; epoch < spec.epochs && step < total_steps; ++epoch) {
     const std::vector<int64_t> order = sampler.Indices(epoch);
-    int64_t micro = 0;
-    for (int64_t es = 0; es < steps_per_epoch && step < total_steps; ++es) {
+    const int64_t first_step = epoch == options.start_epoch ? options.start_epoch_step : 0;
+    int64_t micro = first_step * spec.accumulate_steps;
+    for (int64_t es = first_step; es < steps_per_epoch && step < total_steps; ++es) {
+      if (options.at_step_boundary) options.at_step_boundary(step, epoch, es);
       if (options.stop != nullptr && options.stop->load()) {
         return absl::CancelledError(absl::StrCat("job cancelled at step ", step));
       }

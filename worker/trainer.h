@@ -38,6 +38,13 @@ struct TrainerOptions {
   bool write_weights = true;
   // When set and true, training stops at the next step with CANCELLED.
   const std::atomic<bool>* stop = nullptr;
+  // Called before every optimizer step, with the step about to run and its
+  // place in the epochs; may block (a checkpoint pauses workers here).
+  std::function<void(int64_t step, int epoch, int64_t epoch_step)> at_step_boundary;
+  // Resuming from a checkpoint: the first step to run and where it is.
+  int64_t start_step = 0;
+  int start_epoch = 0;
+  int64_t start_epoch_step = 0;
 };
 
 struct TrainResult {

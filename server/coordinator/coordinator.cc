@@ -3,10 +3,14 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <filesystem>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_join.h"
+#include "common/file_util.h"
+#include "common/partition_plan.h"
+#include "rpc/grpc_remote_shard.h"
 #include "spdlog/spdlog.h"
 
 namespace pstrain {
@@ -59,6 +63,21 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(CoordinatorOpti
         if (raw->shutdown_) break;
         raw->ExpireLeases();
         raw->Schedule();
+        // Periodic checkpoints.
+        for (auto& [id, job] : raw->jobs_) {
+          const JobStatus& st = job.stored.status;
+          if (st.state() != RUNNING || job.checkpointing || job.restoring || job.spec.checkpoint_every_steps <= 0 ||
+              st.params_size() == 0 || st.workers_size() < job.spec.workers) {
+            continue;
+          }
+          if (st.step() >= job.last_checkpoint_step + job.spec.checkpoint_every_steps && st.step() < st.steps()) {
+            job.checkpointing = true;  // claimed; Checkpoint() takes it from here
+            raw->Background([raw, id = id] {
+              auto r = raw->Checkpoint(id);
+              if (!r.ok()) spdlog::warn("coordinator: periodic checkpoint of {}: {}", id, r.status().ToString());
+            });
+          }
+        }
       }
     });
   }
@@ -68,12 +87,20 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(CoordinatorOpti
 Coordinator::~Coordinator() { Shutdown(); }
 
 void Coordinator::Shutdown() {
+  std::vector<std::thread> background;
   {
     std::lock_guard<std::mutex> lock(mu_);
     shutdown_ = true;
     cv_.notify_all();
+    background.swap(background_);
   }
   if (ticker_.joinable()) ticker_.join();
+  for (auto& t : background) t.join();
+}
+
+void Coordinator::Background(std::function<void()> fn) {
+  if (shutdown_) return;
+  background_.emplace_back(std::move(fn));
 }
 
 Coordinator::Job* Coordinator::FindJob(const std::string& id) {
@@ -129,8 +156,24 @@ void Coordinator::Transition(Job& job, JobState state, const std::string& reason
 }
 
 absl::StatusOr<std::string> Coordinator::SubmitJob(const SubmitJobRequest& request) {
-  auto spec = ParseJobSpec(request.spec_yaml(), "job spec");
+  std::string spec_yaml = request.spec_yaml();
+  std::string resume_dir;
+  CheckpointManifest manifest;
+  if (!request.resume_from().empty()) {
+    std::error_code ec;
+    resume_dir = std::filesystem::absolute(request.resume_from(), ec).lexically_normal().string();
+    while (!resume_dir.empty() && resume_dir.back() == '/') resume_dir.pop_back();
+    auto m = ReadManifest(resume_dir);
+    if (!m.ok()) return m.status();
+    manifest = std::move(*m);
+    if (spec_yaml.empty()) spec_yaml = manifest.spec_yaml;
+  }
+  auto spec = ParseJobSpec(spec_yaml, "job spec");
   if (!spec.ok()) return spec.status();
+  if (!resume_dir.empty() && spec->chunk_bytes != manifest.chunk_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("chunk_bytes is ", spec->chunk_bytes, " but the checkpoint was cut in chunks of ",
+                                                   manifest.chunk_bytes, ": use the same chunk_bytes"));
+  }
   JobStatus status;
   status.set_name(spec->name);
   status.set_state(PENDING);
@@ -138,10 +181,20 @@ absl::StatusOr<std::string> Coordinator::SubmitJob(const SubmitJobRequest& reque
   status.set_final_accuracy(-1);
   status.set_num_shards(spec->shards);
   status.set_num_workers(spec->workers);
+  status.set_resumed_from(resume_dir);
+  if (!resume_dir.empty()) {
+    status.set_chunk_bytes(manifest.chunk_bytes);
+    for (const ParameterSpec& p : manifest.params) {
+      ParameterInfo* info = status.add_params();
+      info->set_name(p.name);
+      for (int64_t d : p.shape) info->add_shape(d);
+      info->set_dtype(p.dtype);
+    }
+  }
   const std::string output_dir = request.output_dir().empty() ? spec->output_dir : request.output_dir();
   std::lock_guard<std::mutex> lock(mu_);
   if (shutdown_) return absl::UnavailableError("coordinator is shutting down");
-  auto stored = store_->Create(request.spec_yaml(), output_dir, status);
+  auto stored = store_->Create(spec_yaml, output_dir, status);
   if (!stored.ok()) return stored.status();
   Job job;
   job.spec = *spec;
@@ -149,7 +202,8 @@ absl::StatusOr<std::string> Coordinator::SubmitJob(const SubmitJobRequest& reque
   const std::string id = job.stored.id;
   Job& j = jobs_.emplace(id, std::move(job)).first->second;
   Transition(j, PENDING, "Submitted",
-             absl::StrCat("waiting for ", spec->shards, " shard(s) and ", spec->workers, " worker(s)"));
+             absl::StrCat("waiting for ", spec->shards, " shard(s) and ", spec->workers, " worker(s)",
+                          resume_dir.empty() ? "" : absl::StrCat("; will resume from ", resume_dir)));
   Schedule();
   return id;
 }
@@ -269,6 +323,10 @@ absl::StatusOr<HeartbeatResponse> Coordinator::Heartbeat(const HeartbeatRequest&
   }
   HeartbeatResponse r;
   r.set_job_id(m.status.job_id());
+  if (!m.status.job_id().empty() && m.status.role() == "worker") {
+    Job* job = FindJob(m.status.job_id());
+    r.set_pause(job != nullptr && job->pause_requested);
+  }
   r.set_cancel_job(!request.running_job_id().empty() && request.running_job_id() != m.status.job_id());
   return r;
 }
@@ -283,7 +341,7 @@ absl::StatusOr<Assignment> Coordinator::GetAssignment(const std::string& member_
     }
     const MemberStatus& m = it->second.status;
     Job* job = m.job_id().empty() ? nullptr : FindJob(m.job_id());
-    if (job != nullptr) {
+    if (job != nullptr && !job->restoring) {
       Assignment a;
       a.set_job_id(m.job_id());
       a.set_spec_yaml(job->stored.spec_yaml);
@@ -296,6 +354,13 @@ absl::StatusOr<Assignment> Coordinator::GetAssignment(const std::string& member_
       }
       std::sort(shards.begin(), shards.end());
       for (auto& [rank, address] : shards) a.add_shard_addresses(address);
+      for (const auto& w : job->start_positions) {
+        if (w.rank == m.rank()) {
+          a.set_start_step(w.step);
+          a.set_start_epoch(w.epoch);
+          a.set_start_epoch_step(w.epoch_step);
+        }
+      }
       return a;
     }
     if (absl::Now() >= deadline || shutdown_) return Assignment();
@@ -367,23 +432,46 @@ void Coordinator::ApplyEvent(Job& job, int rank, const std::string& event_json) 
   } else if (kind == "weights") {
     st.set_weights_path(e.value("path", ""));
     Changed(job);
+  } else if (kind == "plan") {
+    if (st.params_size() == 0 && e.contains("params") && e["params"].is_array()) {
+      st.set_chunk_bytes(e.value("chunk_bytes", int64_t{0}));
+      for (const auto& p : e["params"]) {
+        ParameterInfo* info = st.add_params();
+        info->set_name(p.value("name", ""));
+        if (p.contains("shape")) {
+          for (const auto& d : p["shape"]) info->add_shape(d.get<int64_t>());
+        }
+        info->set_dtype(p.value("dtype", 0));
+      }
+      Changed(job);
+    }
+  } else if (kind == "paused") {
+    if (job.pause_requested) {
+      job.paused[rank] = {rank, e.value("step", int64_t{0}), e.value("epoch", 0), e.value("epoch_step", int64_t{0})};
+      cv_.notify_all();
+    }
   } else if (kind == "done") {
     if (job.done_ranks.insert(rank).second) {
       st.set_samples(st.samples() + e.value("samples", int64_t{0}));
       st.set_train_seconds(std::max(st.train_seconds(), e.value("seconds", 0.0)));
     }
-    if (static_cast<int>(job.done_ranks.size()) >= job.spec.workers && st.state() == RUNNING) {
-      Transition(job, SUCCEEDED, "Completed", absl::StrCat("all ", job.spec.workers, " workers finished"));
-      Schedule();
-    } else {
-      Changed(job);
-    }
+    Changed(job);
+    MaybeSucceed(job);
   } else if (kind == "error") {
     if (!IsTerminal(st.state())) {
       Transition(job, FAILED, "WorkerFailed",
                  absl::StrCat("worker ", rank, ": ", e.value("message", "failed")));
       Schedule();
     }
+  }
+}
+
+void Coordinator::MaybeSucceed(Job& job) {
+  // A job being checkpointed finishes once the checkpoint is written.
+  if (static_cast<int>(job.done_ranks.size()) >= job.spec.workers &&
+      job.stored.status.state() == RUNNING) {
+    Transition(job, SUCCEEDED, "Completed", absl::StrCat("all ", job.spec.workers, " workers finished"));
+    Schedule();
   }
 }
 
@@ -453,6 +541,10 @@ void Coordinator::Schedule() {
     job->attach_deadline = absl::Now();
     job->done_ranks.clear();
     Transition(*job, RUNNING, "Scheduled", absl::StrCat("assigned to ", absl::StrJoin(names, ", ")));
+    if (!st.resumed_from().empty()) {
+      job->restoring = true;
+      Background([this, id = st.job_id()] { Restore(id); });
+    }
   }
 }
 
@@ -506,6 +598,227 @@ absl::StatusOr<int64_t> Coordinator::KvAdd(const std::string& job_id, const std:
   v = std::to_string(n);
   cv_.notify_all();
   return n;
+}
+
+void Coordinator::EndCheckpoint(Job& job, const std::string& reason, const std::string& message) {
+  job.pause_requested = false;
+  job.checkpointing = false;
+  job.paused.clear();
+  if (job.stored.status.state() == CHECKPOINTING) {
+    Transition(job, RUNNING, reason, message);
+    MaybeSucceed(job);
+  }
+}
+
+absl::StatusOr<CheckpointResponse> Coordinator::Checkpoint(const std::string& job_id) {
+  CheckpointManifest manifest;
+  std::vector<std::string> shards;
+  std::string dir;
+  int keep = 1;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    Job* job = FindJob(job_id);
+    if (job == nullptr) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
+    JobStatus& st = job->stored.status;
+    if (st.state() != RUNNING) {
+      job->checkpointing = false;
+      return absl::FailedPreconditionError(
+          absl::StrCat("job ", job_id, " is ", JobStateName(st.state()), ": only a running job can be checkpointed"));
+    }
+    if (job->pause_requested) {
+      return absl::FailedPreconditionError(absl::StrCat("a checkpoint of job ", job_id, " is already in progress"));
+    }
+    if (st.params_size() == 0 || job->restoring) {
+      job->checkpointing = false;
+      return absl::UnavailableError(absl::StrCat("job ", job_id, " is still starting; try again in a moment"));
+    }
+    job->checkpointing = true;
+    job->pause_requested = true;
+    job->paused.clear();
+    Transition(*job, CHECKPOINTING, "CheckpointRequested", "pausing the workers at a step boundary");
+    const absl::Time deadline = absl::Now() + absl::Seconds(120);
+    while (true) {
+      job = FindJob(job_id);
+      if (IsTerminal(job->stored.status.state())) {
+        job->pause_requested = false;
+        job->checkpointing = false;
+        return absl::AbortedError(absl::StrCat("job ", job_id, " ended during the checkpoint"));
+      }
+      int ready = static_cast<int>(job->paused.size());
+      for (int r : job->done_ranks) ready += job->paused.count(r) == 0 ? 1 : 0;
+      if (ready >= job->spec.workers) break;
+      if (absl::Now() > deadline || shutdown_) {
+        EndCheckpoint(*job, "CheckpointFailed", "the workers did not pause within 120 s");
+        return absl::DeadlineExceededError(absl::StrCat("job ", job_id, ": the workers did not pause in time"));
+      }
+      cv_.wait_until(lock, absl::ToChronoTime(std::min(deadline, absl::Now() + absl::Seconds(1))));
+    }
+    const JobStatus& s = job->stored.status;
+    manifest.job = job_id;
+    manifest.name = s.name();
+    manifest.created_unix_ms = absl::ToUnixMillis(absl::Now());
+    manifest.spec_yaml = job->stored.spec_yaml;
+    manifest.chunk_bytes = s.chunk_bytes();
+    for (const ParameterInfo& p : s.params()) {
+      manifest.params.push_back({p.name(), std::vector<int64_t>(p.shape().begin(), p.shape().end()),
+                                 static_cast<DataType>(p.dtype())});
+    }
+    manifest.step = INT64_MAX;
+    for (const auto& [rank, w] : job->paused) {
+      manifest.workers.push_back(w);
+      manifest.step = std::min(manifest.step, w.step);
+    }
+    if (manifest.step == INT64_MAX) manifest.step = s.step();
+    std::vector<std::pair<int, std::string>> by_rank;
+    for (const MemberStatus& m : s.members()) {
+      if (m.role() == "shard") by_rank.emplace_back(m.rank(), m.address());
+    }
+    std::sort(by_rank.begin(), by_rank.end());
+    for (auto& [r, a] : by_rank) shards.push_back(a);
+    dir = absl::StrCat(job->stored.output_dir, "/ckpt-", manifest.step);
+    keep = job->spec.checkpoint_keep;
+  }
+
+  // The shards write their tables, all at once, outside the lock.
+  const std::string tmp = dir + ".tmp";
+  std::error_code ec;
+  std::filesystem::remove_all(tmp, ec);
+  std::filesystem::create_directories(tmp, ec);
+  absl::Status status = ec ? absl::UnavailableError(absl::StrCat("cannot create ", tmp, ": ", ec.message()))
+                           : absl::OkStatus();
+  std::vector<SaveTableResponse> saved(shards.size());
+  if (status.ok()) {
+    std::vector<std::unique_ptr<GrpcRemoteShard>> clients;
+    std::mutex done_mu;
+    std::condition_variable done_cv;
+    size_t pending = shards.size();
+    for (size_t i = 0; i < shards.size(); ++i) {
+      RemoteShardOptions ro;
+      ro.target = shards[i];
+      clients.push_back(std::make_unique<GrpcRemoteShard>(ro));
+      SaveTableRequest req;
+      req.set_job(job_id);
+      req.set_path(absl::StrCat(tmp, "/shard-", i, ".bin"));
+      CallOptions opts;
+      opts.deadline = absl::Now() + absl::Minutes(10);
+      clients.back()->SaveTable(req, &saved[i], opts, [&, i](absl::Status s) {
+        std::lock_guard<std::mutex> l(done_mu);
+        if (!s.ok() && status.ok()) status = absl::Status(s.code(), absl::StrCat("shard ", i, ": ", s.message()));
+        if (--pending == 0) done_cv.notify_all();
+      });
+    }
+    std::unique_lock<std::mutex> l(done_mu);
+    done_cv.wait(l, [&] { return pending == 0; });
+  }
+  if (status.ok()) {
+    for (size_t i = 0; i < saved.size(); ++i) {
+      manifest.shards.push_back({static_cast<int>(i), absl::StrCat("shard-", i, ".bin"), saved[i].bytes(),
+                                 saved[i].crc32()});
+    }
+    status = WriteManifest(tmp, manifest);
+  }
+  if (status.ok()) {
+    // The directory appears whole or not at all.
+    std::filesystem::remove_all(dir, ec);
+    std::filesystem::rename(tmp, dir, ec);
+    if (ec) status = absl::UnavailableError(absl::StrCat("cannot rename ", tmp, " to ", dir, ": ", ec.message()));
+    SyncDirectory(std::filesystem::path(dir).parent_path().string());
+  }
+
+  std::lock_guard<std::mutex> lock(mu_);
+  Job* job = FindJob(job_id);
+  if (!status.ok()) {
+    std::filesystem::remove_all(tmp, ec);
+    if (job != nullptr) EndCheckpoint(*job, "CheckpointFailed", std::string(status.message()));
+    return status;
+  }
+  // Keep the newest `keep` checkpoints of this job.
+  std::vector<std::pair<int64_t, std::filesystem::path>> all;
+  for (const auto& entry : std::filesystem::directory_iterator(std::filesystem::path(dir).parent_path(), ec)) {
+    const std::string name = entry.path().filename().string();
+    int64_t step = 0;
+    if (name.rfind("ckpt-", 0) == 0 && absl::SimpleAtoi(name.substr(5), &step)) all.emplace_back(step, entry.path());
+  }
+  std::sort(all.begin(), all.end());
+  for (size_t i = 0; i + keep < all.size(); ++i) std::filesystem::remove_all(all[i].second, ec);
+  if (job != nullptr) {
+    job->stored.status.set_last_checkpoint(dir);
+    job->last_checkpoint_step = manifest.step;
+    EndCheckpoint(*job, "CheckpointSaved", absl::StrCat("step ", manifest.step, " saved in ", dir));
+  }
+  CheckpointResponse r;
+  r.set_path(dir);
+  r.set_step(manifest.step);
+  return r;
+}
+
+void Coordinator::Restore(const std::string& job_id) {
+  std::string dir;
+  JobSpec spec;
+  std::vector<std::string> shards;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    Job* job = FindJob(job_id);
+    if (job == nullptr) return;
+    dir = job->stored.status.resumed_from();
+    spec = job->spec;
+    std::vector<std::pair<int, std::string>> by_rank;
+    for (const MemberStatus& m : job->stored.status.members()) {
+      if (m.role() == "shard") by_rank.emplace_back(m.rank(), m.address());
+    }
+    std::sort(by_rank.begin(), by_rank.end());
+    for (auto& [r, a] : by_rank) shards.push_back(a);
+  }
+  absl::Status status;
+  auto manifest = ReadManifest(dir);
+  if (!manifest.ok()) status = manifest.status();
+  absl::StatusOr<PartitionPlan> plan = absl::UnknownError("");
+  if (status.ok()) {
+    plan = MakePartitionPlan(manifest->params, spec.shards, static_cast<size_t>(manifest->chunk_bytes));
+    if (!plan.ok()) status = plan.status();
+  }
+  for (size_t i = 0; status.ok() && i < shards.size(); ++i) {
+    GrpcRemoteShard client(RemoteShardOptions{shards[i]});
+    LoadTableRequest req;
+    req.set_job(job_id);
+    *req.mutable_config() = MakeTableConfig(spec);
+    for (const auto& f : manifest->shards) {
+      auto* file = req.add_files();
+      file->set_path(dir + "/" + f.file);
+      file->set_crc32(f.crc32);
+      file->set_bytes(f.bytes);
+    }
+    for (size_t idx : plan->shard_chunks[i]) req.add_keys(plan->chunks[idx].key);
+    LoadTableResponse resp;
+    CallOptions opts;
+    opts.deadline = absl::Now() + absl::Minutes(10);
+    absl::Status s = WaitFor([&](StatusCallback done) { client.LoadTable(req, &resp, opts, done); });
+    if (!s.ok()) status = absl::Status(s.code(), absl::StrCat("shard ", i, ": ", s.message()));
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  Job* job = FindJob(job_id);
+  if (job == nullptr) return;
+  job->restoring = false;
+  if (!status.ok()) {
+    Transition(*job, FAILED, "RestoreFailed", absl::StrCat("cannot restore from ", dir, ": ", status.message()));
+    Schedule();
+    return;
+  }
+  // Each worker continues where it paused (same worker count); otherwise
+  // every worker starts at the checkpoint's epoch, on its new slice.
+  job->start_positions.clear();
+  if (static_cast<int>(manifest->workers.size()) == job->spec.workers) {
+    job->start_positions = manifest->workers;
+  } else {
+    int epoch = INT32_MAX;
+    for (const auto& w : manifest->workers) epoch = std::min(epoch, w.epoch);
+    if (epoch == INT32_MAX) epoch = 0;
+    for (int r = 0; r < job->spec.workers; ++r) job->start_positions.push_back({r, manifest->step, epoch, 0});
+  }
+  job->last_checkpoint_step = manifest->step;
+  Transition(*job, RUNNING, "Restored",
+             absl::StrCat("step ", manifest->step, " of ", manifest->job, " loaded from ", dir, " onto ",
+                          spec.shards, " shard(s)"));
 }
 
 }  // namespace pstrain

@@ -23,6 +23,7 @@
 #define PSTRAIN_SERVER_COORDINATOR_COORDINATOR_H_
 
 #include <condition_variable>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -36,6 +37,7 @@
 #include "absl/time/time.h"
 #include "common/job_spec.h"
 #include "proto/control.pb.h"
+#include "server/coordinator/checkpoint_manifest.h"
 #include "server/coordinator/job_store.h"
 
 namespace pstrain {
@@ -58,6 +60,10 @@ class Coordinator {
   absl::StatusOr<JobStatus> GetJob(const std::string& job_id);
   std::vector<JobStatus> ListJobs();
   absl::StatusOr<JobState> CancelJob(const std::string& job_id);
+  // Pauses the job's workers at a step boundary, has every shard save its
+  // table into <output_dir>/ckpt-<step>.tmp/, writes the manifest, renames
+  // the directory to ckpt-<step>/ and resumes the workers. Blocks until done.
+  absl::StatusOr<CheckpointResponse> Checkpoint(const std::string& job_id);
   // Returns the job's status once its version is above *version (or at the
   // deadline, whatever it is), and updates *version.
   absl::StatusOr<JobStatus> WaitJob(const std::string& job_id, uint64_t* version,
@@ -90,6 +96,14 @@ class Coordinator {
     uint64_t version = 1;
     // Members may (re)attach until then without the job failing.
     absl::Time attach_deadline;
+    // Checkpointing: workers are asked to pause and report where they are.
+    bool checkpointing = false;
+    bool pause_requested = false;
+    std::map<int, CheckpointManifest::Worker> paused;
+    int64_t last_checkpoint_step = 0;
+    // Resuming: the shards load the checkpoint before workers get to start.
+    bool restoring = false;
+    std::vector<CheckpointManifest::Worker> start_positions;
   };
 
   Coordinator(CoordinatorOptions options, std::unique_ptr<JobStore> store)
@@ -105,6 +119,12 @@ class Coordinator {
   void Schedule() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ExpireLeases() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ApplyEvent(Job& job, int rank, const std::string& event_json) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void MaybeSucceed(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void EndCheckpoint(Job& job, const std::string& reason, const std::string& message)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Loads the job's checkpoint into its shards (on a background thread).
+  void Restore(const std::string& job_id);
+  void Background(std::function<void()> fn) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const CoordinatorOptions options_;
   std::unique_ptr<JobStore> store_;
@@ -117,6 +137,7 @@ class Coordinator {
   uint64_t next_member_ ABSL_GUARDED_BY(mu_) = 1;
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
   std::thread ticker_;
+  std::vector<std::thread> background_ ABSL_GUARDED_BY(mu_);
 };
 
 const char* JobStateName(JobState state);

@@ -74,6 +74,11 @@ grpc::Status GrpcJobService::ListMembers(grpc::ServerContext*, const ListMembers
   return grpc::Status::OK;
 }
 
+grpc::Status GrpcJobService::Checkpoint(grpc::ServerContext*, const CheckpointRequest* req,
+                                        CheckpointResponse* resp) {
+  return Fill(coordinator_->Checkpoint(req->job_id()), resp);
+}
+
 grpc::Status GrpcClusterService::Register(grpc::ServerContext*, const RegisterRequest* req,
                                           RegisterResponse* resp) {
   return Fill(coordinator_->Register(*req), resp);

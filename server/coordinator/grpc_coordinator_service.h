@@ -21,6 +21,7 @@ class GrpcJobService final : public JobService::Service {
   grpc::Status CancelJob(grpc::ServerContext*, const CancelJobRequest*, CancelJobResponse*) override;
   grpc::Status ListMembers(grpc::ServerContext*, const ListMembersRequest*,
                            ListMembersResponse*) override;
+  grpc::Status Checkpoint(grpc::ServerContext*, const CheckpointRequest*, CheckpointResponse*) override;
 
  private:
   Coordinator* const coordinator_;

@@ -1,0 +1,85 @@
+#include "server/coordinator/checkpoint_manifest.h"
+
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+#include "common/file_util.h"
+
+namespace pstrain {
+
+absl::Status WriteManifest(const std::string& dir, const CheckpointManifest& m) {
+  nlohmann::json j;
+  j["format"] = "pstrain-checkpoint-1";
+  j["job"] = m.job;
+  j["name"] = m.name;
+  j["step"] = m.step;
+  j["created_unix_ms"] = m.created_unix_ms;
+  j["spec_yaml"] = m.spec_yaml;
+  j["chunk_bytes"] = m.chunk_bytes;
+  for (const ParameterSpec& p : m.params) {
+    j["params"].push_back({{"name", p.name}, {"shape", p.shape}, {"dtype", static_cast<int>(p.dtype)}});
+  }
+  for (const auto& w : m.workers) {
+    j["workers"].push_back({{"rank", w.rank}, {"step", w.step}, {"epoch", w.epoch}, {"epoch_step", w.epoch_step}});
+  }
+  for (const auto& s : m.shards) {
+    j["shards"].push_back({{"index", s.index}, {"file", s.file}, {"bytes", s.bytes}, {"crc32", s.crc32}});
+  }
+  return WriteFileAtomically(dir + "/" + kManifestName, j.dump(2) + "\n");
+}
+
+absl::StatusOr<CheckpointManifest> ReadManifest(const std::string& dir) {
+  const std::string path = dir + "/" + kManifestName;
+  absl::StatusOr<std::string> text = ReadFile(path);
+  if (!text.ok()) {
+    return absl::NotFoundError(absl::StrCat(dir, " is not a checkpoint: it has no ", kManifestName,
+                                            " (an interrupted checkpoint never gets one)"));
+  }
+  nlohmann::json j = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object() || j.value("format", "") != "pstrain-checkpoint-1") {
+    return absl::DataLossError(absl::StrCat(path, " is not a pstrain checkpoint manifest"));
+  }
+  CheckpointManifest m;
+  try {
+    m.job = j.at("job").get<std::string>();
+    m.name = j.at("name").get<std::string>();
+    m.step = j.at("step").get<int64_t>();
+    m.created_unix_ms = j.value("created_unix_ms", int64_t{0});
+    m.spec_yaml = j.at("spec_yaml").get<std::string>();
+    m.chunk_bytes = j.at("chunk_bytes").get<int64_t>();
+    for (const auto& p : j.at("params")) {
+      ParameterSpec spec;
+      spec.name = p.at("name").get<std::string>();
+      spec.shape = p.at("shape").get<std::vector<int64_t>>();
+      spec.dtype = static_cast<DataType>(p.at("dtype").get<int>());
+      m.params.push_back(std::move(spec));
+    }
+    for (const auto& w : j.at("workers")) {
+      m.workers.push_back({w.at("rank").get<int>(), w.at("step").get<int64_t>(), w.at("epoch").get<int>(),
+                           w.at("epoch_step").get<int64_t>()});
+    }
+    for (const auto& s : j.at("shards")) {
+      m.shards.push_back({s.at("index").get<int>(), s.at("file").get<std::string>(), s.at("bytes").get<uint64_t>(),
+                          s.at("crc32").get<uint32_t>()});
+    }
+  } catch (const nlohmann::json::exception& e) {
+    return absl::DataLossError(absl::StrCat(path, " is incomplete: ", e.what()));
+  }
+  if (m.params.empty() || m.shards.empty()) {
+    return absl::DataLossError(absl::StrCat(path, " lists no parameters or no shard files"));
+  }
+  for (const auto& s : m.shards) {
+    std::error_code ec;
+    const auto size = std::filesystem::file_size(dir + "/" + s.file, ec);
+    if (ec) return absl::DataLossError(absl::StrCat("checkpoint ", dir, " is missing ", s.file));
+    if (size != s.bytes) {
+      return absl::DataLossError(absl::StrCat("checkpoint file ", dir, "/", s.file, " has ", size,
+                                              " bytes, the manifest says ", s.bytes));
+    }
+  }
+  return m;
+}
+
+}  // namespace pstrain

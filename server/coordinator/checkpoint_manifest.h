@@ -1,0 +1,51 @@
+// The manifest of a checkpoint directory ckpt-<step>/: which job and step,
+// the job's spec, the model's parameters and chunk size (so a restore can
+// re-partition onto any number of shards), where each worker was in its
+// epochs, and each shard file with its size and crc32. JSON, written last
+// and atomically: a directory without a readable manifest whose files all
+// match is not a checkpoint.
+#ifndef PSTRAIN_SERVER_COORDINATOR_CHECKPOINT_MANIFEST_H_
+#define PSTRAIN_SERVER_COORDINATOR_CHECKPOINT_MANIFEST_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/partition_plan.h"
+
+namespace pstrain {
+
+struct CheckpointManifest {
+  std::string job;
+  std::string name;
+  int64_t step = 0;  // the slowest worker's next step
+  int64_t created_unix_ms = 0;
+  std::string spec_yaml;
+  int64_t chunk_bytes = 0;
+  std::vector<ParameterSpec> params;
+  struct Worker {
+    int rank = 0;
+    int64_t step = 0;
+    int epoch = 0;
+    int64_t epoch_step = 0;
+  };
+  std::vector<Worker> workers;
+  struct ShardFile {
+    int index = 0;
+    std::string file;  // relative to the checkpoint directory
+    uint64_t bytes = 0;
+    uint32_t crc32 = 0;
+  };
+  std::vector<ShardFile> shards;
+};
+
+constexpr char kManifestName[] = "manifest.json";
+
+absl::Status WriteManifest(const std::string& dir, const CheckpointManifest& manifest);
+// Reads and checks a manifest: every shard file must exist with its size
+// (the crc32 is checked by the shards when they load the files).
+absl::StatusOr<CheckpointManifest> ReadManifest(const std::string& dir);
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_SERVER_COORDINATOR_CHECKPOINT_MANIFEST_H_

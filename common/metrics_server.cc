@@ -9,7 +9,9 @@ namespace pstrain {
 absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::string& host, int port) {
   std::unique_ptr<MetricsServer> m(new MetricsServer());
   try {
-    m->exposer_ = std::make_unique<prometheus::Exposer>(absl::StrCat(host, ":", port));
+    // civetweb wants a bare port for "every interface".
+    const std::string address = host == "0.0.0.0" || host.empty() ? std::to_string(port) : absl::StrCat(host, ":", port);
+    m->exposer_ = std::make_unique<prometheus::Exposer>(address);
   } catch (const std::exception& e) {
     return absl::UnavailableError(absl::StrCat("cannot serve metrics on ", host, ":", port, ": ", e.what()));
   }

@@ -131,8 +131,18 @@ TEST(TrainerTest, TorchScriptModuleWrittenInPythonTrains) {
   o.shards = shards.ptrs;
   o.write_weights = false;
   o.emit = [&](const std::string& e) { events.push_back(e); };
+  int64_t steps_seen = 0, samples_seen = 0;
+  o.on_step = [&](int64_t step, double loss, int64_t samples, double secs, double wait) {
+    EXPECT_EQ(step, steps_seen + 1);
+    EXPECT_GE(loss, 0);
+    EXPECT_GE(secs, wait);
+    steps_seen = step;
+    samples_seen += samples;
+  };
   auto result = RunTrainer(o, *data);
   ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(steps_seen, 60);
+  EXPECT_EQ(samples_seen, 60 * 32);
   std::vector<double> losses = Losses(events);
   ASSERT_GE(losses.size(), 4u);
   EXPECT_LT(losses.back(), 0.5 * losses.front()) << "loss did not fall";

@@ -218,6 +218,7 @@ absl::StatusOr<TrainResult> RunTrainer(const TrainerOptions& options, const Trai
         return absl::CancelledError(absl::StrCat("job cancelled at step ", step));
       }
       lr = LearningRate(spec, epoch, step);
+      const auto step_start = Clock::now();
       const int64_t first = micro;
       const int64_t last = std::min(micro_per_epoch, first + spec.accumulate_steps);
       micro = last;
@@ -250,6 +251,7 @@ absl::StatusOr<TrainResult> RunTrainer(const TrainerOptions& options, const Trai
         barrier.Wait();
         return absl::InternalError(absl::StrCat("training step ", step, ": ", e.what_without_backtrace()));
       }
+      const auto compute_end = Clock::now();
       // Everything the hooks did not push: all of it without hooks, and any
       // parameter that got no gradient (the shards expect every chunk).
       for (size_t i = 0; i < params.size(); ++i) {
@@ -259,6 +261,10 @@ absl::StatusOr<TrainResult> RunTrainer(const TrainerOptions& options, const Trai
       }
       s = barrier.Wait();
       if (!s.ok()) return absl::Status(s.code(), absl::StrCat("step ", step, ": ", s.message()));
+      if (options.on_step) {
+        const auto now = Clock::now();
+        options.on_step(step + 1, step_loss, step_samples, Seconds(step_start, now), Seconds(compute_end, now));
+      }
       {
         c10::NoGradGuard no_grad;
         for (size_t i = 0; i < params.size(); ++i) detached[i].copy_(staging[i]);

@@ -41,6 +41,10 @@ struct TrainerOptions {
   // Called before every optimizer step, with the step about to run and its
   // place in the epochs; may block (a checkpoint pauses workers here).
   std::function<void(int64_t step, int epoch, int64_t epoch_step)> at_step_boundary;
+  // Called after every optimizer step (metrics): the step just finished, its
+  // loss and examples, and its wall time with and without waiting on the
+  // shards.
+  std::function<void(int64_t step, double loss, int64_t samples, double seconds, double wait_seconds)> on_step;
   // Resuming from a checkpoint: the first step to run and where it is.
   int64_t start_step = 0;
   int start_epoch = 0;

@@ -48,13 +48,19 @@ int ExitCodeFor(const absl::Status& s) {
 }
 
 int Fail(const absl::Status& s, const std::string& coordinator) {
-  if (s.code() == absl::StatusCode::kUnavailable || s.code() == absl::StatusCode::kDeadlineExceeded) {
+  const std::string msg(s.message());
+  const bool unreachable = s.code() == absl::StatusCode::kDeadlineExceeded ||
+                           (s.code() == absl::StatusCode::kUnavailable &&
+                            (msg.find("failed to connect") != std::string::npos ||
+                             msg.find("Connection refused") != std::string::npos ||
+                             msg.find("Socket closed") != std::string::npos));
+  if (unreachable) {
     std::fprintf(stderr, "pstrain: cannot reach the coordinator at %s (%s); set --coordinator or PSTRAIN_COORDINATOR\n",
-                 coordinator.c_str(), std::string(s.message()).c_str());
-  } else {
-    std::fprintf(stderr, "pstrain: %s\n", std::string(s.message()).c_str());
+                 coordinator.c_str(), msg.c_str());
+    return kUnreachable;
   }
-  return ExitCodeFor(s);
+  std::fprintf(stderr, "pstrain: %s\n", msg.c_str());
+  return s.code() == absl::StatusCode::kUnavailable ? kFailed : ExitCodeFor(s);
 }
 
 const char* StateName(pstrain::JobState s) {

@@ -105,6 +105,7 @@ void ClusterMember::HeartbeatLoop() {
     }
     lock.lock();
     if (!s.ok()) continue;
+    pause_id_ = resp.pause_id();
     pause_ = resp.pause();
     if (options_.role == "shard") {
       // A shard serves whatever job it is assigned; remembering it lets a
@@ -191,6 +192,52 @@ absl::StatusOr<Assignment> ClusterMember::WaitForAssignment(absl::Duration wait)
   }
   if (!s.ok()) return s;
   return a;
+}
+
+absl::StatusOr<int64_t> ClusterMember::KvAdd(const std::string& key, int64_t delta) {
+  KvAddRequest req;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    req.set_job_id(job_id_);
+  }
+  req.set_key(key);
+  req.set_delta(delta);
+  KvAddResponse resp;
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, options_.rpc_timeout);
+  absl::Status s = FromGrpcStatus(stub_->KvAdd(&ctx, req, &resp));
+  if (!s.ok()) return s;
+  return resp.value();
+}
+
+absl::Status ClusterMember::KvSet(const std::string& key, const std::string& value) {
+  KvSetRequest req;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    req.set_job_id(job_id_);
+  }
+  req.set_key(key);
+  req.set_value(value);
+  KvSetResponse resp;
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, options_.rpc_timeout);
+  return FromGrpcStatus(stub_->KvSet(&ctx, req, &resp));
+}
+
+absl::StatusOr<std::string> ClusterMember::KvGet(const std::string& key, absl::Duration wait) {
+  KvGetRequest req;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    req.set_job_id(job_id_);
+  }
+  req.set_key(key);
+  req.set_wait_ms(absl::ToInt64Milliseconds(wait));
+  KvGetResponse resp;
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, wait + options_.rpc_timeout);
+  absl::Status s = FromGrpcStatus(stub_->KvGet(&ctx, req, &resp));
+  if (!s.ok()) return s;
+  return resp.value();
 }
 
 }  // namespace pstrain

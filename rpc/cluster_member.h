@@ -53,6 +53,16 @@ class ClusterMember {
   const std::atomic<bool>& cancelled() const { return cancelled_; }
   // True while the coordinator asks this worker to pause (a checkpoint).
   bool pause_requested() const { return pause_; }
+  int64_t pause_id() const { return pause_id_; }
+  absl::Duration heartbeat_interval() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return interval_;
+  }
+
+  // The running job's rendezvous store on the coordinator.
+  absl::StatusOr<int64_t> KvAdd(const std::string& key, int64_t delta);
+  absl::Status KvSet(const std::string& key, const std::string& value);
+  absl::StatusOr<std::string> KvGet(const std::string& key, absl::Duration wait);
 
   // Queues one event of the running job for the coordinator.
   void Report(const std::string& event_json);
@@ -69,6 +79,7 @@ class ClusterMember {
   std::unique_ptr<ClusterService::Stub> stub_;
   std::atomic<bool> cancelled_{false};
   std::atomic<bool> pause_{false};
+  std::atomic<int64_t> pause_id_{0};
 
   std::mutex mu_;
   std::condition_variable cv_;

@@ -136,4 +136,9 @@ void GrpcRemoteShard::LoadTable(const LoadTableRequest& request, LoadTableRespon
   Start("LoadTable", request, {}, response, nullptr, options, std::move(done));
 }
 
+void GrpcRemoteShard::DropTable(const DropTableRequest& request, DropTableResponse* response,
+                                const CallOptions& options, StatusCallback done) {
+  Start("DropTable", request, {}, response, nullptr, options, std::move(done));
+}
+
 }  // namespace pstrain

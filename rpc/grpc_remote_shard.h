@@ -52,6 +52,8 @@ class GrpcRemoteShard : public ParameterStore {
                  const CallOptions& options, StatusCallback done) override;
   void LoadTable(const LoadTableRequest& request, LoadTableResponse* response,
                  const CallOptions& options, StatusCallback done) override;
+  void DropTable(const DropTableRequest& request, DropTableResponse* response,
+                 const CallOptions& options, StatusCallback done) override;
 
  private:
   struct Call;

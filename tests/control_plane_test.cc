@@ -284,6 +284,26 @@ TEST_F(ControlPlaneTest, CheckpointKillEverythingRestoreOntoThreeShardsAndFinish
   EXPECT_NE(st.out.find("onto 3 shard(s)"), std::string::npos) << st.out;
 }
 
+// Under SYNC every step needs all workers, so a checkpoint must pause them
+// before the same step; taken again and again, it never deadlocks.
+TEST_F(ControlPlaneTest, RepeatedCheckpointsOfASyncJobSucceed) {
+  const std::string spec = dir_ + "/sync.yaml";
+  ASSERT_TRUE(WriteFileAtomically(spec, "name: s\nmodel: mlp\nconsistency: sync\nworkers: 2\nshards: 1\n"
+                                        "data: {format: synthetic, synthetic_train: 60000}\nepochs: 100\n"
+                                        "batch_size: 16\nlog_every_steps: 5\n").ok());
+  const std::string job = Submit(spec);
+  WaitForState(job, "RUNNING", absl::Seconds(60));
+  for (int i = 0; i < 6; ++i) {
+    absl::SleepFor(absl::Milliseconds(150 * (i % 3)));
+    const absl::Time start = absl::Now();
+    CliResult ck = Cli({"checkpoint", job}, absl::Seconds(60));
+    ASSERT_EQ(ck.code, 0) << "checkpoint " << i << ": " << ck.out << Cli({"status", job}).out;
+    EXPECT_LT(absl::Now() - start, absl::Seconds(10)) << ck.out;
+  }
+  EXPECT_EQ(State(job), "RUNNING");
+  EXPECT_EQ(Cli({"cancel", job}).code, 0);
+}
+
 TEST_F(ControlPlaneTest, CorruptCheckpointIsRefused) {
   const std::string fake = dir_ + "/ckpt-7";
   std::filesystem::create_directories(fake);

@@ -23,6 +23,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "common/job_spec.h"
 #include "common/malloc_tuning.h"
@@ -98,15 +99,50 @@ absl::Status RunJob(pstrain::JobSpec spec, int rank, int world_size,
     options.start_epoch_step = assignment->start_epoch_step();
   }
   if (member != nullptr) {
-    // A checkpoint pauses every worker at a step boundary: report where, then
-    // wait until the coordinator has saved the shards.
-    options.at_step_boundary = [member, stop, rank, &emit](int64_t step, int epoch, int64_t epoch_step) {
+    // A checkpoint pauses every worker before one agreed step (a SYNC step
+    // needs all workers, so they must stop at the same one). The first worker
+    // to see the request picks a step far enough ahead that every other
+    // worker learns of it (through its heartbeat) before getting there --
+    // four heartbeat intervals of training, at least 20 steps -- and
+    // publishes it in the job's KV store; every worker runs up to that step,
+    // reports where it is, and waits until the coordinator has saved the
+    // shards.
+    struct PauseState {
+      int64_t id = 0, step = 0, done_id = 0;
+      absl::Time last = absl::InfinitePast();
+      double step_seconds = 0.01;  // moving average
+    };
+    auto pause = std::make_shared<PauseState>();
+    options.at_step_boundary = [member, stop, rank, &emit, pause](int64_t step, int epoch, int64_t epoch_step) {
+      const absl::Time now = absl::Now();
+      if (pause->last != absl::InfinitePast()) {
+        pause->step_seconds = 0.9 * pause->step_seconds + 0.1 * absl::ToDoubleSeconds(now - pause->last);
+      }
+      pause->last = now;
       if (!member->pause_requested()) return;
+      const int64_t id = member->pause_id();
+      if (id == pause->done_id) return;  // already paused for this one (stale flag)
+      if (pause->id != id) {
+        const std::string prefix = absl::StrCat("pause/", id, "/");
+        const int64_t margin = std::max<int64_t>(
+            20, static_cast<int64_t>(4 * absl::ToDoubleSeconds(member->heartbeat_interval()) /
+                                     std::max(1e-4, pause->step_seconds)));
+        auto votes = member->KvAdd(prefix + "votes", 1);
+        if (votes.ok() && *votes == 1) (void)member->KvSet(prefix + "step", std::to_string(step + margin));
+        auto at = member->KvGet(prefix + "step", absl::Seconds(30));
+        int64_t p = step;
+        if (!at.ok() || !absl::SimpleAtoi(*at, &p)) p = step;  // no agreement: pause here
+        pause->id = id;
+        pause->step = p;
+      }
+      if (step < pause->step) return;
       emit(absl::StrCat("{\"event\": \"paused\", \"rank\": ", rank, ", \"step\": ", step,
-                        ", \"epoch\": ", epoch, ", \"epoch_step\": ", epoch_step, "}"));
-      while (member->pause_requested() && !(stop != nullptr && stop->load())) {
+                        ", \"epoch\": ", epoch, ", \"epoch_step\": ", epoch_step, ", \"pause_id\": ", id, "}"));
+      while (member->pause_requested() && member->pause_id() == id && !(stop != nullptr && stop->load())) {
         absl::SleepFor(absl::Milliseconds(10));
       }
+      pause->done_id = id;
+      pause->last = absl::Now();
     };
   }
   spdlog::info("pstrain-worker rank {}/{} of {}: loading data ({})", rank, world_size, spec.name,

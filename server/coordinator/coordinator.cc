@@ -143,6 +143,28 @@ void Coordinator::Transition(Job& job, JobState state, const std::string& reason
   c->set_message(message);
   spdlog::info("coordinator: {} -> {} ({}: {})", st.job_id(), JobStateName(state), reason, message);
   if (IsTerminal(state)) {
+    // The shards free the job's table; workers still waiting on it (a SYNC
+    // step) are released at once.
+    std::vector<std::string> shard_addresses;
+    for (const MemberStatus& m : st.members()) {
+      if (m.role() == "shard") shard_addresses.push_back(m.address());
+    }
+    if (!shard_addresses.empty()) {
+      Background([shard_addresses, id = st.job_id()] {
+        for (const std::string& a : shard_addresses) {
+          RemoteShardOptions ro;
+          ro.target = a;
+          ro.default_timeout = absl::Seconds(10);
+          ro.max_attempts = 2;
+          GrpcRemoteShard client(ro);
+          DropTableRequest req;
+          req.set_job(id);
+          DropTableResponse resp;
+          absl::Status s = WaitFor([&](StatusCallback done) { client.DropTable(req, &resp, {}, done); });
+          if (!s.ok()) spdlog::warn("coordinator: dropping {} on {}: {}", id, a, s.ToString());
+        }
+      });
+    }
     RefreshMembers(job);
     for (auto& [id, member] : members_) {
       if (member.status.job_id() == st.job_id()) {
@@ -326,6 +348,7 @@ absl::StatusOr<HeartbeatResponse> Coordinator::Heartbeat(const HeartbeatRequest&
   if (!m.status.job_id().empty() && m.status.role() == "worker") {
     Job* job = FindJob(m.status.job_id());
     r.set_pause(job != nullptr && job->pause_requested);
+    if (job != nullptr) r.set_pause_id(job->pause_id);
   }
   r.set_cancel_job(!request.running_job_id().empty() && request.running_job_id() != m.status.job_id());
   return r;
@@ -446,7 +469,8 @@ void Coordinator::ApplyEvent(Job& job, int rank, const std::string& event_json) 
       Changed(job);
     }
   } else if (kind == "paused") {
-    if (job.pause_requested) {
+    // Only a pause for the checkpoint in progress counts (not a late one).
+    if (job.pause_requested && e.value("pause_id", int64_t{-1}) == job.pause_id) {
       job.paused[rank] = {rank, e.value("step", int64_t{0}), e.value("epoch", 0), e.value("epoch_step", int64_t{0})};
       cv_.notify_all();
     }
@@ -628,12 +652,20 @@ absl::StatusOr<CheckpointResponse> Coordinator::Checkpoint(const std::string& jo
     if (job->pause_requested) {
       return absl::FailedPreconditionError(absl::StrCat("a checkpoint of job ", job_id, " is already in progress"));
     }
-    if (st.params_size() == 0 || job->restoring) {
+    // A job that is still starting has not reported its model yet: wait.
+    const absl::Time start_deadline = absl::Now() + absl::Seconds(60);
+    while ((job->stored.status.params_size() == 0 || job->restoring) &&
+           job->stored.status.state() == RUNNING && absl::Now() < start_deadline && !shutdown_) {
+      cv_.wait_until(lock, absl::ToChronoTime(std::min(start_deadline, absl::Now() + absl::Seconds(1))));
+      job = FindJob(job_id);
+    }
+    if (job->stored.status.params_size() == 0 || job->restoring || job->stored.status.state() != RUNNING) {
       job->checkpointing = false;
-      return absl::UnavailableError(absl::StrCat("job ", job_id, " is still starting; try again in a moment"));
+      return absl::UnavailableError(absl::StrCat("job ", job_id, " did not start training within 60 s; try again later"));
     }
     job->checkpointing = true;
     job->pause_requested = true;
+    ++job->pause_id;
     job->paused.clear();
     Transition(*job, CHECKPOINTING, "CheckpointRequested", "pausing the workers at a step boundary");
     const absl::Time deadline = absl::Now() + absl::Seconds(120);

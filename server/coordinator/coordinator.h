@@ -99,6 +99,7 @@ class Coordinator {
     // Checkpointing: workers are asked to pause and report where they are.
     bool checkpointing = false;
     bool pause_requested = false;
+    int64_t pause_id = 0;
     std::map<int, CheckpointManifest::Worker> paused;
     int64_t last_checkpoint_step = 0;
     // Resuming: the shards load the checkpoint before workers get to start.

@@ -130,4 +130,14 @@ grpc::ServerUnaryReactor* GrpcParameterService::LoadTable(grpc::CallbackServerCo
       });
 }
 
+grpc::ServerUnaryReactor* GrpcParameterService::DropTable(grpc::CallbackServerContext* context,
+                                                          const grpc::ByteBuffer* request,
+                                                          grpc::ByteBuffer* response) {
+  return Serve<DropTableRequest, DropTableResponse>(
+      "DropTable", metrics_, context, request, response,
+      [this](auto state, const CallOptions& options, auto done) {
+        store_->DropTable(state->request, &state->response, options, std::move(done));
+      });
+}
+
 }  // namespace pstrain

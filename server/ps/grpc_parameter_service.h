@@ -13,13 +13,14 @@
 namespace pstrain {
 
 class GrpcParameterService final
-    : public ParameterService::WithRawCallbackMethod_SaveTable<
+    : public ParameterService::WithRawCallbackMethod_DropTable<
+          ParameterService::WithRawCallbackMethod_SaveTable<
           ParameterService::WithRawCallbackMethod_LoadTable<
           ParameterService::WithRawCallbackMethod_InitTable<
           ParameterService::WithRawCallbackMethod_Pull<
               ParameterService::WithRawCallbackMethod_Push<
                   ParameterService::WithRawCallbackMethod_PushPull<
-                      ParameterService::WithRawCallbackMethod_Stats<ParameterService::Service>>>>>>> {
+                      ParameterService::WithRawCallbackMethod_Stats<ParameterService::Service>>>>>>>> {
  public:
   // `store` (and `metrics`, if given) are not owned and must outlive the
   // service.
@@ -45,6 +46,9 @@ class GrpcParameterService final
                                       const grpc::ByteBuffer* request,
                                       grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* LoadTable(grpc::CallbackServerContext* context,
+                                      const grpc::ByteBuffer* request,
+                                      grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* DropTable(grpc::CallbackServerContext* context,
                                       const grpc::ByteBuffer* request,
                                       grpc::ByteBuffer* response) override;
 

@@ -781,4 +781,36 @@ void ShardStore::LoadTable(const LoadTableRequest& request, LoadTableResponse* r
   done(absl::OkStatus());
 }
 
+void ShardStore::DropTable(const DropTableRequest& request, DropTableResponse* response,
+                           const CallOptions& /*options*/, StatusCallback done) {
+  std::shared_ptr<Table> table;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = tables_.find(request.job());
+    if (it != tables_.end()) {
+      table = std::move(it->second);
+      tables_.erase(it);
+    }
+  }
+  response->set_dropped(table != nullptr);
+  // Calls still waiting on the table (a SYNC step whose other workers were
+  // stopped) fail now instead of at their deadline.
+  std::vector<std::shared_ptr<Waiter>> orphans;
+  if (table != nullptr) {
+    std::lock_guard<std::mutex> lock(waiters_mu_);
+    for (auto it = waiters_.begin(); it != waiters_.end();) {
+      if ((*it)->table == table) {
+        orphans.push_back(std::move(*it));
+        it = waiters_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (auto& w : orphans) {
+    w->ready(absl::AbortedError(absl::StrCat("job '", request.job(), "' ended; its table was dropped")));
+  }
+  done(absl::OkStatus());
+}
+
 }  // namespace pstrain

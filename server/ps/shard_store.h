@@ -64,6 +64,8 @@ class ShardStore : public ParameterStore {
                  const CallOptions& options, StatusCallback done) override;
   void LoadTable(const LoadTableRequest& request, LoadTableResponse* response,
                  const CallOptions& options, StatusCallback done) override;
+  void DropTable(const DropTableRequest& request, DropTableResponse* response,
+                 const CallOptions& options, StatusCallback done) override;
 
  private:
   struct Chunk;

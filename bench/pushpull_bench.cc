@@ -9,6 +9,8 @@
 // Each prints one JSON object on its last line.
 #include <ATen/ops/randn.h>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -195,8 +197,16 @@ int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   pstrain::KeepBulkBuffersMapped();
   const std::string role = absl::GetFlag(FLAGS_role);
-  if (role == "worker") return pstrain::RunWorker();
-  if (role == "codec") return pstrain::RunCodec();
-  std::fprintf(stderr, "unknown --role=%s (worker | codec)\n", role.c_str());
-  return 2;
+  int code = 2;
+  if (role == "worker") {
+    code = pstrain::RunWorker();
+  } else if (role == "codec") {
+    code = pstrain::RunCodec();
+  } else {
+    std::fprintf(stderr, "unknown --role=%s (worker | codec)\n", role.c_str());
+  }
+  // Exit without tearing gRPC down under its own callback threads (see
+  // worker/main.cc, ExitNow); flush what we printed first.
+  std::fflush(nullptr);
+  _exit(code);
 }

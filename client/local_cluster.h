@@ -46,9 +46,6 @@ class LocalCluster {
                                 const std::atomic<bool>& stop_requested);
   void Stop();
 
-  // Address of the coordinator once started.
-  const std::string& coordinator() const { return coordinator_; }
-
  private:
   struct Child {
     std::string name;

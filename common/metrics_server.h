@@ -26,7 +26,6 @@ class MetricsServer {
 
   int port() const { return port_; }
   prometheus::Registry& registry() { return *registry_; }
-  std::shared_ptr<prometheus::Registry> shared_registry() { return registry_; }
   // `collectable` must stay alive while registered (kept as a weak pointer).
   void Add(const std::shared_ptr<prometheus::Collectable>& collectable);
 

@@ -184,7 +184,8 @@ absl::StatusOr<JobSpec> ParseJobSpec(const std::string& yaml, const std::string&
   if (spec.name.empty()) return r.Error("name", "must not be empty");
   if (spec.mode != "ps") return r.Error("mode", "must be ps (allreduce is not available yet)");
   if (spec.model != "mlp" && spec.model != "lenet" && spec.model.rfind("torchscript:", 0) != 0) {
-    return r.Error("model", "must be mlp, lenet or torchscript:<path to a saved scripted module>");
+    return r.Error("model", absl::StrCat("'", spec.model, "' is unknown: use mlp, lenet or torchscript:<path to a ",
+                                         "saved scripted module>"));
   }
   if (spec.model == "torchscript:") return r.Error("model", "torchscript: needs a path");
   const DataSpec& d = spec.data;

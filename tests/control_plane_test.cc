@@ -59,8 +59,10 @@ class ControlPlaneTest : public ::testing::Test {
                              "--coordinator=" + coordinator_, "--name=shard-" + std::to_string(i)}));
     }
     for (int r = 0; r < workers; ++r) {
-      pool_.push_back(Start("worker-" + std::to_string(r), {"worker/pstrain-worker", "--coordinator=" + coordinator_,
-                                                            "--name=worker-" + std::to_string(r)}));
+      const std::string name = "worker-" + std::to_string(r);
+      pool_.push_back(Start(name, {"worker/pstrain-worker", "--coordinator=" + coordinator_, "--name=" + name,
+                                   "--metrics_host=127.0.0.1", "--metrics_port=0",
+                                   "--metrics_port_file=" + dir_ + "/" + name + ".metrics"}));
     }
     // Wait until the pool has registered.
     const std::string last = workers > 0 ? "worker-" + std::to_string(workers - 1)
@@ -176,6 +178,33 @@ TEST_F(ControlPlaneTest, SubmitWatchStatusListAndCluster) {
   EXPECT_NE(metrics.find("pstrain_jobs{state=\"Succeeded\"} 1"), std::string::npos) << metrics;
   EXPECT_NE(metrics.find("pstrain_member_up{role=\"worker\",name=\"worker-1\"} 1"), std::string::npos) << metrics;
   EXPECT_NE(metrics.find("pstrain_job_final_accuracy{job=\"" + job + "\""), std::string::npos) << metrics;
+  // ... and of a worker: 40 steps split over two workers.
+  auto worker_addr = WaitForAddressFile(dir_ + "/worker-1.metrics", absl::Seconds(10));
+  ASSERT_TRUE(worker_addr.ok());
+  const std::string wm = Scrape(*worker_addr);
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(wm, m, std::regex("pstrain_worker_steps_total\\{job=\"" + job +
+                                                  "\",rank=\"\\d\"\\} (\\d+)"))) << wm;
+  EXPECT_GE(std::stoi(m[1]), 10) << wm;
+  EXPECT_NE(wm.find("pstrain_worker_step_seconds_count{job=\"" + job), std::string::npos) << wm;
+  EXPECT_NE(wm.find("pstrain_worker_job_running{job=\"" + job + "\",rank=\""), std::string::npos) << wm;
+}
+
+// The protos are the public contract: a client generated for Python with
+// grpc_python_plugin submits a job, watches it and reads its status.
+TEST_F(ControlPlaneTest, PythonClientGeneratedFromTheProtos) {
+  if (!std::filesystem::exists("/usr/bin/grpc_python_plugin") ||
+      std::system("/usr/bin/python3 -c 'import grpc' 2>/dev/null") != 0) {
+    GTEST_SKIP() << "python3-grpcio or protobuf-compiler-grpc is missing (make setup installs them)";
+  }
+  const std::string out = dir_ + "/python_client.out";
+  const std::string cmd = "/usr/bin/python3 tests/python_client.py proto " + coordinator_ + " " +
+                          Spec("from-python", 1, 30) + " > " + out + " 2>&1";
+  const int rc = std::system(cmd.c_str());
+  const std::string text = ReadFile(out).value_or("");
+  ASSERT_EQ(rc, 0) << text;
+  EXPECT_NE(text.find("\"RUNNING\", \"SUCCEEDED\"]"), std::string::npos) << text;
+  EXPECT_NE(text.find("\"unknown_job\": \"NOT_FOUND\""), std::string::npos) << text;
 }
 
 TEST_F(ControlPlaneTest, CancelStopsTheJobAndFreesItsMembersForTheNext) {
@@ -215,6 +244,29 @@ TEST_F(ControlPlaneTest, ClearErrorsAndExitCodes) {
   CliResult invalid = Cli({"submit", bad});
   EXPECT_EQ(invalid.code, 2) << invalid.out;
   EXPECT_NE(invalid.out.find("workers"), std::string::npos) << invalid.out;
+  // Each bad spec is refused with a message naming what is wrong.
+  for (const auto& [yaml, words] : std::vector<std::pair<std::string, std::string>>{
+           {"model: [unclosed\n", "YAML"},
+           {"model: transformer-xxl\n", "transformer-xxl"},
+           {"batch_size: -8\n", "batch_size"}}) {
+    ASSERT_TRUE(WriteFileAtomically(bad, yaml).ok());
+    CliResult r = Cli({"submit", bad});
+    EXPECT_EQ(r.code, 2) << yaml << r.out;
+    EXPECT_NE(r.out.find(words), std::string::npos) << yaml << r.out;
+  }
+  // A job larger than the cluster waits, saying why, and can be cancelled.
+  const std::string big = dir_ + "/big.yaml";
+  ASSERT_TRUE(WriteFileAtomically(big, "name: big\nmodel: mlp\nworkers: 64\nshards: 1\n"
+                                       "data: {format: synthetic}\n").ok());
+  const std::string job = Submit(big);
+  absl::SleepFor(absl::Milliseconds(500));
+  CliResult st = Cli({"status", job, "-o", "json"});
+  EXPECT_NE(st.out.find("\"state\": \"PENDING\""), std::string::npos) << st.out;
+  EXPECT_NE(st.out.find("Unschedulable: needs 1 shard(s) and 64 worker(s)"), std::string::npos) << st.out;
+  EXPECT_EQ(Cli({"cancel", job}).code, 0);
+  EXPECT_EQ(State(job), "CANCELLED");
+  // Every member is still there.
+  EXPECT_EQ(Cli({"cluster"}).out.find("LOST"), std::string::npos);
   std::vector<std::string> argv = {"client/pstrain", "--coordinator", "127.0.0.1:1", "list"};
   auto child = ChildProcess::Start(argv, dir_ + "/unreachable.out");
   EXPECT_EQ((*child)->Wait(absl::Seconds(60)), 3);

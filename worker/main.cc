@@ -27,10 +27,13 @@
 #include "absl/strings/str_split.h"
 #include "common/job_spec.h"
 #include "common/malloc_tuning.h"
+#include "common/metrics_server.h"
+#include "common/file_util.h"
 #include "rpc/cluster_member.h"
 #include "rpc/grpc_remote_shard.h"
 #include "spdlog/spdlog.h"
 #include "worker/trainer.h"
+#include "worker/worker_metrics.h"
 
 ABSL_FLAG(std::string, spec, "", "Job spec (YAML), standalone mode.");
 ABSL_FLAG(int, rank, 0, "This worker's rank, 0 <= rank < world_size (standalone).");
@@ -40,6 +43,9 @@ ABSL_FLAG(std::string, output_dir, "", "Overrides the spec's output_dir.");
 ABSL_FLAG(int, rpc_timeout_s, 120, "Deadline of each call to the shards, in seconds.");
 ABSL_FLAG(std::string, coordinator, "", "host:port of pstrain-coordinator: run as a pool member.");
 ABSL_FLAG(std::string, name, "", "Member name (default: <hostname>-<pid>).");
+ABSL_FLAG(std::string, metrics_host, "0.0.0.0", "Address of the Prometheus /metrics endpoint.");
+ABSL_FLAG(int, metrics_port, -1, "Prometheus /metrics HTTP port (0 picks one; -1 off).");
+ABSL_FLAG(std::string, metrics_port_file, "", "If set, write the metrics host:port here.");
 
 namespace {
 
@@ -64,12 +70,22 @@ std::string JsonEscape(const std::string& s) {
   return out;
 }
 
-// Trains one job; `emit` receives every event.
-absl::Status RunJob(pstrain::JobSpec spec, int rank, int world_size,
-                    const std::vector<std::string>& targets, const std::atomic<bool>* stop,
-                    const std::function<void(const std::string&)>& emit,
-                    const pstrain::Assignment* assignment = nullptr,
-                    pstrain::ClusterMember* member = nullptr) {
+// What a job runs with besides its spec; all optional.
+struct RunContext {
+  const std::atomic<bool>* stop = nullptr;  // stop at the next step boundary
+  std::function<void(const std::string&)> emit = Print;  // receives every event
+  const pstrain::Assignment* assignment = nullptr;
+  pstrain::ClusterMember* member = nullptr;
+  pstrain::WorkerMetrics* metrics = nullptr;
+};
+
+// Trains one job.
+absl::Status RunJob(pstrain::JobSpec spec, int rank, int world_size, const std::vector<std::string>& targets,
+                    const RunContext& ctx) {
+  const std::atomic<bool>* stop = ctx.stop;
+  const auto& emit = ctx.emit;
+  const pstrain::Assignment* assignment = ctx.assignment;
+  pstrain::ClusterMember* member = ctx.member;
   if (rank < 0 || rank >= world_size) {
     return absl::InvalidArgumentError(absl::StrCat("need 0 <= rank < world size (", rank, ", ", world_size, ")"));
   }
@@ -93,6 +109,12 @@ absl::Status RunJob(pstrain::JobSpec spec, int rank, int world_size,
   options.emit = emit;
   options.write_weights = rank == 0;
   options.stop = stop;
+  if (ctx.metrics != nullptr) {
+    options.on_step = [metrics = ctx.metrics, job = spec.name, rank](int64_t step, double loss, int64_t samples,
+                                                                     double seconds, double wait) {
+      metrics->RecordStep(job, rank, step, loss, samples, seconds, wait);
+    };
+  }
   if (assignment != nullptr) {
     options.start_step = assignment->start_step();
     options.start_epoch = assignment->start_epoch();
@@ -153,7 +175,7 @@ absl::Status RunJob(pstrain::JobSpec spec, int rank, int world_size,
   return result.status();
 }
 
-int RunPoolMember() {
+int RunPoolMember(pstrain::WorkerMetrics* metrics) {
   sigset_t stop;
   sigemptyset(&stop);
   sigaddset(&stop, SIGTERM);
@@ -204,7 +226,15 @@ int RunPoolMember() {
           absl::SleepFor(absl::Milliseconds(50));
         }
       });
-      s = RunJob(*spec, a->rank(), a->world_size(), targets, &stop_job, emit, &*a, &member);
+      if (metrics != nullptr) metrics->SetRunning(a->job_id(), a->rank(), true);
+      RunContext ctx;
+      ctx.stop = &stop_job;
+      ctx.emit = emit;
+      ctx.assignment = &*a;
+      ctx.member = &member;
+      ctx.metrics = metrics;
+      s = RunJob(*spec, a->rank(), a->world_size(), targets, ctx);
+      if (metrics != nullptr) metrics->SetRunning(a->job_id(), a->rank(), false);
       const bool cancelled = member.cancelled();
       stop_job = true;
       watch.join();
@@ -242,7 +272,25 @@ int Main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   pstrain::KeepBulkBuffersMapped();
   at::set_num_interop_threads(1);
-  if (!absl::GetFlag(FLAGS_coordinator).empty()) return RunPoolMember();
+  // Never destroyed: the process leaves through ExitNow.
+  std::unique_ptr<pstrain::MetricsServer> metrics_server;
+  std::unique_ptr<pstrain::WorkerMetrics> metrics;
+  if (absl::GetFlag(FLAGS_metrics_port) >= 0) {
+    auto m = pstrain::MetricsServer::Start(absl::GetFlag(FLAGS_metrics_host), absl::GetFlag(FLAGS_metrics_port));
+    if (!m.ok()) {
+      std::fprintf(stderr, "pstrain-worker: %s\n", std::string(m.status().message()).c_str());
+      return 1;
+    }
+    metrics_server = std::move(*m);
+    metrics = std::make_unique<pstrain::WorkerMetrics>(metrics_server->registry());
+    spdlog::info("pstrain-worker: Prometheus metrics on port {}", metrics_server->port());
+    if (!absl::GetFlag(FLAGS_metrics_port_file).empty()) {
+      absl::Status s = pstrain::WriteFileAtomically(absl::GetFlag(FLAGS_metrics_port_file),
+                                                    absl::StrCat("127.0.0.1:", metrics_server->port(), "\n"));
+      if (!s.ok()) spdlog::warn("pstrain-worker: {}", s.ToString());
+    }
+  }
+  if (!absl::GetFlag(FLAGS_coordinator).empty()) return RunPoolMember(metrics.get());
 
   auto spec = pstrain::LoadJobSpec(absl::GetFlag(FLAGS_spec));
   if (!spec.ok()) {
@@ -253,7 +301,9 @@ int Main(int argc, char** argv) {
   const int world = absl::GetFlag(FLAGS_world_size) > 0 ? absl::GetFlag(FLAGS_world_size) : spec->workers;
   const std::vector<std::string> targets =
       absl::StrSplit(absl::GetFlag(FLAGS_shards), ',', absl::SkipEmpty());
-  absl::Status s = RunJob(*spec, absl::GetFlag(FLAGS_rank), world, targets, nullptr, Print);
+  RunContext ctx;
+  ctx.metrics = metrics.get();
+  absl::Status s = RunJob(*spec, absl::GetFlag(FLAGS_rank), world, targets, ctx);
   if (!s.ok()) {
     std::fprintf(stderr, "pstrain-worker rank %d: %s\n", absl::GetFlag(FLAGS_rank), s.ToString().c_str());
     return s.code() == absl::StatusCode::kInvalidArgument || s.code() == absl::StatusCode::kNotFound ? 2 : 1;

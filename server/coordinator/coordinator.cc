@@ -546,9 +546,22 @@ void Coordinator::Schedule() {
     std::sort(workers.begin(), workers.end(), by_name);
     if (static_cast<int>(shards.size()) < job->spec.shards ||
         static_cast<int>(workers.size()) < job->spec.workers) {
-      return;  // strict FIFO: nothing overtakes the oldest pending job
+      // Strict FIFO: nothing overtakes the oldest pending job.
+      const std::string why = absl::StrCat("Unschedulable: needs ", job->spec.shards, " shard(s) and ",
+                                           job->spec.workers, " worker(s); free now: ", shards.size(),
+                                           " shard(s), ", workers.size(), " worker(s)");
+      for (Job* later : pending) {
+        const std::string r = later == job ? why : absl::StrCat("Queued behind ", job->stored.id);
+        if (later->stored.status.pending_reason() != r) {
+          later->stored.status.set_pending_reason(r);
+          ++later->version;
+        }
+      }
+      cv_.notify_all();
+      return;
     }
     JobStatus& st = job->stored.status;
+    st.clear_pending_reason();
     st.clear_members();
     std::vector<std::string> names;
     auto assign = [&](std::vector<Member*>& pool, int count) {

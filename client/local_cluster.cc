@@ -50,7 +50,7 @@ absl::Status LocalCluster::Spawn(const std::string& name, const std::vector<std:
   const pid_t pid = fork();
   if (pid < 0) return absl::InternalError(absl::StrCat("fork: ", std::strerror(errno)));
   if (pid == 0) {
-    prctl(PR_SET_PDEATHSIG, SIGTERM);
+    prctl(PR_SET_PDEATHSIG, SIGINT);  // stop now (SIGTERM would drain a worker)
     if (getppid() != parent) _exit(1);
     setpgid(0, 0);  // Ctrl-C reaches the launcher only; it stops the children
     int log = open(child.log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
@@ -209,7 +209,7 @@ void LocalCluster::Stop() {
   bool any = false;
   for (Child& c : children_) {
     if (c.pid > 0 && !c.exited) {
-      kill(c.pid, SIGTERM);
+      kill(c.pid, SIGINT);  // stop now: SIGTERM would make workers drain
       any = true;
     }
   }

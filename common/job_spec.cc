@@ -177,6 +177,7 @@ absl::StatusOr<JobSpec> ParseJobSpec(const std::string& yaml, const std::string&
   RETURN_IF_ERROR(r.Read("output_dir", &spec.output_dir));
   RETURN_IF_ERROR(r.Read("checkpoint_every_steps", &spec.checkpoint_every_steps));
   RETURN_IF_ERROR(r.Read("checkpoint_keep", &spec.checkpoint_keep));
+  RETURN_IF_ERROR(r.Read("max_restarts", &spec.max_restarts));
   RETURN_IF_ERROR(r.Read("log_every_steps", &spec.log_every_steps));
   RETURN_IF_ERROR(r.Check());
 
@@ -231,6 +232,7 @@ absl::StatusOr<JobSpec> ParseJobSpec(const std::string& yaml, const std::string&
   if (spec.output_dir.empty()) return r.Error("output_dir", "must not be empty");
   if (spec.checkpoint_every_steps < 0) return r.Error("checkpoint_every_steps", "must be >= 0");
   if (spec.checkpoint_keep < 1) return r.Error("checkpoint_keep", "must be >= 1");
+  if (spec.max_restarts < 0) return r.Error("max_restarts", "must be >= 0");
   if (spec.log_every_steps < 1) return r.Error("log_every_steps", "must be >= 1");
   return spec;
 }

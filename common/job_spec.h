@@ -69,6 +69,9 @@ struct JobSpec {
   std::string output_dir = "out";
   int64_t checkpoint_every_steps = 0;  // 0: only on demand (pstrain checkpoint)
   int checkpoint_keep = 3;             // newest checkpoints kept
+  // After a member is lost or shuts down, the job restarts from its last
+  // checkpoint this many times at most (without a checkpoint it fails).
+  int max_restarts = 3;
   int log_every_steps = 20;
 };
 

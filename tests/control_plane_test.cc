@@ -356,6 +356,40 @@ TEST_F(ControlPlaneTest, RepeatedCheckpointsOfASyncJobSucceed) {
   EXPECT_EQ(Cli({"cancel", job}).code, 0);
 }
 
+// SIGTERM on a worker (a pod being deleted) drains it: the job is
+// checkpointed, the worker exits 0, the job waits for a replacement and
+// resumes from that checkpoint on it.
+TEST_F(ControlPlaneTest, SigtermDrainsAWorkerAndTheJobResumesOnAReplacement) {
+  const std::string spec = dir_ + "/drain.yaml";
+  ASSERT_TRUE(WriteFileAtomically(spec, "name: drain\nmodel: mlp\nconsistency: sync\nworkers: 2\nshards: 1\n"
+                                        "data: {format: synthetic, synthetic_train: 60000}\nepochs: 100\n"
+                                        "max_steps: 600\nbatch_size: 16\nlog_every_steps: 5\n").ok());
+  const std::string job = Submit(spec);
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  while (true) {
+    CliResult st = Cli({"status", job, "-o", "json"});
+    std::smatch m;
+    if (std::regex_search(st.out, m, std::regex("\"step\": \"(\\d+)\"")) && std::stoll(m[1]) >= 40) break;
+    ASSERT_LT(absl::Now(), deadline) << st.out;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  ChildProcess& leaving = *pool_[2];  // worker-1
+  leaving.Signal(SIGTERM);
+  EXPECT_EQ(leaving.Wait(absl::Seconds(60)), 0) << ReadFile(dir_ + "/worker-1.log").value_or("");
+  WaitForState(job, "PENDING", absl::Seconds(30));
+  CliResult st = Cli({"status", job, "-o", "json"});
+  EXPECT_NE(st.out.find("\"reason\": \"MemberLeaving\""), std::string::npos) << st.out;
+  EXPECT_NE(st.out.find("\"reason\": \"CheckpointSaved\""), std::string::npos) << st.out;
+  EXPECT_NE(st.out.find("\"reason\": \"MemberLeft\""), std::string::npos) << st.out;
+  // A replacement joins; the job resumes from the checkpoint and finishes.
+  pool_.push_back(Start("worker-2", {"worker/pstrain-worker", "--coordinator=" + coordinator_, "--name=worker-2"}));
+  CliResult watch = Cli({"watch", job}, absl::Seconds(180));
+  EXPECT_EQ(watch.code, 0) << watch.out << Cli({"status", job}).out;
+  st = Cli({"status", job, "-o", "json"});
+  EXPECT_NE(st.out.find("\"reason\": \"Restored\""), std::string::npos) << st.out;
+  EXPECT_NE(st.out.find("worker-2"), std::string::npos) << st.out;
+}
+
 TEST_F(ControlPlaneTest, CorruptCheckpointIsRefused) {
   const std::string fake = dir_ + "/ckpt-7";
   std::filesystem::create_directories(fake);

@@ -14,7 +14,7 @@ PACKAGES=(
   # LibTorch (CPU) with a fast BLAS; collectives
   libtorch-dev libopenblas0-pthread libgloo-dev
   # peers for the benchmarks and interop tests (Debian's /usr/bin/python3)
-  python3 python3-torch python3-grpcio iperf3
+  python3 python3-torch python3-grpcio python3-protobuf iperf3
   # the demo's data
   dataset-fashion-mnist
 )

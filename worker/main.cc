@@ -6,6 +6,10 @@
 //   pstrain-worker --coordinator=H:P [--name=worker-0]
 //   registers with the coordinator, waits for an assignment, trains it,
 //   reports progress, and waits for the next one until SIGTERM.
+//   SIGTERM drains: the running job goes on until the coordinator has
+//   checkpointed it and stopped it (it resumes elsewhere from that
+//   checkpoint), at most --drain_timeout_s, then the worker exits 0.
+//   SIGINT stops at the next step boundary.
 //
 // Events (one JSON object per line) go to stdout and, as a pool member, to
 // the coordinator; logs go to stderr. Exit code: 0 success, 1 a training
@@ -43,13 +47,22 @@ ABSL_FLAG(std::string, output_dir, "", "Overrides the spec's output_dir.");
 ABSL_FLAG(int, rpc_timeout_s, 120, "Deadline of each call to the shards, in seconds.");
 ABSL_FLAG(std::string, coordinator, "", "host:port of pstrain-coordinator: run as a pool member.");
 ABSL_FLAG(std::string, name, "", "Member name (default: <hostname>-<pid>).");
+ABSL_FLAG(int, drain_timeout_s, 120,
+          "On SIGTERM, how long the running job may go on while the coordinator checkpoints and stops it.");
 ABSL_FLAG(std::string, metrics_host, "0.0.0.0", "Address of the Prometheus /metrics endpoint.");
 ABSL_FLAG(int, metrics_port, -1, "Prometheus /metrics HTTP port (0 picks one; -1 off).");
 ABSL_FLAG(std::string, metrics_port_file, "", "If set, write the metrics host:port here.");
 
 namespace {
 
-std::atomic<bool> g_stop{false};
+std::atomic<bool> g_stop{false};   // SIGINT, or a second signal: stop now
+std::atomic<bool> g_drain{false};  // SIGTERM: leave once the job is checkpointed
+static_assert(std::atomic<bool>::is_always_lock_free, "set from a signal handler");
+
+void OnSignal(int sig) {
+  if (sig == SIGTERM && !g_drain.exchange(true)) return;
+  g_stop = true;
+}
 std::mutex g_out_mu;
 
 void Print(const std::string& json) {
@@ -176,17 +189,6 @@ absl::Status RunJob(pstrain::JobSpec spec, int rank, int world_size, const std::
 }
 
 int RunPoolMember(pstrain::WorkerMetrics* metrics) {
-  sigset_t stop;
-  sigemptyset(&stop);
-  sigaddset(&stop, SIGTERM);
-  sigaddset(&stop, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
-  std::thread signals([&stop] {
-    int sig;
-    sigwait(&stop, &sig);
-    g_stop = true;
-  });
-  signals.detach();
 
   char host[256] = "worker";
   gethostname(host, sizeof(host) - 1);
@@ -200,7 +202,7 @@ int RunPoolMember(pstrain::WorkerMetrics* metrics) {
     std::fprintf(stderr, "pstrain-worker: %s\n", std::string(s.message()).c_str());
     return 1;
   }
-  while (!g_stop) {
+  while (!g_stop && !g_drain) {
     auto a = member.WaitForAssignment(absl::Seconds(2));
     if (!a.ok()) {
       spdlog::warn("pstrain-worker {}: {}", mo.name, a.status().ToString());
@@ -218,11 +220,25 @@ int RunPoolMember(pstrain::WorkerMetrics* metrics) {
       spec->name = a->job_id();  // the shards' table name: unique per job
       if (!a->output_dir().empty()) spec->output_dir = a->output_dir();
       std::vector<std::string> targets(a->shard_addresses().begin(), a->shard_addresses().end());
-      // Stop on SIGTERM as well as on cancellation.
+      // Stop on cancellation (the coordinator stopped or requeued the job)
+      // and SIGINT. SIGTERM asks the coordinator to checkpoint the job and
+      // take it off this worker, and stops it here only after the timeout.
       std::atomic<bool> stop_job{false};
-      std::thread watch([&] {
+      std::atomic<bool> drain_expired{false};
+      std::thread watch([&, rank = a->rank()] {
+        absl::Time drain_until = absl::InfiniteFuture();
         while (!stop_job) {
           if (g_stop || member.cancelled()) stop_job = true;
+          if (g_drain && drain_until == absl::InfiniteFuture()) {
+            drain_until = absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_drain_timeout_s));
+            spdlog::info("pstrain-worker: SIGTERM: the coordinator checkpoints the job, then this worker leaves "
+                         "(at most {} s; a second signal stops at once)", absl::GetFlag(FLAGS_drain_timeout_s));
+            emit(absl::StrCat("{\"event\": \"draining\", \"rank\": ", rank, "}"));
+          }
+          if (absl::Now() > drain_until) {
+            drain_expired = true;
+            stop_job = true;
+          }
           absl::SleepFor(absl::Milliseconds(50));
         }
       });
@@ -239,8 +255,12 @@ int RunPoolMember(pstrain::WorkerMetrics* metrics) {
       stop_job = true;
       watch.join();
       if (!s.ok() && !cancelled) {
-        emit(absl::StrCat("{\"event\": \"error\", \"rank\": ", a->rank(), ", \"message\": \"",
-                          JsonEscape(std::string(s.message())), "\"}"));
+        const std::string why =
+            drain_expired ? absl::StrCat("shut down (SIGTERM) and the job was not checkpointed and stopped within ",
+                                         absl::GetFlag(FLAGS_drain_timeout_s), " s")
+                          : std::string(s.message());
+        emit(absl::StrCat("{\"event\": \"error\", \"rank\": ", a->rank(), ", \"message\": \"", JsonEscape(why),
+                          "\"}"));
         spdlog::error("pstrain-worker {}: job {} failed: {}", mo.name, a->job_id(), s.ToString());
       }
     } else {
@@ -272,6 +292,16 @@ int Main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   pstrain::KeepBulkBuffersMapped();
   at::set_num_interop_threads(1);
+  if (!absl::GetFlag(FLAGS_coordinator).empty()) {
+    // A pool member: SIGTERM drains, SIGINT (or a second signal) stops.
+    // Handlers, not sigwait: libraries start threads before main (OpenBLAS's
+    // pool) that would not inherit a blocked mask.
+    struct sigaction sa {};
+    sa.sa_handler = OnSignal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, nullptr);
+    sigaction(SIGINT, &sa, nullptr);
+  }
   // Never destroyed: the process leaves through ExitNow.
   std::unique_ptr<pstrain::MetricsServer> metrics_server;
   std::unique_ptr<pstrain::WorkerMetrics> metrics;

@@ -145,26 +145,7 @@ void Coordinator::Transition(Job& job, JobState state, const std::string& reason
   if (IsTerminal(state)) {
     // The shards free the job's table; workers still waiting on it (a SYNC
     // step) are released at once.
-    std::vector<std::string> shard_addresses;
-    for (const MemberStatus& m : st.members()) {
-      if (m.role() == "shard") shard_addresses.push_back(m.address());
-    }
-    if (!shard_addresses.empty()) {
-      Background([shard_addresses, id = st.job_id()] {
-        for (const std::string& a : shard_addresses) {
-          RemoteShardOptions ro;
-          ro.target = a;
-          ro.default_timeout = absl::Seconds(10);
-          ro.max_attempts = 2;
-          GrpcRemoteShard client(ro);
-          DropTableRequest req;
-          req.set_job(id);
-          DropTableResponse resp;
-          absl::Status s = WaitFor([&](StatusCallback done) { client.DropTable(req, &resp, {}, done); });
-          if (!s.ok()) spdlog::warn("coordinator: dropping {} on {}: {}", id, a, s.ToString());
-        }
-      });
-    }
+    DropTables(st);
     RefreshMembers(job);
     for (auto& [id, member] : members_) {
       if (member.status.job_id() == st.job_id()) {
@@ -175,6 +156,93 @@ void Coordinator::Transition(Job& job, JobState state, const std::string& reason
     kv_.erase(st.job_id());
   }
   Changed(job);
+}
+
+void Coordinator::DropTables(const JobStatus& st) {
+  std::vector<std::string> shard_addresses;
+  for (const MemberStatus& m : st.members()) {
+    if (m.role() == "shard") shard_addresses.push_back(m.address());
+  }
+  if (shard_addresses.empty()) return;
+  Background([shard_addresses, id = st.job_id()] {
+    for (const std::string& a : shard_addresses) {
+      RemoteShardOptions ro;
+      ro.target = a;
+      ro.default_timeout = absl::Seconds(10);
+      ro.max_attempts = 2;
+      GrpcRemoteShard client(ro);
+      DropTableRequest req;
+      req.set_job(id);
+      DropTableResponse resp;
+      absl::Status s = WaitFor([&](StatusCallback done) { client.DropTable(req, &resp, {}, done); });
+      if (!s.ok()) spdlog::warn("coordinator: dropping {} on {}: {}", id, a, s.ToString());
+    }
+  });
+}
+
+bool Coordinator::CanRestart(const Job& job) const {
+  return !job.stored.status.last_checkpoint().empty() && job.restarts < job.spec.max_restarts;
+}
+
+void Coordinator::Requeue(Job& job, const std::string& reason, const std::string& message) {
+  JobStatus& st = job.stored.status;
+  DropTables(st);
+  for (auto& [id, member] : members_) {
+    if (member.status.job_id() != st.job_id()) continue;
+    if (member.status.role() == "worker" && member.status.alive()) {
+      member.releasing = true;  // free once it has stopped
+    } else {
+      member.status.set_job_id("");
+      member.status.set_rank(-1);
+    }
+  }
+  st.clear_members();
+  st.clear_workers();
+  st.set_resumed_from(st.last_checkpoint());
+  job.done_ranks.clear();
+  job.paused.clear();
+  job.pause_requested = false;
+  job.checkpointing = false;
+  job.draining = false;
+  job.start_positions.clear();
+  ++job.restarts;
+  kv_.erase(st.job_id());
+  Transition(job, PENDING, reason,
+             absl::StrCat(message, "; restart ", job.restarts, " of at most ", job.spec.max_restarts,
+                          " will resume from ", st.last_checkpoint()));
+}
+
+void Coordinator::Drain(const std::string& job_id, const std::string& who) {
+  // A checkpoint already in progress is waited for, then a fresh one taken
+  // (the leaving worker keeps training until the job stops).
+  const absl::Time deadline = absl::Now() + absl::Seconds(90);
+  absl::Status saved = absl::DeadlineExceededError("no checkpoint within 90 s");
+  while (absl::Now() < deadline) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      Job* job = FindJob(job_id);
+      if (job == nullptr || !job->draining || shutdown_) return;
+      const JobState state = job->stored.status.state();
+      if (state != RUNNING && state != CHECKPOINTING) return;
+    }
+    auto r = Checkpoint(job_id);
+    saved = r.status();
+    if (!absl::IsFailedPrecondition(r.status())) break;
+    absl::SleepFor(absl::Milliseconds(200));  // another checkpoint is in progress
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  Job* job = FindJob(job_id);
+  if (job == nullptr || !job->draining) return;
+  const JobState state = job->stored.status.state();
+  if (state != RUNNING && state != CHECKPOINTING) return;
+  if (saved.ok() && CanRestart(*job)) {
+    Requeue(*job, "MemberLeft", absl::StrCat(who, " shut down; the job was checkpointed"));
+  } else {
+    Transition(*job, FAILED, "MemberLeft",
+               absl::StrCat(who, " shut down and the job cannot restart: ",
+                            saved.ok() ? "no restarts left" : std::string(saved.message())));
+  }
+  Schedule();
 }
 
 absl::StatusOr<std::string> Coordinator::SubmitJob(const SubmitJobRequest& request) {
@@ -344,6 +412,16 @@ absl::StatusOr<HeartbeatResponse> Coordinator::Heartbeat(const HeartbeatRequest&
     cv_.notify_all();
   }
   HeartbeatResponse r;
+  if (m.releasing) {
+    if (request.running_job_id().empty()) {
+      m.releasing = false;
+      m.status.set_job_id("");
+      m.status.set_rank(-1);
+      Schedule();
+    }
+    r.set_cancel_job(!request.running_job_id().empty());
+    return r;
+  }
   r.set_job_id(m.status.job_id());
   if (!m.status.job_id().empty() && m.status.role() == "worker") {
     Job* job = FindJob(m.status.job_id());
@@ -363,7 +441,7 @@ absl::StatusOr<Assignment> Coordinator::GetAssignment(const std::string& member_
       return absl::NotFoundError(absl::StrCat("member ", member_id, " is not registered: register again"));
     }
     const MemberStatus& m = it->second.status;
-    Job* job = m.job_id().empty() ? nullptr : FindJob(m.job_id());
+    Job* job = m.job_id().empty() || it->second.releasing ? nullptr : FindJob(m.job_id());
     if (job != nullptr && !job->restoring) {
       Assignment a;
       a.set_job_id(m.job_id());
@@ -401,7 +479,7 @@ absl::StatusOr<ReportProgressResponse> Coordinator::ReportProgress(const ReportP
   Member& m = it->second;
   m.last_beat = absl::Now();
   Job* job = FindJob(request.job_id());
-  if (job == nullptr || m.status.job_id() != request.job_id()) {
+  if (job == nullptr || m.status.job_id() != request.job_id() || m.releasing) {
     r.set_cancel_job(true);  // not (or no longer) this member's job
     return r;
   }
@@ -481,6 +559,14 @@ void Coordinator::ApplyEvent(Job& job, int rank, const std::string& event_json) 
     }
     Changed(job);
     MaybeSucceed(job);
+  } else if (kind == "draining") {
+    if ((st.state() == RUNNING || st.state() == CHECKPOINTING) && !job.draining) {
+      job.draining = true;
+      const std::string who = absl::StrCat("worker ", rank);
+      Transition(job, st.state(), "MemberLeaving",
+                 absl::StrCat(who, " is shutting down: checkpointing, then the job waits for a replacement"));
+      Background([this, id = st.job_id(), who] { Drain(id, who); });
+    }
   } else if (kind == "error") {
     if (!IsTerminal(st.state())) {
       Transition(job, FAILED, "WorkerFailed",
@@ -504,6 +590,11 @@ void Coordinator::ExpireLeases() {
   for (auto& [id, m] : members_) {
     if (m.status.alive() && now - m.last_beat > lease()) {
       m.status.set_alive(false);
+      if (m.releasing) {
+        m.releasing = false;
+        m.status.set_job_id("");
+        m.status.set_rank(-1);
+      }
       spdlog::warn("coordinator: {} {} lost (no heartbeat for {})", m.status.role(), m.status.name(),
                    absl::FormatDuration(now - m.last_beat));
     }
@@ -519,9 +610,16 @@ void Coordinator::ExpireLeases() {
         ok = ok || (m.status.name() == jm.name() && m.status.alive() && m.status.job_id() == id);
       }
       if (!ok) {
-        Transition(job, FAILED, "MemberLost",
-                   absl::StrCat(jm.role(), " ", jm.name(), " (rank ", jm.rank(), ") was lost: missed ",
-                                options_.missed_heartbeats, " heartbeats"));
+        const std::string what = absl::StrCat(jm.role(), " ", jm.name(), " (rank ", jm.rank(), ") was lost: missed ",
+                                              options_.missed_heartbeats, " heartbeats");
+        if (CanRestart(job)) {
+          Requeue(job, "MemberLost", what);
+        } else {
+          Transition(job, FAILED, "MemberLost",
+                     absl::StrCat(what, job.stored.status.last_checkpoint().empty()
+                                            ? " (no checkpoint to restart from)"
+                                            : " (no restarts left)"));
+        }
         break;
       }
     }
@@ -536,6 +634,18 @@ void Coordinator::Schedule() {
   std::sort(pending.begin(), pending.end(),
             [](const Job* a, const Job* b) { return a->stored.seq < b->stored.seq; });
   for (Job* job : pending) {
+    int stopping = 0;
+    for (auto& [id, m] : members_) stopping += m.releasing && m.status.job_id() == job->stored.id ? 1 : 0;
+    if (stopping > 0) {
+      // Its previous attempt's workers must stop before the shards reload.
+      const std::string why = absl::StrCat("Stopping the previous attempt (", stopping, " worker(s))");
+      if (job->stored.status.pending_reason() != why) {
+        job->stored.status.set_pending_reason(why);
+        ++job->version;
+        cv_.notify_all();
+      }
+      return;
+    }
     std::vector<Member*> shards, workers;
     for (auto& [id, m] : members_) {
       if (!m.status.alive() || !m.status.job_id().empty()) continue;

@@ -88,6 +88,9 @@ class Coordinator {
   struct Member {
     MemberStatus status;
     absl::Time last_beat;
+    // The member's job was requeued: it is told to stop, and becomes free
+    // once its heartbeat says it no longer runs the job (or it is lost).
+    bool releasing = false;
   };
   struct Job {
     StoredJob stored;
@@ -105,6 +108,9 @@ class Coordinator {
     // Resuming: the shards load the checkpoint before workers get to start.
     bool restoring = false;
     std::vector<CheckpointManifest::Worker> start_positions;
+    // Restarts from a checkpoint after a member was lost or left.
+    int restarts = 0;
+    bool draining = false;  // a worker is leaving: checkpoint, then requeue
   };
 
   Coordinator(CoordinatorOptions options, std::unique_ptr<JobStore> store)
@@ -112,6 +118,14 @@ class Coordinator {
 
   absl::Duration lease() const { return options_.heartbeat_interval * options_.missed_heartbeats; }
   Job* FindJob(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Back to PENDING, to resume from the job's last checkpoint on whichever
+  // members are free then; its current members are told to stop.
+  void Requeue(Job& job, const std::string& reason, const std::string& message) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool CanRestart(const Job& job) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A worker is shutting down (SIGTERM): checkpoint the job, then requeue it.
+  void Drain(const std::string& job_id, const std::string& who);
+  // The shards free the job's table (in the background).
+  void DropTables(const JobStatus& st) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Records a transition, frees the members of a job that ended, persists.
   void Transition(Job& job, JobState state, const std::string& reason, const std::string& message)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

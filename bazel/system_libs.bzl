@@ -70,3 +70,43 @@ libtorch_repository = repository_rule(
     environ = ["PSTRAIN_LIBTORCH"],
     local = True,
 )
+
+_CUDA_BUILD = """\
+package(default_visibility = ["//visibility:public"])
+
+# NCCL and the CUDA runtime from {root} (found at fetch time).
+cc_library(
+    name = "nccl",
+    hdrs = glob(["include/**"], allow_empty = True),
+    includes = ["include"],
+    linkopts = [
+        "-L{lib}",
+        "-Wl,-rpath,{lib}",
+        "-lnccl",
+        "-lcudart",
+    ],
+)
+"""
+
+def _cuda_repository_impl(ctx):
+    # The NCCL backend is built when a CUDA toolkit with NCCL is found
+    # (PSTRAIN_CUDA, default /usr/local/cuda); otherwise @cuda//:defs.bzl
+    # says HAVE_NCCL = False and the backend reports that it is not built.
+    root = ctx.os.environ.get("PSTRAIN_CUDA", "/usr/local/cuda")
+    lib = root + "/lib64"
+    found = (ctx.path(root + "/include/nccl.h").exists and ctx.path(root + "/include/cuda_runtime.h").exists and
+             ctx.path(lib + "/libnccl.so").exists and ctx.path(lib + "/libcudart.so").exists)
+    ctx.file("WORKSPACE", "workspace(name = \"cuda\")\n")
+    if found:
+        ctx.symlink(root + "/include", "include")
+        ctx.file("BUILD.bazel", _CUDA_BUILD.format(root = root, lib = lib))
+    else:
+        ctx.file("BUILD.bazel", "package(default_visibility = [\"//visibility:public\"])\n" +
+                                "cc_library(name = \"nccl\")\n")
+    ctx.file("defs.bzl", "HAVE_NCCL = %s\nCUDA_ROOT = \"%s\"\n" % (found, root))
+
+cuda_repository = repository_rule(
+    implementation = _cuda_repository_impl,
+    environ = ["PSTRAIN_CUDA"],
+    local = True,
+)

@@ -1,0 +1,230 @@
+// Collectives among 2 and 3 ranks (threads of this process, talking over
+// real TCP sockets on 127.0.0.1) against reference results.
+#include "collective/collective.h"
+
+#include <ATen/ops/allclose.h>
+#include <ATen/ops/arange.h>
+#include <ATen/ops/equal.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/maximum.h>
+#include <ATen/ops/zeros.h>
+#include <ATen/ops/zeros_like.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <condition_variable>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+
+namespace pstrain {
+namespace {
+
+// The rendezvous store of one group, in memory.
+class MemoryStore : public KeyValueStore {
+ public:
+  absl::Status Set(const std::string& key, const std::string& value) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    kv_[key] = value;
+    cv_.notify_all();
+    return absl::OkStatus();
+  }
+  absl::StatusOr<std::string> Get(const std::string& key, absl::Duration timeout) override {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!cv_.wait_for(lock, absl::ToChronoMilliseconds(timeout), [&] { return kv_.count(key) > 0; })) {
+      return absl::DeadlineExceededError(absl::StrCat("no key ", key));
+    }
+    return kv_[key];
+  }
+  absl::StatusOr<int64_t> Add(const std::string& key, int64_t delta) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    int64_t n = kv_.count(key) ? std::stoll(kv_[key]) : 0;
+    kv_[key] = std::to_string(n + delta);
+    cv_.notify_all();
+    return n + delta;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<std::string, std::string> kv_;
+};
+
+// Runs fn(rank, collective) on `n` ranks at once.
+void RunGroup(int n, const std::function<void(int, Collective&)>& fn, absl::Duration timeout = absl::Seconds(30)) {
+  auto store = std::make_shared<MemoryStore>();
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      CollectiveOptions o;
+      o.rank = r;
+      o.size = n;
+      o.store = store;
+      o.prefix = "test/";
+      o.hostname = "127.0.0.1";
+      o.timeout = timeout;
+      auto c = CreateCollective("gloo", o);
+      ASSERT_TRUE(c.ok()) << c.status();
+      fn(r, **c);
+    });
+  }
+  for (auto& t : threads) t.join();
+}
+
+// Pseudo-random values that differ by rank (no global generator: ranks are
+// threads).
+at::Tensor Input(int rank, int64_t numel, at::ScalarType dtype) {
+  at::Tensor i = at::arange(numel, at::kLong);
+  at::Tensor v = i.mul(7919 + 104729 * rank).add(31 * rank).remainder(2001).sub(1000);
+  if (at::isIntegralType(dtype, false)) return v.to(dtype);
+  return v.to(dtype).div(37.0);
+}
+
+class CollectiveSizes : public ::testing::TestWithParam<int> {};
+
+TEST_P(CollectiveSizes, AllReduceBroadcastAllGatherEqualTheReference) {
+  const int n = GetParam();
+  for (at::ScalarType dtype : {at::kFloat, at::kDouble, at::kLong, at::kInt}) {
+    for (int64_t numel : {1, 1000, 1 << 20}) {
+      at::Tensor sum = at::zeros({numel}, at::TensorOptions(dtype));
+      at::Tensor max = Input(0, numel, dtype);
+      for (int r = 0; r < n; ++r) {
+        sum += Input(r, numel, dtype);
+        max = at::maximum(max, Input(r, numel, dtype));
+      }
+      RunGroup(n, [&](int rank, Collective& c) {
+        at::Tensor t = Input(rank, numel, dtype);
+        ASSERT_TRUE(c.AllReduce(t)->Wait().ok());
+        if (at::isIntegralType(dtype, false)) {
+          EXPECT_TRUE(at::equal(t, sum)) << c10::toString(dtype) << " " << numel;
+        } else {
+          EXPECT_TRUE(at::allclose(t, sum, 1e-5, 1e-5)) << c10::toString(dtype) << " " << numel;
+        }
+        at::Tensor m = Input(rank, numel, dtype);
+        ASSERT_TRUE(c.AllReduce(m, ReduceOp::kMax)->Wait().ok());
+        EXPECT_TRUE(at::equal(m, max));
+
+        at::Tensor b = Input(rank, numel, dtype);
+        ASSERT_TRUE(c.Broadcast(b, n - 1)->Wait().ok());
+        EXPECT_TRUE(at::equal(b, Input(n - 1, numel, dtype)));
+
+        std::vector<at::Tensor> outs;
+        for (int r = 0; r < n; ++r) outs.push_back(at::zeros({numel}, at::TensorOptions(dtype)));
+        ASSERT_TRUE(c.AllGather(outs, Input(rank, numel, dtype))->Wait().ok());
+        for (int r = 0; r < n; ++r) EXPECT_TRUE(at::equal(outs[r], Input(r, numel, dtype))) << r;
+        EXPECT_TRUE(c.Barrier()->Wait().ok());
+      });
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, CollectiveSizes, ::testing::Values(2, 3));
+
+TEST(Collective, ManyReductionsInFlightCompleteInOrder) {
+  RunGroup(2, [](int rank, Collective& c) {
+    std::vector<at::Tensor> ts;
+    std::vector<std::unique_ptr<CollectiveWork>> works;
+    for (int i = 0; i < 16; ++i) {
+      ts.push_back(at::full({4096}, static_cast<double>(i + rank), at::kFloat));
+      works.push_back(c.AllReduce(ts.back()));
+    }
+    for (int i = 0; i < 16; ++i) {
+      ASSERT_TRUE(works[i]->Wait().ok());
+      EXPECT_TRUE(at::equal(ts[i], at::full({4096}, static_cast<double>(2 * i + 1), at::kFloat))) << i;
+    }
+  });
+}
+
+TEST(Collective, BadArgumentsAreRefused) {
+  RunGroup(2, [](int rank, Collective& c) {
+    std::vector<at::Tensor> wrong_count = {at::zeros({4})};
+    absl::Status s = c.AllGather(wrong_count, at::zeros({4}))->Wait();
+    EXPECT_FALSE(s.ok());
+    EXPECT_TRUE(c.Barrier()->Wait().ok());  // the group still works
+  });
+  CollectiveOptions o;
+  o.rank = 2;
+  o.size = 2;
+  o.store = std::make_shared<MemoryStore>();
+  EXPECT_EQ(CreateCollective("gloo", o).status().code(), absl::StatusCode::kInvalidArgument);
+  o.rank = 0;
+  EXPECT_EQ(CreateCollective("mpi", o).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// A rank that goes away fails the others' pending operation quickly, with
+// an error, instead of hanging.
+TEST(Collective, APeerThatLeavesFailsTheOthersFast) {
+  const absl::Duration timeout = absl::Seconds(5);
+  RunGroup(
+      2,
+      [&](int rank, Collective& c) {
+        ASSERT_TRUE(c.Barrier()->Wait().ok());
+        if (rank == 1) return;  // leaves: its collective (and sockets) are destroyed
+        absl::SleepFor(absl::Milliseconds(200));
+        const absl::Time start = absl::Now();
+        at::Tensor t = at::zeros({1 << 16});
+        absl::Status s = c.AllReduce(t)->Wait();
+        EXPECT_FALSE(s.ok());
+        EXPECT_LE(absl::Now() - start, timeout + absl::Seconds(2));
+        EXPECT_TRUE(absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s)) << s;
+      },
+      timeout);
+}
+
+int FreePort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+  socklen_t len = sizeof(a);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+// torchrun's rendezvous: rank 0 serves a TCPStore at MASTER_ADDR:MASTER_PORT.
+TEST(Collective, TcpStoreRendezvous) {
+  const int port = FreePort();
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([r, port] {
+      auto store = ConnectTcpStore("127.0.0.1", port, r == 0, 2, absl::Seconds(30));
+      ASSERT_TRUE(store.ok()) << store.status();
+      CollectiveOptions o;
+      o.rank = r;
+      o.size = 2;
+      o.store = *store;
+      o.hostname = "127.0.0.1";
+      auto c = CreateCollective("gloo", o);
+      ASSERT_TRUE(c.ok()) << c.status();
+      at::Tensor t = at::full({10}, r + 1.0);
+      ASSERT_TRUE((*c)->AllReduce(t)->Wait().ok());
+      EXPECT_TRUE(at::equal(t, at::full({10}, 3.0)));
+    });
+  }
+  for (auto& t : threads) t.join();
+}
+
+TEST(Collective, NcclNeedsAGpu) {
+  auto devices = CudaDeviceCount();
+  if (!NcclBuilt() || !devices.ok() || *devices < 1) {
+    GTEST_SKIP() << "no CUDA device here (" << (NcclBuilt() ? devices.status().ToString() : "NCCL not built")
+                 << "): the NCCL backend is compiled but not run";
+  }
+  // With a device: CPU tensors are refused with a clear error.
+  CollectiveOptions o;
+  o.store = std::make_shared<MemoryStore>();
+  auto c = CreateCollective("nccl", o);
+  ASSERT_TRUE(c.ok()) << c.status();
+  absl::Status s = (*c)->AllReduce(at::zeros({4}))->Wait();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+}
+
+}  // namespace
+}  // namespace pstrain

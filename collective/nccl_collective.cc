@@ -1,0 +1,197 @@
+// The "nccl" backend: NCCL on CUDA tensors, one communicator and one CUDA
+// stream per group; rank 0's ncclUniqueId goes through the rendezvous
+// store. Built when @cuda found a toolkit with NCCL (HAVE_NCCL); it needs
+// no CUDA build of LibTorch to compile (tensors are only read for their
+// device pointers), but a CUDA build to create CUDA tensors at run time.
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <mutex>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "collective/collective.h"
+#include "collective/collective_internal.h"
+
+namespace pstrain {
+namespace {
+
+absl::Status CudaError(const char* what, cudaError_t e) {
+  return absl::FailedPreconditionError(absl::StrCat(what, ": ", cudaGetErrorString(e)));
+}
+
+absl::StatusOr<ncclDataType_t> NcclType(const at::Tensor& t) {
+  switch (t.scalar_type()) {
+    case at::kFloat: return ncclFloat32;
+    case at::kDouble: return ncclFloat64;
+    case at::kHalf: return ncclFloat16;
+    case at::kBFloat16: return ncclBfloat16;
+    case at::kInt: return ncclInt32;
+    case at::kLong: return ncclInt64;
+    case at::kByte: return ncclUint8;
+    case at::kChar: return ncclInt8;
+    default: break;
+  }
+  return absl::InvalidArgumentError(absl::StrCat("nccl: unsupported dtype ", c10::toString(t.scalar_type())));
+}
+
+absl::Status CheckTensor(const at::Tensor& t) {
+  if (!t.defined() || !t.is_cuda()) return absl::InvalidArgumentError("nccl: tensors must be CUDA tensors");
+  if (!t.is_contiguous()) return absl::InvalidArgumentError("nccl: tensors must be contiguous");
+  return NcclType(t).status();
+}
+
+// Completion of the work queued on the group's stream so far.
+class NcclWork : public CollectiveWork {
+ public:
+  NcclWork(cudaEvent_t event, ncclComm_t comm, absl::Duration timeout, const char* what)
+      : event_(event), comm_(comm), timeout_(timeout), what_(what) {}
+  explicit NcclWork(absl::Status error) : error_(std::move(error)) {}
+  ~NcclWork() override {
+    if (event_ != nullptr) cudaEventDestroy(event_);
+  }
+  absl::Status Wait() override {
+    if (!error_.ok()) return error_;
+    const absl::Time deadline = absl::Now() + timeout_;
+    while (true) {
+      cudaError_t e = cudaEventQuery(event_);
+      if (e == cudaSuccess) return absl::OkStatus();
+      if (e != cudaErrorNotReady) return CudaError(what_, e);
+      ncclResult_t async = ncclSuccess;
+      ncclCommGetAsyncError(comm_, &async);
+      if (async != ncclSuccess) return PeerError(what_, ncclGetErrorString(async));
+      if (absl::Now() > deadline) {
+        ncclCommAbort(comm_);  // a peer is gone: unblock the stream
+        return absl::DeadlineExceededError(
+            absl::StrCat(what_, " did not complete within ", absl::FormatDuration(timeout_), " (a peer left?)"));
+      }
+      absl::SleepFor(absl::Microseconds(50));
+    }
+  }
+
+ private:
+  cudaEvent_t event_ = nullptr;
+  ncclComm_t comm_ = nullptr;
+  absl::Duration timeout_;
+  const char* what_ = "";
+  absl::Status error_;
+};
+
+class NcclCollective : public Collective {
+ public:
+  NcclCollective(ncclComm_t comm, cudaStream_t stream, int rank, int size, int device, absl::Duration timeout)
+      : comm_(comm), stream_(stream), rank_(rank), size_(size), device_(device), timeout_(timeout) {}
+  ~NcclCollective() override {
+    ncclCommDestroy(comm_);
+    cudaStreamDestroy(stream_);
+  }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  const char* backend() const override { return "nccl"; }
+
+  std::unique_ptr<CollectiveWork> AllReduce(at::Tensor t, ReduceOp op) override {
+    if (absl::Status s = CheckTensor(t); !s.ok()) return Fail(s);
+    const ncclRedOp_t nop = op == ReduceOp::kMin ? ncclMin : op == ReduceOp::kMax ? ncclMax : ncclSum;
+    return Enqueue("all-reduce", ncclAllReduce(t.data_ptr(), t.data_ptr(), t.numel(), *NcclType(t), nop, comm_, stream_));
+  }
+  std::unique_ptr<CollectiveWork> Broadcast(at::Tensor t, int root) override {
+    if (absl::Status s = CheckTensor(t); !s.ok()) return Fail(s);
+    return Enqueue("broadcast", ncclBroadcast(t.data_ptr(), t.data_ptr(), t.numel(), *NcclType(t), root, comm_, stream_));
+  }
+  std::unique_ptr<CollectiveWork> AllGather(std::vector<at::Tensor> outputs, at::Tensor input) override {
+    if (absl::Status s = CheckTensor(input); !s.ok()) return Fail(s);
+    if (static_cast<int>(outputs.size()) != size_) return Fail(absl::InvalidArgumentError("all-gather: one output per rank"));
+    // Gather into one buffer, then copy each rank's part out.
+    void* buffer = nullptr;
+    const size_t bytes = input.nbytes();
+    if (cudaError_t e = cudaMallocAsync(&buffer, bytes * size_, stream_); e != cudaSuccess) {
+      return Fail(CudaError("all-gather", e));
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    ncclResult_t r = ncclAllGather(input.data_ptr(), buffer, input.numel(), *NcclType(input), comm_, stream_);
+    for (int i = 0; r == ncclSuccess && i < size_; ++i) {
+      cudaMemcpyAsync(outputs[i].data_ptr(), static_cast<char*>(buffer) + i * bytes, bytes, cudaMemcpyDeviceToDevice,
+                      stream_);
+    }
+    cudaFreeAsync(buffer, stream_);
+    return Record("all-gather", r);
+  }
+  std::unique_ptr<CollectiveWork> Barrier() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (barrier_ == nullptr && cudaMallocAsync(&barrier_, sizeof(float), stream_) != cudaSuccess) {
+      return Fail(absl::FailedPreconditionError("barrier: cannot allocate"));
+    }
+    return Record("barrier", ncclAllReduce(barrier_, barrier_, 1, ncclFloat32, ncclSum, comm_, stream_));
+  }
+
+ private:
+  static std::unique_ptr<CollectiveWork> Fail(absl::Status s) { return std::make_unique<NcclWork>(std::move(s)); }
+  std::unique_ptr<CollectiveWork> Enqueue(const char* what, ncclResult_t r) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return Record(what, r);
+  }
+  std::unique_ptr<CollectiveWork> Record(const char* what, ncclResult_t r) {
+    if (r != ncclSuccess) return Fail(PeerError(what, ncclGetErrorString(r)));
+    cudaEvent_t event = nullptr;
+    if (cudaError_t e = cudaEventCreateWithFlags(&event, cudaEventDisableTiming); e != cudaSuccess) {
+      return Fail(CudaError(what, e));
+    }
+    cudaEventRecord(event, stream_);
+    return std::make_unique<NcclWork>(event, comm_, timeout_, what);
+  }
+
+  std::mutex mu_;
+  ncclComm_t comm_;
+  cudaStream_t stream_;
+  int rank_, size_, device_;
+  absl::Duration timeout_;
+  void* barrier_ = nullptr;
+};
+
+}  // namespace
+
+bool NcclBuilt() { return true; }
+
+absl::StatusOr<int> CudaDeviceCount() {
+  int n = 0;
+  cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) return CudaError("no CUDA device", e);
+  return n;
+}
+
+absl::StatusOr<std::unique_ptr<Collective>> CreateNcclCollective(const CollectiveOptions& options) {
+  auto devices = CudaDeviceCount();
+  if (!devices.ok()) return devices.status();
+  if (options.device < 0 || options.device >= *devices) {
+    return absl::InvalidArgumentError(absl::StrCat("CUDA device ", options.device, " does not exist (", *devices, " found)"));
+  }
+  if (cudaError_t e = cudaSetDevice(options.device); e != cudaSuccess) return CudaError("cudaSetDevice", e);
+  ncclUniqueId id;
+  const std::string key = options.prefix + "nccl_unique_id";
+  if (options.rank == 0) {
+    if (ncclResult_t r = ncclGetUniqueId(&id); r != ncclSuccess) return PeerError("ncclGetUniqueId", ncclGetErrorString(r));
+    absl::Status s = options.store->Set(key, absl::Base64Escape(absl::string_view(id.internal, sizeof(id.internal))));
+    if (!s.ok()) return s;
+  } else {
+    auto v = options.store->Get(key, options.timeout);
+    if (!v.ok()) return v.status();
+    std::string raw;
+    if (!absl::Base64Unescape(*v, &raw) || raw.size() != sizeof(id.internal)) {
+      return absl::DataLossError("the NCCL unique id in the rendezvous store is malformed");
+    }
+    std::memcpy(id.internal, raw.data(), raw.size());
+  }
+  ncclComm_t comm;
+  if (ncclResult_t r = ncclCommInitRank(&comm, options.size, id, options.rank); r != ncclSuccess) {
+    return PeerError("ncclCommInitRank", ncclGetErrorString(r));
+  }
+  cudaStream_t stream;
+  if (cudaError_t e = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking); e != cudaSuccess) {
+    ncclCommDestroy(comm);
+    return CudaError("cudaStreamCreate", e);
+  }
+  return std::unique_ptr<Collective>(
+      new NcclCollective(comm, stream, options.rank, options.size, options.device, options.timeout));
+}
+
+}  // namespace pstrain

@@ -38,6 +38,10 @@ class KeyValueStore {
   virtual absl::StatusOr<int64_t> Add(const std::string& key, int64_t delta) = 0;
 };
 
+// A store in this process's memory: for ranks that are threads of one
+// process (tests, benchmarks).
+std::shared_ptr<KeyValueStore> NewInMemoryStore();
+
 // torchrun's rendezvous: rank 0 serves a c10d::TCPStore on host:port, every
 // rank (rank 0 too) connects to it. Waits up to `timeout` for the others.
 absl::StatusOr<std::shared_ptr<KeyValueStore>> ConnectTcpStore(const std::string& host, int port, bool serve,

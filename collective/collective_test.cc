@@ -14,10 +14,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <condition_variable>
 #include <functional>
-#include <map>
-#include <mutex>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -25,39 +22,9 @@
 namespace pstrain {
 namespace {
 
-// The rendezvous store of one group, in memory.
-class MemoryStore : public KeyValueStore {
- public:
-  absl::Status Set(const std::string& key, const std::string& value) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    kv_[key] = value;
-    cv_.notify_all();
-    return absl::OkStatus();
-  }
-  absl::StatusOr<std::string> Get(const std::string& key, absl::Duration timeout) override {
-    std::unique_lock<std::mutex> lock(mu_);
-    if (!cv_.wait_for(lock, absl::ToChronoMilliseconds(timeout), [&] { return kv_.count(key) > 0; })) {
-      return absl::DeadlineExceededError(absl::StrCat("no key ", key));
-    }
-    return kv_[key];
-  }
-  absl::StatusOr<int64_t> Add(const std::string& key, int64_t delta) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    int64_t n = kv_.count(key) ? std::stoll(kv_[key]) : 0;
-    kv_[key] = std::to_string(n + delta);
-    cv_.notify_all();
-    return n + delta;
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::map<std::string, std::string> kv_;
-};
-
 // Runs fn(rank, collective) on `n` ranks at once.
 void RunGroup(int n, const std::function<void(int, Collective&)>& fn, absl::Duration timeout = absl::Seconds(30)) {
-  auto store = std::make_shared<MemoryStore>();
+  auto store = NewInMemoryStore();
   std::vector<std::thread> threads;
   for (int r = 0; r < n; ++r) {
     threads.emplace_back([&, r] {
@@ -150,7 +117,7 @@ TEST(Collective, BadArgumentsAreRefused) {
   CollectiveOptions o;
   o.rank = 2;
   o.size = 2;
-  o.store = std::make_shared<MemoryStore>();
+  o.store = NewInMemoryStore();
   EXPECT_EQ(CreateCollective("gloo", o).status().code(), absl::StatusCode::kInvalidArgument);
   o.rank = 0;
   EXPECT_EQ(CreateCollective("mpi", o).status().code(), absl::StatusCode::kInvalidArgument);
@@ -219,7 +186,7 @@ TEST(Collective, NcclNeedsAGpu) {
   }
   // With a device: CPU tensors are refused with a clear error.
   CollectiveOptions o;
-  o.store = std::make_shared<MemoryStore>();
+  o.store = NewInMemoryStore();
   auto c = CreateCollective("nccl", o);
   ASSERT_TRUE(c.ok()) << c.status();
   absl::Status s = (*c)->AllReduce(at::zeros({4}))->Wait();

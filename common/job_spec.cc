@@ -96,6 +96,13 @@ absl::StatusOr<JobSpec> ParseJobSpec(const std::string& yaml, const std::string&
 
   RETURN_IF_ERROR(r.Read("name", &spec.name));
   RETURN_IF_ERROR(r.Read("mode", &spec.mode));
+  RETURN_IF_ERROR(r.Read("backend", &spec.backend));
+  RETURN_IF_ERROR(r.Read("collective_timeout_s", &spec.collective_timeout_s));
+  if (spec.mode == "allreduce") {
+    // Defaults of the mode: no shards, DDP's bucket size, synchronous.
+    spec.shards = 0;
+    spec.bucket_bytes = 25 << 20;
+  }
   RETURN_IF_ERROR(r.Read("model", &spec.model));
   RETURN_IF_ERROR(r.Nested("data", [&](MappingReader& d) {
     DataSpec& ds = spec.data;
@@ -160,7 +167,7 @@ absl::StatusOr<JobSpec> ParseJobSpec(const std::string& yaml, const std::string&
     RETURN_IF_ERROR(l.Read("warmup_steps", &spec.lr_schedule.warmup_steps));
     return absl::OkStatus();
   }));
-  std::string consistency = "async";
+  std::string consistency = spec.mode == "allreduce" ? "sync" : "async";
   RETURN_IF_ERROR(r.Read("consistency", &consistency));
   RETURN_IF_ERROR(r.Read("staleness", &spec.staleness));
   RETURN_IF_ERROR(r.Read("workers", &spec.workers));
@@ -183,7 +190,15 @@ absl::StatusOr<JobSpec> ParseJobSpec(const std::string& yaml, const std::string&
 
   // Values.
   if (spec.name.empty()) return r.Error("name", "must not be empty");
-  if (spec.mode != "ps") return r.Error("mode", "must be ps (allreduce is not available yet)");
+  if (spec.mode != "ps" && spec.mode != "allreduce") return r.Error("mode", "must be ps or allreduce");
+  if (spec.backend != "gloo" && spec.backend != "nccl" && spec.backend != "auto") {
+    return r.Error("backend", "must be gloo, nccl or auto");
+  }
+  if (spec.collective_timeout_s < 1) return r.Error("collective_timeout_s", "must be >= 1");
+  if (spec.mode == "allreduce") {
+    if (spec.shards != 0) return r.Error("shards", "must be 0 in allreduce mode (workers reduce among themselves)");
+    if (consistency != "sync") return r.Error("consistency", "must be sync in allreduce mode");
+  }
   if (spec.model != "mlp" && spec.model != "lenet" && spec.model.rfind("torchscript:", 0) != 0) {
     return r.Error("model", absl::StrCat("'", spec.model, "' is unknown: use mlp, lenet or torchscript:<path to a ",
                                          "saved scripted module>"));
@@ -220,7 +235,7 @@ absl::StatusOr<JobSpec> ParseJobSpec(const std::string& yaml, const std::string&
     return r.Error("consistency", "must be async, sync or ssp");
   }
   if (spec.workers < 1 || spec.workers > 1024) return r.Error("workers", "must be in 1..1024");
-  if (spec.shards < 1 || spec.shards > 1024) return r.Error("shards", "must be in 1..1024");
+  if (spec.mode == "ps" && (spec.shards < 1 || spec.shards > 1024)) return r.Error("shards", "must be in 1..1024");
   if (spec.epochs < 1) return r.Error("epochs", "must be >= 1");
   if (spec.batch_size < 1) return r.Error("batch_size", "must be >= 1");
   if (spec.accumulate_steps < 1) return r.Error("accumulate_steps", "must be >= 1");

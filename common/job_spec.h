@@ -48,7 +48,11 @@ struct LrScheduleSpec {
 
 struct JobSpec {
   std::string name = "job";
-  std::string mode = "ps";
+  std::string mode = "ps";        // ps | allreduce
+  // allreduce: the collective library; auto = nccl when this build has it
+  // and the machine a CUDA device, else gloo.
+  std::string backend = "auto";   // gloo | nccl | auto
+  int collective_timeout_s = 60;  // a collective (or rendezvous) slower than this fails
   std::string model = "lenet";  // mlp | lenet | torchscript:<path>
   DataSpec data;
   OptimizerConfig optimizer;    // kind SGD, lr 0.05 unless set
@@ -56,7 +60,7 @@ struct JobSpec {
   Consistency consistency = ASYNC;
   uint32_t staleness = 0;
   int workers = 1;
-  int shards = 1;
+  int shards = 1;                 // ps mode; allreduce uses none
   int epochs = 1;
   int64_t batch_size = 64;      // per worker
   int accumulate_steps = 1;
@@ -64,7 +68,9 @@ struct JobSpec {
   uint64_t seed = 42;
   int threads_per_worker = 1;
   int64_t chunk_bytes = 4 << 20;
-  int64_t bucket_bytes = 4 << 20;  // gradients pushed together (one request per shard)
+  // Gradients exchanged together: pushed in one request per shard (ps), or
+  // reduced in one all-reduce (allreduce; default 25 MiB as in DDP).
+  int64_t bucket_bytes = 4 << 20;
   int64_t max_steps = 0;        // stop each worker after this many steps (0: all epochs)
   std::string output_dir = "out";
   int64_t checkpoint_every_steps = 0;  // 0: only on demand (pstrain checkpoint)

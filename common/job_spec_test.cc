@@ -65,7 +65,10 @@ TEST(JobSpecTest, RefusesUnknownFieldsAndBadValuesNamingTheField) {
       {"batch_size: -5", "batch_size"},
       {"consistency: eventually", "consistency"},
       {"model: resnet", "model"},
-      {"mode: allreduce", "mode"},
+      {"mode: ring", "mode"},
+      {"mode: allreduce\nshards: 2", "shards"},
+      {"mode: allreduce\nconsistency: async", "consistency"},
+      {"mode: allreduce\nbackend: mpi", "backend"},
       {"data: {format: csv}", "data.train_csv"},
       {"epochs: [1, 2]", "epochs"},
       {"data: 3", "data"},
@@ -80,6 +83,13 @@ TEST(JobSpecTest, RefusesUnknownFieldsAndBadValuesNamingTheField) {
     EXPECT_NE(spec.status().message().find("job.yaml"), absl::string_view::npos);
   }
   EXPECT_FALSE(ParseJobSpec("a: [unclosed").ok());
+  // allreduce mode's defaults.
+  auto ar = ParseJobSpec("mode: allreduce\nworkers: 2\n");
+  ASSERT_TRUE(ar.ok()) << ar.status();
+  EXPECT_EQ(ar->shards, 0);
+  EXPECT_EQ(ar->bucket_bytes, 25 << 20);
+  EXPECT_EQ(ar->consistency, SYNC);
+  EXPECT_EQ(ar->backend, "auto");
   EXPECT_EQ(LoadJobSpec("/nonexistent.yaml").status().code(), absl::StatusCode::kNotFound);
 }
 

@@ -1,6 +1,7 @@
 #include "worker/trainer.h"
 
 #include <ATen/ops/cross_entropy_loss.h>
+#include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
 #include <ATen/ops/zeros_like.h>
 #include <c10/core/GradMode.h>
@@ -8,6 +9,7 @@
 #include <torch/nn/utils/clip_grad.h>
 
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <filesystem>
 #include <mutex>
@@ -16,6 +18,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/file_util.h"
+#include "collective/collective.h"
 #include "common/partition_plan.h"
 #include "worker/model.h"
 #include "worker/ps_client.h"
@@ -113,21 +116,46 @@ absl::StatusOr<TrainResult> RunTrainer(const TrainerOptions& options, const Trai
     specs.push_back({name, std::vector<int64_t>(t.sizes().begin(), t.sizes().end()),
                      t.scalar_type() == at::kFloat ? DT_FLOAT32 : DT_FLOAT64});
   }
-  auto plan = MakePartitionPlan(specs, spec.shards, static_cast<size_t>(spec.chunk_bytes));
+  Collective* const collective = options.collective;
+  const bool allreduce = collective != nullptr;
+  if (allreduce && options.shards.size() != 1) {
+    return absl::InvalidArgumentError("all-reduce mode needs exactly one local parameter store");
+  }
+  const int table_shards = allreduce ? 1 : spec.shards;
+  auto plan = MakePartitionPlan(specs, table_shards, static_cast<size_t>(spec.chunk_bytes));
   if (!plan.ok()) return plan.status();
   PsClientOptions po;
   po.job = spec.name;
-  po.worker = static_cast<uint32_t>(options.rank);
+  po.worker = allreduce ? 0 : static_cast<uint32_t>(options.rank);
   po.plan = *plan;
   auto ps_or = PsClient::Create(po, options.shards);
   if (!ps_or.ok()) return ps_or.status();
   PsClient& ps = **ps_or;
 
-  // Every rank offers the same seeded values; the first InitTable wins and
-  // the rest find an identical table. Then everyone starts from the shards'.
   std::vector<at::Tensor> detached;
   for (auto& p : params) detached.push_back(p.detach());
-  absl::Status s = ps.InitTables(detached, MakeTableConfig(spec));
+  TableConfig table_config = MakeTableConfig(spec);
+  absl::Status s;
+  if (allreduce) {
+    // Everyone starts from rank 0's values (as DDP does); the local store,
+    // one worker's SYNC table, applies the averaged gradients.
+    table_config.set_consistency(SYNC);
+    table_config.set_num_workers(1);
+    for (auto& d : detached) {
+      s = collective->Broadcast(d, 0)->Wait();
+      if (!s.ok()) return absl::Status(s.code(), absl::StrCat("broadcasting the initial parameters: ", s.message()));
+    }
+    if (options.restore_local) {
+      std::vector<std::string> keys;
+      for (const auto& c : plan->chunks) keys.push_back(c.key);
+      s = options.restore_local(keys);
+      if (!s.ok()) return s;
+    }
+  }
+  // PS: every rank offers the same seeded values; the first InitTable wins
+  // and the rest find an identical table. Then everyone starts from the
+  // shards' (a restored table's, when resuming).
+  s = ps.InitTables(detached, table_config);
   if (s.ok()) s = ps.Pull(detached);
   if (!s.ok()) return s;
 
@@ -158,7 +186,8 @@ absl::StatusOr<TrainResult> RunTrainer(const TrainerOptions& options, const Trai
     for (size_t i = params.size(); i-- > 0;) {
       current.push_back(i);
       bytes += detached[i].nbytes();
-      if (bytes >= spec.bucket_bytes || i == 0) {
+      // A bucket holds one dtype (all-reduce packs it into one buffer).
+      if (bytes >= spec.bucket_bytes || i == 0 || detached[i - 1].scalar_type() != detached[i].scalar_type()) {
         for (size_t p : current) bucket_of[p] = buckets.size();
         buckets.push_back(std::move(current));
         current.clear();
@@ -166,8 +195,22 @@ absl::StatusOr<TrainResult> RunTrainer(const TrainerOptions& options, const Trai
       }
     }
   }
-  const bool hooks = spec.accumulate_steps == 1 && spec.clip_grad_norm == 0;
+  // Hooks exchange a bucket as soon as its gradients exist; with gradient
+  // accumulation only the last micro-step's backward completes them, and
+  // (PS) clipping needs them all first, so then everything goes after
+  // backward. All-reduce clips the averaged gradients, after the reduction.
+  const bool hooks = spec.accumulate_steps == 1 && (allreduce || spec.clip_grad_norm == 0);
   StepBarrier barrier;
+  // All-reduce: one flat buffer per bucket, and its reduction in flight.
+  std::vector<at::Tensor> flats;
+  std::vector<std::unique_ptr<CollectiveWork>> reductions(buckets.size());
+  if (allreduce) {
+    for (const auto& bucket : buckets) {
+      int64_t numel = 0;
+      for (size_t p : bucket) numel += detached[p].numel();
+      flats.push_back(at::empty({numel}, detached[bucket.front()].options()));
+    }
+  }
   std::vector<at::Tensor> ready(params.size());
   std::vector<bool> offered(params.size(), false);
   std::vector<size_t> missing(buckets.size());
@@ -178,6 +221,17 @@ absl::StatusOr<TrainResult> RunTrainer(const TrainerOptions& options, const Trai
     ready[i] = grad.contiguous();
     const size_t b = bucket_of[i];
     if (--missing[b] > 0) return;
+    if (allreduce) {
+      int64_t offset = 0;
+      for (size_t p : buckets[b]) {
+        const int64_t n = ready[p].numel();
+        flats[b].narrow(0, offset, n).copy_(ready[p].view({-1}));
+        ready[p] = at::Tensor();
+        offset += n;
+      }
+      reductions[b] = collective->AllReduce(flats[b]);
+      return;
+    }
     std::vector<at::Tensor> grads, intos;
     for (size_t p : buckets[b]) {
       grads.push_back(std::move(ready[p]));
@@ -186,6 +240,40 @@ absl::StatusOr<TrainResult> RunTrainer(const TrainerOptions& options, const Trai
     barrier.Add();
     ps.PushPullAsync(step, buckets[b], grads, intos, lr,
                      [&barrier](absl::Status st) { barrier.Done(st); });
+  };
+  // All-reduce: waits for every bucket's reduction, averages, clips, and has
+  // the local store apply the step (its new values land in `staging`).
+  auto ApplyReduced = [&](int64_t at_step, double step_lr) -> absl::Status {
+    absl::Status first;
+    for (auto& r : reductions) {
+      absl::Status st = r->Wait();
+      if (!st.ok() && first.ok()) first = st;
+      r.reset();
+    }
+    if (!first.ok()) return first;
+    c10::NoGradGuard no_grad;
+    for (auto& f : flats) f.div_(static_cast<double>(collective->size()));
+    if (spec.clip_grad_norm > 0) {
+      double sq = 0;
+      for (auto& f : flats) sq += f.to(at::kDouble).pow(2).sum().item<double>();
+      const double coef = spec.clip_grad_norm / (std::sqrt(sq) + 1e-6);
+      if (coef < 1) {
+        for (auto& f : flats) f.mul_(coef);
+      }
+    }
+    for (size_t b = 0; b < buckets.size(); ++b) {
+      std::vector<at::Tensor> grads, intos;
+      int64_t offset = 0;
+      for (size_t p : buckets[b]) {
+        const int64_t n = detached[p].numel();
+        grads.push_back(flats[b].narrow(0, offset, n).view(detached[p].sizes()));
+        intos.push_back(staging[p]);
+        offset += n;
+      }
+      barrier.Add();
+      ps.PushPullAsync(at_step, buckets[b], grads, intos, step_lr, [&barrier](absl::Status st) { barrier.Done(st); });
+    }
+    return absl::OkStatus();
   };
   bool armed = false;
   if (hooks) {
@@ -244,11 +332,14 @@ absl::StatusOr<TrainResult> RunTrainer(const TrainerOptions& options, const Trai
           armed = false;
           step_samples += len;
         }
-        if (spec.clip_grad_norm > 0) {
+        if (spec.clip_grad_norm > 0 && !allreduce) {
           torch::nn::utils::clip_grad_norm_(params, spec.clip_grad_norm);
         }
       } catch (const c10::Error& e) {
         barrier.Wait();
+        for (auto& r : reductions) {
+          if (r != nullptr) (void)r->Wait();
+        }
         return absl::InternalError(absl::StrCat("training step ", step, ": ", e.what_without_backtrace()));
       }
       const auto compute_end = Clock::now();
@@ -258,6 +349,10 @@ absl::StatusOr<TrainResult> RunTrainer(const TrainerOptions& options, const Trai
         if (offered[i]) continue;
         at::Tensor g = params[i].grad();
         offer(i, g.defined() ? g : at::zeros_like(detached[i]));
+      }
+      if (allreduce) {
+        s = ApplyReduced(step, lr);
+        if (!s.ok()) return absl::Status(s.code(), absl::StrCat("step ", step, ": ", s.message()));
       }
       s = barrier.Wait();
       if (!s.ok()) return absl::Status(s.code(), absl::StrCat("step ", step, ": ", s.message()));

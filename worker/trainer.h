@@ -8,6 +8,14 @@
 // gradient accumulation or clipping the gradients are complete only after
 // the last backward, so then every parameter is pushed after it.
 //
+// All-reduce mode (options.collective set): the same loop, but a complete
+// bucket of gradients is packed into one flat buffer and all-reduced among
+// the workers (asynchronously, while backward goes on); after backward the
+// averaged gradients are applied by an in-process store holding the whole
+// model (options.shards[0], a ShardStore), the same optimizer code as the
+// shards', which also gives checkpoints the shards' file format. Rank 0's
+// initial values are broadcast first.
+//
 // Events (progress, per-epoch evaluation, the final result) go to `emit` as
 // one JSON object per call; `pstrain local` renders them.
 #ifndef PSTRAIN_WORKER_TRAINER_H_
@@ -28,11 +36,19 @@
 
 namespace pstrain {
 
+class Collective;
+
 struct TrainerOptions {
   JobSpec spec;
   int rank = 0;
   int world_size = 1;
   std::vector<ParameterStore*> shards;  // not owned; shard i of the plan
+  // All-reduce mode: the group of workers (not owned); `shards` is then one
+  // local store for the whole model.
+  Collective* collective = nullptr;
+  // All-reduce mode, resuming: loads the checkpoint into the local store
+  // (keys: every chunk of the model) before training starts.
+  std::function<absl::Status(const std::vector<std::string>& keys)> restore_local;
   std::function<void(const std::string& json)> emit = [](const std::string&) {};
   // Rank 0 writes <output_dir>/model.pt at the end.
   bool write_weights = true;

@@ -128,8 +128,9 @@ absl::StatusOr<JobStatus> LocalCluster::Run(const std::function<void(const JobSt
     if (!s.ok()) return s;
   }
   for (int r = 0; r < spec.workers; ++r) {
+    // All on this machine: gloo peers meet on the loopback interface.
     s = Spawn(absl::StrCat("worker-", r), {options_.worker_binary, "--coordinator=" + coordinator_,
-                                           absl::StrCat("--name=worker-", r)});
+                                           absl::StrCat("--name=worker-", r), "--gloo_hostname=127.0.0.1"});
     if (!s.ok()) return s;
   }
 

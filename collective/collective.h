@@ -82,6 +82,8 @@ struct CollectiveOptions {
   // gloo: the address the other ranks reach this one at (empty: this host's
   // name, as torch does).
   std::string hostname;
+  // gloo: or the network interface to use (GLOO_SOCKET_IFNAME), if set.
+  std::string interface;
   // nccl: the CUDA device of this rank (LOCAL_RANK).
   int device = 0;
 };

@@ -188,7 +188,9 @@ absl::StatusOr<std::unique_ptr<Collective>> CreateGlooCollective(const Collectiv
     auto store = c10::make_intrusive<StoreAdapter>(options.store, options.prefix);
     store->setTimeout(Millis(options.timeout));
     auto o = c10d::ProcessGroupGloo::Options::create(Millis(options.timeout));
-    o->devices.push_back(options.hostname.empty()
+    o->devices.push_back(!options.interface.empty()
+                             ? c10d::ProcessGroupGloo::createDeviceForInterface(options.interface)
+                         : options.hostname.empty()
                              ? c10d::ProcessGroupGloo::createDefaultDevice()
                              : c10d::ProcessGroupGloo::createDeviceForHostname(options.hostname));
     o->threads = 2;

@@ -279,6 +279,12 @@ TableConfig MakeTableConfig(const JobSpec& spec) {
   *c.mutable_optimizer() = spec.optimizer;
   c.set_consistency(spec.consistency);
   c.set_num_workers(static_cast<uint32_t>(spec.workers));
+  if (spec.mode == "allreduce") {
+    // Each worker's local store: one worker's SYNC table of the averaged
+    // gradients.
+    c.set_consistency(SYNC);
+    c.set_num_workers(1);
+  }
   c.set_staleness(spec.staleness);
   return c;
 }

@@ -89,7 +89,8 @@ absl::StatusOr<JobSpec> LoadJobSpec(const std::string& path);
 // (0-based) under the spec's schedule and warm-up.
 double LearningRate(const JobSpec& spec, int epoch, int64_t step = -1);
 
-// The shard table configuration that the spec implies.
+// The shard table configuration that the spec implies (in allreduce mode:
+// the table of each worker's local store).
 TableConfig MakeTableConfig(const JobSpec& spec);
 
 }  // namespace pstrain

@@ -96,6 +96,67 @@ log_every_steps: 25
   EXPECT_NEAR(std::stod(py[1]), std::stod(m[1]), 0.0006) << py_out << "\n" << run.output;
 }
 
+// The all-reduce example as committed: LeNet, 2 workers, 3 epochs, Gloo.
+TEST(LocalRunTest, AllReduceExampleReachesItsAccuracyAndCheckpoints) {
+  if (!HaveFashionMnist()) GTEST_SKIP() << "dataset-fashion-mnist is not installed (make setup installs it)";
+  const std::string dir = MakeTempDir("local-allreduce");
+  RunOutput run = RunPstrain({"local", "examples/fashion_mnist_allreduce.yaml", "--output_dir", dir + "/out"}, dir);
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(run.output, m, std::regex("final test accuracy ([0-9.]+)"))) << run.output;
+  std::printf("all-reduce example: final test accuracy %s\n", m[1].str().c_str());
+  EXPECT_GE(std::stod(m[1]), 0.88) << run.output;
+  // Periodic checkpoints, written by worker 0 in the shards' format.
+  ASSERT_TRUE(std::regex_search(run.output, m, std::regex("saved in (\\S+)"))) << run.output;
+  EXPECT_TRUE(std::filesystem::exists(m[1].str() + "/manifest.json")) << m[1];
+  EXPECT_TRUE(std::filesystem::exists(m[1].str() + "/shard-0.bin")) << m[1];
+}
+
+// Launched the torchrun way (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT; no
+// coordinator): SIGKILL one rank mid-run and the other fails fast with a
+// clear error instead of hanging.
+TEST(LocalRunTest, AllReduceRankKilledTheOtherFailsFast) {
+  const std::string dir = MakeTempDir("allreduce-kill");
+  const std::string spec = WriteSpec(dir, R"(
+name: kill
+mode: allreduce
+model: mlp
+data: {format: synthetic, synthetic_train: 60000, synthetic_test: 100}
+workers: 2
+epochs: 100
+batch_size: 16
+collective_timeout_s: 10
+log_every_steps: 10
+)");
+  const int port = 20000 + getpid() % 20000;
+  std::vector<std::unique_ptr<ChildProcess>> ranks;
+  for (int r = 0; r < 2; ++r) {
+    const std::vector<std::string> env = {"RANK=" + std::to_string(r), "WORLD_SIZE=2", "LOCAL_RANK=0",
+                                          "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + std::to_string(port)};
+    std::vector<std::string> argv = {"/usr/bin/env"};
+    argv.insert(argv.end(), env.begin(), env.end());
+    argv.insert(argv.end(), {"worker/pstrain-worker", "--spec=" + spec, "--output_dir=" + dir + "/out",
+                             "--gloo_hostname=127.0.0.1"});
+    auto child = ChildProcess::Start(argv, dir + "/rank" + std::to_string(r) + ".log");
+    ASSERT_TRUE(child.ok());
+    ranks.push_back(std::move(*child));
+  }
+  // Both are training once rank 0 has reported some steps.
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  while (ReadFile(dir + "/rank0.log").value_or("").find("\"step\": 50,") == std::string::npos) {
+    ASSERT_LT(absl::Now(), deadline) << ReadFile(dir + "/rank0.log").value_or("");
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  ranks[1]->Signal(SIGKILL);
+  ranks[1]->Wait();
+  const absl::Time killed = absl::Now();
+  const int code = ranks[0]->Wait(absl::Seconds(30));
+  const std::string log = ReadFile(dir + "/rank0.log").value_or("");
+  EXPECT_EQ(code, 1) << log;
+  EXPECT_LT(absl::Now() - killed, absl::Seconds(12)) << log;  // the 10 s timeout at most
+  EXPECT_NE(log.find("a peer left"), std::string::npos) << log;
+}
+
 TEST(LocalRunTest, CtrlCStopsEveryChildAndExits130) {
   const std::string dir = MakeTempDir("local-interrupt");
   const std::string spec = WriteSpec(dir, R"(

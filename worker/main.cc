@@ -36,6 +36,7 @@
 #include "rpc/cluster_member.h"
 #include "rpc/grpc_remote_shard.h"
 #include "spdlog/spdlog.h"
+#include "worker/allreduce_setup.h"
 #include "worker/trainer.h"
 #include "worker/worker_metrics.h"
 
@@ -47,6 +48,10 @@ ABSL_FLAG(std::string, output_dir, "", "Overrides the spec's output_dir.");
 ABSL_FLAG(int, rpc_timeout_s, 120, "Deadline of each call to the shards, in seconds.");
 ABSL_FLAG(std::string, coordinator, "", "host:port of pstrain-coordinator: run as a pool member.");
 ABSL_FLAG(std::string, name, "", "Member name (default: <hostname>-<pid>).");
+ABSL_FLAG(std::string, resume_from, "", "Standalone all-reduce: checkpoint directory to resume from.");
+ABSL_FLAG(std::string, gloo_hostname, "",
+          "All-reduce (gloo): the address peers reach this worker at (default: this host's name; "
+          "GLOO_SOCKET_IFNAME picks an interface instead).");
 ABSL_FLAG(int, drain_timeout_s, 120,
           "On SIGTERM, how long the running job may go on while the coordinator checkpoints and stops it.");
 ABSL_FLAG(std::string, metrics_host, "0.0.0.0", "Address of the Prometheus /metrics endpoint.");
@@ -68,6 +73,17 @@ std::mutex g_out_mu;
 void Print(const std::string& json) {
   std::lock_guard<std::mutex> lock(g_out_mu);
   std::cout << json << std::endl;
+}
+
+std::string Env(const char* name) {
+  const char* v = std::getenv(name);
+  return v == nullptr ? "" : v;
+}
+
+// Errors that come from losing a peer or a shard, not from the job itself:
+// the coordinator may restart the job from its last checkpoint.
+bool Retryable(const absl::Status& s) {
+  return absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s) || absl::IsAborted(s);
 }
 
 std::string JsonEscape(const std::string& s) {
@@ -112,6 +128,28 @@ absl::Status RunJob(pstrain::JobSpec spec, int rank, int world_size, const std::
   options.rank = rank;
   options.world_size = world_size;
   std::vector<std::unique_ptr<pstrain::GrpcRemoteShard>> remotes;
+  std::unique_ptr<pstrain::AllReduceSetup> allreduce;
+  if (spec.mode == "allreduce") {
+    pstrain::AllReduceOptions ao;
+    ao.spec = spec;
+    ao.rank = rank;
+    ao.world_size = world_size;
+    ao.member = member;
+    ao.master_addr = Env("MASTER_ADDR");
+    ao.master_port = std::atoi(Env("MASTER_PORT").c_str());
+    ao.local_rank = std::atoi(Env("LOCAL_RANK").c_str());
+    ao.resume_from = assignment != nullptr ? assignment->resume_from() : absl::GetFlag(FLAGS_resume_from);
+    ao.gloo_hostname = absl::GetFlag(FLAGS_gloo_hostname);
+    ao.gloo_interface = Env("GLOO_SOCKET_IFNAME");
+    spdlog::info("pstrain-worker rank {}/{} of {}: all-reduce rendezvous ({})", rank, world_size, spec.name,
+                 member != nullptr ? "coordinator" : absl::StrCat(ao.master_addr, ":", ao.master_port));
+    auto ar = pstrain::AllReduceSetup::Create(ao);
+    if (!ar.ok()) return ar.status();
+    allreduce = std::move(*ar);
+    options.shards = {allreduce->local_store()};
+    options.collective = allreduce->collective();
+    options.restore_local = allreduce->restore_local();
+  }
   for (const auto& t : targets) {
     pstrain::RemoteShardOptions ro;
     ro.target = t;
@@ -148,7 +186,11 @@ absl::Status RunJob(pstrain::JobSpec spec, int rank, int world_size, const std::
       double step_seconds = 0.01;  // moving average
     };
     auto pause = std::make_shared<PauseState>();
-    options.at_step_boundary = [member, stop, rank, &emit, pause](int64_t step, int epoch, int64_t epoch_step) {
+    // All-reduce: worker 0 writes the model (its local store) for the
+    // coordinator while everyone is paused.
+    pstrain::AllReduceSetup* saver = rank == 0 ? allreduce.get() : nullptr;
+    options.at_step_boundary = [member, stop, rank, &emit, pause, saver](int64_t step, int epoch,
+                                                                         int64_t epoch_step) {
       const absl::Time now = absl::Now();
       if (pause->last != absl::InfinitePast()) {
         pause->step_seconds = 0.9 * pause->step_seconds + 0.1 * absl::ToDoubleSeconds(now - pause->last);
@@ -173,7 +215,17 @@ absl::Status RunJob(pstrain::JobSpec spec, int rank, int world_size, const std::
       if (step < pause->step) return;
       emit(absl::StrCat("{\"event\": \"paused\", \"rank\": ", rank, ", \"step\": ", step,
                         ", \"epoch\": ", epoch, ", \"epoch_step\": ", epoch_step, ", \"pause_id\": ", id, "}"));
+      bool saved = saver == nullptr;
       while (member->pause_requested() && member->pause_id() == id && !(stop != nullptr && stop->load())) {
+        if (!saved) {
+          const std::string prefix = absl::StrCat("ckpt/", id, "/");
+          auto path = member->KvGet(prefix + "path", absl::Milliseconds(200));
+          if (path.ok()) {
+            (void)member->KvSet(prefix + "saved", saver->SaveTable(*path));
+            saved = true;
+          }
+          continue;
+        }
         absl::SleepFor(absl::Milliseconds(10));
       }
       pause->done_id = id;
@@ -260,7 +312,7 @@ int RunPoolMember(pstrain::WorkerMetrics* metrics) {
                                          absl::GetFlag(FLAGS_drain_timeout_s), " s")
                           : std::string(s.message());
         emit(absl::StrCat("{\"event\": \"error\", \"rank\": ", a->rank(), ", \"message\": \"", JsonEscape(why),
-                          "\"}"));
+                          "\", \"retryable\": ", Retryable(s) && !drain_expired ? "true" : "false", "}"));
         spdlog::error("pstrain-worker {}: job {} failed: {}", mo.name, a->job_id(), s.ToString());
       }
     } else {
@@ -328,14 +380,20 @@ int Main(int argc, char** argv) {
     return 2;
   }
   if (!absl::GetFlag(FLAGS_output_dir).empty()) spec->output_dir = absl::GetFlag(FLAGS_output_dir);
-  const int world = absl::GetFlag(FLAGS_world_size) > 0 ? absl::GetFlag(FLAGS_world_size) : spec->workers;
+  int world = absl::GetFlag(FLAGS_world_size) > 0 ? absl::GetFlag(FLAGS_world_size) : spec->workers;
+  int rank = absl::GetFlag(FLAGS_rank);
+  if (spec->mode == "allreduce" && !Env("RANK").empty()) {
+    // Launched the torchrun way (torchrun, a Kubeflow PyTorchJob).
+    rank = std::atoi(Env("RANK").c_str());
+    if (!Env("WORLD_SIZE").empty()) world = std::atoi(Env("WORLD_SIZE").c_str());
+  }
   const std::vector<std::string> targets =
       absl::StrSplit(absl::GetFlag(FLAGS_shards), ',', absl::SkipEmpty());
   RunContext ctx;
   ctx.metrics = metrics.get();
-  absl::Status s = RunJob(*spec, absl::GetFlag(FLAGS_rank), world, targets, ctx);
+  absl::Status s = RunJob(*spec, rank, world, targets, ctx);
   if (!s.ok()) {
-    std::fprintf(stderr, "pstrain-worker rank %d: %s\n", absl::GetFlag(FLAGS_rank), s.ToString().c_str());
+    std::fprintf(stderr, "pstrain-worker rank %d: %s\n", rank, s.ToString().c_str());
     return s.code() == absl::StatusCode::kInvalidArgument || s.code() == absl::StatusCode::kNotFound ? 2 : 1;
   }
   return 0;

@@ -134,13 +134,11 @@ absl::StatusOr<TrainResult> RunTrainer(const TrainerOptions& options, const Trai
 
   std::vector<at::Tensor> detached;
   for (auto& p : params) detached.push_back(p.detach());
-  TableConfig table_config = MakeTableConfig(spec);
+  const TableConfig table_config = MakeTableConfig(spec);
   absl::Status s;
   if (allreduce) {
     // Everyone starts from rank 0's values (as DDP does); the local store,
     // one worker's SYNC table, applies the averaged gradients.
-    table_config.set_consistency(SYNC);
-    table_config.set_num_workers(1);
     for (auto& d : detached) {
       s = collective->Broadcast(d, 0)->Wait();
       if (!s.ok()) return absl::Status(s.code(), absl::StrCat("broadcasting the initial parameters: ", s.message()));

@@ -292,7 +292,8 @@ absl::StatusOr<std::string> Coordinator::SubmitJob(const SubmitJobRequest& reque
   const std::string id = job.stored.id;
   Job& j = jobs_.emplace(id, std::move(job)).first->second;
   Transition(j, PENDING, "Submitted",
-             absl::StrCat("waiting for ", spec->shards, " shard(s) and ", spec->workers, " worker(s)",
+             absl::StrCat("waiting for ", spec->shards > 0 ? absl::StrCat(spec->shards, " shard(s) and ") : "",
+                          spec->workers, " worker(s)",
                           resume_dir.empty() ? "" : absl::StrCat("; will resume from ", resume_dir)));
   Schedule();
   return id;
@@ -442,6 +443,9 @@ absl::StatusOr<Assignment> Coordinator::GetAssignment(const std::string& member_
     }
     const MemberStatus& m = it->second.status;
     Job* job = m.job_id().empty() || it->second.releasing ? nullptr : FindJob(m.job_id());
+    // Not again to a worker that has finished its part (the job ends when
+    // the last one has).
+    if (job != nullptr && m.role() == "worker" && job->done_ranks.count(m.rank()) > 0) job = nullptr;
     if (job != nullptr && !job->restoring) {
       Assignment a;
       a.set_job_id(m.job_id());
@@ -455,6 +459,7 @@ absl::StatusOr<Assignment> Coordinator::GetAssignment(const std::string& member_
       }
       std::sort(shards.begin(), shards.end());
       for (auto& [rank, address] : shards) a.add_shard_addresses(address);
+      a.set_resume_from(job->stored.status.resumed_from());
       for (const auto& w : job->start_positions) {
         if (w.rank == m.rank()) {
           a.set_start_step(w.step);
@@ -568,9 +573,15 @@ void Coordinator::ApplyEvent(Job& job, int rank, const std::string& event_json) 
       Background([this, id = st.job_id(), who] { Drain(id, who); });
     }
   } else if (kind == "error") {
-    if (!IsTerminal(st.state())) {
-      Transition(job, FAILED, "WorkerFailed",
-                 absl::StrCat("worker ", rank, ": ", e.value("message", "failed")));
+    if (!IsTerminal(st.state()) && st.state() != PENDING) {
+      const std::string what = absl::StrCat("worker ", rank, ": ", e.value("message", "failed"));
+      // A lost peer or shard (not a bug in the job) restarts it from its
+      // last checkpoint, if it has one.
+      if (e.value("retryable", false) && CanRestart(job)) {
+        Requeue(job, "WorkerFailed", what);
+      } else {
+        Transition(job, FAILED, "WorkerFailed", what);
+      }
       Schedule();
     }
   }
@@ -762,6 +773,8 @@ absl::StatusOr<CheckpointResponse> Coordinator::Checkpoint(const std::string& jo
   std::vector<std::string> shards;
   std::string dir;
   int keep = 1;
+  bool allreduce = false;
+  int64_t pause_id = 0;
   {
     std::unique_lock<std::mutex> lock(mu_);
     Job* job = FindJob(job_id);
@@ -832,6 +845,8 @@ absl::StatusOr<CheckpointResponse> Coordinator::Checkpoint(const std::string& jo
     for (auto& [r, a] : by_rank) shards.push_back(a);
     dir = absl::StrCat(job->stored.output_dir, "/ckpt-", manifest.step);
     keep = job->spec.checkpoint_keep;
+    allreduce = job->spec.mode == "allreduce";
+    pause_id = job->pause_id;
   }
 
   // The shards write their tables, all at once, outside the lock.
@@ -841,8 +856,26 @@ absl::StatusOr<CheckpointResponse> Coordinator::Checkpoint(const std::string& jo
   std::filesystem::create_directories(tmp, ec);
   absl::Status status = ec ? absl::UnavailableError(absl::StrCat("cannot create ", tmp, ": ", ec.message()))
                            : absl::OkStatus();
-  std::vector<SaveTableResponse> saved(shards.size());
-  if (status.ok()) {
+  std::vector<SaveTableResponse> saved(allreduce ? 1 : shards.size());
+  if (status.ok() && allreduce) {
+    // No shards: worker 0 holds the model (its local store) and writes it in
+    // the shards' format while the workers are paused; the path and the
+    // result go through the job's KV store.
+    const std::string prefix = absl::StrCat("ckpt/", pause_id, "/");
+    status = KvSet(job_id, prefix + "path", absl::StrCat(tmp, "/shard-0.bin"));
+    absl::StatusOr<std::string> result =
+        status.ok() ? KvGet(job_id, prefix + "saved", absl::Now() + absl::Minutes(10)) : status;
+    nlohmann::json r = result.ok() ? nlohmann::json::parse(*result, nullptr, false) : nlohmann::json();
+    if (!result.ok()) {
+      status = absl::Status(result.status().code(), absl::StrCat("worker 0 did not save: ", result.status().message()));
+    } else if (!r.is_object() || r.contains("error")) {
+      status = absl::InternalError(absl::StrCat("worker 0: ", r.is_object() ? r.value("error", "") : *result));
+    } else {
+      saved[0].set_bytes(r.value("bytes", uint64_t{0}));
+      saved[0].set_crc32(r.value("crc32", uint32_t{0}));
+    }
+  }
+  if (status.ok() && !allreduce) {
     std::vector<std::unique_ptr<GrpcRemoteShard>> clients;
     std::mutex done_mu;
     std::condition_variable done_cv;
@@ -928,7 +961,7 @@ void Coordinator::Restore(const std::string& job_id) {
   auto manifest = ReadManifest(dir);
   if (!manifest.ok()) status = manifest.status();
   absl::StatusOr<PartitionPlan> plan = absl::UnknownError("");
-  if (status.ok()) {
+  if (status.ok() && !shards.empty()) {
     plan = MakePartitionPlan(manifest->params, spec.shards, static_cast<size_t>(manifest->chunk_bytes));
     if (!plan.ok()) status = plan.status();
   }
@@ -972,8 +1005,9 @@ void Coordinator::Restore(const std::string& job_id) {
   }
   job->last_checkpoint_step = manifest->step;
   Transition(*job, RUNNING, "Restored",
-             absl::StrCat("step ", manifest->step, " of ", manifest->job, " loaded from ", dir, " onto ",
-                          spec.shards, " shard(s)"));
+             absl::StrCat("step ", manifest->step, " of ", manifest->job, " loaded from ", dir,
+                          spec.mode == "allreduce" ? std::string(" by the workers")
+                                                   : absl::StrCat(" onto ", spec.shards, " shard(s)")));
 }
 
 }  // namespace pstrain

@@ -37,7 +37,7 @@
 #include "absl/time/time.h"
 #include "common/job_spec.h"
 #include "proto/control.pb.h"
-#include "server/coordinator/checkpoint_manifest.h"
+#include "common/checkpoint_manifest.h"
 #include "server/coordinator/job_store.h"
 
 namespace pstrain {

@@ -1,4 +1,4 @@
-#include "server/coordinator/checkpoint_manifest.h"
+#include "common/checkpoint_manifest.h"
 
 #include <nlohmann/json.hpp>
 

@@ -1,0 +1,103 @@
+#include "worker/allreduce_setup.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/checkpoint_manifest.h"
+#include "nlohmann/json.hpp"
+
+namespace pstrain {
+namespace {
+
+// The coordinator's KV store of the member's current job.
+class MemberKvStore : public KeyValueStore {
+ public:
+  explicit MemberKvStore(ClusterMember* member) : member_(member) {}
+  absl::Status Set(const std::string& key, const std::string& value) override { return member_->KvSet(key, value); }
+  absl::StatusOr<std::string> Get(const std::string& key, absl::Duration timeout) override {
+    return member_->KvGet(key, timeout);
+  }
+  absl::StatusOr<int64_t> Add(const std::string& key, int64_t delta) override { return member_->KvAdd(key, delta); }
+
+ private:
+  ClusterMember* member_;
+};
+
+std::string ResolveBackend(const std::string& backend) {
+  if (backend != "auto") return backend;
+  // The trainer keeps its tensors on the CPU; NCCL needs CUDA tensors.
+  return "gloo";
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<AllReduceSetup>> AllReduceSetup::Create(const AllReduceOptions& options) {
+  std::unique_ptr<AllReduceSetup> s(new AllReduceSetup());
+  s->options_ = options;
+  const absl::Duration timeout = absl::Seconds(options.spec.collective_timeout_s);
+  if (options.member != nullptr) {
+    s->store_ = std::make_shared<MemberKvStore>(options.member);
+  } else {
+    if (options.master_addr.empty() || options.master_port <= 0) {
+      return absl::InvalidArgumentError(
+          "all-reduce mode without a coordinator needs MASTER_ADDR and MASTER_PORT (torchrun's variables)");
+    }
+    auto store = ConnectTcpStore(options.master_addr, options.master_port, options.rank == 0, options.world_size,
+                                 timeout);
+    if (!store.ok()) return store.status();
+    s->store_ = *store;
+  }
+  CollectiveOptions co;
+  co.rank = options.rank;
+  co.size = options.world_size;
+  co.store = s->store_;
+  co.prefix = "collective/";
+  co.timeout = timeout;
+  co.hostname = options.gloo_hostname;
+  co.interface = options.gloo_interface;
+  co.device = options.local_rank;
+  auto collective = CreateCollective(ResolveBackend(options.spec.backend), co);
+  if (!collective.ok()) return collective.status();
+  s->collective_ = std::move(*collective);
+  s->local_ = std::make_unique<ShardStore>(ShardStoreOptions{});
+  return s;
+}
+
+std::function<absl::Status(const std::vector<std::string>& keys)> AllReduceSetup::restore_local() {
+  if (options_.resume_from.empty()) return nullptr;
+  return [this](const std::vector<std::string>& keys) -> absl::Status {
+    const std::string& dir = options_.resume_from;
+    auto manifest = ReadManifest(dir);
+    if (!manifest.ok()) return manifest.status();
+    LoadTableRequest req;
+    req.set_job(options_.spec.name);
+    *req.mutable_config() = MakeTableConfig(options_.spec);
+    for (const auto& f : manifest->shards) {
+      auto* file = req.add_files();
+      file->set_path(dir + "/" + f.file);
+      file->set_crc32(f.crc32);
+      file->set_bytes(f.bytes);
+    }
+    for (const auto& k : keys) req.add_keys(k);
+    LoadTableResponse resp;
+    absl::Status s = WaitFor([&](StatusCallback done) { local_->LoadTable(req, &resp, {}, done); });
+    if (!s.ok()) return absl::Status(s.code(), absl::StrCat("restoring from ", dir, ": ", s.message()));
+    return absl::OkStatus();
+  };
+}
+
+std::string AllReduceSetup::SaveTable(const std::string& path) {
+  SaveTableRequest req;
+  req.set_job(options_.spec.name);
+  req.set_path(path);
+  SaveTableResponse resp;
+  absl::Status s = WaitFor([&](StatusCallback done) { local_->SaveTable(req, &resp, {}, done); });
+  nlohmann::json out;
+  if (s.ok()) {
+    out["bytes"] = resp.bytes();
+    out["crc32"] = resp.crc32();
+  } else {
+    out["error"] = s.ToString();
+  }
+  return out.dump();
+}
+
+}  // namespace pstrain

@@ -1,0 +1,59 @@
+// What all-reduce mode needs around the trainer: the rendezvous (the
+// coordinator's per-job KV store for a pool member, or torchrun's TCPStore
+// at MASTER_ADDR:MASTER_PORT when launched standalone), the collective, the
+// local store that applies the optimizer, loading a checkpoint into it, and
+// saving it for one.
+#ifndef PSTRAIN_WORKER_ALLREDUCE_SETUP_H_
+#define PSTRAIN_WORKER_ALLREDUCE_SETUP_H_
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "collective/collective.h"
+#include "common/job_spec.h"
+#include "rpc/cluster_member.h"
+#include "server/ps/shard_store.h"
+
+namespace pstrain {
+
+struct AllReduceOptions {
+  JobSpec spec;
+  int rank = 0;
+  int world_size = 1;
+  ClusterMember* member = nullptr;  // pool member: rendezvous through the coordinator
+  // Standalone: torchrun's rendezvous (rank 0 serves it).
+  std::string master_addr;
+  int master_port = 0;
+  int local_rank = 0;      // nccl: the CUDA device
+  std::string resume_from;  // checkpoint directory, or empty
+  // gloo: this rank's address for its peers, or the interface to use
+  // (GLOO_SOCKET_IFNAME); both empty: this host's name.
+  std::string gloo_hostname;
+  std::string gloo_interface;
+};
+
+class AllReduceSetup {
+ public:
+  static absl::StatusOr<std::unique_ptr<AllReduceSetup>> Create(const AllReduceOptions& options);
+
+  Collective* collective() { return collective_.get(); }
+  ParameterStore* local_store() { return local_.get(); }
+  // For TrainerOptions::restore_local; empty when not resuming.
+  std::function<absl::Status(const std::vector<std::string>& keys)> restore_local();
+  // Writes the local store's table to `path` (a checkpoint's shard file);
+  // returns {"bytes": N, "crc32": C} or {"error": "..."} for the coordinator.
+  std::string SaveTable(const std::string& path);
+
+ private:
+  AllReduceOptions options_;
+  std::shared_ptr<KeyValueStore> store_;
+  std::unique_ptr<Collective> collective_;
+  std::unique_ptr<ShardStore> local_;
+};
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_WORKER_ALLREDUCE_SETUP_H_

@@ -61,7 +61,7 @@ class ControlPlaneTest : public ::testing::Test {
     for (int r = 0; r < workers; ++r) {
       const std::string name = "worker-" + std::to_string(r);
       pool_.push_back(Start(name, {"worker/pstrain-worker", "--coordinator=" + coordinator_, "--name=" + name,
-                                   "--metrics_host=127.0.0.1", "--metrics_port=0",
+                                   "--gloo_hostname=127.0.0.1", "--metrics_host=127.0.0.1", "--metrics_port=0",
                                    "--metrics_port_file=" + dir_ + "/" + name + ".metrics"}));
     }
     // Wait until the pool has registered.
@@ -388,6 +388,84 @@ TEST_F(ControlPlaneTest, SigtermDrainsAWorkerAndTheJobResumesOnAReplacement) {
   st = Cli({"status", job, "-o", "json"});
   EXPECT_NE(st.out.find("\"reason\": \"Restored\""), std::string::npos) << st.out;
   EXPECT_NE(st.out.find("worker-2"), std::string::npos) << st.out;
+}
+
+// All-reduce jobs in the pool: worker 0 writes the checkpoint in the shards'
+// format, so it resumes in all-reduce mode and in ps mode (re-partitioned
+// onto the shards) alike.
+TEST_F(ControlPlaneTest, AllReduceCheckpointResumesInBothModes) {
+  const std::string spec = dir_ + "/ar.yaml";
+  const std::string yaml = "name: ar\nmode: allreduce\nmodel: mlp\nworkers: 2\n"
+                           "data: {format: synthetic, synthetic_train: 60000, synthetic_test: 512}\n"
+                           "epochs: 1\nmax_steps: 400\nbatch_size: 16\nlog_every_steps: 5\n";
+  ASSERT_TRUE(WriteFileAtomically(spec, yaml).ok());
+  const std::string job = Submit(spec);
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  while (true) {
+    CliResult st = Cli({"status", job, "-o", "json"});
+    std::smatch m;
+    if (std::regex_search(st.out, m, std::regex("\"step\": \"(\\d+)\"")) && std::stoll(m[1]) >= 30) break;
+    ASSERT_LT(absl::Now(), deadline) << st.out;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  CliResult ck = Cli({"checkpoint", job});
+  ASSERT_EQ(ck.code, 0) << ck.out << Cli({"status", job}).out;
+  const std::string ckpt = ck.out.substr(0, ck.out.find(' '));
+  EXPECT_TRUE(std::filesystem::exists(ckpt + "/shard-0.bin")) << ck.out;
+  ASSERT_EQ(Cli({"cancel", job}).code, 0);
+
+  CliResult again = Cli({"restore", "--from", ckpt, "--output_dir", dir_ + "/ar2"});
+  ASSERT_EQ(again.code, 0) << again.out;
+  const std::string resumed = again.out.substr(0, again.out.find('\n'));
+  CliResult w = Cli({"watch", resumed});
+  EXPECT_EQ(w.code, 0) << w.out << Cli({"status", resumed}).out;
+  CliResult st = Cli({"status", resumed, "-o", "json"});
+  EXPECT_NE(st.out.find("loaded from " + ckpt + " by the workers"), std::string::npos) << st.out;
+
+  const std::string ps_spec = dir_ + "/ps.yaml";
+  ASSERT_TRUE(WriteFileAtomically(ps_spec, absl::StrReplaceAll(yaml, {{"mode: allreduce", "mode: ps\nshards: 1\n"
+                                                                                           "consistency: sync"}}))
+                  .ok());
+  CliResult as_ps = Cli({"restore", "--from", ckpt, "--spec", ps_spec, "--output_dir", dir_ + "/ps"});
+  ASSERT_EQ(as_ps.code, 0) << as_ps.out;
+  const std::string ps_job = as_ps.out.substr(0, as_ps.out.find('\n'));
+  CliResult w2 = Cli({"watch", ps_job});
+  EXPECT_EQ(w2.code, 0) << w2.out << Cli({"status", ps_job}).out;
+  st = Cli({"status", ps_job, "-o", "json"});
+  EXPECT_NE(st.out.find("onto 1 shard(s)"), std::string::npos) << st.out;
+}
+
+// A rank of a running all-reduce job dies: the other fails fast, and the
+// coordinator restarts the job from its last checkpoint once two workers
+// are free again.
+TEST_F(ControlPlaneTest, AllReduceJobRestartsFromItsCheckpointWhenARankDies) {
+  const std::string spec = dir_ + "/ar.yaml";
+  ASSERT_TRUE(WriteFileAtomically(spec, "name: ar\nmode: allreduce\nmodel: mlp\nworkers: 2\n"
+                                        "data: {format: synthetic, synthetic_train: 60000, synthetic_test: 512}\n"
+                                        "epochs: 1\nmax_steps: 600\nbatch_size: 16\nlog_every_steps: 5\n"
+                                        "collective_timeout_s: 10\n").ok());
+  const std::string job = Submit(spec);
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  while (true) {
+    CliResult st = Cli({"status", job, "-o", "json"});
+    if (st.out.find("\"last_checkpoint\"") != std::string::npos) break;
+    std::smatch m;
+    if (std::regex_search(st.out, m, std::regex("\"step\": \"(\\d+)\"")) && std::stoll(m[1]) >= 30) {
+      ASSERT_EQ(Cli({"checkpoint", job}).code, 0);
+    }
+    ASSERT_LT(absl::Now(), deadline) << st.out;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  pool_[2]->Signal(SIGKILL);  // worker-1
+  pool_[2]->Wait();
+  WaitForState(job, "PENDING", absl::Seconds(30));
+  CliResult st = Cli({"status", job, "-o", "json"});
+  EXPECT_NE(st.out.find("\"reason\": \"WorkerFailed\""), std::string::npos) << st.out;
+  EXPECT_NE(st.out.find("a peer left"), std::string::npos) << st.out;
+  pool_.push_back(Start("worker-2", {"worker/pstrain-worker", "--coordinator=" + coordinator_, "--name=worker-2",
+                                     "--gloo_hostname=127.0.0.1"}));
+  CliResult watch = Cli({"watch", job}, absl::Seconds(120));
+  EXPECT_EQ(watch.code, 0) << watch.out << Cli({"status", job}).out;
 }
 
 TEST_F(ControlPlaneTest, CorruptCheckpointIsRefused) {

@@ -3,8 +3,10 @@
 #
 #   bench/run.sh pushpull [REPS]   pstrain push+pull vs torch.distributed.rpc
 #                                  and loopback TCP (iperf3); codec speed
-#   bench/run.sh train [REPS]      the demo job (async) and its sync variant
-#                                  vs PyTorch DDP (gloo), same settings
+#   bench/run.sh train [REPS]      the demo job (async), its sync and all-reduce
+#                                  variants vs PyTorch DDP (gloo), same settings
+#   bench/run.sh allreduce [REPS]  all-reduce time and bus bandwidth, 4 KB..256 MB,
+#                                  2 and 4 ranks, vs torch.distributed (gloo)
 #
 # Prints a readable table and, as its last line, one JSON object.
 set -euo pipefail
@@ -160,32 +162,107 @@ train() {
     runs[async]+="$(pstrain_once examples/fashion_mnist.yaml)"$'\n'
     log "rep $r/$reps: pstrain sync (examples/fashion_mnist_sync.yaml)"
     runs[sync]+="$(pstrain_once examples/fashion_mnist_sync.yaml)"$'\n'
+    log "rep $r/$reps: pstrain all-reduce (examples/fashion_mnist_allreduce.yaml)"
+    runs[allreduce]+="$(pstrain_once examples/fashion_mnist_allreduce.yaml)"$'\n'
     log "rep $r/$reps: PyTorch DDP (gloo)"
     runs[ddp]+="$(ddp_once)"$'\n'
   done
   col() { printf '%s' "${runs[$1]}" | awk -v c="$2" 'NF {print $c}' | median; }
   printf '\n%-28s %12s %10s %10s   (medians of %s runs; LeNet, Fashion-MNIST, 2 workers, batch 64, 3 epochs, 1 thread each)\n' \
     "train" "samples/s" "accuracy" "seconds" "$reps" >&2
-  for k in async sync ddp; do
+  for k in async sync allreduce ddp; do
     printf '%-28s %12.0f %10.4f %10.1f\n' "$k" "$(col $k 1)" "$(col $k 2)" "$(col $k 3)" >&2
   done
   $PY - <<PYEOF
 import json
-a, s, d = $(col async 1), $(col sync 1), $(col ddp 1)
+a, s, ar, d = $(col async 1), $(col sync 1), $(col allreduce 1), $(col ddp 1)
 print(json.dumps({
     "bench": "train", "reps": $reps,
     "setup": "LeNet-5, Fashion-MNIST, 2 workers x batch 64, 3 epochs, SGD lr 0.05 momentum 0.9 cosine, 1 thread per process",
-    "ours_async_samples_per_s": a, "ours_sync_samples_per_s": s, "torch_ddp_samples_per_s": d,
+    "ours_async_samples_per_s": a, "ours_sync_samples_per_s": s, "ours_allreduce_samples_per_s": ar,
+    "torch_ddp_samples_per_s": d,
     "ours_async_accuracy": $(col async 2), "ours_sync_accuracy": $(col sync 2),
+    "ours_allreduce_accuracy": $(col allreduce 2),
     "torch_ddp_accuracy": $(col ddp 2),
     "accuracy": $(col async 2),
-    "ratios": {"vs_torch_ddp": round(a / d, 3), "sync_vs_torch_ddp": round(s / d, 3)},
+    "ratios": {"vs_torch_ddp": round(a / d, 3), "sync_vs_torch_ddp": round(s / d, 3),
+               "allreduce_vs_torch_ddp": round(ar / d, 3)},
 }))
+PYEOF
+}
+
+# One all-reduce run of N pstrain ranks -> its JSON line.
+ours_allreduce_once() {  # ours_allreduce_once WORLD
+  local world=$1 port pids=() out=$WORK/ar.$RANDOM
+  port=$(free_port)
+  for r in $(seq 0 $((world - 1))); do
+    $BIN/bench/allreduce_bench --rank="$r" --world="$world" --port="$port" --sizes="$AR_SIZES" \
+      --seconds_per_size="$AR_SECONDS" >"$out.$r" 2>"$out.$r.log" &
+    pids+=($!); PIDS+=($!)
+  done
+  for p in "${pids[@]}"; do wait "$p" || { cat "$out".*.log >&2; exit 1; }; done
+  tail -1 "$out.0"
+}
+
+torch_allreduce_once() {  # torch_allreduce_once WORLD
+  $PY bench/torch_allreduce.py --world "$1" --port "$(free_port)" --sizes "$AR_SIZES" \
+    --seconds-per-size "$AR_SECONDS" 2>"$WORK/torch_ar.log" | tail -1
+}
+
+AR_SIZES=4096,1048576,16777216,67108864,268435456
+AR_SECONDS=${AR_SECONDS:-1.5}
+
+allreduce() {
+  local reps=${1:-3}
+  log "building"
+  bazel build //bench:allreduce_bench >&2
+  local results=$WORK/allreduce.jsonl
+  : >"$results"
+  for r in $(seq "$reps"); do
+    for world in 2 4; do
+      log "rep $r/$reps: pstrain gloo, $world ranks"
+      echo "{\"who\": \"ours\", \"world\": $world, \"run\": $(ours_allreduce_once "$world")}" >>"$results"
+      log "rep $r/$reps: torch.distributed gloo, $world ranks"
+      echo "{\"who\": \"torch\", \"world\": $world, \"run\": $(torch_allreduce_once "$world")}" >>"$results"
+    done
+  done
+  $PY - "$results" "$reps" <<'PYEOF'
+import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+reps = int(sys.argv[2])
+table, ratios, min_ratio = {}, {}, None
+for world in (2, 4):
+    for who in ("ours", "torch"):
+        runs = [r["run"] for r in rows if r["who"] == who and r["world"] == world]
+        sizes = runs[0]["sizes"]
+        for i, size in enumerate(sizes):
+            t = statistics.median(run["seconds"][i] for run in runs)
+            busbw = size * 2 * (world - 1) / world / t / 1e9
+            table[(world, who, size)] = (t, busbw)
+print(f"\n{'all-reduce float32':<20} {'ranks':>5} {'ours ms':>10} {'torch ms':>10} {'ours GB/s':>10} {'torch GB/s':>11} {'ratio':>7}"
+      f"   (bus bandwidth = size x 2(n-1)/n / time; medians of {reps} runs)", file=sys.stderr)
+out_sizes = {}
+for world in (2, 4):
+    for size in sorted({k[2] for k in table if k[0] == world}):
+        (to, bo), (tt, bt) = table[(world, "ours", size)], table[(world, "torch", size)]
+        ratio = bo / bt
+        label = f"{size // 1024} KB" if size < (1 << 20) else f"{size >> 20} MB"
+        print(f"{label:<20} {world:>5} {to * 1e3:>10.3f} {tt * 1e3:>10.3f} {bo:>10.3f} {bt:>11.3f} {ratio:>7.3f}",
+              file=sys.stderr)
+        out_sizes[f"{world}x{size}"] = {"ours_ms": round(to * 1e3, 4), "torch_ms": round(tt * 1e3, 4),
+                                        "ours_busbw_gb_per_s": round(bo, 4), "torch_busbw_gb_per_s": round(bt, 4),
+                                        "ratio": round(ratio, 3)}
+        if size >= (1 << 20):
+            min_ratio = ratio if min_ratio is None else min(min_ratio, ratio)
+print(json.dumps({"bench": "allreduce", "reps": reps,
+                  "setup": "float32, ranks as processes on 127.0.0.1, gloo both sides, 1 compute thread each",
+                  "results": out_sizes, "ratios": {"vs_torch_gloo_busbw_min": round(min_ratio, 3)}}))
 PYEOF
 }
 
 case "${1:-}" in
   pushpull) shift; pushpull "$@" ;;
   train) shift; train "$@" ;;
-  *) echo "usage: bench/run.sh pushpull|train [REPS]" >&2; exit 2 ;;
+  allreduce) shift; allreduce "$@" ;;
+  *) echo "usage: bench/run.sh pushpull|train|allreduce [REPS]" >&2; exit 2 ;;
 esac

@@ -84,6 +84,11 @@ struct CollectiveOptions {
   std::string hostname;
   // gloo: or the network interface to use (GLOO_SOCKET_IFNAME), if set.
   std::string interface;
+  // gloo: threads running operations (torch's default is 2), and tensors
+  // of at least gloo_split_bytes reduced as that many concurrent parts.
+  int gloo_threads = 4;
+  int64_t gloo_split_bytes = 8 << 20;
+  int gloo_split_parts = 4;
   // nccl: the CUDA device of this rank (LOCAL_RANK).
   int device = 0;
 };

@@ -107,6 +107,17 @@ TEST(Collective, ManyReductionsInFlightCompleteInOrder) {
   });
 }
 
+// Tensors of 8 MiB and more go as concurrent parts; the result is the same.
+TEST(Collective, LargeTensorsReducedInPartsEqualTheReference) {
+  const int64_t numel = 1031 * 3053;  // 12 MiB of float32, not a multiple of the part count
+  at::Tensor sum = Input(0, numel, at::kFloat).add(Input(1, numel, at::kFloat));
+  RunGroup(2, [&](int rank, Collective& c) {
+    at::Tensor t = Input(rank, numel, at::kFloat).view({1031, -1});  // not 1-D either
+    ASSERT_TRUE(c.AllReduce(t)->Wait().ok());
+    EXPECT_TRUE(at::allclose(t.view({-1}), sum, 1e-5, 1e-5));
+  });
+}
+
 TEST(Collective, BadArgumentsAreRefused) {
   RunGroup(2, [](int rank, Collective& c) {
     std::vector<at::Tensor> wrong_count = {at::zeros({4})};

@@ -31,6 +31,7 @@
 #include "absl/strings/str_split.h"
 #include "common/job_spec.h"
 #include "common/malloc_tuning.h"
+#include "common/env_flags.h"
 #include "common/metrics_server.h"
 #include "common/file_util.h"
 #include "rpc/cluster_member.h"
@@ -41,7 +42,9 @@
 #include "worker/worker_metrics.h"
 
 ABSL_FLAG(std::string, spec, "", "Job spec (YAML), standalone mode.");
-ABSL_FLAG(int, rank, 0, "This worker's rank, 0 <= rank < world_size (standalone).");
+ABSL_FLAG(int, rank, -1,
+          "This worker's rank, 0 <= rank < world_size (standalone; default: RANK, else the StatefulSet "
+          "ordinal of the host name, pstrain-worker-3 -> 3, else 0).");
 ABSL_FLAG(int, world_size, 0, "Number of workers (default: the spec's `workers`).");
 ABSL_FLAG(std::string, shards, "", "Comma-separated host:port of shard 0, 1, ... (standalone).");
 ABSL_FLAG(std::string, output_dir, "", "Overrides the spec's output_dir.");
@@ -341,6 +344,10 @@ int RunPoolMember(pstrain::WorkerMetrics* metrics) {
 }
 
 int Main(int argc, char** argv) {
+  if (absl::Status env = pstrain::ApplyEnvironmentToFlags(); !env.ok()) {
+    std::fprintf(stderr, "pstrain-worker: %s\n", std::string(env.message()).c_str());
+    return 2;
+  }
   absl::ParseCommandLine(argc, argv);
   pstrain::KeepBulkBuffersMapped();
   at::set_num_interop_threads(1);
@@ -382,11 +389,12 @@ int Main(int argc, char** argv) {
   if (!absl::GetFlag(FLAGS_output_dir).empty()) spec->output_dir = absl::GetFlag(FLAGS_output_dir);
   int world = absl::GetFlag(FLAGS_world_size) > 0 ? absl::GetFlag(FLAGS_world_size) : spec->workers;
   int rank = absl::GetFlag(FLAGS_rank);
-  if (spec->mode == "allreduce" && !Env("RANK").empty()) {
+  if (rank < 0 && !Env("RANK").empty()) {
     // Launched the torchrun way (torchrun, a Kubeflow PyTorchJob).
     rank = std::atoi(Env("RANK").c_str());
-    if (!Env("WORLD_SIZE").empty()) world = std::atoi(Env("WORLD_SIZE").c_str());
+    if (absl::GetFlag(FLAGS_world_size) <= 0 && !Env("WORLD_SIZE").empty()) world = std::atoi(Env("WORLD_SIZE").c_str());
   }
+  if (rank < 0) rank = std::max(0, pstrain::HostOrdinal());  // a StatefulSet pod
   const std::vector<std::string> targets =
       absl::StrSplit(absl::GetFlag(FLAGS_shards), ',', absl::SkipEmpty());
   RunContext ctx;

@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/file_util.h"
 #include "common/malloc_tuning.h"
+#include "common/env_flags.h"
 #include "common/metrics_server.h"
 #include "rpc/cluster_member.h"
 #include "rpc/grpc_server.h"
@@ -28,7 +29,9 @@ ABSL_FLAG(std::string, host, "0.0.0.0", "Address to listen on.");
 ABSL_FLAG(int, port, 0, "Port to listen on; 0 picks a free one (see --port_file).");
 ABSL_FLAG(std::string, port_file, "",
           "If set, write the chosen host:port here (atomically) once serving.");
-ABSL_FLAG(int, shard_index, 0, "This shard's index, 0 <= shard_index < num_shards.");
+ABSL_FLAG(int, shard_index, -1,
+          "This shard's index, 0 <= shard_index < num_shards (default: the StatefulSet ordinal of the host "
+          "name, pstrain-ps-3 -> 3, else 0).");
 ABSL_FLAG(int, num_shards, 1, "Number of shards in the cluster.");
 ABSL_FLAG(int, max_message_mb, pstrain::kDefaultMaxMessageBytes >> 20,
           "Largest request or response in MiB; larger ones fail with RESOURCE_EXHAUSTED.");
@@ -42,11 +45,20 @@ ABSL_FLAG(std::string, advertise_host, "",
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("pstrain parameter shard server");
+  if (absl::Status env = pstrain::ApplyEnvironmentToFlags(); !env.ok()) {
+    std::fprintf(stderr, "pstrain-ps: %s\n", std::string(env.message()).c_str());
+    return 2;
+  }
   absl::ParseCommandLine(argc, argv);
   pstrain::KeepBulkBuffersMapped();
 
-  const int num_shards = absl::GetFlag(FLAGS_num_shards);
-  const int shard_index = absl::GetFlag(FLAGS_shard_index);
+  int shard_index = absl::GetFlag(FLAGS_shard_index);
+  if (shard_index < 0) shard_index = std::max(0, pstrain::HostOrdinal());
+  // A pool member serves whichever jobs the coordinator gives it; its index
+  // only names it in messages and stats.
+  const int num_shards = absl::GetFlag(FLAGS_coordinator).empty()
+                             ? absl::GetFlag(FLAGS_num_shards)
+                             : std::max(absl::GetFlag(FLAGS_num_shards), shard_index + 1);
   const int port = absl::GetFlag(FLAGS_port);
   const int max_mb = absl::GetFlag(FLAGS_max_message_mb);
   if (num_shards < 1 || shard_index < 0 || shard_index >= num_shards) {

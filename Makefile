@@ -5,7 +5,7 @@ BAZEL ?= bazel
 # Debian's python3 has python3-torch; the first python3 on PATH may not.
 PYTHON ?= /usr/bin/python3
 
-.PHONY: all setup build test demo bench clean
+.PHONY: all setup build test test-deploy test-pods image demo bench clean
 
 all: build
 
@@ -17,7 +17,14 @@ build: setup
 
 test: setup
 	@status=0; $(BAZEL) test //... || status=$$?; \
-	$(PYTHON) tools/test_totals.py; exit $$status
+	$(PYTHON) tools/test_totals.py; \
+	deploy/validate/run.sh || status=1; \
+	exit $$status
+
+# The Kubernetes manifests: rendered, validated offline against the official
+# schemas, checked against the binaries' flags.
+test-deploy: build
+	deploy/validate/run.sh
 
 # The main job: a local cluster (2 shards, 2 workers) training LeNet on
 # Fashion-MNIST, with live progress and the final test accuracy.

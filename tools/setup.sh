@@ -17,7 +17,18 @@ PACKAGES=(
   python3 python3-torch python3-grpcio python3-protobuf iperf3
   # the demo's data
   dataset-fashion-mnist
+  # the pods-on-one-machine test (network namespaces)
+  iproute2
 )
+
+# Tools that some machines already have from another source (the
+# Kubernetes project's kubectl, NodeSource's node): installed from Debian
+# only when the command is missing.
+declare -A COMMANDS=([kubectl]=kubernetes-client [node]=nodejs [npm]=npm)
+# `make image` only: an OCI image without a Docker engine.
+if [ "${1:-}" = "--image" ]; then
+  PACKAGES+=(mmdebstrap buildah uidmap)
+fi
 
 missing=()
 for p in "${PACKAGES[@]}"; do
@@ -25,18 +36,30 @@ for p in "${PACKAGES[@]}"; do
     missing+=("$p")
   fi
 done
+for c in "${!COMMANDS[@]}"; do
+  command -v "$c" >/dev/null 2>&1 || missing+=("${COMMANDS[$c]}")
+done
 
 if [ ${#missing[@]} -eq 0 ]; then
   echo "setup: all ${#PACKAGES[@]} packages present"
-  exit 0
+else
+  SUDO=""
+  if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+  echo "setup: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -q
+  # iperf3 asks whether to start a daemon; answer no.
+  echo "iperf3 iperf3/start_daemon boolean false" | $SUDO debconf-set-selections || true
+  $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+  echo "setup: done"
 fi
 
-SUDO=""
-if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
-echo "setup: installing ${missing[*]}"
-export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -q
-# iperf3 asks whether to start a daemon; answer no.
-echo "iperf3 iperf3/start_daemon boolean false" | $SUDO debconf-set-selections || true
-$SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
-echo "setup: done"
+# The Kubernetes manifest validator's npm packages (exact versions from
+# package-lock.json), from the npm registry.
+validate=deploy/validate
+cd "$(dirname "$0")/.."
+if ! cmp -s "$validate/package-lock.json" "$validate/node_modules/.installed-lock.json" 2>/dev/null; then
+  echo "setup: npm ci in $validate"
+  npm ci --prefix "$validate" --no-audit --no-fund --loglevel=error
+  cp "$validate/package-lock.json" "$validate/node_modules/.installed-lock.json"
+fi

@@ -19,7 +19,13 @@ test: setup
 	@status=0; $(BAZEL) test //... || status=$$?; \
 	$(PYTHON) tools/test_totals.py; \
 	deploy/validate/run.sh || status=1; \
+	deploy/pods/test_pods.sh || status=1; \
 	exit $$status
+
+# The pods' topology on this machine: each server in its own network
+# namespace, a job submitted from outside, a worker's link cut mid-run.
+test-pods: build
+	deploy/pods/test_pods.sh
 
 # The Kubernetes manifests: rendered, validated offline against the official
 # schemas, checked against the binaries' flags.

@@ -269,8 +269,11 @@ int main(int argc, char** argv) {
   if (submit->parsed() || restore->parsed()) {
     pstrain::SubmitJobRequest req;
     req.set_spec_yaml(spec_yaml);
-    if (!resume.empty()) req.set_resume_from(std::filesystem::absolute(resume).string());
-    if (!output_dir.empty()) req.set_output_dir(std::filesystem::absolute(output_dir).string());
+    // Paths are the cluster's, not this machine's: a relative one is taken
+    // from the coordinator's working directory (in Kubernetes, the shared
+    // volume every member mounts at the same place).
+    if (!resume.empty()) req.set_resume_from(resume);
+    if (!output_dir.empty()) req.set_output_dir(output_dir);
     pstrain::SubmitJobResponse resp;
     grpc::ClientContext ctx;
     Client::Deadline(&ctx);

@@ -281,7 +281,13 @@ absl::StatusOr<std::string> Coordinator::SubmitJob(const SubmitJobRequest& reque
       info->set_dtype(p.dtype);
     }
   }
-  const std::string output_dir = request.output_dir().empty() ? spec->output_dir : request.output_dir();
+  // Relative to the coordinator's working directory, the same path on every
+  // member (in Kubernetes: the shared volume, mounted alike everywhere).
+  std::error_code ec;
+  const std::string output_dir =
+      std::filesystem::absolute(request.output_dir().empty() ? spec->output_dir : request.output_dir(), ec)
+          .lexically_normal()
+          .string();
   std::lock_guard<std::mutex> lock(mu_);
   if (shutdown_) return absl::UnavailableError("coordinator is shutting down");
   auto stored = store_->Create(spec_yaml, output_dir, status);

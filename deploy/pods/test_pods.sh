@@ -1,0 +1,162 @@
+#!/usr/bin/env bash
+# Pods on one machine: the Kubernetes topology for real, without a cluster.
+# The coordinator, 2 parameter shards and 2 workers each run in a network
+# namespace of their own (a veth pair onto one bridge, an address each), with
+# the pod's host name (a UTS namespace: pstrain-ps-1, pstrain-worker-0, ...)
+# and a hosts file that resolves the Service names the way cluster DNS
+# would. They are configured through PSTRAIN_* variables, as the manifests
+# configure them. From the host namespace the CLI submits a job and sees it
+# succeed; then one worker's link is cut mid-run: the job's status reports
+# the lost member and the job is requeued from its checkpoint; the link
+# comes back and the job finishes.
+#
+# Needs root (ip netns, veth, bridge) and the built binaries (bazel-bin).
+# usage: deploy/pods/test_pods.sh
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+BIN=$PWD/bazel-bin
+if [ "$(id -u)" -ne 0 ] || ! ip netns list >/dev/null 2>&1; then
+  echo "pods test: SKIPPED: needs root and iproute2 for network namespaces"
+  exit 0
+fi
+for b in server/coordinator/pstrain-coordinator server/ps/pstrain-ps worker/pstrain-worker client/pstrain; do
+  [ -x "$BIN/$b" ] || { echo "test_pods: $BIN/$b is not built (bazel build //...)"; exit 2; }
+done
+
+TAG=p$(( $$ % 10000 ))          # unique per run: interface names stay < 16 chars
+NET=10.$(( 100 + $$ % 100 )).$(( $$ / 100 % 200 + 20 ))
+BR=${TAG}br
+WORK=$(mktemp -d /tmp/pstrain-pods.XXXXXX)
+PODS=(pstrain-coordinator pstrain-ps-0 pstrain-ps-1 pstrain-worker-0 pstrain-worker-1)
+declare -A IP=([pstrain-coordinator]=$NET.2 [pstrain-ps-0]=$NET.3 [pstrain-ps-1]=$NET.4
+               [pstrain-worker-0]=$NET.5 [pstrain-worker-1]=$NET.6)
+declare -A VETH PID
+PASS=0
+
+log() { echo "[pods] $*"; }
+cleanup() {
+  for p in "${PID[@]:-}"; do [ -n "$p" ] && kill -INT "$p" 2>/dev/null || true; done
+  sleep 0.5
+  for p in "${PID[@]:-}"; do [ -n "$p" ] && kill -KILL "$p" 2>/dev/null || true; done
+  for pod in "${PODS[@]}"; do
+    ip netns del "$TAG-$pod" 2>/dev/null || true
+    rm -rf "/etc/netns/$TAG-$pod"
+  done
+  ip link del "$BR" 2>/dev/null || true
+  if [ $PASS -eq 1 ]; then rm -rf "$WORK"; else echo "[pods] logs kept in $WORK"; fi
+}
+trap cleanup EXIT INT TERM
+
+# The network: a bridge (the host is $NET.1 on it), one namespace per pod.
+ip link add "$BR" type bridge
+ip addr add "$NET.1/24" dev "$BR"
+ip link set "$BR" up
+HOSTS="127.0.0.1 localhost
+$NET.2 pstrain-coordinator pstrain-coordinator.pstrain.svc.cluster.local
+$NET.3 pstrain-ps-0.pstrain-ps pstrain-ps-0.pstrain-ps.pstrain.svc.cluster.local
+$NET.4 pstrain-ps-1.pstrain-ps pstrain-ps-1.pstrain-ps.pstrain.svc.cluster.local
+$NET.5 pstrain-worker-0.pstrain-worker pstrain-worker-0.pstrain-worker.pstrain.svc.cluster.local
+$NET.6 pstrain-worker-1.pstrain-worker pstrain-worker-1.pstrain-worker.pstrain.svc.cluster.local"
+i=0
+for pod in "${PODS[@]}"; do
+  ns=$TAG-$pod
+  VETH[$pod]=${TAG}v$i
+  ip netns add "$ns"
+  ip link add "${VETH[$pod]}" type veth peer name eth0 netns "$ns"
+  ip link set "${VETH[$pod]}" master "$BR" up
+  ip -n "$ns" addr add "${IP[$pod]}/24" dev eth0
+  ip -n "$ns" link set eth0 up
+  ip -n "$ns" link set lo up
+  ip -n "$ns" route add default via "$NET.1"
+  # `ip netns exec` bind-mounts /etc/netns/<ns>/hosts over /etc/hosts.
+  mkdir -p "/etc/netns/$ns"
+  echo "$HOSTS
+${IP[$pod]} $pod" >"/etc/netns/$ns/hosts"
+  i=$((i + 1))
+done
+
+# A pod: its namespace, its host name, the manifests' environment.
+start_pod() {  # start_pod POD BINARY VAR=VALUE...
+  local pod=$1 binary=$2; shift 2
+  ip netns exec "$TAG-$pod" unshare --uts sh -c 'hostname "$0"; cd "$1"; shift; exec env "$@"' \
+    "$pod" "$WORK" "$@" "$BIN/$binary" >"$WORK/$pod.log" 2>&1 &
+  PID[$pod]=$!
+}
+# gRPC's default resolver (c-ares) asks a DNS server before the hosts file;
+# these namespaces have no DNS server, so use the system resolver
+# (getaddrinfo: the hosts file), which is what a cluster's DNS answers.
+COMMON=(GRPC_DNS_RESOLVER=native PSTRAIN_COORDINATOR=pstrain-coordinator:7000 PSTRAIN_METRICS_PORT=9100)
+start_pod pstrain-coordinator server/coordinator/pstrain-coordinator GRPC_DNS_RESOLVER=native PSTRAIN_HOST=0.0.0.0 PSTRAIN_PORT=7000 \
+  PSTRAIN_DB="$WORK/jobs.db" PSTRAIN_HEARTBEAT_MS=200 PSTRAIN_MISSED_HEARTBEATS=10 PSTRAIN_METRICS_PORT=9100
+for s in 0 1; do
+  start_pod "pstrain-ps-$s" server/ps/pstrain-ps "${COMMON[@]}" PSTRAIN_NAME="pstrain-ps-$s" \
+    PSTRAIN_ADVERTISE_HOST="pstrain-ps-$s.pstrain-ps" PSTRAIN_HOST=0.0.0.0 PSTRAIN_PORT=7070
+done
+for w in 0 1; do
+  start_pod "pstrain-worker-$w" worker/pstrain-worker "${COMMON[@]}" PSTRAIN_NAME="pstrain-worker-$w" \
+    PSTRAIN_GLOO_HOSTNAME="pstrain-worker-$w.pstrain-worker" PSTRAIN_DRAIN_TIMEOUT_S=30
+done
+
+CLI=("$BIN/client/pstrain" --coordinator "$NET.2:7000")
+# wait_for SECONDS DESCRIPTION COMMAND...: until COMMAND succeeds, or fail.
+wait_for() {
+  local limit=$1 what=$2; shift 2
+  local deadline=$((SECONDS + limit))
+  until "$@" >/dev/null 2>&1; do
+    if [ $SECONDS -ge $deadline ]; then
+      echo "[pods] FAILED: no $what within $limit s"
+      "${CLI[@]}" cluster || true
+      [ -n "${job:-}" ] && "${CLI[@]}" status "$job" || true
+      tail -n 5 "$WORK"/*.log
+      exit 1
+    fi
+    sleep 0.2
+  done
+}
+# status_has PATTERN: the job's status (the table) matches.
+status_has() { "${CLI[@]}" status "$job" >"$WORK/status.txt" && grep -q "$1" "$WORK/status.txt"; }
+cluster_has() { "${CLI[@]}" cluster >"$WORK/cluster.txt" && grep -q "$1" "$WORK/cluster.txt"; }
+wait_for 60 "registered pool" cluster_has pstrain-worker-1
+log "cluster up:"
+"${CLI[@]}" cluster | sed 's/^/    /'
+
+# 1. A job from the host namespace, through the coordinator's address.
+cat >"$WORK/job.yaml" <<YAML
+name: pods
+model: mlp
+data: {format: synthetic, synthetic_train: 8192, synthetic_test: 1024}
+consistency: sync
+workers: 2
+shards: 2
+epochs: 2
+batch_size: 32
+log_every_steps: 20
+YAML
+job=$("${CLI[@]}" submit "$WORK/job.yaml" --output_dir out/pods | grep -o 'job-[0-9]*')
+log "submitted $job"
+"${CLI[@]}" watch "$job" >"$WORK/watch1.log" 2>&1 || { cat "$WORK/watch1.log"; exit 1; }
+grep "final test accuracy" "$WORK/watch1.log" | sed 's/^/    /'
+status_has '^state: *Succeeded'
+log "$job succeeded across 5 network namespaces"
+
+# 2. Cut a worker's link mid-run.
+sed -e 's/epochs: 2/epochs: 100/' -e 's/^name: pods/name: cut/' "$WORK/job.yaml" >"$WORK/long.yaml"
+printf 'max_steps: 600\ncheckpoint_every_steps: 50\n' >>"$WORK/long.yaml"
+job=$("${CLI[@]}" submit "$WORK/long.yaml" --output_dir out/cut | grep -o 'job-[0-9]*')
+wait_for 60 "checkpoint" status_has '^checkpoint: '
+log "$job running with a checkpoint; cutting pstrain-worker-1's link"
+ip link set "${VETH[pstrain-worker-1]}" down
+wait_for 30 "requeue after the cut" status_has '^state: *Pending'
+"${CLI[@]}" status "$job" >"$WORK/status-cut.txt"
+grep -q "MemberLost" "$WORK/status-cut.txt" || { cat "$WORK/status-cut.txt"; exit 1; }
+grep -q "pstrain-worker-1 (rank 1) was lost" "$WORK/status-cut.txt" || { cat "$WORK/status-cut.txt"; exit 1; }
+cluster_has "pstrain-worker-1 .*LOST"
+log "status reports the lost member and the job waits, requeued from its checkpoint:"
+grep -E "state:|waiting:|MemberLost" "$WORK/status-cut.txt" | sed 's/^/    /'
+ip link set "${VETH[pstrain-worker-1]}" up
+log "link restored"
+"${CLI[@]}" watch "$job" >"$WORK/watch2.log" 2>&1 || { cat "$WORK/watch2.log"; "${CLI[@]}" status "$job"; exit 1; }
+status_has ' Restored '
+log "$job resumed from its checkpoint and succeeded"
+PASS=1
+echo "pods test: passed"

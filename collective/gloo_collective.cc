@@ -206,10 +206,6 @@ class GlooCollective : public Collective {
 
 }  // namespace
 
-absl::Status PeerError(const char* what, const std::string& detail) {
-  return absl::UnavailableError(
-      absl::StrCat(what, " failed: a peer left or the network broke (", detail.substr(0, 400), ")"));
-}
 
 absl::StatusOr<std::unique_ptr<Collective>> CreateGlooCollective(const CollectiveOptions& options) {
   try {

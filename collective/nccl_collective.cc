@@ -1,8 +1,10 @@
 // The "nccl" backend: NCCL on CUDA tensors, one communicator and one CUDA
 // stream per group; rank 0's ncclUniqueId goes through the rendezvous
-// store. Built when @cuda found a toolkit with NCCL (HAVE_NCCL); it needs
-// no CUDA build of LibTorch to compile (tensors are only read for their
-// device pointers), but a CUDA build to create CUDA tensors at run time.
+// store. Built when @cuda found a toolkit with NCCL (HAVE_NCCL), as the
+// plugin libpstrain_nccl.so, which the worker loads only when a job asks
+// for NCCL: the binaries themselves never need the CUDA libraries to start.
+// It needs no CUDA build of LibTorch to compile (tensors are only read for
+// their device pointers), but a CUDA build to create CUDA tensors.
 #include <cuda_runtime.h>
 #include <nccl.h>
 
@@ -150,17 +152,15 @@ class NcclCollective : public Collective {
 
 }  // namespace
 
-bool NcclBuilt() { return true; }
-
-absl::StatusOr<int> CudaDeviceCount() {
+absl::StatusOr<int> DeviceCount() {
   int n = 0;
   cudaError_t e = cudaGetDeviceCount(&n);
   if (e != cudaSuccess) return CudaError("no CUDA device", e);
   return n;
 }
 
-absl::StatusOr<std::unique_ptr<Collective>> CreateNcclCollective(const CollectiveOptions& options) {
-  auto devices = CudaDeviceCount();
+absl::StatusOr<std::unique_ptr<Collective>> CreateNccl(const CollectiveOptions& options) {
+  auto devices = DeviceCount();
   if (!devices.ok()) return devices.status();
   if (options.device < 0 || options.device >= *devices) {
     return absl::InvalidArgumentError(absl::StrCat("CUDA device ", options.device, " does not exist (", *devices, " found)"));
@@ -195,3 +195,22 @@ absl::StatusOr<std::unique_ptr<Collective>> CreateNcclCollective(const Collectiv
 }
 
 }  // namespace pstrain
+
+extern "C" __attribute__((visibility("default"))) pstrain::Collective* PstrainNcclCreate(
+    const pstrain::CollectiveOptions* options, std::string* error) {
+  auto c = pstrain::CreateNccl(*options);
+  if (!c.ok()) {
+    *error = c.status().ToString();
+    return nullptr;
+  }
+  return c->release();
+}
+
+extern "C" __attribute__((visibility("default"))) int PstrainCudaDeviceCount(std::string* error) {
+  auto n = pstrain::DeviceCount();
+  if (!n.ok()) {
+    *error = std::string(n.status().message());
+    return -1;
+  }
+  return *n;
+}

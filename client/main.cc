@@ -23,6 +23,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "client/local_cluster.h"
+#include "rpc/health_check.h"
 #include "client/progress_view.h"
 #include "common/file_util.h"
 #include "common/job_spec.h"
@@ -207,6 +208,11 @@ int main(int argc, char** argv) {
   CLI::App* export_cmd = app.add_subcommand("export", "write a finished job's weights (torch.load reads them)");
   export_cmd->add_option("job", job_id)->required();
   export_cmd->add_option("-f,--file", export_path, "destination file")->required();
+  CLI::App* health = app.add_subcommand(
+      "health", "ask a server (coordinator, shard) for its gRPC health; exit 0 when SERVING");
+  std::string health_target, health_service;
+  health->add_option("address", health_target, "host:port")->required();
+  health->add_option("--service", health_service, "a service name (default: the whole server)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -265,6 +271,15 @@ int main(int argc, char** argv) {
     }
   }
 
+  if (health->parsed()) {
+    auto st = pstrain::CheckHealth(health_target, health_service, absl::Seconds(10));
+    if (!st.ok()) {
+      std::fprintf(stderr, "pstrain: %s: %s\n", health_target.c_str(), std::string(st.status().message()).c_str());
+      return st.status().code() == absl::StatusCode::kNotFound ? kFailed : kUnreachable;
+    }
+    std::printf("%s\n", st->c_str());
+    return *st == "SERVING" ? 0 : kFailed;
+  }
   Client client(coordinator);
   if (submit->parsed() || restore->parsed()) {
     pstrain::SubmitJobRequest req;

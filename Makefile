@@ -22,6 +22,11 @@ test: setup
 	deploy/pods/test_pods.sh || status=1; \
 	exit $$status
 
+# The OCI image (no Docker engine): out/image/pstrain-oci.tar.
+image:
+	@tools/setup.sh --image
+	deploy/image/build.sh
+
 # The pods' topology on this machine: each server in its own network
 # namespace, a job submitted from outside, a worker's link cut mid-run.
 test-pods: build

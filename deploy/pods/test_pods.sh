@@ -35,9 +35,16 @@ PASS=0
 
 log() { echo "[pods] $*"; }
 cleanup() {
+  # SIGINT stops each server at once; what is left after 5 s is killed.
   for p in "${PID[@]:-}"; do [ -n "$p" ] && kill -INT "$p" 2>/dev/null || true; done
-  sleep 0.5
+  for _ in $(seq 50); do
+    alive=0
+    for p in "${PID[@]:-}"; do [ -n "$p" ] && kill -0 "$p" 2>/dev/null && alive=1; done
+    [ $alive -eq 0 ] && break
+    sleep 0.1
+  done
   for p in "${PID[@]:-}"; do [ -n "$p" ] && kill -KILL "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
   for pod in "${PODS[@]}"; do
     ip netns del "$TAG-$pod" 2>/dev/null || true
     rm -rf "/etc/netns/$TAG-$pod"

@@ -138,6 +138,18 @@ class ControlPlaneTest : public ::testing::Test {
     return m[1];
   }
 
+  // Until the job's slowest worker has reached `step`.
+  void WaitForStep(const std::string& job, int64_t step, absl::Duration timeout = absl::Seconds(60)) {
+    const absl::Time deadline = absl::Now() + timeout;
+    while (true) {
+      CliResult st = Cli({"status", job, "-o", "json"});
+      std::smatch m;
+      if (std::regex_search(st.out, m, std::regex("\"step\": \"(\\d+)\"")) && std::stoll(m[1]) >= step) return;
+      ASSERT_LT(absl::Now(), deadline) << st.out;
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+  }
+
   void WaitForState(const std::string& job, const std::string& state, absl::Duration timeout) {
     const absl::Time deadline = absl::Now() + timeout;
     while (State(job) != state) {
@@ -303,14 +315,7 @@ TEST_F(ControlPlaneTest, CheckpointKillEverythingRestoreOntoThreeShardsAndFinish
 
   // The interrupted one: checkpoint mid-run, then kill everything.
   const std::string job = Submit(spec);
-  const absl::Time deadline = absl::Now() + absl::Seconds(120);
-  while (true) {
-    CliResult st = Cli({"status", job, "-o", "json"});
-    std::smatch m;
-    if (std::regex_search(st.out, m, std::regex("\"step\": \"(\\d+)\"")) && std::stoll(m[1]) >= 60) break;
-    ASSERT_LT(absl::Now(), deadline) << st.out;
-    absl::SleepFor(absl::Milliseconds(50));
-  }
+  ASSERT_NO_FATAL_FAILURE(WaitForStep(job, 60, absl::Seconds(120)));
   CliResult ck = Cli({"checkpoint", job});
   ASSERT_EQ(ck.code, 0) << ck.out;
   const std::string ckpt = ck.out.substr(0, ck.out.find(' '));
@@ -365,14 +370,7 @@ TEST_F(ControlPlaneTest, SigtermDrainsAWorkerAndTheJobResumesOnAReplacement) {
                                         "data: {format: synthetic, synthetic_train: 60000}\nepochs: 100\n"
                                         "max_steps: 600\nbatch_size: 16\nlog_every_steps: 5\n").ok());
   const std::string job = Submit(spec);
-  const absl::Time deadline = absl::Now() + absl::Seconds(60);
-  while (true) {
-    CliResult st = Cli({"status", job, "-o", "json"});
-    std::smatch m;
-    if (std::regex_search(st.out, m, std::regex("\"step\": \"(\\d+)\"")) && std::stoll(m[1]) >= 40) break;
-    ASSERT_LT(absl::Now(), deadline) << st.out;
-    absl::SleepFor(absl::Milliseconds(50));
-  }
+  ASSERT_NO_FATAL_FAILURE(WaitForStep(job, 40, absl::Seconds(60)));
   ChildProcess& leaving = *pool_[2];  // worker-1
   leaving.Signal(SIGTERM);
   EXPECT_EQ(leaving.Wait(absl::Seconds(60)), 0) << ReadFile(dir_ + "/worker-1.log").value_or("");
@@ -400,14 +398,7 @@ TEST_F(ControlPlaneTest, AllReduceCheckpointResumesInBothModes) {
                            "epochs: 1\nmax_steps: 400\nbatch_size: 16\nlog_every_steps: 5\n";
   ASSERT_TRUE(WriteFileAtomically(spec, yaml).ok());
   const std::string job = Submit(spec);
-  const absl::Time deadline = absl::Now() + absl::Seconds(60);
-  while (true) {
-    CliResult st = Cli({"status", job, "-o", "json"});
-    std::smatch m;
-    if (std::regex_search(st.out, m, std::regex("\"step\": \"(\\d+)\"")) && std::stoll(m[1]) >= 30) break;
-    ASSERT_LT(absl::Now(), deadline) << st.out;
-    absl::SleepFor(absl::Milliseconds(50));
-  }
+  ASSERT_NO_FATAL_FAILURE(WaitForStep(job, 30, absl::Seconds(60)));
   CliResult ck = Cli({"checkpoint", job});
   ASSERT_EQ(ck.code, 0) << ck.out << Cli({"status", job}).out;
   const std::string ckpt = ck.out.substr(0, ck.out.find(' '));
@@ -445,17 +436,8 @@ TEST_F(ControlPlaneTest, AllReduceJobRestartsFromItsCheckpointWhenARankDies) {
                                         "epochs: 1\nmax_steps: 600\nbatch_size: 16\nlog_every_steps: 5\n"
                                         "collective_timeout_s: 10\n").ok());
   const std::string job = Submit(spec);
-  const absl::Time deadline = absl::Now() + absl::Seconds(60);
-  while (true) {
-    CliResult st = Cli({"status", job, "-o", "json"});
-    if (st.out.find("\"last_checkpoint\"") != std::string::npos) break;
-    std::smatch m;
-    if (std::regex_search(st.out, m, std::regex("\"step\": \"(\\d+)\"")) && std::stoll(m[1]) >= 30) {
-      ASSERT_EQ(Cli({"checkpoint", job}).code, 0);
-    }
-    ASSERT_LT(absl::Now(), deadline) << st.out;
-    absl::SleepFor(absl::Milliseconds(50));
-  }
+  ASSERT_NO_FATAL_FAILURE(WaitForStep(job, 30));
+  ASSERT_EQ(Cli({"checkpoint", job}).code, 0);
   pool_[2]->Signal(SIGKILL);  // worker-1
   pool_[2]->Wait();
   WaitForState(job, "PENDING", absl::Seconds(30));

@@ -45,6 +45,23 @@ struct Shards {
   std::vector<ParameterStore*> ptrs;
 };
 
+// The two workers' final parameters equal each other exactly and the single
+// worker's up to float rounding; and training moved them from the seeded
+// start (of a LeNet).
+void ExpectTrainedAlike(const TrainResult& single, const TrainResult& w0, const TrainResult& w1, uint64_t seed) {
+  ASSERT_EQ(single.parameters.size(), w0.parameters.size());
+  for (size_t i = 0; i < single.parameters.size(); ++i) {
+    const auto& [name, a] = single.parameters[i];
+    const at::Tensor& b = w0.parameters[i].second;
+    const at::Tensor& c = w1.parameters[i].second;
+    EXPECT_TRUE(at::allclose(a, b, 1e-4, 1e-5)) << name << " differs by " << a.sub(b).abs().max().item<float>();
+    EXPECT_TRUE(at::allclose(b, c, 0, 0)) << name << ": the two workers disagree";
+  }
+  auto init = CreateModel("lenet", {1, 28, 28}, 10, seed);
+  ASSERT_TRUE(init.ok());
+  EXPECT_FALSE(at::allclose(single.parameters[0].second, (*init)->NamedParameters()[0].second.detach(), 1e-3, 1e-4));
+}
+
 // Two SYNC workers with batch B must train exactly like one worker with
 // batch 2B on the concatenated batches: the shard averages the two halves'
 // mean gradients, which is the mean gradient over all 2B examples.
@@ -93,20 +110,7 @@ TEST(TrainerTest, SyncTwoWorkersEqualOneWorkerOnTheConcatenatedBatch) {
   auto single = RunTrainer(o, *data);
   ASSERT_TRUE(single.ok()) << single.status();
 
-  ASSERT_EQ(single->parameters.size(), results[0]->parameters.size());
-  for (size_t i = 0; i < single->parameters.size(); ++i) {
-    const auto& [name, a] = single->parameters[i];
-    const at::Tensor& b = results[0]->parameters[i].second;
-    const at::Tensor& c = results[1]->parameters[i].second;
-    EXPECT_TRUE(at::allclose(a, b, 1e-4, 1e-5))
-        << name << " differs by " << a.sub(b).abs().max().item<float>();
-    EXPECT_TRUE(at::allclose(b, c, 0, 0)) << name << ": the two workers disagree";
-  }
-  // And training did move the parameters away from the seeded start.
-  auto init = CreateModel("lenet", {1, 28, 28}, 10, two.seed);
-  ASSERT_TRUE(init.ok());
-  const at::Tensor start = (*init)->NamedParameters()[0].second.detach();
-  EXPECT_FALSE(at::allclose(single->parameters[0].second, start, 1e-3, 1e-4));
+  ExpectTrainedAlike(*single, *results[0], *results[1], two.seed);
 }
 
 // All-reduce mode: two workers averaging their gradients with Gloo (real
@@ -169,17 +173,7 @@ TEST(TrainerTest, AllReduceTwoWorkersEqualOneWorkerOnTheConcatenatedBatch) {
   o.write_weights = false;
   auto single = RunTrainer(o, *data);
   ASSERT_TRUE(single.ok()) << single.status();
-  ASSERT_EQ(single->parameters.size(), results[0]->parameters.size());
-  for (size_t i = 0; i < single->parameters.size(); ++i) {
-    const auto& [name, a] = single->parameters[i];
-    const at::Tensor& b = results[0]->parameters[i].second;
-    const at::Tensor& c = results[1]->parameters[i].second;
-    EXPECT_TRUE(at::allclose(a, b, 1e-4, 1e-5)) << name << " differs by " << a.sub(b).abs().max().item<float>();
-    EXPECT_TRUE(at::allclose(b, c, 0, 0)) << name << ": the two workers disagree";
-  }
-  auto init = CreateModel("lenet", {1, 28, 28}, 10, two.seed);
-  ASSERT_TRUE(init.ok());
-  EXPECT_FALSE(at::allclose(single->parameters[0].second, (*init)->NamedParameters()[0].second.detach(), 1e-3, 1e-4));
+  ExpectTrainedAlike(*single, *results[0], *results[1], two.seed);
 }
 
 std::vector<double> Losses(const std::vector<std::string>& events) {

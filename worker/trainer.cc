@@ -334,7 +334,9 @@ absl::StatusOr<TrainResult> RunTrainer(const TrainerOptions& options, const Trai
           torch::nn::utils::clip_grad_norm_(params, spec.clip_grad_norm);
         }
       } catch (const c10::Error& e) {
-        barrier.Wait();
+        // Let the exchanges in flight finish (they use this step's buffers);
+        // the step's error is the one to report.
+        (void)barrier.Wait();
         for (auto& r : reductions) {
           if (r != nullptr) (void)r->Wait();
         }

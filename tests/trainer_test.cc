@@ -45,21 +45,39 @@ struct Shards {
   std::vector<ParameterStore*> ptrs;
 };
 
-// The two workers' final parameters equal each other exactly and the single
-// worker's up to float rounding; and training moved them from the seeded
-// start (of a LeNet).
-void ExpectTrainedAlike(const TrainResult& single, const TrainResult& w0, const TrainResult& w1, uint64_t seed) {
-  ASSERT_EQ(single.parameters.size(), w0.parameters.size());
-  for (size_t i = 0; i < single.parameters.size(); ++i) {
-    const auto& [name, a] = single.parameters[i];
-    const at::Tensor& b = w0.parameters[i].second;
-    const at::Tensor& c = w1.parameters[i].second;
+// `two` trained by two workers gave `results`: both succeeded, agree exactly,
+// and match one worker (ps mode, one shard) trained on the concatenated
+// batches up to float rounding; and training moved the parameters from the
+// seeded start (of a LeNet).
+void ExpectLikeOneWorkerOnTheConcatenatedBatch(const JobSpec& two, const TrainTest& data,
+                                               const std::vector<absl::StatusOr<TrainResult>>& results) {
+  ASSERT_TRUE(results[0].ok()) << results[0].status();
+  ASSERT_TRUE(results[1].ok()) << results[1].status();
+  EXPECT_EQ(results[0]->steps, two.max_steps);
+  JobSpec one = two;
+  one.mode = "ps";
+  one.name = two.name + "-one";
+  one.workers = 1;
+  one.shards = 1;
+  one.batch_size = 2 * two.batch_size;
+  Shards shards1(1);
+  TrainerOptions o;
+  o.spec = one;
+  o.shards = shards1.ptrs;
+  o.write_weights = false;
+  auto single = RunTrainer(o, data);
+  ASSERT_TRUE(single.ok()) << single.status();
+  ASSERT_EQ(single->parameters.size(), results[0]->parameters.size());
+  for (size_t i = 0; i < single->parameters.size(); ++i) {
+    const auto& [name, a] = single->parameters[i];
+    const at::Tensor& b = results[0]->parameters[i].second;
+    const at::Tensor& c = results[1]->parameters[i].second;
     EXPECT_TRUE(at::allclose(a, b, 1e-4, 1e-5)) << name << " differs by " << a.sub(b).abs().max().item<float>();
     EXPECT_TRUE(at::allclose(b, c, 0, 0)) << name << ": the two workers disagree";
   }
-  auto init = CreateModel("lenet", {1, 28, 28}, 10, seed);
+  auto init = CreateModel("lenet", {1, 28, 28}, 10, two.seed);
   ASSERT_TRUE(init.ok());
-  EXPECT_FALSE(at::allclose(single.parameters[0].second, (*init)->NamedParameters()[0].second.detach(), 1e-3, 1e-4));
+  EXPECT_FALSE(at::allclose(single->parameters[0].second, (*init)->NamedParameters()[0].second.detach(), 1e-3, 1e-4));
 }
 
 // Two SYNC workers with batch B must train exactly like one worker with
@@ -93,24 +111,7 @@ TEST(TrainerTest, SyncTwoWorkersEqualOneWorkerOnTheConcatenatedBatch) {
     });
   }
   for (auto& t : threads) t.join();
-  ASSERT_TRUE(results[0].ok()) << results[0].status();
-  ASSERT_TRUE(results[1].ok()) << results[1].status();
-  EXPECT_EQ(results[0]->steps, kSteps);
-
-  JobSpec one = two;
-  one.name = "sync-one";
-  one.workers = 1;
-  one.shards = 1;
-  one.batch_size = 32;
-  Shards shards1(1);
-  TrainerOptions o;
-  o.spec = one;
-  o.shards = shards1.ptrs;
-  o.write_weights = false;
-  auto single = RunTrainer(o, *data);
-  ASSERT_TRUE(single.ok()) << single.status();
-
-  ExpectTrainedAlike(*single, *results[0], *results[1], two.seed);
+  ExpectLikeOneWorkerOnTheConcatenatedBatch(two, *data, results);
 }
 
 // All-reduce mode: two workers averaging their gradients with Gloo (real
@@ -156,24 +157,7 @@ TEST(TrainerTest, AllReduceTwoWorkersEqualOneWorkerOnTheConcatenatedBatch) {
     });
   }
   for (auto& t : threads) t.join();
-  ASSERT_TRUE(results[0].ok()) << results[0].status();
-  ASSERT_TRUE(results[1].ok()) << results[1].status();
-  EXPECT_EQ(results[0]->steps, kSteps);
-
-  JobSpec one = two;
-  one.mode = "ps";
-  one.name = "ar-one";
-  one.workers = 1;
-  one.shards = 1;
-  one.batch_size = 32;
-  Shards shards1(1);
-  TrainerOptions o;
-  o.spec = one;
-  o.shards = shards1.ptrs;
-  o.write_weights = false;
-  auto single = RunTrainer(o, *data);
-  ASSERT_TRUE(single.ok()) << single.status();
-  ExpectTrainedAlike(*single, *results[0], *results[1], two.seed);
+  ExpectLikeOneWorkerOnTheConcatenatedBatch(two, *data, results);
 }
 
 std::vector<double> Losses(const std::vector<std::string>& events) {

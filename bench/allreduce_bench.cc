@@ -1,6 +1,6 @@
 // One rank of `bench/run.sh allreduce`: times pstrain's Collective (gloo
 // backend) all-reducing float32 tensors of several sizes, the way
-// nccl-tests does: back-to-back all-reduces after a barrier, time per op on
+// nccl-tests does: warm-up, back-to-back all-reduces after a barrier, time per op on
 // rank 0. Rendezvous as torchrun's: rank 0 serves MASTER_ADDR:MASTER_PORT.
 // Prints (rank 0) one JSON line: {"sizes": [...], "seconds": [...]}.
 #include <ATen/ops/ones.h>
@@ -24,6 +24,9 @@ ABSL_FLAG(std::string, master, "127.0.0.1", "Rendezvous host (rank 0 serves it).
 ABSL_FLAG(int, port, 29500, "Rendezvous port.");
 ABSL_FLAG(std::string, sizes, "4096,1048576,16777216,67108864,268435456", "Message sizes in bytes.");
 ABSL_FLAG(double, seconds_per_size, 2.0, "Roughly how long to time each size.");
+ABSL_FLAG(int, gloo_threads, pstrain::CollectiveOptions().gloo_threads, "Threads of the gloo group.");
+ABSL_FLAG(int, split_parts, pstrain::CollectiveOptions().gloo_split_parts,
+          "Tensors of 8 MiB or more are reduced as this many concurrent parts (1: whole).");
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
@@ -41,6 +44,8 @@ int main(int argc, char** argv) {
   o.store = *store;
   o.hostname = absl::GetFlag(FLAGS_master);
   o.timeout = absl::Seconds(300);
+  o.gloo_threads = absl::GetFlag(FLAGS_gloo_threads);
+  o.gloo_split_parts = absl::GetFlag(FLAGS_split_parts);
   auto c = pstrain::CreateCollective("gloo", o);
   if (!c.ok()) {
     std::fprintf(stderr, "%s\n", c.status().ToString().c_str());
@@ -54,7 +59,17 @@ int main(int argc, char** argv) {
     at::Tensor t = at::ones({bytes / 4}, at::kFloat);
     // Warm-up, then a first timing decides the iteration count; every rank
     // must run the same count, so rank 0 broadcasts it.
-    for (int i = 0; i < 3; ++i) (void)(*c)->AllReduce(t)->Wait();
+    // Warm-up: at least 3 operations and a quarter of a second (the first
+    // operations of a size pay for buffer and connection warm-up). Rank 0
+    // decides when it is over, so that all ranks run the same number.
+    const auto warm_start = std::chrono::steady_clock::now();
+    for (int i = 0;; ++i) {
+      (void)(*c)->AllReduce(t)->Wait();
+      at::Tensor more = at::ones({1}, at::kLong).mul_(
+          i < 2 || std::chrono::steady_clock::now() - warm_start < std::chrono::milliseconds(250) ? 1 : 0);
+      (void)(*c)->Broadcast(more, 0)->Wait();
+      if (more.item<int64_t>() == 0) break;
+    }
     (void)(*c)->Barrier()->Wait();
     auto start = std::chrono::steady_clock::now();
     (void)(*c)->AllReduce(t)->Wait();

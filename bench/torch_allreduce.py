@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """The peer for `bench/run.sh allreduce`: torch.distributed (gloo) all-reduce
 of float32 tensors, timed exactly as bench/allreduce_bench.cc times
-pstrain's: warm-up, one timed op to pick the iteration count (broadcast from
+pstrain's: warm-up (>= 3 ops and >= 0.25 s), one timed op to pick the iteration count (broadcast from
 rank 0), a barrier, then back-to-back all-reduces; time per op on rank 0.
 
 usage: torch_allreduce.py --world N --port P [--sizes ...] [--seconds-per-size S]
@@ -24,8 +24,16 @@ def run(rank, args, queue):
     sizes, seconds = [], []
     for nbytes in args.sizes:
         t = torch.ones(nbytes // 4, dtype=torch.float32)
-        for _ in range(3):
+        # Warm-up exactly as allreduce_bench.cc: >= 3 ops and >= 0.25 s,
+        # rank 0 deciding when it is over.
+        warm_start, i = time.perf_counter(), 0
+        while True:
             dist.all_reduce(t)
+            more = torch.tensor([1 if i < 2 or time.perf_counter() - warm_start < 0.25 else 0], dtype=torch.long)
+            dist.broadcast(more, 0)
+            if more.item() == 0:
+                break
+            i += 1
         dist.barrier()
         start = time.perf_counter()
         dist.all_reduce(t)

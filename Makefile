@@ -43,8 +43,11 @@ demo: setup
 	$(BAZEL) build //client:pstrain
 	bazel-bin/client/pstrain local examples/fashion_mnist.yaml
 
+# Every benchmark, each against its peer in the same run (bench/README.md).
 bench: build
 	bench/run.sh pushpull
+	bench/run.sh train
+	bench/run.sh allreduce
 
 clean:
 	$(BAZEL) clean

@@ -244,7 +244,6 @@ absl::Status RunJob(pstrain::JobSpec spec, int rank, int world_size, const std::
 }
 
 int RunPoolMember(pstrain::WorkerMetrics* metrics) {
-
   char host[256] = "worker";
   gethostname(host, sizeof(host) - 1);
   pstrain::ClusterMemberOptions mo;

@@ -650,18 +650,25 @@ void Coordinator::Schedule() {
   }
   std::sort(pending.begin(), pending.end(),
             [](const Job* a, const Job* b) { return a->stored.seq < b->stored.seq; });
+  // The oldest pending job cannot start: it says why, the others that it
+  // is in front of (strict FIFO: nothing overtakes it).
+  auto hold = [&](const Job* head, const std::string& why) {
+    for (Job* later : pending) {
+      if (later->stored.status.state() != PENDING) continue;  // scheduled just now
+      const std::string r = later == head ? why : absl::StrCat("Queued behind ", head->stored.id);
+      if (later->stored.status.pending_reason() != r) {
+        later->stored.status.set_pending_reason(r);
+        ++later->version;
+      }
+    }
+    cv_.notify_all();
+  };
   for (Job* job : pending) {
     int stopping = 0;
     for (auto& [id, m] : members_) stopping += m.releasing && m.status.job_id() == job->stored.id ? 1 : 0;
     if (stopping > 0) {
       // Its previous attempt's workers must stop before the shards reload.
-      const std::string why = absl::StrCat("Stopping the previous attempt (", stopping, " worker(s))");
-      if (job->stored.status.pending_reason() != why) {
-        job->stored.status.set_pending_reason(why);
-        ++job->version;
-        cv_.notify_all();
-      }
-      return;
+      return hold(job, absl::StrCat("Stopping the previous attempt (", stopping, " worker(s))"));
     }
     std::vector<Member*> shards, workers;
     for (auto& [id, m] : members_) {
@@ -673,19 +680,9 @@ void Coordinator::Schedule() {
     std::sort(workers.begin(), workers.end(), by_name);
     if (static_cast<int>(shards.size()) < job->spec.shards ||
         static_cast<int>(workers.size()) < job->spec.workers) {
-      // Strict FIFO: nothing overtakes the oldest pending job.
-      const std::string why = absl::StrCat("Unschedulable: needs ", job->spec.shards, " shard(s) and ",
-                                           job->spec.workers, " worker(s); free now: ", shards.size(),
-                                           " shard(s), ", workers.size(), " worker(s)");
-      for (Job* later : pending) {
-        const std::string r = later == job ? why : absl::StrCat("Queued behind ", job->stored.id);
-        if (later->stored.status.pending_reason() != r) {
-          later->stored.status.set_pending_reason(r);
-          ++later->version;
-        }
-      }
-      cv_.notify_all();
-      return;
+      return hold(job, absl::StrCat("Unschedulable: needs ", job->spec.shards, " shard(s) and ", job->spec.workers,
+                                    " worker(s); free now: ", shards.size(), " shard(s), ", workers.size(),
+                                    " worker(s)"));
     }
     JobStatus& st = job->stored.status;
     st.clear_pending_reason();

@@ -275,8 +275,13 @@ TEST_F(ControlPlaneTest, ClearErrorsAndExitCodes) {
   CliResult st = Cli({"status", job, "-o", "json"});
   EXPECT_NE(st.out.find("\"state\": \"PENDING\""), std::string::npos) << st.out;
   EXPECT_NE(st.out.find("Unschedulable: needs 1 shard(s) and 64 worker(s)"), std::string::npos) << st.out;
+  // A small job behind it waits too (strict FIFO), and says for what.
+  const std::string small = Submit(Spec("small", 1, 10));
+  CliResult behind = Cli({"status", small});
+  EXPECT_NE(behind.out.find("Queued behind " + job), std::string::npos) << behind.out;
   EXPECT_EQ(Cli({"cancel", job}).code, 0);
   EXPECT_EQ(State(job), "CANCELLED");
+  EXPECT_EQ(Cli({"watch", small}).code, 0);  // then it runs
   // Every member is still there.
   EXPECT_EQ(Cli({"cluster"}).out.find("LOST"), std::string::npos);
   std::vector<std::string> argv = {"client/pstrain", "--coordinator", "127.0.0.1:1", "list"};

@@ -97,6 +97,7 @@ void PrintJobTable(const pstrain::JobStatus& st) {
   std::printf("state:      %s\n", StateName(st.state()));
   if (!st.pending_reason().empty()) std::printf("waiting:    %s\n", st.pending_reason().c_str());
   if (!st.last_checkpoint().empty()) std::printf("checkpoint: %s\n", st.last_checkpoint().c_str());
+  if (st.restarts() > 0) std::printf("restarts:   %d (from checkpoints, after losing a member)\n", st.restarts());
   std::printf("progress:   epoch %d, step %lld/%lld, loss %.4f, %.0f samples/s\n", st.epoch(),
               static_cast<long long>(st.step()), static_cast<long long>(st.steps()), st.loss(), st.samples_per_s());
   for (const auto& w : st.workers()) {

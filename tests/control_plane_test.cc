@@ -453,6 +453,11 @@ TEST_F(ControlPlaneTest, AllReduceJobRestartsFromItsCheckpointWhenARankDies) {
                                      "--gloo_hostname=127.0.0.1"}));
   CliResult watch = Cli({"watch", job}, absl::Seconds(120));
   EXPECT_EQ(watch.code, 0) << watch.out << Cli({"status", job}).out;
+  EXPECT_NE(Cli({"status", job}).out.find("restarts:   1"), std::string::npos);
+  auto metrics_addr = WaitForAddressFile(dir_ + "/metrics.addr", absl::Seconds(10));
+  ASSERT_TRUE(metrics_addr.ok());
+  EXPECT_NE(Scrape(*metrics_addr).find("pstrain_job_restarts{job=\"" + job + "\",name=\"ar\"} 1"),
+            std::string::npos);
 }
 
 TEST_F(ControlPlaneTest, CorruptCheckpointIsRefused) {

@@ -181,7 +181,7 @@ void Coordinator::DropTables(const JobStatus& st) {
 }
 
 bool Coordinator::CanRestart(const Job& job) const {
-  return !job.stored.status.last_checkpoint().empty() && job.restarts < job.spec.max_restarts;
+  return !job.stored.status.last_checkpoint().empty() && job.stored.status.restarts() < job.spec.max_restarts;
 }
 
 void Coordinator::Requeue(Job& job, const std::string& reason, const std::string& message) {
@@ -205,10 +205,10 @@ void Coordinator::Requeue(Job& job, const std::string& reason, const std::string
   job.checkpointing = false;
   job.draining = false;
   job.start_positions.clear();
-  ++job.restarts;
+  st.set_restarts(st.restarts() + 1);
   kv_.erase(st.job_id());
   Transition(job, PENDING, reason,
-             absl::StrCat(message, "; restart ", job.restarts, " of at most ", job.spec.max_restarts,
+             absl::StrCat(message, "; restart ", st.restarts(), " of at most ", job.spec.max_restarts,
                           " will resume from ", st.last_checkpoint()));
 }
 

@@ -108,8 +108,6 @@ class Coordinator {
     // Resuming: the shards load the checkpoint before workers get to start.
     bool restoring = false;
     std::vector<CheckpointManifest::Worker> start_positions;
-    // Restarts from a checkpoint after a member was lost or left.
-    int restarts = 0;
     bool draining = false;  // a worker is leaving: checkpoint, then requeue
   };
 

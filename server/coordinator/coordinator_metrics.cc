@@ -30,6 +30,7 @@ std::vector<prometheus::MetricFamily> CoordinatorMetrics::Collect() const {
   auto loss = Gauge("pstrain_job_loss", "Mean training loss of a running job's workers.");
   auto rate = Gauge("pstrain_job_samples_per_second", "Training samples per second of a running job, all workers.");
   auto accuracy = Gauge("pstrain_job_final_accuracy", "Final test accuracy of a finished job.");
+  auto restarts = Gauge("pstrain_job_restarts", "Times a job resumed from its checkpoint after losing a member.");
   std::map<JobState, int> by_state;
   for (JobState s : {PENDING, RUNNING, CHECKPOINTING, SUCCEEDED, FAILED, CANCELLED}) by_state[s] = 0;
   for (const JobStatus& j : coordinator_->ListJobs()) {
@@ -41,6 +42,7 @@ std::vector<prometheus::MetricFamily> CoordinatorMetrics::Collect() const {
       Add(rate, labels, j.samples_per_s());
     }
     if (j.final_accuracy() >= 0) Add(accuracy, labels, j.final_accuracy());
+    Add(restarts, labels, j.restarts());
   }
   for (const auto& [state, n] : by_state) Add(jobs, {{"state", JobStateName(state)}}, n);
 
@@ -48,7 +50,7 @@ std::vector<prometheus::MetricFamily> CoordinatorMetrics::Collect() const {
   for (const MemberStatus& m : coordinator_->Members()) {
     Add(up, {{"role", m.role()}, {"name", m.name()}}, m.alive() ? 1 : 0);
   }
-  return {jobs, step, loss, rate, accuracy, up};
+  return {jobs, step, loss, rate, accuracy, restarts, up};
 }
 
 }  // namespace pstrain

@@ -47,8 +47,13 @@ class ClusterMember {
   // means none yet.
   absl::StatusOr<Assignment> WaitForAssignment(absl::Duration wait);
 
-  // The job this member is working on ("" when idle).
+  // The job this member is working on ("" when idle). A worker sets it; a
+  // shard learns it from its heartbeat.
   void SetRunning(const std::string& job_id, int rank);
+  std::string job_id() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return job_id_;
+  }
   // True once the coordinator no longer assigns the running job to us.
   const std::atomic<bool>& cancelled() const { return cancelled_; }
   // True while the coordinator asks this worker to pause (a checkpoint).

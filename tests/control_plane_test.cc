@@ -393,6 +393,29 @@ TEST_F(ControlPlaneTest, SigtermDrainsAWorkerAndTheJobResumesOnAReplacement) {
   EXPECT_NE(st.out.find("worker-2"), std::string::npos) << st.out;
 }
 
+// SIGTERM on the shard of a running job: the job is checkpointed while the
+// shard still serves, requeued, and the shard exits 0; the job resumes on
+// a replacement shard.
+TEST_F(ControlPlaneTest, SigtermOnAShardCheckpointsTheJobBeforeItGoes) {
+  const std::string spec = dir_ + "/drain-shard.yaml";
+  ASSERT_TRUE(WriteFileAtomically(spec, "name: drain\nmodel: mlp\nconsistency: sync\nworkers: 2\nshards: 1\n"
+                                        "data: {format: synthetic, synthetic_train: 60000}\nepochs: 100\n"
+                                        "max_steps: 600\nbatch_size: 16\nlog_every_steps: 5\n").ok());
+  const std::string job = Submit(spec);
+  ASSERT_NO_FATAL_FAILURE(WaitForStep(job, 40));
+  ChildProcess& shard = *pool_[0];  // shard-0
+  shard.Signal(SIGTERM);
+  EXPECT_EQ(shard.Wait(absl::Seconds(60)), 0) << ReadFile(dir_ + "/shard-0.log").value_or("");
+  CliResult st = Cli({"status", job, "-o", "json"});
+  EXPECT_NE(st.out.find("shard 0 is shutting down"), std::string::npos) << st.out;
+  EXPECT_NE(st.out.find("\"reason\": \"CheckpointSaved\""), std::string::npos) << st.out;
+  EXPECT_NE(st.out.find("\"reason\": \"MemberLeft\""), std::string::npos) << st.out;
+  StartPool(1, 0, /*first_shard=*/9);
+  CliResult watch = Cli({"watch", job}, absl::Seconds(180));
+  EXPECT_EQ(watch.code, 0) << watch.out << Cli({"status", job}).out;
+  EXPECT_NE(Cli({"status", job}).out.find("shard-9"), std::string::npos);
+}
+
 // All-reduce jobs in the pool: worker 0 writes the checkpoint in the shards'
 // format, so it resumes in all-reduce mode and in ps mode (re-partitioned
 // onto the shards) alike.

@@ -494,12 +494,13 @@ absl::StatusOr<ReportProgressResponse> Coordinator::ReportProgress(const ReportP
     r.set_cancel_job(true);  // not (or no longer) this member's job
     return r;
   }
-  ApplyEvent(*job, m.status.rank(), request.event_json());
+  ApplyEvent(*job, m, request.event_json());
   r.set_cancel_job(m.status.job_id() != request.job_id());
   return r;
 }
 
-void Coordinator::ApplyEvent(Job& job, int rank, const std::string& event_json) {
+void Coordinator::ApplyEvent(Job& job, Member& member, const std::string& event_json) {
+  const int rank = member.status.rank();
   nlohmann::json e = nlohmann::json::parse(event_json, nullptr, /*allow_exceptions=*/false);
   if (e.is_discarded() || !e.is_object()) return;
   JobStatus& st = job.stored.status;
@@ -571,9 +572,10 @@ void Coordinator::ApplyEvent(Job& job, int rank, const std::string& event_json) 
     Changed(job);
     MaybeSucceed(job);
   } else if (kind == "draining") {
+    member.leaving = true;
     if ((st.state() == RUNNING || st.state() == CHECKPOINTING) && !job.draining) {
       job.draining = true;
-      const std::string who = absl::StrCat("worker ", rank);
+      const std::string who = absl::StrCat(e.value("role", "worker"), " ", rank);
       Transition(job, st.state(), "MemberLeaving",
                  absl::StrCat(who, " is shutting down: checkpointing, then the job waits for a replacement"));
       Background([this, id = st.job_id(), who] { Drain(id, who); });
@@ -672,7 +674,7 @@ void Coordinator::Schedule() {
     }
     std::vector<Member*> shards, workers;
     for (auto& [id, m] : members_) {
-      if (!m.status.alive() || !m.status.job_id().empty()) continue;
+      if (!m.status.alive() || !m.status.job_id().empty() || m.leaving) continue;
       (m.status.role() == "shard" ? shards : workers).push_back(&m);
     }
     auto by_name = [](const Member* a, const Member* b) { return a->status.name() < b->status.name(); };

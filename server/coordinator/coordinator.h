@@ -91,6 +91,8 @@ class Coordinator {
     // The member's job was requeued: it is told to stop, and becomes free
     // once its heartbeat says it no longer runs the job (or it is lost).
     bool releasing = false;
+    // It is shutting down (SIGTERM): never given a job again.
+    bool leaving = false;
   };
   struct Job {
     StoredJob stored;
@@ -131,7 +133,8 @@ class Coordinator {
   void RefreshMembers(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Schedule() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ExpireLeases() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void ApplyEvent(Job& job, int rank, const std::string& event_json) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // One event from `member` (its rank in the job) about `job`.
+  void ApplyEvent(Job& job, Member& member, const std::string& event_json) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MaybeSucceed(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EndCheckpoint(Job& job, const std::string& reason, const std::string& message)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -3,7 +3,9 @@
 //   pstrain-ps --port=7070 --shard_index=0 --num_shards=2
 //
 // Serves pstrain.ParameterService, grpc.health.v1.Health and reflection.
-// SIGTERM or SIGINT: fail waiting calls with UNAVAILABLE, stop accepting,
+// SIGTERM on a pool member serving a job first asks the coordinator to
+// checkpoint the job and requeue it elsewhere (--drain_timeout_s at most).
+// Then (and on SIGINT): fail waiting calls with UNAVAILABLE, stop accepting,
 // drain in-flight calls, exit 0.
 #include <signal.h>
 #include <unistd.h>
@@ -40,6 +42,8 @@ ABSL_FLAG(int, metrics_port, -1, "Prometheus /metrics HTTP port (0 picks one; -1
 ABSL_FLAG(std::string, coordinator, "",
           "host:port of pstrain-coordinator: join its pool (register and heartbeat).");
 ABSL_FLAG(std::string, name, "", "Member name for the coordinator (default: <hostname>-<pid>).");
+ABSL_FLAG(int, drain_timeout_s, 120,
+          "On SIGTERM, how long a shard serving a job waits for the coordinator to checkpoint and requeue it.");
 ABSL_FLAG(std::string, advertise_host, "",
           "Host name or address other processes reach this shard at (default: the hostname).");
 
@@ -146,6 +150,20 @@ int main(int argc, char** argv) {
 
   int sig = 0;
   sigwait(&stop, &sig);
+  if (sig == SIGTERM && member && !member->job_id().empty()) {
+    // Drain: the job this shard serves is checkpointed and requeued by the
+    // coordinator (which then takes the job off this shard) before the shard
+    // goes; SIGINT or a second signal, or the timeout, ends the wait.
+    const std::string job = member->job_id();
+    spdlog::info("pstrain-ps: SIGTERM: draining {} (checkpoint, then requeue; at most {} s)", job,
+                 absl::GetFlag(FLAGS_drain_timeout_s));
+    member->Report(absl::StrCat("{\"event\": \"draining\", \"role\": \"shard\"}"));
+    const absl::Time deadline = absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_drain_timeout_s));
+    const timespec tick{0, 100 * 1000 * 1000};
+    while (member->job_id() == job && absl::Now() < deadline) {
+      if (sigtimedwait(&stop, nullptr, &tick) > 0) break;
+    }
+  }
   if (member) member->Stop();
   spdlog::info("pstrain-ps: signal {}, draining", sig);
   store.Shutdown();

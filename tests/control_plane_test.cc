@@ -454,6 +454,24 @@ TEST_F(ControlPlaneTest, AllReduceCheckpointResumesInBothModes) {
   EXPECT_NE(st.out.find("onto 1 shard(s)"), std::string::npos) << st.out;
 }
 
+// The workers agree on a pause step ahead of where they are; when the job
+// ends before it, an all-reduce job has nobody left to write the model: the
+// checkpoint is refused and the job still ends (it hung in CHECKPOINTING).
+TEST_F(ControlPlaneTest, AllReduceCheckpointPastTheLastStepIsRefusedAndTheJobEnds) {
+  const std::string spec = dir_ + "/short.yaml";
+  ASSERT_TRUE(WriteFileAtomically(spec, "name: short\nmode: allreduce\nmodel: mlp\nworkers: 2\n"
+                                        "data: {format: synthetic, synthetic_train: 60000, synthetic_test: 256}\n"
+                                        "epochs: 1\nmax_steps: 60\nbatch_size: 16\nlog_every_steps: 1\n").ok());
+  const std::string job = Submit(spec);
+  ASSERT_NO_FATAL_FAILURE(WaitForStep(job, 2));
+  CliResult ck = Cli({"checkpoint", job});  // the pause lands at least 20 steps ahead
+  if (ck.code != 0) {
+    EXPECT_NE(ck.out.find("finished its steps before the checkpoint"), std::string::npos) << ck.out;
+  }
+  CliResult watch = Cli({"watch", job}, absl::Seconds(60));
+  EXPECT_EQ(watch.code, 0) << watch.out << Cli({"status", job}).out;
+}
+
 // A rank of a running all-reduce job dies: the other fails fast, and the
 // coordinator restarts the job from its last checkpoint once two workers
 // are free again.

@@ -826,6 +826,14 @@ absl::StatusOr<CheckpointResponse> Coordinator::Checkpoint(const std::string& jo
       }
       cv_.wait_until(lock, absl::ToChronoTime(std::min(deadline, absl::Now() + absl::Seconds(1))));
     }
+    if (job->spec.mode == "allreduce" && job->paused.count(0) == 0) {
+      // Worker 0 holds the model in this mode; it finished its steps before
+      // reaching the agreed pause, so nobody is left to write it (the job
+      // is about to end: its final weights are being written).
+      EndCheckpoint(*job, "CheckpointSkipped", "worker 0 finished before the pause");
+      return absl::FailedPreconditionError(
+          absl::StrCat("job ", job_id, " finished its steps before the checkpoint could be taken"));
+    }
     const JobStatus& s = job->stored.status;
     manifest.job = job_id;
     manifest.name = s.name();

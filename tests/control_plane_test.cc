@@ -138,6 +138,19 @@ class ControlPlaneTest : public ::testing::Test {
     return m[1];
   }
 
+  // The last lines of every process's log, for failure messages.
+  std::string Logs() {
+    std::string out;
+    for (const auto& entry : std::filesystem::directory_iterator(dir_)) {
+      if (entry.path().extension() != ".log") continue;
+      const std::string text = ReadFile(entry.path().string()).value_or("");
+      size_t start = text.size();
+      for (int lines = 0; start > 0 && lines < 12; --start) lines += text[start - 1] == '\n' ? 1 : 0;
+      out += "--- " + entry.path().filename().string() + "\n" + text.substr(start);
+    }
+    return out;
+  }
+
   // Until the job's slowest worker has reached `step`.
   void WaitForStep(const std::string& job, int64_t step, absl::Duration timeout = absl::Seconds(60)) {
     const absl::Time deadline = absl::Now() + timeout;
@@ -387,7 +400,7 @@ TEST_F(ControlPlaneTest, SigtermDrainsAWorkerAndTheJobResumesOnAReplacement) {
   // A replacement joins; the job resumes from the checkpoint and finishes.
   pool_.push_back(Start("worker-2", {"worker/pstrain-worker", "--coordinator=" + coordinator_, "--name=worker-2"}));
   CliResult watch = Cli({"watch", job}, absl::Seconds(180));
-  EXPECT_EQ(watch.code, 0) << watch.out << Cli({"status", job}).out;
+  EXPECT_EQ(watch.code, 0) << watch.out << Cli({"status", job}).out << Cli({"cluster"}).out << Logs();
   st = Cli({"status", job, "-o", "json"});
   EXPECT_NE(st.out.find("\"reason\": \"Restored\""), std::string::npos) << st.out;
   EXPECT_NE(st.out.find("worker-2"), std::string::npos) << st.out;
@@ -412,7 +425,7 @@ TEST_F(ControlPlaneTest, SigtermOnAShardCheckpointsTheJobBeforeItGoes) {
   EXPECT_NE(st.out.find("\"reason\": \"MemberLeft\""), std::string::npos) << st.out;
   StartPool(1, 0, /*first_shard=*/9);
   CliResult watch = Cli({"watch", job}, absl::Seconds(180));
-  EXPECT_EQ(watch.code, 0) << watch.out << Cli({"status", job}).out;
+  EXPECT_EQ(watch.code, 0) << watch.out << Cli({"status", job}).out << Cli({"cluster"}).out << Logs();
   EXPECT_NE(Cli({"status", job}).out.find("shard-9"), std::string::npos);
 }
 

@@ -18,8 +18,8 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "common/file_util.h"
-#include "common/malloc_tuning.h"
 #include "common/env_flags.h"
+#include "common/malloc_tuning.h"
 #include "common/metrics_server.h"
 #include "rpc/cluster_member.h"
 #include "rpc/grpc_server.h"
@@ -163,6 +163,13 @@ int main(int argc, char** argv) {
     while (member->job_id() == job && absl::Now() < deadline) {
       if (sigtimedwait(&stop, nullptr, &tick) > 0) break;
     }
+    // Its table goes now (the coordinator drops it too): a worker still
+    // waiting on it gets a final error at once, not UNAVAILABLE, which it
+    // would retry against this shard until its deadline.
+    pstrain::DropTableRequest drop;
+    drop.set_job(job);
+    pstrain::DropTableResponse dropped;
+    (void)pstrain::WaitFor([&](pstrain::StatusCallback done) { store.DropTable(drop, &dropped, {}, done); });
   }
   if (member) member->Stop();
   spdlog::info("pstrain-ps: signal {}, draining", sig);

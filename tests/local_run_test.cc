@@ -157,6 +157,23 @@ log_every_steps: 10
   EXPECT_NE(log.find("a peer left"), std::string::npos) << log;
 }
 
+// backend: nccl needs CUDA tensors; this trainer keeps them on the CPU, so
+// the job is refused before training starts, saying why.
+TEST(LocalRunTest, AllReduceNcclOnTheCpuTrainerIsAClearError) {
+  const std::string dir = MakeTempDir("allreduce-nccl");
+  const std::string spec = WriteSpec(dir, "name: n\nmode: allreduce\nbackend: nccl\nmodel: mlp\nworkers: 1\n"
+                                          "data: {format: synthetic}\n");
+  const int port = 20000 + (getpid() + 7) % 20000;
+  auto child = ChildProcess::Start({"/usr/bin/env", "RANK=0", "WORLD_SIZE=1", "MASTER_ADDR=127.0.0.1",
+                                    "MASTER_PORT=" + std::to_string(port), "worker/pstrain-worker",
+                                    "--spec=" + spec, "--gloo_hostname=127.0.0.1"},
+                                   dir + "/worker.log");
+  ASSERT_TRUE(child.ok());
+  EXPECT_EQ((*child)->Wait(absl::Seconds(60)), 1);
+  const std::string log = ReadFile(dir + "/worker.log").value_or("");
+  EXPECT_NE(log.find("backend nccl: this worker trains on the CPU"), std::string::npos) << log;
+}
+
 TEST(LocalRunTest, CtrlCStopsEveryChildAndExits130) {
   const std::string dir = MakeTempDir("local-interrupt");
   const std::string spec = WriteSpec(dir, R"(

@@ -21,10 +21,17 @@ class MemberKvStore : public KeyValueStore {
   ClusterMember* member_;
 };
 
-std::string ResolveBackend(const std::string& backend) {
-  if (backend != "auto") return backend;
-  // The trainer keeps its tensors on the CPU; NCCL needs CUDA tensors.
-  return "gloo";
+// The trainer keeps its tensors on the CPU, and NCCL reduces CUDA tensors:
+// until the trainer places models on GPUs, jobs use gloo ("auto" too), and
+// asking for nccl is refused before anything starts rather than failing at
+// the first reduction.
+absl::StatusOr<std::string> ResolveBackend(const std::string& backend) {
+  if (backend == "nccl") {
+    return absl::FailedPreconditionError(
+        "backend nccl: this worker trains on the CPU (placing the model on a GPU is not implemented yet), and "
+        "NCCL reduces CUDA tensors only; use backend gloo or auto");
+  }
+  return std::string("gloo");
 }
 
 }  // namespace
@@ -54,7 +61,9 @@ absl::StatusOr<std::unique_ptr<AllReduceSetup>> AllReduceSetup::Create(const All
   co.hostname = options.gloo_hostname;
   co.interface = options.gloo_interface;
   co.device = options.local_rank;
-  auto collective = CreateCollective(ResolveBackend(options.spec.backend), co);
+  auto backend = ResolveBackend(options.spec.backend);
+  if (!backend.ok()) return backend.status();
+  auto collective = CreateCollective(*backend, co);
   if (!collective.ok()) return collective.status();
   s->collective_ = std::move(*collective);
   s->local_ = std::make_unique<ShardStore>(ShardStoreOptions{});

@@ -15,10 +15,22 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 BIN=$PWD/bazel-bin
-if [ "$(id -u)" -ne 0 ] || ! ip netns list >/dev/null 2>&1; then
-  echo "pods test: SKIPPED: needs root and iproute2 for network namespaces"
+# The test needs to create network namespaces, veth pairs, a bridge and UTS
+# namespaces; where it may not (not root, a container without
+# CAP_NET_ADMIN/CAP_SYS_ADMIN) it says so and skips.
+probe=pstprobe$$
+if [ "$(id -u)" -ne 0 ] || ! ip netns add "$probe" 2>/dev/null; then
+  echo "pods test: SKIPPED: cannot create network namespaces here (needs root with CAP_NET_ADMIN and iproute2)"
   exit 0
 fi
+if ! ip link add "${probe}b" type bridge 2>/dev/null || ! ip netns exec "$probe" unshare --uts true 2>/dev/null; then
+  ip link del "${probe}b" 2>/dev/null || true
+  ip netns del "$probe"
+  echo "pods test: SKIPPED: cannot create a bridge or a UTS namespace here (needs CAP_NET_ADMIN and CAP_SYS_ADMIN)"
+  exit 0
+fi
+ip link del "${probe}b"
+ip netns del "$probe"
 for b in server/coordinator/pstrain-coordinator server/ps/pstrain-ps worker/pstrain-worker client/pstrain; do
   [ -x "$BIN/$b" ] || { echo "test_pods: $BIN/$b is not built (bazel build //...)"; exit 2; }
 done

@@ -18,6 +18,10 @@ absl::Status WriteManifest(const std::string& dir, const CheckpointManifest& m) 
   j["created_unix_ms"] = m.created_unix_ms;
   j["spec_yaml"] = m.spec_yaml;
   j["chunk_bytes"] = m.chunk_bytes;
+  // Empty lists are written as [] (the reader requires every key).
+  j["params"] = nlohmann::json::array();
+  j["workers"] = nlohmann::json::array();
+  j["shards"] = nlohmann::json::array();
   for (const ParameterSpec& p : m.params) {
     j["params"].push_back({{"name", p.name}, {"shape", p.shape}, {"dtype", static_cast<int>(p.dtype)}});
   }

@@ -180,8 +180,13 @@ void Coordinator::DropTables(const JobStatus& st) {
   });
 }
 
+std::string Coordinator::ResumePoint(const Job& job) {
+  const JobStatus& st = job.stored.status;
+  return st.last_checkpoint().empty() ? st.resumed_from() : st.last_checkpoint();
+}
+
 bool Coordinator::CanRestart(const Job& job) const {
-  return !job.stored.status.last_checkpoint().empty() && job.stored.status.restarts() < job.spec.max_restarts;
+  return !ResumePoint(job).empty() && job.stored.status.restarts() < job.spec.max_restarts;
 }
 
 void Coordinator::Requeue(Job& job, const std::string& reason, const std::string& message) {
@@ -198,7 +203,7 @@ void Coordinator::Requeue(Job& job, const std::string& reason, const std::string
   }
   st.clear_members();
   st.clear_workers();
-  st.set_resumed_from(st.last_checkpoint());
+  st.set_resumed_from(ResumePoint(job));
   job.done_ranks.clear();
   job.paused.clear();
   job.pause_requested = false;
@@ -209,7 +214,7 @@ void Coordinator::Requeue(Job& job, const std::string& reason, const std::string
   kv_.erase(st.job_id());
   Transition(job, PENDING, reason,
              absl::StrCat(message, "; restart ", st.restarts(), " of at most ", job.spec.max_restarts,
-                          " will resume from ", st.last_checkpoint()));
+                          " will resume from ", st.resumed_from()));
 }
 
 void Coordinator::Drain(const std::string& job_id, const std::string& who) {
@@ -635,7 +640,7 @@ void Coordinator::ExpireLeases() {
           Requeue(job, "MemberLost", what);
         } else {
           Transition(job, FAILED, "MemberLost",
-                     absl::StrCat(what, job.stored.status.last_checkpoint().empty()
+                     absl::StrCat(what, ResumePoint(job).empty()
                                             ? " (no checkpoint to restart from)"
                                             : " (no restarts left)"));
         }
@@ -1001,7 +1006,14 @@ void Coordinator::Restore(const std::string& job_id) {
   if (job == nullptr) return;
   job->restoring = false;
   if (!status.ok()) {
-    Transition(*job, FAILED, "RestoreFailed", absl::StrCat("cannot restore from ", dir, ": ", status.message()));
+    const std::string what = absl::StrCat("cannot restore from ", dir, ": ", status.message());
+    // A shard that went away (not a bad checkpoint) is worth another try
+    // on whichever shards are alive then.
+    if ((absl::IsUnavailable(status) || absl::IsDeadlineExceeded(status)) && CanRestart(*job)) {
+      Requeue(*job, "RestoreFailed", what);
+    } else {
+      Transition(*job, FAILED, "RestoreFailed", what);
+    }
     Schedule();
     return;
   }

@@ -122,6 +122,9 @@ class Coordinator {
   // members are free then; its current members are told to stop.
   void Requeue(Job& job, const std::string& reason, const std::string& message) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool CanRestart(const Job& job) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Where a requeued job resumes: its newest checkpoint, else the one it
+  // was started from.
+  static std::string ResumePoint(const Job& job);
   // A worker is shutting down (SIGTERM): checkpoint the job, then requeue it.
   void Drain(const std::string& job_id, const std::string& who);
   // The shards free the job's table (in the background).

@@ -3,7 +3,10 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
 #include <thread>
+
+#include "common/checkpoint_manifest.h"
 
 namespace pstrain {
 namespace {
@@ -198,6 +201,54 @@ TEST_F(CoordinatorTest, RunningJobFailsIfItsMembersDoNotComeBackAfterARestart) {
   absl::SleepFor(absl::Milliseconds(10200));  // past the re-attach window (10 s at least)
   c->Tick();
   EXPECT_EQ(State(*c, job), FAILED);
+}
+
+// Restoring onto a shard that cannot be reached (gone since it was
+// scheduled) is retried as a restart, at most max_restarts times, then the
+// job fails saying why.
+TEST_F(CoordinatorTest, RestoreOntoAnUnreachableShardIsRetriedThenFails) {
+  const std::string dir = std::string(getenv("TEST_TMPDIR") ? getenv("TEST_TMPDIR") : "/tmp") + "/ckpt-5";
+  std::filesystem::create_directories(dir);
+  {
+    std::ofstream f(dir + "/shard-0.bin");
+    f << "0123456789";
+  }
+  CheckpointManifest m;
+  m.job = "job-1";
+  m.name = "t";
+  m.step = 5;
+  m.spec_yaml = "name: t\nworkers: 1\nshards: 1\nmax_restarts: 2\ndata: {format: synthetic}\n";
+  m.chunk_bytes = 4 << 20;
+  m.params.push_back({"w", {2}, DT_FLOAT32});
+  m.shards.push_back({0, "shard-0.bin", 10, 0});
+  ASSERT_TRUE(WriteManifest(dir, m).ok());
+  auto c = Make();
+  const std::string s0 = Join(*c, "shard", "shard-0");  // at 127.0.0.1:10, where nothing listens
+  const std::string w0 = Join(*c, "worker", "worker-0");
+  SubmitJobRequest req;
+  req.set_resume_from(dir);
+  auto job = c->SubmitJob(req);
+  ASSERT_TRUE(job.ok()) << job.status();
+  const absl::Time deadline = absl::Now() + absl::Seconds(50);
+  while (State(*c, *job) != FAILED && absl::Now() < deadline) {
+    // Both members stay alive; the worker runs nothing (so a requeued
+    // attempt releases it at once).
+    for (const std::string& m : {s0, w0}) {
+      HeartbeatRequest hb;
+      hb.set_member_id(m);
+      ASSERT_TRUE(c->Heartbeat(hb).ok());
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  auto st = c->GetJob(*job);
+  ASSERT_EQ(st->state(), FAILED);
+  EXPECT_EQ(st->restarts(), 2);
+  int requeued = 0;
+  for (const auto& cond : st->conditions()) requeued += cond.reason() == "RestoreFailed" && cond.state() == PENDING;
+  EXPECT_EQ(requeued, 2);
+  EXPECT_EQ(st->conditions().rbegin()->reason(), "RestoreFailed");
+  EXPECT_NE(st->conditions().rbegin()->message().find("shard 0"), std::string::npos)
+      << st->conditions().rbegin()->message();
 }
 
 TEST_F(CoordinatorTest, SpecErrorsAreRefusedAtSubmit) {

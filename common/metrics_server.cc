@@ -3,10 +3,12 @@
 #include <prometheus/exposer.h>
 
 #include "absl/strings/str_cat.h"
+#include "common/file_util.h"
 
 namespace pstrain {
 
-absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::string& host, int port) {
+absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::string& host, int port,
+                                                                     const std::string& port_file) {
   std::unique_ptr<MetricsServer> m(new MetricsServer());
   try {
     // civetweb wants a bare port for "every interface".
@@ -20,6 +22,10 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::s
   m->port_ = ports.front();
   m->registry_ = std::make_shared<prometheus::Registry>();
   m->exposer_->RegisterCollectable(m->registry_);
+  if (!port_file.empty()) {
+    absl::Status s = WriteFileAtomically(port_file, absl::StrCat("127.0.0.1:", m->port_, "\n"));
+    if (!s.ok()) return s;
+  }
   return m;
 }
 

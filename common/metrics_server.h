@@ -21,7 +21,8 @@ namespace pstrain {
 
 class MetricsServer {
  public:
-  static absl::StatusOr<std::unique_ptr<MetricsServer>> Start(const std::string& host, int port);
+  static absl::StatusOr<std::unique_ptr<MetricsServer>> Start(const std::string& host, int port,
+                                                              const std::string& port_file = "");
   ~MetricsServer();
 
   int port() const { return port_; }

@@ -1,6 +1,8 @@
 #include "rpc/grpc_remote_shard.h"
 
 #include <algorithm>
+#include <map>
+#include <mutex>
 
 #include "absl/strings/str_cat.h"
 #include "rpc/grpc_channel.h"
@@ -139,6 +141,17 @@ void GrpcRemoteShard::LoadTable(const LoadTableRequest& request, LoadTableRespon
 void GrpcRemoteShard::DropTable(const DropTableRequest& request, DropTableResponse* response,
                                 const CallOptions& options, StatusCallback done) {
   Start("DropTable", request, {}, response, nullptr, options, std::move(done));
+}
+
+GrpcRemoteShard* SharedRemoteShard(const RemoteShardOptions& options) {
+  static std::mutex mu;
+  static auto* clients = new std::map<std::string, std::unique_ptr<GrpcRemoteShard>>();
+  const std::string key = absl::StrCat(options.target, "|", absl::FormatDuration(options.default_timeout), "|",
+                                       options.max_attempts, "|", options.max_message_bytes);
+  std::lock_guard<std::mutex> lock(mu);
+  auto& client = (*clients)[key];
+  if (client == nullptr) client = std::make_unique<GrpcRemoteShard>(options);
+  return client.get();
 }
 
 }  // namespace pstrain

@@ -69,6 +69,15 @@ class GrpcRemoteShard : public ParameterStore {
   std::unique_ptr<RetryTimer> retry_timer_;
 };
 
+// The client for `options` that this process shares, created on first use
+// and never destroyed (nor torn down at exit). Destroying a client while
+// gRPC's callback threads were still finishing its last calls crashed
+// processes ("assertion failed: prior > 0" in gRPC's ref_counted.h, seen in
+// a worker whose job was stopped with calls in flight); long-lived
+// processes that talk to changing shards use this instead of their own
+// short-lived clients. Keyed by target, default timeout and attempts.
+GrpcRemoteShard* SharedRemoteShard(const RemoteShardOptions& options);
+
 }  // namespace pstrain
 
 #endif  // PSTRAIN_RPC_GRPC_REMOTE_SHARD_H_

@@ -138,6 +138,15 @@ class ControlPlaneTest : public ::testing::Test {
     return m[1];
   }
 
+  // A SYNC job of 2 workers and 1 shard, long enough to be drained mid-run.
+  std::string DrainSpec() {
+    const std::string path = dir_ + "/drain.yaml";
+    EXPECT_TRUE(WriteFileAtomically(path, "name: drain\nmodel: mlp\nconsistency: sync\nworkers: 2\nshards: 1\n"
+                                          "data: {format: synthetic, synthetic_train: 60000}\nepochs: 100\n"
+                                          "max_steps: 600\nbatch_size: 16\nlog_every_steps: 5\n").ok());
+    return path;
+  }
+
   // The last lines of every process's log, for failure messages.
   std::string Logs() {
     std::string out;
@@ -383,11 +392,7 @@ TEST_F(ControlPlaneTest, RepeatedCheckpointsOfASyncJobSucceed) {
 // checkpointed, the worker exits 0, the job waits for a replacement and
 // resumes from that checkpoint on it.
 TEST_F(ControlPlaneTest, SigtermDrainsAWorkerAndTheJobResumesOnAReplacement) {
-  const std::string spec = dir_ + "/drain.yaml";
-  ASSERT_TRUE(WriteFileAtomically(spec, "name: drain\nmodel: mlp\nconsistency: sync\nworkers: 2\nshards: 1\n"
-                                        "data: {format: synthetic, synthetic_train: 60000}\nepochs: 100\n"
-                                        "max_steps: 600\nbatch_size: 16\nlog_every_steps: 5\n").ok());
-  const std::string job = Submit(spec);
+  const std::string job = Submit(DrainSpec());
   ASSERT_NO_FATAL_FAILURE(WaitForStep(job, 40, absl::Seconds(60)));
   ChildProcess& leaving = *pool_[2];  // worker-1
   leaving.Signal(SIGTERM);
@@ -410,11 +415,7 @@ TEST_F(ControlPlaneTest, SigtermDrainsAWorkerAndTheJobResumesOnAReplacement) {
 // shard still serves, requeued, and the shard exits 0; the job resumes on
 // a replacement shard.
 TEST_F(ControlPlaneTest, SigtermOnAShardCheckpointsTheJobBeforeItGoes) {
-  const std::string spec = dir_ + "/drain-shard.yaml";
-  ASSERT_TRUE(WriteFileAtomically(spec, "name: drain\nmodel: mlp\nconsistency: sync\nworkers: 2\nshards: 1\n"
-                                        "data: {format: synthetic, synthetic_train: 60000}\nepochs: 100\n"
-                                        "max_steps: 600\nbatch_size: 16\nlog_every_steps: 5\n").ok());
-  const std::string job = Submit(spec);
+  const std::string job = Submit(DrainSpec());
   ASSERT_NO_FATAL_FAILURE(WaitForStep(job, 40));
   ChildProcess& shard = *pool_[0];  // shard-0
   shard.Signal(SIGTERM);

@@ -22,6 +22,7 @@
 #include <atomic>
 #include <cstdio>
 #include <iostream>
+#include <map>
 #include <mutex>
 
 #include "absl/flags/flag.h"
@@ -130,7 +131,6 @@ absl::Status RunJob(pstrain::JobSpec spec, int rank, int world_size, const std::
   options.spec = spec;
   options.rank = rank;
   options.world_size = world_size;
-  std::vector<std::unique_ptr<pstrain::GrpcRemoteShard>> remotes;
   std::unique_ptr<pstrain::AllReduceSetup> allreduce;
   if (spec.mode == "allreduce") {
     pstrain::AllReduceOptions ao;
@@ -157,8 +157,7 @@ absl::Status RunJob(pstrain::JobSpec spec, int rank, int world_size, const std::
     pstrain::RemoteShardOptions ro;
     ro.target = t;
     ro.default_timeout = absl::Seconds(absl::GetFlag(FLAGS_rpc_timeout_s));
-    remotes.push_back(std::make_unique<pstrain::GrpcRemoteShard>(ro));
-    options.shards.push_back(remotes.back().get());
+    options.shards.push_back(pstrain::SharedRemoteShard(ro));  // outlives the job: see SharedRemoteShard
   }
   options.emit = emit;
   options.write_weights = rank == 0;
@@ -364,7 +363,8 @@ int Main(int argc, char** argv) {
   std::unique_ptr<pstrain::MetricsServer> metrics_server;
   std::unique_ptr<pstrain::WorkerMetrics> metrics;
   if (absl::GetFlag(FLAGS_metrics_port) >= 0) {
-    auto m = pstrain::MetricsServer::Start(absl::GetFlag(FLAGS_metrics_host), absl::GetFlag(FLAGS_metrics_port));
+    auto m = pstrain::MetricsServer::Start(absl::GetFlag(FLAGS_metrics_host), absl::GetFlag(FLAGS_metrics_port),
+                                           absl::GetFlag(FLAGS_metrics_port_file));
     if (!m.ok()) {
       std::fprintf(stderr, "pstrain-worker: %s\n", std::string(m.status().message()).c_str());
       return 1;
@@ -372,11 +372,6 @@ int Main(int argc, char** argv) {
     metrics_server = std::move(*m);
     metrics = std::make_unique<pstrain::WorkerMetrics>(metrics_server->registry());
     spdlog::info("pstrain-worker: Prometheus metrics on port {}", metrics_server->port());
-    if (!absl::GetFlag(FLAGS_metrics_port_file).empty()) {
-      absl::Status s = pstrain::WriteFileAtomically(absl::GetFlag(FLAGS_metrics_port_file),
-                                                    absl::StrCat("127.0.0.1:", metrics_server->port(), "\n"));
-      if (!s.ok()) spdlog::warn("pstrain-worker: {}", s.ToString());
-    }
   }
   if (!absl::GetFlag(FLAGS_coordinator).empty()) return RunPoolMember(metrics.get());
 

@@ -170,7 +170,7 @@ void Coordinator::DropTables(const JobStatus& st) {
       ro.target = a;
       ro.default_timeout = absl::Seconds(10);
       ro.max_attempts = 2;
-      GrpcRemoteShard client(ro);
+      GrpcRemoteShard& client = *SharedRemoteShard(ro);
       DropTableRequest req;
       req.set_job(id);
       DropTableResponse resp;
@@ -894,20 +894,19 @@ absl::StatusOr<CheckpointResponse> Coordinator::Checkpoint(const std::string& jo
     }
   }
   if (status.ok() && !allreduce) {
-    std::vector<std::unique_ptr<GrpcRemoteShard>> clients;
     std::mutex done_mu;
     std::condition_variable done_cv;
     size_t pending = shards.size();
     for (size_t i = 0; i < shards.size(); ++i) {
       RemoteShardOptions ro;
       ro.target = shards[i];
-      clients.push_back(std::make_unique<GrpcRemoteShard>(ro));
+      GrpcRemoteShard* client = SharedRemoteShard(ro);
       SaveTableRequest req;
       req.set_job(job_id);
       req.set_path(absl::StrCat(tmp, "/shard-", i, ".bin"));
       CallOptions opts;
       opts.deadline = absl::Now() + absl::Minutes(10);
-      clients.back()->SaveTable(req, &saved[i], opts, [&, i](absl::Status s) {
+      client->SaveTable(req, &saved[i], opts, [&, i](absl::Status s) {
         std::lock_guard<std::mutex> l(done_mu);
         if (!s.ok() && status.ok()) status = absl::Status(s.code(), absl::StrCat("shard ", i, ": ", s.message()));
         if (--pending == 0) done_cv.notify_all();
@@ -984,7 +983,7 @@ void Coordinator::Restore(const std::string& job_id) {
     if (!plan.ok()) status = plan.status();
   }
   for (size_t i = 0; status.ok() && i < shards.size(); ++i) {
-    GrpcRemoteShard client(RemoteShardOptions{shards[i]});
+    GrpcRemoteShard& client = *SharedRemoteShard(RemoteShardOptions{shards[i]});
     LoadTableRequest req;
     req.set_job(job_id);
     *req.mutable_config() = MakeTableConfig(spec);

@@ -88,7 +88,8 @@ int main(int argc, char** argv) {
   std::unique_ptr<pstrain::MetricsServer> metrics;
   std::shared_ptr<pstrain::CoordinatorMetrics> collector;
   if (absl::GetFlag(FLAGS_metrics_port) >= 0) {
-    auto m = pstrain::MetricsServer::Start(absl::GetFlag(FLAGS_host), absl::GetFlag(FLAGS_metrics_port));
+    auto m = pstrain::MetricsServer::Start(absl::GetFlag(FLAGS_host), absl::GetFlag(FLAGS_metrics_port),
+                                           absl::GetFlag(FLAGS_metrics_port_file));
     if (!m.ok()) {
       spdlog::error("pstrain-coordinator: {}", m.status().ToString());
       return 1;
@@ -97,14 +98,6 @@ int main(int argc, char** argv) {
     collector = std::make_shared<pstrain::CoordinatorMetrics>(coordinator->get());
     metrics->Add(collector);
     spdlog::info("pstrain-coordinator: Prometheus metrics on port {}", metrics->port());
-    if (!absl::GetFlag(FLAGS_metrics_port_file).empty()) {
-      absl::Status s = pstrain::WriteFileAtomically(absl::GetFlag(FLAGS_metrics_port_file),
-                                                    absl::StrCat("127.0.0.1:", metrics->port(), "\n"));
-      if (!s.ok()) {
-        spdlog::error("pstrain-coordinator: {}", s.ToString());
-        return 1;
-      }
-    }
   }
 
   int sig = 0;

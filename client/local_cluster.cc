@@ -115,7 +115,8 @@ absl::StatusOr<JobStatus> LocalCluster::Run(const std::function<void(const JobSt
   absl::Status s = Spawn("coordinator", {options_.coordinator_binary, "--host=127.0.0.1", "--port=0",
                                          "--port_file=" + coord_file,
                                          "--db=" + options_.output_dir + "/coordinator.db",
-                                         "--heartbeat_ms=200", "--missed_heartbeats=10"});
+                                         "--heartbeat_ms=200", "--missed_heartbeats=10",
+                                         "--checkpoint_root=" + options_.output_dir});
   if (!s.ok()) return s;
   auto address = WaitForAddress(coord_file, children_.back(), stop_requested);
   if (!address.ok()) return address.status();
@@ -124,7 +125,8 @@ absl::StatusOr<JobStatus> LocalCluster::Run(const std::function<void(const JobSt
     s = Spawn(absl::StrCat("shard-", i),
               {options_.ps_binary, "--host=127.0.0.1", "--port=0", "--advertise_host=127.0.0.1",
                "--coordinator=" + coordinator_, absl::StrCat("--name=shard-", i),
-               absl::StrCat("--shard_index=", i), absl::StrCat("--num_shards=", spec.shards)});
+               absl::StrCat("--shard_index=", i), absl::StrCat("--num_shards=", spec.shards),
+               "--checkpoint_root=" + options_.output_dir});
     if (!s.ok()) return s;
   }
   for (int r = 0; r < spec.workers; ++r) {

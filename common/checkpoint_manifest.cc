@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/file_util.h"
+#include "common/quote.h"
 
 namespace pstrain {
 
@@ -36,7 +37,12 @@ absl::Status WriteManifest(const std::string& dir, const CheckpointManifest& m) 
 
 absl::StatusOr<CheckpointManifest> ReadManifest(const std::string& dir) {
   const std::string path = dir + "/" + kManifestName;
-  absl::StatusOr<std::string> text = ReadFile(path);
+  // A manifest is a few KiB per parameter; 64 MiB bounds what a crafted one
+  // can make us buffer.
+  absl::StatusOr<std::string> text = ReadRegularFile(path, 64 << 20);
+  if (!text.ok() && !absl::IsNotFound(text.status())) {
+    return absl::DataLossError(absl::StrCat(Quote(dir, 256), ": ", text.status().message()));
+  }
   if (!text.ok()) {
     return absl::NotFoundError(absl::StrCat(dir, " is not a checkpoint: it has no ", kManifestName,
                                             " (an interrupted checkpoint never gets one)"));
@@ -75,6 +81,13 @@ absl::StatusOr<CheckpointManifest> ReadManifest(const std::string& dir) {
     return absl::DataLossError(absl::StrCat(path, " lists no parameters or no shard files"));
   }
   for (const auto& s : m.shards) {
+    // Shard files lie in the checkpoint directory itself.
+    if (s.file.empty() || s.file.size() > 255 || s.file.find('/') != std::string::npos || s.file == "." ||
+        s.file == ".." || s.file.find('\0') != std::string::npos) {
+      return absl::DataLossError(absl::StrCat(path, " names a shard file '", Quote(s.file),
+                                              "' outside its directory"));
+    }
+    if (s.bytes == 0) return absl::DataLossError(absl::StrCat(path, " gives shard file ", s.file, " no size"));
     std::error_code ec;
     const auto size = std::filesystem::file_size(dir + "/" + s.file, ec);
     if (ec) return absl::DataLossError(absl::StrCat("checkpoint ", dir, " is missing ", s.file));

@@ -48,6 +48,7 @@ absl::Status ClusterMember::RegisterOnce() {
     std::lock_guard<std::mutex> lock(mu_);
     req.set_job_id(job_id_);
     req.set_rank(rank_);
+    req.set_attempt(attempt_);
   }
   RegisterResponse resp;
   grpc::ClientContext ctx;
@@ -91,6 +92,7 @@ void ClusterMember::HeartbeatLoop() {
     HeartbeatRequest req;
     req.set_member_id(member_id_);
     req.set_running_job_id(job_id_);
+    req.set_running_attempt(attempt_);
     lock.unlock();
     HeartbeatResponse resp;
     grpc::ClientContext ctx;
@@ -111,6 +113,7 @@ void ClusterMember::HeartbeatLoop() {
       // A shard serves whatever job it is assigned; remembering it lets a
       // restarted coordinator re-attach the shard to its running job.
       job_id_ = resp.job_id();
+      attempt_ = resp.attempt();
     }
     if (resp.cancel_job() && !cancelled_.exchange(true)) {
       spdlog::warn("{} {}: job {} is no longer assigned here; stopping it", options_.role,
@@ -119,10 +122,11 @@ void ClusterMember::HeartbeatLoop() {
   }
 }
 
-void ClusterMember::SetRunning(const std::string& job_id, int rank) {
+void ClusterMember::SetRunning(const std::string& job_id, int rank, uint64_t attempt) {
   std::lock_guard<std::mutex> lock(mu_);
   job_id_ = job_id;
   rank_ = rank;
+  attempt_ = attempt;
   cancelled_ = false;
 }
 
@@ -131,13 +135,13 @@ void ClusterMember::Report(const std::string& event_json) {
   if (events_.size() >= kMaxQueuedEvents) {
     // Drop the oldest progress report, never a result.
     for (auto it = events_.begin(); it != events_.end(); ++it) {
-      if (it->second.find("\"progress\"") != std::string::npos) {
+      if (it->json.find("\"progress\"") != std::string::npos) {
         events_.erase(it);
         break;
       }
     }
   }
-  events_.emplace_back(job_id_, event_json);
+  events_.push_back(Event{job_id_, attempt_, event_json});
   cv_.notify_all();
 }
 
@@ -152,10 +156,12 @@ void ClusterMember::SenderLoop() {
     cv_.wait(lock, [&] { return stop_ || !events_.empty(); });
     if (events_.empty() && stop_) break;
     if (stop_ && !started_) break;
-    auto [job, json] = events_.front();
+    const Event event = events_.front();
+    const std::string& json = event.json;
     ReportProgressRequest req;
     req.set_member_id(member_id_);
-    req.set_job_id(job);
+    req.set_job_id(event.job);
+    req.set_attempt(event.attempt);
     req.set_event_json(json);
     lock.unlock();
     ReportProgressResponse resp;
@@ -164,7 +170,9 @@ void ClusterMember::SenderLoop() {
     grpc::Status s = stub_->ReportProgress(&ctx, req, &resp);
     lock.lock();
     const bool progress = json.find("\"progress\"") != std::string::npos;
-    if (s.ok() || progress || s.error_code() == grpc::StatusCode::INVALID_ARGUMENT) {
+    // A refused event (bad, or of an ended attempt) is not sent again.
+    if (s.ok() || progress || s.error_code() == grpc::StatusCode::INVALID_ARGUMENT ||
+        s.error_code() == grpc::StatusCode::ABORTED) {
       events_.pop_front();
       cv_.notify_all();
     } else {
@@ -199,6 +207,7 @@ absl::StatusOr<int64_t> ClusterMember::KvAdd(const std::string& key, int64_t del
   {
     std::lock_guard<std::mutex> lock(mu_);
     req.set_job_id(job_id_);
+    req.set_attempt(attempt_);
   }
   req.set_key(key);
   req.set_delta(delta);
@@ -215,6 +224,7 @@ absl::Status ClusterMember::KvSet(const std::string& key, const std::string& val
   {
     std::lock_guard<std::mutex> lock(mu_);
     req.set_job_id(job_id_);
+    req.set_attempt(attempt_);
   }
   req.set_key(key);
   req.set_value(value);
@@ -229,6 +239,7 @@ absl::StatusOr<std::string> ClusterMember::KvGet(const std::string& key, absl::D
   {
     std::lock_guard<std::mutex> lock(mu_);
     req.set_job_id(job_id_);
+    req.set_attempt(attempt_);
   }
   req.set_key(key);
   req.set_wait_ms(absl::ToInt64Milliseconds(wait));

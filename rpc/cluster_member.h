@@ -49,7 +49,8 @@ class ClusterMember {
 
   // The job this member is working on ("" when idle). A worker sets it; a
   // shard learns it from its heartbeat.
-  void SetRunning(const std::string& job_id, int rank);
+  // `attempt` is the assignment's: every request for the job carries it.
+  void SetRunning(const std::string& job_id, int rank, uint64_t attempt);
   std::string job_id() {
     std::lock_guard<std::mutex> lock(mu_);
     return job_id_;
@@ -91,8 +92,14 @@ class ClusterMember {
   std::string member_id_ ABSL_GUARDED_BY(mu_);
   std::string job_id_ ABSL_GUARDED_BY(mu_);
   int rank_ ABSL_GUARDED_BY(mu_) = -1;
+  uint64_t attempt_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Duration interval_ ABSL_GUARDED_BY(mu_) = absl::Seconds(1);
-  std::deque<std::pair<std::string, std::string>> events_ ABSL_GUARDED_BY(mu_);  // (job, json)
+  struct Event {
+    std::string job;
+    uint64_t attempt = 0;
+    std::string json;
+  };
+  std::deque<Event> events_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   bool started_ = false;
   std::thread heartbeat_;

@@ -180,6 +180,10 @@ class SliceReader {
   size_t offset_ = 0;
 };
 
+// More dimensions than any tensor has: a shape of millions of one-byte
+// varints would otherwise cost 8 bytes of memory per byte received.
+constexpr size_t kMaxDims = 64;
+
 absl::Status Malformed(const std::string& what) {
   return absl::InvalidArgumentError(absl::StrCat("malformed message: ", what));
 }
@@ -191,7 +195,14 @@ absl::Status ReadTensor(SliceReader* r, size_t len, size_t index, const TensorBu
                         TensorBuffer* t) {
   const size_t end = r->pos() + len;
   const std::string what = absl::StrCat("tensor ", index);
+  // Bytes left in this record; 0 once a varint has run past its end (which
+  // the loop then reports): never a wrapped-around size_t.
+  auto left = [&] { return r->pos() < end ? end - r->pos() : 0; };
   bool have_data = false;
+  // The dtype the NaN/Inf check of the data ran with: fields may come in
+  // any order (a dtype after the data is valid protobuf), so the check
+  // counts only if the final dtype is the one it used.
+  DataType checked_as = DT_INVALID;
   while (r->pos() < end) {
     uint64_t tag;
     if (!r->ReadVarint(&tag)) return Malformed(what + ": truncated field tag");
@@ -203,23 +214,26 @@ absl::Status ReadTensor(SliceReader* r, size_t len, size_t index, const TensorBu
       t->dtype = static_cast<DataType>(static_cast<int>(v));
     } else if (field == kShapeField && wt == kLengthDelimited) {
       uint64_t n;
-      if (!r->ReadVarint(&n) || n > end - r->pos()) return Malformed(what + ": truncated shape");
+      if (!r->ReadVarint(&n) || n > left()) return Malformed(what + ": truncated shape");
       const size_t shape_end = r->pos() + n;
       while (r->pos() < shape_end) {
         uint64_t d;
         if (!r->ReadVarint(&d)) return Malformed(what + ": truncated shape");
         t->shape.push_back(static_cast<int64_t>(d));
+        if (t->shape.size() > kMaxDims) return Malformed(absl::StrCat(what, ": more than ", kMaxDims, " dimensions"));
       }
       if (r->pos() != shape_end) return Malformed(what + ": shape overruns its length");
     } else if (field == kShapeField && wt == kVarint) {
       uint64_t d;
       if (!r->ReadVarint(&d)) return Malformed(what + ": truncated shape");
       t->shape.push_back(static_cast<int64_t>(d));
+      if (t->shape.size() > kMaxDims) return Malformed(absl::StrCat(what, ": more than ", kMaxDims, " dimensions"));
     } else if (field == kDataField && wt == kLengthDelimited) {
       uint64_t n;
-      if (!r->ReadVarint(&n) || n > end - r->pos()) return Malformed(what + ": truncated data");
+      if (!r->ReadVarint(&n) || n > left()) return Malformed(what + ": truncated data");
       // Protobuf semantics: the last occurrence wins.
       have_data = true;
+      t->known_finite = false;
       // Resolve the bytes now, while the reader is here.
       size_t elem = DataTypeSize(t->dtype);
       const grpc::Slice* slice = nullptr;
@@ -239,12 +253,15 @@ absl::Status ReadTensor(SliceReader* r, size_t len, size_t index, const TensorBu
         t->owner = std::make_shared<grpc::Slice>(*slice);  // a reference, not a copy
         r->Skip(n);
       } else {
-        TensorBuffer copy = TensorBuffer::Allocate(DT_UINT8, {static_cast<int64_t>(n)});
+        absl::StatusOr<TensorBuffer> buffer = TensorBuffer::TryAllocate(DT_UINT8, {static_cast<int64_t>(n)});
+        if (!buffer.ok()) return buffer.status();
+        TensorBuffer& copy = *buffer;
         bool finite = false;
         if (!r->CopyToCheckingFinite(n, copy.MutableData(), t->dtype, &finite)) {
           return Malformed(what + ": truncated data");
         }
         t->known_finite = finite;
+        checked_as = t->dtype;
         t->data = copy.data;
         t->nbytes = n;
         t->owner = std::move(copy.owner);
@@ -266,7 +283,7 @@ absl::Status ReadTensor(SliceReader* r, size_t len, size_t index, const TensorBu
         default:
           return Malformed(absl::StrCat(what, ": unsupported wire type ", wt));
       }
-      if (skip > end - r->pos() || !r->Skip(skip)) return Malformed(what + ": truncated field");
+      if (skip > left() || !r->Skip(skip)) return Malformed(what + ": truncated field");
     }
     if (r->pos() > end) return Malformed(what + ": field overruns the tensor");
   }
@@ -274,6 +291,8 @@ absl::Status ReadTensor(SliceReader* r, size_t len, size_t index, const TensorBu
     t->data = nullptr;
     t->nbytes = 0;
   }
+  // Decided only now that the whole record is parsed.
+  if (t->known_finite && t->dtype != checked_as) t->known_finite = false;
   if (dest != nullptr && (t->dtype != dest->dtype || (!have_data && dest->nbytes != 0))) {
     return Malformed(absl::StrCat(what, " is ", DataTypeName(t->dtype), " of ", t->nbytes,
                                   " bytes where ", DataTypeName(dest->dtype), " of ",

@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <new>
 #include <limits>
 
 #include "absl/strings/str_cat.h"
@@ -68,6 +69,14 @@ TensorBuffer TensorBuffer::Allocate(DataType dtype, std::vector<int64_t> shape) 
   t.data = static_cast<const uint8_t*>(p);
   t.owner = std::move(owner);
   return t;
+}
+
+absl::StatusOr<TensorBuffer> TensorBuffer::TryAllocate(DataType dtype, std::vector<int64_t> shape) {
+  try {
+    return Allocate(dtype, std::move(shape));
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError("out of memory for a tensor buffer");
+  }
 }
 
 TensorBuffer TensorBuffer::CopyOf(DataType dtype, std::vector<int64_t> shape,

@@ -42,7 +42,10 @@ struct TensorBuffer {
   // A buffer of `nbytes` bytes, aligned for any element type, that this
   // TensorBuffer owns. The caller fills it through MutableData() before
   // sharing the buffer.
+  // Throws std::bad_alloc when memory runs out: servers use TryAllocate.
   static TensorBuffer Allocate(DataType dtype, std::vector<int64_t> shape);
+  // As Allocate, RESOURCE_EXHAUSTED instead of a throw.
+  static absl::StatusOr<TensorBuffer> TryAllocate(DataType dtype, std::vector<int64_t> shape);
   uint8_t* MutableData() const { return const_cast<uint8_t*>(data); }
 
   // A buffer holding a copy of `bytes`.

@@ -56,7 +56,8 @@ class ControlPlaneTest : public ::testing::Test {
     for (int i = first_shard; i < first_shard + shards; ++i) {
       pool_.push_back(Start("shard-" + std::to_string(i),
                             {"server/ps/pstrain-ps", "--host=127.0.0.1", "--port=0", "--advertise_host=127.0.0.1",
-                             "--coordinator=" + coordinator_, "--name=shard-" + std::to_string(i)}));
+                             "--coordinator=" + coordinator_, "--name=shard-" + std::to_string(i),
+                             "--checkpoint_root=" + dir_}));
     }
     for (int r = 0; r < workers; ++r) {
       const std::string name = "worker-" + std::to_string(r);
@@ -91,6 +92,7 @@ class ControlPlaneTest : public ::testing::Test {
     coordinator_process_ = Start("coordinator", {"server/coordinator/pstrain-coordinator", "--host=127.0.0.1",
                                                  "--port=" + std::to_string(port), "--port_file=" + port_file,
                                                  "--db=" + dir_ + "/jobs.db", "--heartbeat_ms=100",
+                                                 "--checkpoint_root=" + dir_,
                                                  "--missed_heartbeats=20", "--metrics_port=0",
                                                  "--metrics_port_file=" + dir_ + "/metrics.addr"});
     auto addr = WaitForAddressFile(port_file, absl::Seconds(30));

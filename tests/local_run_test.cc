@@ -83,11 +83,15 @@ log_every_steps: 25
   ASSERT_TRUE(std::regex_search(run.output, m, std::regex("final test accuracy ([0-9.]+)"))) << run.output;
   EXPECT_GT(std::stod(m[1]), 0.6) << "chance is 0.1\n" << run.output;  // 500 steps of 32
   EXPECT_NE(run.output.find("eval     epoch 1"), std::string::npos) << run.output;
-  ASSERT_TRUE(std::filesystem::exists(dir + "/out/model.pt"));
+  // The weights lie in the job's own directory under the output_dir.
+  std::smatch w;
+  ASSERT_TRUE(std::regex_search(run.output, w, std::regex("weights: (\\S+/out/job-[0-9]+/model.pt)"))) << run.output;
+  const std::string weights = w[1];
+  ASSERT_TRUE(std::filesystem::exists(weights)) << weights;
   // The weights are a file Python's torch.load reads, with the model's
   // parameter names; the model rebuilt in Python from them scores the
   // accuracy the job reported.
-  const std::string cmd = "/usr/bin/python3 tests/eval_exported.py " + dir + "/out/model.pt lenet 2000 > " + dir +
+  const std::string cmd = "/usr/bin/python3 tests/eval_exported.py " + weights + " lenet 2000 > " + dir +
                           "/py.out 2>&1";
   ASSERT_EQ(std::system(cmd.c_str()), 0) << ReadFile(dir + "/py.out").value_or("");
   std::smatch py;

@@ -1,5 +1,7 @@
 #include "worker/allreduce_setup.h"
 
+#include <filesystem>
+
 #include "absl/strings/str_cat.h"
 #include "common/checkpoint_manifest.h"
 #include "nlohmann/json.hpp"
@@ -66,9 +68,27 @@ absl::StatusOr<std::unique_ptr<AllReduceSetup>> AllReduceSetup::Create(const All
   auto collective = CreateCollective(*backend, co);
   if (!collective.ok()) return collective.status();
   s->collective_ = std::move(*collective);
-  s->local_ = std::make_unique<ShardStore>(ShardStoreOptions{});
+  // The local store reads and writes the checkpoint paths the coordinator
+  // (or the resume flag) names: absolute, given relative to "/".
+  ShardStoreOptions local;
+  local.checkpoint_root = "/";
+  s->local_ = std::make_unique<ShardStore>(local);
   return s;
 }
+
+namespace {
+
+// The local store's names are relative to "/": an absolute path without its
+// leading slashes (a relative one is made absolute first).
+std::string RelativeToFilesystemRoot(const std::string& path) {
+  std::error_code ec;
+  std::string abs = std::filesystem::absolute(path, ec).lexically_normal().string();
+  size_t i = 0;
+  while (i < abs.size() && abs[i] == '/') ++i;
+  return abs.substr(i);
+}
+
+}  // namespace
 
 std::function<absl::Status(const std::vector<std::string>& keys)> AllReduceSetup::restore_local() {
   if (options_.resume_from.empty()) return nullptr;
@@ -81,7 +101,7 @@ std::function<absl::Status(const std::vector<std::string>& keys)> AllReduceSetup
     *req.mutable_config() = MakeTableConfig(options_.spec);
     for (const auto& f : manifest->shards) {
       auto* file = req.add_files();
-      file->set_path(dir + "/" + f.file);
+      file->set_path(RelativeToFilesystemRoot(dir + "/" + f.file));
       file->set_crc32(f.crc32);
       file->set_bytes(f.bytes);
     }
@@ -96,7 +116,7 @@ std::function<absl::Status(const std::vector<std::string>& keys)> AllReduceSetup
 std::string AllReduceSetup::SaveTable(const std::string& path) {
   SaveTableRequest req;
   req.set_job(options_.spec.name);
-  req.set_path(path);
+  req.set_path(RelativeToFilesystemRoot(path));
   SaveTableResponse resp;
   absl::Status s = WaitFor([&](StatusCallback done) { local_->SaveTable(req, &resp, {}, done); });
   nlohmann::json out;

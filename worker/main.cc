@@ -169,6 +169,7 @@ absl::Status RunJob(pstrain::JobSpec spec, int rank, int world_size, const std::
     };
   }
   if (assignment != nullptr) {
+    options.attempt = assignment->attempt();
     options.start_step = assignment->start_step();
     options.start_epoch = assignment->start_epoch();
     options.start_epoch_step = assignment->start_epoch_step();
@@ -264,7 +265,7 @@ int RunPoolMember(pstrain::WorkerMetrics* metrics) {
     }
     if (a->job_id().empty()) continue;
     auto spec = pstrain::ParseJobSpec(a->spec_yaml(), a->job_id());
-    member.SetRunning(a->job_id(), a->rank());
+    member.SetRunning(a->job_id(), a->rank(), a->attempt());
     auto emit = [&](const std::string& json) {
       Print(json);
       member.Report(json);
@@ -321,7 +322,7 @@ int RunPoolMember(pstrain::WorkerMetrics* metrics) {
                         JsonEscape(std::string(spec.status().message())), "\"}"));
     }
     member.Flush(absl::Seconds(30));
-    member.SetRunning("", -1);
+    member.SetRunning("", -1, 0);
   }
   member.Flush(absl::Seconds(5));
   return 0;

@@ -136,6 +136,7 @@ absl::Status PsClient::InitTables(const std::vector<at::Tensor>& params, const T
     if (!views.ok()) return done(views.status());
     InitTableRequest& req = requests[shard];
     req.set_job(options_.job);
+    req.set_attempt(options_.attempt);
     *req.mutable_config() = config;
     AddKeys(options_.plan, options_.plan.shard_chunks[shard], req.mutable_keys());
     shards_[shard]->InitTable(req, std::move(*views), &responses[shard], opts, std::move(done));
@@ -156,6 +157,7 @@ absl::Status PsClient::Pull(const std::vector<at::Tensor>& params, int64_t min_v
     values[shard] = std::move(*dest);
     PullRequest& req = requests[shard];
     req.set_job(options_.job);
+    req.set_attempt(options_.attempt);
     req.set_min_version(min_version);
     AddKeys(options_.plan, options_.plan.shard_chunks[shard], req.mutable_keys());
     shards_[shard]->Pull(req, &responses[shard], &values[shard], opts,
@@ -179,6 +181,7 @@ absl::Status PsClient::Push(int64_t step, const std::vector<at::Tensor>& grads, 
     if (!views.ok()) return done(views.status());
     PushRequest& req = requests[shard];
     req.set_job(options_.job);
+    req.set_attempt(options_.attempt);
     req.set_worker(options_.worker);
     req.set_step(step);
     req.set_lr(lr);
@@ -205,6 +208,7 @@ absl::Status PsClient::PushPull(int64_t step, const std::vector<at::Tensor>& gra
     values[shard] = std::move(*dest);
     PushPullRequest& req = requests[shard];
     req.set_job(options_.job);
+    req.set_attempt(options_.attempt);
     req.set_worker(options_.worker);
     req.set_step(step);
     req.set_lr(lr);
@@ -294,6 +298,7 @@ void PsClient::PushPullAsync(int64_t step, const std::vector<size_t>& params,
     state->values[s] = std::move(*dest);
     PushPullRequest& req = state->requests[s];
     req.set_job(options_.job);
+    req.set_attempt(options_.attempt);
     req.set_worker(options_.worker);
     req.set_step(step);
     req.set_lr(lr);

@@ -22,6 +22,7 @@ namespace pstrain {
 
 struct PsClientOptions {
   std::string job;
+  uint64_t attempt = 0;  // the job's attempt, carried by every request
   uint32_t worker = 0;
   PartitionPlan plan;
   // Deadline of each operation (all shards together).

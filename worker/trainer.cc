@@ -126,6 +126,7 @@ absl::StatusOr<TrainResult> RunTrainer(const TrainerOptions& options, const Trai
   if (!plan.ok()) return plan.status();
   PsClientOptions po;
   po.job = spec.name;
+  po.attempt = allreduce ? 0 : options.attempt;  // the local store is this attempt's alone
   po.worker = allreduce ? 0 : static_cast<uint32_t>(options.rank);
   po.plan = *plan;
   auto ps_or = PsClient::Create(po, options.shards);

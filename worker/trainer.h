@@ -42,6 +42,7 @@ struct TrainerOptions {
   JobSpec spec;
   int rank = 0;
   int world_size = 1;
+  uint64_t attempt = 0;  // the job's attempt (0 standalone): fences its requests
   std::vector<ParameterStore*> shards;  // not owned; shard i of the plan
   // All-reduce mode: the group of workers (not owned); `shards` is then one
   // local store for the whole model.

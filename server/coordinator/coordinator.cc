@@ -10,6 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "common/file_util.h"
 #include "common/partition_plan.h"
+#include "common/quote.h"
 #include "rpc/grpc_remote_shard.h"
 #include "spdlog/spdlog.h"
 
@@ -38,6 +39,11 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(CoordinatorOpti
   if (options.heartbeat_interval <= absl::ZeroDuration() || options.missed_heartbeats < 1) {
     return absl::InvalidArgumentError("heartbeat interval and missed heartbeats must be positive");
   }
+  if (options.checkpoint_root.empty()) {
+    auto root = CanonicalRoot("out");
+    if (!root.ok()) return root.status();
+    options.checkpoint_root = *root;
+  }
   std::unique_ptr<Coordinator> c(new Coordinator(options, std::move(store)));
   auto stored = c->store_->List();
   if (!stored.ok()) return stored.status();
@@ -55,6 +61,7 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(CoordinatorOpti
       c->jobs_.emplace(job.stored.id, std::move(job));
     }
   }
+  c->persister_ = std::thread([raw = c.get()] { raw->PersistLoop(); });
   if (options.background_tick) {
     c->ticker_ = std::thread([raw = c.get()] {
       std::unique_lock<std::mutex> lock(raw->mu_);
@@ -71,9 +78,9 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(CoordinatorOpti
             continue;
           }
           if (st.step() >= job.last_checkpoint_step + job.spec.checkpoint_every_steps && st.step() < st.steps()) {
-            job.checkpointing = true;  // claimed; Checkpoint() takes it from here
+            job.checkpointing = true;  // claimed; RunCheckpoint() takes it from here
             raw->Background([raw, id = id] {
-              auto r = raw->Checkpoint(id);
+              auto r = raw->RunCheckpoint(id);
               if (!r.ok()) spdlog::warn("coordinator: periodic checkpoint of {}: {}", id, r.status().ToString());
             });
           }
@@ -87,7 +94,7 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(CoordinatorOpti
 Coordinator::~Coordinator() { Shutdown(); }
 
 void Coordinator::Shutdown() {
-  std::vector<std::thread> background;
+  std::vector<BackgroundThread> background;
   {
     std::lock_guard<std::mutex> lock(mu_);
     shutdown_ = true;
@@ -95,12 +102,75 @@ void Coordinator::Shutdown() {
     background.swap(background_);
   }
   if (ticker_.joinable()) ticker_.join();
-  for (auto& t : background) t.join();
+  for (auto& t : background) t.thread.join();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    persist_stop_ = true;
+    persist_cv_.notify_all();
+  }
+  if (persister_.joinable()) persister_.join();  // writes what is still dirty first
 }
 
 void Coordinator::Background(std::function<void()> fn) {
   if (shutdown_) return;
-  background_.emplace_back(std::move(fn));
+  // Join the threads that have finished (their work is done; join returns
+  // at once), so a long-running coordinator holds only live ones.
+  for (auto it = background_.begin(); it != background_.end();) {
+    if (it->finished->load()) {
+      it->thread.join();
+      it = background_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  auto finished = std::make_shared<std::atomic<bool>>(false);
+  background_.push_back(BackgroundThread{std::thread([fn = std::move(fn), finished] {
+                                           fn();
+                                           finished->store(true);
+                                         }),
+                                         finished});
+}
+
+void Coordinator::PersistLoop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (true) {
+    persist_cv_.wait(lock, [&] { return persist_stop_ || !dirty_.empty(); });
+    if (dirty_.empty() && persist_stop_) return;
+    std::map<std::string, JobStatus> batch;
+    batch.swap(dirty_);
+    lock.unlock();
+    // SQLite's fsync happens here, with the coordinator's mutex free.
+    for (const auto& [id, status] : batch) {
+      absl::Status s = store_->Update(status);
+      if (!s.ok()) spdlog::error("coordinator: persisting {}: {}", id, s.ToString());
+    }
+    lock.lock();
+  }
+}
+
+std::string Coordinator::RelativeToRoot(const std::string& dir) const {
+  const std::string& root = options_.checkpoint_root;
+  if (dir == root) return "";
+  if (root == "/") return dir.substr(1);
+  return dir.substr(root.size() + 1);
+}
+
+absl::StatusOr<std::string> Coordinator::UnderRoot(const std::string& path, const char* what) const {
+  if (path.empty() || path.find('\0') != std::string::npos || path.size() > 4096) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " '", Quote(path), "' is not a usable path"));
+  }
+  // Symbolic links in the part that exists are resolved: one planted in the
+  // tree cannot lead out of the root.
+  std::error_code ec;
+  std::string abs = std::filesystem::weakly_canonical(std::filesystem::absolute(path, ec), ec).string();
+  while (abs.size() > 1 && abs.back() == '/') abs.pop_back();
+  const std::string& root = options_.checkpoint_root;
+  if (ec || (root != "/" && abs != root && abs.rfind(root + "/", 0) != 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " '", Quote(path), "' is outside the checkpoint root ",
+                                                   root, " (pstrain-coordinator --checkpoint_root): shards and "
+                                                   "workers read and write only there"));
+  }
+  return abs;
 }
 
 Coordinator::Job* Coordinator::FindJob(const std::string& id) {
@@ -110,8 +180,8 @@ Coordinator::Job* Coordinator::FindJob(const std::string& id) {
 
 void Coordinator::Changed(Job& job) {
   ++job.version;
-  absl::Status s = store_->Update(job.stored.status);
-  if (!s.ok()) spdlog::error("coordinator: {}", s.ToString());
+  dirty_[job.stored.id] = job.stored.status;
+  persist_cv_.notify_all();
   cv_.notify_all();
 }
 
@@ -136,6 +206,10 @@ void Coordinator::Transition(Job& job, JobState state, const std::string& reason
                              const std::string& message) {
   JobStatus& st = job.stored.status;
   st.set_state(state);
+  // The first condition (Submitted) and the newest ones are kept.
+  if (options_.max_conditions >= 2 && static_cast<size_t>(st.conditions_size()) >= options_.max_conditions) {
+    st.mutable_conditions()->DeleteSubrange(1, st.conditions_size() - static_cast<int>(options_.max_conditions) + 1);
+  }
   JobCondition* c = st.add_conditions();
   c->set_state(state);
   c->set_time_unix_ms(NowMs());
@@ -164,7 +238,9 @@ void Coordinator::DropTables(const JobStatus& st) {
     if (m.role() == "shard") shard_addresses.push_back(m.address());
   }
   if (shard_addresses.empty()) return;
-  Background([shard_addresses, id = st.job_id()] {
+  // The attempt that ends: a table the shards already hold for a later one
+  // (this drop delayed) is kept.
+  Background([shard_addresses, id = st.job_id(), attempt = st.attempt()] {
     for (const std::string& a : shard_addresses) {
       RemoteShardOptions ro;
       ro.target = a;
@@ -173,6 +249,7 @@ void Coordinator::DropTables(const JobStatus& st) {
       GrpcRemoteShard& client = *SharedRemoteShard(ro);
       DropTableRequest req;
       req.set_job(id);
+      req.set_attempt(attempt);
       DropTableResponse resp;
       absl::Status s = WaitFor([&](StatusCallback done) { client.DropTable(req, &resp, {}, done); });
       if (!s.ok()) spdlog::warn("coordinator: dropping {} on {}: {}", id, a, s.ToString());
@@ -232,7 +309,7 @@ void Coordinator::Drain(const std::string& job_id, const std::string& who) {
     }
     auto r = Checkpoint(job_id);
     saved = r.status();
-    if (!absl::IsFailedPrecondition(r.status())) break;
+    if (!absl::IsUnavailable(r.status())) break;
     absl::SleepFor(absl::Milliseconds(200));  // another checkpoint is in progress
   }
   std::lock_guard<std::mutex> lock(mu_);
@@ -254,10 +331,13 @@ absl::StatusOr<std::string> Coordinator::SubmitJob(const SubmitJobRequest& reque
   std::string spec_yaml = request.spec_yaml();
   std::string resume_dir;
   CheckpointManifest manifest;
+  if (request.spec_yaml().size() > (1 << 20)) {
+    return absl::InvalidArgumentError("the job spec is larger than 1 MiB");
+  }
   if (!request.resume_from().empty()) {
-    std::error_code ec;
-    resume_dir = std::filesystem::absolute(request.resume_from(), ec).lexically_normal().string();
-    while (!resume_dir.empty() && resume_dir.back() == '/') resume_dir.pop_back();
+    auto dir = UnderRoot(request.resume_from(), "resume_from");
+    if (!dir.ok()) return dir.status();
+    resume_dir = *dir;
     auto m = ReadManifest(resume_dir);
     if (!m.ok()) return m.status();
     manifest = std::move(*m);
@@ -287,12 +367,11 @@ absl::StatusOr<std::string> Coordinator::SubmitJob(const SubmitJobRequest& reque
     }
   }
   // Relative to the coordinator's working directory, the same path on every
-  // member (in Kubernetes: the shared volume, mounted alike everywhere).
-  std::error_code ec;
-  const std::string output_dir =
-      std::filesystem::absolute(request.output_dir().empty() ? spec->output_dir : request.output_dir(), ec)
-          .lexically_normal()
-          .string();
+  // member (in Kubernetes: the shared volume, mounted alike everywhere), and
+  // under the checkpoint root.
+  auto output_dir_or = UnderRoot(request.output_dir().empty() ? spec->output_dir : request.output_dir(), "output_dir");
+  if (!output_dir_or.ok()) return output_dir_or.status();
+  const std::string output_dir = *output_dir_or;
   std::lock_guard<std::mutex> lock(mu_);
   if (shutdown_) return absl::UnavailableError("coordinator is shutting down");
   auto stored = store_->Create(spec_yaml, output_dir, status);
@@ -313,7 +392,7 @@ absl::StatusOr<std::string> Coordinator::SubmitJob(const SubmitJobRequest& reque
 absl::StatusOr<JobStatus> Coordinator::GetJob(const std::string& job_id) {
   std::lock_guard<std::mutex> lock(mu_);
   Job* job = FindJob(job_id);
-  if (job == nullptr) return absl::NotFoundError(absl::StrCat("no job '", job_id, "' (see `pstrain list`)"));
+  if (job == nullptr) return absl::NotFoundError(absl::StrCat("no job '", Quote(job_id), "' (see `pstrain list`)"));
   RefreshMembers(*job);
   return job->stored.status;
 }
@@ -332,7 +411,7 @@ std::vector<JobStatus> Coordinator::ListJobs() {
 absl::StatusOr<JobState> Coordinator::CancelJob(const std::string& job_id) {
   std::lock_guard<std::mutex> lock(mu_);
   Job* job = FindJob(job_id);
-  if (job == nullptr) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
+  if (job == nullptr) return absl::NotFoundError(absl::StrCat("no job '", Quote(job_id), "'"));
   const JobState state = job->stored.status.state();
   if (IsTerminal(state)) {
     return absl::FailedPreconditionError(
@@ -348,7 +427,7 @@ absl::StatusOr<JobStatus> Coordinator::WaitJob(const std::string& job_id, uint64
   std::unique_lock<std::mutex> lock(mu_);
   while (true) {
     Job* job = FindJob(job_id);
-    if (job == nullptr) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
+    if (job == nullptr) return absl::NotFoundError(absl::StrCat("no job '", Quote(job_id), "'"));
     if (job->version > *version || absl::Now() >= deadline || shutdown_) {
       *version = job->version;
       RefreshMembers(*job);
@@ -365,7 +444,28 @@ absl::StatusOr<RegisterResponse> Coordinator::Register(const RegisterRequest& re
   if (request.role() == "shard" && request.address().empty()) {
     return absl::InvalidArgumentError("a shard must give the address of its ParameterService");
   }
+  if (request.name().size() > kMaxNameBytes || request.address().size() > kMaxAddressBytes ||
+      request.job_id().size() > kMaxIdBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("name (", Quote(request.name()), ") longer than ", kMaxNameBytes,
+                                                   " bytes, address longer than ", kMaxAddressBytes,
+                                                   " or job id longer than ", kMaxIdBytes));
+  }
+  for (char ch : request.name()) {
+    if (static_cast<unsigned char>(ch) < 0x21 || ch == 0x7f || ch == '#') {
+      return absl::InvalidArgumentError(absl::StrCat("member name '", Quote(request.name()),
+                                                     "' holds a space, a control character or '#'"));
+    }
+  }
   std::lock_guard<std::mutex> lock(mu_);
+  if (members_.size() >= options_.max_members) {
+    bool replaces = false;
+    for (const auto& [id, m] : members_) replaces = replaces || m.status.name() == request.name();
+    if (!replaces) {
+      return absl::ResourceExhaustedError(absl::StrCat("the coordinator already has ", members_.size(),
+                                                       " members, its limit; dead ones are forgotten after ",
+                                                       options_.forget_after_leases, " leases"));
+    }
+  }
   std::string name = request.name().empty() ? absl::StrCat(request.role(), "-", next_member_) : request.name();
   // A member that registers again (after a restart on either side) replaces
   // its old registration.
@@ -389,7 +489,10 @@ absl::StatusOr<RegisterResponse> Coordinator::Register(const RegisterRequest& re
   // Re-attach to a running job it was part of.
   if (!request.job_id().empty()) {
     Job* job = FindJob(request.job_id());
-    if (job != nullptr && !IsTerminal(job->stored.status.state())) {
+    // Only into the attempt it was running: a member of an earlier attempt
+    // (back from a partition) is not re-attached to the job's new run.
+    if (job != nullptr && !IsTerminal(job->stored.status.state()) &&
+        request.attempt() == job->stored.status.attempt()) {
       for (const MemberStatus& jm : job->stored.status.members()) {
         if (jm.name() == name && jm.role() == request.role()) {
           m.status.set_job_id(request.job_id());
@@ -398,7 +501,7 @@ absl::StatusOr<RegisterResponse> Coordinator::Register(const RegisterRequest& re
       }
     }
   }
-  spdlog::info("coordinator: {} {} registered{}", request.role(), name,
+  spdlog::info("coordinator: {} {} registered{}", request.role(), Quote(name),
                m.status.job_id().empty() ? "" : absl::StrCat(" (on ", m.status.job_id(), ")"));
   members_[id] = std::move(m);
   cv_.notify_all();
@@ -413,7 +516,7 @@ absl::StatusOr<HeartbeatResponse> Coordinator::Heartbeat(const HeartbeatRequest&
   std::lock_guard<std::mutex> lock(mu_);
   auto it = members_.find(request.member_id());
   if (it == members_.end()) {
-    return absl::NotFoundError(absl::StrCat("member ", request.member_id(),
+    return absl::NotFoundError(absl::StrCat("member ", Quote(request.member_id()),
                                             " is not registered (coordinator restarted?): register again"));
   }
   Member& m = it->second;
@@ -435,12 +538,19 @@ absl::StatusOr<HeartbeatResponse> Coordinator::Heartbeat(const HeartbeatRequest&
     return r;
   }
   r.set_job_id(m.status.job_id());
-  if (!m.status.job_id().empty() && m.status.role() == "worker") {
-    Job* job = FindJob(m.status.job_id());
-    r.set_pause(job != nullptr && job->pause_requested);
-    if (job != nullptr) r.set_pause_id(job->pause_id);
+  Job* job = m.status.job_id().empty() ? nullptr : FindJob(m.status.job_id());
+  if (job != nullptr) r.set_attempt(job->stored.status.attempt());
+  if (job != nullptr && m.status.role() == "worker") {
+    r.set_pause(job->pause_requested);
+    r.set_pause_id(job->pause_id);
   }
-  r.set_cancel_job(!request.running_job_id().empty() && request.running_job_id() != m.status.job_id());
+  // Stop a job that is no longer ours, or an earlier attempt of our job (the
+  // member was lost, the job rescheduled onto it again meanwhile).
+  const bool other_job = !request.running_job_id().empty() && request.running_job_id() != m.status.job_id();
+  const bool old_attempt = m.status.role() == "worker" && !request.running_job_id().empty() && job != nullptr &&
+                           request.running_job_id() == m.status.job_id() &&
+                           request.running_attempt() != job->stored.status.attempt();
+  r.set_cancel_job(other_job || old_attempt);
   return r;
 }
 
@@ -450,7 +560,7 @@ absl::StatusOr<Assignment> Coordinator::GetAssignment(const std::string& member_
   while (true) {
     auto it = members_.find(member_id);
     if (it == members_.end()) {
-      return absl::NotFoundError(absl::StrCat("member ", member_id, " is not registered: register again"));
+      return absl::NotFoundError(absl::StrCat("member ", Quote(member_id), " is not registered: register again"));
     }
     const MemberStatus& m = it->second.status;
     Job* job = m.job_id().empty() || it->second.releasing ? nullptr : FindJob(m.job_id());
@@ -461,7 +571,9 @@ absl::StatusOr<Assignment> Coordinator::GetAssignment(const std::string& member_
       Assignment a;
       a.set_job_id(m.job_id());
       a.set_spec_yaml(job->stored.spec_yaml);
-      a.set_output_dir(job->stored.output_dir);
+      // The job's own directory: its weights (and all-reduce checkpoints).
+      a.set_output_dir(absl::StrCat(job->stored.output_dir, "/", m.job_id()));
+      a.set_attempt(job->stored.status.attempt());
       a.set_rank(m.rank());
       a.set_world_size(m.role() == "worker" ? job->spec.workers : job->spec.shards);
       std::vector<std::pair<int, std::string>> shards;
@@ -487,32 +599,44 @@ absl::StatusOr<Assignment> Coordinator::GetAssignment(const std::string& member_
 
 absl::StatusOr<ReportProgressResponse> Coordinator::ReportProgress(const ReportProgressRequest& request) {
   std::lock_guard<std::mutex> lock(mu_);
+  if (request.event_json().size() > kMaxEventBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("an event is limited to ", kMaxEventBytes, " bytes"));
+  }
   auto it = members_.find(request.member_id());
   if (it == members_.end()) {
-    return absl::NotFoundError(absl::StrCat("member ", request.member_id(), " is not registered"));
+    return absl::NotFoundError(absl::StrCat("member ", Quote(request.member_id()), " is not registered"));
   }
   ReportProgressResponse r;
   Member& m = it->second;
   m.last_beat = absl::Now();
   Job* job = FindJob(request.job_id());
-  if (job == nullptr || m.status.job_id() != request.job_id() || m.releasing) {
-    r.set_cancel_job(true);  // not (or no longer) this member's job
+  if (job == nullptr || m.status.job_id() != request.job_id() || m.releasing ||
+      request.attempt() != job->stored.status.attempt()) {
+    r.set_cancel_job(true);  // not (or no longer) this member's job, or an ended attempt of it
     return r;
   }
-  ApplyEvent(*job, m, request.event_json());
+  absl::Status applied = ApplyEvent(*job, m, request.event_json());
+  if (!applied.ok()) return applied;
   r.set_cancel_job(m.status.job_id() != request.job_id());
   return r;
 }
 
-void Coordinator::ApplyEvent(Job& job, Member& member, const std::string& event_json) {
+absl::Status Coordinator::ApplyEvent(Job& job, Member& member, const std::string& event_json) {
   const int rank = member.status.rank();
   nlohmann::json e = nlohmann::json::parse(event_json, nullptr, /*allow_exceptions=*/false);
-  if (e.is_discarded() || !e.is_object()) return;
+  if (e.is_discarded() || !e.is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat("event is not a JSON object: ", Quote(event_json)));
+  }
+  // nlohmann's value()/get() throw on a field of the wrong type: such an
+  // event is refused whole (a field may have been applied before the throw
+  // only in the progress and plan branches, which touch nothing durable
+  // until their end).
+  try {
   JobStatus& st = job.stored.status;
   const std::string kind = e.value("event", "");
   if (kind == "progress") {
     while (st.workers_size() < job.spec.workers) st.add_workers()->set_rank(st.workers_size() - 1);
-    if (rank < 0 || rank >= st.workers_size()) return;
+    if (rank < 0 || rank >= st.workers_size()) return absl::OkStatus();
     WorkerProgress* w = st.mutable_workers(rank);
     w->set_epoch(e.value("epoch", 0));
     w->set_step(e.value("step", int64_t{0}));
@@ -552,15 +676,20 @@ void Coordinator::ApplyEvent(Job& job, Member& member, const std::string& event_
     Changed(job);
   } else if (kind == "plan") {
     if (st.params_size() == 0 && e.contains("params") && e["params"].is_array()) {
-      st.set_chunk_bytes(e.value("chunk_bytes", int64_t{0}));
+      if (e["params"].size() > 1000000) return absl::InvalidArgumentError("a plan of more than 10^6 parameters");
+      // Built apart and installed whole: a bad field leaves nothing behind.
+      const int64_t chunk_bytes = e.value("chunk_bytes", int64_t{0});
+      google::protobuf::RepeatedPtrField<ParameterInfo> params;
       for (const auto& p : e["params"]) {
-        ParameterInfo* info = st.add_params();
+        ParameterInfo* info = params.Add();
         info->set_name(p.value("name", ""));
         if (p.contains("shape")) {
           for (const auto& d : p["shape"]) info->add_shape(d.get<int64_t>());
         }
         info->set_dtype(p.value("dtype", 0));
       }
+      st.set_chunk_bytes(chunk_bytes);
+      st.mutable_params()->Swap(&params);
       Changed(job);
     }
   } else if (kind == "paused") {
@@ -587,7 +716,7 @@ void Coordinator::ApplyEvent(Job& job, Member& member, const std::string& event_
     }
   } else if (kind == "error") {
     if (!IsTerminal(st.state()) && st.state() != PENDING) {
-      const std::string what = absl::StrCat("worker ", rank, ": ", e.value("message", "failed"));
+      const std::string what = absl::StrCat("worker ", rank, ": ", Quote(e.value("message", "failed"), 4096));
       // A lost peer or shard (not a bug in the job) restarts it from its
       // last checkpoint, if it has one.
       if (e.value("retryable", false) && CanRestart(job)) {
@@ -598,6 +727,11 @@ void Coordinator::ApplyEvent(Job& job, Member& member, const std::string& event_
       Schedule();
     }
   }
+  } catch (const nlohmann::json::exception& ex) {
+    return absl::InvalidArgumentError(absl::StrCat("event ", Quote(event_json), " has a field of the wrong type: ",
+                                                   Quote(ex.what(), 200)));
+  }
+  return absl::OkStatus();
 }
 
 void Coordinator::MaybeSucceed(Job& job) {
@@ -646,6 +780,16 @@ void Coordinator::ExpireLeases() {
         }
         break;
       }
+    }
+  }
+  // Registrations of members long dead (and holding no job) are forgotten,
+  // so a stream of fake or short-lived members cannot fill the table.
+  for (auto it = members_.begin(); it != members_.end();) {
+    const Member& m = it->second;
+    if (!m.status.alive() && m.status.job_id().empty() && now - m.last_beat > options_.forget_after_leases * lease()) {
+      it = members_.erase(it);
+    } else {
+      ++it;
     }
   }
 }
@@ -708,7 +852,10 @@ void Coordinator::Schedule() {
     assign(workers, job->spec.workers);
     job->attach_deadline = absl::Now();
     job->done_ranks.clear();
-    Transition(*job, RUNNING, "Scheduled", absl::StrCat("assigned to ", absl::StrJoin(names, ", ")));
+    // A new attempt: requests of the previous ones are refused from now on.
+    st.set_attempt(st.attempt() + 1);
+    Transition(*job, RUNNING, "Scheduled",
+               absl::StrCat("attempt ", st.attempt(), " assigned to ", absl::StrJoin(names, ", ")));
     if (!st.resumed_from().empty()) {
       job->restoring = true;
       Background([this, id = st.job_id()] { Restore(id); });
@@ -729,43 +876,87 @@ std::vector<MemberStatus> Coordinator::Members() {
   return out;
 }
 
-absl::Status Coordinator::KvSet(const std::string& job_id, const std::string& key,
+absl::Status Coordinator::CheckKvAccess(const std::string& job_id, uint64_t attempt) {
+  Job* job = FindJob(job_id);
+  if (job == nullptr) return absl::NotFoundError(absl::StrCat("no job '", Quote(job_id), "'"));
+  if (attempt != job->stored.status.attempt()) {
+    return absl::AbortedError(absl::StrCat("job ", job_id, " is at attempt ", job->stored.status.attempt(),
+                                           "; this request is of attempt ", attempt, ", which has ended"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Coordinator::KvSet(const std::string& job_id, uint64_t attempt, const std::string& key,
                                 const std::string& value) {
+  if (key.empty() || key.size() > kMaxKvKeyBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("a key must have 1 to ", kMaxKvKeyBytes, " bytes"));
+  }
+  if (value.size() > options_.max_kv_value_bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a value is limited to ", options_.max_kv_value_bytes, " bytes; got ", value.size()));
+  }
   std::lock_guard<std::mutex> lock(mu_);
-  if (FindJob(job_id) == nullptr) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
-  kv_[job_id][key] = value;
+  absl::Status s = CheckKvAccess(job_id, attempt);
+  if (!s.ok()) return s;
+  auto& table = kv_[job_id];
+  size_t bytes = 0;
+  for (const auto& [k, v] : table) bytes += k.size() + v.size();
+  auto it = table.find(key);
+  if (it != table.end()) bytes -= key.size() + it->second.size();
+  if ((it == table.end() && table.size() >= options_.max_kv_keys) ||
+      bytes + key.size() + value.size() > options_.max_kv_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat("job ", job_id, "'s rendezvous store is full (",
+                                                     options_.max_kv_keys, " keys, ", options_.max_kv_bytes,
+                                                     " bytes at most)"));
+  }
+  table[key] = value;
   cv_.notify_all();
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::string> Coordinator::KvGet(const std::string& job_id, const std::string& key,
+absl::StatusOr<std::string> Coordinator::KvGet(const std::string& job_id, uint64_t attempt, const std::string& key,
                                                absl::Time deadline) {
   std::unique_lock<std::mutex> lock(mu_);
   while (true) {
-    if (FindJob(job_id) == nullptr) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
-    auto& table = kv_[job_id];
-    auto it = table.find(key);
-    if (it != table.end()) return it->second;
-    if (absl::Now() >= deadline || shutdown_) {
-      return absl::DeadlineExceededError(absl::StrCat("key '", key, "' of job ", job_id, " was not set in time"));
+    absl::Status s = CheckKvAccess(job_id, attempt);
+    if (!s.ok()) return s;
+    auto table = kv_.find(job_id);
+    if (table != kv_.end()) {
+      auto it = table->second.find(key);
+      if (it != table->second.end()) return it->second;
+    }
+    if (shutdown_) return absl::UnavailableError("the coordinator is shutting down");
+    if (absl::Now() >= deadline) {
+      return absl::NotFoundError(absl::StrCat("key '", Quote(key), "' of job ", job_id, " was not set in time"));
     }
     cv_.wait_until(lock, absl::ToChronoTime(deadline));
   }
 }
 
-absl::StatusOr<int64_t> Coordinator::KvAdd(const std::string& job_id, const std::string& key,
+absl::StatusOr<int64_t> Coordinator::KvAdd(const std::string& job_id, uint64_t attempt, const std::string& key,
                                            int64_t delta) {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (FindJob(job_id) == nullptr) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
-  std::string& v = kv_[job_id][key];
-  int64_t n = 0;
-  if (!v.empty() && !absl::SimpleAtoi(v, &n)) {
-    return absl::FailedPreconditionError(absl::StrCat("key '", key, "' does not hold a number"));
+  if (key.empty() || key.size() > kMaxKvKeyBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("a key must have 1 to ", kMaxKvKeyBytes, " bytes"));
   }
-  n += delta;
-  v = std::to_string(n);
+  std::lock_guard<std::mutex> lock(mu_);
+  absl::Status s = CheckKvAccess(job_id, attempt);
+  if (!s.ok()) return s;
+  auto& table = kv_[job_id];
+  auto it = table.find(key);
+  if (it == table.end() && table.size() >= options_.max_kv_keys) {
+    return absl::ResourceExhaustedError(absl::StrCat("job ", job_id, "'s rendezvous store is full"));
+  }
+  int64_t n = 0;
+  if (it != table.end() && !it->second.empty() && !absl::SimpleAtoi(it->second, &n)) {
+    return absl::FailedPreconditionError(absl::StrCat("key '", Quote(key), "' does not hold a number"));
+  }
+  int64_t sum = 0;
+  if (__builtin_add_overflow(n, delta, &sum)) {
+    return absl::OutOfRangeError(absl::StrCat("key '", Quote(key), "' holds ", n, "; adding ", delta, " overflows"));
+  }
+  table[key] = std::to_string(sum);
   cv_.notify_all();
-  return n;
+  return sum;
 }
 
 void Coordinator::EndCheckpoint(Job& job, const std::string& reason, const std::string& message) {
@@ -779,24 +970,41 @@ void Coordinator::EndCheckpoint(Job& job, const std::string& reason, const std::
 }
 
 absl::StatusOr<CheckpointResponse> Coordinator::Checkpoint(const std::string& job_id) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    Job* job = FindJob(job_id);
+    if (job == nullptr) return absl::NotFoundError(absl::StrCat("no job '", Quote(job_id), "'"));
+    const JobState state = job->stored.status.state();
+    if (state != RUNNING && state != CHECKPOINTING) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("job ", job_id, " is ", JobStateName(state), ": only a running job can be checkpointed"));
+    }
+    if (job->checkpointing) {
+      return absl::UnavailableError(
+          absl::StrCat("a checkpoint of job ", job_id, " is already in progress; try again when it is done"));
+    }
+    job->checkpointing = true;  // claimed, atomically with the check above
+  }
+  return RunCheckpoint(job_id);
+}
+
+absl::StatusOr<CheckpointResponse> Coordinator::RunCheckpoint(const std::string& job_id) {
   CheckpointManifest manifest;
   std::vector<std::string> shards;
   std::string dir;
   int keep = 1;
   bool allreduce = false;
   int64_t pause_id = 0;
+  uint64_t attempt = 0;
   {
     std::unique_lock<std::mutex> lock(mu_);
     Job* job = FindJob(job_id);
-    if (job == nullptr) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
+    if (job == nullptr) return absl::NotFoundError(absl::StrCat("no job '", Quote(job_id), "'"));
     JobStatus& st = job->stored.status;
     if (st.state() != RUNNING) {
       job->checkpointing = false;
       return absl::FailedPreconditionError(
           absl::StrCat("job ", job_id, " is ", JobStateName(st.state()), ": only a running job can be checkpointed"));
-    }
-    if (job->pause_requested) {
-      return absl::FailedPreconditionError(absl::StrCat("a checkpoint of job ", job_id, " is already in progress"));
     }
     // A job that is still starting has not reported its model yet: wait.
     const absl::Time start_deadline = absl::Now() + absl::Seconds(60);
@@ -861,7 +1069,10 @@ absl::StatusOr<CheckpointResponse> Coordinator::Checkpoint(const std::string& jo
     }
     std::sort(by_rank.begin(), by_rank.end());
     for (auto& [r, a] : by_rank) shards.push_back(a);
-    dir = absl::StrCat(job->stored.output_dir, "/ckpt-", manifest.step);
+    // The job's own directory: jobs sharing an output_dir never touch each
+    // other's checkpoints.
+    dir = absl::StrCat(job->stored.output_dir, "/", job_id, "/ckpt-", manifest.step);
+    attempt = job->stored.status.attempt();
     keep = job->spec.checkpoint_keep;
     allreduce = job->spec.mode == "allreduce";
     pause_id = job->pause_id;
@@ -870,19 +1081,21 @@ absl::StatusOr<CheckpointResponse> Coordinator::Checkpoint(const std::string& jo
   // The shards write their tables, all at once, outside the lock.
   const std::string tmp = dir + ".tmp";
   std::error_code ec;
-  std::filesystem::remove_all(tmp, ec);
-  std::filesystem::create_directories(tmp, ec);
-  absl::Status status = ec ? absl::UnavailableError(absl::StrCat("cannot create ", tmp, ": ", ec.message()))
-                           : absl::OkStatus();
+  absl::Status status = UnderRoot(dir, "the checkpoint directory").status();
+  if (status.ok()) {
+    std::filesystem::remove_all(tmp, ec);
+    std::filesystem::create_directories(tmp, ec);
+    if (ec) status = ErrnoToStatus(ec.value(), "cannot create", tmp);
+  }
   std::vector<SaveTableResponse> saved(allreduce ? 1 : shards.size());
   if (status.ok() && allreduce) {
     // No shards: worker 0 holds the model (its local store) and writes it in
     // the shards' format while the workers are paused; the path and the
     // result go through the job's KV store.
     const std::string prefix = absl::StrCat("ckpt/", pause_id, "/");
-    status = KvSet(job_id, prefix + "path", absl::StrCat(tmp, "/shard-0.bin"));
+    status = KvSet(job_id, attempt, prefix + "path", absl::StrCat(tmp, "/shard-0.bin"));
     absl::StatusOr<std::string> result =
-        status.ok() ? KvGet(job_id, prefix + "saved", absl::Now() + absl::Minutes(10)) : status;
+        status.ok() ? KvGet(job_id, attempt, prefix + "saved", absl::Now() + absl::Minutes(10)) : status;
     nlohmann::json r = result.ok() ? nlohmann::json::parse(*result, nullptr, false) : nlohmann::json();
     if (!result.ok()) {
       status = absl::Status(result.status().code(), absl::StrCat("worker 0 did not save: ", result.status().message()));
@@ -903,7 +1116,8 @@ absl::StatusOr<CheckpointResponse> Coordinator::Checkpoint(const std::string& jo
       GrpcRemoteShard* client = SharedRemoteShard(ro);
       SaveTableRequest req;
       req.set_job(job_id);
-      req.set_path(absl::StrCat(tmp, "/shard-", i, ".bin"));
+      req.set_path(absl::StrCat(RelativeToRoot(tmp), "/shard-", i, ".bin"));
+      req.set_attempt(attempt);
       CallOptions opts;
       opts.deadline = absl::Now() + absl::Minutes(10);
       client->SaveTable(req, &saved[i], opts, [&, i](absl::Status s) {
@@ -961,11 +1175,13 @@ void Coordinator::Restore(const std::string& job_id) {
   std::string dir;
   JobSpec spec;
   std::vector<std::string> shards;
+  uint64_t attempt = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
     Job* job = FindJob(job_id);
     if (job == nullptr) return;
     dir = job->stored.status.resumed_from();
+    attempt = job->stored.status.attempt();
     spec = job->spec;
     std::vector<std::pair<int, std::string>> by_rank;
     for (const MemberStatus& m : job->stored.status.members()) {
@@ -974,8 +1190,8 @@ void Coordinator::Restore(const std::string& job_id) {
     std::sort(by_rank.begin(), by_rank.end());
     for (auto& [r, a] : by_rank) shards.push_back(a);
   }
-  absl::Status status;
-  auto manifest = ReadManifest(dir);
+  absl::Status status = UnderRoot(dir, "the checkpoint").status();
+  auto manifest = status.ok() ? ReadManifest(dir) : absl::StatusOr<CheckpointManifest>(status);
   if (!manifest.ok()) status = manifest.status();
   absl::StatusOr<PartitionPlan> plan = absl::UnknownError("");
   if (status.ok() && !shards.empty()) {
@@ -986,10 +1202,11 @@ void Coordinator::Restore(const std::string& job_id) {
     GrpcRemoteShard& client = *SharedRemoteShard(RemoteShardOptions{shards[i]});
     LoadTableRequest req;
     req.set_job(job_id);
+    req.set_attempt(attempt);
     *req.mutable_config() = MakeTableConfig(spec);
     for (const auto& f : manifest->shards) {
       auto* file = req.add_files();
-      file->set_path(dir + "/" + f.file);
+      file->set_path(absl::StrCat(RelativeToRoot(dir), "/", f.file));
       file->set_crc32(f.crc32);
       file->set_bytes(f.bytes);
     }

@@ -16,12 +16,25 @@
 //   one lease; otherwise it fails with MemberLost.
 // - A small key-value store per job for rendezvous.
 //
+// - Attempts: every scheduling of a job is a new attempt (JobStatus.attempt,
+//   persisted). Assignments carry it, and every request a member makes for
+//   the job (shard calls, KV, events, heartbeats) carries it back; requests
+//   of another attempt are refused (ABORTED) or ignored, so a member of an
+//   earlier run, cut off by a partition that heals, cannot touch the new one.
+// - Files: a job's checkpoints and weights live in <output_dir>/<job_id>/,
+//   and output_dir must lie under the checkpoint root (the shared volume),
+//   whose relative names the shards are given.
+//
 // Thread-safe: one mutex guards all state; waits (assignments, KV keys, job
 // changes) use one condition variable and never hold the lock while
-// blocked. A tick thread expires leases and schedules.
+// blocked. A tick thread expires leases and schedules; a persister thread
+// writes changed job statuses to the store (never under the mutex);
+// background work (checkpoints, restores, drains, table drops) runs on
+// threads the coordinator owns and joins.
 #ifndef PSTRAIN_SERVER_COORDINATOR_COORDINATOR_H_
 #define PSTRAIN_SERVER_COORDINATOR_COORDINATOR_H_
 
+#include <atomic>
 #include <condition_variable>
 #include <functional>
 #include <map>
@@ -47,7 +60,26 @@ struct CoordinatorOptions {
   int missed_heartbeats = 5;
   // Run the tick thread (tests may call Tick() themselves instead).
   bool background_tick = true;
+  // Absolute, symlink-free directory (CanonicalRoot) that jobs' output_dir
+  // and resume_from must lie under; shards get names relative to it.
+  // Empty: the working directory's out/.
+  std::string checkpoint_root;
+  // Bounds on what clients can make the coordinator hold.
+  size_t max_members = 10000;
+  size_t max_conditions = 100;       // per job: the first and the newest
+  size_t max_kv_keys = 10000;        // per job
+  size_t max_kv_value_bytes = 1 << 20;
+  size_t max_kv_bytes = 64 << 20;    // per job, keys and values
+  // A member without a heartbeat for this many leases is forgotten.
+  int forget_after_leases = 20;
 };
+
+// Limits on the strings a request may carry.
+inline constexpr size_t kMaxNameBytes = 253;     // a DNS name, as Kubernetes pod names
+inline constexpr size_t kMaxAddressBytes = 512;
+inline constexpr size_t kMaxIdBytes = 300;       // job and member ids
+inline constexpr size_t kMaxKvKeyBytes = 512;
+inline constexpr size_t kMaxEventBytes = 1 << 20;
 
 class Coordinator {
  public:
@@ -61,8 +93,9 @@ class Coordinator {
   std::vector<JobStatus> ListJobs();
   absl::StatusOr<JobState> CancelJob(const std::string& job_id);
   // Pauses the job's workers at a step boundary, has every shard save its
-  // table into <output_dir>/ckpt-<step>.tmp/, writes the manifest, renames
-  // the directory to ckpt-<step>/ and resumes the workers. Blocks until done.
+  // table into <output_dir>/<job_id>/ckpt-<step>.tmp/, writes the manifest,
+  // renames the directory to ckpt-<step>/ and resumes the workers. Blocks
+  // until done. UNAVAILABLE when another checkpoint of the job is running.
   absl::StatusOr<CheckpointResponse> Checkpoint(const std::string& job_id);
   // Returns the job's status once its version is above *version (or at the
   // deadline, whatever it is), and updates *version.
@@ -74,10 +107,16 @@ class Coordinator {
   absl::StatusOr<HeartbeatResponse> Heartbeat(const HeartbeatRequest& request);
   absl::StatusOr<Assignment> GetAssignment(const std::string& member_id, absl::Time deadline);
   absl::StatusOr<ReportProgressResponse> ReportProgress(const ReportProgressRequest& request);
-  absl::Status KvSet(const std::string& job_id, const std::string& key, const std::string& value);
-  absl::StatusOr<std::string> KvGet(const std::string& job_id, const std::string& key,
+  // The job's rendezvous store; `attempt` must be the job's current one
+  // (ABORTED otherwise).
+  absl::Status KvSet(const std::string& job_id, uint64_t attempt, const std::string& key,
+                     const std::string& value);
+  // NOT_FOUND when the key is still missing at the deadline.
+  absl::StatusOr<std::string> KvGet(const std::string& job_id, uint64_t attempt, const std::string& key,
                                     absl::Time deadline);
-  absl::StatusOr<int64_t> KvAdd(const std::string& job_id, const std::string& key, int64_t delta);
+  // OUT_OF_RANGE when the sum would overflow.
+  absl::StatusOr<int64_t> KvAdd(const std::string& job_id, uint64_t attempt, const std::string& key,
+                                int64_t delta);
 
   std::vector<MemberStatus> Members();
   // Expires leases and schedules pending jobs.
@@ -101,7 +140,8 @@ class Coordinator {
     uint64_t version = 1;
     // Members may (re)attach until then without the job failing.
     absl::Time attach_deadline;
-    // Checkpointing: workers are asked to pause and report where they are.
+    // A checkpoint of the job is claimed (set atomically under mu_ by
+    // whoever starts one, cleared by EndCheckpoint): at most one runs.
     bool checkpointing = false;
     bool pause_requested = false;
     int64_t pause_id = 0;
@@ -137,10 +177,18 @@ class Coordinator {
   void Schedule() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ExpireLeases() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // One event from `member` (its rank in the job) about `job`.
-  void ApplyEvent(Job& job, Member& member, const std::string& event_json) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status ApplyEvent(Job& job, Member& member, const std::string& event_json) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MaybeSucceed(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EndCheckpoint(Job& job, const std::string& reason, const std::string& message)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The body of Checkpoint(), for a caller that has claimed it.
+  absl::StatusOr<CheckpointResponse> RunCheckpoint(const std::string& job_id);
+  absl::Status CheckKvAccess(const std::string& job_id, uint64_t attempt) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `dir` (absolute, under the checkpoint root) as a name relative to it.
+  std::string RelativeToRoot(const std::string& dir) const;
+  // Absolute and normalized; INVALID_ARGUMENT unless under the root.
+  absl::StatusOr<std::string> UnderRoot(const std::string& path, const char* what) const;
+  void PersistLoop();
   // Loads the job's checkpoint into its shards (on a background thread).
   void Restore(const std::string& job_id);
   void Background(std::function<void()> fn) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -156,7 +204,18 @@ class Coordinator {
   uint64_t next_member_ ABSL_GUARDED_BY(mu_) = 1;
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
   std::thread ticker_;
-  std::vector<std::thread> background_ ABSL_GUARDED_BY(mu_);
+  // Background work: finished threads are joined by the next Background()
+  // call, the rest by Shutdown().
+  struct BackgroundThread {
+    std::thread thread;
+    std::shared_ptr<std::atomic<bool>> finished;
+  };
+  std::vector<BackgroundThread> background_ ABSL_GUARDED_BY(mu_);
+  // Statuses changed since they were last written (the newest of each job).
+  std::map<std::string, JobStatus> dirty_ ABSL_GUARDED_BY(mu_);
+  std::condition_variable persist_cv_;
+  bool persist_stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread persister_;
 };
 
 const char* JobStateName(JobState state);

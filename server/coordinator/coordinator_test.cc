@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "common/checkpoint_manifest.h"
+#include "common/file_util.h"
 
 namespace pstrain {
 namespace {
@@ -20,6 +21,7 @@ class CoordinatorTest : public ::testing::Test {
     o.heartbeat_interval = absl::Milliseconds(50);
     o.missed_heartbeats = 3;
     o.background_tick = false;
+    o.checkpoint_root = *CanonicalRoot(::testing::TempDir());
     auto store = JobStore::Open(db);
     EXPECT_TRUE(store.ok());
     auto c = Coordinator::Create(o, std::move(*store));
@@ -27,13 +29,14 @@ class CoordinatorTest : public ::testing::Test {
     return std::move(*c);
   }
   std::string Join(Coordinator& c, const std::string& role, const std::string& name,
-                   const std::string& job = "", int rank = 0) {
+                   const std::string& job = "", int rank = 0, uint64_t attempt = 1) {
     RegisterRequest r;
     r.set_role(role);
     r.set_name(name);
     if (role == "shard") r.set_address("127.0.0.1:1" + name.substr(name.size() - 1));
     r.set_job_id(job);
     r.set_rank(rank);
+    r.set_attempt(job.empty() ? 0 : attempt);
     auto resp = c.Register(r);
     EXPECT_TRUE(resp.ok()) << resp.status();
     return resp->member_id();
@@ -41,6 +44,7 @@ class CoordinatorTest : public ::testing::Test {
   std::string Submit(Coordinator& c, const std::string& spec = kSpec) {
     SubmitJobRequest req;
     req.set_spec_yaml(spec);
+    req.set_output_dir(::testing::TempDir() + "/out");
     auto id = c.SubmitJob(req);
     EXPECT_TRUE(id.ok()) << id.status();
     return id.value_or("");
@@ -50,6 +54,7 @@ class CoordinatorTest : public ::testing::Test {
     r.set_member_id(member);
     r.set_job_id(job);
     r.set_event_json(json);
+    r.set_attempt(c.GetJob(job)->attempt());  // the current one
     ASSERT_TRUE(c.ReportProgress(r).ok());
   }
   JobState State(Coordinator& c, const std::string& job) { return c.GetJob(job)->state(); }
@@ -122,6 +127,7 @@ TEST_F(CoordinatorTest, CancelledMemberLearnsItThroughItsHeartbeat) {
   HeartbeatRequest hb;
   hb.set_member_id(w0);
   hb.set_running_job_id(job);
+  hb.set_running_attempt(1);
   EXPECT_FALSE(c->Heartbeat(hb)->cancel_job());
   ASSERT_TRUE(c->CancelJob(job).ok());
   EXPECT_TRUE(c->Heartbeat(hb)->cancel_job());
@@ -172,6 +178,7 @@ TEST_F(CoordinatorTest, RestartedCoordinatorKeepsJobsAndReattachesMembers) {
       HeartbeatRequest hb;
       hb.set_member_id(m);
       hb.set_running_job_id(job);
+      hb.set_running_attempt(1);
       auto r = c->Heartbeat(hb);
       ASSERT_TRUE(r.ok());
       EXPECT_FALSE(r->cancel_job());
@@ -207,7 +214,7 @@ TEST_F(CoordinatorTest, RunningJobFailsIfItsMembersDoNotComeBackAfterARestart) {
 // scheduled) is retried as a restart, at most max_restarts times, then the
 // job fails saying why.
 TEST_F(CoordinatorTest, RestoreOntoAnUnreachableShardIsRetriedThenFails) {
-  const std::string dir = std::string(getenv("TEST_TMPDIR") ? getenv("TEST_TMPDIR") : "/tmp") + "/ckpt-5";
+  const std::string dir = ::testing::TempDir() + "/ckpt-5";
   std::filesystem::create_directories(dir);
   {
     std::ofstream f(dir + "/shard-0.bin");
@@ -227,6 +234,7 @@ TEST_F(CoordinatorTest, RestoreOntoAnUnreachableShardIsRetriedThenFails) {
   const std::string w0 = Join(*c, "worker", "worker-0");
   SubmitJobRequest req;
   req.set_resume_from(dir);
+  req.set_output_dir(::testing::TempDir() + "/out");
   auto job = c->SubmitJob(req);
   ASSERT_TRUE(job.ok()) << job.status();
   const absl::Time deadline = absl::Now() + absl::Seconds(50);
@@ -263,20 +271,20 @@ TEST_F(CoordinatorTest, SpecErrorsAreRefusedAtSubmit) {
 
 TEST_F(CoordinatorTest, KeyValueStoreWaitsForKeys) {
   auto c = Make();
-  const std::string job = Submit(*c);
+  const std::string job = Submit(*c);  // not scheduled yet: attempt 0
   std::thread setter([&] {
     absl::SleepFor(absl::Milliseconds(50));
-    ASSERT_TRUE(c->KvSet(job, "nccl_id", "abc").ok());
+    ASSERT_TRUE(c->KvSet(job, 0, "nccl_id", "abc").ok());
   });
-  auto v = c->KvGet(job, "nccl_id", absl::Now() + absl::Seconds(5));
+  auto v = c->KvGet(job, 0, "nccl_id", absl::Now() + absl::Seconds(5));
   setter.join();
   ASSERT_TRUE(v.ok()) << v.status();
   EXPECT_EQ(*v, "abc");
-  EXPECT_EQ(c->KvGet(job, "missing", absl::Now() + absl::Milliseconds(20)).status().code(),
-            absl::StatusCode::kDeadlineExceeded);
-  EXPECT_EQ(*c->KvAdd(job, "ranks", 1), 1);
-  EXPECT_EQ(*c->KvAdd(job, "ranks", 2), 3);
-  EXPECT_EQ(c->KvSet("job-999", "k", "v").code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(c->KvGet(job, 0, "missing", absl::Now() + absl::Milliseconds(20)).status().code(),
+            absl::StatusCode::kNotFound);  // as control.proto promises
+  EXPECT_EQ(*c->KvAdd(job, 0, "ranks", 1), 1);
+  EXPECT_EQ(*c->KvAdd(job, 0, "ranks", 2), 3);
+  EXPECT_EQ(c->KvSet("job-999", 0, "k", "v").code(), absl::StatusCode::kNotFound);
 }
 
 }  // namespace

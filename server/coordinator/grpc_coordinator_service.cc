@@ -102,20 +102,20 @@ grpc::Status GrpcClusterService::ReportProgress(grpc::ServerContext*,
 }
 
 grpc::Status GrpcClusterService::KvSet(grpc::ServerContext*, const KvSetRequest* req, KvSetResponse*) {
-  return ToGrpcStatus(coordinator_->KvSet(req->job_id(), req->key(), req->value()));
+  return ToGrpcStatus(coordinator_->KvSet(req->job_id(), req->attempt(), req->key(), req->value()));
 }
 
 grpc::Status GrpcClusterService::KvGet(grpc::ServerContext* ctx, const KvGetRequest* req,
                                        KvGetResponse* resp) {
   const absl::Duration wait = absl::Milliseconds(std::clamp<int64_t>(req->wait_ms(), 0, 600000));
-  auto v = coordinator_->KvGet(req->job_id(), req->key(), WaitUntil(ctx, wait));
+  auto v = coordinator_->KvGet(req->job_id(), req->attempt(), req->key(), WaitUntil(ctx, wait));
   if (!v.ok()) return ToGrpcStatus(v.status());
   resp->set_value(*v);
   return grpc::Status::OK;
 }
 
 grpc::Status GrpcClusterService::KvAdd(grpc::ServerContext*, const KvAddRequest* req, KvAddResponse* resp) {
-  auto v = coordinator_->KvAdd(req->job_id(), req->key(), req->delta());
+  auto v = coordinator_->KvAdd(req->job_id(), req->attempt(), req->key(), req->delta());
   if (!v.ok()) return ToGrpcStatus(v.status());
   resp->set_value(*v);
   return grpc::Status::OK;

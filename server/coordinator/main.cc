@@ -28,6 +28,9 @@ ABSL_FLAG(std::string, port_file, "", "If set, write host:port here once serving
 ABSL_FLAG(std::string, db, "pstrain-jobs.db", "SQLite job store (created if missing).");
 ABSL_FLAG(int, heartbeat_ms, 1000, "Heartbeat interval members are told to use.");
 ABSL_FLAG(int, missed_heartbeats, 5, "A member missing this many heartbeats is lost.");
+ABSL_FLAG(std::string, checkpoint_root, "out",
+          "Directory (the shared volume) that jobs' output_dir and resume_from must lie under; shards get "
+          "checkpoint names relative to it, so give them the same --checkpoint_root.");
 ABSL_FLAG(int, metrics_port, -1, "Prometheus /metrics HTTP port (0 picks one; -1 off).");
 ABSL_FLAG(std::string, metrics_port_file, "", "If set, write the metrics host:port here.");
 
@@ -61,6 +64,12 @@ int main(int argc, char** argv) {
   pstrain::CoordinatorOptions options;
   options.heartbeat_interval = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_ms));
   options.missed_heartbeats = absl::GetFlag(FLAGS_missed_heartbeats);
+  auto root = pstrain::CanonicalRoot(absl::GetFlag(FLAGS_checkpoint_root));
+  if (!root.ok()) {
+    spdlog::error("pstrain-coordinator: --checkpoint_root: {}", root.status().ToString());
+    return 2;
+  }
+  options.checkpoint_root = *root;
   auto coordinator = pstrain::Coordinator::Create(options, std::move(*store));
   if (!coordinator.ok()) {
     spdlog::error("pstrain-coordinator: {}", coordinator.status().ToString());

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <limits>
 #include <string>
 
 #include "absl/flags/flag.h"
@@ -44,6 +45,12 @@ ABSL_FLAG(std::string, coordinator, "",
 ABSL_FLAG(std::string, name, "", "Member name for the coordinator (default: <hostname>-<pid>).");
 ABSL_FLAG(int, drain_timeout_s, 120,
           "On SIGTERM, how long a shard serving a job waits for the coordinator to checkpoint and requeue it.");
+ABSL_FLAG(std::string, checkpoint_root, "out",
+          "Directory that checkpoint files are written to and read from (SaveTable/LoadTable names are "
+          "relative to it; nothing outside it is touched). The coordinator's --checkpoint_root, on the same "
+          "shared volume.");
+ABSL_FLAG(int64_t, max_memory_mb, 0,
+          "Memory that tables (values, optimizer state) may reserve, in MiB; 0: 80% of physical memory.");
 ABSL_FLAG(std::string, advertise_host, "",
           "Host name or address other processes reach this shard at (default: the hostname).");
 
@@ -94,6 +101,17 @@ int main(int argc, char** argv) {
   store_options.shard_index = static_cast<uint32_t>(shard_index);
   store_options.num_shards = static_cast<uint32_t>(num_shards);
   store_options.max_wait = absl::Seconds(absl::GetFlag(FLAGS_max_wait_s));
+  if (absl::GetFlag(FLAGS_max_memory_mb) < 0) {
+    std::fprintf(stderr, "pstrain-ps: --max_memory_mb must be >= 0\n");
+    return 2;
+  }
+  store_options.max_bytes = static_cast<uint64_t>(absl::GetFlag(FLAGS_max_memory_mb)) << 20;
+  auto root = pstrain::CanonicalRoot(absl::GetFlag(FLAGS_checkpoint_root));
+  if (!root.ok()) {
+    std::fprintf(stderr, "pstrain-ps: --checkpoint_root: %s\n", std::string(root.status().message()).c_str());
+    return 2;
+  }
+  store_options.checkpoint_root = *root;
   pstrain::ShardStore store(store_options);
   std::unique_ptr<pstrain::MetricsServer> metrics;
   std::unique_ptr<pstrain::ParameterServiceMetrics> service_metrics;
@@ -168,6 +186,7 @@ int main(int argc, char** argv) {
     // would retry against this shard until its deadline.
     pstrain::DropTableRequest drop;
     drop.set_job(job);
+    drop.set_attempt(std::numeric_limits<uint64_t>::max());  // whichever attempt it is
     pstrain::DropTableResponse dropped;
     (void)pstrain::WaitFor([&](pstrain::StatusCallback done) { store.DropTable(drop, &dropped, {}, done); });
   }

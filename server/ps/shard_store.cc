@@ -1,16 +1,20 @@
 #include "server/ps/shard_store.h"
 
+#include <unistd.h>
+#include <zlib.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cmath>
-#include <zlib.h>
-
 #include <cstring>
+#include <filesystem>
+#include <new>
 #include <unordered_map>
 #include <unordered_set>
 
 #include "absl/strings/str_cat.h"
 #include "common/file_util.h"
+#include "common/quote.h"
 #include "server/ps/optimizer.h"
 
 namespace pstrain {
@@ -22,14 +26,16 @@ struct ShardStore::Chunk {
   size_t numel = 0;
 
   std::mutex mu;
-  TensorBuffer value;               // replaced or updated under mu (copy-on-write)
+  TensorBuffer value;  // replaced under mu (copy-on-write), never written in place
   // Optimizer state buffers: state[k][slot], with k the worker under ASYNC
-  // and SSP (see TableConfig.shared_async_state), else one set (k = 0).
+  // and SSP (see TableConfig.shared_async_state), else one set (k = 0). A
+  // set is allocated on its worker's first push (its bytes were reserved
+  // with the table); an empty set has not been used yet.
   std::vector<std::vector<TensorBuffer>> state;
   std::vector<int64_t> optimizer_step;  // updates applied through state[k]
-  TensorBuffer accum;               // SYNC: sum of this step's gradients
-  std::vector<int64_t> last_step;   // per worker; -1 before its first push
-  std::vector<bool> arrived;        // SYNC: worker pushed the current step
+  TensorBuffer accum;                   // SYNC: sum of this step's gradients
+  std::vector<int64_t> last_step;       // per worker; -1 before its first push
+  std::vector<bool> arrived;            // SYNC: worker pushed the current step
   uint32_t arrivals = 0;
 
   // Published under mu, read by waiters without it.
@@ -39,13 +45,22 @@ struct ShardStore::Chunk {
 
 struct ShardStore::Table {
   std::string job;
+  uint64_t attempt = 0;  // see InitTableRequest.attempt
   TableConfig config;
   std::vector<std::unique_ptr<Chunk>> chunks;
   std::unordered_map<std::string, size_t> index;
 
+  // Returned to the store's budget when the last reference goes.
+  std::atomic<uint64_t>* budget = nullptr;
+  uint64_t reserved = 0;
+  ~Table() {
+    if (budget != nullptr) budget->fetch_sub(reserved);
+  }
+
   std::atomic<uint64_t> pushes_applied{0};
   std::atomic<uint64_t> pushes_duplicate{0};
   std::atomic<uint64_t> grads_skipped{0};
+  std::atomic<uint64_t> updates_nonfinite{0};
   std::atomic<uint64_t> pulls{0};
   std::atomic<uint64_t> bytes_pushed{0};
   std::atomic<uint64_t> bytes_pulled{0};
@@ -75,8 +90,8 @@ struct ShardStore::Waiter {
       const Chunk& chunk = *table->chunks[c];
       int64_t v = by_clock ? chunk.clock.load() : chunk.version.load();
       if (v < threshold) {
-        return absl::StrCat("key ", chunk.key, " is at ", by_clock ? "worker step " : "version ",
-                            v, ", waited for ", threshold);
+        return absl::StrCat("key ", Quote(chunk.key), " is at ", by_clock ? "worker step " : "version ", v,
+                            ", waited for ", threshold);
       }
     }
     return "";
@@ -106,48 +121,114 @@ void Fill(const TensorBuffer& t, double value) {
   std::fill(p, p + t.NumElements(), static_cast<T>(value));
 }
 
+absl::StatusOr<TensorBuffer> Zeros(DataType dtype, const std::vector<int64_t>& shape) {
+  absl::StatusOr<TensorBuffer> t = TensorBuffer::TryAllocate(dtype, shape);
+  if (t.ok() && t->nbytes > 0) std::memset(t->MutableData(), 0, t->nbytes);
+  return t;
+}
 
-// Applies one update to `*value`. When a reader still holds the current
-// buffer (a pull response being sent), the update is written to a new buffer
-// instead (copy-on-write): reading p and writing p' costs the same memory
-// traffic in place or not, so readers get values without any copy.
-void ApplyToChunk(const OptimizerConfig& config, int64_t step, TensorBuffer* value,
-                  const uint8_t* grad, const std::vector<TensorBuffer>& state, double scale) {
-  const size_t n = static_cast<size_t>(value->NumElements());
-  TensorBuffer out = *value;
-  // Only this thread (holding the chunk lock) can add readers, so a count of
-  // 1 cannot grow under us; a stale higher count only costs an allocation.
-  if (value->owner.use_count() > 1) out = TensorBuffer::Allocate(value->dtype, value->shape);
-  if (value->dtype == DT_FLOAT32) {
+absl::StatusOr<TensorBuffer> CopyBuffer(const TensorBuffer& from) {
+  absl::StatusOr<TensorBuffer> t = TensorBuffer::TryAllocate(from.dtype, from.shape);
+  if (t.ok() && t->nbytes > 0) std::memcpy(t->MutableData(), from.data, from.nbytes);
+  return t;
+}
+
+// A fresh optimizer state set for a chunk of `v`'s dtype and shape.
+absl::StatusOr<std::vector<TensorBuffer>> NewStateSet(const OptimizerConfig& optimizer, DataType dtype,
+                                                      const std::vector<int64_t>& shape) {
+  std::vector<TensorBuffer> set;
+  for (int k = 0; k < OptimizerStateSlots(optimizer.kind()); ++k) {
+    absl::StatusOr<TensorBuffer> z = Zeros(dtype, shape);
+    if (!z.ok()) return z.status();
+    set.push_back(std::move(*z));
+  }
+  if (optimizer.kind() == OptimizerConfig::ADAGRAD && !set.empty()) {
+    if (dtype == DT_FLOAT32) {
+      Fill<float>(set[0], optimizer.initial_accumulator_value());
+    } else {
+      Fill<double>(set[0], optimizer.initial_accumulator_value());
+    }
+  }
+  return set;
+}
+
+// One update of a chunk into new buffers: `*out` gets the new value and
+// `*state` (copies of the current state, updated) the new state. Nothing the
+// chunk holds is written, so the caller may still drop the result.
+void ComputeUpdate(const OptimizerConfig& config, int64_t step, const TensorBuffer& value, const uint8_t* grad,
+                   const std::vector<TensorBuffer>& state, double scale, TensorBuffer* out) {
+  const size_t n = static_cast<size_t>(value.NumElements());
+  if (value.dtype == DT_FLOAT32) {
     std::vector<float*> s;
     for (const TensorBuffer& b : state) s.push_back(reinterpret_cast<float*>(b.MutableData()));
-    ApplyOptimizer<float>(config, step, reinterpret_cast<const float*>(value->data),
-                          reinterpret_cast<float*>(out.MutableData()),
-                          reinterpret_cast<const float*>(grad), s.data(), n, scale);
+    ApplyOptimizer<float>(config, step, reinterpret_cast<const float*>(value.data),
+                          reinterpret_cast<float*>(out->MutableData()), reinterpret_cast<const float*>(grad),
+                          s.data(), n, scale);
   } else {
     std::vector<double*> s;
     for (const TensorBuffer& b : state) s.push_back(reinterpret_cast<double*>(b.MutableData()));
-    ApplyOptimizer<double>(config, step, reinterpret_cast<const double*>(value->data),
-                           reinterpret_cast<double*>(out.MutableData()),
-                           reinterpret_cast<const double*>(grad), s.data(), n, scale);
+    ApplyOptimizer<double>(config, step, reinterpret_cast<const double*>(value.data),
+                           reinterpret_cast<double*>(out->MutableData()), reinterpret_cast<const double*>(grad),
+                           s.data(), n, scale);
   }
-  *value = std::move(out);
 }
 
-TensorBuffer Zeros(DataType dtype, const std::vector<int64_t>& shape) {
-  TensorBuffer t = TensorBuffer::Allocate(dtype, shape);
-  if (t.nbytes > 0) std::memset(t.MutableData(), 0, t.nbytes);
-  return t;
+bool AllBuffersFinite(const TensorBuffer& value, const std::vector<TensorBuffer>& state) {
+  if (!AllFinite(value.dtype, value.data, value.nbytes)) return false;
+  for (const TensorBuffer& b : state) {
+    if (!AllFinite(b.dtype, b.data, b.nbytes)) return false;
+  }
+  return true;
 }
+
+uint64_t DefaultMaxBytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES);
+  const long page = sysconf(_SC_PAGE_SIZE);
+  if (pages <= 0 || page <= 0) return uint64_t{1} << 34;
+  return static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) / 10 * 8;
+}
+
+// Bytes a table of these chunk sizes may come to hold: values, optimizer
+// state for every set it may allocate, SYNC accumulators.
+uint64_t WorstCaseBytes(const TableConfig& config, uint64_t value_bytes) {
+  const uint64_t slots = static_cast<uint64_t>(OptimizerStateSlots(config.optimizer().kind()));
+  const bool per_worker = config.consistency() != SYNC && !config.shared_async_state();
+  const uint64_t sets = per_worker ? config.num_workers() : 1;
+  const uint64_t accum = config.consistency() == SYNC ? 1 : 0;
+  return value_bytes * (1 + slots * sets + accum);
+}
+
+// In [lo, hi], and not NaN.
+bool InRange(double x, double lo, double hi) { return x >= lo && x <= hi; }
+
+}  // namespace
 
 absl::Status ValidateTableConfig(TableConfig* config) {
   absl::Status s = NormalizeOptimizerConfig(config->mutable_optimizer());
   if (!s.ok()) return s;
+  const OptimizerConfig& o = config->optimizer();
+  auto bad = [](const char* field, const char* range) {
+    return absl::InvalidArgumentError(absl::StrCat("config.optimizer.", field, " must be in ", range));
+  };
+  // Ranges beyond which no training converges; values outside them are a
+  // mistake or an attack, and lead to non-finite parameters.
+  if (!InRange(o.lr(), 1e-12, 100)) return bad("lr", "(0, 100]");
+  if (!InRange(o.weight_decay(), 0, 1)) return bad("weight_decay", "[0, 1]");
+  if (!InRange(o.momentum(), 0, 0.9999)) return bad("momentum", "[0, 1)");
+  if (!InRange(o.dampening(), 0, 1)) return bad("dampening", "[0, 1]");
+  if (!InRange(o.beta1(), 0, 0.9999)) return bad("beta1", "[0, 1)");
+  if (!InRange(o.beta2(), 0, 0.999999)) return bad("beta2", "[0, 1)");
+  if (!InRange(o.eps(), 0, 1)) return bad("eps", "[0, 1]");
+  if (!InRange(o.lr_decay(), 0, 1)) return bad("lr_decay", "[0, 1]");
+  if (!InRange(o.initial_accumulator_value(), 0, 1e6)) return bad("initial_accumulator_value", "[0, 1e6]");
   if (config->consistency() == CONSISTENCY_UNSPECIFIED || !Consistency_IsValid(config->consistency())) {
     return absl::InvalidArgumentError("config.consistency must be ASYNC, SYNC or SSP");
   }
-  if (config->num_workers() == 0 || config->num_workers() > 65536) {
-    return absl::InvalidArgumentError("config.num_workers must be between 1 and 65536");
+  if (config->num_workers() == 0 || config->num_workers() > kMaxTableWorkers) {
+    return absl::InvalidArgumentError(absl::StrCat("config.num_workers must be between 1 and ", kMaxTableWorkers));
+  }
+  if (config->staleness() > 1000000) {
+    return absl::InvalidArgumentError("config.staleness must be at most 1000000");
   }
   if (!NonFinitePolicy_IsValid(config->nonfinite())) {
     return absl::InvalidArgumentError("config.nonfinite is not a known policy");
@@ -155,40 +236,10 @@ absl::Status ValidateTableConfig(TableConfig* config) {
   return absl::OkStatus();
 }
 
-}  // namespace
-
-std::unique_ptr<ShardStore::Chunk> ShardStore::NewChunk(const std::string& key, const TensorBuffer& v,
-                                                       const TableConfig& config) {
-  auto chunk = std::make_unique<Chunk>();
-  chunk->key = key;
-  chunk->dtype = v.dtype;
-  chunk->shape = v.shape;
-  chunk->numel = static_cast<size_t>(v.NumElements());
-  chunk->value = TensorBuffer::CopyOf(v.dtype, v.shape, v.data, v.nbytes);
-  const int slots = OptimizerStateSlots(config.optimizer().kind());
-  const bool per_worker = config.consistency() != SYNC && !config.shared_async_state();
-  const uint32_t sets = per_worker ? config.num_workers() : 1;
-  chunk->state.resize(sets);
-  chunk->optimizer_step.assign(sets, 0);
-  for (auto& set : chunk->state) {
-    for (int k = 0; k < slots; ++k) set.push_back(Zeros(v.dtype, v.shape));
-    if (config.optimizer().kind() == OptimizerConfig::ADAGRAD) {
-      if (v.dtype == DT_FLOAT32) {
-        Fill<float>(set[0], config.optimizer().initial_accumulator_value());
-      } else {
-        Fill<double>(set[0], config.optimizer().initial_accumulator_value());
-      }
-    }
-  }
-  chunk->last_step.assign(config.num_workers(), -1);
-  if (config.consistency() == SYNC) {
-    chunk->accum = Zeros(v.dtype, v.shape);
-    chunk->arrived.assign(config.num_workers(), false);
-  }
-  return chunk;
-}
-
-ShardStore::ShardStore(ShardStoreOptions options) : options_(std::move(options)) {
+ShardStore::ShardStore(ShardStoreOptions options) : options_([&] {
+  if (options.max_bytes == 0) options.max_bytes = DefaultMaxBytes();
+  return std::move(options);
+}()) {
   reaper_ = std::thread([this] { ReaperLoop(); });
 }
 
@@ -209,19 +260,132 @@ void ShardStore::Shutdown() {
   for (auto& w : waiters) w->ready(Unavailable());
 }
 
-absl::StatusOr<std::shared_ptr<ShardStore::Table>> ShardStore::FindTable(const std::string& job) {
+absl::Status ShardStore::ShutdownStatus() {
+  std::lock_guard<std::mutex> lock(waiters_mu_);
+  return shutdown_ ? Unavailable() : absl::OkStatus();
+}
+
+absl::Status ShardStore::CheckAttempt(const Table& table, uint64_t attempt) const {
+  if (attempt < table.attempt) {
+    return absl::AbortedError(absl::StrCat(
+        "job '", Quote(table.job), "' was restarted: this request is of its attempt ", attempt,
+        ", the table on shard ", options_.shard_index, " is of attempt ", table.attempt,
+        "; the caller's run of the job is over"));
+  }
+  if (attempt > table.attempt) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job '", Quote(table.job), "' has a table of attempt ", table.attempt, " on shard ", options_.shard_index,
+        " but this request is of attempt ", attempt, ": call InitTable (or LoadTable) for attempt ", attempt,
+        " first"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<ShardStore::Table>> ShardStore::FindTable(const std::string& job,
+                                                                         uint64_t attempt) {
+  absl::Status down = ShutdownStatus();
+  if (!down.ok()) return down;
+  std::shared_ptr<Table> table;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = tables_.find(job);
+    if (it != tables_.end()) table = it->second;
+  }
+  if (table == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat("job '", Quote(job), "' has no table on shard ",
+                                                      options_.shard_index,
+                                                      ": call InitTable before pushing or pulling"));
+  }
+  absl::Status s = CheckAttempt(*table, attempt);
+  if (!s.ok()) return s;
+  return table;
+}
+
+absl::StatusOr<std::shared_ptr<ShardStore::Table>> ShardStore::NewTable(const std::string& job, uint64_t attempt,
+                                                                        const TableConfig& config,
+                                                                        uint64_t bytes) {
+  uint64_t before = reserved_.load();
+  do {
+    if (bytes > options_.max_bytes || before > options_.max_bytes - bytes) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "job '", Quote(job), "' needs up to ", bytes, " bytes on shard ", options_.shard_index,
+          " (values, optimizer state for ", config.num_workers(), " worker(s)); ", options_.max_bytes - before,
+          " of its ", options_.max_bytes, " are free (pstrain-ps --max_memory_mb)"));
+    }
+  } while (!reserved_.compare_exchange_weak(before, before + bytes));
+  auto table = std::make_shared<Table>();
+  table->job = job;
+  table->attempt = attempt;
+  table->config = config;
+  table->budget = &reserved_;
+  table->reserved = bytes;
+  return table;
+}
+
+void ShardStore::AbortWaiters(const std::shared_ptr<Table>& table, const std::string& why) {
+  std::vector<std::shared_ptr<Waiter>> orphans;
   {
     std::lock_guard<std::mutex> lock(waiters_mu_);
-    if (shutdown_) return Unavailable();
+    for (auto it = waiters_.begin(); it != waiters_.end();) {
+      if ((*it)->table == table) {
+        orphans.push_back(std::move(*it));
+        it = waiters_.erase(it);
+      } else {
+        ++it;
+      }
+    }
   }
-  std::lock_guard<std::mutex> lock(mu_);
-  auto it = tables_.find(job);
-  if (it == tables_.end()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("job '", job, "' has no table on shard ", options_.shard_index,
-                     ": call InitTable before pushing or pulling"));
+  for (auto& w : orphans) w->ready(absl::AbortedError(why));
+}
+
+absl::StatusOr<std::shared_ptr<ShardStore::Table>> ShardStore::Install(std::shared_ptr<Table> table,
+                                                                       bool keep_identical, bool* created) {
+  std::shared_ptr<Table> replaced;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = tables_.find(table->job);
+    if (it != tables_.end()) {
+      const Table& old = *it->second;
+      if (old.attempt > table->attempt) return CheckAttempt(old, table->attempt);
+      if (old.attempt == table->attempt) {
+        // Every worker may initialise with the same seeded values: an
+        // identical layout and config keeps the existing table (and its
+        // progress).
+        bool same = keep_identical && old.config.SerializeAsString() == table->config.SerializeAsString() &&
+                    old.chunks.size() == table->chunks.size();
+        for (size_t i = 0; same && i < old.chunks.size(); ++i) {
+          const Chunk& a = *old.chunks[i];
+          const Chunk& b = *table->chunks[i];
+          same = a.key == b.key && a.dtype == b.dtype && a.shape == b.shape;
+        }
+        if (!same) {
+          return absl::AlreadyExistsError(absl::StrCat(
+              "job '", Quote(table->job), "' already has a table of attempt ", old.attempt, " on shard ",
+              options_.shard_index,
+              keep_identical ? " with different keys, shapes or config; use a new job name"
+                             : "; restore into a new job or a new attempt"));
+        }
+        *created = false;
+        return it->second;
+      }
+      // A table of an earlier attempt of the job (its drop was lost in a
+      // partition): the new attempt replaces it.
+      replaced = std::move(it->second);
+      it->second = table;
+    } else {
+      if (tables_.size() >= options_.max_tables) {
+        return absl::ResourceExhaustedError(absl::StrCat("shard ", options_.shard_index, " already holds ",
+                                                         tables_.size(), " tables, its limit"));
+      }
+      tables_.emplace(table->job, table);
+    }
   }
-  return it->second;
+  if (replaced != nullptr) {
+    AbortWaiters(replaced, absl::StrCat("job '", Quote(table->job), "' was restarted as attempt ", table->attempt,
+                                        "; this call was of attempt ", replaced->attempt));
+  }
+  *created = true;
+  return table;
 }
 
 absl::StatusOr<std::vector<size_t>> ShardStore::ResolveKeys(
@@ -232,41 +396,82 @@ absl::StatusOr<std::vector<size_t>> ShardStore::ResolveKeys(
   for (const std::string& key : keys) {
     auto it = table.index.find(key);
     if (it == table.index.end()) {
-      return absl::NotFoundError(absl::StrCat("key '", key, "' is not in job '", table.job,
+      return absl::NotFoundError(absl::StrCat("key '", Quote(key), "' is not in job '", Quote(table.job),
                                               "' on shard ", options_.shard_index,
                                               " (was it assigned to another shard?)"));
     }
     if (!seen.insert(it->second).second) {
-      return absl::InvalidArgumentError(absl::StrCat("key '", key, "' appears twice in one request"));
+      return absl::InvalidArgumentError(absl::StrCat("key '", Quote(key), "' appears twice in one request"));
     }
     out.push_back(it->second);
   }
   return out;
 }
 
-void ShardStore::InitTable(const InitTableRequest& request, std::vector<TensorBuffer> values,
-                           InitTableResponse* response, const CallOptions& /*options*/,
-                           StatusCallback done) {
-  {
-    std::lock_guard<std::mutex> lock(waiters_mu_);
-    if (shutdown_) return done(Unavailable());
+namespace {
+
+// Checks what a table's identity needs: a job name, keys, one value each.
+absl::Status ValidateJobAndKeys(const std::string& job, const google::protobuf::RepeatedPtrField<std::string>& keys) {
+  if (job.empty()) return absl::InvalidArgumentError("job must not be empty");
+  if (job.size() > kMaxJobBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("job '", Quote(job), "' is longer than ", kMaxJobBytes, " bytes"));
   }
-  if (request.job().empty()) return done(absl::InvalidArgumentError("job must not be empty"));
+  for (int i = 0; i < keys.size(); ++i) {
+    if (keys[i].empty()) return absl::InvalidArgumentError(absl::StrCat("key ", i, " is empty"));
+    if (keys[i].size() > kMaxKeyBytes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("key '", Quote(keys[i]), "' is longer than ", kMaxKeyBytes, " bytes"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ShardStore::Chunk>> ShardStore::NewChunk(const std::string& key,
+                                                                        const TensorBuffer& v,
+                                                                        const TableConfig& config) {
+  auto chunk = std::make_unique<Chunk>();
+  chunk->key = key;
+  chunk->dtype = v.dtype;
+  chunk->shape = v.shape;
+  chunk->numel = static_cast<size_t>(v.NumElements());
+  absl::StatusOr<TensorBuffer> value = CopyBuffer(v);
+  if (!value.ok()) return value.status();
+  chunk->value = std::move(*value);
+  const bool per_worker = config.consistency() != SYNC && !config.shared_async_state();
+  const uint32_t sets = per_worker ? config.num_workers() : 1;
+  chunk->state.resize(sets);
+  chunk->optimizer_step.assign(sets, 0);
+  chunk->last_step.assign(config.num_workers(), -1);
+  if (config.consistency() == SYNC) {
+    absl::StatusOr<TensorBuffer> accum = Zeros(v.dtype, v.shape);
+    if (!accum.ok()) return accum.status();
+    chunk->accum = std::move(*accum);
+    chunk->arrived.assign(config.num_workers(), false);
+  }
+  return chunk;
+}
+
+void ShardStore::InitTable(const InitTableRequest& request, std::vector<TensorBuffer> values,
+                           InitTableResponse* response, const CallOptions& /*options*/, StatusCallback done) {
+  absl::Status s = ShutdownStatus();
+  if (!s.ok()) return done(s);
+  s = ValidateJobAndKeys(request.job(), request.keys());
+  if (!s.ok()) return done(s);
   TableConfig config = request.config();
-  absl::Status s = ValidateTableConfig(&config);
+  s = ValidateTableConfig(&config);
   if (!s.ok()) return done(s);
   if (static_cast<size_t>(request.keys_size()) != values.size()) {
-    return done(absl::InvalidArgumentError(absl::StrCat(
-        request.keys_size(), " keys but ", values.size(), " values: give one value per key")));
+    return done(absl::InvalidArgumentError(absl::StrCat(request.keys_size(), " keys but ", values.size(),
+                                                        " values: give one value per key")));
   }
-  auto table = std::make_shared<Table>();
-  table->job = request.job();
-  table->config = config;
+  uint64_t value_bytes = 0;
+  std::unordered_set<std::string> keys;
   for (size_t i = 0; i < values.size(); ++i) {
     const std::string& key = request.keys(static_cast<int>(i));
     const TensorBuffer& v = values[i];
-    const std::string what = absl::StrCat("value of key '", key, "'");
-    if (key.empty()) return done(absl::InvalidArgumentError(absl::StrCat("key ", i, " is empty")));
+    const std::string what = absl::StrCat("value of key '", Quote(key), "'");
     s = ValidateTensorBuffer(v, what);
     if (!s.ok()) return done(s);
     if (v.dtype != DT_FLOAT32 && v.dtype != DT_FLOAT64) {
@@ -274,36 +479,52 @@ void ShardStore::InitTable(const InitTableRequest& request, std::vector<TensorBu
           what, " is ", DataTypeName(v.dtype), ": trainable parameters must be float32 or float64")));
     }
     if (!IsFinite(v)) return done(absl::InvalidArgumentError(what + " has NaN or Inf"));
-    if (!table->index.emplace(key, i).second) {
-      return done(absl::InvalidArgumentError(absl::StrCat("key '", key, "' appears twice")));
+    if (!keys.insert(key).second) {
+      return done(absl::InvalidArgumentError(absl::StrCat("key '", Quote(key), "' appears twice")));
     }
-    std::unique_ptr<Chunk> chunk = NewChunk(key, v, config);
-    table->chunks.push_back(std::move(chunk));
+    value_bytes += v.nbytes;
   }
 
-  std::lock_guard<std::mutex> lock(mu_);
-  auto it = tables_.find(request.job());
-  if (it != tables_.end()) {
-    // Every worker may initialise with the same seeded values: an identical
-    // layout and config keeps the existing table (and its progress).
-    const Table& old = *it->second;
-    bool same = old.config.SerializeAsString() == config.SerializeAsString() &&
-                old.chunks.size() == table->chunks.size();
-    for (size_t i = 0; same && i < old.chunks.size(); ++i) {
-      const Chunk& a = *old.chunks[i];
-      const Chunk& b = *table->chunks[i];
-      same = a.key == b.key && a.dtype == b.dtype && a.shape == b.shape;
+  // An existing table of this attempt (every worker calls InitTable) is
+  // compared before anything is allocated.
+  std::shared_ptr<Table> existing;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = tables_.find(request.job());
+    if (it != tables_.end()) existing = it->second;
+  }
+  if (existing != nullptr && existing->attempt >= request.attempt()) {
+    s = CheckAttempt(*existing, request.attempt());
+    if (!s.ok()) return done(s);
+    bool same = existing->config.SerializeAsString() == config.SerializeAsString() &&
+                existing->chunks.size() == values.size();
+    for (size_t i = 0; same && i < values.size(); ++i) {
+      const Chunk& c = *existing->chunks[i];
+      same = c.key == request.keys(static_cast<int>(i)) && c.dtype == values[i].dtype && c.shape == values[i].shape;
     }
     if (!same) {
       return done(absl::AlreadyExistsError(absl::StrCat(
-          "job '", request.job(), "' already has a table on shard ", options_.shard_index,
+          "job '", Quote(request.job()), "' already has a table on shard ", options_.shard_index,
           " with different keys, shapes or config; use a new job name")));
     }
     response->set_created(false);
     return done(absl::OkStatus());
   }
-  tables_.emplace(request.job(), std::move(table));
-  response->set_created(true);
+
+  absl::StatusOr<std::shared_ptr<Table>> table =
+      NewTable(request.job(), request.attempt(), config, WorstCaseBytes(config, value_bytes));
+  if (!table.ok()) return done(table.status());
+  for (size_t i = 0; i < values.size(); ++i) {
+    const std::string& key = request.keys(static_cast<int>(i));
+    absl::StatusOr<std::unique_ptr<Chunk>> chunk = NewChunk(key, values[i], config);
+    if (!chunk.ok()) return done(chunk.status());
+    (*table)->index.emplace(key, i);
+    (*table)->chunks.push_back(std::move(*chunk));
+  }
+  bool created = false;
+  absl::StatusOr<std::shared_ptr<Table>> installed = Install(std::move(*table), /*keep_identical=*/true, &created);
+  if (!installed.ok()) return done(installed.status());
+  response->set_created(created);
   done(absl::OkStatus());
 }
 
@@ -312,17 +533,18 @@ absl::Status ShardStore::ApplyPush(Table& table, const PushInput& in, std::vecto
   const TableConfig& config = table.config;
   response->Clear();
   if (static_cast<size_t>(in.keys->size()) != in.grads->size()) {
-    return absl::InvalidArgumentError(absl::StrCat(in.keys->size(), " keys but ",
-                                                   in.grads->size(), " gradients"));
+    return absl::InvalidArgumentError(absl::StrCat(in.keys->size(), " keys but ", in.grads->size(), " gradients"));
   }
   if (in.worker >= config.num_workers()) {
-    return absl::InvalidArgumentError(absl::StrCat("worker ", in.worker, " is out of range: job '",
-                                                   table.job, "' has ", config.num_workers(),
-                                                   " workers (0..", config.num_workers() - 1, ")"));
+    return absl::InvalidArgumentError(absl::StrCat("worker ", in.worker, " is out of range: job '", Quote(table.job),
+                                                   "' has ", config.num_workers(), " workers (0..",
+                                                   config.num_workers() - 1, ")"));
   }
-  if (in.step < 0) return absl::InvalidArgumentError("step must be >= 0");
-  if (in.lr < 0 || !std::isfinite(in.lr)) {
-    return absl::InvalidArgumentError("lr must be a finite number >= 0 (0: the table's)");
+  if (in.step < 0 || in.step >= kMaxStep) {
+    return absl::InvalidArgumentError(absl::StrCat("step ", in.step, " is out of range [0, 2^40)"));
+  }
+  if (!(in.lr >= 0) || !std::isfinite(in.lr) || in.lr > 100) {
+    return absl::InvalidArgumentError("lr must be a number in [0, 100] (0: the table's)");
   }
   OptimizerConfig optimizer = config.optimizer();
   if (in.lr > 0) optimizer.set_lr(in.lr);
@@ -341,18 +563,24 @@ absl::Status ShardStore::ApplyPush(Table& table, const PushInput& in, std::vecto
   for (size_t i = 0; i < chunks->size(); ++i) {
     const Chunk& c = *table.chunks[(*chunks)[i]];
     const TensorBuffer& g = (*in.grads)[i];
-    const std::string what = absl::StrCat("gradient for key '", c.key, "'");
+    const std::string what = absl::StrCat("gradient for key '", Quote(c.key), "'");
     absl::Status s = ValidateTensorBuffer(g, what);
     if (!s.ok()) return s;
     if (g.dtype != c.dtype || g.shape != c.shape) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(what, " is ", DataTypeName(g.dtype), g.ShapeString(), " but the parameter is ",
-                       DataTypeName(c.dtype), c.value.ShapeString()));
+      return absl::InvalidArgumentError(absl::StrCat(what, " is ", DataTypeName(g.dtype), g.ShapeString(),
+                                                     " but the parameter is ", DataTypeName(c.dtype),
+                                                     c.value.ShapeString()));
     }
-    if (config.consistency() == SYNC && in.step > c.version.load(std::memory_order_acquire)) {
+    const int64_t version = c.version.load(std::memory_order_acquire);
+    if (config.consistency() == SYNC && in.step > version) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "key '", c.key, "' is at step ", c.version.load(), " but worker ", in.worker,
-          " pushed step ", in.step, "; under SYNC a worker pulls step t's result before pushing step t+1"));
+          "key '", Quote(c.key), "' is at step ", version, " but worker ", in.worker, " pushed step ", in.step,
+          "; under SYNC a worker pulls step t's result before pushing step t+1"));
+    }
+    if (in.step > version + kMaxStepAhead) {
+      return absl::InvalidArgumentError(absl::StrCat("step ", in.step, " of worker ", in.worker, " is more than ",
+                                                     kMaxStepAhead, " steps ahead of key '", Quote(c.key),
+                                                     "' (version ", version, ")"));
     }
     if (!IsFinite(g)) {
       if (config.nonfinite() == NONFINITE_REJECT) {
@@ -365,22 +593,106 @@ absl::Status ShardStore::ApplyPush(Table& table, const PushInput& in, std::vecto
     }
   }
 
+  // Every chunk of the push is locked (ascending index: no deadlock with
+  // another push) while its updates are computed into new buffers, checked
+  // and committed: all or nothing.
+  std::vector<size_t> order(chunks->size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return (*chunks)[a] < (*chunks)[b]; });
+  std::vector<std::unique_lock<std::mutex>> locks;
+  locks.reserve(order.size());
+  for (size_t i : order) locks.emplace_back(table.chunks[(*chunks)[i]]->mu);
+
+  const bool sync = config.consistency() == SYNC;
+  // What this push does to chunk i: nothing (a duplicate), count an arrival
+  // (SYNC), or install a new value and state (an update).
+  enum class Action { kDuplicate, kArrive, kSkip, kUpdate };
+  std::vector<Action> action(chunks->size());
+  std::vector<TensorBuffer> new_value(chunks->size());
+  std::vector<std::vector<TensorBuffer>> new_state(chunks->size());
+  try {
+    for (size_t i = 0; i < chunks->size(); ++i) {
+      Chunk& c = *table.chunks[(*chunks)[i]];
+      const TensorBuffer& g = (*in.grads)[i];
+      const int64_t version = c.version.load(std::memory_order_relaxed);
+      if (sync) {
+        // Versions only grow, so the check above still holds: step <= version.
+        if (in.step != version || c.arrived[in.worker]) {
+          action[i] = Action::kDuplicate;
+          continue;
+        }
+        action[i] = Action::kArrive;
+        if (c.arrivals + 1 < config.num_workers()) continue;
+        // This push completes the step: the update of the mean is computed
+        // at commit (it cannot be refused: the step is over either way).
+        if (c.state[0].empty()) {
+          absl::StatusOr<std::vector<TensorBuffer>> set = NewStateSet(optimizer, c.dtype, c.shape);
+          if (!set.ok()) return set.status();
+          c.state[0] = std::move(*set);
+        }
+        absl::StatusOr<TensorBuffer> out = TensorBuffer::TryAllocate(c.dtype, c.shape);
+        if (!out.ok()) return out.status();
+        new_value[i] = std::move(*out);
+        for (const TensorBuffer& b : c.state[0]) {
+          absl::StatusOr<TensorBuffer> copy = CopyBuffer(b);
+          if (!copy.ok()) return copy.status();
+          new_state[i].push_back(std::move(*copy));
+        }
+        continue;
+      }
+      if (in.step <= c.last_step[in.worker]) {
+        action[i] = Action::kDuplicate;
+        continue;
+      }
+      if (skip[i]) {
+        action[i] = Action::kSkip;
+        continue;
+      }
+      const size_t k = c.state.size() == 1 ? 0 : in.worker;
+      if (c.state[k].empty()) {
+        absl::StatusOr<std::vector<TensorBuffer>> set = NewStateSet(optimizer, c.dtype, c.shape);
+        if (!set.ok()) return set.status();
+        c.state[k] = std::move(*set);
+      }
+      absl::StatusOr<TensorBuffer> out = TensorBuffer::TryAllocate(c.dtype, c.shape);
+      if (!out.ok()) return out.status();
+      for (const TensorBuffer& b : c.state[k]) {
+        absl::StatusOr<TensorBuffer> copy = CopyBuffer(b);
+        if (!copy.ok()) return copy.status();
+        new_state[i].push_back(std::move(*copy));
+      }
+      ComputeUpdate(optimizer, c.optimizer_step[k] + 1, c.value, g.data, new_state[i], 1.0, &*out);
+      new_value[i] = std::move(*out);
+      if (AllBuffersFinite(new_value[i], new_state[i])) {
+        action[i] = Action::kUpdate;
+      } else if (config.nonfinite() == NONFINITE_REJECT) {
+        ++table.updates_nonfinite;
+        return absl::InvalidArgumentError(absl::StrCat(
+            "the update of key '", Quote(c.key), "' by worker ", in.worker, " at step ", in.step,
+            " is not finite (gradient too large for the learning rate); nothing in this push was applied"));
+      } else {
+        ++table.updates_nonfinite;
+        action[i] = Action::kSkip;
+      }
+    }
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError("out of memory while applying a push; nothing was applied");
+  }
+
+  // Commit: nothing below can fail.
   uint32_t applied = 0, duplicates = 0, skipped = 0;
   uint64_t bytes = 0;
   for (size_t i = 0; i < chunks->size(); ++i) {
     Chunk& c = *table.chunks[(*chunks)[i]];
     const TensorBuffer& g = (*in.grads)[i];
-    std::lock_guard<std::mutex> lock(c.mu);
-    int64_t& last = c.last_step[in.worker];
-    if (config.consistency() == SYNC) {
-      const int64_t version = c.version.load(std::memory_order_relaxed);
-      // Versions only grow, so the check above still holds: step <= version.
-      if (in.step != version || c.arrived[in.worker]) {
+    switch (action[i]) {
+      case Action::kDuplicate:
         ++duplicates;
-      } else {
+        break;
+      case Action::kArrive: {
         c.arrived[in.worker] = true;
         ++c.arrivals;
-        last = in.step;
+        c.last_step[in.worker] = in.step;
         if (skip[i]) {
           ++skipped;  // counts as this worker's (empty) contribution
         } else {
@@ -393,31 +705,42 @@ absl::Status ShardStore::ApplyPush(Table& table, const PushInput& in, std::vecto
           bytes += g.nbytes;
         }
         if (c.arrivals == config.num_workers()) {
-          ApplyToChunk(optimizer, ++c.optimizer_step[0], &c.value, c.accum.data, c.state[0],
-                       1.0 / config.num_workers());
+          // The mean of the step, into new buffers; a non-finite result is
+          // dropped (the step completes without changing the value).
+          ComputeUpdate(optimizer, c.optimizer_step[0] + 1, c.value, c.accum.data, new_state[i],
+                        1.0 / config.num_workers(), &new_value[i]);
+          if (AllBuffersFinite(new_value[i], new_state[i])) {
+            c.value = std::move(new_value[i]);
+            c.state[0] = std::move(new_state[i]);
+            ++c.optimizer_step[0];
+          } else {
+            ++table.updates_nonfinite;
+          }
           std::memset(c.accum.MutableData(), 0, c.accum.nbytes);
           std::fill(c.arrived.begin(), c.arrived.end(), false);
           c.arrivals = 0;
-          c.version.store(version + 1, std::memory_order_release);
+          c.version.store(c.version.load(std::memory_order_relaxed) + 1, std::memory_order_release);
         }
+        break;
       }
-    } else {
-      if (in.step <= last) {
-        ++duplicates;
-      } else {
-        last = in.step;
-        if (skip[i]) {
-          ++skipped;
-        } else {
-          const size_t k = c.state.size() == 1 ? 0 : in.worker;
-          ApplyToChunk(optimizer, ++c.optimizer_step[k], &c.value, g.data, c.state[k], 1.0);
-          c.version.fetch_add(1, std::memory_order_release);
-          ++applied;
-          bytes += g.nbytes;
-        }
-        c.clock.store(*std::min_element(c.last_step.begin(), c.last_step.end()),
-                      std::memory_order_release);
+      case Action::kSkip:
+        ++skipped;
+        c.last_step[in.worker] = in.step;
+        break;
+      case Action::kUpdate: {
+        const size_t k = c.state.size() == 1 ? 0 : in.worker;
+        c.value = std::move(new_value[i]);
+        c.state[k] = std::move(new_state[i]);
+        ++c.optimizer_step[k];
+        c.last_step[in.worker] = in.step;
+        c.version.fetch_add(1, std::memory_order_release);
+        ++applied;
+        bytes += g.nbytes;
+        break;
       }
+    }
+    if (!sync && action[i] != Action::kDuplicate) {
+      c.clock.store(*std::min_element(c.last_step.begin(), c.last_step.end()), std::memory_order_release);
     }
     response->add_versions(c.version.load(std::memory_order_relaxed));
   }
@@ -432,11 +755,10 @@ absl::Status ShardStore::ApplyPush(Table& table, const PushInput& in, std::vecto
 }
 
 void ShardStore::Snapshot(Table& table, const std::vector<size_t>& chunks,
-                          google::protobuf::RepeatedField<int64_t>* versions,
-                          std::vector<TensorBuffer>* values) {
+                          google::protobuf::RepeatedField<int64_t>* versions, std::vector<TensorBuffer>* values) {
   // Without destinations, readers share the chunk's current buffer: updates
-  // are copy-on-write (ApplyToChunk), so it never changes under them. With
-  // caller-provided destinations that fit, the values are copied into them.
+  // always write new buffers (ApplyPush), so it never changes under them.
+  // With caller-provided destinations that fit, the values are copied in.
   bool use_destinations = !values->empty() && values->size() == chunks.size();
   for (size_t i = 0; use_destinations && i < chunks.size(); ++i) {
     const Chunk& c = *table.chunks[chunks[i]];
@@ -462,9 +784,8 @@ void ShardStore::Snapshot(Table& table, const std::vector<size_t>& chunks,
   table.bytes_pulled += bytes;
 }
 
-void ShardStore::WhenReady(std::shared_ptr<Table> table, std::vector<size_t> chunks,
-                           bool by_clock, int64_t threshold, absl::Time deadline,
-                           StatusCallback ready) {
+void ShardStore::WhenReady(std::shared_ptr<Table> table, std::vector<size_t> chunks, bool by_clock,
+                           int64_t threshold, absl::Time deadline, StatusCallback ready) {
   auto w = std::make_shared<Waiter>();
   w->table = std::move(table);
   w->chunks = std::move(chunks);
@@ -478,9 +799,14 @@ void ShardStore::WhenReady(std::shared_ptr<Table> table, std::vector<size_t> chu
     if (shutdown_) {
       now = Unavailable();
     } else if (!w->Satisfied()) {
-      waiters_.push_back(w);
-      waiters_cv_.notify_all();  // the reaper may need an earlier wake-up
-      return;
+      if (waiters_.size() >= options_.max_waiters) {
+        now = absl::ResourceExhaustedError(absl::StrCat("shard ", options_.shard_index, " already has ",
+                                                        waiters_.size(), " waiting calls, its limit"));
+      } else {
+        waiters_.push_back(w);
+        waiters_cv_.notify_all();  // the reaper may need an earlier wake-up
+        return;
+      }
     }
   }
   w->ready(now);
@@ -525,21 +851,23 @@ void ShardStore::ReaperLoop() {
     if (expired.empty()) continue;
     lock.unlock();
     for (auto& w : expired) {
-      w->ready(absl::DeadlineExceededError(absl::StrCat(
-          "deadline passed while waiting on job '", w->table->job, "': ", w->Lagging(),
-          "; a worker may have died or fallen behind")));
+      w->ready(absl::DeadlineExceededError(absl::StrCat("deadline passed while waiting on job '",
+                                                        Quote(w->table->job), "': ", w->Lagging(),
+                                                        "; a worker may have died or fallen behind")));
     }
     lock.lock();
   }
 }
 
-void ShardStore::Pull(const PullRequest& request, PullResponse* response,
-                      std::vector<TensorBuffer>* values, const CallOptions& options,
-                      StatusCallback done) {
-  absl::StatusOr<std::shared_ptr<Table>> table = FindTable(request.job());
+void ShardStore::Pull(const PullRequest& request, PullResponse* response, std::vector<TensorBuffer>* values,
+                      const CallOptions& options, StatusCallback done) {
+  absl::StatusOr<std::shared_ptr<Table>> table = FindTable(request.job(), request.attempt());
   if (!table.ok()) return done(table.status());
   absl::StatusOr<std::vector<size_t>> chunks = ResolveKeys(**table, request.keys());
   if (!chunks.ok()) return done(chunks.status());
+  if (request.min_version() >= kMaxStep) {
+    return done(absl::InvalidArgumentError("min_version is out of range [0, 2^40)"));
+  }
   std::shared_ptr<Table> t = *table;
   auto idx = std::make_shared<std::vector<size_t>>(std::move(*chunks));
   WhenReady(t, *idx, /*by_clock=*/false, request.min_version(), options.deadline,
@@ -549,10 +877,10 @@ void ShardStore::Pull(const PullRequest& request, PullResponse* response,
             });
 }
 
-void ShardStore::Push(const PushRequest& request, std::vector<TensorBuffer> grads,
-                      PushResponse* response, const CallOptions& /*options*/,
-                      StatusCallback done) {
-  absl::StatusOr<std::shared_ptr<Table>> table = FindTable(request.job());
+void ShardStore::Push(const PushRequest& request, std::vector<TensorBuffer> grads, PushResponse* response,
+                      const CallOptions& /*options*/, StatusCallback done) {
+  if (options_.before_push) options_.before_push(request.job(), request.attempt(), request.worker(), request.step());
+  absl::StatusOr<std::shared_ptr<Table>> table = FindTable(request.job(), request.attempt());
   if (!table.ok()) return done(table.status());
   PushInput in{request.job(), request.worker(), request.step(), request.lr(), &request.keys(), &grads};
   std::vector<size_t> chunks;
@@ -564,7 +892,8 @@ void ShardStore::Push(const PushRequest& request, std::vector<TensorBuffer> grad
 void ShardStore::PushPull(const PushPullRequest& request, std::vector<TensorBuffer> grads,
                           PushPullResponse* response, std::vector<TensorBuffer>* values,
                           const CallOptions& options, StatusCallback done) {
-  absl::StatusOr<std::shared_ptr<Table>> table = FindTable(request.job());
+  if (options_.before_push) options_.before_push(request.job(), request.attempt(), request.worker(), request.step());
+  absl::StatusOr<std::shared_ptr<Table>> table = FindTable(request.job(), request.attempt());
   if (!table.ok()) return done(table.status());
   std::shared_ptr<Table> t = *table;
   PushInput in{request.job(), request.worker(), request.step(), request.lr(), &request.keys(), &grads};
@@ -592,8 +921,8 @@ void ShardStore::PushPull(const PushPullRequest& request, std::vector<TensorBuff
             });
 }
 
-void ShardStore::Stats(const StatsRequest& request, StatsResponse* response,
-                       const CallOptions& /*options*/, StatusCallback done) {
+void ShardStore::Stats(const StatsRequest& request, StatsResponse* response, const CallOptions& /*options*/,
+                       StatusCallback done) {
   std::vector<std::shared_ptr<Table>> tables;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -603,20 +932,21 @@ void ShardStore::Stats(const StatsRequest& request, StatsResponse* response,
   }
   if (!request.job().empty() && tables.empty()) {
     return done(absl::NotFoundError(
-        absl::StrCat("job '", request.job(), "' has no table on shard ", options_.shard_index)));
+        absl::StrCat("job '", Quote(request.job()), "' has no table on shard ", options_.shard_index)));
   }
   response->set_shard_index(options_.shard_index);
   response->set_num_shards(options_.num_shards);
   for (const auto& t : tables) {
     TableStats* s = response->add_tables();
     s->set_job(t->job);
+    s->set_attempt(t->attempt);
     *s->mutable_config() = t->config;
     s->set_num_chunks(t->chunks.size());
     int64_t lo = INT64_MAX, hi = 0;
     uint64_t elements = 0, bytes = 0;
     for (const auto& c : t->chunks) {
       elements += c->numel;
-      bytes += c->value.nbytes;
+      bytes += c->numel * DataTypeSize(c->dtype);
       const int64_t v = c->version.load();
       lo = std::min(lo, v);
       hi = std::max(hi, v);
@@ -628,6 +958,7 @@ void ShardStore::Stats(const StatsRequest& request, StatsResponse* response,
     s->set_pushes_applied(t->pushes_applied.load());
     s->set_pushes_duplicate(t->pushes_duplicate.load());
     s->set_grads_skipped_nonfinite(t->grads_skipped.load());
+    s->set_updates_nonfinite(t->updates_nonfinite.load());
     s->set_pulls(t->pulls.load());
     s->set_bytes_pushed(t->bytes_pushed.load());
     s->set_bytes_pulled(t->bytes_pulled.load());
@@ -637,42 +968,55 @@ void ShardStore::Stats(const StatsRequest& request, StatsResponse* response,
 
 void ShardStore::SaveTable(const SaveTableRequest& request, SaveTableResponse* response,
                            const CallOptions& /*options*/, StatusCallback done) {
-  absl::StatusOr<std::shared_ptr<Table>> table = FindTable(request.job());
+  absl::StatusOr<std::shared_ptr<Table>> table = FindTable(request.job(), request.attempt());
   if (!table.ok()) return done(table.status());
-  if (request.path().empty()) return done(absl::InvalidArgumentError("path must not be empty"));
+  if (options_.checkpoint_root.empty()) {
+    return done(absl::FailedPreconditionError(
+        absl::StrCat("shard ", options_.shard_index, " has no checkpoint root (pstrain-ps --checkpoint_root)")));
+  }
+  absl::StatusOr<std::string> path = ResolveUnderRoot(options_.checkpoint_root, request.path());
+  if (!path.ok()) return done(path.status());
   TableSnapshot snap;
   snap.set_job((*table)->job);
   *snap.mutable_config() = (*table)->config;
   snap.set_shard_index(options_.shard_index);
   int64_t lo = INT64_MAX, hi = 0;
-  for (const auto& c : (*table)->chunks) {
-    std::lock_guard<std::mutex> lock(c->mu);
-    if (c->arrivals > 0) {
-      return done(absl::FailedPreconditionError(absl::StrCat(
-          "key '", c->key, "' has a SYNC step half pushed; checkpoint when every worker is paused")));
+  try {
+    for (const auto& c : (*table)->chunks) {
+      std::lock_guard<std::mutex> lock(c->mu);
+      if (c->arrivals > 0) {
+        return done(absl::FailedPreconditionError(absl::StrCat(
+            "key '", Quote(c->key), "' has a SYNC step half pushed; checkpoint when every worker is paused")));
+      }
+      ChunkSnapshot* cs = snap.add_chunks();
+      cs->set_key(c->key);
+      cs->set_dtype(c->dtype);
+      for (int64_t d : c->shape) cs->add_shape(d);
+      cs->set_value(reinterpret_cast<const char*>(c->value.data), c->value.nbytes);
+      for (size_t k = 0; k < c->state.size(); ++k) {
+        ChunkSnapshot::StateSet* set = cs->add_state();  // empty: never used
+        for (const TensorBuffer& b : c->state[k]) set->add_slots(reinterpret_cast<const char*>(b.data), b.nbytes);
+        set->set_optimizer_step(c->optimizer_step[k]);
+      }
+      const int64_t v = c->version.load();
+      cs->set_version(v);
+      for (int64_t l : c->last_step) cs->add_last_step(l);
+      lo = std::min(lo, v);
+      hi = std::max(hi, v);
+      response->add_keys(c->key);
     }
-    ChunkSnapshot* cs = snap.add_chunks();
-    cs->set_key(c->key);
-    cs->set_dtype(c->dtype);
-    for (int64_t d : c->shape) cs->add_shape(d);
-    cs->set_value(reinterpret_cast<const char*>(c->value.data), c->value.nbytes);
-    for (size_t k = 0; k < c->state.size(); ++k) {
-      ChunkSnapshot::StateSet* set = cs->add_state();
-      for (const TensorBuffer& b : c->state[k]) set->add_slots(reinterpret_cast<const char*>(b.data), b.nbytes);
-      set->set_optimizer_step(c->optimizer_step[k]);
-    }
-    const int64_t v = c->version.load();
-    cs->set_version(v);
-    for (int64_t l : c->last_step) cs->add_last_step(l);
-    lo = std::min(lo, v);
-    hi = std::max(hi, v);
-    response->add_keys(c->key);
+  } catch (const std::bad_alloc&) {
+    return done(absl::ResourceExhaustedError("out of memory while building the checkpoint file"));
   }
   std::string bytes;
-  if (!snap.SerializeToString(&bytes)) {
+  if (snap.ByteSizeLong() > (size_t{1} << 31) - 1 || !snap.SerializeToString(&bytes)) {
     return done(absl::ResourceExhaustedError("the table is too large for one checkpoint file (2 GiB)"));
   }
-  absl::Status s = WriteFileAtomically(request.path(), bytes);
+  snap.Clear();
+  std::error_code ec;
+  std::filesystem::create_directories(std::filesystem::path(*path).parent_path(), ec);
+  if (ec) return done(ErrnoToStatus(ec.value(), "cannot create the directory of", request.path()));
+  absl::Status s = WriteFileAtomically(*path, bytes);
   if (!s.ok()) return done(s);
   response->set_path(request.path());
   response->set_bytes(bytes.size());
@@ -683,132 +1027,237 @@ void ShardStore::SaveTable(const SaveTableRequest& request, SaveTableResponse* r
   done(absl::OkStatus());
 }
 
-void ShardStore::LoadTable(const LoadTableRequest& request, LoadTableResponse* response,
-                           const CallOptions& /*options*/, StatusCallback done) {
-  {
-    std::lock_guard<std::mutex> lock(waiters_mu_);
-    if (shutdown_) return done(Unavailable());
+namespace {
+
+// Field-by-field check of one chunk of a checkpoint file against the
+// snapshot's own config: a file whose size and CRC match may still have been
+// crafted, or written by a bug.
+absl::Status ValidateChunkSnapshot(const ChunkSnapshot& c, const TableConfig& snap_config, const std::string& file) {
+  auto bad = [&](const std::string& what) {
+    return absl::DataLossError(absl::StrCat("checkpoint file ", Quote(file, 256), ": chunk '", Quote(c.key()), "' ", what));
+  };
+  if (c.key().empty() || c.key().size() > kMaxKeyBytes) return bad("has an empty or over-long key");
+  if (c.dtype() != DT_FLOAT32 && c.dtype() != DT_FLOAT64) return bad("is not float32 or float64");
+  const std::vector<int64_t> shape(c.shape().begin(), c.shape().end());
+  absl::StatusOr<size_t> expected = ExpectedBytes(c.dtype(), shape);
+  if (!expected.ok()) return bad(absl::StrCat("has an invalid shape: ", expected.status().message()));
+  if (*expected != c.value().size()) {
+    return bad(absl::StrCat("has ", c.value().size(), " value bytes for a shape of ", *expected));
   }
-  if (request.job().empty()) return done(absl::InvalidArgumentError("job must not be empty"));
-  TableConfig config = request.config();
-  absl::Status s = ValidateTableConfig(&config);
-  if (!s.ok()) return done(s);
-  std::unordered_map<std::string, ChunkSnapshot> wanted;
-  for (const std::string& k : request.keys()) wanted.emplace(k, ChunkSnapshot());
-  std::unordered_set<std::string> found;
-  for (const auto& f : request.files()) {
-    absl::StatusOr<std::string> bytes = ReadFile(f.path());
-    if (!bytes.ok()) {
-      return done(absl::DataLossError(absl::StrCat("checkpoint file ", f.path(), " is missing")));
+  if (!AllFinite(c.dtype(), reinterpret_cast<const uint8_t*>(c.value().data()), c.value().size())) {
+    return bad("has NaN or Inf values");
+  }
+  if (c.version() < 0 || c.version() >= kMaxStep) return bad(absl::StrCat("has version ", c.version()));
+  if (c.last_step_size() != static_cast<int>(snap_config.num_workers())) {
+    return bad(absl::StrCat("has ", c.last_step_size(), " worker steps for ", snap_config.num_workers(), " workers"));
+  }
+  for (int64_t l : c.last_step()) {
+    if (l < -1 || l >= kMaxStep) return bad(absl::StrCat("has a worker step of ", l));
+  }
+  const bool per_worker = snap_config.consistency() != SYNC && !snap_config.shared_async_state();
+  const int sets = per_worker ? static_cast<int>(snap_config.num_workers()) : 1;
+  if (c.state_size() != sets) return bad(absl::StrCat("has ", c.state_size(), " optimizer state sets, not ", sets));
+  const int slots = OptimizerStateSlots(snap_config.optimizer().kind());
+  for (const auto& set : c.state()) {
+    if (set.optimizer_step() < 0 || set.optimizer_step() >= kMaxStep) {
+      return bad(absl::StrCat("has an optimizer step of ", set.optimizer_step()));
     }
-    if (f.bytes() != 0 && bytes->size() != f.bytes()) {
-      return done(absl::DataLossError(absl::StrCat("checkpoint file ", f.path(), " has ", bytes->size(),
-                                                   " bytes, the manifest says ", f.bytes(), " (truncated?)")));
+    if (set.slots_size() != 0 && set.slots_size() != slots) {
+      return bad(absl::StrCat("has ", set.slots_size(), " optimizer state slots, not ", slots));
     }
-    const uint32_t crc = static_cast<uint32_t>(
-        crc32(0L, reinterpret_cast<const Bytef*>(bytes->data()), static_cast<uInt>(bytes->size())));
-    if (crc != f.crc32()) {
-      return done(absl::DataLossError(absl::StrCat("checkpoint file ", f.path(), " is corrupt (crc32 ", crc,
-                                                   ", the manifest says ", f.crc32(), ")")));
-    }
-    TableSnapshot snap;
-    if (!snap.ParseFromString(*bytes)) {
-      return done(absl::DataLossError(absl::StrCat("checkpoint file ", f.path(), " cannot be parsed")));
-    }
-    for (ChunkSnapshot& c : *snap.mutable_chunks()) {
-      auto it = wanted.find(c.key());
-      if (it != wanted.end()) {
-        it->second = std::move(c);
-        found.insert(it->first);
+    for (const std::string& b : set.slots()) {
+      if (b.size() != c.value().size()) return bad("has an optimizer state slot of the wrong size");
+      if (!AllFinite(c.dtype(), reinterpret_cast<const uint8_t*>(b.data()), b.size())) {
+        return bad("has NaN or Inf optimizer state");
       }
     }
   }
-  auto table = std::make_shared<Table>();
-  table->job = request.job();
-  table->config = config;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+void ShardStore::LoadTable(const LoadTableRequest& request, LoadTableResponse* response,
+                           const CallOptions& /*options*/, StatusCallback done) {
+  absl::Status s = ShutdownStatus();
+  if (!s.ok()) return done(s);
+  s = ValidateJobAndKeys(request.job(), request.keys());
+  if (!s.ok()) return done(s);
+  TableConfig config = request.config();
+  s = ValidateTableConfig(&config);
+  if (!s.ok()) return done(s);
+  if (options_.checkpoint_root.empty()) {
+    return done(absl::FailedPreconditionError(
+        absl::StrCat("shard ", options_.shard_index, " has no checkpoint root (pstrain-ps --checkpoint_root)")));
+  }
+  if (request.files_size() > kMaxCheckpointFiles) {
+    return done(absl::InvalidArgumentError(absl::StrCat("at most ", kMaxCheckpointFiles, " checkpoint files")));
+  }
+  // Refused before any file is read when the table exists.
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = tables_.find(request.job());
+    if (it != tables_.end() && it->second->attempt >= request.attempt()) {
+      s = CheckAttempt(*it->second, request.attempt());
+      if (s.ok()) {
+        s = absl::AlreadyExistsError(absl::StrCat("job '", Quote(request.job()), "' already has a table of attempt ",
+                                                  request.attempt(), " on shard ", options_.shard_index,
+                                                  "; restore into a new job or a new attempt"));
+      }
+    }
+  }
+  if (!s.ok()) return done(s);
+  std::vector<std::string> paths;
+  for (const auto& f : request.files()) {
+    absl::StatusOr<std::string> path = ResolveUnderRoot(options_.checkpoint_root, f.path());
+    if (!path.ok()) return done(path.status());
+    if (f.bytes() == 0 || f.bytes() > options_.max_bytes) {
+      return done(absl::InvalidArgumentError(absl::StrCat("checkpoint file ", Quote(f.path()), ": its size (",
+                                                          f.bytes(), ") must be given, at most ", options_.max_bytes)));
+    }
+    paths.push_back(std::move(*path));
+  }
+  std::unordered_map<std::string, ChunkSnapshot> wanted;
+  std::unordered_map<std::string, TableConfig> wanted_config;  // the config of the file it came from
+  for (const std::string& k : request.keys()) {
+    if (!wanted.emplace(k, ChunkSnapshot()).second) {
+      return done(absl::InvalidArgumentError(absl::StrCat("key '", Quote(k), "' appears twice")));
+    }
+  }
+  std::unordered_set<std::string> found;
+  try {
+    for (int i = 0; i < request.files_size(); ++i) {
+      const auto& f = request.files(i);
+      const std::string name = Quote(f.path(), 256);
+      absl::StatusOr<std::string> bytes = ReadRegularFile(paths[i], f.bytes());
+      if (!bytes.ok()) {
+        return done(absl::DataLossError(absl::StrCat("checkpoint file ", name, ": ", bytes.status().message())));
+      }
+      if (bytes->size() != f.bytes()) {
+        return done(absl::DataLossError(absl::StrCat("checkpoint file ", name, " has ", bytes->size(),
+                                                     " bytes, the manifest says ", f.bytes(), " (truncated?)")));
+      }
+      const uint32_t crc = static_cast<uint32_t>(
+          crc32(0L, reinterpret_cast<const Bytef*>(bytes->data()), static_cast<uInt>(bytes->size())));
+      if (crc != f.crc32()) {
+        return done(absl::DataLossError(absl::StrCat("checkpoint file ", name, " is corrupt (crc32 ", crc,
+                                                     ", the manifest says ", f.crc32(), ")")));
+      }
+      TableSnapshot snap;
+      if (!snap.ParseFromString(*bytes)) {
+        return done(absl::DataLossError(absl::StrCat("checkpoint file ", name, " cannot be parsed")));
+      }
+      bytes->clear();
+      bytes->shrink_to_fit();
+      TableConfig snap_config = snap.config();
+      if (!ValidateTableConfig(&snap_config).ok()) {
+        return done(absl::DataLossError(absl::StrCat("checkpoint file ", name, " has an invalid table config")));
+      }
+      for (ChunkSnapshot& c : *snap.mutable_chunks()) {
+        auto it = wanted.find(c.key());
+        if (it == wanted.end()) continue;
+        s = ValidateChunkSnapshot(c, snap_config, f.path());
+        if (!s.ok()) return done(s);
+        if (!found.insert(it->first).second) {
+          return done(absl::DataLossError(absl::StrCat("chunk '", Quote(c.key()),
+                                                       "' appears twice in the checkpoint (file ", name, ")")));
+        }
+        it->second = std::move(c);
+        wanted_config[it->first] = snap_config;
+      }
+    }
+  } catch (const std::bad_alloc&) {
+    return done(absl::ResourceExhaustedError("out of memory while reading the checkpoint"));
+  }
+  uint64_t value_bytes = 0;
+  for (const std::string& key : request.keys()) {
+    if (found.count(key) == 0) {
+      return done(absl::DataLossError(
+          absl::StrCat("the checkpoint has no chunk '", Quote(key), "': it is incomplete or from another model")));
+    }
+    value_bytes += wanted[key].value().size();
+  }
+  absl::StatusOr<std::shared_ptr<Table>> table =
+      NewTable(request.job(), request.attempt(), config, WorstCaseBytes(config, value_bytes));
+  if (!table.ok()) return done(table.status());
   const int slots = OptimizerStateSlots(config.optimizer().kind());
   int64_t lo = INT64_MAX;
   for (const std::string& key : request.keys()) {
-    if (found.count(key) == 0) {
-      return done(absl::DataLossError(absl::StrCat("the checkpoint has no chunk '", key,
-                                                   "': it is incomplete or from another model")));
-    }
     const ChunkSnapshot& c = wanted[key];
     TensorBuffer v;
     v.dtype = c.dtype();
     v.shape.assign(c.shape().begin(), c.shape().end());
     v.data = reinterpret_cast<const uint8_t*>(c.value().data());
     v.nbytes = c.value().size();
-    s = ValidateTensorBuffer(v, absl::StrCat("checkpointed chunk '", key, "'"));
-    if (!s.ok() || (v.dtype != DT_FLOAT32 && v.dtype != DT_FLOAT64)) {
-      return done(absl::DataLossError(s.ok() ? absl::StrCat("chunk '", key, "' is not float") : std::string(s.message())));
-    }
-    if (!table->index.emplace(key, table->chunks.size()).second) {
-      return done(absl::InvalidArgumentError(absl::StrCat("key '", key, "' appears twice")));
-    }
-    std::unique_ptr<Chunk> chunk = NewChunk(key, v, config);
+    absl::StatusOr<std::unique_ptr<Chunk>> made = NewChunk(key, v, config);
+    if (!made.ok()) return done(made.status());
+    Chunk& chunk = **made;
     // Optimizer state and per-worker steps carry over when they fit the new
-    // table (same worker count and optimizer); otherwise they start afresh.
-    bool state_fits = static_cast<size_t>(c.state_size()) == chunk->state.size();
-    for (const auto& set : c.state()) {
-      state_fits = state_fits && set.slots_size() == slots;
-      for (const std::string& b : set.slots()) state_fits = state_fits && b.size() == v.nbytes;
-    }
+    // table (same worker count, consistency and optimizer); otherwise they
+    // start afresh.
+    const TableConfig& old = wanted_config[key];
+    const bool state_fits = static_cast<size_t>(c.state_size()) == chunk.state.size() &&
+                            old.optimizer().kind() == config.optimizer().kind();
     if (state_fits) {
-      for (size_t k = 0; k < chunk->state.size(); ++k) {
-        for (int j = 0; j < slots; ++j) {
-          std::memcpy(chunk->state[k][j].MutableData(), c.state(k).slots(j).data(), v.nbytes);
+      for (size_t k = 0; k < chunk.state.size(); ++k) {
+        const auto& set = c.state(static_cast<int>(k));
+        if (set.slots_size() == slots && slots > 0) {
+          std::vector<TensorBuffer> restored;
+          for (int j = 0; j < slots; ++j) {
+            absl::StatusOr<TensorBuffer> b = TensorBuffer::TryAllocate(v.dtype, v.shape);
+            if (!b.ok()) return done(b.status());
+            std::memcpy(b->MutableData(), set.slots(j).data(), v.nbytes);
+            restored.push_back(std::move(*b));
+          }
+          chunk.state[k] = std::move(restored);
         }
-        chunk->optimizer_step[k] = c.state(k).optimizer_step();
+        chunk.optimizer_step[k] = set.optimizer_step();
       }
     }
-    if (static_cast<size_t>(c.last_step_size()) == chunk->last_step.size()) {
-      chunk->last_step.assign(c.last_step().begin(), c.last_step().end());
-      chunk->clock.store(*std::min_element(chunk->last_step.begin(), chunk->last_step.end()));
+    if (static_cast<size_t>(c.last_step_size()) == chunk.last_step.size()) {
+      chunk.last_step.assign(c.last_step().begin(), c.last_step().end());
+      chunk.clock.store(*std::min_element(chunk.last_step.begin(), chunk.last_step.end()));
     }
-    chunk->version.store(c.version());
+    chunk.version.store(c.version());
     lo = std::min(lo, c.version());
-    table->chunks.push_back(std::move(chunk));
+    (*table)->index.emplace(key, (*table)->chunks.size());
+    (*table)->chunks.push_back(std::move(*made));
   }
-  std::lock_guard<std::mutex> lock(mu_);
-  if (tables_.count(request.job()) != 0) {
-    return done(absl::AlreadyExistsError(absl::StrCat("job '", request.job(), "' already has a table on shard ",
-                                                      options_.shard_index, "; restore into a new job")));
-  }
-  response->set_chunks(static_cast<uint32_t>(table->chunks.size()));
+  const size_t loaded = (*table)->chunks.size();
+  bool created = false;
+  absl::StatusOr<std::shared_ptr<Table>> installed = Install(std::move(*table), /*keep_identical=*/false, &created);
+  if (!installed.ok()) return done(installed.status());
+  response->set_chunks(static_cast<uint32_t>(loaded));
   response->set_min_version(lo == INT64_MAX ? 0 : lo);
-  tables_.emplace(request.job(), std::move(table));
   done(absl::OkStatus());
 }
 
 void ShardStore::DropTable(const DropTableRequest& request, DropTableResponse* response,
                            const CallOptions& /*options*/, StatusCallback done) {
   std::shared_ptr<Table> table;
+  uint64_t newer = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = tables_.find(request.job());
     if (it != tables_.end()) {
-      table = std::move(it->second);
-      tables_.erase(it);
-    }
-  }
-  response->set_dropped(table != nullptr);
-  // Calls still waiting on the table (a SYNC step whose other workers were
-  // stopped) fail now instead of at their deadline.
-  std::vector<std::shared_ptr<Waiter>> orphans;
-  if (table != nullptr) {
-    std::lock_guard<std::mutex> lock(waiters_mu_);
-    for (auto it = waiters_.begin(); it != waiters_.end();) {
-      if ((*it)->table == table) {
-        orphans.push_back(std::move(*it));
-        it = waiters_.erase(it);
+      if (it->second->attempt <= request.attempt()) {
+        table = std::move(it->second);
+        tables_.erase(it);
       } else {
-        ++it;
+        newer = it->second->attempt;
       }
     }
   }
-  for (auto& w : orphans) {
-    w->ready(absl::AbortedError(absl::StrCat("job '", request.job(), "' ended; its table was dropped")));
+  response->set_dropped(table != nullptr);
+  if (newer != 0) {
+    // A late drop of an ended attempt: its successor's table stays.
+    return done(absl::AbortedError(absl::StrCat("job '", Quote(request.job()), "' has a table of attempt ", newer,
+                                                ", newer than this drop's ", request.attempt(), "; kept")));
+  }
+  // Calls still waiting on the table (a SYNC step whose other workers were
+  // stopped) fail now instead of at their deadline.
+  if (table != nullptr) {
+    AbortWaiters(table, absl::StrCat("job '", Quote(request.job()), "' ended; its table was dropped"));
   }
   done(absl::OkStatus());
 }

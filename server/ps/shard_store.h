@@ -3,21 +3,30 @@
 // to pushed gradients under the job's consistency model.
 //
 // Threading: every method may be called from many threads at once. Each chunk
-// has its own mutex, so pushes to different chunks proceed in parallel; the
-// table map and the waiter list have one mutex each. Lock order: mu_ before
-// waiters_mu_; a chunk's mu before waiters_mu_; never two chunks at once.
-// No callback runs under any lock.
+// has its own mutex; a push locks the chunks it touches in index order (so
+// it applies all of them or none), pushes to disjoint chunks proceed in
+// parallel; the table map and the waiter list have one mutex each. Lock
+// order: chunk mutexes (ascending index), then mu_, then waiters_mu_. No
+// callback (`done`, a waiter's `ready`) ever runs under any lock: a callback
+// may call straight back into the store.
 //
 // Waiting (Pull with min_version, PushPull under SYNC or SSP) never blocks a
-// thread: the call is parked as a waiter and completed by the push that
-// satisfies it, by the reaper thread at its deadline, or by Shutdown().
+// thread: the call is parked as a waiter (at most max_waiters) and completed
+// by the push that satisfies it, by the reaper thread at its deadline, or by
+// Shutdown().
 //
-// Every request is validated in full before anything is applied, so a bad
-// request changes nothing.
+// Hostile input: every request is validated in full before anything is
+// applied, so a bad request changes nothing. Requests of another attempt
+// than the table's are refused (ABORTED for an earlier one). Files are read
+// and written only under checkpoint_root. Memory for values and optimizer
+// state is reserved against max_bytes before anything is allocated, and an
+// allocation failure is RESOURCE_EXHAUSTED, never a throw.
 #ifndef PSTRAIN_SERVER_PS_SHARD_STORE_H_
 #define PSTRAIN_SERVER_PS_SHARD_STORE_H_
 
+#include <atomic>
 #include <condition_variable>
+#include <functional>
 #include <list>
 #include <map>
 #include <memory>
@@ -36,7 +45,29 @@ struct ShardStoreOptions {
   uint32_t num_shards = 1;
   // Upper bound on any wait, whatever deadline the caller gave.
   absl::Duration max_wait = absl::Minutes(30);
+  // Absolute, symlink-free directory (CanonicalRoot) that SaveTable and
+  // LoadTable names are relative to; empty: checkpoints are refused.
+  std::string checkpoint_root;
+  // Bytes of values, optimizer state and SYNC accumulators all tables may
+  // reserve (each table reserves its worst case when created); 0: 80% of
+  // the machine's physical memory.
+  uint64_t max_bytes = 0;
+  size_t max_tables = 1024;
+  size_t max_waiters = 65536;
+  // Fault injection for tests: runs at the start of every Push and PushPull,
+  // before anything is looked up (a push held here is one delayed on the
+  // network). Must not call back into the store.
+  std::function<void(const std::string& job, uint64_t attempt, uint32_t worker, int64_t step)> before_push;
 };
+
+// Limits on what one request may ask for (the README's table says them).
+inline constexpr uint32_t kMaxTableWorkers = 4096;
+inline constexpr size_t kMaxKeyBytes = 1024;
+inline constexpr size_t kMaxJobBytes = 256;
+inline constexpr int64_t kMaxStep = int64_t{1} << 40;
+// A worker's push may be at most this many steps ahead of the chunk's version.
+inline constexpr int64_t kMaxStepAhead = int64_t{1} << 20;
+inline constexpr int kMaxCheckpointFiles = 4096;
 
 class ShardStore : public ParameterStore {
  public:
@@ -58,7 +89,7 @@ class ShardStore : public ParameterStore {
                 const CallOptions& options, StatusCallback done) override;
   void Stats(const StatsRequest& request, StatsResponse* response, const CallOptions& options,
              StatusCallback done) override;
-  // Runs on the calling thread (file I/O): callers are the gRPC service
+  // Run on the calling thread (file I/O): callers are the gRPC service
   // (one call per checkpoint) and tests.
   void SaveTable(const SaveTableRequest& request, SaveTableResponse* response,
                  const CallOptions& options, StatusCallback done) override;
@@ -66,6 +97,9 @@ class ShardStore : public ParameterStore {
                  const CallOptions& options, StatusCallback done) override;
   void DropTable(const DropTableRequest& request, DropTableResponse* response,
                  const CallOptions& options, StatusCallback done) override;
+
+  // Bytes reserved by the tables now (values, state, accumulators).
+  uint64_t reserved_bytes() const { return reserved_.load(); }
 
  private:
   struct Chunk;
@@ -80,9 +114,22 @@ class ShardStore : public ParameterStore {
     const std::vector<TensorBuffer>* grads = nullptr;
   };
 
-  static std::unique_ptr<Chunk> NewChunk(const std::string& key, const TensorBuffer& value,
-                                         const TableConfig& config);
-  absl::StatusOr<std::shared_ptr<Table>> FindTable(const std::string& job);
+  // A chunk holding a copy of `value`; its optimizer state sets are
+  // allocated on first use.
+  static absl::StatusOr<std::unique_ptr<Chunk>> NewChunk(const std::string& key, const TensorBuffer& value,
+                                                         const TableConfig& config);
+  absl::Status ShutdownStatus();
+  absl::Status CheckAttempt(const Table& table, uint64_t attempt) const;
+  absl::StatusOr<std::shared_ptr<Table>> FindTable(const std::string& job, uint64_t attempt);
+  // A new empty table with `bytes` reserved against max_bytes.
+  absl::StatusOr<std::shared_ptr<Table>> NewTable(const std::string& job, uint64_t attempt,
+                                                  const TableConfig& config, uint64_t bytes);
+  // Puts `table` in the map: replaces a table of an earlier attempt (whose
+  // waiters fail with ABORTED); with an equal attempt keeps an identical
+  // existing one (keep_identical, *created = false) or fails.
+  absl::StatusOr<std::shared_ptr<Table>> Install(std::shared_ptr<Table> table, bool keep_identical,
+                                                 bool* created);
+  void AbortWaiters(const std::shared_ptr<Table>& table, const std::string& why);
   absl::StatusOr<std::vector<size_t>> ResolveKeys(
       const Table& table, const google::protobuf::RepeatedPtrField<std::string>& keys);
   absl::Status ApplyPush(Table& table, const PushInput& in, std::vector<size_t>* chunks,
@@ -92,13 +139,14 @@ class ShardStore : public ParameterStore {
                 std::vector<TensorBuffer>* values);
   // Runs `ready(OkStatus())` once every chunk's version (or, with by_clock,
   // its slowest worker's last step) is >= threshold; ready(error) at the
-  // deadline or on shutdown.
+  // deadline, on shutdown, or at once when max_waiters are parked.
   void WhenReady(std::shared_ptr<Table> table, std::vector<size_t> chunks, bool by_clock,
                  int64_t threshold, absl::Time deadline, StatusCallback ready);
   void NotifyWaiters();
   void ReaperLoop();
 
   const ShardStoreOptions options_;
+  std::atomic<uint64_t> reserved_{0};
 
   std::mutex mu_;
   std::map<std::string, std::shared_ptr<Table>> tables_ ABSL_GUARDED_BY(mu_);
@@ -109,6 +157,10 @@ class ShardStore : public ParameterStore {
   bool shutdown_ ABSL_GUARDED_BY(waiters_mu_) = false;
   std::thread reaper_;
 };
+
+// Checks a table config against the ranges that make sense (README), filling
+// in defaults. INVALID_ARGUMENT naming the field otherwise.
+absl::Status ValidateTableConfig(TableConfig* config);
 
 }  // namespace pstrain
 

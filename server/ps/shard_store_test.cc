@@ -17,6 +17,15 @@ TensorBuffer Floats(const std::vector<float>& v, std::vector<int64_t> shape = {}
   return TensorBuffer::CopyOf(DT_FLOAT32, shape, v.data(), v.size() * sizeof(float));
 }
 
+// A store whose checkpoint files live under the test's temporary directory.
+ShardStoreOptions Rooted(uint32_t shard = 0, uint32_t shards = 1) {
+  ShardStoreOptions o;
+  o.shard_index = shard;
+  o.num_shards = shards;
+  o.checkpoint_root = *CanonicalRoot(::testing::TempDir() + "/root");
+  return o;
+}
+
 std::vector<float> ToFloats(const TensorBuffer& t) {
   const float* p = reinterpret_cast<const float*>(t.data);
   return std::vector<float>(p, p + t.NumElements());
@@ -369,9 +378,8 @@ TEST(ShardCheckpointTest, SaveTwoShardsRestoreOntoThree) {
   const std::vector<std::string> keys = {"a", "b", "c", "d", "e"};
   std::vector<std::unique_ptr<ShardStore>> old;
   std::vector<LoadTableRequest::File> files;
-  const std::string dir = ::testing::TempDir();
   for (int s = 0; s < 2; ++s) {
-    old.push_back(std::make_unique<ShardStore>(ShardStoreOptions{static_cast<uint32_t>(s), 2}));
+    old.push_back(std::make_unique<ShardStore>(Rooted(static_cast<uint32_t>(s), 2)));
     InitTableRequest init;
     init.set_job("job");
     *init.mutable_config() = config;
@@ -396,7 +404,7 @@ TEST(ShardCheckpointTest, SaveTwoShardsRestoreOntoThree) {
     }
     SaveTableRequest save;
     save.set_job("job");
-    save.set_path(dir + "/ckpt-shard-" + std::to_string(s));
+    save.set_path("ckpt-1/shard-" + std::to_string(s));
     SaveTableResponse saved;
     ASSERT_TRUE(WaitFor([&](StatusCallback d) { old[s]->SaveTable(save, &saved, {}, d); }).ok());
     EXPECT_EQ(saved.min_version(), 3);
@@ -417,7 +425,7 @@ TEST(ShardCheckpointTest, SaveTwoShardsRestoreOntoThree) {
   };
   std::vector<std::unique_ptr<ShardStore>> fresh;
   for (int s = 0; s < 3; ++s) {
-    fresh.push_back(std::make_unique<ShardStore>(ShardStoreOptions{static_cast<uint32_t>(s), 3}));
+    fresh.push_back(std::make_unique<ShardStore>(Rooted(static_cast<uint32_t>(s), 3)));
     LoadTableRequest load;
     load.set_job("job");
     *load.mutable_config() = config;
@@ -447,7 +455,7 @@ TEST(ShardCheckpointTest, SaveTwoShardsRestoreOntoThree) {
 }
 
 TEST(ShardCheckpointTest, CorruptOrIncompleteCheckpointsAreRefused) {
-  ShardStore store{ShardStoreOptions{}};
+  ShardStore store{Rooted()};
   InitTableRequest init;
   init.set_job("job");
   *init.mutable_config() = Config(ASYNC, 1);
@@ -456,11 +464,11 @@ TEST(ShardCheckpointTest, CorruptOrIncompleteCheckpointsAreRefused) {
   ASSERT_TRUE(WaitFor([&](StatusCallback d) { store.InitTable(init, {Floats({1, 2})}, &ir, {}, d); }).ok());
   SaveTableRequest save;
   save.set_job("job");
-  save.set_path(::testing::TempDir() + "/ckpt-corrupt");
+  save.set_path("ckpt-corrupt");
   SaveTableResponse saved;
   ASSERT_TRUE(WaitFor([&](StatusCallback d) { store.SaveTable(save, &saved, {}, d); }).ok());
   auto load = [&](const std::string& job, std::vector<std::string> keys, uint32_t crc) {
-    ShardStore target{ShardStoreOptions{}};
+    ShardStore target{Rooted()};
     LoadTableRequest req;
     req.set_job(job);
     *req.mutable_config() = Config(ASYNC, 1);
@@ -480,8 +488,9 @@ TEST(ShardCheckpointTest, CorruptOrIncompleteCheckpointsAreRefused) {
   EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
   EXPECT_NE(s.message().find("zzz"), absl::string_view::npos) << s;
   // A truncated file.
-  std::string bytes = *ReadFile(saved.path());
-  ASSERT_TRUE(WriteFileAtomically(saved.path(), bytes.substr(0, bytes.size() / 2)).ok());
+  const std::string file = Rooted().checkpoint_root + "/" + saved.path();
+  std::string bytes = *ReadFile(file);
+  ASSERT_TRUE(WriteFileAtomically(file, bytes.substr(0, bytes.size() / 2)).ok());
   s = load("job", {"a"}, saved.crc32());
   EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
   EXPECT_NE(s.message().find("truncated"), absl::string_view::npos) << s;

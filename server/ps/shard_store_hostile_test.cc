@@ -1,0 +1,546 @@
+// ShardStore against hostile or buggy callers: attempt fencing (with a
+// fault-injection point that holds a push until the job was restored),
+// confined files, nonsense values, resource limits, callbacks that call
+// back in, and crafted checkpoint files.
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cmath>
+#include <condition_variable>
+#include <filesystem>
+#include <future>
+#include <mutex>
+#include <random>
+#include <thread>
+
+#include "common/file_util.h"
+#include "common/quote.h"
+#include "server/ps/shard_store.h"
+
+namespace pstrain {
+namespace {
+
+TensorBuffer Floats(const std::vector<float>& v) {
+  return TensorBuffer::CopyOf(DT_FLOAT32, {static_cast<int64_t>(v.size())}, v.data(), v.size() * sizeof(float));
+}
+
+std::vector<float> ToFloats(const TensorBuffer& t) {
+  const float* p = reinterpret_cast<const float*>(t.data);
+  return std::vector<float>(p, p + t.NumElements());
+}
+
+TableConfig Config(Consistency consistency, uint32_t workers, double lr = 0.5) {
+  TableConfig c;
+  c.mutable_optimizer()->set_kind(OptimizerConfig::SGD);
+  c.mutable_optimizer()->set_lr(lr);
+  c.set_consistency(consistency);
+  c.set_num_workers(workers);
+  return c;
+}
+
+std::string Root() { return *CanonicalRoot(::testing::TempDir() + "/hostile-root"); }
+
+ShardStoreOptions Options() {
+  ShardStoreOptions o;
+  o.checkpoint_root = Root();
+  return o;
+}
+
+absl::Status Init(ShardStore& store, const TableConfig& config, uint64_t attempt = 0,
+                  std::vector<float> a = {1, 2, 3}, const std::string& job = "job") {
+  InitTableRequest req;
+  req.set_job(job);
+  req.set_attempt(attempt);
+  *req.mutable_config() = config;
+  req.add_keys("a");
+  InitTableResponse resp;
+  return WaitFor([&](StatusCallback done) { store.InitTable(req, {Floats(a)}, &resp, {}, done); });
+}
+
+absl::Status Push(ShardStore& store, uint64_t attempt, uint32_t worker, int64_t step, TensorBuffer grad,
+                  PushResponse* resp = nullptr) {
+  PushRequest req;
+  req.set_job("job");
+  req.set_attempt(attempt);
+  req.set_worker(worker);
+  req.set_step(step);
+  req.add_keys("a");
+  PushResponse local;
+  return WaitFor([&](StatusCallback done) { store.Push(req, {grad}, resp ? resp : &local, {}, done); });
+}
+
+absl::StatusOr<std::vector<float>> Pull(ShardStore& store, uint64_t attempt, int64_t min_version = 0,
+                                        absl::Duration timeout = absl::Seconds(5)) {
+  PullRequest req;
+  req.set_job("job");
+  req.set_attempt(attempt);
+  req.set_min_version(min_version);
+  req.add_keys("a");
+  PullResponse resp;
+  std::vector<TensorBuffer> values;
+  CallOptions opts;
+  opts.deadline = absl::Now() + timeout;
+  absl::Status s = WaitFor([&](StatusCallback done) { store.Pull(req, &resp, &values, opts, done); });
+  if (!s.ok()) return s;
+  return ToFloats(values.at(0));
+}
+
+TableStats Stats(ShardStore& store) {
+  StatsRequest req;
+  req.set_job("job");
+  StatsResponse resp;
+  EXPECT_TRUE(WaitFor([&](StatusCallback done) { store.Stats(req, &resp, {}, done); }).ok());
+  return resp.tables_size() > 0 ? resp.tables(0) : TableStats();
+}
+
+// The race the pods test hit: a push of the job's first attempt is delayed
+// (a partition) while the coordinator requeues the job and restores its
+// table for attempt 2; then the delayed push arrives. It must be refused
+// (ABORTED, final for the worker) and change nothing.
+TEST(ShardStoreFencingTest, DelayedPushOfAnEndedAttemptCannotReachTheRestoredTable) {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool held = false, release = false;
+  ShardStoreOptions options = Options();
+  options.before_push = [&](const std::string&, uint64_t attempt, uint32_t, int64_t) {
+    if (attempt != 1) return;
+    std::unique_lock<std::mutex> lock(mu);
+    held = true;
+    cv.notify_all();
+    cv.wait(lock, [&] { return release; });
+  };
+  ShardStore store(options);
+  ASSERT_TRUE(Init(store, Config(ASYNC, 2), /*attempt=*/1).ok());
+  auto delayed = std::async(std::launch::async, [&] { return Push(store, 1, 1, 140, Floats({1, 1, 1})); });
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return held; });
+  }
+  // The coordinator's drop of attempt 1 is lost; attempt 2 creates the table
+  // again (a restore) and makes progress.
+  ASSERT_TRUE(Init(store, Config(ASYNC, 2), /*attempt=*/2, {5, 5, 5}).ok());
+  ASSERT_TRUE(Push(store, 2, 0, 0, Floats({0, 0, 0})).ok());
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    release = true;
+    cv.notify_all();
+  }
+  absl::Status s = delayed.get();
+  EXPECT_EQ(s.code(), absl::StatusCode::kAborted) << s;
+  EXPECT_NE(s.message().find("attempt 1"), absl::string_view::npos) << s;
+  EXPECT_EQ(*Pull(store, 2), (std::vector<float>{5, 5, 5}));
+  TableStats st = Stats(store);
+  EXPECT_EQ(st.attempt(), 2u);
+  EXPECT_EQ(st.pushes_applied(), 1u);  // attempt 2's own push only
+  EXPECT_EQ(st.max_version(), 1);
+}
+
+TEST(ShardStoreFencingTest, EveryCallIsCheckedAgainstTheTablesAttempt) {
+  ShardStore store(Options());
+  ASSERT_TRUE(Init(store, Config(SYNC, 2), 3).ok());
+  // A waiter of attempt 3 is failed when attempt 4 replaces the table.
+  auto waiting = std::async(std::launch::async, [&] { return Pull(store, 3, /*min_version=*/1).status(); });
+  absl::SleepFor(absl::Milliseconds(50));
+  ASSERT_TRUE(Init(store, Config(SYNC, 2), 4).ok());
+  EXPECT_EQ(waiting.get().code(), absl::StatusCode::kAborted);
+  // Earlier attempts: ABORTED everywhere; later ones: FAILED_PRECONDITION.
+  EXPECT_EQ(Push(store, 3, 0, 0, Floats({1, 1, 1})).code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(Push(store, 0, 0, 0, Floats({1, 1, 1})).code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(Pull(store, 3).status().code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(Pull(store, 5).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(Init(store, Config(SYNC, 2), 3).code(), absl::StatusCode::kAborted);
+  SaveTableRequest save;
+  save.set_job("job");
+  save.set_attempt(3);
+  save.set_path("fence/shard-0.bin");
+  SaveTableResponse saved;
+  EXPECT_EQ(WaitFor([&](StatusCallback d) { store.SaveTable(save, &saved, {}, d); }).code(),
+            absl::StatusCode::kAborted);
+  // A late drop of attempt 3 keeps attempt 4's table.
+  DropTableRequest drop;
+  drop.set_job("job");
+  drop.set_attempt(3);
+  DropTableResponse dropped;
+  EXPECT_EQ(WaitFor([&](StatusCallback d) { store.DropTable(drop, &dropped, {}, d); }).code(),
+            absl::StatusCode::kAborted);
+  EXPECT_FALSE(dropped.dropped());
+  EXPECT_TRUE(Pull(store, 4).ok());
+  drop.set_attempt(4);
+  EXPECT_TRUE(WaitFor([&](StatusCallback d) { store.DropTable(drop, &dropped, {}, d); }).ok());
+  EXPECT_TRUE(dropped.dropped());
+}
+
+// The store's header promises that no callback runs under a lock: a done
+// callback that calls straight back into the store must not deadlock.
+TEST(ShardStoreConcurrencyTest, CallbacksMayCallBackIntoTheStore) {
+  ShardStore store(Options());
+  auto chained = std::make_shared<std::promise<bool>>();
+  auto result = chained->get_future();
+  InitTableRequest req;
+  req.set_job("job");
+  *req.mutable_config() = Config(ASYNC, 1);
+  req.add_keys("a");
+  auto resp = std::make_shared<InitTableResponse>();
+  std::thread caller([&] {
+    store.InitTable(req, {Floats({1})}, resp.get(), {}, [&, chained](absl::Status s) {
+      // Re-entering: Stats takes the table map's lock, InitTable of the same
+      // job the map's too, Push the chunk's.
+      StatsResponse stats;
+      bool ok = s.ok();
+      store.Stats(StatsRequest(), &stats, {}, [&](absl::Status s2) { ok = ok && s2.ok(); });
+      InitTableResponse again;
+      store.InitTable(req, {Floats({1})}, &again, {}, [&](absl::Status s3) { ok = ok && s3.ok(); });
+      chained->set_value(ok);
+    });
+  });
+  ASSERT_EQ(result.wait_for(std::chrono::seconds(10)), std::future_status::ready) << "deadlock";
+  EXPECT_TRUE(result.get());
+  caller.join();
+  // A waiter's callback that pushes (and so fires waiters again).
+  auto pushed = std::make_shared<std::promise<absl::Status>>();
+  auto pushed_result = pushed->get_future();
+  PullRequest pull;
+  pull.set_job("job");
+  pull.add_keys("a");
+  pull.set_min_version(1);
+  PullResponse pull_resp;
+  std::vector<TensorBuffer> values;
+  PushResponse push_resp;
+  store.Pull(pull, &pull_resp, &values, {}, [&, pushed](absl::Status s) {
+    if (!s.ok()) return pushed->set_value(s);
+    PushRequest push;
+    push.set_job("job");
+    push.set_step(1);
+    push.add_keys("a");
+    store.Push(push, {Floats({1})}, &push_resp, {}, [pushed](absl::Status s2) { pushed->set_value(s2); });
+  });
+  ASSERT_TRUE(Push(store, 0, 0, 0, Floats({1})).ok());
+  ASSERT_EQ(pushed_result.wait_for(std::chrono::seconds(10)), std::future_status::ready) << "deadlock";
+  EXPECT_TRUE(pushed_result.get().ok());
+}
+
+TEST(ShardStoreValuesTest, NonsenseConfigsAreRefusedNamingTheField) {
+  ShardStore store(Options());
+  struct Case {
+    const char* field;
+    std::function<void(OptimizerConfig*)> set;
+  };
+  const double nan = std::nan("");
+  const std::vector<Case> cases = {
+      {"lr", [](OptimizerConfig* o) { o->set_lr(1e30); }},
+      {"lr", [&](OptimizerConfig* o) { o->set_lr(nan); }},
+      {"momentum", [](OptimizerConfig* o) { o->set_momentum(50); }},
+      {"dampening", [&](OptimizerConfig* o) { o->set_dampening(nan); }},
+      {"weight_decay", [](OptimizerConfig* o) { o->set_weight_decay(1e9); }},
+      {"beta1", [&](OptimizerConfig* o) { o->set_kind(OptimizerConfig::ADAM); o->set_beta1(nan); }},
+      {"beta2", [](OptimizerConfig* o) { o->set_kind(OptimizerConfig::ADAM); o->set_beta2(7); }},
+      {"eps", [](OptimizerConfig* o) { o->set_kind(OptimizerConfig::ADAM); o->set_eps(1e9); }},
+      {"lr_decay", [&](OptimizerConfig* o) { o->set_kind(OptimizerConfig::ADAGRAD); o->set_lr_decay(nan); }},
+      {"initial_accumulator_value",
+       [](OptimizerConfig* o) { o->set_kind(OptimizerConfig::ADAGRAD); o->set_initial_accumulator_value(1e300); }},
+  };
+  for (const Case& c : cases) {
+    TableConfig config = Config(ASYNC, 1);
+    c.set(config.mutable_optimizer());
+    absl::Status s = Init(store, config);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.field << ": " << s;
+    EXPECT_NE(s.message().find(c.field), absl::string_view::npos) << s;
+  }
+  TableConfig many = Config(ASYNC, 65536);
+  EXPECT_EQ(Init(store, many).code(), absl::StatusCode::kInvalidArgument);
+  StatsResponse all;
+  ASSERT_TRUE(WaitFor([&](StatusCallback d) { store.Stats(StatsRequest(), &all, {}, d); }).ok());
+  EXPECT_EQ(all.tables_size(), 0);  // nothing was created
+}
+
+// A finite gradient can still make a non-finite update (huge for the lr):
+// under REJECT the push is refused whole, under SKIP that update is dropped
+// and counted; the parameters never become NaN or Inf.
+TEST(ShardStoreValuesTest, UpdatesWithNonFiniteResultsAreNeverApplied) {
+  for (NonFinitePolicy policy : {NONFINITE_REJECT, NONFINITE_SKIP}) {
+    ShardStore store(Options());
+    TableConfig config = Config(ASYNC, 1, /*lr=*/100);
+    config.set_nonfinite(policy);
+    InitTableRequest req;
+    req.set_job("job");
+    *req.mutable_config() = config;
+    req.add_keys("a");
+    req.add_keys("b");
+    InitTableResponse ir;
+    ASSERT_TRUE(WaitFor([&](StatusCallback d) { store.InitTable(req, {Floats({1, 2}), Floats({3})}, &ir, {}, d); }).ok());
+    PushRequest push;
+    push.set_job("job");
+    push.add_keys("b");  // fine
+    push.add_keys("a");  // 3e38 * 100 overflows float32
+    PushResponse resp;
+    absl::Status s = WaitFor([&](StatusCallback d) {
+      store.Push(push, {Floats({1}), Floats({3e38f, 1})}, &resp, {}, d);
+    });
+    PullRequest pull;
+    pull.set_job("job");
+    pull.add_keys("a");
+    pull.add_keys("b");
+    PullResponse pr;
+    std::vector<TensorBuffer> values;
+    ASSERT_TRUE(WaitFor([&](StatusCallback d) { store.Pull(pull, &pr, &values, {}, d); }).ok());
+    EXPECT_EQ(ToFloats(values[0]), (std::vector<float>{1, 2}));
+    EXPECT_EQ(Stats(store).updates_nonfinite(), 1u);
+    if (policy == NONFINITE_REJECT) {
+      EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+      EXPECT_NE(s.message().find("'a'"), absl::string_view::npos) << s;
+      EXPECT_EQ(ToFloats(values[1]), (std::vector<float>{3}));  // all or nothing: b untouched too
+    } else {
+      ASSERT_TRUE(s.ok()) << s;
+      EXPECT_EQ(resp.applied(), 1u);
+      EXPECT_EQ(resp.skipped_nonfinite(), 1u);
+      EXPECT_EQ(ToFloats(values[1]), (std::vector<float>{-97}));
+    }
+  }
+}
+
+TEST(ShardStoreValuesTest, StepsOutOfReachAreRefused) {
+  ShardStore store(Options());
+  ASSERT_TRUE(Init(store, Config(ASYNC, 1)).ok());
+  for (int64_t step : {int64_t{-1}, INT64_MAX, INT64_MAX - 1, kMaxStep, kMaxStepAhead + 1}) {
+    EXPECT_EQ(Push(store, 0, 0, step, Floats({1, 1, 1})).code(), absl::StatusCode::kInvalidArgument) << step;
+  }
+  EXPECT_EQ(Pull(store, 0, INT64_MAX).status().code(), absl::StatusCode::kInvalidArgument);
+  // The worker is not stalled: its next real step applies.
+  PushResponse resp;
+  ASSERT_TRUE(Push(store, 0, 0, 0, Floats({1, 1, 1}), &resp).ok());
+  EXPECT_EQ(resp.applied(), 1u);
+}
+
+TEST(ShardStoreResourcesTest, MemoryTablesAndWaitersAreBounded) {
+  ShardStoreOptions options = Options();
+  options.max_bytes = 1000;
+  options.max_tables = 2;
+  options.max_waiters = 2;
+  ShardStore store(options);
+  // 200 floats, SGD with momentum, 4 workers with their own state: 800 bytes
+  // of values and 4 x 800 of state -- more than the budget, refused before
+  // anything is allocated.
+  TableConfig big = Config(ASYNC, 4);
+  big.mutable_optimizer()->set_momentum(0.9);
+  absl::Status s = Init(store, big, 0, std::vector<float>(200, 1.f));
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_NE(s.message().find("max_memory_mb"), absl::string_view::npos) << s;
+  EXPECT_EQ(store.reserved_bytes(), 0u);
+  ASSERT_TRUE(Init(store, Config(SYNC, 2), 0, {1}, "job").ok());
+  const uint64_t reserved = store.reserved_bytes();
+  EXPECT_GT(reserved, 0u);
+  // An identical InitTable (every worker sends one) allocates nothing.
+  ASSERT_TRUE(Init(store, Config(SYNC, 2), 0, {1}, "job").ok());
+  EXPECT_EQ(store.reserved_bytes(), reserved);
+  ASSERT_TRUE(Init(store, Config(ASYNC, 1), 0, {1}, "other").ok());
+  EXPECT_EQ(Init(store, Config(ASYNC, 1), 0, {1}, "third").code(), absl::StatusCode::kResourceExhausted);
+  // Two parked pulls are allowed, the third is refused at once.
+  auto w1 = std::async(std::launch::async, [&] { return Pull(store, 0, 5, absl::Seconds(2)).status(); });
+  auto w2 = std::async(std::launch::async, [&] { return Pull(store, 0, 5, absl::Seconds(2)).status(); });
+  absl::SleepFor(absl::Milliseconds(200));
+  EXPECT_EQ(Pull(store, 0, 5, absl::Seconds(2)).status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(w1.get().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(w2.get().code(), absl::StatusCode::kDeadlineExceeded);
+  // Dropping a table returns its bytes.
+  DropTableRequest drop;
+  drop.set_job("job");
+  DropTableResponse dropped;
+  ASSERT_TRUE(WaitFor([&](StatusCallback d) { store.DropTable(drop, &dropped, {}, d); }).ok());
+  EXPECT_LT(store.reserved_bytes(), reserved + 1);
+}
+
+TEST(ShardStoreResourcesTest, LongNamesAreRefusedAndNeverEchoedWhole) {
+  ShardStore store(Options());
+  const std::string huge(1 << 20, 'x');
+  InitTableRequest req;
+  req.set_job(huge);
+  *req.mutable_config() = Config(ASYNC, 1);
+  InitTableResponse resp;
+  absl::Status s = WaitFor([&](StatusCallback d) { store.InitTable(req, {}, &resp, {}, d); });
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_LT(s.message().size(), 300u);
+  PullRequest pull;
+  pull.set_job(huge);
+  PullResponse pr;
+  std::vector<TensorBuffer> values;
+  s = WaitFor([&](StatusCallback d) { store.Pull(pull, &pr, &values, {}, d); });
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_LT(s.message().size(), 300u);
+  req.set_job("job");
+  req.add_keys(std::string(5000, 'k'));
+  s = WaitFor([&](StatusCallback d) { store.InitTable(req, {Floats({1})}, &resp, {}, d); });
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_LT(s.message().size(), 300u);
+}
+
+class ShardStoreFilesTest : public ::testing::Test {
+ protected:
+  void SetUp() override { ASSERT_TRUE(Init(store_, Config(ASYNC, 1)).ok()); }
+  absl::Status Save(const std::string& path, SaveTableResponse* out = nullptr) {
+    SaveTableRequest req;
+    req.set_job("job");
+    req.set_path(path);
+    SaveTableResponse local;
+    return WaitFor([&](StatusCallback d) { store_.SaveTable(req, out ? out : &local, {}, d); });
+  }
+  absl::Status Load(const std::string& path, uint64_t bytes, uint32_t crc, const std::string& job = "restored") {
+    LoadTableRequest req;
+    req.set_job(job);
+    *req.mutable_config() = Config(ASYNC, 1);
+    auto* f = req.add_files();
+    f->set_path(path);
+    f->set_bytes(bytes);
+    f->set_crc32(crc);
+    req.add_keys("a");
+    LoadTableResponse resp;
+    return WaitFor([&](StatusCallback d) { store_.LoadTable(req, &resp, {}, d); });
+  }
+  ShardStore store_{Options()};
+};
+
+TEST_F(ShardStoreFilesTest, NamesOutsideTheRootAreRefused) {
+  const std::string outside = ::testing::TempDir() + "/outside-victim";
+  ASSERT_TRUE(WriteFileAtomically(outside, "precious").ok());
+  std::filesystem::create_directories(Root() + "/jobdir");
+  std::error_code ec;
+  std::filesystem::remove(Root() + "/jobdir/escape", ec);
+  std::filesystem::create_directory_symlink(::testing::TempDir(), Root() + "/jobdir/escape");
+  const std::vector<std::pair<std::string, absl::StatusCode>> names = {
+      {"../outside-victim", absl::StatusCode::kInvalidArgument},
+      {"a/../../outside-victim", absl::StatusCode::kInvalidArgument},
+      {outside, absl::StatusCode::kInvalidArgument},  // absolute
+      {std::string("ok\0/../../x", 11), absl::StatusCode::kInvalidArgument},
+      {"", absl::StatusCode::kInvalidArgument},
+      {"./x", absl::StatusCode::kInvalidArgument},
+      {std::string(2000, 'n'), absl::StatusCode::kInvalidArgument},
+      {"jobdir/escape/outside-victim", absl::StatusCode::kPermissionDenied},  // through a symlink
+  };
+  for (const auto& [name, code] : names) {
+    absl::Status s = Save(name);
+    EXPECT_EQ(s.code(), code) << Quote(name) << ": " << s;
+    EXPECT_LT(s.message().size(), 400u);
+    s = Load(name, 10, 0);
+    EXPECT_EQ(s.code(), code) << Quote(name) << ": " << s;
+  }
+  EXPECT_EQ(*ReadFile(outside), "precious");
+  SaveTableResponse saved;
+  ASSERT_TRUE(Save("job-1/ckpt-5.tmp/shard-0.bin", &saved).ok());  // directories are made
+  EXPECT_TRUE(std::filesystem::exists(Root() + "/job-1/ckpt-5.tmp/shard-0.bin"));
+  EXPECT_TRUE(Load(saved.path(), saved.bytes(), saved.crc32()).ok());
+}
+
+TEST_F(ShardStoreFilesTest, SpecialFilesNeverBlockOrFillTheShard) {
+  const std::string fifo = Root() + "/fifo";
+  std::filesystem::remove(fifo);
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  std::error_code ec;
+  std::filesystem::remove(Root() + "/zero", ec);
+  std::filesystem::create_symlink("/dev/zero", Root() + "/zero");
+  std::filesystem::create_directories(Root() + "/dir");
+  for (const std::string name : {"fifo", "zero", "dir", "missing"}) {
+    const absl::Time start = absl::Now();
+    absl::Status s = Load(name, 1 << 20, 0);
+    EXPECT_LT(absl::Now() - start, absl::Seconds(2)) << name;
+    EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << name << ": " << s;
+    EXPECT_FALSE(s.message().empty());
+  }
+  // A file larger than the manifest says is not read whole.
+  ASSERT_TRUE(WriteFileAtomically(Root() + "/large", std::string(1 << 20, 'x')).ok());
+  absl::Status s = Load("large", 100, 0);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_EQ(Load("large", 0, 0).code(), absl::StatusCode::kInvalidArgument);  // a size is required
+}
+
+// Checkpoint files whose size and CRC match but whose contents are absurd
+// are refused field by field, naming what is wrong.
+TEST_F(ShardStoreFilesTest, CraftedCheckpointContentsAreRefusedFieldByField) {
+  SaveTableResponse saved;
+  ASSERT_TRUE(Save("good.bin", &saved).ok());
+  TableSnapshot good;
+  ASSERT_TRUE(good.ParseFromString(*ReadFile(Root() + "/good.bin")));
+  struct Case {
+    const char* what;
+    std::function<void(TableSnapshot*)> mutate;
+  };
+  const std::vector<Case> cases = {
+      {"version", [](TableSnapshot* t) { t->mutable_chunks(0)->set_version(-5); }},
+      {"worker step", [](TableSnapshot* t) { t->mutable_chunks(0)->set_last_step(0, INT64_MAX); }},
+      {"optimizer step", [](TableSnapshot* t) { t->mutable_chunks(0)->mutable_state(0)->set_optimizer_step(-1); }},
+      {"state slot", [](TableSnapshot* t) { t->mutable_chunks(0)->mutable_state(0)->add_slots("xyz"); }},
+      {"state sets", [](TableSnapshot* t) { t->mutable_chunks(0)->add_state(); }},
+      {"value bytes", [](TableSnapshot* t) { t->mutable_chunks(0)->set_value("abc"); }},
+      {"NaN", [](TableSnapshot* t) {
+         float nan = std::nanf("");
+         std::string v = t->chunks(0).value();
+         std::memcpy(&v[0], &nan, 4);
+         t->mutable_chunks(0)->set_value(v);
+       }},
+      {"twice", [](TableSnapshot* t) { *t->add_chunks() = t->chunks(0); }},
+      {"shape", [](TableSnapshot* t) { t->mutable_chunks(0)->set_shape(0, -3); }},
+      {"float", [](TableSnapshot* t) { t->mutable_chunks(0)->set_dtype(DT_INT32); }},
+      {"worker steps", [](TableSnapshot* t) { t->mutable_chunks(0)->add_last_step(1); }},
+      {"config", [](TableSnapshot* t) { t->mutable_config()->set_num_workers(0); }},
+  };
+  for (const Case& c : cases) {
+    TableSnapshot bad = good;
+    c.mutate(&bad);
+    const std::string bytes = bad.SerializeAsString();
+    ASSERT_TRUE(WriteFileAtomically(Root() + "/bad.bin", bytes).ok());
+    const uint32_t crc = static_cast<uint32_t>(crc32(0L, reinterpret_cast<const Bytef*>(bytes.data()), bytes.size()));
+    absl::Status s = Load("bad.bin", bytes.size(), crc);
+    EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << c.what << ": " << s;
+  }
+  EXPECT_TRUE(Load("good.bin", saved.bytes(), saved.crc32()).ok());
+}
+
+// A seeded mutation loop over a valid checkpoint file (bounded in time): the
+// loader refuses or loads, never crashes, and what it loads is finite.
+TEST_F(ShardStoreFilesTest, MutatedCheckpointFilesAreRefusedOrLoadCleanly) {
+  SaveTableResponse saved;
+  ASSERT_TRUE(Save("seed.bin", &saved).ok());
+  const std::string seed = *ReadFile(Root() + "/seed.bin");
+  std::mt19937 rng(7);
+  const absl::Time end = absl::Now() + absl::Seconds(3);
+  int loaded = 0, refused = 0;
+  for (int iter = 0; absl::Now() < end && iter < 20000; ++iter) {
+    std::string m = seed;
+    for (int e = 0; e < 1 + static_cast<int>(rng() % 3); ++e) {
+      const size_t at = rng() % m.size();
+      if (rng() % 3 == 0) {
+        m.insert(at, 1, static_cast<char>(rng()));
+      } else {
+        m[at] = static_cast<char>(rng());
+      }
+    }
+    ASSERT_TRUE(WriteFileAtomically(Root() + "/mut.bin", m).ok());
+    const uint32_t crc = static_cast<uint32_t>(crc32(0L, reinterpret_cast<const Bytef*>(m.data()), m.size()));
+    const std::string job = "m" + std::to_string(iter);
+    absl::Status s = Load("mut.bin", m.size(), crc, job);
+    if (!s.ok()) {
+      ++refused;
+      EXPECT_TRUE(absl::IsDataLoss(s) || absl::IsInvalidArgument(s)) << s;
+      continue;
+    }
+    ++loaded;
+    PullRequest pull;
+    pull.set_job(job);
+    pull.add_keys("a");
+    PullResponse pr;
+    std::vector<TensorBuffer> values;
+    ASSERT_TRUE(WaitFor([&](StatusCallback d) { store_.Pull(pull, &pr, &values, {}, d); }).ok());
+    EXPECT_TRUE(AllFinite(values[0].dtype, values[0].data, values[0].nbytes));
+    DropTableRequest drop;
+    drop.set_job(job);
+    DropTableResponse dropped;
+    (void)WaitFor([&](StatusCallback d) { store_.DropTable(drop, &dropped, {}, d); });
+  }
+  std::printf("checkpoint fuzz: %d loaded, %d refused\n", loaded, refused);
+  EXPECT_GT(loaded + refused, 100);
+}
+
+}  // namespace
+}  // namespace pstrain

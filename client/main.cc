@@ -175,7 +175,7 @@ int JobOutcome(const pstrain::JobStatus& st, pstrain::ProgressView& view) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int Main(int argc, char** argv) {
   CLI::App app{"pstrain: distributed training for LibTorch models"};
   app.require_subcommand(1);
   app.fallthrough();  // global options may come after the subcommand
@@ -408,4 +408,14 @@ int main(int argc, char** argv) {
     return 0;
   }
   return kUsage;
+}
+
+// No exception ends the CLI with a core dump: it is reported and exits 1.
+int main(int argc, char** argv) {
+  try {
+    return Main(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "pstrain: internal error: %s\n", e.what());
+    return 1;
+  }
 }

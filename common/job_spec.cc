@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/file_util.h"
+#include "common/quote.h"
 
 namespace pstrain {
 namespace {
@@ -81,7 +82,25 @@ class MappingReader {
 
 }  // namespace
 
+namespace {
+absl::StatusOr<JobSpec> ParseJobSpecOrThrow(const std::string& yaml, const std::string& origin);
+}  // namespace
+
 absl::StatusOr<JobSpec> ParseJobSpec(const std::string& yaml, const std::string& origin) {
+  // yaml-cpp throws from places that look harmless (a non-scalar key read
+  // as a string, a node of an unexpected kind): none of it leaves here.
+  try {
+    return ParseJobSpecOrThrow(yaml, origin);
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat(origin, ": malformed: ", Quote(e.what(), 200)));
+  } catch (const std::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat(origin, ": cannot be read: ", Quote(e.what(), 200)));
+  }
+}
+
+namespace {
+
+absl::StatusOr<JobSpec> ParseJobSpecOrThrow(const std::string& yaml, const std::string& origin) {
   YAML::Node root;
   try {
     root = YAML::Load(yaml);
@@ -251,6 +270,8 @@ absl::StatusOr<JobSpec> ParseJobSpec(const std::string& yaml, const std::string&
   if (spec.log_every_steps < 1) return r.Error("log_every_steps", "must be >= 1");
   return spec;
 }
+
+}  // namespace
 
 absl::StatusOr<JobSpec> LoadJobSpec(const std::string& path) {
   absl::StatusOr<std::string> text = ReadFile(path);

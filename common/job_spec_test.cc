@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <random>
+
 namespace pstrain {
 namespace {
 
@@ -91,6 +93,52 @@ TEST(JobSpecTest, RefusesUnknownFieldsAndBadValuesNamingTheField) {
   EXPECT_EQ(ar->consistency, SYNC);
   EXPECT_EQ(ar->backend, "auto");
   EXPECT_EQ(LoadJobSpec("/nonexistent.yaml").status().code(), absl::StatusCode::kNotFound);
+}
+
+// A seeded mutation loop over valid specs (bounded in time): the parser
+// refuses or accepts, never throws (yaml-cpp throws from many places) and
+// never accepts a spec that breaks its own invariants.
+TEST(JobSpecTest, MutatedSpecsAreRefusedOrParsedNeverThrown) {
+  const std::vector<std::string> seeds = {
+      "name: a\nmodel: lenet\ndata: {format: idx, dir: /d}\noptimizer: {kind: sgd, lr: 0.05, momentum: 0.9}\n"
+      "lr_schedule: {kind: cosine}\nmode: ps\nconsistency: async\nworkers: 2\nshards: 2\nepochs: 3\n"
+      "batch_size: 64\nseed: 42\ncheckpoint_every_steps: 500\noutput_dir: out/x\n",
+      "mode: allreduce\nworkers: 4\nbackend: gloo\nbucket_bytes: 1048576\n",
+      "name: s\nconsistency: ssp\nstaleness: 2\noptimizer:\n  kind: adam\n  beta1: 0.8\n",
+  };
+  const std::string alphabet = "{}[]:,-?&*!|>'\"%@`#\n\t 0123456789abcxyz.\\\x00\xff";
+  std::mt19937 rng(11);
+  const absl::Time end = absl::Now() + absl::Seconds(3);
+  int parsed = 0, refused = 0;
+  for (int iter = 0; absl::Now() < end && iter < 100000; ++iter) {
+    std::string m = seeds[rng() % seeds.size()];
+    for (int e = 0; e < 1 + static_cast<int>(rng() % 4); ++e) {
+      const size_t at = rng() % (m.size() + 1);
+      const char c = alphabet[rng() % alphabet.size()];
+      switch (rng() % 3) {
+        case 0: m.insert(at, 1, c); break;
+        case 1: if (at < m.size()) m.erase(at, 1 + rng() % 6); break;
+        default: if (at < m.size()) m[at] = c; break;
+      }
+    }
+    absl::StatusOr<JobSpec> spec;
+    try {
+      spec = ParseJobSpec(m, "fuzz.yaml");
+    } catch (...) {
+      FAIL() << "ParseJobSpec threw on:\n" << m;
+    }
+    if (!spec.ok()) {
+      ++refused;
+      EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument) << m;
+      continue;
+    }
+    ++parsed;
+    EXPECT_GE(spec->workers, 1) << m;
+    EXPECT_GE(spec->batch_size, 1) << m;
+  }
+  std::printf("job spec fuzz: %d parsed, %d refused\n", parsed, refused);
+  EXPECT_GT(parsed, 10);
+  EXPECT_GT(refused, 10);
 }
 
 }  // namespace

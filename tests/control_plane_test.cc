@@ -120,6 +120,7 @@ class ControlPlaneTest : public ::testing::Test {
     EXPECT_TRUE(WriteFileAtomically(path, "name: " + name + "\nmodel: mlp\n"
                                           "data: {format: synthetic, synthetic_train: 4096, synthetic_test: 512}\n"
                                           "workers: 2\nshards: 1\nbatch_size: 32\nlog_every_steps: 5\n"
+                                          "output_dir: " + dir_ + "/out\n"
                                           "epochs: " + std::to_string(epochs) +
                                           "\nmax_steps: " + std::to_string(max_steps) + "\n").ok());
     return path;

@@ -113,7 +113,7 @@ struct RunContext {
 };
 
 // Trains one job.
-absl::Status RunJob(pstrain::JobSpec spec, int rank, int world_size, const std::vector<std::string>& targets,
+absl::Status RunJobOrThrow(pstrain::JobSpec spec, int rank, int world_size, const std::vector<std::string>& targets,
                     const RunContext& ctx) {
   const std::atomic<bool>* stop = ctx.stop;
   const auto& emit = ctx.emit;
@@ -241,6 +241,19 @@ absl::Status RunJob(pstrain::JobSpec spec, int rank, int world_size, const std::
   if (!data.ok()) return data.status();
   auto result = pstrain::RunTrainer(options, *data);
   return result.status();
+}
+
+// LibTorch (and the libraries under it) report errors by throwing: a job
+// that throws fails with INTERNAL, the worker lives on.
+absl::Status RunJob(pstrain::JobSpec spec, int rank, int world_size, const std::vector<std::string>& targets,
+                    const RunContext& ctx) {
+  try {
+    return RunJobOrThrow(std::move(spec), rank, world_size, targets, ctx);
+  } catch (const std::exception& e) {
+    std::string what = e.what();
+    if (what.size() > 4096) what = what.substr(0, 4096) + "...";
+    return absl::InternalError(absl::StrCat("training threw: ", what));
+  }
 }
 
 int RunPoolMember(pstrain::WorkerMetrics* metrics) {

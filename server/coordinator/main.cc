@@ -55,7 +55,8 @@ int main(int argc, char** argv) {
 
   const std::string db = absl::GetFlag(FLAGS_db);
   const auto parent = std::filesystem::path(db).parent_path();
-  if (!parent.empty()) std::filesystem::create_directories(parent);
+  std::error_code ec;
+  if (!parent.empty()) std::filesystem::create_directories(parent, ec);
   auto store = pstrain::JobStore::Open(db);
   if (!store.ok()) {
     spdlog::error("pstrain-coordinator: {}", store.status().ToString());

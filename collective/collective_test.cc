@@ -120,9 +120,14 @@ TEST(Collective, LargeTensorsReducedInPartsEqualTheReference) {
 
 TEST(Collective, BadArgumentsAreRefused) {
   RunGroup(2, [](int rank, Collective& c) {
+    // The caller's mistakes are INVALID_ARGUMENT (the job's fault, final);
+    // a broken group is UNAVAILABLE (see below).
     std::vector<at::Tensor> wrong_count = {at::zeros({4})};
     absl::Status s = c.AllGather(wrong_count, at::zeros({4}))->Wait();
-    EXPECT_FALSE(s.ok());
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_EQ(c.AllReduce(at::zeros({4, 4}).t())->Wait().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(c.AllReduce(at::zeros({4}, at::kBool))->Wait().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(c.Broadcast(at::Tensor(), 0)->Wait().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_TRUE(c.Barrier()->Wait().ok());  // the group still works
   });
   CollectiveOptions o;
@@ -150,6 +155,12 @@ TEST(Collective, APeerThatLeavesFailsTheOthersFast) {
         EXPECT_FALSE(s.ok());
         EXPECT_LE(absl::Now() - start, timeout + absl::Seconds(2));
         EXPECT_TRUE(absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s)) << s;
+        // Later operations on the broken group are the peer's loss too (a
+        // job that may resume elsewhere), never the caller's mistake.
+        for (int i = 0; i < 2; ++i) {
+          s = c.AllReduce(t)->Wait();
+          EXPECT_TRUE(absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s)) << s;
+        }
       },
       timeout);
 }

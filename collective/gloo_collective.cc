@@ -162,7 +162,7 @@ class GlooCollective : public Collective {
       m->parts = std::move(parts);
       return m;
     }
-    return Run("all-reduce", [&] {
+    return Run("all-reduce", {tensor}, [&] {
       std::vector<at::Tensor> v{tensor};
       c10d::AllreduceOptions o;
       o.reduceOp = ToC10d(op);
@@ -170,7 +170,7 @@ class GlooCollective : public Collective {
     });
   }
   std::unique_ptr<CollectiveWork> Broadcast(at::Tensor tensor, int root) override {
-    return Run("broadcast", [&] {
+    return Run("broadcast", {tensor}, [&] {
       std::vector<at::Tensor> v{tensor};
       c10d::BroadcastOptions o;
       o.rootRank = root;
@@ -178,25 +178,59 @@ class GlooCollective : public Collective {
     });
   }
   std::unique_ptr<CollectiveWork> AllGather(std::vector<at::Tensor> outputs, at::Tensor input) override {
-    return Run("all-gather", [&] {
+    if (static_cast<int>(outputs.size()) != size()) {
+      return std::make_unique<GlooWork>(absl::InvalidArgumentError(
+          absl::StrCat("all-gather: ", outputs.size(), " outputs for a group of ", size())));
+    }
+    for (const at::Tensor& o : outputs) {
+      if (o.defined() && input.defined() && (o.sizes() != input.sizes() || o.scalar_type() != input.scalar_type())) {
+        return std::make_unique<GlooWork>(
+            absl::InvalidArgumentError("all-gather: every output must have the input's shape and dtype"));
+      }
+    }
+    std::vector<at::Tensor> all = outputs;
+    all.push_back(input);
+    return Run("all-gather", all, [&] {
       std::vector<std::vector<at::Tensor>> out{outputs};
       std::vector<at::Tensor> in{input};
       return pg_->allgather(out, in);
     });
   }
   std::unique_ptr<CollectiveWork> Barrier() override {
-    return Run("barrier", [&] { return pg_->barrier(); });
+    return Run("barrier", {}, [&] { return pg_->barrier(); });
   }
 
  private:
+  // The caller's mistakes (INVALID_ARGUMENT, the job's fault) are told
+  // apart from a broken group (UNAVAILABLE: a peer left, the job may resume
+  // from its checkpoint) by checking the arguments before c10d sees them:
+  // whatever c10d throws after that is the group's.
   template <typename F>
-  std::unique_ptr<CollectiveWork> Run(const char* what, F start) {
+  std::unique_ptr<CollectiveWork> Run(const char* what, const std::vector<at::Tensor>& tensors, F start) {
+    for (const at::Tensor& t : tensors) {
+      if (!t.defined() || !t.device().is_cpu() || !t.is_contiguous() || t.is_sparse()) {
+        return std::make_unique<GlooWork>(absl::InvalidArgumentError(
+            absl::StrCat(what, ": Gloo takes defined, dense, contiguous CPU tensors")));
+      }
+      switch (t.scalar_type()) {
+        case at::kFloat:
+        case at::kDouble:
+        case at::kHalf:
+        case at::kBFloat16:
+        case at::kInt:
+        case at::kLong:
+        case at::kChar:
+        case at::kByte:
+          break;
+        default:
+          return std::make_unique<GlooWork>(absl::InvalidArgumentError(
+              absl::StrCat(what, ": Gloo does not reduce ", c10::toString(t.scalar_type()), " tensors")));
+      }
+    }
     try {
       return std::make_unique<GlooWork>(start(), timeout_, what);
     } catch (const std::exception& e) {
-      // Bad arguments (dtype, shape, device) are refused when the operation
-      // is started; a broken group fails here as well.
-      return std::make_unique<GlooWork>(absl::InvalidArgumentError(absl::StrCat(what, ": ", e.what())));
+      return std::make_unique<GlooWork>(PeerError(what, e.what()));
     }
   }
   c10::intrusive_ptr<c10d::ProcessGroupGloo> pg_;

@@ -141,6 +141,7 @@ void Coordinator::PersistLoop() {
     lock.unlock();
     // SQLite's fsync happens here, with the coordinator's mutex free.
     for (const auto& [id, status] : batch) {
+      if (options_.before_persist) options_.before_persist(id);
       absl::Status s = store_->Update(status);
       if (!s.ok()) spdlog::error("coordinator: persisting {}: {}", id, s.ToString());
     }
@@ -985,6 +986,7 @@ absl::StatusOr<CheckpointResponse> Coordinator::Checkpoint(const std::string& jo
     }
     job->checkpointing = true;  // claimed, atomically with the check above
   }
+  if (options_.on_checkpoint_claimed) options_.on_checkpoint_claimed(job_id);
   return RunCheckpoint(job_id);
 }
 

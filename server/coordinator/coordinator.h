@@ -72,6 +72,11 @@ struct CoordinatorOptions {
   size_t max_kv_bytes = 64 << 20;    // per job, keys and values
   // A member without a heartbeat for this many leases is forgotten.
   int forget_after_leases = 20;
+  // Fault-injection points for tests (called without the coordinator's
+  // mutex): a checkpoint of `job` was claimed; a job's status is about to
+  // be written to the store.
+  std::function<void(const std::string& job)> on_checkpoint_claimed;
+  std::function<void(const std::string& job)> before_persist;
 };
 
 // Limits on the strings a request may carry.

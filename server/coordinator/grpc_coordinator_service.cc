@@ -26,32 +26,64 @@ grpc::Status Fill(absl::StatusOr<T> v, T* out) {
 
 }  // namespace
 
-grpc::Status GrpcJobService::SubmitJob(grpc::ServerContext*, const SubmitJobRequest* req,
+#define PSTRAIN_UNARY(Service, Method, Request, Response)                                          \
+  AddUnary<Request, Response>("/pstrain." #Service "/" #Method,                                     \
+                              [this](grpc::ServerContext* ctx, const Request& req, Response* resp) { \
+                                return Method(ctx, req, resp);                                       \
+                              })
+
+GrpcJobService::GrpcJobService(Coordinator* coordinator) : coordinator_(coordinator) {
+  PSTRAIN_UNARY(JobService, SubmitJob, SubmitJobRequest, SubmitJobResponse);
+  PSTRAIN_UNARY(JobService, GetJob, GetJobRequest, JobStatus);
+  PSTRAIN_UNARY(JobService, ListJobs, ListJobsRequest, ListJobsResponse);
+  AddServerStreaming<WatchJobRequest, JobStatus>(
+      "/pstrain.JobService/WatchJob",
+      [this](grpc::ServerContext* ctx, const WatchJobRequest& req, const std::function<bool(const JobStatus&)>& w) {
+        return WatchJob(ctx, req, w);
+      });
+  PSTRAIN_UNARY(JobService, CancelJob, CancelJobRequest, CancelJobResponse);
+  PSTRAIN_UNARY(JobService, Checkpoint, CheckpointRequest, CheckpointResponse);
+  PSTRAIN_UNARY(JobService, ListMembers, ListMembersRequest, ListMembersResponse);
+}
+
+GrpcClusterService::GrpcClusterService(Coordinator* coordinator) : coordinator_(coordinator) {
+  PSTRAIN_UNARY(ClusterService, Register, RegisterRequest, RegisterResponse);
+  PSTRAIN_UNARY(ClusterService, Heartbeat, HeartbeatRequest, HeartbeatResponse);
+  PSTRAIN_UNARY(ClusterService, GetAssignment, GetAssignmentRequest, Assignment);
+  PSTRAIN_UNARY(ClusterService, ReportProgress, ReportProgressRequest, ReportProgressResponse);
+  PSTRAIN_UNARY(ClusterService, KvSet, KvSetRequest, KvSetResponse);
+  PSTRAIN_UNARY(ClusterService, KvGet, KvGetRequest, KvGetResponse);
+  PSTRAIN_UNARY(ClusterService, KvAdd, KvAddRequest, KvAddResponse);
+}
+
+#undef PSTRAIN_UNARY
+
+grpc::Status GrpcJobService::SubmitJob(grpc::ServerContext*, const SubmitJobRequest& req,
                                        SubmitJobResponse* resp) {
-  auto id = coordinator_->SubmitJob(*req);
+  auto id = coordinator_->SubmitJob(req);
   if (!id.ok()) return ToGrpcStatus(id.status());
   resp->set_job_id(*id);
   return grpc::Status::OK;
 }
 
-grpc::Status GrpcJobService::GetJob(grpc::ServerContext*, const GetJobRequest* req, JobStatus* resp) {
-  return Fill(coordinator_->GetJob(req->job_id()), resp);
+grpc::Status GrpcJobService::GetJob(grpc::ServerContext*, const GetJobRequest& req, JobStatus* resp) {
+  return Fill(coordinator_->GetJob(req.job_id()), resp);
 }
 
-grpc::Status GrpcJobService::ListJobs(grpc::ServerContext*, const ListJobsRequest*,
+grpc::Status GrpcJobService::ListJobs(grpc::ServerContext*, const ListJobsRequest&,
                                       ListJobsResponse* resp) {
   for (auto& j : coordinator_->ListJobs()) *resp->add_jobs() = std::move(j);
   return grpc::Status::OK;
 }
 
-grpc::Status GrpcJobService::WatchJob(grpc::ServerContext* ctx, const WatchJobRequest* req,
-                                      grpc::ServerWriter<JobStatus>* writer) {
+grpc::Status GrpcJobService::WatchJob(grpc::ServerContext* ctx, const WatchJobRequest& req,
+                                      const std::function<bool(const JobStatus&)>& write) {
   uint64_t version = 0;
   while (!ctx->IsCancelled()) {
     // Wake up at least every second to notice a client that went away.
-    auto st = coordinator_->WaitJob(req->job_id(), &version, WaitUntil(ctx, absl::Seconds(1)));
+    auto st = coordinator_->WaitJob(req.job_id(), &version, WaitUntil(ctx, absl::Seconds(1)));
     if (!st.ok()) return ToGrpcStatus(st.status());
-    if (!writer->Write(*st)) return grpc::Status::OK;  // client gone
+    if (!write(*st)) return grpc::Status::OK;  // client gone
     if (IsTerminal(st->state())) return grpc::Status::OK;
     if (absl::Now() >= WaitUntil(ctx, absl::Hours(1e6))) {
       return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "watch deadline reached");
@@ -60,62 +92,62 @@ grpc::Status GrpcJobService::WatchJob(grpc::ServerContext* ctx, const WatchJobRe
   return grpc::Status(grpc::StatusCode::CANCELLED, "watch cancelled");
 }
 
-grpc::Status GrpcJobService::CancelJob(grpc::ServerContext*, const CancelJobRequest* req,
+grpc::Status GrpcJobService::CancelJob(grpc::ServerContext*, const CancelJobRequest& req,
                                        CancelJobResponse* resp) {
-  auto st = coordinator_->CancelJob(req->job_id());
+  auto st = coordinator_->CancelJob(req.job_id());
   if (!st.ok()) return ToGrpcStatus(st.status());
   resp->set_state(*st);
   return grpc::Status::OK;
 }
 
-grpc::Status GrpcJobService::ListMembers(grpc::ServerContext*, const ListMembersRequest*,
+grpc::Status GrpcJobService::ListMembers(grpc::ServerContext*, const ListMembersRequest&,
                                          ListMembersResponse* resp) {
   for (auto& m : coordinator_->Members()) *resp->add_members() = std::move(m);
   return grpc::Status::OK;
 }
 
-grpc::Status GrpcJobService::Checkpoint(grpc::ServerContext*, const CheckpointRequest* req,
+grpc::Status GrpcJobService::Checkpoint(grpc::ServerContext*, const CheckpointRequest& req,
                                         CheckpointResponse* resp) {
-  return Fill(coordinator_->Checkpoint(req->job_id()), resp);
+  return Fill(coordinator_->Checkpoint(req.job_id()), resp);
 }
 
-grpc::Status GrpcClusterService::Register(grpc::ServerContext*, const RegisterRequest* req,
+grpc::Status GrpcClusterService::Register(grpc::ServerContext*, const RegisterRequest& req,
                                           RegisterResponse* resp) {
-  return Fill(coordinator_->Register(*req), resp);
+  return Fill(coordinator_->Register(req), resp);
 }
 
-grpc::Status GrpcClusterService::Heartbeat(grpc::ServerContext*, const HeartbeatRequest* req,
+grpc::Status GrpcClusterService::Heartbeat(grpc::ServerContext*, const HeartbeatRequest& req,
                                            HeartbeatResponse* resp) {
-  return Fill(coordinator_->Heartbeat(*req), resp);
+  return Fill(coordinator_->Heartbeat(req), resp);
 }
 
 grpc::Status GrpcClusterService::GetAssignment(grpc::ServerContext* ctx,
-                                               const GetAssignmentRequest* req, Assignment* resp) {
-  const absl::Duration wait = absl::Milliseconds(std::clamp<int64_t>(req->wait_ms(), 0, 60000));
-  return Fill(coordinator_->GetAssignment(req->member_id(), WaitUntil(ctx, wait)), resp);
+                                               const GetAssignmentRequest& req, Assignment* resp) {
+  const absl::Duration wait = absl::Milliseconds(std::clamp<int64_t>(req.wait_ms(), 0, 60000));
+  return Fill(coordinator_->GetAssignment(req.member_id(), WaitUntil(ctx, wait)), resp);
 }
 
 grpc::Status GrpcClusterService::ReportProgress(grpc::ServerContext*,
-                                                const ReportProgressRequest* req,
+                                                const ReportProgressRequest& req,
                                                 ReportProgressResponse* resp) {
-  return Fill(coordinator_->ReportProgress(*req), resp);
+  return Fill(coordinator_->ReportProgress(req), resp);
 }
 
-grpc::Status GrpcClusterService::KvSet(grpc::ServerContext*, const KvSetRequest* req, KvSetResponse*) {
-  return ToGrpcStatus(coordinator_->KvSet(req->job_id(), req->attempt(), req->key(), req->value()));
+grpc::Status GrpcClusterService::KvSet(grpc::ServerContext*, const KvSetRequest& req, KvSetResponse*) {
+  return ToGrpcStatus(coordinator_->KvSet(req.job_id(), req.attempt(), req.key(), req.value()));
 }
 
-grpc::Status GrpcClusterService::KvGet(grpc::ServerContext* ctx, const KvGetRequest* req,
+grpc::Status GrpcClusterService::KvGet(grpc::ServerContext* ctx, const KvGetRequest& req,
                                        KvGetResponse* resp) {
-  const absl::Duration wait = absl::Milliseconds(std::clamp<int64_t>(req->wait_ms(), 0, 600000));
-  auto v = coordinator_->KvGet(req->job_id(), req->attempt(), req->key(), WaitUntil(ctx, wait));
+  const absl::Duration wait = absl::Milliseconds(std::clamp<int64_t>(req.wait_ms(), 0, 600000));
+  auto v = coordinator_->KvGet(req.job_id(), req.attempt(), req.key(), WaitUntil(ctx, wait));
   if (!v.ok()) return ToGrpcStatus(v.status());
   resp->set_value(*v);
   return grpc::Status::OK;
 }
 
-grpc::Status GrpcClusterService::KvAdd(grpc::ServerContext*, const KvAddRequest* req, KvAddResponse* resp) {
-  auto v = coordinator_->KvAdd(req->job_id(), req->attempt(), req->key(), req->delta());
+grpc::Status GrpcClusterService::KvAdd(grpc::ServerContext*, const KvAddRequest& req, KvAddResponse* resp) {
+  auto v = coordinator_->KvAdd(req.job_id(), req.attempt(), req.key(), req.delta());
   if (!v.ok()) return ToGrpcStatus(v.status());
   resp->set_value(*v);
   return grpc::Status::OK;

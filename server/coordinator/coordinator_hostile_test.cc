@@ -1,0 +1,312 @@
+// The coordinator against hostile or buggy members and clients: attempt
+// fencing of events, heartbeats, KV and re-registration; bounded members,
+// names, KV and conditions; events of the wrong shape; one checkpoint at a
+// time; the status written without the coordinator's lock.
+#include <gtest/gtest.h>
+
+#include <condition_variable>
+#include <filesystem>
+#include <future>
+#include <mutex>
+
+#include "common/checkpoint_manifest.h"
+#include "common/file_util.h"
+#include "server/coordinator/coordinator.h"
+
+namespace pstrain {
+namespace {
+
+const char kSpec[] = "name: t\nworkers: 1\nshards: 1\ndata: {format: synthetic}\n";
+
+CoordinatorOptions Options() {
+  CoordinatorOptions o;
+  o.heartbeat_interval = absl::Milliseconds(50);
+  o.missed_heartbeats = 3;
+  o.background_tick = false;
+  o.checkpoint_root = *CanonicalRoot(::testing::TempDir());
+  return o;
+}
+
+std::unique_ptr<Coordinator> Make(CoordinatorOptions o = Options()) {
+  auto store = JobStore::Open(":memory:");
+  EXPECT_TRUE(store.ok());
+  auto c = Coordinator::Create(o, std::move(*store));
+  EXPECT_TRUE(c.ok()) << c.status();
+  return std::move(*c);
+}
+
+absl::StatusOr<RegisterResponse> Join(Coordinator& c, const std::string& role, const std::string& name,
+                                      const std::string& job = "", uint64_t attempt = 0) {
+  RegisterRequest r;
+  r.set_role(role);
+  r.set_name(name);
+  if (role == "shard") r.set_address("127.0.0.1:1");
+  r.set_job_id(job);
+  r.set_rank(0);
+  r.set_attempt(attempt);
+  return c.Register(r);
+}
+
+std::string Submit(Coordinator& c, const std::string& spec = kSpec) {
+  SubmitJobRequest req;
+  req.set_spec_yaml(spec);
+  req.set_output_dir(::testing::TempDir() + "/out");
+  auto id = c.SubmitJob(req);
+  EXPECT_TRUE(id.ok()) << id.status();
+  return id.value_or("");
+}
+
+absl::StatusOr<ReportProgressResponse> Event(Coordinator& c, const std::string& member, const std::string& job,
+                                             uint64_t attempt, const std::string& json) {
+  ReportProgressRequest r;
+  r.set_member_id(member);
+  r.set_job_id(job);
+  r.set_attempt(attempt);
+  r.set_event_json(json);
+  return c.ReportProgress(r);
+}
+
+// A member of an ended attempt (cut off by a partition, then back) cannot
+// touch the job's current attempt: its events are ignored and it is told to
+// stop, its KV requests are refused, and it is not re-attached.
+TEST(CoordinatorFencingTest, RequestsOfAnotherAttemptAreRefusedOrIgnored) {
+  auto c = Make();
+  const std::string shard = Join(*c, "shard", "shard-0")->member_id();
+  const std::string worker = Join(*c, "worker", "worker-0")->member_id();
+  const std::string job = Submit(*c);
+  auto st = c->GetJob(job);
+  ASSERT_EQ(st->state(), RUNNING);
+  ASSERT_EQ(st->attempt(), 1u);
+  auto a = c->GetAssignment(worker, absl::Now());
+  EXPECT_EQ(a->attempt(), 1u);
+  EXPECT_NE(a->output_dir().find("/" + job), std::string::npos) << a->output_dir();
+
+  // Events of attempt 0 (or 2): ignored, the sender is told to stop.
+  auto r = Event(*c, worker, job, 0, R"({"event": "done", "rank": 0, "samples": 5})");
+  ASSERT_TRUE(r.ok());
+  EXPECT_TRUE(r->cancel_job());
+  EXPECT_EQ(c->GetJob(job)->state(), RUNNING);
+  r = Event(*c, worker, job, 2, R"({"event": "error", "rank": 0, "message": "x"})");
+  EXPECT_TRUE(r->cancel_job());
+  EXPECT_EQ(c->GetJob(job)->state(), RUNNING);
+  // KV of another attempt: ABORTED.
+  EXPECT_EQ(c->KvSet(job, 0, "k", "v").code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(c->KvAdd(job, 2, "k", 1).status().code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(c->KvGet(job, 0, "k", absl::Now()).status().code(), absl::StatusCode::kAborted);
+  EXPECT_TRUE(c->KvSet(job, 1, "k", "v").ok());
+  // A heartbeat saying it runs attempt 0 of the job it is assigned: stop it.
+  HeartbeatRequest hb;
+  hb.set_member_id(worker);
+  hb.set_running_job_id(job);
+  hb.set_running_attempt(0);
+  EXPECT_TRUE(c->Heartbeat(hb)->cancel_job());
+  hb.set_running_attempt(1);
+  auto beat = c->Heartbeat(hb);
+  EXPECT_FALSE(beat->cancel_job());
+  EXPECT_EQ(beat->attempt(), 1u);
+  // Re-registering under another attempt does not re-attach.
+  auto again = Join(*c, "worker", "worker-0", job, /*attempt=*/7);
+  ASSERT_TRUE(again.ok());
+  for (const auto& m : c->Members()) {
+    if (m.member_id() == again->member_id()) EXPECT_EQ(m.job_id(), "");
+  }
+  (void)shard;
+}
+
+// The attempt is persisted and grows with every scheduling: a job whose
+// restore fails (unreachable shard) is scheduled three times.
+TEST(CoordinatorFencingTest, EverySchedulingIsANewAttemptAndConditionsStayBounded) {
+  const std::string dir = ::testing::TempDir() + "/fence-ckpt";
+  std::filesystem::create_directories(dir);
+  ASSERT_TRUE(WriteFileAtomically(dir + "/shard-0.bin", "0123456789").ok());
+  CheckpointManifest m;
+  m.job = "job-1";
+  m.name = "t";
+  m.step = 5;
+  m.spec_yaml = "name: t\nworkers: 1\nshards: 1\nmax_restarts: 2\ndata: {format: synthetic}\n";
+  m.chunk_bytes = 4 << 20;
+  m.params.push_back({"w", {2}, DT_FLOAT32});
+  m.shards.push_back({0, "shard-0.bin", 10, 0});
+  ASSERT_TRUE(WriteManifest(dir, m).ok());
+  CoordinatorOptions o = Options();
+  o.max_conditions = 4;
+  auto c = Make(o);
+  const std::string s0 = Join(*c, "shard", "shard-0")->member_id();  // nothing listens at its address
+  const std::string w0 = Join(*c, "worker", "worker-0")->member_id();
+  SubmitJobRequest req;
+  req.set_resume_from(dir);
+  req.set_output_dir(::testing::TempDir() + "/out");
+  auto job = c->SubmitJob(req);
+  ASSERT_TRUE(job.ok()) << job.status();
+  const absl::Time deadline = absl::Now() + absl::Seconds(50);
+  while (c->GetJob(*job)->state() != FAILED && absl::Now() < deadline) {
+    for (const std::string& id : {s0, w0}) {
+      HeartbeatRequest hb;
+      hb.set_member_id(id);
+      ASSERT_TRUE(c->Heartbeat(hb).ok());
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  auto st = c->GetJob(*job);
+  ASSERT_EQ(st->state(), FAILED);
+  EXPECT_EQ(st->attempt(), 3u);
+  ASSERT_LE(st->conditions_size(), 4);
+  EXPECT_EQ(st->conditions(0).reason(), "Submitted");  // the first is kept
+  EXPECT_EQ(st->conditions().rbegin()->reason(), "RestoreFailed");
+}
+
+TEST(CoordinatorLimitsTest, MembersNamesAndDeadRegistrationsAreBounded) {
+  CoordinatorOptions o = Options();
+  o.max_members = 3;
+  o.forget_after_leases = 2;
+  auto c = Make(o);
+  auto r = Join(*c, "worker", std::string(1 << 20, 'n'));
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_LT(r.status().message().size(), 400u);
+  EXPECT_EQ(Join(*c, "worker", "bad\nname").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Join(*c, "emperor", "x").status().code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(Join(*c, "worker", "w1").ok());
+  ASSERT_TRUE(Join(*c, "worker", "w2").ok());
+  ASSERT_TRUE(Join(*c, "worker", "w3").ok());
+  EXPECT_EQ(Join(*c, "worker", "w4").status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(Join(*c, "worker", "w3").ok());  // re-registering replaces
+  // Nobody beats: lost after one lease, forgotten after two more.
+  absl::SleepFor(absl::Milliseconds(200));
+  c->Tick();
+  EXPECT_EQ(c->Members().size(), 3u);
+  for (const auto& m : c->Members()) EXPECT_FALSE(m.alive());
+  absl::SleepFor(absl::Milliseconds(350));
+  c->Tick();
+  EXPECT_TRUE(c->Members().empty());
+  EXPECT_TRUE(Join(*c, "worker", "w4").ok());
+}
+
+TEST(CoordinatorLimitsTest, KeyValueStoreIsBoundedAndKeepsItsContract) {
+  CoordinatorOptions o = Options();
+  o.max_kv_keys = 3;
+  o.max_kv_value_bytes = 100;
+  auto c = Make(o);
+  const std::string job = Submit(*c);  // pending: attempt 0
+  EXPECT_EQ(c->KvSet(job, 0, "k", std::string(101, 'v')).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(c->KvSet(job, 0, std::string(600, 'k'), "v").code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(c->KvSet(job, 0, "", "v").code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(c->KvSet(job, 0, "a", "1").ok());
+  ASSERT_TRUE(c->KvSet(job, 0, "b", "1").ok());
+  ASSERT_TRUE(c->KvSet(job, 0, "c", "1").ok());
+  EXPECT_EQ(c->KvSet(job, 0, "d", "1").code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(c->KvSet(job, 0, "c", "2").ok());  // an existing key may change
+  // NOT_FOUND for a key still missing at the deadline, as control.proto says.
+  EXPECT_EQ(c->KvGet(job, 0, "zzz", absl::Now() + absl::Milliseconds(10)).status().code(),
+            absl::StatusCode::kNotFound);
+  ASSERT_TRUE(c->KvSet(job, 0, "a", std::to_string(INT64_MAX - 1)).ok());
+  EXPECT_EQ(*c->KvAdd(job, 0, "a", 1), INT64_MAX);
+  EXPECT_EQ(c->KvAdd(job, 0, "a", 1).status().code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(*c->KvGet(job, 0, "a", absl::Now()), std::to_string(INT64_MAX));  // unchanged
+}
+
+TEST(CoordinatorLimitsTest, MalformedEventsAreRefusedAndChangeNothing) {
+  auto c = Make();
+  Join(*c, "shard", "shard-0");
+  const std::string w = Join(*c, "worker", "worker-0")->member_id();
+  const std::string job = Submit(*c);
+  for (const std::string& bad : {std::string("not json"), std::string("[1, 2]"),
+                                 std::string(R"({"event": "plan", "chunk_bytes": 4, "params": [{"name": "w", "shape": [2]}, {"name": "v", "shape": ["x"]}]})"),
+                                 std::string(R"({"event": "progress", "rank": 0, "step": "ten", "steps": 9})"),
+                                 std::string(R"({"event": "eval", "epoch": {}, "accuracy": 1})"),
+                                 std::string(2 << 20, ' ')}) {
+    auto r = Event(*c, w, job, 1, bad);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << bad.substr(0, 80);
+    EXPECT_LT(r.status().message().size(), 600u);
+  }
+  auto st = c->GetJob(job);
+  EXPECT_EQ(st->params_size(), 0);  // the half-good plan left nothing behind
+  EXPECT_EQ(st->evals_size(), 0);
+  EXPECT_EQ(st->state(), RUNNING);
+}
+
+// Two checkpoint requests at once: the second is refused (UNAVAILABLE, try
+// again) while the first holds the claim -- both passed the old check.
+TEST(CoordinatorConcurrencyTest, OnlyOneCheckpointOfAJobRunsAtATime) {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool claimed = false;
+  CoordinatorOptions o = Options();
+  o.on_checkpoint_claimed = [&](const std::string&) {
+    std::lock_guard<std::mutex> lock(mu);
+    claimed = true;
+    cv.notify_all();
+  };
+  auto c = Make(o);
+  Join(*c, "shard", "shard-0");
+  Join(*c, "worker", "worker-0");
+  const std::string job = Submit(*c);
+  // The job has not reported its model: the first checkpoint waits for it.
+  auto first = std::async(std::launch::async, [&] { return c->Checkpoint(job).status(); });
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(30), [&] { return claimed; }));
+  }
+  absl::Status second = c->Checkpoint(job).status();
+  EXPECT_EQ(second.code(), absl::StatusCode::kUnavailable) << second;
+  EXPECT_NE(second.message().find("already in progress"), absl::string_view::npos) << second;
+  ASSERT_TRUE(c->CancelJob(job).ok());  // ends the first one's wait
+  EXPECT_FALSE(first.get().ok());
+}
+
+// Writing the status to SQLite (an fsync) happens without the coordinator's
+// mutex: a slow disk does not stall heartbeats and queries.
+TEST(CoordinatorConcurrencyTest, StatusIsPersistedOffTheLock) {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool stalled = false, release = false;
+  CoordinatorOptions o = Options();
+  o.before_persist = [&](const std::string&) {
+    std::unique_lock<std::mutex> lock(mu);
+    stalled = true;
+    cv.notify_all();
+    cv.wait(lock, [&] { return release; });
+  };
+  auto c = Make(o);
+  const std::string job = Submit(*c);  // the persister now hangs in its write
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(30), [&] { return stalled; }));
+  }
+  auto done = std::async(std::launch::async, [&] {
+    auto w = Join(*c, "worker", "worker-x");
+    return w.ok() && c->GetJob(job).ok() && !c->ListJobs().empty();
+  });
+  EXPECT_EQ(done.wait_for(std::chrono::seconds(10)), std::future_status::ready) << "blocked behind the store";
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    release = true;
+    cv.notify_all();
+  }
+  EXPECT_TRUE(done.get());
+}
+
+TEST(CoordinatorLimitsTest, PathsOutsideTheRootAreRefused) {
+  auto c = Make();
+  for (const std::string& dir : {std::string("/etc"), ::testing::TempDir() + "/../elsewhere", std::string("a\0b", 3)}) {
+    SubmitJobRequest req;
+    req.set_spec_yaml(kSpec);
+    req.set_output_dir(dir);
+    EXPECT_EQ(c->SubmitJob(req).status().code(), absl::StatusCode::kInvalidArgument) << dir;
+    SubmitJobRequest resume;
+    resume.set_resume_from(dir);
+    EXPECT_EQ(c->SubmitJob(resume).status().code(), absl::StatusCode::kInvalidArgument) << dir;
+  }
+  // A symbolic link inside the root that leads out of it.
+  const std::string link = ::testing::TempDir() + "/escape-link";
+  std::error_code ec;
+  std::filesystem::remove(link, ec);
+  std::filesystem::create_directory_symlink("/usr", link);
+  SubmitJobRequest req;
+  req.set_spec_yaml(kSpec);
+  req.set_output_dir(link + "/x");
+  EXPECT_EQ(c->SubmitJob(req).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(c->ListJobs().empty());
+}
+
+}  // namespace
+}  // namespace pstrain

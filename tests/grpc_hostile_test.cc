@@ -1,0 +1,367 @@
+// Every RPC of every pstrain service, called as a hostile or buggy client
+// would, over real gRPC on 127.0.0.1 (in-process servers):
+//   - bytes that are not the request message,
+//   - every string field of the request 1 MiB long,
+//   - the method's own hostile cases (the table below),
+// each answered with a fitting code and a message a person can read
+// (non-empty, bounded: client strings are quoted as prefixes), and the
+// server still SERVING afterwards. The table must name every method of the
+// services' descriptors: a new RPC cannot be added without its cases.
+#include <grpcpp/generic/generic_stub.h>
+#include <gtest/gtest.h>
+
+#include <map>
+#include <set>
+
+#include "common/file_util.h"
+#include "common/quote.h"
+#include "google/protobuf/descriptor.h"
+#include "proto/control.pb.h"
+#include "proto/parameter.pb.h"
+#include "rpc/grpc_channel.h"
+#include "rpc/grpc_server.h"
+#include "rpc/health_check.h"
+#include "rpc/status_util.h"
+#include "server/coordinator/grpc_coordinator_service.h"
+#include "server/ps/grpc_parameter_service.h"
+#include "server/ps/shard_store.h"
+
+namespace pstrain {
+namespace {
+
+// One call with raw request bytes (unary or server-streaming alike: one
+// message out, read until the end); its final status.
+grpc::Status RawCall(const std::string& target, const std::string& method, const std::string& bytes) {
+  grpc::GenericStub stub(CreateChannel(target, 64 << 20));
+  grpc::CompletionQueue cq;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+  auto call = stub.PrepareCall(&ctx, method, &cq);
+  void* tag;
+  bool ok;
+  call->StartCall(reinterpret_cast<void*>(1));
+  cq.Next(&tag, &ok);
+  grpc::Slice slice(bytes);
+  grpc::ByteBuffer request(&slice, 1);
+  call->Write(request, reinterpret_cast<void*>(2));
+  cq.Next(&tag, &ok);
+  call->WritesDone(reinterpret_cast<void*>(3));
+  cq.Next(&tag, &ok);
+  grpc::ByteBuffer response;
+  do {
+    call->Read(&response, reinterpret_cast<void*>(4));
+    cq.Next(&tag, &ok);
+  } while (ok);
+  grpc::Status status;
+  call->Finish(&status, reinterpret_cast<void*>(5));
+  cq.Next(&tag, &ok);
+  cq.Shutdown();
+  while (cq.Next(&tag, &ok)) {
+  }
+  return status;
+}
+
+// `message` with every string field (top level) set to 1 MiB.
+std::string WithHugeStrings(google::protobuf::Message* message) {
+  const google::protobuf::Descriptor* d = message->GetDescriptor();
+  const google::protobuf::Reflection* r = message->GetReflection();
+  for (int i = 0; i < d->field_count(); ++i) {
+    const google::protobuf::FieldDescriptor* f = d->field(i);
+    if (f->type() != google::protobuf::FieldDescriptor::TYPE_STRING) continue;
+    const std::string huge(1 << 20, 'x');
+    if (f->is_repeated()) {
+      r->AddString(message, f, huge);
+    } else {
+      r->SetString(message, f, huge);
+    }
+  }
+  return message->SerializeAsString();
+}
+
+struct Case {
+  std::string name;
+  std::string bytes;
+  grpc::StatusCode code;
+};
+
+class GrpcHostileTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ShardStoreOptions so;
+    so.checkpoint_root = *CanonicalRoot(::testing::TempDir() + "/hostile-grpc-root");
+    store_ = std::make_unique<ShardStore>(so);
+    ps_service_ = std::make_unique<GrpcParameterService>(store_.get(), nullptr);
+    GrpcServerOptions options;
+    options.address = "127.0.0.1:0";
+    auto ps = GrpcServer::Create(options, {ps_service_.get()});
+    ASSERT_TRUE(ps.ok()) << ps.status();
+    ps_server_ = std::move(*ps);
+
+    CoordinatorOptions co;
+    co.background_tick = false;
+    co.checkpoint_root = *CanonicalRoot(::testing::TempDir() + "/hostile-grpc-coordinator");
+    auto store = JobStore::Open(":memory:");
+    ASSERT_TRUE(store.ok());
+    auto coordinator = Coordinator::Create(co, std::move(*store));
+    ASSERT_TRUE(coordinator.ok()) << coordinator.status();
+    coordinator_ = std::move(*coordinator);
+    jobs_ = std::make_unique<GrpcJobService>(coordinator_.get());
+    cluster_ = std::make_unique<GrpcClusterService>(coordinator_.get());
+    auto cs = GrpcServer::Create(options, {jobs_.get(), cluster_.get()});
+    ASSERT_TRUE(cs.ok()) << cs.status();
+    coordinator_server_ = std::move(*cs);
+  }
+  void TearDown() override {
+    store_->Shutdown();
+    ps_server_->Shutdown();
+    coordinator_->Shutdown();
+    coordinator_server_->Shutdown();
+  }
+
+  // The hostile cases of each method, by full name.
+  std::map<std::string, std::vector<Case>> Table() {
+    std::map<std::string, std::vector<Case>> t;
+    auto add = [&](const std::string& method, const std::string& name, const google::protobuf::Message& m,
+                   grpc::StatusCode code) { t[method].push_back({name, m.SerializeAsString(), code}); };
+    const std::string ps = "/pstrain.ParameterService/";
+    {
+      InitTableRequest r;
+      r.set_job("job");
+      r.mutable_config()->mutable_optimizer()->set_kind(OptimizerConfig::SGD);
+      r.mutable_config()->mutable_optimizer()->set_lr(1);
+      r.mutable_config()->set_consistency(ASYNC);
+      r.mutable_config()->set_num_workers(65536);
+      add(ps + "InitTable", "65536 workers", r, grpc::StatusCode::INVALID_ARGUMENT);
+      r.mutable_config()->set_num_workers(1);
+      r.mutable_config()->mutable_optimizer()->set_lr(1e300);
+      add(ps + "InitTable", "absurd lr", r, grpc::StatusCode::INVALID_ARGUMENT);
+      r.mutable_config()->mutable_optimizer()->set_lr(1);
+      r.set_attempt(1);  // the table "job" holds attempt 2
+      add(ps + "InitTable", "earlier attempt", r, grpc::StatusCode::ABORTED);
+    }
+    {
+      PullRequest r;
+      r.set_job("nope");
+      add(ps + "Pull", "unknown job", r, grpc::StatusCode::FAILED_PRECONDITION);
+      r.set_job("job");
+      r.set_attempt(1);
+      add(ps + "Pull", "earlier attempt", r, grpc::StatusCode::ABORTED);
+      r.set_attempt(2);
+      r.set_min_version(INT64_MAX);
+      add(ps + "Pull", "unreachable version", r, grpc::StatusCode::INVALID_ARGUMENT);
+    }
+    {
+      PushRequest r;
+      r.set_job("job");
+      r.set_attempt(1);
+      add(ps + "Push", "earlier attempt", r, grpc::StatusCode::ABORTED);
+      r.set_attempt(2);
+      r.set_step(INT64_MAX);
+      add(ps + "Push", "step near INT64_MAX", r, grpc::StatusCode::INVALID_ARGUMENT);
+      r.set_step(0);
+      r.set_worker(99);
+      add(ps + "Push", "worker out of range", r, grpc::StatusCode::INVALID_ARGUMENT);
+    }
+    {
+      PushPullRequest r;
+      r.set_job("job");
+      r.set_attempt(0);
+      add(ps + "PushPull", "earlier attempt", r, grpc::StatusCode::ABORTED);
+      r.set_attempt(3);
+      add(ps + "PushPull", "later attempt", r, grpc::StatusCode::FAILED_PRECONDITION);
+    }
+    {
+      StatsRequest r;
+      r.set_job("nope");
+      add(ps + "Stats", "unknown job", r, grpc::StatusCode::NOT_FOUND);
+    }
+    {
+      SaveTableRequest r;
+      r.set_job("job");
+      r.set_attempt(2);
+      for (const std::string& path : {std::string("../escape"), std::string("/etc/passwd"),
+                                      std::string("a\0b", 3), std::string("")}) {
+        r.set_path(path);
+        add(ps + "SaveTable", "path " + Quote(path), r, grpc::StatusCode::INVALID_ARGUMENT);
+      }
+      r.set_path("ok.bin");
+      r.set_attempt(1);
+      add(ps + "SaveTable", "earlier attempt", r, grpc::StatusCode::ABORTED);
+    }
+    {
+      LoadTableRequest r;
+      r.set_job("other");
+      *r.mutable_config() = TableConfig();
+      r.mutable_config()->mutable_optimizer()->set_kind(OptimizerConfig::SGD);
+      r.mutable_config()->mutable_optimizer()->set_lr(1);
+      r.mutable_config()->set_consistency(ASYNC);
+      r.mutable_config()->set_num_workers(1);
+      r.add_keys("a");
+      auto* f = r.add_files();
+      f->set_bytes(100);
+      for (const std::string& path : {std::string("/dev/zero"), std::string("../../x")}) {
+        f->set_path(path);
+        add(ps + "LoadTable", "file " + path, r, grpc::StatusCode::INVALID_ARGUMENT);
+      }
+      f->set_path("missing.bin");
+      add(ps + "LoadTable", "missing file", r, grpc::StatusCode::DATA_LOSS);
+    }
+    {
+      DropTableRequest r;
+      r.set_job("job");
+      r.set_attempt(1);
+      add(ps + "DropTable", "late drop of an earlier attempt", r, grpc::StatusCode::ABORTED);
+    }
+    const std::string js = "/pstrain.JobService/";
+    {
+      SubmitJobRequest r;
+      r.set_spec_yaml("workers: [unclosed");
+      add(js + "SubmitJob", "bad YAML", r, grpc::StatusCode::INVALID_ARGUMENT);
+      r.set_spec_yaml("{? [a, b]: c}");
+      add(js + "SubmitJob", "non-scalar key", r, grpc::StatusCode::INVALID_ARGUMENT);
+      r.set_spec_yaml("workers: 1\n");
+      r.set_output_dir("/etc");
+      add(js + "SubmitJob", "output_dir outside the root", r, grpc::StatusCode::INVALID_ARGUMENT);
+      r.set_output_dir("");
+      r.set_resume_from("/proc/self");
+      add(js + "SubmitJob", "resume_from outside the root", r, grpc::StatusCode::INVALID_ARGUMENT);
+    }
+    for (const char* m : {"GetJob", "WatchJob", "CancelJob", "Checkpoint"}) {
+      GetJobRequest r;  // job_id = 1 in every one of these requests
+      r.set_job_id("job-999999");
+      add(js + m, "unknown job", r, grpc::StatusCode::NOT_FOUND);
+    }
+    add(js + "ListJobs", "empty", ListJobsRequest(), grpc::StatusCode::OK);
+    add(js + "ListMembers", "empty", ListMembersRequest(), grpc::StatusCode::OK);
+    const std::string cl = "/pstrain.ClusterService/";
+    {
+      RegisterRequest r;
+      r.set_role("emperor");
+      add(cl + "Register", "unknown role", r, grpc::StatusCode::INVALID_ARGUMENT);
+      r.set_role("shard");
+      add(cl + "Register", "shard without an address", r, grpc::StatusCode::INVALID_ARGUMENT);
+      r.set_role("worker");
+      r.set_name("has space");
+      add(cl + "Register", "name with a space", r, grpc::StatusCode::INVALID_ARGUMENT);
+    }
+    {
+      HeartbeatRequest r;
+      r.set_member_id("ghost#1");
+      add(cl + "Heartbeat", "unknown member", r, grpc::StatusCode::NOT_FOUND);
+      GetAssignmentRequest g;
+      g.set_member_id("ghost#1");
+      g.set_wait_ms(INT64_MAX);
+      add(cl + "GetAssignment", "unknown member, endless wait", g, grpc::StatusCode::NOT_FOUND);
+      ReportProgressRequest p;
+      p.set_member_id("ghost#1");
+      add(cl + "ReportProgress", "unknown member", p, grpc::StatusCode::NOT_FOUND);
+    }
+    {
+      KvSetRequest s;
+      s.set_job_id("job-999999");
+      s.set_key("k");
+      add(cl + "KvSet", "unknown job", s, grpc::StatusCode::NOT_FOUND);
+      s.set_value(std::string(2 << 20, 'v'));
+      add(cl + "KvSet", "2 MiB value", s, grpc::StatusCode::INVALID_ARGUMENT);
+      KvGetRequest g;
+      g.set_job_id("job-999999");
+      g.set_key("k");
+      g.set_wait_ms(INT64_MAX);
+      add(cl + "KvGet", "unknown job, endless wait", g, grpc::StatusCode::NOT_FOUND);
+      KvAddRequest a;
+      a.set_job_id("job-999999");
+      a.set_key("k");
+      a.set_delta(INT64_MAX);
+      add(cl + "KvAdd", "unknown job", a, grpc::StatusCode::NOT_FOUND);
+    }
+    return t;
+  }
+
+  std::string TargetOf(const std::string& method) {
+    return method.rfind("/pstrain.ParameterService/", 0) == 0 ? ps_server_->local_target()
+                                                                : coordinator_server_->local_target();
+  }
+
+  std::unique_ptr<ShardStore> store_;
+  std::unique_ptr<GrpcParameterService> ps_service_;
+  std::unique_ptr<GrpcServer> ps_server_;
+  std::unique_ptr<Coordinator> coordinator_;
+  std::unique_ptr<GrpcJobService> jobs_;
+  std::unique_ptr<GrpcClusterService> cluster_;
+  std::unique_ptr<GrpcServer> coordinator_server_;
+};
+
+TEST_F(GrpcHostileTest, EveryRpcOfEveryServiceHasHostileCases) {
+  const auto table = Table();
+  std::set<std::string> methods;
+  for (const char* service : {"pstrain.ParameterService", "pstrain.JobService", "pstrain.ClusterService"}) {
+    const google::protobuf::ServiceDescriptor* d =
+        google::protobuf::DescriptorPool::generated_pool()->FindServiceByName(service);
+    ASSERT_NE(d, nullptr) << service;
+    for (int i = 0; i < d->method_count(); ++i) {
+      const std::string full = absl::StrCat("/", service, "/", d->method(i)->name());
+      methods.insert(full);
+      EXPECT_GT(table.count(full), 0u) << full << " has no hostile cases: add them to the table";
+    }
+  }
+  for (const auto& [method, cases] : table) EXPECT_GT(methods.count(method), 0u) << method << " is not an RPC";
+  // The coordinator's services register exactly their descriptor's methods.
+  std::set<std::string> registered(jobs_->method_names().begin(), jobs_->method_names().end());
+  registered.insert(cluster_->method_names().begin(), cluster_->method_names().end());
+  for (const std::string& m : methods) {
+    if (m.rfind("/pstrain.ParameterService/", 0) != 0) EXPECT_GT(registered.count(m), 0u) << m;
+  }
+}
+
+TEST_F(GrpcHostileTest, HostileRequestsGetFittingCodesAndBoundedMessages) {
+  // A table "job" of attempt 2 for the cases that need one.
+  {
+    InitTableRequest init;
+    init.set_job("job");
+    init.set_attempt(2);
+    init.mutable_config()->mutable_optimizer()->set_kind(OptimizerConfig::SGD);
+    init.mutable_config()->mutable_optimizer()->set_lr(1);
+    init.mutable_config()->set_consistency(ASYNC);
+    init.mutable_config()->set_num_workers(1);
+    InitTableResponse resp;
+    ASSERT_TRUE(WaitFor([&](StatusCallback d) { store_->InitTable(init, {}, &resp, {}, d); }).ok());
+  }
+  const std::string garbage("\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01", 11);
+  for (const auto& [method, cases] : Table()) {
+    const std::string target = TargetOf(method);
+    grpc::Status s = RawCall(target, method, garbage);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << method << ": " << s.error_message();
+    EXPECT_FALSE(s.error_message().empty()) << method;
+    // Every string field 1 MiB: whatever the code, the message quotes at
+    // most a prefix.
+    const google::protobuf::ServiceDescriptor* service =
+        google::protobuf::DescriptorPool::generated_pool()->FindServiceByName(
+            method.substr(1, method.rfind('/') - 1));
+    const google::protobuf::MethodDescriptor* md = service->FindMethodByName(method.substr(method.rfind('/') + 1));
+    std::unique_ptr<google::protobuf::Message> request(
+        google::protobuf::MessageFactory::generated_factory()->GetPrototype(md->input_type())->New());
+    s = RawCall(target, method, WithHugeStrings(request.get()));
+    EXPECT_LT(s.error_message().size(), 2048u) << method << ": " << s.error_message().substr(0, 200);
+    for (const Case& c : cases) {
+      s = RawCall(target, method, c.bytes);
+      EXPECT_EQ(s.error_code(), c.code) << method << " (" << c.name << "): " << s.error_message();
+      if (!s.ok()) {
+        EXPECT_FALSE(s.error_message().empty()) << method << " (" << c.name << ")";
+        EXPECT_LT(s.error_message().size(), 2048u) << method << " (" << c.name << ")";
+      }
+    }
+  }
+  // Still serving, and the table is as it was.
+  EXPECT_EQ(*CheckHealth(ps_server_->local_target(), "", absl::Seconds(5)), "SERVING");
+  EXPECT_EQ(*CheckHealth(coordinator_server_->local_target(), "", absl::Seconds(5)), "SERVING");
+  StatsRequest stats;
+  stats.set_job("job");
+  StatsResponse st;
+  ASSERT_TRUE(WaitFor([&](StatusCallback d) { store_->Stats(stats, &st, {}, d); }).ok());
+  EXPECT_EQ(st.tables(0).attempt(), 2u);
+  EXPECT_EQ(st.tables(0).pushes_applied(), 0u);
+  EXPECT_TRUE(coordinator_->ListJobs().empty());
+}
+
+}  // namespace
+}  // namespace pstrain

@@ -1142,7 +1142,7 @@ absl::StatusOr<CheckpointResponse> Coordinator::RunCheckpoint(const std::string&
     // The directory appears whole or not at all.
     std::filesystem::remove_all(dir, ec);
     std::filesystem::rename(tmp, dir, ec);
-    if (ec) status = absl::UnavailableError(absl::StrCat("cannot rename ", tmp, " to ", dir, ": ", ec.message()));
+    if (ec) status = ErrnoToStatus(ec.value(), absl::StrCat("cannot rename ", tmp, " to"), dir);
     SyncDirectory(std::filesystem::path(dir).parent_path().string());
   }
 

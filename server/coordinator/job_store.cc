@@ -8,8 +8,34 @@
 namespace pstrain {
 namespace {
 
+// SQLite's result codes by what the caller should do about them.
+absl::StatusCode SqlCode(int rc) {
+  switch (rc & 0xff) {  // the primary code
+    case SQLITE_FULL:
+    case SQLITE_NOMEM:
+      return absl::StatusCode::kResourceExhausted;
+    case SQLITE_BUSY:
+    case SQLITE_LOCKED:
+      return absl::StatusCode::kUnavailable;
+    case SQLITE_READONLY:
+    case SQLITE_PERM:
+    case SQLITE_AUTH:
+      return absl::StatusCode::kPermissionDenied;
+    case SQLITE_CANTOPEN:
+      return absl::StatusCode::kFailedPrecondition;
+    case SQLITE_CORRUPT:
+    case SQLITE_NOTADB:
+    case SQLITE_IOERR:
+      return absl::StatusCode::kDataLoss;
+    case SQLITE_TOOBIG:
+      return absl::StatusCode::kInvalidArgument;
+    default:
+      return absl::StatusCode::kInternal;
+  }
+}
+
 absl::Status SqlError(sqlite3* db, const std::string& what) {
-  return absl::InternalError(absl::StrCat("job store: ", what, ": ", sqlite3_errmsg(db)));
+  return absl::Status(SqlCode(sqlite3_errcode(db)), absl::StrCat("job store: ", what, ": ", sqlite3_errmsg(db)));
 }
 
 // A prepared statement that finalizes itself.
@@ -54,9 +80,10 @@ absl::StatusOr<StoredJob> RowToJob(Statement& st) {
 
 absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path) {
   sqlite3* db = nullptr;
-  if (sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX,
-                      nullptr) != SQLITE_OK) {
-    absl::Status s = absl::UnavailableError(
+  const int rc = sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX,
+                                 nullptr);
+  if (rc != SQLITE_OK) {
+    absl::Status s = absl::Status(SqlCode(rc),
         absl::StrCat("cannot open job store ", path, ": ", db ? sqlite3_errmsg(db) : "out of memory"));
     sqlite3_close(db);
     return s;

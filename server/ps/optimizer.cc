@@ -1,6 +1,7 @@
 #include "server/ps/optimizer.h"
 
 #include <cmath>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 
@@ -57,9 +58,22 @@ int OptimizerStateSlots(OptimizerConfig::Kind kind) {
   }
 }
 
+namespace {
+
+// 1 if |x| is a finite number, else 0 (NaN compares false). An integer AND
+// over these vectorizes, so the check rides along with the update's own
+// pass over memory.
 template <typename T>
-void ApplyOptimizer(const OptimizerConfig& c, int64_t step, const T* param, T* out, const T* g,
+inline unsigned Finite(T x) {
+  return std::fabs(x) <= std::numeric_limits<T>::max() ? 1u : 0u;
+}
+
+}  // namespace
+
+template <typename T>
+bool ApplyOptimizer(const OptimizerConfig& c, int64_t step, const T* param, T* out, const T* g,
                     T* const* state, size_t n, double grad_scale) {
+  unsigned ok = 1;
   const T scale = static_cast<T>(grad_scale);
   const T lr = static_cast<T>(c.lr());
   const T wd = static_cast<T>(c.weight_decay());
@@ -71,7 +85,9 @@ void ApplyOptimizer(const OptimizerConfig& c, int64_t step, const T* param, T* o
       if (mom == 0) {
         for (size_t i = 0; i < n; ++i) {
           const T p = param[i];
-          out[i] = p - lr * (g[i] * scale + wd * p);
+          const T o = p - lr * (g[i] * scale + wd * p);
+          out[i] = o;
+          ok &= Finite(o);
         }
       } else if (step == 1) {
         // PyTorch starts the momentum buffer as a copy of the first gradient.
@@ -79,7 +95,9 @@ void ApplyOptimizer(const OptimizerConfig& c, int64_t step, const T* param, T* o
           const T p = param[i];
           const T d = g[i] * scale + wd * p;
           buf[i] = d;
-          out[i] = p - lr * (c.nesterov() ? d + mom * d : d);
+          const T o = p - lr * (c.nesterov() ? d + mom * d : d);
+          out[i] = o;
+          ok &= Finite(o) & Finite(d);
         }
       } else {
         for (size_t i = 0; i < n; ++i) {
@@ -87,7 +105,9 @@ void ApplyOptimizer(const OptimizerConfig& c, int64_t step, const T* param, T* o
           const T d = g[i] * scale + wd * p;
           const T b = mom * buf[i] + damp * d;
           buf[i] = b;
-          out[i] = p - lr * (c.nesterov() ? d + mom * b : b);
+          const T o = p - lr * (c.nesterov() ? d + mom * b : b);
+          out[i] = o;
+          ok &= Finite(o) & Finite(b);
         }
       }
       break;
@@ -112,10 +132,14 @@ void ApplyOptimizer(const OptimizerConfig& c, int64_t step, const T* param, T* o
         } else {
           d += wd * p;
         }
-        m[i] = beta1 * m[i] + (1 - beta1) * d;
-        v[i] = beta2 * v[i] + (1 - beta2) * d * d;
-        const T denom = std::sqrt(v[i]) / bc2_sqrt + eps;
-        out[i] = p - step_size * m[i] / denom;
+        const T mi = beta1 * m[i] + (1 - beta1) * d;
+        const T vi = beta2 * v[i] + (1 - beta2) * d * d;
+        m[i] = mi;
+        v[i] = vi;
+        const T denom = std::sqrt(vi) / bc2_sqrt + eps;
+        const T o = p - step_size * mi / denom;
+        out[i] = o;
+        ok &= Finite(o) & Finite(vi);
       }
       break;
     }
@@ -126,19 +150,23 @@ void ApplyOptimizer(const OptimizerConfig& c, int64_t step, const T* param, T* o
       for (size_t i = 0; i < n; ++i) {
         const T p = param[i];
         const T d = g[i] * scale + wd * p;
-        sum[i] += d * d;
-        out[i] = p - clr * d / (std::sqrt(sum[i]) + eps);
+        const T si = sum[i] + d * d;
+        sum[i] = si;
+        const T o = p - clr * d / (std::sqrt(si) + eps);
+        out[i] = o;
+        ok &= Finite(o) & Finite(si);
       }
       break;
     }
     default:
       break;
   }
+  return ok != 0;
 }
 
-template void ApplyOptimizer<float>(const OptimizerConfig&, int64_t, const float*, float*,
+template bool ApplyOptimizer<float>(const OptimizerConfig&, int64_t, const float*, float*,
                                     const float*, float* const*, size_t, double);
-template void ApplyOptimizer<double>(const OptimizerConfig&, int64_t, const double*, double*,
+template bool ApplyOptimizer<double>(const OptimizerConfig&, int64_t, const double*, double*,
                                      const double*, double* const*, size_t, double);
 
 }  // namespace pstrain

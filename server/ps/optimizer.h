@@ -28,8 +28,12 @@ int OptimizerStateSlots(OptimizerConfig::Kind kind);
 // shard applies the sum of N workers' gradients). `state` holds
 // OptimizerStateSlots() buffers of n elements, zero-initialised (Adagrad's
 // accumulator to initial_accumulator_value) before step 1.
+// Returns whether every value written (out, and the state's magnitudes: the
+// momentum buffer, Adam's second moment, Adagrad's sum) is finite, checked
+// in the same pass; when false the caller must not use `out`, and `state`
+// may hold non-finite values (reset it).
 template <typename T>
-void ApplyOptimizer(const OptimizerConfig& config, int64_t step, const T* param, T* out,
+bool ApplyOptimizer(const OptimizerConfig& config, int64_t step, const T* param, T* out,
                     const T* grad, T* const* state, size_t n, double grad_scale);
 
 }  // namespace pstrain

@@ -27,6 +27,9 @@ struct ShardStore::Chunk {
 
   std::mutex mu;
   TensorBuffer value;  // replaced under mu (copy-on-write), never written in place
+  // The previous value once no reader holds it: the next update is written
+  // here and swapped in, so updates allocate nothing in the steady state.
+  TensorBuffer spare;
   // Optimizer state buffers: state[k][slot], with k the worker under ASYNC
   // and SSP (see TableConfig.shared_async_state), else one set (k = 0). A
   // set is allocated on its worker's first push (its bytes were reserved
@@ -152,33 +155,38 @@ absl::StatusOr<std::vector<TensorBuffer>> NewStateSet(const OptimizerConfig& opt
   return set;
 }
 
-// One update of a chunk into new buffers: `*out` gets the new value and
-// `*state` (copies of the current state, updated) the new state. Nothing the
-// chunk holds is written, so the caller may still drop the result.
-void ComputeUpdate(const OptimizerConfig& config, int64_t step, const TensorBuffer& value, const uint8_t* grad,
+// One update of a chunk: the new value into `out` (a buffer no reader
+// holds), the optimizer state in place. Returns whether the new value and
+// state are finite (checked in the same pass); if not, `out` must not be
+// installed and the state must be reset (ResetStateSet).
+bool ComputeUpdate(const OptimizerConfig& config, int64_t step, const TensorBuffer& value, const uint8_t* grad,
                    const std::vector<TensorBuffer>& state, double scale, TensorBuffer* out) {
   const size_t n = static_cast<size_t>(value.NumElements());
   if (value.dtype == DT_FLOAT32) {
     std::vector<float*> s;
     for (const TensorBuffer& b : state) s.push_back(reinterpret_cast<float*>(b.MutableData()));
-    ApplyOptimizer<float>(config, step, reinterpret_cast<const float*>(value.data),
-                          reinterpret_cast<float*>(out->MutableData()), reinterpret_cast<const float*>(grad),
-                          s.data(), n, scale);
-  } else {
-    std::vector<double*> s;
-    for (const TensorBuffer& b : state) s.push_back(reinterpret_cast<double*>(b.MutableData()));
-    ApplyOptimizer<double>(config, step, reinterpret_cast<const double*>(value.data),
-                           reinterpret_cast<double*>(out->MutableData()), reinterpret_cast<const double*>(grad),
-                           s.data(), n, scale);
+    return ApplyOptimizer<float>(config, step, reinterpret_cast<const float*>(value.data),
+                                 reinterpret_cast<float*>(out->MutableData()), reinterpret_cast<const float*>(grad),
+                                 s.data(), n, scale);
   }
+  std::vector<double*> s;
+  for (const TensorBuffer& b : state) s.push_back(reinterpret_cast<double*>(b.MutableData()));
+  return ApplyOptimizer<double>(config, step, reinterpret_cast<const double*>(value.data),
+                                reinterpret_cast<double*>(out->MutableData()), reinterpret_cast<const double*>(grad),
+                                s.data(), n, scale);
 }
 
-bool AllBuffersFinite(const TensorBuffer& value, const std::vector<TensorBuffer>& state) {
-  if (!AllFinite(value.dtype, value.data, value.nbytes)) return false;
-  for (const TensorBuffer& b : state) {
-    if (!AllFinite(b.dtype, b.data, b.nbytes)) return false;
+// Back to the state of a fresh table (zeros; Adagrad's initial accumulator).
+void ResetStateSet(const OptimizerConfig& optimizer, std::vector<TensorBuffer>& set) {
+  for (size_t k = 0; k < set.size(); ++k) {
+    const TensorBuffer& b = set[k];
+    const double init = optimizer.kind() == OptimizerConfig::ADAGRAD && k == 0 ? optimizer.initial_accumulator_value() : 0;
+    if (b.dtype == DT_FLOAT32) {
+      Fill<float>(b, init);
+    } else {
+      Fill<double>(b, init);
+    }
   }
-  return true;
 }
 
 uint64_t DefaultMaxBytes() {
@@ -188,14 +196,15 @@ uint64_t DefaultMaxBytes() {
   return static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) / 10 * 8;
 }
 
-// Bytes a table of these chunk sizes may come to hold: values, optimizer
-// state for every set it may allocate, SYNC accumulators.
+// Bytes a table of these chunk sizes may come to hold: values and their
+// spare buffers (updates are written beside the value, then swapped in),
+// optimizer state for every set it may allocate, SYNC accumulators.
 uint64_t WorstCaseBytes(const TableConfig& config, uint64_t value_bytes) {
   const uint64_t slots = static_cast<uint64_t>(OptimizerStateSlots(config.optimizer().kind()));
   const bool per_worker = config.consistency() != SYNC && !config.shared_async_state();
   const uint64_t sets = per_worker ? config.num_workers() : 1;
   const uint64_t accum = config.consistency() == SYNC ? 1 : 0;
-  return value_bytes * (1 + slots * sets + accum);
+  return value_bytes * (2 + slots * sets + accum);
 }
 
 // In [lo, hi], and not NaN.
@@ -594,8 +603,10 @@ absl::Status ShardStore::ApplyPush(Table& table, const PushInput& in, std::vecto
   }
 
   // Every chunk of the push is locked (ascending index: no deadlock with
-  // another push) while its updates are computed into new buffers, checked
-  // and committed: all or nothing.
+  // another push) while its updates are computed, checked and committed.
+  // New values are written beside the current ones (a spare buffer) and
+  // swapped in only if every update of the push is finite: values change
+  // all together or not at all.
   std::vector<size_t> order(chunks->size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
   std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return (*chunks)[a] < (*chunks)[b]; });
@@ -605,15 +616,31 @@ absl::Status ShardStore::ApplyPush(Table& table, const PushInput& in, std::vecto
 
   const bool sync = config.consistency() == SYNC;
   // What this push does to chunk i: nothing (a duplicate), count an arrival
-  // (SYNC), or install a new value and state (an update).
+  // (SYNC), or install a new value (an update).
   enum class Action { kDuplicate, kArrive, kSkip, kUpdate };
   std::vector<Action> action(chunks->size());
   std::vector<TensorBuffer> new_value(chunks->size());
-  std::vector<std::vector<TensorBuffer>> new_state(chunks->size());
+  // A buffer for the chunk's next value: its spare if no reader holds it.
+  auto take_spare = [](Chunk& c) -> absl::StatusOr<TensorBuffer> {
+    if (c.spare.data != nullptr && c.spare.owner.use_count() == 1) {
+      TensorBuffer out = std::move(c.spare);
+      c.spare = TensorBuffer();
+      return out;
+    }
+    c.spare = TensorBuffer();
+    return TensorBuffer::TryAllocate(c.dtype, c.shape);
+  };
+  auto state_set = [&](Chunk& c, size_t k) -> absl::Status {
+    if (!c.state[k].empty()) return absl::OkStatus();
+    absl::StatusOr<std::vector<TensorBuffer>> set = NewStateSet(optimizer, c.dtype, c.shape);
+    if (!set.ok()) return set.status();
+    c.state[k] = std::move(*set);
+    return absl::OkStatus();
+  };
+  const size_t k = config.consistency() != SYNC && !config.shared_async_state() ? in.worker : 0;
   try {
     for (size_t i = 0; i < chunks->size(); ++i) {
       Chunk& c = *table.chunks[(*chunks)[i]];
-      const TensorBuffer& g = (*in.grads)[i];
       const int64_t version = c.version.load(std::memory_order_relaxed);
       if (sync) {
         // Versions only grow, so the check above still holds: step <= version.
@@ -625,19 +652,11 @@ absl::Status ShardStore::ApplyPush(Table& table, const PushInput& in, std::vecto
         if (c.arrivals + 1 < config.num_workers()) continue;
         // This push completes the step: the update of the mean is computed
         // at commit (it cannot be refused: the step is over either way).
-        if (c.state[0].empty()) {
-          absl::StatusOr<std::vector<TensorBuffer>> set = NewStateSet(optimizer, c.dtype, c.shape);
-          if (!set.ok()) return set.status();
-          c.state[0] = std::move(*set);
-        }
-        absl::StatusOr<TensorBuffer> out = TensorBuffer::TryAllocate(c.dtype, c.shape);
+        absl::Status s = state_set(c, 0);
+        if (!s.ok()) return s;
+        absl::StatusOr<TensorBuffer> out = take_spare(c);
         if (!out.ok()) return out.status();
         new_value[i] = std::move(*out);
-        for (const TensorBuffer& b : c.state[0]) {
-          absl::StatusOr<TensorBuffer> copy = CopyBuffer(b);
-          if (!copy.ok()) return copy.status();
-          new_state[i].push_back(std::move(*copy));
-        }
         continue;
       }
       if (in.step <= c.last_step[in.worker]) {
@@ -648,40 +667,54 @@ absl::Status ShardStore::ApplyPush(Table& table, const PushInput& in, std::vecto
         action[i] = Action::kSkip;
         continue;
       }
-      const size_t k = c.state.size() == 1 ? 0 : in.worker;
-      if (c.state[k].empty()) {
-        absl::StatusOr<std::vector<TensorBuffer>> set = NewStateSet(optimizer, c.dtype, c.shape);
-        if (!set.ok()) return set.status();
-        c.state[k] = std::move(*set);
-      }
-      absl::StatusOr<TensorBuffer> out = TensorBuffer::TryAllocate(c.dtype, c.shape);
+      absl::Status s = state_set(c, k);
+      if (!s.ok()) return s;
+      absl::StatusOr<TensorBuffer> out = take_spare(c);
       if (!out.ok()) return out.status();
-      for (const TensorBuffer& b : c.state[k]) {
-        absl::StatusOr<TensorBuffer> copy = CopyBuffer(b);
-        if (!copy.ok()) return copy.status();
-        new_state[i].push_back(std::move(*copy));
-      }
-      ComputeUpdate(optimizer, c.optimizer_step[k] + 1, c.value, g.data, new_state[i], 1.0, &*out);
       new_value[i] = std::move(*out);
-      if (AllBuffersFinite(new_value[i], new_state[i])) {
-        action[i] = Action::kUpdate;
-      } else if (config.nonfinite() == NONFINITE_REJECT) {
-        ++table.updates_nonfinite;
-        return absl::InvalidArgumentError(absl::StrCat(
-            "the update of key '", Quote(c.key), "' by worker ", in.worker, " at step ", in.step,
-            " is not finite (gradient too large for the learning rate); nothing in this push was applied"));
-      } else {
-        ++table.updates_nonfinite;
-        action[i] = Action::kSkip;
-      }
+      action[i] = Action::kUpdate;
     }
   } catch (const std::bad_alloc&) {
     return absl::ResourceExhaustedError("out of memory while applying a push; nothing was applied");
+  }
+  // ASYNC/SSP: the updates, into the new buffers (the optimizer state in
+  // place). One that is not finite is never installed and its optimizer
+  // state restarts (it may hold Inf); under REJECT no value of the push
+  // changes and the state of every chunk it touched restarts.
+  for (size_t i = 0; i < chunks->size() && !sync; ++i) {
+    if (action[i] != Action::kUpdate) continue;
+    Chunk& c = *table.chunks[(*chunks)[i]];
+    if (ComputeUpdate(optimizer, c.optimizer_step[k] + 1, c.value, (*in.grads)[i].data, c.state[k], 1.0,
+                      &new_value[i])) {
+      continue;
+    }
+    ++table.updates_nonfinite;
+    ResetStateSet(optimizer, c.state[k]);
+    c.optimizer_step[k] = 0;
+    c.spare = std::move(new_value[i]);
+    action[i] = Action::kSkip;
+    if (config.nonfinite() == NONFINITE_REJECT) {
+      for (size_t j = 0; j < i; ++j) {
+        if (action[j] != Action::kUpdate) continue;
+        Chunk& earlier = *table.chunks[(*chunks)[j]];
+        ResetStateSet(optimizer, earlier.state[k]);
+        earlier.optimizer_step[k] = 0;
+        earlier.spare = std::move(new_value[j]);
+      }
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the update of key '", Quote(c.key), "' by worker ", in.worker, " at step ", in.step,
+          " is not finite (gradient too large for the learning rate); no value of this push was applied"));
+    }
   }
 
   // Commit: nothing below can fail.
   uint32_t applied = 0, duplicates = 0, skipped = 0;
   uint64_t bytes = 0;
+  auto install = [](Chunk& c, TensorBuffer value) {
+    TensorBuffer old = std::move(c.value);
+    c.value = std::move(value);
+    if (old.owner.use_count() == 1) c.spare = std::move(old);  // else a reader still has it
+  };
   for (size_t i = 0; i < chunks->size(); ++i) {
     Chunk& c = *table.chunks[(*chunks)[i]];
     const TensorBuffer& g = (*in.grads)[i];
@@ -705,16 +738,17 @@ absl::Status ShardStore::ApplyPush(Table& table, const PushInput& in, std::vecto
           bytes += g.nbytes;
         }
         if (c.arrivals == config.num_workers()) {
-          // The mean of the step, into new buffers; a non-finite result is
-          // dropped (the step completes without changing the value).
-          ComputeUpdate(optimizer, c.optimizer_step[0] + 1, c.value, c.accum.data, new_state[i],
-                        1.0 / config.num_workers(), &new_value[i]);
-          if (AllBuffersFinite(new_value[i], new_state[i])) {
-            c.value = std::move(new_value[i]);
-            c.state[0] = std::move(new_state[i]);
+          // The mean of the step; a non-finite result is dropped (the step
+          // completes without changing the value, the state restarts).
+          if (ComputeUpdate(optimizer, c.optimizer_step[0] + 1, c.value, c.accum.data, c.state[0],
+                            1.0 / config.num_workers(), &new_value[i])) {
+            install(c, std::move(new_value[i]));
             ++c.optimizer_step[0];
           } else {
             ++table.updates_nonfinite;
+            ResetStateSet(optimizer, c.state[0]);
+            c.optimizer_step[0] = 0;
+            c.spare = std::move(new_value[i]);
           }
           std::memset(c.accum.MutableData(), 0, c.accum.nbytes);
           std::fill(c.arrived.begin(), c.arrived.end(), false);
@@ -727,17 +761,14 @@ absl::Status ShardStore::ApplyPush(Table& table, const PushInput& in, std::vecto
         ++skipped;
         c.last_step[in.worker] = in.step;
         break;
-      case Action::kUpdate: {
-        const size_t k = c.state.size() == 1 ? 0 : in.worker;
-        c.value = std::move(new_value[i]);
-        c.state[k] = std::move(new_state[i]);
+      case Action::kUpdate:
+        install(c, std::move(new_value[i]));
         ++c.optimizer_step[k];
         c.last_step[in.worker] = in.step;
         c.version.fetch_add(1, std::memory_order_release);
         ++applied;
         bytes += g.nbytes;
         break;
-      }
     }
     if (!sync && action[i] != Action::kDuplicate) {
       c.clock.store(*std::min_element(c.last_step.begin(), c.last_step.end()), std::memory_order_release);

@@ -9,7 +9,6 @@
 #include <future>
 #include <mutex>
 
-#include "common/checkpoint_manifest.h"
 #include "common/file_util.h"
 #include "server/coordinator/coordinator.h"
 
@@ -111,48 +110,6 @@ TEST(CoordinatorFencingTest, RequestsOfAnotherAttemptAreRefusedOrIgnored) {
     if (m.member_id() == again->member_id()) EXPECT_EQ(m.job_id(), "");
   }
   (void)shard;
-}
-
-// The attempt is persisted and grows with every scheduling: a job whose
-// restore fails (unreachable shard) is scheduled three times.
-TEST(CoordinatorFencingTest, EverySchedulingIsANewAttemptAndConditionsStayBounded) {
-  const std::string dir = ::testing::TempDir() + "/fence-ckpt";
-  std::filesystem::create_directories(dir);
-  ASSERT_TRUE(WriteFileAtomically(dir + "/shard-0.bin", "0123456789").ok());
-  CheckpointManifest m;
-  m.job = "job-1";
-  m.name = "t";
-  m.step = 5;
-  m.spec_yaml = "name: t\nworkers: 1\nshards: 1\nmax_restarts: 2\ndata: {format: synthetic}\n";
-  m.chunk_bytes = 4 << 20;
-  m.params.push_back({"w", {2}, DT_FLOAT32});
-  m.shards.push_back({0, "shard-0.bin", 10, 0});
-  ASSERT_TRUE(WriteManifest(dir, m).ok());
-  CoordinatorOptions o = Options();
-  o.max_conditions = 4;
-  auto c = Make(o);
-  const std::string s0 = Join(*c, "shard", "shard-0")->member_id();  // nothing listens at its address
-  const std::string w0 = Join(*c, "worker", "worker-0")->member_id();
-  SubmitJobRequest req;
-  req.set_resume_from(dir);
-  req.set_output_dir(::testing::TempDir() + "/out");
-  auto job = c->SubmitJob(req);
-  ASSERT_TRUE(job.ok()) << job.status();
-  const absl::Time deadline = absl::Now() + absl::Seconds(50);
-  while (c->GetJob(*job)->state() != FAILED && absl::Now() < deadline) {
-    for (const std::string& id : {s0, w0}) {
-      HeartbeatRequest hb;
-      hb.set_member_id(id);
-      ASSERT_TRUE(c->Heartbeat(hb).ok());
-    }
-    absl::SleepFor(absl::Milliseconds(20));
-  }
-  auto st = c->GetJob(*job);
-  ASSERT_EQ(st->state(), FAILED);
-  EXPECT_EQ(st->attempt(), 3u);
-  ASSERT_LE(st->conditions_size(), 4);
-  EXPECT_EQ(st->conditions(0).reason(), "Submitted");  // the first is kept
-  EXPECT_EQ(st->conditions().rbegin()->reason(), "RestoreFailed");
 }
 
 TEST(CoordinatorLimitsTest, MembersNamesAndDeadRegistrationsAreBounded) {

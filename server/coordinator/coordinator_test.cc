@@ -16,8 +16,9 @@ const char kSpec[] = "name: t\nworkers: 2\nshards: 1\ndata: {format: synthetic}\
 
 class CoordinatorTest : public ::testing::Test {
  protected:
-  std::unique_ptr<Coordinator> Make(const std::string& db = ":memory:") {
+  std::unique_ptr<Coordinator> Make(const std::string& db = ":memory:", size_t max_conditions = 100) {
     CoordinatorOptions o;
+    o.max_conditions = max_conditions;
     o.heartbeat_interval = absl::Milliseconds(50);
     o.missed_heartbeats = 3;
     o.background_tick = false;
@@ -229,7 +230,7 @@ TEST_F(CoordinatorTest, RestoreOntoAnUnreachableShardIsRetriedThenFails) {
   m.params.push_back({"w", {2}, DT_FLOAT32});
   m.shards.push_back({0, "shard-0.bin", 10, 0});
   ASSERT_TRUE(WriteManifest(dir, m).ok());
-  auto c = Make();
+  auto c = Make(":memory:", /*max_conditions=*/4);
   const std::string s0 = Join(*c, "shard", "shard-0");  // at 127.0.0.1:10, where nothing listens
   const std::string w0 = Join(*c, "worker", "worker-0");
   SubmitJobRequest req;
@@ -253,7 +254,12 @@ TEST_F(CoordinatorTest, RestoreOntoAnUnreachableShardIsRetriedThenFails) {
   EXPECT_EQ(st->restarts(), 2);
   int requeued = 0;
   for (const auto& cond : st->conditions()) requeued += cond.reason() == "RestoreFailed" && cond.state() == PENDING;
-  EXPECT_EQ(requeued, 2);
+  // Every scheduling was a new attempt (persisted in the status).
+  EXPECT_EQ(st->attempt(), 3u);
+  // The conditions are capped: the first (Submitted) and the newest.
+  ASSERT_EQ(st->conditions_size(), 4);
+  EXPECT_EQ(st->conditions(0).reason(), "Submitted");
+  EXPECT_GE(requeued, 1);
   EXPECT_EQ(st->conditions().rbegin()->reason(), "RestoreFailed");
   EXPECT_NE(st->conditions().rbegin()->message().find("shard 0"), std::string::npos)
       << st->conditions().rbegin()->message();

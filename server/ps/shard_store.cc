@@ -269,6 +269,35 @@ void ShardStore::Shutdown() {
   for (auto& w : waiters) w->ready(Unavailable());
 }
 
+namespace {
+
+// Checks what a table's identity needs: a job name, keys, one value each.
+absl::Status ValidateJobAndKeys(const std::string& job, const google::protobuf::RepeatedPtrField<std::string>& keys) {
+  if (job.empty()) return absl::InvalidArgumentError("job must not be empty");
+  if (job.size() > kMaxJobBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("job '", Quote(job), "' is longer than ", kMaxJobBytes, " bytes"));
+  }
+  for (int i = 0; i < keys.size(); ++i) {
+    if (keys[i].empty()) return absl::InvalidArgumentError(absl::StrCat("key ", i, " is empty"));
+    if (keys[i].size() > kMaxKeyBytes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("key '", Quote(keys[i]), "' is longer than ", kMaxKeyBytes, " bytes"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ShardStore::ValidateTableRequest(const std::string& job,
+                                              const google::protobuf::RepeatedPtrField<std::string>& keys,
+                                              TableConfig* config) {
+  absl::Status s = ShutdownStatus();
+  if (s.ok()) s = ValidateJobAndKeys(job, keys);
+  if (s.ok()) s = ValidateTableConfig(config);
+  return s;
+}
+
 absl::Status ShardStore::ShutdownStatus() {
   std::lock_guard<std::mutex> lock(waiters_mu_);
   return shutdown_ ? Unavailable() : absl::OkStatus();
@@ -417,25 +446,6 @@ absl::StatusOr<std::vector<size_t>> ShardStore::ResolveKeys(
   return out;
 }
 
-namespace {
-
-// Checks what a table's identity needs: a job name, keys, one value each.
-absl::Status ValidateJobAndKeys(const std::string& job, const google::protobuf::RepeatedPtrField<std::string>& keys) {
-  if (job.empty()) return absl::InvalidArgumentError("job must not be empty");
-  if (job.size() > kMaxJobBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("job '", Quote(job), "' is longer than ", kMaxJobBytes, " bytes"));
-  }
-  for (int i = 0; i < keys.size(); ++i) {
-    if (keys[i].empty()) return absl::InvalidArgumentError(absl::StrCat("key ", i, " is empty"));
-    if (keys[i].size() > kMaxKeyBytes) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("key '", Quote(keys[i]), "' is longer than ", kMaxKeyBytes, " bytes"));
-    }
-  }
-  return absl::OkStatus();
-}
-
-}  // namespace
 
 absl::StatusOr<std::unique_ptr<ShardStore::Chunk>> ShardStore::NewChunk(const std::string& key,
                                                                         const TensorBuffer& v,
@@ -464,12 +474,8 @@ absl::StatusOr<std::unique_ptr<ShardStore::Chunk>> ShardStore::NewChunk(const st
 
 void ShardStore::InitTable(const InitTableRequest& request, std::vector<TensorBuffer> values,
                            InitTableResponse* response, const CallOptions& /*options*/, StatusCallback done) {
-  absl::Status s = ShutdownStatus();
-  if (!s.ok()) return done(s);
-  s = ValidateJobAndKeys(request.job(), request.keys());
-  if (!s.ok()) return done(s);
   TableConfig config = request.config();
-  s = ValidateTableConfig(&config);
+  absl::Status s = ValidateTableRequest(request.job(), request.keys(), &config);
   if (!s.ok()) return done(s);
   if (static_cast<size_t>(request.keys_size()) != values.size()) {
     return done(absl::InvalidArgumentError(absl::StrCat(request.keys_size(), " keys but ", values.size(),
@@ -1110,12 +1116,8 @@ absl::Status ValidateChunkSnapshot(const ChunkSnapshot& c, const TableConfig& sn
 
 void ShardStore::LoadTable(const LoadTableRequest& request, LoadTableResponse* response,
                            const CallOptions& /*options*/, StatusCallback done) {
-  absl::Status s = ShutdownStatus();
-  if (!s.ok()) return done(s);
-  s = ValidateJobAndKeys(request.job(), request.keys());
-  if (!s.ok()) return done(s);
   TableConfig config = request.config();
-  s = ValidateTableConfig(&config);
+  absl::Status s = ValidateTableRequest(request.job(), request.keys(), &config);
   if (!s.ok()) return done(s);
   if (options_.checkpoint_root.empty()) {
     return done(absl::FailedPreconditionError(

@@ -119,6 +119,11 @@ class ShardStore : public ParameterStore {
   static absl::StatusOr<std::unique_ptr<Chunk>> NewChunk(const std::string& key, const TensorBuffer& value,
                                                          const TableConfig& config);
   absl::Status ShutdownStatus();
+  // What InitTable and LoadTable check first: not shutting down, a job name
+  // and keys within bounds, a config within range (defaults filled in).
+  absl::Status ValidateTableRequest(const std::string& job,
+                                    const google::protobuf::RepeatedPtrField<std::string>& keys,
+                                    TableConfig* config);
   absl::Status CheckAttempt(const Table& table, uint64_t attempt) const;
   absl::StatusOr<std::shared_ptr<Table>> FindTable(const std::string& job, uint64_t attempt);
   // A new empty table with `bytes` reserved against max_bytes.

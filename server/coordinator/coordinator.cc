@@ -1146,22 +1146,29 @@ absl::StatusOr<CheckpointResponse> Coordinator::RunCheckpoint(const std::string&
     SyncDirectory(std::filesystem::path(dir).parent_path().string());
   }
 
+  if (!status.ok()) {
+    std::filesystem::remove_all(tmp, ec);
+  } else {
+    // Keep the newest `keep` checkpoints of this job (its own directory:
+    // other jobs' are never touched). File system work, outside the lock;
+    // the non-throwing iteration, as everywhere in the coordinator.
+    std::vector<std::pair<int64_t, std::filesystem::path>> all;
+    std::filesystem::directory_iterator it(std::filesystem::path(dir).parent_path(), ec), end;
+    for (; !ec && it != end; it.increment(ec)) {
+      const std::string name = it->path().filename().string();
+      int64_t step = 0;
+      if (name.rfind("ckpt-", 0) == 0 && absl::SimpleAtoi(name.substr(5), &step)) all.emplace_back(step, it->path());
+    }
+    std::sort(all.begin(), all.end());
+    for (size_t i = 0; i + keep < all.size(); ++i) std::filesystem::remove_all(all[i].second, ec);
+  }
+
   std::lock_guard<std::mutex> lock(mu_);
   Job* job = FindJob(job_id);
   if (!status.ok()) {
-    std::filesystem::remove_all(tmp, ec);
     if (job != nullptr) EndCheckpoint(*job, "CheckpointFailed", std::string(status.message()));
     return status;
   }
-  // Keep the newest `keep` checkpoints of this job.
-  std::vector<std::pair<int64_t, std::filesystem::path>> all;
-  for (const auto& entry : std::filesystem::directory_iterator(std::filesystem::path(dir).parent_path(), ec)) {
-    const std::string name = entry.path().filename().string();
-    int64_t step = 0;
-    if (name.rfind("ckpt-", 0) == 0 && absl::SimpleAtoi(name.substr(5), &step)) all.emplace_back(step, entry.path());
-  }
-  std::sort(all.begin(), all.end());
-  for (size_t i = 0; i + keep < all.size(); ++i) std::filesystem::remove_all(all[i].second, ec);
   if (job != nullptr) {
     job->stored.status.set_last_checkpoint(dir);
     job->last_checkpoint_step = manifest.step;

@@ -5,7 +5,7 @@
 #include <unordered_set>
 
 #include "absl/strings/str_cat.h"
-#include "rpc/tensor_buffer.h"
+#include "common/dtype.h"
 
 namespace pstrain {
 

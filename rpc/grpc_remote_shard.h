@@ -14,7 +14,7 @@
 #include <string>
 
 #include "rpc/grpc_server.h"
-#include "rpc/parameter_store.h"
+#include "table/parameter_store.h"
 #include "rpc/retry_timer.h"
 
 namespace pstrain {

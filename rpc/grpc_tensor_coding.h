@@ -21,7 +21,7 @@
 
 #include "absl/status/status.h"
 #include "google/protobuf/message_lite.h"
-#include "rpc/tensor_buffer.h"
+#include "table/tensor_buffer.h"
 
 namespace pstrain {
 

@@ -9,7 +9,7 @@
 #include <ATen/core/Tensor.h>
 
 #include "absl/status/statusor.h"
-#include "rpc/tensor_buffer.h"
+#include "table/tensor_buffer.h"
 
 namespace pstrain {
 

@@ -24,7 +24,7 @@
 #include "rpc/status_util.h"
 #include "server/coordinator/grpc_coordinator_service.h"
 #include "server/ps/grpc_parameter_service.h"
-#include "server/ps/shard_store.h"
+#include "table/shard_store.h"
 
 namespace pstrain {
 namespace {

@@ -8,7 +8,7 @@
 #include <thread>
 
 #include "collective/collective.h"
-#include "server/ps/shard_store.h"
+#include "table/shard_store.h"
 #include "worker/model.h"
 #include "worker/trainer.h"
 

@@ -15,7 +15,7 @@
 #include "collective/collective.h"
 #include "common/job_spec.h"
 #include "rpc/cluster_member.h"
-#include "server/ps/shard_store.h"
+#include "table/shard_store.h"
 
 namespace pstrain {
 

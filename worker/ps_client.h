@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "common/partition_plan.h"
-#include "rpc/parameter_store.h"
+#include "table/parameter_store.h"
 
 namespace pstrain {
 

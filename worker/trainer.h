@@ -31,7 +31,7 @@
 
 #include "absl/status/status.h"
 #include "common/job_spec.h"
-#include "rpc/parameter_store.h"
+#include "table/parameter_store.h"
 #include "worker/dataset.h"
 
 namespace pstrain {

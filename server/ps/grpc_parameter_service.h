@@ -7,7 +7,7 @@
 #define PSTRAIN_SERVER_PS_GRPC_PARAMETER_SERVICE_H_
 
 #include "proto/parameter.grpc.pb.h"
-#include "rpc/parameter_store.h"
+#include "table/parameter_store.h"
 #include "server/ps/parameter_service_metrics.h"
 
 namespace pstrain {

@@ -12,7 +12,7 @@
 #include "rpc/grpc_channel.h"
 #include "rpc/grpc_remote_shard.h"
 #include "rpc/grpc_server.h"
-#include "server/ps/shard_store.h"
+#include "table/shard_store.h"
 
 namespace pstrain {
 namespace {

@@ -25,7 +25,7 @@
 #include "rpc/cluster_member.h"
 #include "rpc/grpc_server.h"
 #include "server/ps/grpc_parameter_service.h"
-#include "server/ps/shard_store.h"
+#include "table/shard_store.h"
 #include "spdlog/spdlog.h"
 
 ABSL_FLAG(std::string, host, "0.0.0.0", "Address to listen on.");

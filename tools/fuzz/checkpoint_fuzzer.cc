@@ -12,7 +12,7 @@
 
 #include "common/file_util.h"
 #include "google/protobuf/stubs/logging.h"
-#include "server/ps/shard_store.h"
+#include "table/shard_store.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static const bool quiet = [] {

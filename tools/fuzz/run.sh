@@ -19,9 +19,9 @@ OUT=${OUT:-/tmp/pstrain-fuzz}
 mkdir -p "$OUT/$target/corpus"
 PROTOS=(bazel-bin/proto/tensor.pb.cc bazel-bin/proto/parameter.pb.cc)
 case "$target" in
-  codec) SRCS=(rpc/grpc_tensor_coding.cc rpc/tensor_buffer.cc) ;;
-  job_spec) SRCS=(common/job_spec.cc common/file_util.cc common/quote.cc) ;;
-  checkpoint) SRCS=(server/ps/shard_store.cc server/ps/optimizer.cc rpc/parameter_store.cc rpc/tensor_buffer.cc
+  codec) SRCS=(rpc/grpc_tensor_coding.cc table/tensor_buffer.cc common/dtype.cc) ;;
+  job_spec) SRCS=(common/job_spec.cc common/file_util.cc common/quote.cc common/dtype.cc) ;;
+  checkpoint) SRCS=(table/shard_store.cc table/optimizer.cc table/parameter_store.cc table/tensor_buffer.cc common/dtype.cc
                     common/file_util.cc common/quote.cc) ;;
   *) echo "fuzz: unknown target $target"; exit 2 ;;
 esac

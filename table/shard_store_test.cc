@@ -1,4 +1,4 @@
-#include "server/ps/shard_store.h"
+#include "table/shard_store.h"
 
 #include "common/file_util.h"
 

@@ -3,8 +3,8 @@
 // (SGD with momentum/dampening/Nesterov/weight decay, Adam, AdamW, Adagrad),
 // which optimizer_test.cc checks against LibTorch on the same inputs. Plain
 // loops over float or double: the shard server needs no LibTorch.
-#ifndef PSTRAIN_SERVER_PS_OPTIMIZER_H_
-#define PSTRAIN_SERVER_PS_OPTIMIZER_H_
+#ifndef PSTRAIN_TABLE_OPTIMIZER_H_
+#define PSTRAIN_TABLE_OPTIMIZER_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -38,4 +38,4 @@ bool ApplyOptimizer(const OptimizerConfig& config, int64_t step, const T* param,
 
 }  // namespace pstrain
 
-#endif  // PSTRAIN_SERVER_PS_OPTIMIZER_H_
+#endif  // PSTRAIN_TABLE_OPTIMIZER_H_

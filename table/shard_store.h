@@ -21,8 +21,8 @@
 // and written only under checkpoint_root. Memory for values and optimizer
 // state is reserved against max_bytes before anything is allocated, and an
 // allocation failure is RESOURCE_EXHAUSTED, never a throw.
-#ifndef PSTRAIN_SERVER_PS_SHARD_STORE_H_
-#define PSTRAIN_SERVER_PS_SHARD_STORE_H_
+#ifndef PSTRAIN_TABLE_SHARD_STORE_H_
+#define PSTRAIN_TABLE_SHARD_STORE_H_
 
 #include <atomic>
 #include <condition_variable>
@@ -36,7 +36,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
-#include "rpc/parameter_store.h"
+#include "table/parameter_store.h"
 
 namespace pstrain {
 
@@ -169,4 +169,4 @@ absl::Status ValidateTableConfig(TableConfig* config);
 
 }  // namespace pstrain
 
-#endif  // PSTRAIN_SERVER_PS_SHARD_STORE_H_
+#endif  // PSTRAIN_TABLE_SHARD_STORE_H_

@@ -19,7 +19,7 @@
 
 #include "common/file_util.h"
 #include "common/quote.h"
-#include "server/ps/shard_store.h"
+#include "table/shard_store.h"
 
 namespace pstrain {
 namespace {

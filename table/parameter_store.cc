@@ -1,4 +1,4 @@
-#include "rpc/parameter_store.h"
+#include "table/parameter_store.h"
 
 #include <condition_variable>
 #include <memory>

@@ -1,5 +1,5 @@
 // The shard's optimizers against LibTorch's torch::optim on the same inputs.
-#include "server/ps/optimizer.h"
+#include "table/optimizer.h"
 
 #include <ATen/ops/allclose.h>
 #include <ATen/ops/from_blob.h>

@@ -1,4 +1,4 @@
-#include "server/ps/optimizer.h"
+#include "table/optimizer.h"
 
 #include <cmath>
 #include <limits>

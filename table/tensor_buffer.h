@@ -2,8 +2,8 @@
 // and a span of little-endian bytes -- kept alive by a shared owner. Both the
 // LibTorch side (worker) and the shard side (plain float arrays) speak it, so
 // the shard server never needs LibTorch headers.
-#ifndef PSTRAIN_RPC_TENSOR_BUFFER_H_
-#define PSTRAIN_RPC_TENSOR_BUFFER_H_
+#ifndef PSTRAIN_TABLE_TENSOR_BUFFER_H_
+#define PSTRAIN_TABLE_TENSOR_BUFFER_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -13,14 +13,10 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/dtype.h"
 #include "proto/tensor.pb.h"
 
 namespace pstrain {
-
-// Bytes per element of `dtype`; 0 for DT_INVALID or an unknown value.
-size_t DataTypeSize(DataType dtype);
-// "float32", "int64", ...; "invalid(N)" for anything else.
-std::string DataTypeName(DataType dtype);
 
 // An immutable view of tensor bytes. Copying a TensorBuffer copies the view,
 // not the bytes; `owner` keeps `data` valid for as long as any copy lives.
@@ -62,10 +58,6 @@ bool AllFinite(DataType dtype, const uint8_t* data, size_t nbytes);
 // `what` (e.g. "grads[3] (key fc1.weight#0)") so a person can find the culprit.
 absl::Status ValidateTensorBuffer(const TensorBuffer& t, const std::string& what);
 
-// Number of bytes that `shape` of `dtype` needs, or an error on overflow,
-// negative dimension or unknown dtype.
-absl::StatusOr<size_t> ExpectedBytes(DataType dtype, const std::vector<int64_t>& shape);
-
 }  // namespace pstrain
 
-#endif  // PSTRAIN_RPC_TENSOR_BUFFER_H_
+#endif  // PSTRAIN_TABLE_TENSOR_BUFFER_H_

@@ -1,4 +1,4 @@
-#include "server/ps/shard_store.h"
+#include "table/shard_store.h"
 
 #include <unistd.h>
 #include <zlib.h>
@@ -15,7 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/file_util.h"
 #include "common/quote.h"
-#include "server/ps/optimizer.h"
+#include "table/optimizer.h"
 
 namespace pstrain {
 

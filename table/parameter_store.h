@@ -14,8 +14,8 @@
 // Every call is asynchronous: `done` runs exactly once, on some thread of the
 // implementation, after the response and tensor outputs are filled in (on
 // error they may be partly filled). Callers keep the outputs alive until then.
-#ifndef PSTRAIN_RPC_PARAMETER_STORE_H_
-#define PSTRAIN_RPC_PARAMETER_STORE_H_
+#ifndef PSTRAIN_TABLE_PARAMETER_STORE_H_
+#define PSTRAIN_TABLE_PARAMETER_STORE_H_
 
 #include <functional>
 #include <vector>
@@ -23,7 +23,7 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "proto/parameter.pb.h"
-#include "rpc/tensor_buffer.h"
+#include "table/tensor_buffer.h"
 
 namespace pstrain {
 
@@ -65,4 +65,4 @@ absl::Status WaitFor(const std::function<void(StatusCallback)>& call);
 
 }  // namespace pstrain
 
-#endif  // PSTRAIN_RPC_PARAMETER_STORE_H_
+#endif  // PSTRAIN_TABLE_PARAMETER_STORE_H_

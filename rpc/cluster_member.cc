@@ -130,18 +130,18 @@ void ClusterMember::SetRunning(const std::string& job_id, int rank, uint64_t att
   cancelled_ = false;
 }
 
-void ClusterMember::Report(const std::string& event_json) {
+void ClusterMember::Report(const WorkerEvent& event) {
   std::lock_guard<std::mutex> lock(mu_);
   if (events_.size() >= kMaxQueuedEvents) {
     // Drop the oldest progress report, never a result.
     for (auto it = events_.begin(); it != events_.end(); ++it) {
-      if (it->json.find("\"progress\"") != std::string::npos) {
+      if (it->event.has_progress()) {
         events_.erase(it);
         break;
       }
     }
   }
-  events_.push_back(Event{job_id_, attempt_, event_json});
+  events_.push_back(Event{job_id_, attempt_, event});
   cv_.notify_all();
 }
 
@@ -157,19 +157,18 @@ void ClusterMember::SenderLoop() {
     if (events_.empty() && stop_) break;
     if (stop_ && !started_) break;
     const Event event = events_.front();
-    const std::string& json = event.json;
     ReportProgressRequest req;
     req.set_member_id(member_id_);
     req.set_job_id(event.job);
     req.set_attempt(event.attempt);
-    req.set_event_json(json);
+    *req.mutable_event() = event.event;
     lock.unlock();
     ReportProgressResponse resp;
     grpc::ClientContext ctx;
     SetDeadline(&ctx, options_.rpc_timeout);
     grpc::Status s = stub_->ReportProgress(&ctx, req, &resp);
     lock.lock();
-    const bool progress = json.find("\"progress\"") != std::string::npos;
+    const bool progress = event.event.has_progress();
     // A refused event (bad, or of an ended attempt) is not sent again.
     if (s.ok() || progress || s.error_code() == grpc::StatusCode::INVALID_ARGUMENT ||
         s.error_code() == grpc::StatusCode::ABORTED) {

@@ -5,7 +5,7 @@
 // job carries on -- and learns from the heartbeat replies when the job it is
 // running was cancelled. Events (JSON lines) are sent in order by a
 // background sender: progress may be dropped when the coordinator is slow or
-// away, every other event is retried until delivered.
+// away, every other event is retried until delivered (proto/events.proto).
 //
 // Thread-safe.
 #ifndef PSTRAIN_RPC_CLUSTER_MEMBER_H_
@@ -71,7 +71,7 @@ class ClusterMember {
   absl::StatusOr<std::string> KvGet(const std::string& key, absl::Duration wait);
 
   // Queues one event of the running job for the coordinator.
-  void Report(const std::string& event_json);
+  void Report(const WorkerEvent& event);
   // Waits until the queue is empty (or the timeout).
   bool Flush(absl::Duration timeout);
 
@@ -97,7 +97,7 @@ class ClusterMember {
   struct Event {
     std::string job;
     uint64_t attempt = 0;
-    std::string json;
+    WorkerEvent event;
   };
   std::deque<Event> events_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;

@@ -147,7 +147,8 @@ log_every_steps: 10
   }
   // Both are training once rank 0 has reported some steps.
   const absl::Time deadline = absl::Now() + absl::Seconds(60);
-  while (ReadFile(dir + "/rank0.log").value_or("").find("\"step\": 50,") == std::string::npos) {
+  // (protobuf's JSON mapping prints int64 fields as strings)
+  while (ReadFile(dir + "/rank0.log").value_or("").find("\"step\":\"50\"") == std::string::npos) {
     ASSERT_LT(absl::Now(), deadline) << ReadFile(dir + "/rank0.log").value_or("");
     absl::SleepFor(absl::Milliseconds(50));
   }

@@ -3,7 +3,8 @@ with grpc_python_plugin (Debian's protobuf-compiler-grpc) and run with
 Debian's python3-grpcio: submits a job, follows it to the end with GetJob
 and WatchJob, and checks the errors of bad requests.
 
-usage: /usr/bin/python3 python_client.py PROTO_DIR COORDINATOR SPEC.yaml
+usage: /usr/bin/python3 python_client.py ROOT COORDINATOR SPEC.yaml
+(ROOT holds proto/control.proto and the proto/events.proto it imports)
 Prints one JSON object; exit code 0 when every check holds.
 """
 import importlib
@@ -15,14 +16,15 @@ import time
 
 
 def main():
-    proto_dir, coordinator, spec_path = sys.argv[1:4]
+    root, coordinator, spec_path = sys.argv[1:4]
     out = tempfile.mkdtemp(prefix="pstrain-pyclient-")
-    subprocess.run(["protoc", "-I", proto_dir, "--python_out", out, "--grpc_out", out,
-                    "--plugin=protoc-gen-grpc=/usr/bin/grpc_python_plugin", "control.proto"], check=True)
+    subprocess.run(["protoc", "-I", root, "--python_out", out, "--grpc_out", out,
+                    "--plugin=protoc-gen-grpc=/usr/bin/grpc_python_plugin", "proto/control.proto",
+                    "proto/events.proto"], check=True)
     sys.path.insert(0, out)
     import grpc
-    pb = importlib.import_module("control_pb2")
-    pb_grpc = importlib.import_module("control_pb2_grpc")
+    pb = importlib.import_module("proto.control_pb2")
+    pb_grpc = importlib.import_module("proto.control_pb2_grpc")
 
     channel = grpc.insecure_channel(coordinator)
     jobs = pb_grpc.JobServiceStub(channel)

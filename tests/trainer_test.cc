@@ -3,7 +3,6 @@
 // TorchScript model path.
 #include <ATen/ops/allclose.h>
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
 #include <thread>
 
@@ -160,11 +159,10 @@ TEST(TrainerTest, AllReduceTwoWorkersEqualOneWorkerOnTheConcatenatedBatch) {
   ExpectLikeOneWorkerOnTheConcatenatedBatch(two, *data, results);
 }
 
-std::vector<double> Losses(const std::vector<std::string>& events) {
+std::vector<double> Losses(const std::vector<WorkerEvent>& events) {
   std::vector<double> out;
-  for (const auto& line : events) {
-    auto e = nlohmann::json::parse(line);
-    if (e["event"] == "progress") out.push_back(e["loss"].get<double>());
+  for (const auto& e : events) {
+    if (e.has_progress()) out.push_back(e.progress().loss());
   }
   return out;
 }
@@ -177,12 +175,12 @@ TEST(TrainerTest, TorchScriptModuleWrittenInPythonTrains) {
   spec.shards = 2;
   auto data = LoadData(spec.data, spec.seed);
   ASSERT_TRUE(data.ok());
-  std::vector<std::string> events;
+  std::vector<WorkerEvent> events;
   TrainerOptions o;
   o.spec = spec;
   o.shards = shards.ptrs;
   o.write_weights = false;
-  o.emit = [&](const std::string& e) { events.push_back(e); };
+  o.emit = [&](const WorkerEvent& e) { events.push_back(e); };
   int64_t steps_seen = 0, samples_seen = 0;
   o.on_step = [&](int64_t step, double loss, int64_t samples, double secs, double wait) {
     EXPECT_EQ(step, steps_seen + 1);

@@ -26,11 +26,13 @@
 #include <mutex>
 
 #include "absl/flags/flag.h"
+#include "google/protobuf/util/json_util.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "common/job_spec.h"
+#include "proto/events.pb.h"
 #include "common/malloc_tuning.h"
 #include "common/env_flags.h"
 #include "common/metrics_server.h"
@@ -74,9 +76,22 @@ void OnSignal(int sig) {
 }
 std::mutex g_out_mu;
 
-void Print(const std::string& json) {
+// One event per line on stdout, in protobuf's JSON form.
+void Print(const pstrain::WorkerEvent& event) {
+  std::string json;
+  google::protobuf::util::JsonPrintOptions options;
+  options.preserve_proto_field_names = true;
+  (void)google::protobuf::util::MessageToJsonString(event, &json, options);
   std::lock_guard<std::mutex> lock(g_out_mu);
   std::cout << json << std::endl;
+}
+
+pstrain::WorkerEvent ErrorEvent(int rank, const std::string& message, bool retryable) {
+  pstrain::WorkerEvent e;
+  e.set_rank(rank);
+  e.mutable_error()->set_message(message.size() > 4096 ? message.substr(0, 4096) + "..." : message);
+  e.mutable_error()->set_retryable(retryable);
+  return e;
 }
 
 std::string Env(const char* name) {
@@ -90,23 +105,10 @@ bool Retryable(const absl::Status& s) {
   return absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s) || absl::IsAborted(s);
 }
 
-std::string JsonEscape(const std::string& s) {
-  std::string out;
-  for (char c : s) {
-    if (c == '"' || c == '\\') out += '\\';
-    if (c == '\n') {
-      out += "\\n";
-      continue;
-    }
-    out += c;
-  }
-  return out;
-}
-
 // What a job runs with besides its spec; all optional.
 struct RunContext {
   const std::atomic<bool>* stop = nullptr;  // stop at the next step boundary
-  std::function<void(const std::string&)> emit = Print;  // receives every event
+  std::function<void(const pstrain::WorkerEvent&)> emit = Print;  // receives every event
   const pstrain::Assignment* assignment = nullptr;
   pstrain::ClusterMember* member = nullptr;
   pstrain::WorkerMetrics* metrics = nullptr;
@@ -216,8 +218,13 @@ absl::Status RunJobOrThrow(pstrain::JobSpec spec, int rank, int world_size, cons
         pause->step = p;
       }
       if (step < pause->step) return;
-      emit(absl::StrCat("{\"event\": \"paused\", \"rank\": ", rank, ", \"step\": ", step,
-                        ", \"epoch\": ", epoch, ", \"epoch_step\": ", epoch_step, ", \"pause_id\": ", id, "}"));
+      pstrain::WorkerEvent paused;
+      paused.set_rank(rank);
+      paused.mutable_paused()->set_step(step);
+      paused.mutable_paused()->set_epoch(epoch);
+      paused.mutable_paused()->set_epoch_step(epoch_step);
+      paused.mutable_paused()->set_pause_id(id);
+      emit(paused);
       bool saved = saver == nullptr;
       while (member->pause_requested() && member->pause_id() == id && !(stop != nullptr && stop->load())) {
         if (!saved) {
@@ -279,9 +286,9 @@ int RunPoolMember(pstrain::WorkerMetrics* metrics) {
     if (a->job_id().empty()) continue;
     auto spec = pstrain::ParseJobSpec(a->spec_yaml(), a->job_id());
     member.SetRunning(a->job_id(), a->rank(), a->attempt());
-    auto emit = [&](const std::string& json) {
-      Print(json);
-      member.Report(json);
+    auto emit = [&](const pstrain::WorkerEvent& event) {
+      Print(event);
+      member.Report(event);
     };
     if (spec.ok()) {
       spec->name = a->job_id();  // the shards' table name: unique per job
@@ -300,7 +307,10 @@ int RunPoolMember(pstrain::WorkerMetrics* metrics) {
             drain_until = absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_drain_timeout_s));
             spdlog::info("pstrain-worker: SIGTERM: the coordinator checkpoints the job, then this worker leaves "
                          "(at most {} s; a second signal stops at once)", absl::GetFlag(FLAGS_drain_timeout_s));
-            emit(absl::StrCat("{\"event\": \"draining\", \"rank\": ", rank, "}"));
+            pstrain::WorkerEvent draining;
+            draining.set_rank(rank);
+            draining.mutable_draining()->set_role("worker");
+            emit(draining);
           }
           if (absl::Now() > drain_until) {
             drain_expired = true;
@@ -326,13 +336,11 @@ int RunPoolMember(pstrain::WorkerMetrics* metrics) {
             drain_expired ? absl::StrCat("shut down (SIGTERM) and the job was not checkpointed and stopped within ",
                                          absl::GetFlag(FLAGS_drain_timeout_s), " s")
                           : std::string(s.message());
-        emit(absl::StrCat("{\"event\": \"error\", \"rank\": ", a->rank(), ", \"message\": \"", JsonEscape(why),
-                          "\", \"retryable\": ", Retryable(s) && !drain_expired ? "true" : "false", "}"));
+        emit(ErrorEvent(a->rank(), why, Retryable(s) && !drain_expired));
         spdlog::error("pstrain-worker {}: job {} failed: {}", mo.name, a->job_id(), s.ToString());
       }
     } else {
-      emit(absl::StrCat("{\"event\": \"error\", \"rank\": ", a->rank(), ", \"message\": \"",
-                        JsonEscape(std::string(spec.status().message())), "\"}"));
+      emit(ErrorEvent(a->rank(), std::string(spec.status().message()), /*retryable=*/false));
     }
     member.Flush(absl::Seconds(30));
     member.SetRunning("", -1, 0);

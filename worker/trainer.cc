@@ -65,6 +65,16 @@ struct EvalResult {
   double accuracy = 0;
 };
 
+WorkerEvent EvalEvent(int rank, int epoch, const EvalResult& ev, bool final) {
+  WorkerEvent e;
+  e.set_rank(rank);
+  e.mutable_eval()->set_epoch(epoch);
+  e.mutable_eval()->set_test_loss(ev.loss);
+  e.mutable_eval()->set_accuracy(ev.accuracy);
+  e.mutable_eval()->set_final(final);
+  return e;
+}
+
 EvalResult Evaluate(Model& model, const Dataset& test) {
   c10::NoGradGuard no_grad;
   model.SetTraining(false);
@@ -160,14 +170,17 @@ absl::StatusOr<TrainResult> RunTrainer(const TrainerOptions& options, const Trai
 
   if (options.rank == 0) {
     // The model's layout, for checkpoints and their re-partitioning.
-    std::string params_json;
+    WorkerEvent e;
+    e.set_rank(options.rank);
+    WorkerEvent::Plan* plan_event = e.mutable_plan();
+    plan_event->set_chunk_bytes(spec.chunk_bytes);
     for (const ParameterSpec& p : specs) {
-      if (!params_json.empty()) params_json += ", ";
-      params_json += absl::StrCat("{\"name\": \"", p.name, "\", \"shape\": [", absl::StrJoin(p.shape, ", "),
-                                  "], \"dtype\": ", static_cast<int>(p.dtype), "}");
+      ParameterInfo* info = plan_event->add_params();
+      info->set_name(p.name);
+      for (int64_t d : p.shape) info->add_shape(d);
+      info->set_dtype(static_cast<int>(p.dtype));
     }
-    options.emit(absl::StrCat("{\"event\": \"plan\", \"chunk_bytes\": ", spec.chunk_bytes, ", \"params\": [",
-                              params_json, "]}"));
+    options.emit(e);
   }
 
   std::vector<at::Tensor> staging;
@@ -372,11 +385,17 @@ absl::StatusOr<TrainResult> RunTrainer(const TrainerOptions& options, const Trai
       ++window_steps;
       if (step % spec.log_every_steps == 0 || step == total_steps) {
         const auto now = Clock::now();
-        options.emit(absl::StrFormat(
-            "{\"event\": \"progress\", \"rank\": %d, \"epoch\": %d, \"epochs\": %d, \"step\": %d, "
-            "\"steps\": %d, \"loss\": %.5f, \"samples_per_s\": %.1f, \"elapsed_s\": %.2f}",
-            options.rank, epoch + 1, spec.epochs, step, total_steps, window_loss / window_steps,
-            window_samples / std::max(1e-9, Seconds(window_start, now)), Seconds(start, now)));
+        WorkerEvent e;
+        e.set_rank(options.rank);
+        WorkerEvent::Progress* p = e.mutable_progress();
+        p->set_epoch(epoch + 1);
+        p->set_epochs(spec.epochs);
+        p->set_step(step);
+        p->set_steps(total_steps);
+        p->set_loss(window_loss / window_steps);
+        p->set_samples_per_s(window_samples / std::max(1e-9, Seconds(window_start, now)));
+        p->set_elapsed_s(Seconds(start, now));
+        options.emit(e);
         window_start = now;
         window_samples = 0;
         window_loss = 0;
@@ -388,9 +407,7 @@ absl::StatusOr<TrainResult> RunTrainer(const TrainerOptions& options, const Trai
       s = ps.Pull(detached);
       if (!s.ok()) return s;
       EvalResult ev = Evaluate(model, data.test);
-      options.emit(absl::StrFormat(
-          "{\"event\": \"eval\", \"epoch\": %d, \"test_loss\": %.5f, \"accuracy\": %.5f}", epoch + 1,
-          ev.loss, ev.accuracy));
+      options.emit(EvalEvent(options.rank, epoch + 1, ev, /*final=*/false));
     }
   }
   result.steps = step;
@@ -406,25 +423,28 @@ absl::StatusOr<TrainResult> RunTrainer(const TrainerOptions& options, const Trai
       EvalResult ev = Evaluate(model, data.test);
       result.final_accuracy = ev.accuracy;
       result.final_test_loss = ev.loss;
-      options.emit(absl::StrFormat(
-          "{\"event\": \"eval\", \"epoch\": %d, \"test_loss\": %.5f, \"accuracy\": %.5f, "
-          "\"final\": true}",
-          spec.epochs, ev.loss, ev.accuracy));
+      options.emit(EvalEvent(options.rank, spec.epochs, ev, /*final=*/true));
     }
     if (options.write_weights) {
       std::filesystem::create_directories(spec.output_dir);
       const std::string path = spec.output_dir + "/model.pt";
       s = SaveWeights(named, path);
       if (!s.ok()) return s;
-      options.emit(absl::StrCat("{\"event\": \"weights\", \"path\": \"", path, "\"}"));
+      WorkerEvent e;
+      e.set_rank(options.rank);
+      e.mutable_weights()->set_path(path);
+      options.emit(e);
     }
   }
   for (auto& [name, t] : named) result.parameters.emplace_back(name, t.detach().clone());
   // Last: a job is complete when every worker is done, and worker 0's final
   // evaluation and weights must be in by then.
-  options.emit(absl::StrFormat(
-      "{\"event\": \"done\", \"rank\": %d, \"steps\": %d, \"samples\": %d, \"seconds\": %.3f}",
-      options.rank, result.steps, result.samples, result.seconds));
+  WorkerEvent done;
+  done.set_rank(options.rank);
+  done.mutable_done()->set_steps(result.steps);
+  done.mutable_done()->set_samples(result.samples);
+  done.mutable_done()->set_seconds(result.seconds);
+  options.emit(done);
   return result;
 }
 

@@ -17,7 +17,7 @@
 // initial values are broadcast first.
 //
 // Events (progress, per-epoch evaluation, the final result) go to `emit` as
-// one JSON object per call; `pstrain local` renders them.
+// WorkerEvent messages (proto/events.proto).
 #ifndef PSTRAIN_WORKER_TRAINER_H_
 #define PSTRAIN_WORKER_TRAINER_H_
 
@@ -31,6 +31,7 @@
 
 #include "absl/status/status.h"
 #include "common/job_spec.h"
+#include "proto/events.pb.h"
 #include "table/parameter_store.h"
 #include "worker/dataset.h"
 
@@ -50,7 +51,7 @@ struct TrainerOptions {
   // All-reduce mode, resuming: loads the checkpoint into the local store
   // (keys: every chunk of the model) before training starts.
   std::function<absl::Status(const std::vector<std::string>& keys)> restore_local;
-  std::function<void(const std::string& json)> emit = [](const std::string&) {};
+  std::function<void(const WorkerEvent& event)> emit = [](const WorkerEvent&) {};
   // Rank 0 writes <output_dir>/model.pt at the end.
   bool write_weights = true;
   // When set and true, training stops at the next step with CANCELLED.

@@ -65,9 +65,22 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(CoordinatorOpti
   if (options.background_tick) {
     c->ticker_ = std::thread([raw = c.get()] {
       std::unique_lock<std::mutex> lock(raw->mu_);
+      const absl::Duration period = raw->options_.heartbeat_interval / 2;
+      absl::Time last_tick = absl::Now();
       while (!raw->shutdown_) {
-        raw->cv_.wait_for(lock, absl::ToChronoMilliseconds(raw->options_.heartbeat_interval / 2));
+        raw->cv_.wait_for(lock, absl::ToChronoMilliseconds(period));
         if (raw->shutdown_) break;
+        // A pause of the coordinator itself (a stalled machine, swapping, a
+        // debugger) is not its members' fault: heartbeats could not be
+        // heard meanwhile, so the time beyond the tick period does not
+        // count against any lease.
+        const absl::Time now = absl::Now();
+        const absl::Duration late = now - last_tick - period;
+        last_tick = now;
+        if (late > period) {
+          for (auto& [id, m] : raw->members_) m.last_beat += late;
+          spdlog::warn("coordinator: paused for {}; leases extended by as much", absl::FormatDuration(late));
+        }
         raw->ExpireLeases();
         raw->Schedule();
         // Periodic checkpoints.
@@ -600,7 +613,10 @@ absl::StatusOr<Assignment> Coordinator::GetAssignment(const std::string& member_
 
 absl::StatusOr<ReportProgressResponse> Coordinator::ReportProgress(const ReportProgressRequest& request) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (request.event_json().size() > kMaxEventBytes) {
+  if (!request.event_json().empty()) {
+    return absl::InvalidArgumentError("event_json is retired: send the event as a WorkerEvent (field `event`)");
+  }
+  if (request.event().ByteSizeLong() > kMaxEventBytes) {
     return absl::InvalidArgumentError(absl::StrCat("an event is limited to ", kMaxEventBytes, " bytes"));
   }
   auto it = members_.find(request.member_id());
@@ -616,121 +632,115 @@ absl::StatusOr<ReportProgressResponse> Coordinator::ReportProgress(const ReportP
     r.set_cancel_job(true);  // not (or no longer) this member's job, or an ended attempt of it
     return r;
   }
-  absl::Status applied = ApplyEvent(*job, m, request.event_json());
+  absl::Status applied = ApplyEvent(*job, m, request.event());
   if (!applied.ok()) return applied;
   r.set_cancel_job(m.status.job_id() != request.job_id());
   return r;
 }
 
-absl::Status Coordinator::ApplyEvent(Job& job, Member& member, const std::string& event_json) {
+absl::Status Coordinator::ApplyEvent(Job& job, Member& member, const WorkerEvent& e) {
   const int rank = member.status.rank();
-  nlohmann::json e = nlohmann::json::parse(event_json, nullptr, /*allow_exceptions=*/false);
-  if (e.is_discarded() || !e.is_object()) {
-    return absl::InvalidArgumentError(absl::StrCat("event is not a JSON object: ", Quote(event_json)));
-  }
-  // nlohmann's value()/get() throw on a field of the wrong type: such an
-  // event is refused whole (a field may have been applied before the throw
-  // only in the progress and plan branches, which touch nothing durable
-  // until their end).
-  try {
   JobStatus& st = job.stored.status;
-  const std::string kind = e.value("event", "");
-  if (kind == "progress") {
-    while (st.workers_size() < job.spec.workers) st.add_workers()->set_rank(st.workers_size() - 1);
-    if (rank < 0 || rank >= st.workers_size()) return absl::OkStatus();
-    WorkerProgress* w = st.mutable_workers(rank);
-    w->set_epoch(e.value("epoch", 0));
-    w->set_step(e.value("step", int64_t{0}));
-    w->set_steps(e.value("steps", int64_t{0}));
-    w->set_loss(e.value("loss", 0.0));
-    w->set_samples_per_s(e.value("samples_per_s", 0.0));
-    // The job is as far as its slowest reporting worker; rates add up.
-    int64_t step = INT64_MAX;
-    int epoch = INT32_MAX, reporting = 0;
-    double loss = 0, rate = 0;
-    for (const WorkerProgress& p : st.workers()) {
-      if (p.steps() == 0) continue;  // not reported yet
-      ++reporting;
-      step = std::min(step, p.step());
-      epoch = std::min(epoch, p.epoch());
-      loss += p.loss();
-      rate += p.samples_per_s();
-    }
-    st.set_step(step);
-    st.set_epoch(epoch);
-    st.set_steps(w->steps());
-    st.set_loss(loss / reporting);
-    st.set_samples_per_s(rate);
-    // Progress is frequent: notify watchers, persist only on transitions.
-    ++job.version;
-    cv_.notify_all();
-  } else if (kind == "eval") {
-    EpochEval ev;
-    ev.set_epoch(e.value("epoch", 0));
-    ev.set_accuracy(e.value("accuracy", 0.0));
-    ev.set_test_loss(e.value("test_loss", 0.0));
-    *st.add_evals() = ev;
-    if (e.value("final", false)) st.set_final_accuracy(ev.accuracy());
-    Changed(job);
-  } else if (kind == "weights") {
-    st.set_weights_path(e.value("path", ""));
-    Changed(job);
-  } else if (kind == "plan") {
-    if (st.params_size() == 0 && e.contains("params") && e["params"].is_array()) {
-      if (e["params"].size() > 1000000) return absl::InvalidArgumentError("a plan of more than 10^6 parameters");
-      // Built apart and installed whole: a bad field leaves nothing behind.
-      const int64_t chunk_bytes = e.value("chunk_bytes", int64_t{0});
-      google::protobuf::RepeatedPtrField<ParameterInfo> params;
-      for (const auto& p : e["params"]) {
-        ParameterInfo* info = params.Add();
-        info->set_name(p.value("name", ""));
-        if (p.contains("shape")) {
-          for (const auto& d : p["shape"]) info->add_shape(d.get<int64_t>());
-        }
-        info->set_dtype(p.value("dtype", 0));
+  switch (e.kind_case()) {
+    case WorkerEvent::kProgress: {
+      const WorkerEvent::Progress& p = e.progress();
+      while (st.workers_size() < job.spec.workers) st.add_workers()->set_rank(st.workers_size() - 1);
+      if (rank < 0 || rank >= st.workers_size()) return absl::OkStatus();
+      WorkerProgress* w = st.mutable_workers(rank);
+      w->set_epoch(p.epoch());
+      w->set_step(p.step());
+      w->set_steps(p.steps());
+      w->set_loss(p.loss());
+      w->set_samples_per_s(p.samples_per_s());
+      // The job is as far as its slowest reporting worker; rates add up.
+      int64_t step = INT64_MAX;
+      int epoch = INT32_MAX, reporting = 0;
+      double loss = 0, rate = 0;
+      for (const WorkerProgress& wp : st.workers()) {
+        if (wp.steps() == 0) continue;  // not reported yet
+        ++reporting;
+        step = std::min(step, wp.step());
+        epoch = std::min(epoch, wp.epoch());
+        loss += wp.loss();
+        rate += wp.samples_per_s();
       }
-      st.set_chunk_bytes(chunk_bytes);
-      st.mutable_params()->Swap(&params);
-      Changed(job);
-    }
-  } else if (kind == "paused") {
-    // Only a pause for the checkpoint in progress counts (not a late one).
-    if (job.pause_requested && e.value("pause_id", int64_t{-1}) == job.pause_id) {
-      job.paused[rank] = {rank, e.value("step", int64_t{0}), e.value("epoch", 0), e.value("epoch_step", int64_t{0})};
+      if (reporting > 0) {
+        st.set_step(step);
+        st.set_epoch(epoch);
+        st.set_steps(w->steps());
+        st.set_loss(loss / reporting);
+        st.set_samples_per_s(rate);
+      }
+      // Progress is frequent: notify watchers, persist only on transitions.
+      ++job.version;
       cv_.notify_all();
+      break;
     }
-  } else if (kind == "done") {
-    if (job.done_ranks.insert(rank).second) {
-      st.set_samples(st.samples() + e.value("samples", int64_t{0}));
-      st.set_train_seconds(std::max(st.train_seconds(), e.value("seconds", 0.0)));
+    case WorkerEvent::kEval: {
+      EpochEval ev;
+      ev.set_epoch(e.eval().epoch());
+      ev.set_accuracy(e.eval().accuracy());
+      ev.set_test_loss(e.eval().test_loss());
+      if (st.evals_size() >= 10000) return absl::ResourceExhaustedError("a job keeps at most 10000 evaluations");
+      *st.add_evals() = ev;
+      if (e.eval().final()) st.set_final_accuracy(ev.accuracy());
+      Changed(job);
+      break;
     }
-    Changed(job);
-    MaybeSucceed(job);
-  } else if (kind == "draining") {
-    member.leaving = true;
-    if ((st.state() == RUNNING || st.state() == CHECKPOINTING) && !job.draining) {
-      job.draining = true;
-      const std::string who = absl::StrCat(e.value("role", "worker"), " ", rank);
-      Transition(job, st.state(), "MemberLeaving",
-                 absl::StrCat(who, " is shutting down: checkpointing, then the job waits for a replacement"));
-      Background([this, id = st.job_id(), who] { Drain(id, who); });
-    }
-  } else if (kind == "error") {
-    if (!IsTerminal(st.state()) && st.state() != PENDING) {
-      const std::string what = absl::StrCat("worker ", rank, ": ", Quote(e.value("message", "failed"), 4096));
-      // A lost peer or shard (not a bug in the job) restarts it from its
-      // last checkpoint, if it has one.
-      if (e.value("retryable", false) && CanRestart(job)) {
-        Requeue(job, "WorkerFailed", what);
-      } else {
-        Transition(job, FAILED, "WorkerFailed", what);
+    case WorkerEvent::kWeights:
+      st.set_weights_path(e.weights().path());
+      Changed(job);
+      break;
+    case WorkerEvent::kPlan:
+      if (st.params_size() == 0) {
+        if (e.plan().params_size() > 1000000) return absl::InvalidArgumentError("a plan of more than 10^6 parameters");
+        st.set_chunk_bytes(e.plan().chunk_bytes());
+        *st.mutable_params() = e.plan().params();
+        Changed(job);
       }
-      Schedule();
-    }
-  }
-  } catch (const nlohmann::json::exception& ex) {
-    return absl::InvalidArgumentError(absl::StrCat("event ", Quote(event_json), " has a field of the wrong type: ",
-                                                   Quote(ex.what(), 200)));
+      break;
+    case WorkerEvent::kPaused:
+      // Only a pause for the checkpoint in progress counts (not a late one).
+      if (job.pause_requested && e.paused().pause_id() == job.pause_id) {
+        job.paused[rank] = {rank, e.paused().step(), e.paused().epoch(), e.paused().epoch_step()};
+        cv_.notify_all();
+      }
+      break;
+    case WorkerEvent::kDone:
+      if (job.done_ranks.insert(rank).second) {
+        st.set_samples(st.samples() + e.done().samples());
+        st.set_train_seconds(std::max(st.train_seconds(), e.done().seconds()));
+      }
+      Changed(job);
+      MaybeSucceed(job);
+      break;
+    case WorkerEvent::kDraining:
+      member.leaving = true;
+      if ((st.state() == RUNNING || st.state() == CHECKPOINTING) && !job.draining) {
+        job.draining = true;
+        const std::string who =
+            absl::StrCat(e.draining().role() == "shard" ? "shard" : "worker", " ", rank);
+        Transition(job, st.state(), "MemberLeaving",
+                   absl::StrCat(who, " is shutting down: checkpointing, then the job waits for a replacement"));
+        Background([this, id = st.job_id(), who] { Drain(id, who); });
+      }
+      break;
+    case WorkerEvent::kError:
+      if (!IsTerminal(st.state()) && st.state() != PENDING) {
+        const std::string what = absl::StrCat("worker ", rank, ": ",
+                                              Quote(e.error().message().empty() ? "failed" : e.error().message(), 4096));
+        // A lost peer or shard (not a bug in the job) restarts it from its
+        // last checkpoint, if it has one.
+        if (e.error().retryable() && CanRestart(job)) {
+          Requeue(job, "WorkerFailed", what);
+        } else {
+          Transition(job, FAILED, "WorkerFailed", what);
+        }
+        Schedule();
+      }
+      break;
+    case WorkerEvent::KIND_NOT_SET:
+      return absl::InvalidArgumentError("the event has no kind (progress, eval, plan, ...)");
   }
   return absl::OkStatus();
 }
@@ -1101,11 +1111,16 @@ absl::StatusOr<CheckpointResponse> Coordinator::RunCheckpoint(const std::string&
     nlohmann::json r = result.ok() ? nlohmann::json::parse(*result, nullptr, false) : nlohmann::json();
     if (!result.ok()) {
       status = absl::Status(result.status().code(), absl::StrCat("worker 0 did not save: ", result.status().message()));
-    } else if (!r.is_object() || r.contains("error")) {
-      status = absl::InternalError(absl::StrCat("worker 0: ", r.is_object() ? r.value("error", "") : *result));
+    } else if (!r.is_object() || r.contains("error") || !r.contains("bytes") || !r["bytes"].is_number_unsigned() ||
+               !r.contains("crc32") || !r["crc32"].is_number_unsigned()) {
+      // What worker 0 wrote is not a saved file's size and crc32 (checked
+      // by type: nlohmann's value() throws on a mismatch).
+      const bool said = r.is_object() && r.contains("error") && r["error"].is_string();
+      status = absl::InternalError(
+          absl::StrCat("worker 0: ", Quote(said ? r["error"].get<std::string>() : *result, 1024)));
     } else {
-      saved[0].set_bytes(r.value("bytes", uint64_t{0}));
-      saved[0].set_crc32(r.value("crc32", uint32_t{0}));
+      saved[0].set_bytes(r["bytes"].get<uint64_t>());
+      saved[0].set_crc32(static_cast<uint32_t>(r["crc32"].get<uint64_t>()));
     }
   }
   if (status.ok() && !allreduce) {

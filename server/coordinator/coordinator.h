@@ -182,7 +182,7 @@ class Coordinator {
   void Schedule() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ExpireLeases() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // One event from `member` (its rank in the job) about `job`.
-  absl::Status ApplyEvent(Job& job, Member& member, const std::string& event_json) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status ApplyEvent(Job& job, Member& member, const WorkerEvent& event) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MaybeSucceed(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EndCheckpoint(Job& job, const std::string& reason, const std::string& message)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -8,6 +8,7 @@
 
 #include "common/checkpoint_manifest.h"
 #include "common/file_util.h"
+#include "google/protobuf/util/json_util.h"
 
 namespace pstrain {
 namespace {
@@ -54,7 +55,7 @@ class CoordinatorTest : public ::testing::Test {
     ReportProgressRequest r;
     r.set_member_id(member);
     r.set_job_id(job);
-    r.set_event_json(json);
+    ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(json, r.mutable_event()).ok()) << json;
     r.set_attempt(c.GetJob(job)->attempt());  // the current one
     ASSERT_TRUE(c.ReportProgress(r).ok());
   }
@@ -79,16 +80,16 @@ TEST_F(CoordinatorTest, JobRunsWhenItsMembersAreFreeAndSucceedsWhenWorkersAreDon
   ASSERT_EQ(a->shard_addresses_size(), 1);
   EXPECT_EQ(a->shard_addresses(0), "127.0.0.1:10");
 
-  Event(*c, w0, job, R"({"event": "progress", "rank": 0, "epoch": 1, "step": 10, "steps": 20, "loss": 1.5, "samples_per_s": 100})");
-  Event(*c, w1, job, R"({"event": "progress", "rank": 1, "epoch": 1, "step": 8, "steps": 20, "loss": 0.5, "samples_per_s": 50})");
+  Event(*c, w0, job, R"({"rank": 0, "progress": {"epoch": 1, "step": 10, "steps": 20, "loss": 1.5, "samples_per_s": 100}})");
+  Event(*c, w1, job, R"({"rank": 1, "progress": {"epoch": 1, "step": 8, "steps": 20, "loss": 0.5, "samples_per_s": 50}})");
   auto st = c->GetJob(job);
   EXPECT_EQ(st->step(), 8);
   EXPECT_DOUBLE_EQ(st->loss(), 1.0);
   EXPECT_DOUBLE_EQ(st->samples_per_s(), 150);
-  Event(*c, w0, job, R"({"event": "eval", "epoch": 1, "accuracy": 0.9, "test_loss": 0.3, "final": true})");
-  Event(*c, w0, job, R"({"event": "done", "rank": 0})");
+  Event(*c, w0, job, R"({"rank": 0, "eval": {"epoch": 1, "accuracy": 0.9, "test_loss": 0.3, "final": true}})");
+  Event(*c, w0, job, R"({"rank": 0, "done": {}})");
   EXPECT_EQ(State(*c, job), RUNNING);
-  Event(*c, w1, job, R"({"event": "done", "rank": 1})");
+  Event(*c, w1, job, R"({"rank": 1, "done": {}})");
   st = c->GetJob(job);
   EXPECT_EQ(st->state(), SUCCEEDED);
   EXPECT_DOUBLE_EQ(st->final_accuracy(), 0.9);
@@ -188,7 +189,7 @@ TEST_F(CoordinatorTest, RestartedCoordinatorKeepsJobsAndReattachesMembers) {
   }
   EXPECT_EQ(State(*c, job), RUNNING);
   EXPECT_EQ(State(*c, pending), PENDING);
-  Event(*c, w0, job, R"({"event": "done", "rank": 0})");
+  Event(*c, w0, job, R"({"rank": 0, "done": {}})");
   EXPECT_EQ(State(*c, job), SUCCEEDED);
   EXPECT_EQ(State(*c, pending), RUNNING);
 }

@@ -175,7 +175,10 @@ int main(int argc, char** argv) {
     const std::string job = member->job_id();
     spdlog::info("pstrain-ps: SIGTERM: draining {} (checkpoint, then requeue; at most {} s)", job,
                  absl::GetFlag(FLAGS_drain_timeout_s));
-    member->Report(absl::StrCat("{\"event\": \"draining\", \"role\": \"shard\"}"));
+    pstrain::WorkerEvent draining;
+    draining.set_rank(shard_index);
+    draining.mutable_draining()->set_role("shard");
+    member->Report(draining);
     const absl::Time deadline = absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_drain_timeout_s));
     const timespec tick{0, 100 * 1000 * 1000};
     while (member->job_id() == job && absl::Now() < deadline) {

@@ -3,7 +3,8 @@
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
-#include "common/checkpoint_manifest.h"
+#include "checkpoint/layout.h"
+#include "checkpoint/manifest.h"
 #include "nlohmann/json.hpp"
 
 namespace pstrain {
@@ -96,16 +97,9 @@ std::function<absl::Status(const std::vector<std::string>& keys)> AllReduceSetup
     const std::string& dir = options_.resume_from;
     auto manifest = ReadManifest(dir);
     if (!manifest.ok()) return manifest.status();
-    LoadTableRequest req;
-    req.set_job(options_.spec.name);
-    *req.mutable_config() = MakeTableConfig(options_.spec);
-    for (const auto& f : manifest->shards) {
-      auto* file = req.add_files();
-      file->set_path(RelativeToFilesystemRoot(dir + "/" + f.file));
-      file->set_crc32(f.crc32);
-      file->set_bytes(f.bytes);
-    }
-    for (const auto& k : keys) req.add_keys(k);
+    // The local store's names are relative to "/".
+    const LoadTableRequest req = RestoreRequest(*manifest, RelativeToFilesystemRoot(dir), options_.spec.name,
+                                                /*attempt=*/0, MakeTableConfig(options_.spec), keys);
     LoadTableResponse resp;
     absl::Status s = WaitFor([&](StatusCallback done) { local_->LoadTable(req, &resp, {}, done); });
     if (!s.ok()) return absl::Status(s.code(), absl::StrCat("restoring from ", dir, ": ", s.message()));

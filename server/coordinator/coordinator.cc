@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_join.h"
+#include "checkpoint/layout.h"
 #include "common/file_util.h"
 #include "common/partition_plan.h"
 #include "common/quote.h"
@@ -1083,7 +1084,7 @@ absl::StatusOr<CheckpointResponse> Coordinator::RunCheckpoint(const std::string&
     for (auto& [r, a] : by_rank) shards.push_back(a);
     // The job's own directory: jobs sharing an output_dir never touch each
     // other's checkpoints.
-    dir = absl::StrCat(job->stored.output_dir, "/", job_id, "/ckpt-", manifest.step);
+    dir = CheckpointDir(JobDir(job->stored.output_dir, job_id), manifest.step);
     attempt = job->stored.status.attempt();
     keep = job->spec.checkpoint_keep;
     allreduce = job->spec.mode == "allreduce";
@@ -1091,7 +1092,7 @@ absl::StatusOr<CheckpointResponse> Coordinator::RunCheckpoint(const std::string&
   }
 
   // The shards write their tables, all at once, outside the lock.
-  const std::string tmp = dir + ".tmp";
+  const std::string tmp = PendingCheckpointDir(dir);
   std::error_code ec;
   absl::Status status = UnderRoot(dir, "the checkpoint directory").status();
   if (status.ok()) {
@@ -1153,30 +1154,10 @@ absl::StatusOr<CheckpointResponse> Coordinator::RunCheckpoint(const std::string&
     }
     status = WriteManifest(tmp, manifest);
   }
-  if (status.ok()) {
-    // The directory appears whole or not at all.
-    std::filesystem::remove_all(dir, ec);
-    std::filesystem::rename(tmp, dir, ec);
-    if (ec) status = ErrnoToStatus(ec.value(), absl::StrCat("cannot rename ", tmp, " to"), dir);
-    SyncDirectory(std::filesystem::path(dir).parent_path().string());
-  }
-
-  if (!status.ok()) {
-    std::filesystem::remove_all(tmp, ec);
-  } else {
-    // Keep the newest `keep` checkpoints of this job (its own directory:
-    // other jobs' are never touched). File system work, outside the lock;
-    // the non-throwing iteration, as everywhere in the coordinator.
-    std::vector<std::pair<int64_t, std::filesystem::path>> all;
-    std::filesystem::directory_iterator it(std::filesystem::path(dir).parent_path(), ec), end;
-    for (; !ec && it != end; it.increment(ec)) {
-      const std::string name = it->path().filename().string();
-      int64_t step = 0;
-      if (name.rfind("ckpt-", 0) == 0 && absl::SimpleAtoi(name.substr(5), &step)) all.emplace_back(step, it->path());
-    }
-    std::sort(all.begin(), all.end());
-    for (size_t i = 0; i + keep < all.size(); ++i) std::filesystem::remove_all(all[i].second, ec);
-  }
+  // The directory appears whole or not at all; the job's older ones go.
+  // File system work, outside the lock.
+  if (status.ok()) status = CommitCheckpoint(tmp, dir, keep);
+  if (!status.ok()) std::filesystem::remove_all(tmp, ec);
 
   std::lock_guard<std::mutex> lock(mu_);
   Job* job = FindJob(job_id);
@@ -1224,17 +1205,10 @@ void Coordinator::Restore(const std::string& job_id) {
   }
   for (size_t i = 0; status.ok() && i < shards.size(); ++i) {
     GrpcRemoteShard& client = *SharedRemoteShard(RemoteShardOptions{shards[i]});
-    LoadTableRequest req;
-    req.set_job(job_id);
-    req.set_attempt(attempt);
-    *req.mutable_config() = MakeTableConfig(spec);
-    for (const auto& f : manifest->shards) {
-      auto* file = req.add_files();
-      file->set_path(absl::StrCat(RelativeToRoot(dir), "/", f.file));
-      file->set_crc32(f.crc32);
-      file->set_bytes(f.bytes);
-    }
-    for (size_t idx : plan->shard_chunks[i]) req.add_keys(plan->chunks[idx].key);
+    std::vector<std::string> keys;
+    for (size_t idx : plan->shard_chunks[i]) keys.push_back(plan->chunks[idx].key);
+    const LoadTableRequest req =
+        RestoreRequest(*manifest, RelativeToRoot(dir), job_id, attempt, MakeTableConfig(spec), keys);
     LoadTableResponse resp;
     CallOptions opts;
     opts.deadline = absl::Now() + absl::Minutes(10);

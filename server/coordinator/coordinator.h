@@ -3,19 +3,22 @@
 //
 // - Jobs: submitted specs are validated and stored (JobStore, SQLite) as
 //   PENDING; every transition is recorded as a condition (time, reason,
-//   message). Worker events (progress, evaluation, done, error) update the
-//   status; when every worker is done the job SUCCEEDED.
+//   message; the first and the newest max_conditions - 1 are kept). Worker
+//   events (proto/events.proto) update the status; when every worker is
+//   done the job SUCCEEDED.
 // - Members: shards and workers register and heartbeat; one that misses
-//   `missed_heartbeats` beats is lost, and a RUNNING job that loses a member
-//   FAILED (reason MemberLost).
+//   `missed_heartbeats` beats is lost (a pause of the coordinator itself
+//   extends every lease by its length). A RUNNING job that loses a member
+//   is requeued to resume from its last checkpoint (MemberLost), at most
+//   max_restarts times, else FAILED. Dead members are forgotten after
+//   forget_after_leases leases.
 // - Scheduling: strict FIFO, all or nothing: the oldest PENDING job starts
 //   only when all the shards and workers it asks for are free and alive, so
 //   two half-started jobs can never hold each other's members.
 // - Restart: jobs come back from the store. A RUNNING job keeps running if
-//   its members re-register (they say which job and rank they are on) within
-//   one lease; otherwise it fails with MemberLost.
-// - A small key-value store per job for rendezvous.
-//
+//   its members re-register (they say which job, rank and attempt they are
+//   on) within two leases (10 s at least); otherwise it is requeued as above.
+// - A small key-value store per job for rendezvous (bounded).
 // - Attempts: every scheduling of a job is a new attempt (JobStatus.attempt,
 //   persisted). Assignments carry it, and every request a member makes for
 //   the job (shard calls, KV, events, heartbeats) carries it back; requests
@@ -48,9 +51,9 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "checkpoint/manifest.h"
 #include "common/job_spec.h"
 #include "proto/control.pb.h"
-#include "common/checkpoint_manifest.h"
 #include "server/coordinator/job_store.h"
 
 namespace pstrain {

@@ -6,7 +6,7 @@
 #include <fstream>
 #include <thread>
 
-#include "common/checkpoint_manifest.h"
+#include "checkpoint/manifest.h"
 #include "common/file_util.h"
 #include "google/protobuf/util/json_util.h"
 

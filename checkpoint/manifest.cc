@@ -1,4 +1,4 @@
-#include "common/checkpoint_manifest.h"
+#include "checkpoint/manifest.h"
 
 #include <nlohmann/json.hpp>
 

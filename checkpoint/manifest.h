@@ -4,8 +4,8 @@
 // epochs, and each shard file with its size and crc32. JSON, written last
 // and atomically: a directory without a readable manifest whose files all
 // match is not a checkpoint.
-#ifndef PSTRAIN_COMMON_CHECKPOINT_MANIFEST_H_
-#define PSTRAIN_COMMON_CHECKPOINT_MANIFEST_H_
+#ifndef PSTRAIN_CHECKPOINT_MANIFEST_H_
+#define PSTRAIN_CHECKPOINT_MANIFEST_H_
 
 #include <string>
 #include <vector>
@@ -48,4 +48,4 @@ absl::StatusOr<CheckpointManifest> ReadManifest(const std::string& dir);
 
 }  // namespace pstrain
 
-#endif  // PSTRAIN_COMMON_CHECKPOINT_MANIFEST_H_
+#endif  // PSTRAIN_CHECKPOINT_MANIFEST_H_

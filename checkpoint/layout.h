@@ -1,0 +1,52 @@
+// The checkpoint protocol's files, in one place: where a job's checkpoints
+// and weights live, how a checkpoint directory appears whole or not at all,
+// which are kept, and how a manifest becomes the LoadTable request that
+// restores a table onto any number of shards.
+//
+// The whole exchange (the coordinator drives it; server/coordinator/
+// coordinator.cc RunCheckpoint and Restore):
+//   1. the coordinator pauses every worker at one agreed step (heartbeat
+//      `pause`, the job's KV store, the workers' `paused` events);
+//   2. each shard (or, all-reduce, worker 0's local store) writes its table
+//      with SaveTable into <output_dir>/<job_id>/ckpt-<step>.tmp/;
+//   3. the coordinator writes manifest.json there and CommitCheckpoint
+//      renames the directory to ckpt-<step>/ and prunes older ones;
+//   4. a restore reads the manifest and sends each shard RestoreRequest()
+//      for the chunks the (possibly new) partition plan gives it.
+// Names sent to shards are relative to their --checkpoint_root.
+#ifndef PSTRAIN_CHECKPOINT_LAYOUT_H_
+#define PSTRAIN_CHECKPOINT_LAYOUT_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "checkpoint/manifest.h"
+#include "proto/parameter.pb.h"
+
+namespace pstrain {
+
+// <output_dir>/<job_id>: the job's own directory (checkpoints, weights).
+std::string JobDir(const std::string& output_dir, const std::string& job_id);
+// <job_dir>/ckpt-<step>.
+std::string CheckpointDir(const std::string& job_dir, int64_t step);
+// The temporary directory a checkpoint is written to before the commit.
+std::string PendingCheckpointDir(const std::string& checkpoint_dir);
+
+// Renames `pending` (whose manifest is written) to `dir`, replacing an
+// older directory of that name, fsyncs the parent, then removes all but the
+// newest `keep` ckpt-<step> directories beside it (only its own job's: the
+// parent is the job's directory). Retention failures are ignored.
+absl::Status CommitCheckpoint(const std::string& pending, const std::string& dir, int keep);
+
+// The LoadTable request restoring `keys` of `job` (attempt `attempt`) from
+// the checkpoint whose manifest is `manifest`; `dir_name` is the checkpoint
+// directory as the receiving store names it (relative to its root).
+LoadTableRequest RestoreRequest(const CheckpointManifest& manifest, const std::string& dir_name,
+                                const std::string& job, uint64_t attempt, const TableConfig& config,
+                                const std::vector<std::string>& keys);
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_CHECKPOINT_LAYOUT_H_

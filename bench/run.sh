@@ -7,13 +7,17 @@
 #                                  variants vs PyTorch DDP (gloo), same settings
 #   bench/run.sh allreduce [REPS]  all-reduce time and bus bandwidth, 4 KB..256 MB,
 #                                  2 and 4 ranks, vs torch.distributed (gloo)
+#   bench/run.sh gpu [REPS]        ResNet-18 on one GPU: PS mode (2 workers, CPU
+#                                  shards) and all-reduce (NCCL, 1 rank) vs PyTorch
+#                                  in one process and DDP (NCCL, 1 rank); needs a
+#                                  CUDA LibTorch (tools/gpu/run.sh runs it there)
 #
 # Prints a readable table and, as its last line, one JSON object.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-PY=/usr/bin/python3   # Debian's, with python3-torch
-BIN=bazel-bin
+PY=${PSTRAIN_PY:-/usr/bin/python3}   # Debian's, with python3-torch
+BIN=${PSTRAIN_BIN:-bazel-bin}         # where the binaries are, laid out as Bazel's
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/pstrain-bench.XXXXXX")
 PIDS=()
 cleanup() {
@@ -260,9 +264,98 @@ print(json.dumps({"bench": "allreduce", "reps": reps,
 PYEOF
 }
 
+
+# The GPU benchmark. pstrain's samples/s come from the workers' progress
+# events after the first window (cuDNN's autotuning and the first
+# allocations excluded, as the peer's warm-up steps are).
+gpu_ours_once() {  # gpu_ours_once ps|allreduce MODEL -> samples/s (all workers)
+  local mode=$1 model=$2 run=$WORK/gpu.$RANDOM steps=${GPU_STEPS:-200} batch=${GPU_BATCH:-256}
+  mkdir -p "$run"
+  local workers=2 shards=2
+  [ "$mode" = allreduce ] && { workers=1; shards=0; }
+  cat >"$run/job.yaml" <<YAML
+name: gpu-$mode
+model: torchscript:$model
+data: {format: synthetic, synthetic_train: 16384, synthetic_test: 256}
+optimizer: {kind: sgd, lr: 0.05, momentum: 0.9}
+mode: $mode
+device: cuda
+backend: nccl
+consistency: $([ "$mode" = ps ] && echo async || echo sync)
+workers: $workers
+shards: $shards
+epochs: 100
+max_steps: $steps
+batch_size: $batch
+threads_per_worker: 4
+log_every_steps: 20
+output_dir: $run/out
+YAML
+  [ "$mode" = ps ] && sed -i '/^backend:/d' "$run/job.yaml"
+  local targets="" pids=()
+  for i in $(seq 0 $((shards - 1))); do
+    $BIN/server/ps/pstrain-ps --host=127.0.0.1 --port=0 --port_file="$run/s$i" --shard_index=$i \
+      --num_shards=$shards --checkpoint_root="$run" >"$run/s$i.log" 2>&1 &
+    pids+=($!); PIDS+=($!)
+  done
+  for i in $(seq 0 $((shards - 1))); do wait_file "$run/s$i" 30; targets+="${targets:+,}$(head -1 "$run/s$i")"; done
+  local wpids=() port; port=$(free_port)
+  for w in $(seq 0 $((workers - 1))); do
+    RANK=$w WORLD_SIZE=$workers LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+      $BIN/worker/pstrain-worker --spec="$run/job.yaml" --rank=$w --world_size=$workers --shards="$targets" \
+      >"$run/w$w.jsonl" 2>"$run/w$w.log" &
+    wpids+=($!)
+  done
+  for p in "${wpids[@]}"; do wait "$p" || { tail -20 "$run"/w*.log >&2; exit 1; }; done
+  kill "${pids[@]}" 2>/dev/null || true
+  wait "${pids[@]}" 2>/dev/null || true
+  $PY - "$batch" "$run"/w*.jsonl <<'PYEOF'
+import json, sys
+batch, total = int(sys.argv[1]), 0.0
+for path in sys.argv[2:]:
+    rows = [json.loads(l)["progress"] for l in open(path) if '"progress"' in l]
+    first, last = rows[0], rows[-1]
+    total += (int(last["step"]) - int(first["step"])) * batch / (last["elapsed_s"] - first["elapsed_s"])
+print(total)
+PYEOF
+}
+
+gpu_torch_once() {  # gpu_torch_once DDP(0|1) MODEL -> samples/s
+  $PY bench/torch_gpu_train.py train --model "$2" --ddp "$1" --port "$(free_port)" \
+    --steps "${GPU_STEPS:-200}" --batch "${GPU_BATCH:-256}" 2>"$WORK/torch_gpu.log" \
+    | tail -1 | $PY -c 'import json,sys; print(json.loads(sys.stdin.read())["samples_per_s"])' \
+    || { cat "$WORK/torch_gpu.log" >&2; exit 1; }
+}
+
+gpu() {
+  local reps=${1:-3} model=$WORK/resnet18.pt
+  $PY bench/torch_gpu_train.py model "$model"
+  declare -A runs
+  for r in $(seq "$reps"); do
+    log "rep $r/$reps: pstrain ps (2 workers, 1 GPU)"; runs[ps]+="$(gpu_ours_once ps "$model")"$'\n'
+    log "rep $r/$reps: pstrain all-reduce (nccl, 1 rank)"; runs[ar]+="$(gpu_ours_once allreduce "$model")"$'\n'
+    log "rep $r/$reps: torch (one process)"; runs[torch]+="$(gpu_torch_once 0 "$model")"$'\n'
+    log "rep $r/$reps: torch DDP (nccl, 1 rank)"; runs[ddp]+="$(gpu_torch_once 1 "$model")"$'\n'
+  done
+  col() { printf '%s' "${runs[$1]}" | awk 'NF {print $1}' | median; }
+  printf '\n%-36s %12s   (ResNet-18, 1x28x28, batch %s, medians of %s runs)\n' "GPU training" "samples/s" \
+    "${GPU_BATCH:-256}" "$reps" >&2
+  printf '%-36s %12.0f\n' "pstrain ps, 2 workers" "$(col ps)" "pstrain all-reduce, nccl, 1 rank" "$(col ar)" \
+    "torch, one process" "$(col torch)" "torch DDP, nccl, 1 rank" "$(col ddp)" >&2
+  $PY - <<PYEOF
+import json
+ps, ar, torch1, ddp = $(col ps), $(col ar), $(col torch), $(col ddp)
+print(json.dumps({"bench": "gpu", "reps": $reps, "setup": "ResNet-18 (11.2M params), synthetic 1x28x28, batch ${GPU_BATCH:-256}, SGD momentum, one GPU",
+                  "samples_per_s": {"pstrain_ps_2_workers": round(ps), "pstrain_allreduce_nccl_1": round(ar),
+                                    "torch_one_process": round(torch1), "torch_ddp_nccl_1": round(ddp)},
+                  "ratios": {"allreduce_vs_torch_ddp": round(ar / ddp, 3), "ps_vs_torch_one_process": round(ps / torch1, 3)}}))
+PYEOF
+}
+
 case "${1:-}" in
+  gpu) shift; gpu "$@" ;;
   pushpull) shift; pushpull "$@" ;;
   train) shift; train "$@" ;;
   allreduce) shift; allreduce "$@" ;;
-  *) echo "usage: bench/run.sh pushpull|train|allreduce [REPS]" >&2; exit 2 ;;
+  *) echo "usage: bench/run.sh pushpull|train|allreduce|gpu [REPS]" >&2; exit 2 ;;
 esac

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "collective/collective.h"
 #include "collective/collective_internal.h"
+#include "collective/torch_compat.h"
 
 namespace pstrain {
 namespace {
@@ -21,6 +22,15 @@ std::chrono::milliseconds Millis(absl::Duration d) { return std::chrono::millise
 class StoreAdapter : public c10d::Store {
  public:
   StoreAdapter(std::shared_ptr<KeyValueStore> kv, std::string prefix) : kv_(std::move(kv)), prefix_(std::move(prefix)) {}
+
+#if PSTRAIN_C10D_STORE_HAS_CLONE
+  // Our KeyValueStores are thread-safe: a clone shares the same one.
+  c10::intrusive_ptr<c10d::Store> clone() override {
+    auto copy = c10::make_intrusive<StoreAdapter>(kv_, prefix_);
+    copy->setTimeout(timeout_);
+    return copy;
+  }
+#endif
 
   void set(const std::string& key, const std::vector<uint8_t>& value) override {
     Check(kv_->Set(prefix_ + key, std::string(value.begin(), value.end())));

@@ -84,6 +84,7 @@ class NcclCollective : public Collective {
   NcclCollective(ncclComm_t comm, cudaStream_t stream, int rank, int size, int device, absl::Duration timeout)
       : comm_(comm), stream_(stream), rank_(rank), size_(size), device_(device), timeout_(timeout) {}
   ~NcclCollective() override {
+    if (produced_ != nullptr) cudaEventDestroy(produced_);
     ncclCommDestroy(comm_);
     cudaStreamDestroy(stream_);
   }
@@ -94,11 +95,13 @@ class NcclCollective : public Collective {
   std::unique_ptr<CollectiveWork> AllReduce(at::Tensor t, ReduceOp op) override {
     if (absl::Status s = CheckTensor(t); !s.ok()) return Fail(s);
     const ncclRedOp_t nop = op == ReduceOp::kMin ? ncclMin : op == ReduceOp::kMax ? ncclMax : ncclSum;
-    return Enqueue("all-reduce", ncclAllReduce(t.data_ptr(), t.data_ptr(), t.numel(), *NcclType(t), nop, comm_, stream_));
+    return Enqueue("all-reduce",
+                   [&] { return ncclAllReduce(t.data_ptr(), t.data_ptr(), t.numel(), *NcclType(t), nop, comm_, stream_); });
   }
   std::unique_ptr<CollectiveWork> Broadcast(at::Tensor t, int root) override {
     if (absl::Status s = CheckTensor(t); !s.ok()) return Fail(s);
-    return Enqueue("broadcast", ncclBroadcast(t.data_ptr(), t.data_ptr(), t.numel(), *NcclType(t), root, comm_, stream_));
+    return Enqueue("broadcast",
+                   [&] { return ncclBroadcast(t.data_ptr(), t.data_ptr(), t.numel(), *NcclType(t), root, comm_, stream_); });
   }
   std::unique_ptr<CollectiveWork> AllGather(std::vector<at::Tensor> outputs, at::Tensor input) override {
     if (absl::Status s = CheckTensor(input); !s.ok()) return Fail(s);
@@ -106,10 +109,11 @@ class NcclCollective : public Collective {
     // Gather into one buffer, then copy each rank's part out.
     void* buffer = nullptr;
     const size_t bytes = input.nbytes();
+    std::lock_guard<std::mutex> lock(mu_);
+    if (absl::Status s = OrderAfterCompute("all-gather"); !s.ok()) return Fail(s);
     if (cudaError_t e = cudaMallocAsync(&buffer, bytes * size_, stream_); e != cudaSuccess) {
       return Fail(CudaError("all-gather", e));
     }
-    std::lock_guard<std::mutex> lock(mu_);
     ncclResult_t r = ncclAllGather(input.data_ptr(), buffer, input.numel(), *NcclType(input), comm_, stream_);
     for (int i = 0; r == ncclSuccess && i < size_; ++i) {
       cudaMemcpyAsync(outputs[i].data_ptr(), static_cast<char*>(buffer) + i * bytes, bytes, cudaMemcpyDeviceToDevice,
@@ -120,6 +124,7 @@ class NcclCollective : public Collective {
   }
   std::unique_ptr<CollectiveWork> Barrier() override {
     std::lock_guard<std::mutex> lock(mu_);
+    if (absl::Status s = OrderAfterCompute("barrier"); !s.ok()) return Fail(s);
     if (barrier_ == nullptr && cudaMallocAsync(&barrier_, sizeof(float), stream_) != cudaSuccess) {
       return Fail(absl::FailedPreconditionError("barrier: cannot allocate"));
     }
@@ -128,9 +133,25 @@ class NcclCollective : public Collective {
 
  private:
   static std::unique_ptr<CollectiveWork> Fail(absl::Status s) { return std::make_unique<NcclWork>(std::move(s)); }
-  std::unique_ptr<CollectiveWork> Enqueue(const char* what, ncclResult_t r) {
+  // Runs `op` (which queues NCCL work on stream_) after everything LibTorch
+  // queued so far on the device's default stream, where the trainer
+  // computes: an event orders the two streams, nothing blocks the host.
+  template <typename Op>
+  std::unique_ptr<CollectiveWork> Enqueue(const char* what, Op op) {
     std::lock_guard<std::mutex> lock(mu_);
-    return Record(what, r);
+    if (absl::Status s = OrderAfterCompute(what); !s.ok()) return Fail(s);
+    return Record(what, op());
+  }
+  absl::Status OrderAfterCompute(const char* what) {
+    if (cudaError_t e = cudaSetDevice(device_); e != cudaSuccess) return CudaError(what, e);
+    if (produced_ == nullptr) {
+      if (cudaError_t e = cudaEventCreateWithFlags(&produced_, cudaEventDisableTiming); e != cudaSuccess) {
+        return CudaError(what, e);
+      }
+    }
+    cudaEventRecord(produced_, cudaStreamLegacy);
+    if (cudaError_t e = cudaStreamWaitEvent(stream_, produced_, 0); e != cudaSuccess) return CudaError(what, e);
+    return absl::OkStatus();
   }
   std::unique_ptr<CollectiveWork> Record(const char* what, ncclResult_t r) {
     if (r != ncclSuccess) return Fail(PeerError(what, ncclGetErrorString(r)));
@@ -148,6 +169,7 @@ class NcclCollective : public Collective {
   int rank_, size_, device_;
   absl::Duration timeout_;
   void* barrier_ = nullptr;
+  cudaEvent_t produced_ = nullptr;  // recorded on the default stream before each operation
 };
 
 }  // namespace

@@ -116,6 +116,7 @@ absl::StatusOr<JobSpec> ParseJobSpecOrThrow(const std::string& yaml, const std::
   RETURN_IF_ERROR(r.Read("name", &spec.name));
   RETURN_IF_ERROR(r.Read("mode", &spec.mode));
   RETURN_IF_ERROR(r.Read("backend", &spec.backend));
+  RETURN_IF_ERROR(r.Read("device", &spec.device));
   RETURN_IF_ERROR(r.Read("collective_timeout_s", &spec.collective_timeout_s));
   if (spec.mode == "allreduce") {
     // Defaults of the mode: no shards, DDP's bucket size, synchronous.
@@ -212,6 +213,9 @@ absl::StatusOr<JobSpec> ParseJobSpecOrThrow(const std::string& yaml, const std::
   if (spec.mode != "ps" && spec.mode != "allreduce") return r.Error("mode", "must be ps or allreduce");
   if (spec.backend != "gloo" && spec.backend != "nccl" && spec.backend != "auto") {
     return r.Error("backend", "must be gloo, nccl or auto");
+  }
+  if (spec.device != "auto" && spec.device != "cpu" && spec.device != "cuda") {
+    return r.Error("device", "must be auto, cpu or cuda");
   }
   if (spec.collective_timeout_s < 1) return r.Error("collective_timeout_s", "must be >= 1");
   if (spec.mode == "allreduce") {

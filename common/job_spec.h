@@ -53,6 +53,10 @@ struct JobSpec {
   // and the machine a CUDA device, else gloo.
   std::string backend = "auto";   // gloo | nccl | auto
   int collective_timeout_s = 60;  // a collective (or rendezvous) slower than this fails
+  // Where a worker trains: auto = cuda:LOCAL_RANK (or the pool worker's
+  // --device) when this LibTorch has CUDA and the machine a device, else the
+  // CPU; cuda fails where there is none.
+  std::string device = "auto";    // auto | cpu | cuda
   std::string model = "lenet";  // mlp | lenet | torchscript:<path>
   DataSpec data;
   OptimizerConfig optimizer;    // kind SGD, lr 0.05 unless set

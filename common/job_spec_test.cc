@@ -71,6 +71,7 @@ TEST(JobSpecTest, RefusesUnknownFieldsAndBadValuesNamingTheField) {
       {"mode: allreduce\nshards: 2", "shards"},
       {"mode: allreduce\nconsistency: async", "consistency"},
       {"mode: allreduce\nbackend: mpi", "backend"},
+      {"device: tpu", "device"},
       {"data: {format: csv}", "data.train_csv"},
       {"epochs: [1, 2]", "epochs"},
       {"data: 3", "data"},

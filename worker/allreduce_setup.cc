@@ -24,17 +24,19 @@ class MemberKvStore : public KeyValueStore {
   ClusterMember* member_;
 };
 
-// The trainer keeps its tensors on the CPU, and NCCL reduces CUDA tensors:
-// until the trainer places models on GPUs, jobs use gloo ("auto" too), and
-// asking for nccl is refused before anything starts rather than failing at
-// the first reduction.
-absl::StatusOr<std::string> ResolveBackend(const std::string& backend) {
-  if (backend == "nccl") {
-    return absl::FailedPreconditionError(
-        "backend nccl: this worker trains on the CPU (placing the model on a GPU is not implemented yet), and "
-        "NCCL reduces CUDA tensors only; use backend gloo or auto");
+// The collective library for a job's `backend` on `device`: NCCL reduces
+// CUDA tensors only, so asking for it on the CPU is refused before anything
+// starts rather than failing at the first reduction; auto takes NCCL for a
+// CUDA device where this build has it, else Gloo (which reduces host copies
+// of CUDA gradients).
+absl::StatusOr<std::string> ResolveBackend(const std::string& backend, const c10::Device& device) {
+  if (backend == "nccl" && !device.is_cuda()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "backend nccl reduces CUDA tensors, but this worker trains on ", device.str(),
+        " (device: cpu, or no CUDA device here); use backend gloo or auto"));
   }
-  return std::string("gloo");
+  if (backend == "auto") return std::string(device.is_cuda() && NcclBuilt() ? "nccl" : "gloo");
+  return backend;
 }
 
 }  // namespace
@@ -63,8 +65,8 @@ absl::StatusOr<std::unique_ptr<AllReduceSetup>> AllReduceSetup::Create(const All
   co.timeout = timeout;
   co.hostname = options.gloo_hostname;
   co.interface = options.gloo_interface;
-  co.device = options.local_rank;
-  auto backend = ResolveBackend(options.spec.backend);
+  co.device = options.device.is_cuda() ? options.device.index() : 0;
+  auto backend = ResolveBackend(options.spec.backend, options.device);
   if (!backend.ok()) return backend.status();
   auto collective = CreateCollective(*backend, co);
   if (!collective.ok()) return collective.status();

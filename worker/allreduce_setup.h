@@ -27,7 +27,9 @@ struct AllReduceOptions {
   // Standalone: torchrun's rendezvous (rank 0 serves it).
   std::string master_addr;
   int master_port = 0;
-  int local_rank = 0;      // nccl: the CUDA device
+  // Where the trainer keeps the model: backend auto picks NCCL for a CUDA
+  // device (when this build has it), Gloo otherwise.
+  c10::Device device = c10::Device(c10::kCPU);
   std::string resume_from;  // checkpoint directory, or empty
   // gloo: this rank's address for its peers, or the interface to use
   // (GLOO_SOCKET_IFNAME); both empty: this host's name.

@@ -41,6 +41,8 @@
 #include "rpc/grpc_remote_shard.h"
 #include "spdlog/spdlog.h"
 #include "worker/allreduce_setup.h"
+#include "worker/device.h"
+#include "worker/launch_env.h"
 #include "worker/trainer.h"
 #include "worker/worker_metrics.h"
 
@@ -54,6 +56,9 @@ ABSL_FLAG(std::string, output_dir, "", "Overrides the spec's output_dir.");
 ABSL_FLAG(int, rpc_timeout_s, 120, "Deadline of each call to the shards, in seconds.");
 ABSL_FLAG(std::string, coordinator, "", "host:port of pstrain-coordinator: run as a pool member.");
 ABSL_FLAG(std::string, name, "", "Member name (default: <hostname>-<pid>).");
+ABSL_FLAG(std::string, device, "",
+          "Where this worker trains jobs whose spec says device: auto or cuda: cpu, cuda (cuda:LOCAL_RANK) or "
+          "cuda:N (default: cuda:LOCAL_RANK when a CUDA device is there, else the CPU).");
 ABSL_FLAG(std::string, resume_from, "", "Standalone all-reduce: checkpoint directory to resume from.");
 ABSL_FLAG(std::string, gloo_hostname, "",
           "All-reduce (gloo): the address peers reach this worker at (default: this host's name; "
@@ -94,11 +99,6 @@ pstrain::WorkerEvent ErrorEvent(int rank, const std::string& message, bool retry
   return e;
 }
 
-std::string Env(const char* name) {
-  const char* v = std::getenv(name);
-  return v == nullptr ? "" : v;
-}
-
 // Errors that come from losing a peer or a shard, not from the job itself:
 // the coordinator may restart the job from its last checkpoint.
 bool Retryable(const absl::Status& s) {
@@ -112,6 +112,7 @@ struct RunContext {
   const pstrain::Assignment* assignment = nullptr;
   pstrain::ClusterMember* member = nullptr;
   pstrain::WorkerMetrics* metrics = nullptr;
+  pstrain::LaunchEnv launch;  // torchrun's variables, read once
 };
 
 // Trains one job.
@@ -129,10 +130,14 @@ absl::Status RunJobOrThrow(pstrain::JobSpec spec, int rank, int world_size, cons
                                                    targets.size(), " addresses were given"));
   }
   at::set_num_threads(spec.threads_per_worker);
+  auto device = pstrain::ResolveDevice(spec.device, absl::GetFlag(FLAGS_device), ctx.launch.local_rank);
+  if (!device.ok()) return device.status();
+  spdlog::info("pstrain-worker rank {}/{} of {}: training on {}", rank, world_size, spec.name, device->str());
   pstrain::TrainerOptions options;
   options.spec = spec;
   options.rank = rank;
   options.world_size = world_size;
+  options.device = *device;
   std::unique_ptr<pstrain::AllReduceSetup> allreduce;
   if (spec.mode == "allreduce") {
     pstrain::AllReduceOptions ao;
@@ -140,12 +145,12 @@ absl::Status RunJobOrThrow(pstrain::JobSpec spec, int rank, int world_size, cons
     ao.rank = rank;
     ao.world_size = world_size;
     ao.member = member;
-    ao.master_addr = Env("MASTER_ADDR");
-    ao.master_port = std::atoi(Env("MASTER_PORT").c_str());
-    ao.local_rank = std::atoi(Env("LOCAL_RANK").c_str());
+    ao.master_addr = ctx.launch.master_addr;
+    ao.master_port = ctx.launch.master_port;
+    ao.device = *device;
     ao.resume_from = assignment != nullptr ? assignment->resume_from() : absl::GetFlag(FLAGS_resume_from);
     ao.gloo_hostname = absl::GetFlag(FLAGS_gloo_hostname);
-    ao.gloo_interface = Env("GLOO_SOCKET_IFNAME");
+    ao.gloo_interface = ctx.launch.gloo_interface;
     spdlog::info("pstrain-worker rank {}/{} of {}: all-reduce rendezvous ({})", rank, world_size, spec.name,
                  member != nullptr ? "coordinator" : absl::StrCat(ao.master_addr, ":", ao.master_port));
     auto ar = pstrain::AllReduceSetup::Create(ao);
@@ -404,17 +409,23 @@ int Main(int argc, char** argv) {
   }
   if (!absl::GetFlag(FLAGS_output_dir).empty()) spec->output_dir = absl::GetFlag(FLAGS_output_dir);
   int world = absl::GetFlag(FLAGS_world_size) > 0 ? absl::GetFlag(FLAGS_world_size) : spec->workers;
+  auto launch = pstrain::ReadLaunchEnv();
+  if (!launch.ok()) {
+    std::fprintf(stderr, "pstrain-worker: %s\n", std::string(launch.status().message()).c_str());
+    return 2;
+  }
   int rank = absl::GetFlag(FLAGS_rank);
-  if (rank < 0 && !Env("RANK").empty()) {
+  if (rank < 0 && launch->rank >= 0) {
     // Launched the torchrun way (torchrun, a Kubeflow PyTorchJob).
-    rank = std::atoi(Env("RANK").c_str());
-    if (absl::GetFlag(FLAGS_world_size) <= 0 && !Env("WORLD_SIZE").empty()) world = std::atoi(Env("WORLD_SIZE").c_str());
+    rank = launch->rank;
+    if (absl::GetFlag(FLAGS_world_size) <= 0 && launch->world_size > 0) world = launch->world_size;
   }
   if (rank < 0) rank = std::max(0, pstrain::HostOrdinal());  // a StatefulSet pod
   const std::vector<std::string> targets =
       absl::StrSplit(absl::GetFlag(FLAGS_shards), ',', absl::SkipEmpty());
   RunContext ctx;
   ctx.metrics = metrics.get();
+  ctx.launch = *launch;
   absl::Status s = RunJob(*spec, rank, world, targets, ctx);
   if (!s.ok()) {
     std::fprintf(stderr, "pstrain-worker rank %d: %s\n", rank, s.ToString().c_str());

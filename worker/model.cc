@@ -25,6 +25,7 @@ class ModuleModel : public Model {
     return out;
   }
   void SetTraining(bool training) override { net_->train(training); }
+  void To(const c10::Device& device) override { net_->to(device); }
 
  private:
   std::shared_ptr<Net> net_;

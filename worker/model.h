@@ -25,6 +25,9 @@ class Model {
   // Trainable parameters, in a fixed order, with names matching the module.
   virtual std::vector<std::pair<std::string, at::Tensor>> NamedParameters() = 0;
   virtual void SetTraining(bool training) = 0;
+  // Moves the parameters and buffers to `device` (before NamedParameters is
+  // read: the tensors it returns are then the device's).
+  virtual void To(const c10::Device& device) = 0;
 };
 
 // `input_shape` is one example's shape, e.g. {1, 28, 28} or {F}.

@@ -21,6 +21,7 @@ class TorchScriptModel : public Model {
     return out;
   }
   void SetTraining(bool training) override { module_.train(training); }
+  void To(const c10::Device& device) override { module_.to(device); }
 
  private:
   torch::jit::Module module_;

@@ -1,8 +1,6 @@
 #include "worker/trainer.h"
 
 #include <ATen/ops/cross_entropy_loss.h>
-#include <ATen/ops/empty.h>
-#include <ATen/ops/empty_like.h>
 #include <ATen/ops/zeros_like.h>
 #include <c10/core/GradMode.h>
 #include <torch/csrc/api/include/torch/serialize.h>
@@ -10,9 +8,7 @@
 
 #include <chrono>
 #include <cmath>
-#include <condition_variable>
 #include <filesystem>
-#include <mutex>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -20,6 +16,7 @@
 #include "common/file_util.h"
 #include "collective/collective.h"
 #include "common/partition_plan.h"
+#include "worker/gradient_exchange.h"
 #include "worker/model.h"
 #include "worker/ps_client.h"
 #include "worker/sampler.h"
@@ -32,33 +29,6 @@ using Clock = std::chrono::steady_clock;
 double Seconds(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
-
-// Counts asynchronous parameter updates of one step and keeps the first error.
-class StepBarrier {
- public:
-  void Add() {
-    std::lock_guard<std::mutex> lock(mu_);
-    ++pending_;
-  }
-  void Done(const absl::Status& s) {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!s.ok() && status_.ok()) status_ = s;
-    if (--pending_ == 0) cv_.notify_all();
-  }
-  absl::Status Wait() {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return pending_ == 0; });
-    absl::Status s = status_;
-    status_ = absl::OkStatus();
-    return s;
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  int pending_ = 0;
-  absl::Status status_;
-};
 
 struct EvalResult {
   double loss = 0;
@@ -75,7 +45,14 @@ WorkerEvent EvalEvent(int rank, int epoch, const EvalResult& ev, bool final) {
   return e;
 }
 
-EvalResult Evaluate(Model& model, const Dataset& test) {
+// A batch on the training device: gathered on the host, copied from pinned
+// memory without blocking the host.
+at::Tensor ToDevice(const at::Tensor& t, const c10::Device& device) {
+  if (device.is_cpu()) return t;
+  return t.pin_memory().to(device, /*non_blocking=*/true);
+}
+
+EvalResult Evaluate(Model& model, const Dataset& test, const c10::Device& device) {
   c10::NoGradGuard no_grad;
   model.SetTraining(false);
   double loss_sum = 0;
@@ -83,8 +60,8 @@ EvalResult Evaluate(Model& model, const Dataset& test) {
   const int64_t n = test.size();
   for (int64_t start = 0; start < n; start += 1000) {
     const int64_t len = std::min<int64_t>(1000, n - start);
-    at::Tensor logits = model.Forward(test.inputs.narrow(0, start, len));
-    at::Tensor y = test.labels.narrow(0, start, len);
+    at::Tensor logits = model.Forward(ToDevice(test.inputs.narrow(0, start, len), device));
+    at::Tensor y = ToDevice(test.labels.narrow(0, start, len), device);
     loss_sum += at::cross_entropy_loss(logits, y, {}, at::Reduction::Sum).item<double>();
     correct += logits.argmax(1).eq(y).sum().item<int64_t>();
   }
@@ -96,7 +73,7 @@ absl::Status SaveWeights(const std::vector<std::pair<std::string, at::Tensor>>& 
                          const std::string& path) {
   try {
     c10::Dict<std::string, at::Tensor> dict;
-    for (const auto& [name, t] : params) dict.insert(name, t.detach().clone());
+    for (const auto& [name, t] : params) dict.insert(name, t.detach().to(at::kCPU, /*non_blocking=*/false, /*copy=*/true));
     std::vector<char> bytes = torch::pickle_save(dict);
     return WriteFileAtomically(path, absl::string_view(bytes.data(), bytes.size()));
   } catch (const c10::Error& e) {
@@ -114,6 +91,8 @@ absl::StatusOr<TrainResult> RunTrainer(const TrainerOptions& options, const Trai
   auto model_or = CreateModel(spec.model, input_shape, spec.data.num_classes, spec.seed);
   if (!model_or.ok()) return model_or.status();
   Model& model = **model_or;
+  const c10::Device device = options.device;
+  model.To(device);
   model.SetTraining(true);
   auto named = model.NamedParameters();
   std::vector<at::Tensor> params;
@@ -141,31 +120,34 @@ absl::StatusOr<TrainResult> RunTrainer(const TrainerOptions& options, const Trai
   po.plan = *plan;
   auto ps_or = PsClient::Create(po, options.shards);
   if (!ps_or.ok()) return ps_or.status();
-  PsClient& ps = **ps_or;
 
-  std::vector<at::Tensor> detached;
-  for (auto& p : params) detached.push_back(p.detach());
-  const TableConfig table_config = MakeTableConfig(spec);
-  absl::Status s;
+  ExchangeOptions eo;
+  eo.ps = ps_or->get();
+  for (auto& p : params) eo.params.push_back(p.detach());
+  eo.device = device;
+  eo.bucket_bytes = spec.bucket_bytes;
+  eo.collective = collective;
+  eo.clip_grad_norm = spec.clip_grad_norm;
+  std::unique_ptr<GradientExchange> exchange;
   if (allreduce) {
     // Everyone starts from rank 0's values (as DDP does); the local store,
     // one worker's SYNC table, applies the averaged gradients.
-    for (auto& d : detached) {
-      s = collective->Broadcast(d, 0)->Wait();
-      if (!s.ok()) return absl::Status(s.code(), absl::StrCat("broadcasting the initial parameters: ", s.message()));
-    }
+    auto e = MakeAllReduceExchange(eo);
+    if (!e.ok()) return e.status();
+    exchange = std::move(*e);
     if (options.restore_local) {
       std::vector<std::string> keys;
       for (const auto& c : plan->chunks) keys.push_back(c.key);
-      s = options.restore_local(keys);
+      absl::Status s = options.restore_local(keys);
       if (!s.ok()) return s;
     }
+  } else {
+    exchange = MakePsExchange(eo);
   }
   // PS: every rank offers the same seeded values; the first InitTable wins
   // and the rest find an identical table. Then everyone starts from the
   // shards' (a restored table's, when resuming).
-  s = ps.InitTables(detached, table_config);
-  if (s.ok()) s = ps.Pull(detached);
+  absl::Status s = exchange->InitTables(MakeTableConfig(spec));
   if (!s.ok()) return s;
 
   if (options.rank == 0) {
@@ -183,115 +165,21 @@ absl::StatusOr<TrainResult> RunTrainer(const TrainerOptions& options, const Trai
     options.emit(e);
   }
 
-  std::vector<at::Tensor> staging;
-  for (auto& p : detached) staging.push_back(at::empty_like(p));
-
-  // Buckets of parameters, in reverse order (the order backward produces
-  // their gradients), of up to bucket_bytes each: a bucket is pushed (one
-  // request per shard) as soon as all its gradients exist. Few requests for
-  // small models, overlap with backward for large ones.
-  std::vector<std::vector<size_t>> buckets;
-  std::vector<size_t> bucket_of(params.size());
-  {
-    std::vector<size_t> current;
-    int64_t bytes = 0;
-    for (size_t i = params.size(); i-- > 0;) {
-      current.push_back(i);
-      bytes += detached[i].nbytes();
-      // A bucket holds one dtype (all-reduce packs it into one buffer).
-      if (bytes >= spec.bucket_bytes || i == 0 || detached[i - 1].scalar_type() != detached[i].scalar_type()) {
-        for (size_t p : current) bucket_of[p] = buckets.size();
-        buckets.push_back(std::move(current));
-        current.clear();
-        bytes = 0;
-      }
-    }
-  }
-  // Hooks exchange a bucket as soon as its gradients exist; with gradient
-  // accumulation only the last micro-step's backward completes them, and
-  // (PS) clipping needs them all first, so then everything goes after
-  // backward. All-reduce clips the averaged gradients, after the reduction.
-  const bool hooks = spec.accumulate_steps == 1 && (allreduce || spec.clip_grad_norm == 0);
-  StepBarrier barrier;
-  // All-reduce: one flat buffer per bucket, and its reduction in flight.
-  std::vector<at::Tensor> flats;
-  std::vector<std::unique_ptr<CollectiveWork>> reductions(buckets.size());
-  if (allreduce) {
-    for (const auto& bucket : buckets) {
-      int64_t numel = 0;
-      for (size_t p : bucket) numel += detached[p].numel();
-      flats.push_back(at::empty({numel}, detached[bucket.front()].options()));
-    }
-  }
-  std::vector<at::Tensor> ready(params.size());
+  // Hooks offer a parameter's gradient as soon as autograd produced it; with
+  // gradient accumulation only the last micro-step's backward completes
+  // them, and (PS) clipping needs them all first, so then everything is
+  // offered after backward. All-reduce clips the averaged gradients itself.
+  const bool hooks = spec.accumulate_steps == 1 && (exchange->clips_reduced() || spec.clip_grad_norm == 0);
   std::vector<bool> offered(params.size(), false);
-  std::vector<size_t> missing(buckets.size());
   int64_t step = options.start_step;
   double lr = spec.optimizer.lr();
-  auto offer = [&](size_t i, const at::Tensor& grad) {
-    offered[i] = true;
-    ready[i] = grad.contiguous();
-    const size_t b = bucket_of[i];
-    if (--missing[b] > 0) return;
-    if (allreduce) {
-      int64_t offset = 0;
-      for (size_t p : buckets[b]) {
-        const int64_t n = ready[p].numel();
-        flats[b].narrow(0, offset, n).copy_(ready[p].view({-1}));
-        ready[p] = at::Tensor();
-        offset += n;
-      }
-      reductions[b] = collective->AllReduce(flats[b]);
-      return;
-    }
-    std::vector<at::Tensor> grads, intos;
-    for (size_t p : buckets[b]) {
-      grads.push_back(std::move(ready[p]));
-      intos.push_back(staging[p]);
-    }
-    barrier.Add();
-    ps.PushPullAsync(step, buckets[b], grads, intos, lr,
-                     [&barrier](absl::Status st) { barrier.Done(st); });
-  };
-  // All-reduce: waits for every bucket's reduction, averages, clips, and has
-  // the local store apply the step (its new values land in `staging`).
-  auto ApplyReduced = [&](int64_t at_step, double step_lr) -> absl::Status {
-    absl::Status first;
-    for (auto& r : reductions) {
-      absl::Status st = r->Wait();
-      if (!st.ok() && first.ok()) first = st;
-      r.reset();
-    }
-    if (!first.ok()) return first;
-    c10::NoGradGuard no_grad;
-    for (auto& f : flats) f.div_(static_cast<double>(collective->size()));
-    if (spec.clip_grad_norm > 0) {
-      double sq = 0;
-      for (auto& f : flats) sq += f.to(at::kDouble).pow(2).sum().item<double>();
-      const double coef = spec.clip_grad_norm / (std::sqrt(sq) + 1e-6);
-      if (coef < 1) {
-        for (auto& f : flats) f.mul_(coef);
-      }
-    }
-    for (size_t b = 0; b < buckets.size(); ++b) {
-      std::vector<at::Tensor> grads, intos;
-      int64_t offset = 0;
-      for (size_t p : buckets[b]) {
-        const int64_t n = detached[p].numel();
-        grads.push_back(flats[b].narrow(0, offset, n).view(detached[p].sizes()));
-        intos.push_back(staging[p]);
-        offset += n;
-      }
-      barrier.Add();
-      ps.PushPullAsync(at_step, buckets[b], grads, intos, step_lr, [&barrier](absl::Status st) { barrier.Done(st); });
-    }
-    return absl::OkStatus();
-  };
   bool armed = false;
   if (hooks) {
     for (size_t i = 0; i < params.size(); ++i) {
       params[i].register_hook([&, i](const at::Tensor& grad) {
-        if (armed) offer(i, grad);
+        if (!armed) return;
+        offered[i] = true;
+        exchange->Offer(i, grad);
       });
     }
   }
@@ -325,58 +213,50 @@ absl::StatusOr<TrainResult> RunTrainer(const TrainerOptions& options, const Trai
       for (auto& p : params) {
         if (p.grad().defined()) p.mutable_grad().zero_();
       }
-      for (size_t b = 0; b < buckets.size(); ++b) missing[b] = buckets[b].size();
-      std::fill(ready.begin(), ready.end(), at::Tensor());
+      exchange->BeginStep(step, lr);
       std::fill(offered.begin(), offered.end(), false);
-      double step_loss = 0;
+      // The loss stays on the device until the step's exchange is over (a
+      // read would stall the host before backward is queued).
+      at::Tensor step_loss_sum;
       int64_t step_samples = 0;
       try {
         for (int64_t m = first; m < last; ++m) {
           const int64_t b0 = m * spec.batch_size;
           const int64_t len = std::min<int64_t>(spec.batch_size, sampler.per_rank() - b0);
           at::Tensor idx = at::from_blob(const_cast<int64_t*>(order.data() + b0), {len}, at::kLong);
-          at::Tensor x = data.train.inputs.index_select(0, idx);
-          at::Tensor y = data.train.labels.index_select(0, idx);
+          at::Tensor x = ToDevice(data.train.inputs.index_select(0, idx), device);
+          at::Tensor y = ToDevice(data.train.labels.index_select(0, idx), device);
           at::Tensor loss = at::cross_entropy_loss(model.Forward(x), y, {}, at::Reduction::Mean);
-          step_loss += loss.item<double>() / (last - first);
+          at::Tensor part = loss.detach() / static_cast<double>(last - first);
+          step_loss_sum = step_loss_sum.defined() ? step_loss_sum + part : part;
           armed = hooks;
           (loss / static_cast<double>(last - first)).backward();
           armed = false;
           step_samples += len;
         }
-        if (spec.clip_grad_norm > 0 && !allreduce) {
+        if (spec.clip_grad_norm > 0 && !exchange->clips_reduced()) {
           torch::nn::utils::clip_grad_norm_(params, spec.clip_grad_norm);
         }
       } catch (const c10::Error& e) {
         // Let the exchanges in flight finish (they use this step's buffers);
         // the step's error is the one to report.
-        (void)barrier.Wait();
-        for (auto& r : reductions) {
-          if (r != nullptr) (void)r->Wait();
-        }
+        exchange->Abandon();
         return absl::InternalError(absl::StrCat("training step ", step, ": ", e.what_without_backtrace()));
       }
       const auto compute_end = Clock::now();
-      // Everything the hooks did not push: all of it without hooks, and any
+      // Everything the hooks did not offer: all of it without hooks, and any
       // parameter that got no gradient (the shards expect every chunk).
       for (size_t i = 0; i < params.size(); ++i) {
         if (offered[i]) continue;
         at::Tensor g = params[i].grad();
-        offer(i, g.defined() ? g : at::zeros_like(detached[i]));
+        exchange->Offer(i, g.defined() ? g : at::zeros_like(params[i]));
       }
-      if (allreduce) {
-        s = ApplyReduced(step, lr);
-        if (!s.ok()) return absl::Status(s.code(), absl::StrCat("step ", step, ": ", s.message()));
-      }
-      s = barrier.Wait();
+      s = exchange->Finish();
       if (!s.ok()) return absl::Status(s.code(), absl::StrCat("step ", step, ": ", s.message()));
+      const double step_loss = step_loss_sum.defined() ? step_loss_sum.item<double>() : 0.0;
       if (options.on_step) {
         const auto now = Clock::now();
         options.on_step(step + 1, step_loss, step_samples, Seconds(step_start, now), Seconds(compute_end, now));
-      }
-      {
-        c10::NoGradGuard no_grad;
-        for (size_t i = 0; i < params.size(); ++i) detached[i].copy_(staging[i]);
       }
       ++step;
       result.samples += step_samples;
@@ -404,9 +284,9 @@ absl::StatusOr<TrainResult> RunTrainer(const TrainerOptions& options, const Trai
     }
     if (options.rank == 0 && data.test.size() > 0 && epoch + 1 < spec.epochs && step < total_steps) {
       // Mid-run evaluation with the current values (others keep training).
-      s = ps.Pull(detached);
+      s = exchange->Pull();
       if (!s.ok()) return s;
-      EvalResult ev = Evaluate(model, data.test);
+      EvalResult ev = Evaluate(model, data.test, device);
       options.emit(EvalEvent(options.rank, epoch + 1, ev, /*final=*/false));
     }
   }
@@ -416,11 +296,11 @@ absl::StatusOr<TrainResult> RunTrainer(const TrainerOptions& options, const Trai
   // Final values: wait until every worker's every step has landed (each
   // worker pushes each chunk once per step), then evaluate.
   const int64_t updates_per_step = spec.consistency == SYNC ? 1 : options.world_size;
-  s = ps.Pull(detached, updates_per_step * step);
+  s = exchange->Pull(updates_per_step * step);
   if (!s.ok()) return s;
   if (options.rank == 0) {
     if (data.test.size() > 0) {
-      EvalResult ev = Evaluate(model, data.test);
+      EvalResult ev = Evaluate(model, data.test, device);
       result.final_accuracy = ev.accuracy;
       result.final_test_loss = ev.loss;
       options.emit(EvalEvent(options.rank, spec.epochs, ev, /*final=*/true));
@@ -436,7 +316,9 @@ absl::StatusOr<TrainResult> RunTrainer(const TrainerOptions& options, const Trai
       options.emit(e);
     }
   }
-  for (auto& [name, t] : named) result.parameters.emplace_back(name, t.detach().clone());
+  for (auto& [name, t] : named) {
+    result.parameters.emplace_back(name, t.detach().to(at::kCPU, /*non_blocking=*/false, /*copy=*/true));
+  }
   // Last: a job is complete when every worker is done, and worker 0's final
   // evaluation and weights must be in by then.
   WorkerEvent done;

@@ -22,6 +22,7 @@
 #define PSTRAIN_WORKER_TRAINER_H_
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
 
 #include <atomic>
 #include <functional>
@@ -44,6 +45,9 @@ struct TrainerOptions {
   int rank = 0;
   int world_size = 1;
   uint64_t attempt = 0;  // the job's attempt (0 standalone): fences its requests
+  // Where the model, the batches and the gradient buckets live (see
+  // ResolveDevice); the shards and the local store stay on the host.
+  c10::Device device = c10::Device(c10::kCPU);
   std::vector<ParameterStore*> shards;  // not owned; shard i of the plan
   // All-reduce mode: the group of workers (not owned); `shards` is then one
   // local store for the whole model.

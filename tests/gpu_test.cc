@@ -1,0 +1,183 @@
+// The trainer on a CUDA device (tagged gpu): parameter-server mode with CPU
+// shards, all-reduce over NCCL and over Gloo (host staging), and the demo's
+// job on the GPU. Each test skips where this LibTorch has no CUDA or the
+// machine no GPU, saying so; tools/gpu/run.sh runs them on a GPU machine.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <thread>
+
+#include "collective/collective.h"
+#include "tests/trainer_testing.h"
+#include "worker/device.h"
+#include "worker/trainer.h"
+
+namespace pstrain {
+namespace {
+
+const c10::Device kGpu(c10::kCUDA, 0);
+
+#define REQUIRE_CUDA()                                                                                     \
+  if (CudaDevices() == 0) {                                                                                \
+    GTEST_SKIP() << "no CUDA device: this LibTorch has no CUDA (Debian's 1.13 is CPU-only) or the machine " \
+                    "no GPU or driver; tools/gpu/run.sh runs these tests on a GPU machine";               \
+  }
+
+// Runs `ranks` workers of `spec` as threads, each on the GPU; `setup`
+// completes each rank's options (shards, collective).
+std::vector<absl::StatusOr<TrainResult>> TrainRanks(const JobSpec& spec, const TrainTest& data, int ranks,
+                                                    const std::function<absl::Status(int, TrainerOptions&)>& setup) {
+  std::vector<absl::StatusOr<TrainResult>> results(ranks, absl::UnknownError("not run"));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < ranks; ++r) {
+    threads.emplace_back([&, r] {
+      TrainerOptions o;
+      o.spec = spec;
+      o.rank = r;
+      o.world_size = ranks;
+      o.device = kGpu;
+      o.write_weights = false;
+      absl::Status s = setup(r, o);
+      results[r] = s.ok() ? RunTrainer(o, data) : absl::StatusOr<TrainResult>(s);
+    });
+  }
+  for (auto& t : threads) t.join();
+  return results;
+}
+
+// Two SYNC workers sharing one GPU, with CPU shards, train exactly like one
+// GPU worker on the concatenated batches (fp32).
+TEST(GpuTest, SyncTwoWorkersOnOneGpuEqualOneWorkerOnTheConcatenatedBatch) {
+  REQUIRE_CUDA();
+  auto data = LoadData(SyntheticSpec("x", "lenet").data, 7);
+  ASSERT_TRUE(data.ok());
+  JobSpec two = SyntheticSpec("gpu-sync-two", "lenet");
+  two.consistency = SYNC;
+  two.workers = 2;
+  two.shards = 2;
+  two.batch_size = 16;
+  two.max_steps = 20;
+  two.chunk_bytes = 16 << 10;
+  two.bucket_bytes = 8 << 10;
+  Shards shards(2);
+  auto results = TrainRanks(two, *data, 2, [&](int, TrainerOptions& o) {
+    o.shards = shards.ptrs;
+    return absl::OkStatus();
+  });
+  ExpectLikeOneWorkerOnTheConcatenatedBatch(two, *data, results, kGpu);
+}
+
+std::vector<absl::StatusOr<TrainResult>> TrainAllReduce(const JobSpec& spec, const TrainTest& data, int ranks,
+                                                        const std::string& backend) {
+  auto store = NewInMemoryStore();
+  std::vector<std::unique_ptr<Collective>> collectives(ranks);
+  std::vector<std::unique_ptr<Shards>> locals(ranks);
+  return TrainRanks(spec, data, ranks, [&](int r, TrainerOptions& o) -> absl::Status {
+    CollectiveOptions co;
+    co.rank = r;
+    co.size = ranks;
+    co.store = store;
+    co.hostname = "127.0.0.1";
+    co.device = 0;
+    auto c = CreateCollective(backend, co);
+    if (!c.ok()) return c.status();
+    collectives[r] = std::move(*c);
+    locals[r] = std::make_unique<Shards>(1);
+    o.shards = locals[r]->ptrs;
+    o.collective = collectives[r].get();
+    return absl::OkStatus();
+  });
+}
+
+// NCCL end to end with the one rank a single GPU allows: equals a PS worker
+// with one shard on the same GPU.
+TEST(GpuTest, AllReduceNcclOneRankEqualsOneWorker) {
+  REQUIRE_CUDA();
+  if (!NcclBuilt()) GTEST_SKIP() << "this build has no NCCL backend (libpstrain_nccl.so)";
+  auto data = LoadData(SyntheticSpec("x", "lenet").data, 7);
+  ASSERT_TRUE(data.ok());
+  JobSpec one = SyntheticSpec("gpu-nccl", "lenet");
+  one.mode = "allreduce";
+  one.consistency = SYNC;
+  one.workers = 1;
+  one.shards = 0;
+  one.batch_size = 32;
+  one.max_steps = 20;
+  one.bucket_bytes = 8 << 10;
+  auto results = TrainAllReduce(one, *data, 1, "nccl");
+  ASSERT_TRUE(results[0].ok()) << results[0].status();
+  JobSpec ps = one;
+  ps.mode = "ps";
+  ps.shards = 1;
+  Shards shards(1);
+  auto ref = TrainRanks(ps, *data, 1, [&](int, TrainerOptions& o) {
+    o.shards = shards.ptrs;
+    return absl::OkStatus();
+  });
+  ASSERT_TRUE(ref[0].ok()) << ref[0].status();
+  for (size_t i = 0; i < ref[0]->parameters.size(); ++i) {
+    const at::Tensor& a = ref[0]->parameters[i].second;
+    const at::Tensor& b = results[0]->parameters[i].second;
+    EXPECT_TRUE(at::allclose(a, b, 1e-4, 1e-5)) << ref[0]->parameters[i].first;
+  }
+}
+
+// Gloo reduces host copies of CUDA gradients: two ranks on one GPU train
+// like one worker on the concatenated batches.
+TEST(GpuTest, AllReduceGlooOnCudaTensorsTwoRanks) {
+  REQUIRE_CUDA();
+  auto data = LoadData(SyntheticSpec("x", "lenet").data, 7);
+  ASSERT_TRUE(data.ok());
+  JobSpec two = SyntheticSpec("gpu-gloo", "lenet");
+  two.mode = "allreduce";
+  two.consistency = SYNC;
+  two.workers = 2;
+  two.shards = 0;
+  two.batch_size = 16;
+  two.max_steps = 20;
+  two.bucket_bytes = 8 << 10;
+  two.clip_grad_norm = 5.0;
+  auto results = TrainAllReduce(two, *data, 2, "gloo");
+  ExpectLikeOneWorkerOnTheConcatenatedBatch(two, *data, results, kGpu);
+}
+
+// The demo's job (LeNet, Fashion-MNIST, 2 async workers, 2 CPU shards, 3
+// epochs) with both workers on one GPU reaches the demo's accuracy.
+TEST(GpuTest, PsTwoWorkersOnOneGpuReachTheDemosAccuracy) {
+  REQUIRE_CUDA();
+  const char* env = std::getenv("PSTRAIN_FASHION_MNIST");
+  const std::string dir = env != nullptr ? env : "/usr/share/datasets/fashion-mnist";
+  if (!std::filesystem::exists(dir + "/train-images-idx3-ubyte.gz")) {
+    GTEST_SKIP() << "no Fashion-MNIST at " << dir << " (PSTRAIN_FASHION_MNIST)";
+  }
+  JobSpec spec;
+  spec.name = "gpu-demo";
+  spec.model = "lenet";
+  spec.data.format = "idx";
+  spec.data.dir = dir;
+  spec.optimizer.set_kind(OptimizerConfig::SGD);
+  spec.optimizer.set_lr(0.05);
+  spec.optimizer.set_momentum(0.9);
+  spec.lr_schedule.kind = "cosine";
+  spec.workers = 2;
+  spec.shards = 2;
+  spec.epochs = 3;
+  spec.batch_size = 64;
+  spec.seed = 42;
+  auto data = LoadData(spec.data, spec.seed);
+  ASSERT_TRUE(data.ok()) << data.status();
+  Shards shards(2);
+  auto results = TrainRanks(spec, *data, 2, [&](int, TrainerOptions& o) {
+    o.shards = shards.ptrs;
+    return absl::OkStatus();
+  });
+  ASSERT_TRUE(results[0].ok()) << results[0].status();
+  ASSERT_TRUE(results[1].ok()) << results[1].status();
+  std::printf("gpu demo: final accuracy %.4f, %.0f samples/s per worker\n", results[0]->final_accuracy,
+              results[0]->samples / std::max(1e-9, results[0]->seconds));
+  EXPECT_GE(results[0]->final_accuracy, 0.87);
+}
+
+}  // namespace
+}  // namespace pstrain

@@ -1,0 +1,89 @@
+// Helpers of the trainer tests (CPU and GPU): a synthetic job, in-process
+// shards, and the check that N synchronous workers train like one worker on
+// the concatenated batches.
+#ifndef PSTRAIN_TESTS_TRAINER_TESTING_H_
+#define PSTRAIN_TESTS_TRAINER_TESTING_H_
+
+#include <ATen/ops/allclose.h>
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "table/shard_store.h"
+#include "worker/model.h"
+#include "worker/trainer.h"
+
+namespace pstrain {
+
+inline JobSpec SyntheticSpec(const std::string& name, const std::string& model) {
+  JobSpec spec;
+  spec.name = name;
+  spec.model = model;
+  spec.data.format = "synthetic";
+  spec.data.synthetic_train = 2048;
+  spec.data.synthetic_test = 512;
+  spec.optimizer.set_kind(OptimizerConfig::SGD);
+  spec.optimizer.set_lr(0.05);
+  spec.optimizer.set_momentum(0.9);
+  spec.epochs = 1;
+  spec.seed = 7;
+  spec.log_every_steps = 5;
+  return spec;
+}
+
+struct Shards {
+  explicit Shards(int n) {
+    for (int i = 0; i < n; ++i) {
+      ShardStoreOptions o;
+      o.shard_index = i;
+      o.num_shards = n;
+      stores.push_back(std::make_unique<ShardStore>(o));
+      ptrs.push_back(stores.back().get());
+    }
+  }
+  std::vector<std::unique_ptr<ShardStore>> stores;
+  std::vector<ParameterStore*> ptrs;
+};
+
+// `two` trained by two workers gave `results`: both succeeded, agree exactly,
+// and match one worker (ps mode, one shard) trained on the concatenated
+// batches up to float rounding; and training moved the parameters from the
+// seeded start (of a LeNet).
+inline void ExpectLikeOneWorkerOnTheConcatenatedBatch(const JobSpec& two, const TrainTest& data,
+                                                      const std::vector<absl::StatusOr<TrainResult>>& results,
+                                                      c10::Device device = c10::Device(c10::kCPU)) {
+  ASSERT_TRUE(results[0].ok()) << results[0].status();
+  ASSERT_TRUE(results[1].ok()) << results[1].status();
+  EXPECT_EQ(results[0]->steps, two.max_steps);
+  JobSpec one = two;
+  one.mode = "ps";
+  one.name = two.name + "-one";
+  one.workers = 1;
+  one.shards = 1;
+  one.batch_size = 2 * two.batch_size;
+  Shards shards1(1);
+  TrainerOptions o;
+  o.spec = one;
+  o.device = device;
+  o.shards = shards1.ptrs;
+  o.write_weights = false;
+  auto single = RunTrainer(o, data);
+  ASSERT_TRUE(single.ok()) << single.status();
+  ASSERT_EQ(single->parameters.size(), results[0]->parameters.size());
+  for (size_t i = 0; i < single->parameters.size(); ++i) {
+    const auto& [name, a] = single->parameters[i];
+    const at::Tensor& b = results[0]->parameters[i].second;
+    const at::Tensor& c = results[1]->parameters[i].second;
+    EXPECT_TRUE(at::allclose(a, b, 1e-4, 1e-5)) << name << " differs by " << a.sub(b).abs().max().item<float>();
+    EXPECT_TRUE(at::allclose(b, c, 0, 0)) << name << ": the two workers disagree";
+  }
+  auto init = CreateModel("lenet", {1, 28, 28}, 10, two.seed);
+  ASSERT_TRUE(init.ok());
+  EXPECT_FALSE(at::allclose(single->parameters[0].second, (*init)->NamedParameters()[0].second.detach(), 1e-3, 1e-4));
+}
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_TESTS_TRAINER_TESTING_H_

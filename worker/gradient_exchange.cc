@@ -1,0 +1,268 @@
+#include "worker/gradient_exchange.h"
+
+#include <ATen/ops/empty.h>
+#include <c10/core/GradMode.h>
+
+#include <cmath>
+#include <condition_variable>
+#include <mutex>
+
+#include "absl/strings/str_cat.h"
+#include "collective/collective.h"
+#include "worker/ps_client.h"
+
+namespace pstrain {
+
+// Counts asynchronous parameter updates of one step and keeps the first error.
+class GradientExchange::Barrier {
+ public:
+  void Add() {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++pending_;
+  }
+  void Done(const absl::Status& s) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!s.ok() && status_.ok()) status_ = s;
+    if (--pending_ == 0) cv_.notify_all();
+  }
+  absl::Status Wait() {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return pending_ == 0; });
+    absl::Status s = status_;
+    status_ = absl::OkStatus();
+    return s;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int pending_ = 0;
+  absl::Status status_;
+};
+
+GradientExchange::GradientExchange(ExchangeOptions options)
+    : options_(std::move(options)),
+      barrier_(std::make_unique<Barrier>()),
+      stager_(std::make_unique<DeviceStager>(options_.device)) {
+  const auto& params = options_.params;
+  bucket_of_.resize(params.size());
+  std::vector<size_t> current;
+  int64_t bytes = 0;
+  for (size_t i = params.size(); i-- > 0;) {
+    current.push_back(i);
+    bytes += params[i].nbytes();
+    // A bucket holds one dtype (all-reduce packs it into one buffer).
+    if (bytes >= options_.bucket_bytes || i == 0 || params[i - 1].scalar_type() != params[i].scalar_type()) {
+      for (size_t p : current) bucket_of_[p] = buckets_.size();
+      buckets_.push_back(std::move(current));
+      current.clear();
+      bytes = 0;
+    }
+  }
+  missing_.resize(buckets_.size());
+  ready_.resize(params.size());
+  for (const auto& p : params) staging_.push_back(HostBufferFor(p, options_.device));
+}
+
+GradientExchange::~GradientExchange() = default;
+
+absl::Status GradientExchange::InitTables(const TableConfig& config) {
+  std::vector<at::Tensor> host;
+  for (size_t i = 0; i < staging_.size(); ++i) host.push_back(staging_[i].copy_(options_.params[i]));
+  absl::Status s = options_.ps->InitTables(host, config);
+  if (!s.ok()) return s;
+  return Pull();
+}
+
+absl::Status GradientExchange::Pull(int64_t min_version) {
+  absl::Status s = options_.ps->Pull(staging_, min_version);
+  if (!s.ok()) return s;
+  c10::NoGradGuard no_grad;
+  for (size_t i = 0; i < staging_.size(); ++i) DeviceStager::Upload(staging_[i], options_.params[i]);
+  return absl::OkStatus();
+}
+
+void GradientExchange::BeginStep(int64_t step, double lr) {
+  step_ = step;
+  lr_ = lr;
+  for (size_t b = 0; b < buckets_.size(); ++b) missing_[b] = buckets_[b].size();
+  std::fill(ready_.begin(), ready_.end(), at::Tensor());
+}
+
+void GradientExchange::PushPull(size_t b, std::vector<at::Tensor> grads) {
+  std::vector<at::Tensor> intos;
+  for (size_t p : buckets_[b]) intos.push_back(staging_[p]);
+  barrier_->Add();
+  options_.ps->PushPullAsync(step_, buckets_[b], grads, intos, lr_,
+                             [barrier = barrier_.get()](absl::Status s) { barrier->Done(s); });
+}
+
+absl::Status GradientExchange::FinishPushPulls() {
+  absl::Status s = barrier_->Wait();
+  if (!s.ok()) return s;
+  c10::NoGradGuard no_grad;
+  for (size_t i = 0; i < staging_.size(); ++i) DeviceStager::Upload(staging_[i], options_.params[i]);
+  return absl::OkStatus();
+}
+
+void GradientExchange::Abandon() {
+  stager_->Drain();
+  (void)barrier_->Wait();
+}
+
+namespace {
+
+class PsExchange : public GradientExchange {
+ public:
+  explicit PsExchange(ExchangeOptions options) : GradientExchange(std::move(options)) {
+    if (!stager_->on_host()) {
+      for (const auto& p : options_.params) host_grads_.push_back(HostBufferFor(p, options_.device));
+    }
+  }
+  bool clips_reduced() const override { return false; }
+
+  void Offer(size_t i, const at::Tensor& grad) override {
+    ready_[i] = stager_->on_host() ? grad.contiguous() : stager_->Copy(grad, host_grads_[i]);
+    const size_t b = bucket_of_[i];
+    if (--missing_[b] > 0) return;
+    std::vector<at::Tensor> grads;
+    for (size_t p : buckets_[b]) grads.push_back(ready_[p]);
+    // On an accelerator the push starts when the bucket's copies landed,
+    // from the stager's thread; backward goes on meanwhile.
+    stager_->Then([this, b, grads = std::move(grads)]() mutable { PushPull(b, std::move(grads)); });
+  }
+
+  absl::Status Finish() override {
+    stager_->Drain();
+    return FinishPushPulls();
+  }
+
+ private:
+  std::vector<at::Tensor> host_grads_;  // accelerator: pinned copies of the gradients
+};
+
+class AllReduceExchange : public GradientExchange {
+ public:
+  explicit AllReduceExchange(ExchangeOptions options) : GradientExchange(std::move(options)) {
+    collective_ = options_.collective;
+    // NCCL reduces device buffers; Gloo (and the CPU) host buffers.
+    on_device_ = std::string(collective_->backend()) == "nccl";
+    for (const auto& bucket : buckets_) {
+      int64_t numel = 0;
+      for (size_t p : bucket) numel += options_.params[p].numel();
+      const at::Tensor& first = options_.params[bucket.front()];
+      at::Tensor flat = at::empty({numel}, first.options());
+      if (on_device_) {
+        flats_.push_back(flat);
+        host_flats_.push_back(HostBufferFor(flat, options_.device));
+      } else {
+        flats_.push_back(HostBufferFor(flat, options_.device));
+        host_flats_.push_back(flats_.back());
+      }
+    }
+    reductions_.resize(buckets_.size());
+  }
+  bool clips_reduced() const override { return true; }
+
+  absl::Status Broadcast() {
+    c10::NoGradGuard no_grad;
+    for (size_t i = 0; i < options_.params.size(); ++i) {
+      at::Tensor t = on_device_ || stager_->on_host() ? options_.params[i] : staging_[i].copy_(options_.params[i]);
+      absl::Status s = collective_->Broadcast(t, 0)->Wait();
+      if (!s.ok()) return absl::Status(s.code(), absl::StrCat("broadcasting the initial parameters: ", s.message()));
+      if (!t.is_same(options_.params[i])) options_.params[i].copy_(t);
+    }
+    return absl::OkStatus();
+  }
+
+  void Offer(size_t i, const at::Tensor& grad) override {
+    ready_[i] = grad;
+    const size_t b = bucket_of_[i];
+    if (--missing_[b] > 0) return;
+    int64_t offset = 0;
+    for (size_t p : buckets_[b]) {
+      const int64_t n = ready_[p].numel();
+      at::Tensor part = flats_[b].narrow(0, offset, n);
+      if (on_device_ || stager_->on_host()) {
+        part.copy_(ready_[p].reshape({-1}));
+      } else {
+        stager_->Copy(ready_[p].reshape({-1}), part);
+      }
+      ready_[p] = at::Tensor();
+      offset += n;
+    }
+    // NCCL orders its stream after the compute stream itself; a host buffer
+    // is reduced once its copies landed.
+    if (on_device_) {
+      reductions_[b] = collective_->AllReduce(flats_[b]);
+    } else {
+      stager_->Then([this, b] { reductions_[b] = collective_->AllReduce(flats_[b]); });
+    }
+  }
+
+  absl::Status Finish() override {
+    stager_->Drain();
+    absl::Status first;
+    for (auto& r : reductions_) {
+      absl::Status st = r != nullptr ? r->Wait() : absl::InternalError("a bucket was never reduced");
+      if (!st.ok() && first.ok()) first = st;
+      r.reset();
+    }
+    if (!first.ok()) return first;
+    c10::NoGradGuard no_grad;
+    for (auto& f : flats_) f.div_(static_cast<double>(collective_->size()));
+    if (options_.clip_grad_norm > 0) {
+      double sq = 0;
+      for (auto& f : flats_) sq += f.to(at::kDouble).pow(2).sum().item<double>();
+      const double coef = options_.clip_grad_norm / (std::sqrt(sq) + 1e-6);
+      if (coef < 1) {
+        for (auto& f : flats_) f.mul_(coef);
+      }
+    }
+    // The local store (on the host) applies the step.
+    for (size_t b = 0; b < buckets_.size(); ++b) {
+      if (on_device_) host_flats_[b].copy_(flats_[b]);
+      std::vector<at::Tensor> grads;
+      int64_t offset = 0;
+      for (size_t p : buckets_[b]) {
+        const at::Tensor& param = options_.params[p];
+        grads.push_back(host_flats_[b].narrow(0, offset, param.numel()).view(param.sizes()));
+        offset += param.numel();
+      }
+      PushPull(b, std::move(grads));
+    }
+    return FinishPushPulls();
+  }
+
+  void Abandon() override {
+    stager_->Drain();
+    for (auto& r : reductions_) {
+      if (r != nullptr) (void)r->Wait();
+      r.reset();
+    }
+    GradientExchange::Abandon();
+  }
+
+ private:
+  Collective* collective_ = nullptr;
+  bool on_device_ = false;
+  std::vector<at::Tensor> flats_;       // per bucket: the buffer reduced
+  std::vector<at::Tensor> host_flats_;  // per bucket: its host copy (flats_ itself when on the host)
+  std::vector<std::unique_ptr<CollectiveWork>> reductions_;
+};
+
+}  // namespace
+
+std::unique_ptr<GradientExchange> MakePsExchange(ExchangeOptions options) {
+  return std::make_unique<PsExchange>(std::move(options));
+}
+
+absl::StatusOr<std::unique_ptr<GradientExchange>> MakeAllReduceExchange(ExchangeOptions options) {
+  if (options.collective == nullptr) return absl::InvalidArgumentError("all-reduce needs a collective");
+  auto exchange = std::make_unique<AllReduceExchange>(std::move(options));
+  absl::Status s = exchange->Broadcast();
+  if (!s.ok()) return s;
+  return std::unique_ptr<GradientExchange>(std::move(exchange));
+}
+
+}  // namespace pstrain

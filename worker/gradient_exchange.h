@@ -1,0 +1,107 @@
+// GradientExchange: how one worker's gradients become the next values of
+// its parameters, behind one interface so the training loop has no mode
+// branches.
+//
+//  - Parameter server (MakePsExchange): a bucket of gradients is pushed to
+//    the shards holding its chunks as soon as autograd completed it, and the
+//    shards answer with the bucket's new values (PushPull).
+//  - All-reduce (MakeAllReduceExchange): a complete bucket is packed into
+//    one flat buffer and reduced among the workers while backward goes on;
+//    after backward the averaged (and clipped) gradients are applied by an
+//    in-process store holding the whole model -- the shards' optimizer code,
+//    which also gives checkpoints the shards' file format.
+//
+// Devices: the parameters may live on an accelerator. The shards and the
+// local store are on the host: gradients go to pinned host buffers on a copy
+// stream (DeviceStager), ordered after the compute stream by an event, and
+// the new values come back with non_blocking copies on the compute stream,
+// so nothing synchronises the whole device. NCCL reduces device buffers in
+// place; Gloo reduces host copies (it reduces CUDA tensors only through
+// host staging anyway).
+//
+// Buckets follow backward's order (the parameters reversed), up to
+// bucket_bytes each, one dtype per bucket.
+#ifndef PSTRAIN_WORKER_GRADIENT_EXCHANGE_H_
+#define PSTRAIN_WORKER_GRADIENT_EXCHANGE_H_
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "table/parameter_store.h"
+#include "worker/device.h"
+
+namespace pstrain {
+
+class Collective;
+class PsClient;
+
+struct ExchangeOptions {
+  PsClient* ps = nullptr;          // not owned: the shards, or the local store (all-reduce)
+  std::vector<at::Tensor> params;  // the model's parameters (detached), on `device`
+  c10::Device device = c10::Device(c10::kCPU);
+  int64_t bucket_bytes = 25 << 20;
+  // All-reduce: the group (not owned), and the norm the averaged gradients
+  // are clipped to (0: off).
+  Collective* collective = nullptr;
+  double clip_grad_norm = 0;
+};
+
+class GradientExchange {
+ public:
+  virtual ~GradientExchange();
+
+  // Creates the tables from the parameters' values (every worker offers the
+  // same seeded values), then loads the tables' values into the parameters.
+  absl::Status InitTables(const TableConfig& config);
+  // The tables' values into the parameters, once every chunk reached
+  // `min_version` updates.
+  absl::Status Pull(int64_t min_version = 0);
+
+  // Whether the exchange clips the reduced gradients itself (all-reduce);
+  // otherwise the caller clips before offering.
+  virtual bool clips_reduced() const = 0;
+  // Before a step's first backward.
+  void BeginStep(int64_t step, double lr);
+  // Parameter i's gradient for this step is complete: hooks call this during
+  // backward; whatever they did not offer is offered after it.
+  virtual void Offer(size_t i, const at::Tensor& grad) = 0;
+  // Every parameter was offered: waits for the exchange and writes the new
+  // values into the parameters (asynchronously on the compute stream).
+  virtual absl::Status Finish() = 0;
+  // After a failed step: waits for whatever is in flight (it uses this
+  // step's buffers). Idempotent.
+  virtual void Abandon();
+
+ protected:
+  explicit GradientExchange(ExchangeOptions options);
+  // Starts the PushPull of bucket b: grads[k] (host) of its parameters, new
+  // values into staging_.
+  void PushPull(size_t b, std::vector<at::Tensor> grads);
+  // Waits for every PushPull; on success uploads staging_ into the params.
+  absl::Status FinishPushPulls();
+
+  class Barrier;
+
+  const ExchangeOptions options_;
+  std::vector<std::vector<size_t>> buckets_;
+  std::vector<size_t> bucket_of_;
+  std::vector<size_t> missing_;       // per bucket: gradients not yet offered this step
+  std::vector<at::Tensor> staging_;   // host (pinned on an accelerator): pulled values
+  std::vector<at::Tensor> ready_;     // per parameter: this step's offered gradient
+  std::unique_ptr<Barrier> barrier_;
+  std::unique_ptr<DeviceStager> stager_;
+  int64_t step_ = 0;
+  double lr_ = 0;
+};
+
+std::unique_ptr<GradientExchange> MakePsExchange(ExchangeOptions options);
+// Broadcasts rank 0's parameter values to every rank first (as DDP does).
+absl::StatusOr<std::unique_ptr<GradientExchange>> MakeAllReduceExchange(ExchangeOptions options);
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_WORKER_GRADIENT_EXCHANGE_H_

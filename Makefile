@@ -5,7 +5,7 @@ BAZEL ?= bazel
 # Debian's python3 has python3-torch; the first python3 on PATH may not.
 PYTHON ?= /usr/bin/python3
 
-.PHONY: all setup build test test-deploy test-pods image demo bench clean
+.PHONY: all setup build test test-deploy test-pods test-torch2 image demo bench clean
 
 all: build
 
@@ -31,6 +31,11 @@ image:
 # namespace, a job submitted from outside, a worker's link cut mid-run.
 test-pods: build
 	deploy/pods/test_pods.sh
+
+# The whole Bazel suite against LibTorch 2.6, in a Debian 13 root made with
+# mmdebstrap (cached between runs); no GPU needed.
+test-torch2:
+	tools/torch2/run.sh
 
 # The Kubernetes manifests: rendered, validated offline against the official
 # schemas, checked against the binaries' flags.

@@ -10,7 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "collective/collective.h"
 #include "collective/collective_internal.h"
-#include "collective/torch_compat.h"
+#include "common/torch_compat.h"
 
 namespace pstrain {
 namespace {

@@ -117,6 +117,7 @@ absl::StatusOr<JobSpec> ParseJobSpecOrThrow(const std::string& yaml, const std::
   RETURN_IF_ERROR(r.Read("mode", &spec.mode));
   RETURN_IF_ERROR(r.Read("backend", &spec.backend));
   RETURN_IF_ERROR(r.Read("device", &spec.device));
+  RETURN_IF_ERROR(r.Read("precision", &spec.precision));
   RETURN_IF_ERROR(r.Read("collective_timeout_s", &spec.collective_timeout_s));
   if (spec.mode == "allreduce") {
     // Defaults of the mode: no shards, DDP's bucket size, synchronous.
@@ -217,6 +218,10 @@ absl::StatusOr<JobSpec> ParseJobSpecOrThrow(const std::string& yaml, const std::
   if (spec.device != "auto" && spec.device != "cpu" && spec.device != "cuda") {
     return r.Error("device", "must be auto, cpu or cuda");
   }
+  if (spec.precision == "fp16") {
+    return r.Error("precision", "fp16 needs dynamic loss scaling, which pstrain does not have yet; use bf16");
+  }
+  if (spec.precision != "fp32" && spec.precision != "bf16") return r.Error("precision", "must be fp32 or bf16");
   if (spec.collective_timeout_s < 1) return r.Error("collective_timeout_s", "must be >= 1");
   if (spec.mode == "allreduce") {
     if (spec.shards != 0) return r.Error("shards", "must be 0 in allreduce mode (workers reduce among themselves)");

@@ -57,6 +57,10 @@ struct JobSpec {
   // --device) when this LibTorch has CUDA and the machine a device, else the
   // CPU; cuda fails where there is none.
   std::string device = "auto";    // auto | cpu | cuda
+  // fp32, or bf16 autocast for forward and backward (the parameters, the
+  // optimizer and what travels stay fp32). fp16 needs dynamic loss scaling,
+  // which is not implemented: refused.
+  std::string precision = "fp32";  // fp32 | bf16
   std::string model = "lenet";  // mlp | lenet | torchscript:<path>
   DataSpec data;
   OptimizerConfig optimizer;    // kind SGD, lr 0.05 unless set

@@ -72,6 +72,8 @@ TEST(JobSpecTest, RefusesUnknownFieldsAndBadValuesNamingTheField) {
       {"mode: allreduce\nconsistency: async", "consistency"},
       {"mode: allreduce\nbackend: mpi", "backend"},
       {"device: tpu", "device"},
+      {"precision: fp16", "precision"},
+      {"precision: fp8", "precision"},
       {"data: {format: csv}", "data.train_csv"},
       {"epochs: [1, 2]", "epochs"},
       {"data: 3", "data"},

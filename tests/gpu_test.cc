@@ -2,6 +2,7 @@
 // shards, all-reduce over NCCL and over Gloo (host staging), and the demo's
 // job on the GPU. Each test skips where this LibTorch has no CUDA or the
 // machine no GPU, saying so; tools/gpu/run.sh runs them on a GPU machine.
+#include <ATen/Context.h>
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -18,11 +19,21 @@ namespace {
 
 const c10::Device kGpu(c10::kCUDA, 0);
 
+// Exact fp32 for comparisons: cuDNN's convolutions run in TF32 by default
+// (PyTorch's default too), which rounds a batch of 32 differently from two
+// of 16 at the 1e-4 level; and deterministic algorithms.
+void ExactFp32() {
+  at::globalContext().setAllowTF32CuDNN(false);
+  at::globalContext().setAllowTF32CuBLAS(false);
+  at::globalContext().setDeterministicCuDNN(true);
+}
+
 #define REQUIRE_CUDA()                                                                                     \
   if (CudaDevices() == 0) {                                                                                \
     GTEST_SKIP() << "no CUDA device: this LibTorch has no CUDA (Debian's 1.13 is CPU-only) or the machine " \
                     "no GPU or driver; tools/gpu/run.sh runs these tests on a GPU machine";               \
-  }
+  }                                                                                                        \
+  ExactFp32()
 
 // Runs `ranks` workers of `spec` as threads, each on the GPU; `setup`
 // completes each rank's options (shards, collective).
@@ -66,6 +77,32 @@ TEST(GpuTest, SyncTwoWorkersOnOneGpuEqualOneWorkerOnTheConcatenatedBatch) {
     return absl::OkStatus();
   });
   ExpectLikeOneWorkerOnTheConcatenatedBatch(two, *data, results, kGpu);
+}
+
+// The same in float64 (a TorchScript module from
+// worker/testdata/make_scripted_mlp.py --float64): with rounding out of the
+// way, the two runs differ only in the order of additions, so any ordering
+// bug between the compute and copy streams would show far above 1e-9.
+TEST(GpuTest, SyncTwoWorkersOnOneGpuEqualOneWorkerInFloat64) {
+  REQUIRE_CUDA();
+  const std::string model = "worker/testdata/small_net_f64.pt";
+  if (!std::filesystem::exists(model)) GTEST_SKIP() << model << " is missing (tools/gpu/run.sh writes it)";
+  auto data = LoadData(SyntheticSpec("x", "lenet").data, 7);
+  ASSERT_TRUE(data.ok());
+  JobSpec two = SyntheticSpec("gpu-sync-f64", "torchscript:" + model);
+  two.consistency = SYNC;
+  two.workers = 2;
+  two.shards = 2;
+  two.batch_size = 16;
+  two.max_steps = 20;
+  two.chunk_bytes = 16 << 10;
+  two.bucket_bytes = 8 << 10;
+  Shards shards(2);
+  auto results = TrainRanks(two, *data, 2, [&](int, TrainerOptions& o) {
+    o.shards = shards.ptrs;
+    return absl::OkStatus();
+  });
+  ExpectLikeOneWorkerOnTheConcatenatedBatch(two, *data, results, kGpu, 1e-9, 1e-11);
 }
 
 std::vector<absl::StatusOr<TrainResult>> TrainAllReduce(const JobSpec& spec, const TrainTest& data, int ranks,
@@ -140,6 +177,11 @@ TEST(GpuTest, AllReduceGlooOnCudaTensorsTwoRanks) {
   two.clip_grad_norm = 5.0;
   auto results = TrainAllReduce(two, *data, 2, "gloo");
   ExpectLikeOneWorkerOnTheConcatenatedBatch(two, *data, results, kGpu);
+}
+
+TEST(GpuTest, Bf16AutocastTrainsWithinOnePointOfFp32) {
+  REQUIRE_CUDA();
+  ExpectBf16WithinOnePointOfFp32(kGpu);
 }
 
 // The demo's job (LeNet, Fashion-MNIST, 2 async workers, 2 CPU shards, 3

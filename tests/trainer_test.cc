@@ -136,6 +136,14 @@ TEST(TrainerTest, TorchScriptModuleWrittenInPythonTrains) {
   EXPECT_EQ(result->parameters.front().first, "conv.weight");
 }
 
+// bf16 autocast on the CPU (what CI can run): forward and backward in bf16,
+// the parameters and the shard's optimizer in fp32. It must really change
+// the arithmetic (the parameters differ from fp32's) and still train as
+// well: within one point of fp32's accuracy.
+TEST(TrainerTest, Bf16AutocastTrainsWithinOnePointOfFp32) {
+  ExpectBf16WithinOnePointOfFp32(c10::Device(c10::kCPU));
+}
+
 TEST(TrainerTest, MissingTorchScriptFileIsAClearError) {
   JobSpec spec = SyntheticSpec("missing", "torchscript:/nonexistent/net.pt");
   Shards shards(1);

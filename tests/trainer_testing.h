@@ -7,6 +7,8 @@
 #include <ATen/ops/allclose.h>
 #include <gtest/gtest.h>
 
+#include <cstdio>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -53,7 +55,8 @@ struct Shards {
 // seeded start (of a LeNet).
 inline void ExpectLikeOneWorkerOnTheConcatenatedBatch(const JobSpec& two, const TrainTest& data,
                                                       const std::vector<absl::StatusOr<TrainResult>>& results,
-                                                      c10::Device device = c10::Device(c10::kCPU)) {
+                                                      c10::Device device = c10::Device(c10::kCPU),
+                                                      double rtol = 1e-4, double atol = 1e-5) {
   ASSERT_TRUE(results[0].ok()) << results[0].status();
   ASSERT_TRUE(results[1].ok()) << results[1].status();
   EXPECT_EQ(results[0]->steps, two.max_steps);
@@ -76,12 +79,42 @@ inline void ExpectLikeOneWorkerOnTheConcatenatedBatch(const JobSpec& two, const 
     const auto& [name, a] = single->parameters[i];
     const at::Tensor& b = results[0]->parameters[i].second;
     const at::Tensor& c = results[1]->parameters[i].second;
-    EXPECT_TRUE(at::allclose(a, b, 1e-4, 1e-5)) << name << " differs by " << a.sub(b).abs().max().item<float>();
+    EXPECT_TRUE(at::allclose(a, b, rtol, atol)) << name << " differs by " << a.sub(b).abs().max().item<double>();
     EXPECT_TRUE(at::allclose(b, c, 0, 0)) << name << ": the two workers disagree";
   }
+  if (two.model != "lenet") return;
   auto init = CreateModel("lenet", {1, 28, 28}, 10, two.seed);
   ASSERT_TRUE(init.ok());
   EXPECT_FALSE(at::allclose(single->parameters[0].second, (*init)->NamedParameters()[0].second.detach(), 1e-3, 1e-4));
+}
+
+inline void ExpectBf16WithinOnePointOfFp32(const c10::Device& device) {
+  JobSpec spec = SyntheticSpec("bf16", "lenet");
+  spec.batch_size = 32;
+  spec.epochs = 3;
+  auto data = LoadData(spec.data, spec.seed);
+  ASSERT_TRUE(data.ok());
+  std::map<std::string, TrainResult> results;
+  for (const std::string precision : {"fp32", "bf16"}) {
+    Shards shards(1);
+    TrainerOptions o;
+    o.spec = spec;
+    o.spec.precision = precision;
+    o.device = device;
+    o.shards = shards.ptrs;
+    o.write_weights = false;
+    auto r = RunTrainer(o, *data);
+    ASSERT_TRUE(r.ok()) << precision << ": " << r.status();
+    results[precision] = *r;
+  }
+  const TrainResult& fp32 = results["fp32"];
+  const TrainResult& bf16 = results["bf16"];
+  std::printf("%s final accuracy: fp32 %.4f, bf16 %.4f\n", device.str().c_str(), fp32.final_accuracy, bf16.final_accuracy);
+  EXPECT_GT(fp32.final_accuracy, 0.3);  // chance: 0.1
+  EXPECT_GE(bf16.final_accuracy, fp32.final_accuracy - 0.01);
+  for (const auto& [name, t] : bf16.parameters) EXPECT_EQ(t.scalar_type(), at::kFloat) << name;
+  EXPECT_FALSE(at::allclose(fp32.parameters[0].second, bf16.parameters[0].second, 1e-5, 1e-6))
+      << "bf16 changed nothing: autocast did not run";
 }
 
 }  // namespace pstrain

@@ -25,6 +25,11 @@ PACKAGES=(
 # Kubernetes project's kubectl, NodeSource's node): installed from Debian
 # only when the command is missing.
 declare -A COMMANDS=([kubectl]=kubernetes-client [node]=nodejs [npm]=npm)
+# The package list alone, for tools/torch2/run.sh's Debian 13 root.
+if [ "${1:-}" = "--print-packages" ]; then
+  echo "${PACKAGES[@]}"
+  exit 0
+fi
 # `make image` only: an OCI image without a Docker engine.
 if [ "${1:-}" = "--image" ]; then
   PACKAGES+=(mmdebstrap buildah uidmap)

@@ -16,6 +16,7 @@
 #include "common/file_util.h"
 #include "collective/collective.h"
 #include "common/partition_plan.h"
+#include "common/torch_compat.h"
 #include "worker/gradient_exchange.h"
 #include "worker/model.h"
 #include "worker/ps_client.h"
@@ -52,7 +53,24 @@ at::Tensor ToDevice(const at::Tensor& t, const c10::Device& device) {
   return t.pin_memory().to(device, /*non_blocking=*/true);
 }
 
-EvalResult Evaluate(Model& model, const Dataset& test, const c10::Device& device) {
+// Autocast on this thread for the forward pass (backward follows the dtypes
+// forward chose), when the job asks for bf16.
+class AutocastScope {
+ public:
+  AutocastScope(const c10::Device& device, const std::string& precision)
+      : type_(device.type()), on_(precision == "bf16") {
+    if (on_) SetAutocast(type_, true, at::kBFloat16);
+  }
+  ~AutocastScope() {
+    if (on_) SetAutocast(type_, false, at::kBFloat16);
+  }
+
+ private:
+  const c10::DeviceType type_;
+  const bool on_;
+};
+
+EvalResult Evaluate(Model& model, const Dataset& test, const c10::Device& device, const std::string& precision) {
   c10::NoGradGuard no_grad;
   model.SetTraining(false);
   double loss_sum = 0;
@@ -60,7 +78,11 @@ EvalResult Evaluate(Model& model, const Dataset& test, const c10::Device& device
   const int64_t n = test.size();
   for (int64_t start = 0; start < n; start += 1000) {
     const int64_t len = std::min<int64_t>(1000, n - start);
-    at::Tensor logits = model.Forward(ToDevice(test.inputs.narrow(0, start, len), device));
+    at::Tensor logits;
+    {
+      AutocastScope autocast(device, precision);
+      logits = model.Forward(ToDevice(test.inputs.narrow(0, start, len), device)).to(at::kFloat);
+    }
     at::Tensor y = ToDevice(test.labels.narrow(0, start, len), device);
     loss_sum += at::cross_entropy_loss(logits, y, {}, at::Reduction::Sum).item<double>();
     correct += logits.argmax(1).eq(y).sum().item<int64_t>();
@@ -226,7 +248,13 @@ absl::StatusOr<TrainResult> RunTrainer(const TrainerOptions& options, const Trai
           at::Tensor idx = at::from_blob(const_cast<int64_t*>(order.data() + b0), {len}, at::kLong);
           at::Tensor x = ToDevice(data.train.inputs.index_select(0, idx), device);
           at::Tensor y = ToDevice(data.train.labels.index_select(0, idx), device);
-          at::Tensor loss = at::cross_entropy_loss(model.Forward(x), y, {}, at::Reduction::Mean);
+          at::Tensor logits;
+          {
+            AutocastScope autocast(device, spec.precision);
+            logits = model.Forward(x);
+          }
+          // The loss in fp32 whatever the forward's precision.
+          at::Tensor loss = at::cross_entropy_loss(logits.to(at::kFloat), y, {}, at::Reduction::Mean);
           at::Tensor part = loss.detach() / static_cast<double>(last - first);
           step_loss_sum = step_loss_sum.defined() ? step_loss_sum + part : part;
           armed = hooks;
@@ -286,7 +314,7 @@ absl::StatusOr<TrainResult> RunTrainer(const TrainerOptions& options, const Trai
       // Mid-run evaluation with the current values (others keep training).
       s = exchange->Pull();
       if (!s.ok()) return s;
-      EvalResult ev = Evaluate(model, data.test, device);
+      EvalResult ev = Evaluate(model, data.test, device, spec.precision);
       options.emit(EvalEvent(options.rank, epoch + 1, ev, /*final=*/false));
     }
   }
@@ -300,7 +328,7 @@ absl::StatusOr<TrainResult> RunTrainer(const TrainerOptions& options, const Trai
   if (!s.ok()) return s;
   if (options.rank == 0) {
     if (data.test.size() > 0) {
-      EvalResult ev = Evaluate(model, data.test, device);
+      EvalResult ev = Evaluate(model, data.test, device, spec.precision);
       result.final_accuracy = ev.accuracy;
       result.final_test_loss = ev.loss;
       options.emit(EvalEvent(options.rank, spec.epochs, ev, /*final=*/true));

@@ -42,7 +42,7 @@ start=$SECONDS
 cmake -G Ninja -S tools/gpu -B "$BUILD" -DPREFIX="$PREFIX" -DTORCH="$TORCH" -DGEN="$PWD/.gpu/gen" \
   -DNCCL_ROOT="$NCCL" >"$LOGS/cmake.log" 2>&1 || { tail -40 "$LOGS/cmake.log"; exit 1; }
 if ! ninja -C "$BUILD" -k 0 >"$LOGS/build.log" 2>&1; then
-  grep -E "error|Error" -A3 "$LOGS/build.log" | head -80
+  grep -E "error:|FAILED:|undefined reference|/ld: " "$LOGS/build.log" | cut -c1-400 | head -60
   say "build failed"; exit 1
 fi
 SUMMARY+=("build: $((SECONDS - start)) s")
@@ -52,6 +52,8 @@ ln -sfn "$BUILD/pstrain-worker" "$BIN/worker/pstrain-worker"
 ln -sfn "$BUILD/pstrain-ps" "$BIN/server/ps/pstrain-ps"
 ln -sfn "$BUILD/pstrain-coordinator" "$BIN/server/coordinator/pstrain-coordinator"
 ln -sfn "$BUILD/pstrain" "$BIN/client/pstrain"
+# RUNPATH covers a binary's own libraries, not theirs (libgrpc's libupb).
+export LD_LIBRARY_PATH=$LIB:$TORCH/lib:$NCCL/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export PSTRAIN_NCCL_PLUGIN=$BUILD/libpstrain_nccl.so
 export PSTRAIN_FASHION_MNIST=$PWD/.gpu/data
 
@@ -60,6 +62,7 @@ while [ $i -lt ${#ACTIONS[@]} ]; do
   case "${ACTIONS[$i]}" in
     tests)
       $PY worker/testdata/make_scripted_mlp.py worker/testdata/small_net.pt
+      $PY worker/testdata/make_scripted_mlp.py worker/testdata/small_net_f64.pt --float64
       for t in gpu_test trainer_test collective_test; do
         "$BUILD/$t" >"$LOGS/$t.log" 2>&1; rc=$?
         grep -E "^\[  (PASSED|FAILED|SKIPPED) |^\[       OK|^\[  FAILED|^gpu demo" "$LOGS/$t.log" >&2

@@ -1,0 +1,44 @@
+// The one place where pstrain meets differences between LibTorch versions
+// (Debian's 1.13, Debian 13's 2.6, the pip wheels' 2.x), keyed on
+// TORCH_VERSION_*. Code elsewhere uses these names and no version checks.
+#ifndef PSTRAIN_COMMON_TORCH_COMPAT_H_
+#define PSTRAIN_COMMON_TORCH_COMPAT_H_
+
+#include <ATen/autocast_mode.h>
+#include <c10/core/DeviceType.h>
+#include <c10/core/ScalarType.h>
+#include <torch/csrc/api/include/torch/version.h>
+
+// c10d::Store::clone() (a thread-safe handle to the same store) became a
+// pure virtual in 2.8 (pytorch#150966); a Store subclass must implement it
+// from then on.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 8)
+#define PSTRAIN_C10D_STORE_HAS_CLONE 1
+#else
+#define PSTRAIN_C10D_STORE_HAS_CLONE 0
+#endif
+
+namespace pstrain {
+
+// Autocast (mixed precision) for one device type, on this thread: 2.4 gave
+// every device type one pair of functions; before, CUDA and the CPU had
+// their own.
+inline void SetAutocast(c10::DeviceType type, bool enabled, c10::ScalarType dtype) {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+  at::autocast::set_autocast_enabled(type, enabled);
+  at::autocast::set_autocast_dtype(type, dtype);
+#else
+  if (type == c10::DeviceType::CUDA) {
+    at::autocast::set_enabled(enabled);
+    at::autocast::set_autocast_gpu_dtype(dtype);
+  } else {
+    at::autocast::set_cpu_enabled(enabled);
+    at::autocast::set_autocast_cpu_dtype(dtype);
+  }
+#endif
+  if (!enabled) at::autocast::clear_cache();
+}
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_COMMON_TORCH_COMPAT_H_

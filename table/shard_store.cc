@@ -1296,3 +1296,76 @@ void ShardStore::DropTable(const DropTableRequest& request, DropTableResponse* r
 }
 
 }  // namespace pstrain
+
+namespace pstrain {
+
+absl::Status ShardStore::ExportChunks(const std::string& job, std::vector<ChunkState>* chunks) {
+  absl::StatusOr<std::shared_ptr<Table>> table = FindTable(job, /*attempt=*/0);
+  if (!table.ok()) return table.status();
+  google::protobuf::RepeatedPtrField<std::string> keys;
+  for (const ChunkState& c : *chunks) keys.Add()->assign(c.key);
+  absl::StatusOr<std::vector<size_t>> index = ResolveKeys(**table, keys);
+  if (!index.ok()) return index.status();
+  const int slots = OptimizerStateSlots((*table)->config.optimizer().kind());
+  for (size_t i = 0; i < chunks->size(); ++i) {
+    ChunkState& out = (*chunks)[i];
+    Chunk& c = *(*table)->chunks[(*index)[i]];
+    std::lock_guard<std::mutex> lock(c.mu);
+    if (static_cast<int>(out.slots.size()) != slots) {
+      return absl::InvalidArgumentError(absl::StrCat("key '", Quote(c.key), "' has ", slots, " state slots"));
+    }
+    std::memcpy(out.value, c.value.data, c.value.nbytes);
+    if (c.state.empty() || c.state[0].empty()) {
+      // Never updated: the state a first update would start from.
+      absl::StatusOr<std::vector<TensorBuffer>> fresh = NewStateSet((*table)->config.optimizer(), c.dtype, c.shape);
+      if (!fresh.ok()) return fresh.status();
+      for (int j = 0; j < slots; ++j) std::memcpy(out.slots[j], (*fresh)[j].data, (*fresh)[j].nbytes);
+      out.optimizer_step = 0;
+    } else {
+      for (int j = 0; j < slots; ++j) std::memcpy(out.slots[j], c.state[0][j].data, c.state[0][j].nbytes);
+      out.optimizer_step = c.optimizer_step[0];
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ShardStore::ImportChunks(const std::string& job, const std::vector<ChunkState>& chunks, int64_t step) {
+  absl::StatusOr<std::shared_ptr<Table>> table = FindTable(job, /*attempt=*/0);
+  if (!table.ok()) return table.status();
+  google::protobuf::RepeatedPtrField<std::string> keys;
+  for (const ChunkState& c : chunks) keys.Add()->assign(c.key);
+  absl::StatusOr<std::vector<size_t>> index = ResolveKeys(**table, keys);
+  if (!index.ok()) return index.status();
+  const int slots = OptimizerStateSlots((*table)->config.optimizer().kind());
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    const ChunkState& in = chunks[i];
+    Chunk& c = *(*table)->chunks[(*index)[i]];
+    if (static_cast<int>(in.slots.size()) != slots) {
+      return absl::InvalidArgumentError(absl::StrCat("key '", Quote(c.key), "' has ", slots, " state slots"));
+    }
+    // Everything allocated first: the chunk changes all at once or not at all.
+    absl::StatusOr<TensorBuffer> value = TensorBuffer::TryAllocate(c.dtype, c.shape);
+    if (!value.ok()) return value.status();
+    std::memcpy(value->MutableData(), in.value, value->nbytes);
+    std::vector<TensorBuffer> set;
+    for (int j = 0; j < slots; ++j) {
+      absl::StatusOr<TensorBuffer> b = TensorBuffer::TryAllocate(c.dtype, c.shape);
+      if (!b.ok()) return b.status();
+      std::memcpy(b->MutableData(), in.slots[j], b->nbytes);
+      set.push_back(std::move(*b));
+    }
+    std::lock_guard<std::mutex> lock(c.mu);
+    c.value = std::move(*value);  // readers keep the old value through its owner
+    c.spare = TensorBuffer();
+    if (c.state.empty()) return absl::FailedPreconditionError("the table keeps no optimizer state");
+    c.state[0] = std::move(set);
+    c.optimizer_step[0] = in.optimizer_step;
+    for (auto& l : c.last_step) l = step;
+    c.clock.store(step, std::memory_order_release);
+    c.version.store(std::max(c.version.load(), in.optimizer_step), std::memory_order_release);
+  }
+  NotifyWaiters();
+  return absl::OkStatus();
+}
+
+}  // namespace pstrain

@@ -101,6 +101,21 @@ class ShardStore : public ParameterStore {
   // Bytes reserved by the tables now (values, state, accumulators).
   uint64_t reserved_bytes() const { return reserved_.load(); }
 
+  // For an in-process owner that applies the optimizer itself (an all-reduce
+  // worker whose model is on a GPU) and keeps this store as its checkpoint
+  // format: the values and optimizer state (set 0) of chunks copied out, or
+  // in. Buffers hold the chunk's elements in its dtype; `slots` one buffer
+  // per optimizer state slot. Import replaces values and state as one
+  // update of `optimizer_step` updates in all, the last at `step`.
+  struct ChunkState {
+    std::string key;
+    void* value = nullptr;
+    std::vector<void*> slots;
+    int64_t optimizer_step = 0;  // updates applied to the state so far
+  };
+  absl::Status ExportChunks(const std::string& job, std::vector<ChunkState>* chunks);
+  absl::Status ImportChunks(const std::string& job, const std::vector<ChunkState>& chunks, int64_t step);
+
  private:
   struct Chunk;
   struct Table;

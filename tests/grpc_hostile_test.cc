@@ -13,6 +13,7 @@
 #include <map>
 #include <set>
 
+#include "absl/strings/str_cat.h"
 #include "common/file_util.h"
 #include "common/quote.h"
 #include "google/protobuf/descriptor.h"

@@ -162,7 +162,7 @@ log_every_steps: 10
   EXPECT_NE(log.find("a peer left"), std::string::npos) << log;
 }
 
-// backend: nccl needs CUDA tensors; this trainer keeps them on the CPU, so
+// backend: nccl needs CUDA tensors; without a GPU the worker trains on the CPU, so
 // the job is refused before training starts, saying why.
 TEST(LocalRunTest, AllReduceNcclOnTheCpuTrainerIsAClearError) {
   const std::string dir = MakeTempDir("allreduce-nccl");
@@ -176,7 +176,7 @@ TEST(LocalRunTest, AllReduceNcclOnTheCpuTrainerIsAClearError) {
   ASSERT_TRUE(child.ok());
   EXPECT_EQ((*child)->Wait(absl::Seconds(60)), 1);
   const std::string log = ReadFile(dir + "/worker.log").value_or("");
-  EXPECT_NE(log.find("backend nccl: this worker trains on the CPU"), std::string::npos) << log;
+  EXPECT_NE(log.find("backend nccl reduces CUDA tensors, but this worker trains on cpu"), std::string::npos) << log;
 }
 
 TEST(LocalRunTest, CtrlCStopsEveryChildAndExits130) {

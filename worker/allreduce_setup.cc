@@ -109,12 +109,13 @@ std::function<absl::Status(const std::vector<std::string>& keys)> AllReduceSetup
   };
 }
 
-std::string AllReduceSetup::SaveTable(const std::string& path) {
+std::string AllReduceSetup::SaveTable(const std::string& path, const std::function<absl::Status()>& flush) {
   SaveTableRequest req;
   req.set_job(options_.spec.name);
   req.set_path(RelativeToFilesystemRoot(path));
   SaveTableResponse resp;
-  absl::Status s = WaitFor([&](StatusCallback done) { local_->SaveTable(req, &resp, {}, done); });
+  absl::Status s = flush();
+  if (s.ok()) s = WaitFor([&](StatusCallback done) { local_->SaveTable(req, &resp, {}, done); });
   nlohmann::json out;
   if (s.ok()) {
     out["bytes"] = resp.bytes();

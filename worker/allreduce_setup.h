@@ -47,7 +47,8 @@ class AllReduceSetup {
   std::function<absl::Status(const std::vector<std::string>& keys)> restore_local();
   // Writes the local store's table to `path` (a checkpoint's shard file);
   // returns {"bytes": N, "crc32": C} or {"error": "..."} for the coordinator.
-  std::string SaveTable(const std::string& path);
+  // `flush` first makes the local store current (TrainerOptions::at_step_boundary).
+  std::string SaveTable(const std::string& path, const std::function<absl::Status()>& flush);
 
  private:
   AllReduceOptions options_;

@@ -1,6 +1,7 @@
 #include "worker/gradient_exchange.h"
 
 #include <ATen/ops/empty.h>
+#include <ATen/ops/isfinite.h>
 #include <c10/core/GradMode.h>
 
 #include <cmath>
@@ -9,7 +10,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "collective/collective.h"
+#include "table/optimizer.h"
+#include "table/shard_store.h"
 #include "worker/ps_client.h"
+#include "worker/tensor_optimizer.h"
 
 namespace pstrain {
 
@@ -219,6 +223,7 @@ class AllReduceExchange : public GradientExchange {
         for (auto& f : flats_) f.mul_(coef);
       }
     }
+    if (optimizer_ != nullptr) return ApplyLocally();
     // The local store (on the host) applies the step.
     for (size_t b = 0; b < buckets_.size(); ++b) {
       if (on_device_) host_flats_[b].copy_(flats_[b]);
@@ -243,7 +248,107 @@ class AllReduceExchange : public GradientExchange {
     GradientExchange::Abandon();
   }
 
+  absl::Status InitTables(const TableConfig& config) override {
+    absl::Status s = GradientExchange::InitTables(config);
+    if (!s.ok() || options_.local_store == nullptr) return s;
+    config_ = config;
+    OptimizerConfig optimizer = config.optimizer();
+    s = NormalizeOptimizerConfig(&optimizer);
+    if (!s.ok()) return s;
+    optimizer_ = std::make_unique<TensorOptimizer>(optimizer, options_.params);
+    for (size_t i = 0; i < options_.params.size(); ++i) {
+      std::vector<at::Tensor> set;
+      for (int k = 0; k < optimizer_->slots(); ++k) set.push_back(HostBufferFor(options_.params[i], options_.device));
+      host_state_.push_back(std::move(set));
+    }
+    // A restored table's optimizer state (or the initial one) to the device.
+    std::vector<ShardStore::ChunkState> chunks = ChunkStates();
+    s = options_.local_store->ExportChunks(options_.job, &chunks);
+    if (!s.ok()) return s;
+    c10::NoGradGuard no_grad;
+    for (size_t i = 0; i < host_state_.size(); ++i) {
+      for (int k = 0; k < optimizer_->slots(); ++k) DeviceStager::Upload(host_state_[i][k], optimizer_->state(i)[k]);
+    }
+    optimizer_->set_step(chunks.empty() ? 0 : chunks.front().optimizer_step);
+    return absl::OkStatus();
+  }
+
+  // The parameters are the current values: nothing to pull.
+  absl::Status Pull(int64_t min_version) override {
+    return optimizer_ != nullptr ? absl::OkStatus() : GradientExchange::Pull(min_version);
+  }
+
+  absl::Status Flush(int64_t steps) override {
+    if (optimizer_ == nullptr) return absl::OkStatus();
+    c10::NoGradGuard no_grad;
+    for (size_t i = 0; i < options_.params.size(); ++i) {
+      staging_[i].copy_(options_.params[i]);
+      for (int k = 0; k < optimizer_->slots(); ++k) host_state_[i][k].copy_(optimizer_->state(i)[k]);
+    }
+    std::vector<ShardStore::ChunkState> chunks = ChunkStates();
+    for (auto& c : chunks) c.optimizer_step = optimizer_->step();
+    return options_.local_store->ImportChunks(options_.job, chunks, steps - 1);
+  }
+
  private:
+  // The plan's chunks as views of staging_ (values) and host_state_.
+  std::vector<ShardStore::ChunkState> ChunkStates() {
+    std::vector<ShardStore::ChunkState> out;
+    for (const ChunkSpec& c : options_.ps->plan().chunks) {
+      const at::Tensor& v = staging_[c.param];
+      const size_t offset = static_cast<size_t>(c.offset) * v.element_size();
+      ShardStore::ChunkState cs;
+      cs.key = c.key;
+      cs.value = static_cast<char*>(v.data_ptr()) + offset;
+      for (const at::Tensor& slot : host_state_[c.param]) cs.slots.push_back(static_cast<char*>(slot.data_ptr()) + offset);
+      out.push_back(std::move(cs));
+    }
+    return out;
+  }
+
+  // The averaged gradients update the parameters where they are, with the
+  // shards' arithmetic and their policy for NaN and Inf.
+  absl::Status ApplyLocally() {
+    c10::NoGradGuard no_grad;
+    at::Tensor finite;
+    for (const at::Tensor& f : flats_) {
+      at::Tensor ok = at::isfinite(f).all();
+      finite = finite.defined() ? finite.logical_and(ok) : ok;
+    }
+    if (finite.defined() && !finite.item<bool>()) {
+      if (config_.nonfinite() == NONFINITE_REJECT) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("the averaged gradients of step ", step_,
+                         " have NaN or Inf; nothing was applied (lower the learning rate, clip gradients, or set "
+                         "the table's nonfinite policy to SKIP)"));
+      }
+      return absl::OkStatus();  // SKIP: this step changes nothing
+    }
+    std::vector<at::Tensor> grads(options_.params.size());
+    for (size_t b = 0; b < buckets_.size(); ++b) {
+      at::Tensor flat = flats_[b];
+      if (flat.device() != options_.device) {
+        // Gloo reduced a host copy of CUDA gradients: back to the device.
+        if (device_flats_.size() <= b) device_flats_.resize(buckets_.size());
+        if (!device_flats_[b].defined()) device_flats_[b] = at::empty(flat.sizes(), flat.options().device(options_.device));
+        DeviceStager::Upload(flat, device_flats_[b]);
+        flat = device_flats_[b];
+      }
+      int64_t offset = 0;
+      for (size_t p : buckets_[b]) {
+        const at::Tensor& param = options_.params[p];
+        grads[p] = flat.narrow(0, offset, param.numel()).view(param.sizes());
+        offset += param.numel();
+      }
+    }
+    optimizer_->Step(grads, lr_);
+    return absl::OkStatus();
+  }
+
+  TableConfig config_;
+  std::unique_ptr<TensorOptimizer> optimizer_;
+  std::vector<std::vector<at::Tensor>> host_state_;  // per parameter: its slots on the host
+  std::vector<at::Tensor> device_flats_;              // gloo on a GPU: the reduced buckets, uploaded
   Collective* collective_ = nullptr;
   bool on_device_ = false;
   std::vector<at::Tensor> flats_;       // per bucket: the buffer reduced

@@ -38,6 +38,7 @@ namespace pstrain {
 
 class Collective;
 class PsClient;
+class ShardStore;
 
 struct ExchangeOptions {
   PsClient* ps = nullptr;          // not owned: the shards, or the local store (all-reduce)
@@ -48,6 +49,12 @@ struct ExchangeOptions {
   // are clipped to (0: off).
   Collective* collective = nullptr;
   double clip_grad_norm = 0;
+  // All-reduce: the in-process store holding the whole model (not owned).
+  // The exchange applies the optimizer itself, where the parameters live
+  // (TensorOptimizer); the store is the checkpoint format and the source of
+  // a restore, brought up to date by Flush.
+  ShardStore* local_store = nullptr;
+  std::string job;
 };
 
 class GradientExchange {
@@ -56,10 +63,14 @@ class GradientExchange {
 
   // Creates the tables from the parameters' values (every worker offers the
   // same seeded values), then loads the tables' values into the parameters.
-  absl::Status InitTables(const TableConfig& config);
+  virtual absl::Status InitTables(const TableConfig& config);
   // The tables' values into the parameters, once every chunk reached
   // `min_version` updates.
-  absl::Status Pull(int64_t min_version = 0);
+  virtual absl::Status Pull(int64_t min_version = 0);
+  // Makes the tables current with the parameters after `steps` steps (an
+  // exchange that applies the optimizer itself; the others' tables always
+  // are). Called before a checkpoint is written.
+  virtual absl::Status Flush(int64_t steps) { return absl::OkStatus(); }
 
   // Whether the exchange clips the reduced gradients itself (all-reduce);
   // otherwise the caller clips before offering.

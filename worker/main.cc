@@ -199,8 +199,9 @@ absl::Status RunJobOrThrow(pstrain::JobSpec spec, int rank, int world_size, cons
     // All-reduce: worker 0 writes the model (its local store) for the
     // coordinator while everyone is paused.
     pstrain::AllReduceSetup* saver = rank == 0 ? allreduce.get() : nullptr;
-    options.at_step_boundary = [member, stop, rank, &emit, pause, saver](int64_t step, int epoch,
-                                                                         int64_t epoch_step) {
+    options.at_step_boundary = [member, stop, rank, &emit, pause, saver](
+                                   int64_t step, int epoch, int64_t epoch_step,
+                                   const std::function<absl::Status()>& flush) {
       const absl::Time now = absl::Now();
       if (pause->last != absl::InfinitePast()) {
         pause->step_seconds = 0.9 * pause->step_seconds + 0.1 * absl::ToDoubleSeconds(now - pause->last);
@@ -236,7 +237,7 @@ absl::Status RunJobOrThrow(pstrain::JobSpec spec, int rank, int world_size, cons
           const std::string prefix = absl::StrCat("ckpt/", id, "/");
           auto path = member->KvGet(prefix + "path", absl::Milliseconds(200));
           if (path.ok()) {
-            (void)member->KvSet(prefix + "saved", saver->SaveTable(*path));
+            (void)member->KvSet(prefix + "saved", saver->SaveTable(*path, flush));
             saved = true;
           }
           continue;

@@ -17,6 +17,7 @@
 #include "collective/collective.h"
 #include "common/partition_plan.h"
 #include "common/torch_compat.h"
+#include "table/shard_store.h"
 #include "worker/gradient_exchange.h"
 #include "worker/model.h"
 #include "worker/ps_client.h"
@@ -150,6 +151,8 @@ absl::StatusOr<TrainResult> RunTrainer(const TrainerOptions& options, const Trai
   eo.bucket_bytes = spec.bucket_bytes;
   eo.collective = collective;
   eo.clip_grad_norm = spec.clip_grad_norm;
+  eo.job = spec.name;
+  if (allreduce) eo.local_store = dynamic_cast<ShardStore*>(options.shards[0]);
   std::unique_ptr<GradientExchange> exchange;
   if (allreduce) {
     // Everyone starts from rank 0's values (as DDP does); the local store,
@@ -223,7 +226,9 @@ absl::StatusOr<TrainResult> RunTrainer(const TrainerOptions& options, const Trai
     const int64_t first_step = epoch == options.start_epoch ? options.start_epoch_step : 0;
     int64_t micro = first_step * spec.accumulate_steps;
     for (int64_t es = first_step; es < steps_per_epoch && step < total_steps; ++es) {
-      if (options.at_step_boundary) options.at_step_boundary(step, epoch, es);
+      if (options.at_step_boundary) {
+        options.at_step_boundary(step, epoch, es, [&exchange, step] { return exchange->Flush(step); });
+      }
       if (options.stop != nullptr && options.stop->load()) {
         return absl::CancelledError(absl::StrCat("job cancelled at step ", step));
       }

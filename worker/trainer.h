@@ -11,10 +11,11 @@
 // All-reduce mode (options.collective set): the same loop, but a complete
 // bucket of gradients is packed into one flat buffer and all-reduced among
 // the workers (asynchronously, while backward goes on); after backward the
-// averaged gradients are applied by an in-process store holding the whole
-// model (options.shards[0], a ShardStore), the same optimizer code as the
-// shards', which also gives checkpoints the shards' file format. Rank 0's
-// initial values are broadcast first.
+// averaged gradients update the parameters where they live, with the
+// shards' optimizer arithmetic; an in-process store holding the whole model
+// (options.shards[0], a ShardStore) keeps checkpoints in the shards' file
+// format. Rank 0's initial values are broadcast first. The two modes are
+// two GradientExchanges (worker/gradient_exchange.h).
 //
 // Events (progress, per-epoch evaluation, the final result) go to `emit` as
 // WorkerEvent messages (proto/events.proto).
@@ -62,7 +63,10 @@ struct TrainerOptions {
   const std::atomic<bool>* stop = nullptr;
   // Called before every optimizer step, with the step about to run and its
   // place in the epochs; may block (a checkpoint pauses workers here).
-  std::function<void(int64_t step, int epoch, int64_t epoch_step)> at_step_boundary;
+  // `flush` makes the parameter store current (all-reduce applies the
+  // optimizer on the worker's device): call it before saving the store.
+  std::function<void(int64_t step, int epoch, int64_t epoch_step, const std::function<absl::Status()>& flush)>
+      at_step_boundary;
   // Called after every optimizer step (metrics): the step just finished, its
   // loss and examples, and its wall time with and without waiting on the
   // shards.

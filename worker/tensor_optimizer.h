@@ -1,0 +1,44 @@
+// The shards' optimizers (table/optimizer.cc: SGD with momentum, dampening,
+// Nesterov and weight decay; Adam; AdamW; Adagrad) written with ATen ops,
+// for an all-reduce worker, which applies each step where its parameters
+// live -- on a GPU, without a trip through host memory. Same arithmetic,
+// same state slots and step count as the shards', so a checkpoint written
+// through the local store (ShardStore::ImportChunks) resumes in either mode.
+#ifndef PSTRAIN_WORKER_TENSOR_OPTIMIZER_H_
+#define PSTRAIN_WORKER_TENSOR_OPTIMIZER_H_
+
+#include <ATen/core/Tensor.h>
+
+#include <vector>
+
+#include "proto/parameter.pb.h"
+
+namespace pstrain {
+
+class TensorOptimizer {
+ public:
+  // `config` normalised (NormalizeOptimizerConfig); `params` updated in
+  // place by Step. The state starts as a first update expects it.
+  TensorOptimizer(const OptimizerConfig& config, std::vector<at::Tensor> params);
+
+  int slots() const { return slots_; }
+  // state(i)[k]: slot k of parameter i, shaped like it, on its device.
+  std::vector<at::Tensor>& state(size_t i) { return state_[i]; }
+  // Updates applied so far (the shards' optimizer_step).
+  int64_t step() const { return step_; }
+  void set_step(int64_t step) { step_ = step; }
+
+  // One update: params[i] -= f(grads[i]); `lr` > 0 overrides the config's.
+  void Step(const std::vector<at::Tensor>& grads, double lr);
+
+ private:
+  OptimizerConfig config_;
+  std::vector<at::Tensor> params_;
+  std::vector<std::vector<at::Tensor>> state_;
+  int slots_ = 0;
+  int64_t step_ = 0;
+};
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_WORKER_TENSOR_OPTIMIZER_H_

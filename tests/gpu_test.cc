@@ -57,8 +57,11 @@ std::vector<absl::StatusOr<TrainResult>> TrainRanks(const JobSpec& spec, const T
   return results;
 }
 
-// Two SYNC workers sharing one GPU, with CPU shards, train exactly like one
-// GPU worker on the concatenated batches (fp32).
+// Two SYNC workers sharing one GPU, with CPU shards, train like one GPU
+// worker on the concatenated batches. In fp32 cuDNN sums a batch of 32 in
+// another order than two of 16, and 20 steps of momentum carry that to
+// ~1e-3 (measured on an H100: 1.0e-3 at most, deterministic algorithms
+// and no TF32); the float64 test below is the exact check.
 TEST(GpuTest, SyncTwoWorkersOnOneGpuEqualOneWorkerOnTheConcatenatedBatch) {
   REQUIRE_CUDA();
   auto data = LoadData(SyntheticSpec("x", "lenet").data, 7);
@@ -76,7 +79,7 @@ TEST(GpuTest, SyncTwoWorkersOnOneGpuEqualOneWorkerOnTheConcatenatedBatch) {
     o.shards = shards.ptrs;
     return absl::OkStatus();
   });
-  ExpectLikeOneWorkerOnTheConcatenatedBatch(two, *data, results, kGpu);
+  ExpectLikeOneWorkerOnTheConcatenatedBatch(two, *data, results, kGpu, 1e-2, 3e-3);
 }
 
 // The same in float64 (a TorchScript module from
@@ -128,13 +131,16 @@ std::vector<absl::StatusOr<TrainResult>> TrainAllReduce(const JobSpec& spec, con
 }
 
 // NCCL end to end with the one rank a single GPU allows: equals a PS worker
-// with one shard on the same GPU.
+// with one shard on the same GPU (in float64: the device optimizer and the
+// shard's loops round differently in fp32).
 TEST(GpuTest, AllReduceNcclOneRankEqualsOneWorker) {
   REQUIRE_CUDA();
   if (!NcclBuilt()) GTEST_SKIP() << "this build has no NCCL backend (libpstrain_nccl.so)";
+  const std::string model = "worker/testdata/small_net_f64.pt";
+  if (!std::filesystem::exists(model)) GTEST_SKIP() << model << " is missing (tools/gpu/run.sh writes it)";
   auto data = LoadData(SyntheticSpec("x", "lenet").data, 7);
   ASSERT_TRUE(data.ok());
-  JobSpec one = SyntheticSpec("gpu-nccl", "lenet");
+  JobSpec one = SyntheticSpec("gpu-nccl", "torchscript:" + model);
   one.mode = "allreduce";
   one.consistency = SYNC;
   one.workers = 1;
@@ -156,17 +162,20 @@ TEST(GpuTest, AllReduceNcclOneRankEqualsOneWorker) {
   for (size_t i = 0; i < ref[0]->parameters.size(); ++i) {
     const at::Tensor& a = ref[0]->parameters[i].second;
     const at::Tensor& b = results[0]->parameters[i].second;
-    EXPECT_TRUE(at::allclose(a, b, 1e-4, 1e-5)) << ref[0]->parameters[i].first;
+    EXPECT_TRUE(at::allclose(a, b, 1e-9, 1e-11))
+        << ref[0]->parameters[i].first << " differs by " << a.sub(b).abs().max().item<double>();
   }
 }
 
 // Gloo reduces host copies of CUDA gradients: two ranks on one GPU train
-// like one worker on the concatenated batches.
+// like one worker on the concatenated batches (float64, as above).
 TEST(GpuTest, AllReduceGlooOnCudaTensorsTwoRanks) {
   REQUIRE_CUDA();
+  const std::string model = "worker/testdata/small_net_f64.pt";
+  if (!std::filesystem::exists(model)) GTEST_SKIP() << model << " is missing (tools/gpu/run.sh writes it)";
   auto data = LoadData(SyntheticSpec("x", "lenet").data, 7);
   ASSERT_TRUE(data.ok());
-  JobSpec two = SyntheticSpec("gpu-gloo", "lenet");
+  JobSpec two = SyntheticSpec("gpu-gloo", "torchscript:" + model);
   two.mode = "allreduce";
   two.consistency = SYNC;
   two.workers = 2;
@@ -176,7 +185,7 @@ TEST(GpuTest, AllReduceGlooOnCudaTensorsTwoRanks) {
   two.bucket_bytes = 8 << 10;
   two.clip_grad_norm = 5.0;
   auto results = TrainAllReduce(two, *data, 2, "gloo");
-  ExpectLikeOneWorkerOnTheConcatenatedBatch(two, *data, results, kGpu);
+  ExpectLikeOneWorkerOnTheConcatenatedBatch(two, *data, results, kGpu, 1e-9, 1e-11);
 }
 
 TEST(GpuTest, Bf16AutocastTrainsWithinOnePointOfFp32) {

@@ -1,5 +1,7 @@
 #include "worker/tensor_optimizer.h"
 
+#include <ATen/ops/_foreach_add.h>
+#include <ATen/ops/_foreach_mul.h>
 #include <ATen/ops/zeros_like.h>
 #include <c10/core/GradMode.h>
 
@@ -25,6 +27,22 @@ void TensorOptimizer::Step(const std::vector<at::Tensor>& grads, double lr_overr
   ++step_;
   const double lr = lr_override > 0 ? lr_override : config_.lr();
   const double wd = config_.weight_decay();
+  if (config_.kind() == OptimizerConfig::SGD && step_ > 1) {
+    // The common case in multi-tensor kernels: a handful of launches for the
+    // whole model instead of several per parameter.
+    const std::vector<at::Tensor> d = wd != 0 ? at::_foreach_add(grads, params_, wd) : grads;
+    const double mom = config_.momentum();
+    if (mom == 0) {
+      at::_foreach_add_(params_, d, -lr);
+      return;
+    }
+    std::vector<at::Tensor> bufs;
+    for (auto& set : state_) bufs.push_back(set[0]);
+    at::_foreach_mul_(bufs, mom);
+    at::_foreach_add_(bufs, d, 1.0 - config_.dampening());
+    at::_foreach_add_(params_, config_.nesterov() ? at::_foreach_add(d, bufs, mom) : bufs, -lr);
+    return;
+  }
   for (size_t i = 0; i < params_.size(); ++i) {
     at::Tensor& p = params_[i];
     const at::Tensor& g = grads[i];

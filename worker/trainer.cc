@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <deque>
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
@@ -221,6 +222,13 @@ absl::StatusOr<TrainResult> RunTrainer(const TrainerOptions& options, const Trai
   int64_t window_samples = 0;
   double window_loss = 0;
   int window_steps = 0;
+  struct UnreadLoss {
+    int64_t step;
+    at::Tensor loss;  // on the device
+    int64_t samples;
+    double seconds, wait_seconds;
+  };
+  std::deque<UnreadLoss> unread;
   for (int epoch = options.start_epoch; epoch < spec.epochs && step < total_steps; ++epoch) {
     const std::vector<int64_t> order = sampler.Indices(epoch);
     const int64_t first_step = epoch == options.start_epoch ? options.start_epoch_step : 0;
@@ -286,17 +294,26 @@ absl::StatusOr<TrainResult> RunTrainer(const TrainerOptions& options, const Trai
       }
       s = exchange->Finish();
       if (!s.ok()) return absl::Status(s.code(), absl::StrCat("step ", step, ": ", s.message()));
-      const double step_loss = step_loss_sum.defined() ? step_loss_sum.item<double>() : 0.0;
-      if (options.on_step) {
+      {
         const auto now = Clock::now();
-        options.on_step(step + 1, step_loss, step_samples, Seconds(step_start, now), Seconds(compute_end, now));
+        unread.push_back({step + 1, step_loss_sum, step_samples, Seconds(step_start, now), Seconds(compute_end, now)});
       }
       ++step;
       result.samples += step_samples;
       window_samples += step_samples;
-      window_loss += step_loss;
-      ++window_steps;
-      if (step % spec.log_every_steps == 0 || step == total_steps) {
+      const bool log_now = step % spec.log_every_steps == 0 || step == total_steps;
+      // A step's loss is read one step later (or when a progress event needs
+      // it): by then the device computed it long ago, so the host never
+      // waits for the device just to read a number.
+      while (unread.size() > (log_now ? 0u : 1u)) {
+        const UnreadLoss& u = unread.front();
+        const double loss = u.loss.defined() ? u.loss.item<double>() : 0.0;
+        if (options.on_step) options.on_step(u.step, loss, u.samples, u.seconds, u.wait_seconds);
+        window_loss += loss;
+        ++window_steps;
+        unread.pop_front();
+      }
+      if (log_now) {
         const auto now = Clock::now();
         WorkerEvent e;
         e.set_rank(options.rank);

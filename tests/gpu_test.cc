@@ -57,16 +57,12 @@ std::vector<absl::StatusOr<TrainResult>> TrainRanks(const JobSpec& spec, const T
   return results;
 }
 
-// Two SYNC workers sharing one GPU, with CPU shards, train like one GPU
-// worker on the concatenated batches. In fp32 cuDNN sums a batch of 32 in
-// another order than two of 16, and 20 steps of momentum carry that to
-// ~1e-3 (measured on an H100: 1.0e-3 at most, deterministic algorithms
-// and no TF32); the float64 test below is the exact check.
-TEST(GpuTest, SyncTwoWorkersOnOneGpuEqualOneWorkerOnTheConcatenatedBatch) {
-  REQUIRE_CUDA();
+// Two SYNC ps workers of `model` sharing the GPU, with two CPU shards, 20
+// steps, compared with one GPU worker on the concatenated batches.
+void ExpectTwoPsWorkersLikeOne(const std::string& model, double rtol, double atol) {
   auto data = LoadData(SyntheticSpec("x", "lenet").data, 7);
   ASSERT_TRUE(data.ok());
-  JobSpec two = SyntheticSpec("gpu-sync-two", "lenet");
+  JobSpec two = SyntheticSpec("gpu-sync-two", model);
   two.consistency = SYNC;
   two.workers = 2;
   two.shards = 2;
@@ -79,33 +75,33 @@ TEST(GpuTest, SyncTwoWorkersOnOneGpuEqualOneWorkerOnTheConcatenatedBatch) {
     o.shards = shards.ptrs;
     return absl::OkStatus();
   });
-  ExpectLikeOneWorkerOnTheConcatenatedBatch(two, *data, results, kGpu, 1e-2, 3e-3);
+  ExpectLikeOneWorkerOnTheConcatenatedBatch(two, *data, results, kGpu, rtol, atol);
 }
 
-// The same in float64 (a TorchScript module from
-// worker/testdata/make_scripted_mlp.py --float64): with rounding out of the
-// way, the two runs differ only in the order of additions, so any ordering
-// bug between the compute and copy streams would show far above 1e-9.
+// The float64 TorchScript module (worker/testdata/make_scripted_mlp.py
+// --float64), or a skip.
+#define REQUIRE_FLOAT64_MODEL(model)                                                  \
+  const std::string model = "worker/testdata/small_net_f64.pt";                       \
+  if (!std::filesystem::exists(model)) {                                              \
+    GTEST_SKIP() << model << " is missing (tools/gpu/run.sh writes it)";              \
+  }
+
+// In fp32 cuDNN sums a batch of 32 in another order than two of 16, and 20
+// steps of momentum carry that to ~1e-3 (measured on an H100: 1.0e-3 at
+// most, deterministic algorithms and no TF32); the float64 test is the exact
+// check.
+TEST(GpuTest, SyncTwoWorkersOnOneGpuEqualOneWorkerOnTheConcatenatedBatch) {
+  REQUIRE_CUDA();
+  ExpectTwoPsWorkersLikeOne("lenet", 1e-2, 3e-3);
+}
+
+// With rounding out of the way the two runs differ only in the order of
+// additions, so an ordering bug between the compute and copy streams would
+// show far above 1e-9.
 TEST(GpuTest, SyncTwoWorkersOnOneGpuEqualOneWorkerInFloat64) {
   REQUIRE_CUDA();
-  const std::string model = "worker/testdata/small_net_f64.pt";
-  if (!std::filesystem::exists(model)) GTEST_SKIP() << model << " is missing (tools/gpu/run.sh writes it)";
-  auto data = LoadData(SyntheticSpec("x", "lenet").data, 7);
-  ASSERT_TRUE(data.ok());
-  JobSpec two = SyntheticSpec("gpu-sync-f64", "torchscript:" + model);
-  two.consistency = SYNC;
-  two.workers = 2;
-  two.shards = 2;
-  two.batch_size = 16;
-  two.max_steps = 20;
-  two.chunk_bytes = 16 << 10;
-  two.bucket_bytes = 8 << 10;
-  Shards shards(2);
-  auto results = TrainRanks(two, *data, 2, [&](int, TrainerOptions& o) {
-    o.shards = shards.ptrs;
-    return absl::OkStatus();
-  });
-  ExpectLikeOneWorkerOnTheConcatenatedBatch(two, *data, results, kGpu, 1e-9, 1e-11);
+  REQUIRE_FLOAT64_MODEL(model);
+  ExpectTwoPsWorkersLikeOne("torchscript:" + model, 1e-9, 1e-11);
 }
 
 std::vector<absl::StatusOr<TrainResult>> TrainAllReduce(const JobSpec& spec, const TrainTest& data, int ranks,
@@ -136,8 +132,7 @@ std::vector<absl::StatusOr<TrainResult>> TrainAllReduce(const JobSpec& spec, con
 TEST(GpuTest, AllReduceNcclOneRankEqualsOneWorker) {
   REQUIRE_CUDA();
   if (!NcclBuilt()) GTEST_SKIP() << "this build has no NCCL backend (libpstrain_nccl.so)";
-  const std::string model = "worker/testdata/small_net_f64.pt";
-  if (!std::filesystem::exists(model)) GTEST_SKIP() << model << " is missing (tools/gpu/run.sh writes it)";
+  REQUIRE_FLOAT64_MODEL(model);
   auto data = LoadData(SyntheticSpec("x", "lenet").data, 7);
   ASSERT_TRUE(data.ok());
   JobSpec one = SyntheticSpec("gpu-nccl", "torchscript:" + model);
@@ -171,8 +166,7 @@ TEST(GpuTest, AllReduceNcclOneRankEqualsOneWorker) {
 // like one worker on the concatenated batches (float64, as above).
 TEST(GpuTest, AllReduceGlooOnCudaTensorsTwoRanks) {
   REQUIRE_CUDA();
-  const std::string model = "worker/testdata/small_net_f64.pt";
-  if (!std::filesystem::exists(model)) GTEST_SKIP() << model << " is missing (tools/gpu/run.sh writes it)";
+  REQUIRE_FLOAT64_MODEL(model);
   auto data = LoadData(SyntheticSpec("x", "lenet").data, 7);
   ASSERT_TRUE(data.ok());
   JobSpec two = SyntheticSpec("gpu-gloo", "torchscript:" + model);

@@ -38,4 +38,4 @@ log "copying the working tree"
 rm -rf "$ROOT/src" && mkdir -p "$ROOT/src"
 git ls-files -z --cached --others --exclude-standard | tar --null -T - -cf - | tar -xf - -C "$ROOT/src"
 log "bazel test //... inside trixie"
-chroot "$ROOT" /bin/bash -c 'cd /src && HOME=/root bazel test //... --test_output=errors'
+chroot "$ROOT" /bin/bash -c 'cd /src && HOME=/root bazel test //... --keep_going --test_output=errors'

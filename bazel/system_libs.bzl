@@ -10,6 +10,20 @@ def _system_library_repository_impl(ctx):
     ctx.symlink(ctx.attr.build_file, "BUILD.bazel")
     ctx.file("WORKSPACE", "workspace(name = \"%s\")\n" % ctx.name)
 
+    # Abseil's libraries differ between releases (Debian 13's splits
+    # string_view out, for one): link every one installed, keeping only
+    # those a binary uses.
+    libdir = ctx.path("/usr/lib/x86_64-linux-gnu")
+    absl = []
+    if libdir.exists:
+        absl = sorted([
+            f.basename[len("lib"):-len(".so")]
+            for f in libdir.readdir()
+            if f.basename.startswith("libabsl_") and f.basename.endswith(".so")
+        ])
+    linkopts = ["-Wl,--push-state,--as-needed"] + ["-l" + n for n in absl] + ["-Wl,--pop-state", "-lpthread"]
+    ctx.file("absl.bzl", "ABSL_LINKOPTS = %r\n" % linkopts)
+
 system_library_repository = repository_rule(
     implementation = _system_library_repository_impl,
     attrs = {"build_file": attr.label(mandatory = True, allow_single_file = True)},

@@ -93,6 +93,11 @@ Dataset Limit(Dataset d, int64_t limit) {
 
 }  // namespace
 
+at::Tensor Dataset::Normalize(const at::Tensor& rows) const {
+  if (rows.scalar_type() != at::kByte) return rows;
+  return rows.to(at::kFloat).div_(255.0).sub_(mean).div_(std);
+}
+
 absl::StatusOr<Dataset> LoadIdx(const std::string& images_path, const std::string& labels_path,
                                 double mean, double std, int64_t limit, int64_t num_classes) {
   absl::StatusOr<std::string> images = ReadMaybeGzip(images_path);
@@ -117,7 +122,9 @@ absl::StatusOr<Dataset> LoadIdx(const std::string& images_path, const std::strin
   }
   Dataset d;
   at::Tensor raw = at::from_blob(const_cast<char*>(images->data() + 16), {n, 1, rows, cols}, at::kByte);
-  d.inputs = raw.to(at::kFloat).div_(255.0).sub_(mean).div_(std);
+  d.inputs = raw.clone();  // the bytes; Normalize makes floats of a batch
+  d.mean = mean;
+  d.std = std;
   d.labels = at::from_blob(const_cast<uint8_t*>(lp), {n}, at::kByte).to(at::kLong);
   return Limit(std::move(d), limit);
 }

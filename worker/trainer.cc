@@ -19,6 +19,7 @@
 #include "common/partition_plan.h"
 #include "common/torch_compat.h"
 #include "table/shard_store.h"
+#include "worker/batch_loader.h"
 #include "worker/gradient_exchange.h"
 #include "worker/model.h"
 #include "worker/ps_client.h"
@@ -48,11 +49,11 @@ WorkerEvent EvalEvent(int rank, int epoch, const EvalResult& ev, bool final) {
   return e;
 }
 
-// A batch on the training device: gathered on the host, copied from pinned
-// memory without blocking the host.
+// A batch on the training device, copied from pinned memory without
+// blocking the host.
 at::Tensor ToDevice(const at::Tensor& t, const c10::Device& device) {
   if (device.is_cpu()) return t;
-  return t.pin_memory().to(device, /*non_blocking=*/true);
+  return (t.is_pinned() ? t : t.pin_memory()).to(device, /*non_blocking=*/true);
 }
 
 // Autocast on this thread for the forward pass (backward follows the dtypes
@@ -229,8 +230,15 @@ absl::StatusOr<TrainResult> RunTrainer(const TrainerOptions& options, const Trai
     double seconds, wait_seconds;
   };
   std::deque<UnreadLoss> unread;
+  BatchPlan batch_plan;
+  batch_plan.batch_size = spec.batch_size;
+  batch_plan.start_epoch = options.start_epoch;
+  batch_plan.start_micro = options.start_epoch_step * spec.accumulate_steps;
+  batch_plan.epochs = spec.epochs;
+  batch_plan.micro_per_epoch = micro_per_epoch;
+  batch_plan.pin = !device.is_cpu();
+  BatchLoader loader(data.train, sampler, batch_plan);
   for (int epoch = options.start_epoch; epoch < spec.epochs && step < total_steps; ++epoch) {
-    const std::vector<int64_t> order = sampler.Indices(epoch);
     const int64_t first_step = epoch == options.start_epoch ? options.start_epoch_step : 0;
     int64_t micro = first_step * spec.accumulate_steps;
     for (int64_t es = first_step; es < steps_per_epoch && step < total_steps; ++es) {
@@ -256,13 +264,13 @@ absl::StatusOr<TrainResult> RunTrainer(const TrainerOptions& options, const Trai
       int64_t step_samples = 0;
       try {
         for (int64_t m = first; m < last; ++m) {
-          const int64_t b0 = m * spec.batch_size;
-          const int64_t len = std::min<int64_t>(spec.batch_size, sampler.per_rank() - b0);
-          at::Tensor idx = at::from_blob(const_cast<int64_t*>(order.data() + b0), {len}, at::kLong);
-          // Gathered on the host, normalised where it trains (a quarter of
-          // the bytes cross to a GPU when the data is uint8).
-          at::Tensor x = data.train.Normalize(ToDevice(data.train.inputs.index_select(0, idx), device));
-          at::Tensor y = ToDevice(data.train.labels.index_select(0, idx), device);
+          absl::StatusOr<BatchLoader::Batch> batch = loader.Next(epoch, m);
+          if (!batch.ok()) return batch.status();
+          const int64_t len = batch->labels.size(0);
+          // Gathered by the loader's thread, normalised where it trains (a
+          // quarter of the bytes cross to a GPU when the data is uint8).
+          at::Tensor x = data.train.Normalize(ToDevice(batch->inputs, device));
+          at::Tensor y = ToDevice(batch->labels, device);
           at::Tensor logits;
           {
             AutocastScope autocast(device, spec.precision);

@@ -1,0 +1,74 @@
+#include "worker/batch_loader.h"
+
+#include <ATen/Functions.h>
+
+#include "absl/strings/str_cat.h"
+
+namespace pstrain {
+
+BatchLoader::BatchLoader(const Dataset& data, const DistributedSampler& sampler, BatchPlan plan)
+    : data_(data), sampler_(sampler), plan_(plan) {
+  thread_ = std::thread([this] { Loop(); });
+}
+
+BatchLoader::~BatchLoader() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+void BatchLoader::Loop() {
+  try {
+    for (int epoch = plan_.start_epoch; epoch < plan_.epochs; ++epoch) {
+      const std::vector<int64_t> order = sampler_.Indices(epoch);
+      for (int64_t m = epoch == plan_.start_epoch ? plan_.start_micro : 0; m < plan_.micro_per_epoch; ++m) {
+        {
+          std::unique_lock<std::mutex> lock(mu_);
+          cv_.wait(lock, [&] { return stop_ || static_cast<int>(ready_.size()) < plan_.depth; });
+          if (stop_) return;
+        }
+        const int64_t b0 = m * plan_.batch_size;
+        const int64_t len = std::min<int64_t>(plan_.batch_size, sampler_.per_rank() - b0);
+        at::Tensor idx = at::from_blob(const_cast<int64_t*>(order.data() + b0), {len}, at::kLong);
+        Batch b;
+        b.epoch = epoch;
+        b.micro = m;
+        b.inputs = data_.inputs.index_select(0, idx);
+        b.labels = data_.labels.index_select(0, idx);
+        if (plan_.pin) {
+          b.inputs = b.inputs.pin_memory();
+          b.labels = b.labels.pin_memory();
+        }
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          ready_.push_back(std::move(b));
+        }
+        cv_.notify_all();
+      }
+    }
+  } catch (const c10::Error& e) {
+    std::lock_guard<std::mutex> lock(mu_);
+    error_ = absl::InternalError(absl::StrCat("preparing a batch: ", e.what_without_backtrace()));
+  }
+  cv_.notify_all();
+}
+
+absl::StatusOr<BatchLoader::Batch> BatchLoader::Next(int epoch, int64_t micro) {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return !ready_.empty() || !error_.ok(); });
+  if (ready_.empty()) return error_;
+  Batch b = std::move(ready_.front());
+  ready_.pop_front();
+  lock.unlock();
+  cv_.notify_all();
+  if (b.epoch != epoch || b.micro != micro) {
+    return absl::InternalError(absl::StrCat("the batch loader is at epoch ", b.epoch, " micro-batch ", b.micro,
+                                            " but the trainer at ", epoch, "/", micro));
+  }
+  return b;
+}
+
+}  // namespace pstrain

@@ -11,8 +11,9 @@ def _system_library_repository_impl(ctx):
     ctx.file("WORKSPACE", "workspace(name = \"%s\")\n" % ctx.name)
 
     # Abseil's libraries differ between releases (Debian 13's splits
-    # string_view out, for one): link every one installed, keeping only
-    # those a binary uses.
+    # string_view out, for one): link every one installed. (Not with
+    # --as-needed: Bazel links tests against per-package shared objects,
+    # whose own references would then go unresolved.)
     libdir = ctx.path("/usr/lib/x86_64-linux-gnu")
     absl = []
     if libdir.exists:
@@ -21,7 +22,7 @@ def _system_library_repository_impl(ctx):
             for f in libdir.readdir()
             if f.basename.startswith("libabsl_") and f.basename.endswith(".so")
         ])
-    linkopts = ["-Wl,--push-state,--as-needed"] + ["-l" + n for n in absl] + ["-Wl,--pop-state", "-lpthread"]
+    linkopts = ["-l" + n for n in absl] + ["-lpthread"]
     ctx.file("absl.bzl", "ABSL_LINKOPTS = %r\n" % linkopts)
 
 system_library_repository = repository_rule(

@@ -279,6 +279,7 @@ absl::StatusOr<std::shared_ptr<KeyValueStore>> ConnectTcpStore(const std::string
     o.numWorkers = world_size;
     o.waitWorkers = true;
     o.timeout = Millis(timeout);
+    UseClassicTcpStore(o);
     auto store = c10::make_intrusive<c10d::TCPStore>(host, o);
     return std::shared_ptr<KeyValueStore>(new TcpKeyValueStore(store));
   } catch (const std::exception& e) {

@@ -39,6 +39,21 @@ inline void SetAutocast(c10::DeviceType type, bool enabled, c10::ScalarType dtyp
   if (!enabled) at::autocast::clear_cache();
 }
 
+// c10d::TCPStoreOptions::useLibUV (2.2 on; true by default from 2.4) picks
+// a libuv server that a LibTorch built without libuv (Debian's 2.6) refuses
+// at start: the classic server is plenty for a rendezvous. Detected by the
+// member, not the version, so either kind of build works.
+template <typename Options>
+auto UseClassicTcpStore(Options& o, int) -> decltype(o.useLibUV = false, void()) {
+  o.useLibUV = false;
+}
+template <typename Options>
+void UseClassicTcpStore(Options&, long) {}
+template <typename Options>
+void UseClassicTcpStore(Options& o) {
+  UseClassicTcpStore(o, 0);
+}
+
 }  // namespace pstrain
 
 #endif  // PSTRAIN_COMMON_TORCH_COMPAT_H_

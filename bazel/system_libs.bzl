@@ -10,19 +10,24 @@ def _system_library_repository_impl(ctx):
     ctx.symlink(ctx.attr.build_file, "BUILD.bazel")
     ctx.file("WORKSPACE", "workspace(name = \"%s\")\n" % ctx.name)
 
-    # Abseil's libraries differ between releases (Debian 13's splits
-    # string_view out, for one): link every one installed. (Not with
-    # --as-needed: Bazel links tests against per-package shared objects,
-    # whose own references would then go unresolved.)
-    libdir = ctx.path("/usr/lib/x86_64-linux-gnu")
-    absl = []
-    if libdir.exists:
-        absl = sorted([
-            f.basename[len("lib"):-len(".so")]
-            for f in libdir.readdir()
-            if f.basename.startswith("libabsl_") and f.basename.endswith(".so")
-        ])
-    linkopts = ["-l" + n for n in absl] + ["-lpthread"]
+    # Abseil's libraries, in link order (what pkg-config prints for the ones
+    # pstrain uses). Releases split libraries out: Debian 13's Abseil has
+    # string_view in a library of its own, linked where it exists. (Linking
+    # every installed libabsl_* instead runs static initialisers that clash,
+    # absl_log_flags's among them.)
+    libdir = "/usr/lib/x86_64-linux-gnu/"
+    absl = [
+        "flags_parse", "flags_usage", "flags_usage_internal", "flags_internal", "flags_marshalling",
+        "flags_reflection", "flags_config", "flags_program_name", "flags_private_handle_accessor",
+        "flags_commandlineflag", "flags_commandlineflag_internal", "statusor", "status", "cord",
+        "cordz_info", "cord_internal", "cordz_functions", "cordz_handle", "hash", "city", "low_level_hash",
+        "raw_hash_set", "hashtablez_sampler", "exponential_biased", "synchronization",
+        "graphcycles_internal", "stacktrace", "symbolize", "debugging_internal", "demangle_internal",
+        "malloc_internal", "time", "civil_time", "time_zone", "str_format_internal", "strings",
+        "strings_internal", "string_view", "strerror", "bad_optional_access", "bad_variant_access", "base",
+        "spinlock_wait", "int128", "throw_delegate", "raw_logging_internal", "log_severity",
+    ]
+    linkopts = ["-labsl_" + n for n in absl if ctx.path(libdir + "libabsl_" + n + ".so").exists] + ["-lpthread"]
     ctx.file("absl.bzl", "ABSL_LINKOPTS = %r\n" % linkopts)
 
 system_library_repository = repository_rule(

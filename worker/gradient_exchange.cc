@@ -156,13 +156,7 @@ class AllReduceExchange : public GradientExchange {
       for (size_t p : bucket) numel += options_.params[p].numel();
       const at::Tensor& first = options_.params[bucket.front()];
       at::Tensor flat = at::empty({numel}, first.options());
-      if (on_device_) {
-        flats_.push_back(flat);
-        host_flats_.push_back(HostBufferFor(flat, options_.device));
-      } else {
-        flats_.push_back(HostBufferFor(flat, options_.device));
-        host_flats_.push_back(flats_.back());
-      }
+      flats_.push_back(on_device_ ? flat : HostBufferFor(flat, options_.device));
     }
     reductions_.resize(buckets_.size());
   }
@@ -223,20 +217,7 @@ class AllReduceExchange : public GradientExchange {
         for (auto& f : flats_) f.mul_(coef);
       }
     }
-    if (optimizer_ != nullptr) return ApplyLocally();
-    // The local store (on the host) applies the step.
-    for (size_t b = 0; b < buckets_.size(); ++b) {
-      if (on_device_) host_flats_[b].copy_(flats_[b]);
-      std::vector<at::Tensor> grads;
-      int64_t offset = 0;
-      for (size_t p : buckets_[b]) {
-        const at::Tensor& param = options_.params[p];
-        grads.push_back(host_flats_[b].narrow(0, offset, param.numel()).view(param.sizes()));
-        offset += param.numel();
-      }
-      PushPull(b, std::move(grads));
-    }
-    return FinishPushPulls();
+    return ApplyLocally();
   }
 
   void Abandon() override {
@@ -250,7 +231,7 @@ class AllReduceExchange : public GradientExchange {
 
   absl::Status InitTables(const TableConfig& config) override {
     absl::Status s = GradientExchange::InitTables(config);
-    if (!s.ok() || options_.local_store == nullptr) return s;
+    if (!s.ok()) return s;
     config_ = config;
     OptimizerConfig optimizer = config.optimizer();
     s = NormalizeOptimizerConfig(&optimizer);
@@ -273,13 +254,10 @@ class AllReduceExchange : public GradientExchange {
     return absl::OkStatus();
   }
 
-  // The parameters are the current values: nothing to pull.
-  absl::Status Pull(int64_t min_version) override {
-    return optimizer_ != nullptr ? absl::OkStatus() : GradientExchange::Pull(min_version);
-  }
+  // After InitTables the parameters are the current values: nothing to pull.
+  absl::Status Pull(int64_t) override { return absl::OkStatus(); }
 
   absl::Status Flush(int64_t steps) override {
-    if (optimizer_ == nullptr) return absl::OkStatus();
     c10::NoGradGuard no_grad;
     for (size_t i = 0; i < options_.params.size(); ++i) {
       staging_[i].copy_(options_.params[i]);
@@ -352,7 +330,6 @@ class AllReduceExchange : public GradientExchange {
   Collective* collective_ = nullptr;
   bool on_device_ = false;
   std::vector<at::Tensor> flats_;       // per bucket: the buffer reduced
-  std::vector<at::Tensor> host_flats_;  // per bucket: its host copy (flats_ itself when on the host)
   std::vector<std::unique_ptr<CollectiveWork>> reductions_;
 };
 
@@ -364,6 +341,9 @@ std::unique_ptr<GradientExchange> MakePsExchange(ExchangeOptions options) {
 
 absl::StatusOr<std::unique_ptr<GradientExchange>> MakeAllReduceExchange(ExchangeOptions options) {
   if (options.collective == nullptr) return absl::InvalidArgumentError("all-reduce needs a collective");
+  if (options.local_store == nullptr) {
+    return absl::InvalidArgumentError("all-reduce needs its in-process ShardStore (the checkpoint format)");
+  }
   auto exchange = std::make_unique<AllReduceExchange>(std::move(options));
   absl::Status s = exchange->Broadcast();
   if (!s.ok()) return s;

@@ -7,17 +7,17 @@
 //    shards answer with the bucket's new values (PushPull).
 //  - All-reduce (MakeAllReduceExchange): a complete bucket is packed into
 //    one flat buffer and reduced among the workers while backward goes on;
-//    after backward the averaged (and clipped) gradients are applied by an
-//    in-process store holding the whole model -- the shards' optimizer code,
-//    which also gives checkpoints the shards' file format.
+//    after backward the averaged (and clipped) gradients update the
+//    parameters where they live, with the shards' optimizer arithmetic
+//    (TensorOptimizer); an in-process ShardStore holding the whole model
+//    keeps checkpoints in the shards' file format (Flush).
 //
-// Devices: the parameters may live on an accelerator. The shards and the
-// local store are on the host: gradients go to pinned host buffers on a copy
-// stream (DeviceStager), ordered after the compute stream by an event, and
-// the new values come back with non_blocking copies on the compute stream,
-// so nothing synchronises the whole device. NCCL reduces device buffers in
-// place; Gloo reduces host copies (it reduces CUDA tensors only through
-// host staging anyway).
+// Devices: the parameters may live on an accelerator. The shards are on the
+// host: gradients go to pinned host buffers on a copy stream (DeviceStager),
+// ordered after the compute stream by an event, and the new values come back
+// with non_blocking copies on the compute stream, so nothing synchronises
+// the whole device. NCCL reduces device buffers in place; Gloo reduces host
+// copies (it reduces CUDA tensors only through host staging anyway).
 //
 // Buckets follow backward's order (the parameters reversed), up to
 // bucket_bytes each, one dtype per bucket.

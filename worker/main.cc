@@ -34,6 +34,7 @@
 #include "common/job_spec.h"
 #include "proto/events.pb.h"
 #include "common/malloc_tuning.h"
+#include "common/binary_setup.h"
 #include "common/env_flags.h"
 #include "common/metrics_server.h"
 #include "common/file_util.h"
@@ -279,7 +280,7 @@ int RunPoolMember(pstrain::WorkerMetrics* metrics) {
   pstrain::ClusterMember member(mo);
   absl::Status s = member.Start(absl::Seconds(60));
   if (!s.ok()) {
-    std::fprintf(stderr, "pstrain-worker: %s\n", std::string(s.message()).c_str());
+    spdlog::error("pstrain-worker: {}", std::string(s.message()));
     return 1;
   }
   while (!g_stop && !g_drain) {
@@ -370,11 +371,7 @@ int RunPoolMember(pstrain::WorkerMetrics* metrics) {
 }
 
 int Main(int argc, char** argv) {
-  if (absl::Status env = pstrain::ApplyEnvironmentToFlags(); !env.ok()) {
-    std::fprintf(stderr, "pstrain-worker: %s\n", std::string(env.message()).c_str());
-    return 2;
-  }
-  absl::ParseCommandLine(argc, argv);
+  pstrain::StartBinary("pstrain-worker", argc, argv);
   pstrain::KeepBulkBuffersMapped();
   at::set_num_interop_threads(1);
   if (!absl::GetFlag(FLAGS_coordinator).empty()) {
@@ -394,7 +391,7 @@ int Main(int argc, char** argv) {
     auto m = pstrain::MetricsServer::Start(absl::GetFlag(FLAGS_metrics_host), absl::GetFlag(FLAGS_metrics_port),
                                            absl::GetFlag(FLAGS_metrics_port_file));
     if (!m.ok()) {
-      std::fprintf(stderr, "pstrain-worker: %s\n", std::string(m.status().message()).c_str());
+      spdlog::error("pstrain-worker: {}", std::string(m.status().message()));
       return 1;
     }
     metrics_server = std::move(*m);
@@ -405,14 +402,14 @@ int Main(int argc, char** argv) {
 
   auto spec = pstrain::LoadJobSpec(absl::GetFlag(FLAGS_spec));
   if (!spec.ok()) {
-    std::fprintf(stderr, "pstrain-worker: %s\n", std::string(spec.status().message()).c_str());
+    spdlog::error("pstrain-worker: {}", std::string(spec.status().message()));
     return 2;
   }
   if (!absl::GetFlag(FLAGS_output_dir).empty()) spec->output_dir = absl::GetFlag(FLAGS_output_dir);
   int world = absl::GetFlag(FLAGS_world_size) > 0 ? absl::GetFlag(FLAGS_world_size) : spec->workers;
   auto launch = pstrain::ReadLaunchEnv();
   if (!launch.ok()) {
-    std::fprintf(stderr, "pstrain-worker: %s\n", std::string(launch.status().message()).c_str());
+    spdlog::error("pstrain-worker: {}", std::string(launch.status().message()));
     return 2;
   }
   int rank = absl::GetFlag(FLAGS_rank);
@@ -429,7 +426,7 @@ int Main(int argc, char** argv) {
   ctx.launch = *launch;
   absl::Status s = RunJob(*spec, rank, world, targets, ctx);
   if (!s.ok()) {
-    std::fprintf(stderr, "pstrain-worker rank %d: %s\n", rank, s.ToString().c_str());
+    spdlog::error("pstrain-worker rank {}: {}", rank, s.ToString());
     return s.code() == absl::StatusCode::kInvalidArgument || s.code() == absl::StatusCode::kNotFound ? 2 : 1;
   }
   return 0;

@@ -15,7 +15,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "common/file_util.h"
-#include "common/env_flags.h"
+#include "common/binary_setup.h"
 #include "common/metrics_server.h"
 #include "server/coordinator/coordinator_metrics.h"
 #include "rpc/grpc_server.h"
@@ -35,16 +35,11 @@ ABSL_FLAG(int, metrics_port, -1, "Prometheus /metrics HTTP port (0 picks one; -1
 ABSL_FLAG(std::string, metrics_port_file, "", "If set, write the metrics host:port here.");
 
 int main(int argc, char** argv) {
-  if (absl::Status env = pstrain::ApplyEnvironmentToFlags(); !env.ok()) {
-    std::fprintf(stderr, "pstrain-coordinator: %s\n", std::string(env.message()).c_str());
-    return 2;
-  }
-  absl::ParseCommandLine(argc, argv);
+  pstrain::StartBinary("pstrain-coordinator", argc, argv);
   const int port = absl::GetFlag(FLAGS_port);
   if (port < 0 || port > 65535 || absl::GetFlag(FLAGS_heartbeat_ms) < 10 ||
       absl::GetFlag(FLAGS_missed_heartbeats) < 1) {
-    std::fprintf(stderr, "pstrain-coordinator: need 0 <= --port <= 65535, --heartbeat_ms >= 10, "
-                         "--missed_heartbeats >= 1\n");
+    spdlog::error("pstrain-coordinator: need 0 <= --port <= 65535, --heartbeat_ms >= 10, --missed_heartbeats >= 1");
     return 2;
   }
   sigset_t stop;

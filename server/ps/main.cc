@@ -19,6 +19,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "common/file_util.h"
+#include "common/binary_setup.h"
 #include "common/env_flags.h"
 #include "common/malloc_tuning.h"
 #include "common/metrics_server.h"
@@ -56,11 +57,7 @@ ABSL_FLAG(std::string, advertise_host, "",
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("pstrain parameter shard server");
-  if (absl::Status env = pstrain::ApplyEnvironmentToFlags(); !env.ok()) {
-    std::fprintf(stderr, "pstrain-ps: %s\n", std::string(env.message()).c_str());
-    return 2;
-  }
-  absl::ParseCommandLine(argc, argv);
+  pstrain::StartBinary("pstrain-ps", argc, argv);
   pstrain::KeepBulkBuffersMapped();
 
   int shard_index = absl::GetFlag(FLAGS_shard_index);
@@ -73,20 +70,20 @@ int main(int argc, char** argv) {
   const int port = absl::GetFlag(FLAGS_port);
   const int max_mb = absl::GetFlag(FLAGS_max_message_mb);
   if (num_shards < 1 || shard_index < 0 || shard_index >= num_shards) {
-    std::fprintf(stderr, "pstrain-ps: need 0 <= --shard_index < --num_shards (got %d, %d)\n",
+    spdlog::error("pstrain-ps: need 0 <= --shard_index < --num_shards (got {}, {})",
                  shard_index, num_shards);
     return 2;
   }
   if (port < 0 || port > 65535) {
-    std::fprintf(stderr, "pstrain-ps: --port must be in 0..65535 (got %d)\n", port);
+    spdlog::error("pstrain-ps: --port must be in 0..65535 (got {})", port);
     return 2;
   }
   if (max_mb < 1 || max_mb > 2047) {
-    std::fprintf(stderr, "pstrain-ps: --max_message_mb must be in 1..2047 (got %d)\n", max_mb);
+    spdlog::error("pstrain-ps: --max_message_mb must be in 1..2047 (got {})", max_mb);
     return 2;
   }
   if (absl::GetFlag(FLAGS_max_wait_s) < 1) {
-    std::fprintf(stderr, "pstrain-ps: --max_wait_s must be >= 1\n");
+    spdlog::error("pstrain-ps: --max_wait_s must be >= 1");
     return 2;
   }
 
@@ -102,13 +99,13 @@ int main(int argc, char** argv) {
   store_options.num_shards = static_cast<uint32_t>(num_shards);
   store_options.max_wait = absl::Seconds(absl::GetFlag(FLAGS_max_wait_s));
   if (absl::GetFlag(FLAGS_max_memory_mb) < 0) {
-    std::fprintf(stderr, "pstrain-ps: --max_memory_mb must be >= 0\n");
+    spdlog::error("pstrain-ps: --max_memory_mb must be >= 0");
     return 2;
   }
   store_options.max_bytes = static_cast<uint64_t>(absl::GetFlag(FLAGS_max_memory_mb)) << 20;
   auto root = pstrain::CanonicalRoot(absl::GetFlag(FLAGS_checkpoint_root));
   if (!root.ok()) {
-    std::fprintf(stderr, "pstrain-ps: --checkpoint_root: %s\n", std::string(root.status().message()).c_str());
+    spdlog::error("pstrain-ps: --checkpoint_root: {}", std::string(root.status().message()));
     return 2;
   }
   store_options.checkpoint_root = *root;

@@ -1,0 +1,34 @@
+#include "common/binary_setup.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "common/env_flags.h"
+#include "common/quote.h"
+#include "spdlog/spdlog.h"
+
+ABSL_FLAG(std::string, log_level, "info", "Least severe log messages printed: trace, debug, info, warn, error or off.");
+
+namespace pstrain {
+
+void StartBinary(const char* name, int argc, char** argv) {
+  if (absl::Status env = ApplyEnvironmentToFlags(); !env.ok()) {
+    std::fprintf(stderr, "%s: %s\n", name, std::string(env.message()).c_str());
+    std::exit(2);
+  }
+  absl::ParseCommandLine(argc, argv);
+  const std::string level = absl::GetFlag(FLAGS_log_level);
+  const spdlog::level::level_enum parsed = spdlog::level::from_str(level);
+  // from_str answers "off" for anything it does not know.
+  if (parsed == spdlog::level::off && level != "off") {
+    std::fprintf(stderr, "%s: --log_level=%s: expected trace, debug, info, warn, error or off\n", name,
+                 Quote(level, 32).c_str());
+    std::exit(2);
+  }
+  spdlog::set_level(parsed);
+}
+
+}  // namespace pstrain

@@ -173,239 +173,285 @@ int JobOutcome(const pstrain::JobStatus& st, pstrain::ProgressView& view) {
   return st.state() == pstrain::SUCCEEDED ? 0 : kFailed;
 }
 
+// One unary JobService call under a deadline, as an absl::Status.
+template <typename Req, typename Resp>
+absl::Status Call(Client& c,
+                  grpc::Status (pstrain::JobService::Stub::*rpc)(grpc::ClientContext*, const Req&, Resp*),
+                  const Req& req, Resp* resp, absl::Duration deadline = absl::Seconds(15)) {
+  grpc::ClientContext ctx;
+  Client::Deadline(&ctx, deadline);
+  return pstrain::FromGrpcStatus((c.stub()->*rpc)(&ctx, req, resp));
+}
+
+// What the command line asked for.
+struct Args {
+  std::string coordinator;
+  bool json = false;
+  std::string spec_path, output_dir, job_id, resume, export_path, health_target, health_service;
+};
+
+void PrintJobList(const pstrain::ListJobsResponse& resp) {
+  std::printf("%-12s %-24s %-13s %-13s %-8s %-9s %s\n", "JOB", "NAME", "STATE", "STEP", "LOSS", "ACCURACY", "AGE");
+  for (const auto& j : resp.jobs()) {
+    std::printf("%-12s %-24s %-13s %-13s %-8.4f %-9s %s\n", j.job_id().c_str(), j.name().c_str(),
+                StateName(j.state()), absl::StrFormat("%d/%d", j.step(), j.steps()).c_str(), j.loss(),
+                j.final_accuracy() >= 0 ? absl::StrFormat("%.4f", j.final_accuracy()).c_str() : "-",
+                Ago(j.created_unix_ms()).c_str());
+  }
+}
+
+void PrintMembers(const pstrain::ListMembersResponse& resp) {
+  std::printf("%-7s %-18s %-22s %-7s %-12s %-5s %s\n", "ROLE", "NAME", "ADDRESS", "HEALTH", "JOB", "RANK", "LAST BEAT");
+  for (const auto& m : resp.members()) {
+    std::printf("%-7s %-18s %-22s %-7s %-12s %-5s %s ago\n", m.role().c_str(), m.name().c_str(),
+                m.address().empty() ? "-" : m.address().c_str(), m.alive() ? "alive" : "LOST",
+                m.job_id().empty() ? "-" : m.job_id().c_str(),
+                m.job_id().empty() ? "-" : std::to_string(m.rank()).c_str(), Ago(m.last_heartbeat_unix_ms()).c_str());
+  }
+}
+
+// The spec file's text, read and checked (its parsed form in *spec).
+absl::StatusOr<std::string> ReadSpec(const std::string& path, pstrain::JobSpec* spec) {
+  auto text = pstrain::ReadFile(path);
+  if (!text.ok()) return absl::InvalidArgumentError(absl::StrCat("cannot read job spec ", path));
+  auto parsed = pstrain::ParseJobSpec(*text, path);
+  if (!parsed.ok()) return parsed.status();
+  *spec = *parsed;
+  return *text;
+}
+
+int RunLocal(const Args& a) {
+  pstrain::JobSpec spec;
+  auto yaml = ReadSpec(a.spec_path, &spec);
+  if (!yaml.ok()) {
+    std::fprintf(stderr, "pstrain: %s\n", std::string(yaml.status().message()).c_str());
+    return kUsage;
+  }
+  pstrain::LocalClusterOptions o;
+  o.spec_yaml = *yaml;
+  o.spec = spec;
+  o.output_dir = std::filesystem::absolute(a.output_dir.empty() ? spec.output_dir : a.output_dir).string();
+  o.coordinator_binary = FindBinary("PSTRAIN_COORDINATOR_BIN", "pstrain-coordinator",
+                                    "server/coordinator/pstrain-coordinator");
+  o.ps_binary = FindBinary("PSTRAIN_PS_BIN", "pstrain-ps", "server/ps/pstrain-ps");
+  o.worker_binary = FindBinary("PSTRAIN_WORKER_BIN", "pstrain-worker", "worker/pstrain-worker");
+  for (const std::string& b : {o.coordinator_binary, o.ps_binary, o.worker_binary}) {
+    if (access(b.c_str(), X_OK) != 0) {
+      std::fprintf(stderr, "pstrain: cannot find %s (build with `bazel build //...`)\n", b.c_str());
+      return kUsage;
+    }
+  }
+  std::printf("pstrain local: job '%s': %s, %d shard(s), %d worker(s), %s, %d epoch(s), batch %lld\n",
+              spec.name.c_str(), spec.model.c_str(), spec.shards, spec.workers,
+              spec.consistency == pstrain::SYNC ? "sync" : spec.consistency == pstrain::SSP ? "ssp" : "async",
+              spec.epochs, static_cast<long long>(spec.batch_size));
+  std::printf("output: %s (logs in %s/logs)\n", o.output_dir.c_str(), o.output_dir.c_str());
+  std::fflush(stdout);
+  pstrain::ProgressView view(stdout, isatty(STDOUT_FILENO) == 1);
+  pstrain::LocalCluster cluster_run(o);
+  auto st = cluster_run.Run([&](const pstrain::JobStatus& s) { view.OnStatus(s); }, g_stop);
+  view.ClearLine();
+  if (!st.ok()) {
+    std::fprintf(stderr, "pstrain: job '%s' %s\n", spec.name.c_str(), std::string(st.status().message()).c_str());
+    return g_stop ? kInterrupted : kFailed;
+  }
+  return JobOutcome(*st, view);
+}
+
+int RunHealth(const Args& a) {
+  auto st = pstrain::CheckHealth(a.health_target, a.health_service, absl::Seconds(10));
+  if (!st.ok()) {
+    std::fprintf(stderr, "pstrain: %s: %s\n", a.health_target.c_str(), std::string(st.status().message()).c_str());
+    return st.status().code() == absl::StatusCode::kNotFound ? kFailed : kUnreachable;
+  }
+  std::printf("%s\n", st->c_str());
+  return *st == "SERVING" ? 0 : kFailed;
+}
+
+// submit, and restore (a submit with resume_from).
+int RunSubmit(Client& client, const Args& a) {
+  pstrain::SubmitJobRequest req;
+  if (!a.spec_path.empty()) {
+    pstrain::JobSpec spec;
+    auto yaml = ReadSpec(a.spec_path, &spec);
+    if (!yaml.ok()) {
+      std::fprintf(stderr, "pstrain: %s\n", std::string(yaml.status().message()).c_str());
+      return kUsage;
+    }
+    req.set_spec_yaml(*yaml);
+  }
+  // Paths are the cluster's, not this machine's: a relative one is taken
+  // from the coordinator's working directory (in Kubernetes, the shared
+  // volume every member mounts at the same place).
+  if (!a.resume.empty()) req.set_resume_from(a.resume);
+  if (!a.output_dir.empty()) req.set_output_dir(a.output_dir);
+  pstrain::SubmitJobResponse resp;
+  absl::Status s = Call(client, &pstrain::JobService::Stub::SubmitJob, req, &resp);
+  if (!s.ok()) return Fail(s, a.coordinator);
+  std::printf(a.json ? "{\"job_id\": \"%s\"}\n" : "%s\n", resp.job_id().c_str());
+  return 0;
+}
+
+int RunStatus(Client& client, const Args& a) {
+  pstrain::GetJobRequest req;
+  req.set_job_id(a.job_id);
+  pstrain::JobStatus st;
+  absl::Status s = Call(client, &pstrain::JobService::Stub::GetJob, req, &st);
+  if (!s.ok()) return Fail(s, a.coordinator);
+  if (a.json) {
+    std::printf("%s\n", Json(st).c_str());
+  } else {
+    PrintJobTable(st);
+  }
+  return 0;
+}
+
+int RunList(Client& client, const Args& a) {
+  pstrain::ListJobsResponse resp;
+  absl::Status s = Call(client, &pstrain::JobService::Stub::ListJobs, pstrain::ListJobsRequest(), &resp);
+  if (!s.ok()) return Fail(s, a.coordinator);
+  if (a.json) {
+    std::printf("%s\n", Json(resp).c_str());
+  } else {
+    PrintJobList(resp);
+  }
+  return 0;
+}
+
+int RunWatch(Client& client, const Args& a) {
+  pstrain::ProgressView view(stdout, isatty(STDOUT_FILENO) == 1);
+  auto st = Watch(client, a.job_id, view);
+  if (!st.ok()) {
+    view.ClearLine();
+    if (g_stop) return kInterrupted;
+    return Fail(st.status(), a.coordinator);
+  }
+  return JobOutcome(*st, view);
+}
+
+int RunCheckpoint(Client& client, const Args& a) {
+  pstrain::CheckpointRequest req;
+  req.set_job_id(a.job_id);
+  pstrain::CheckpointResponse resp;
+  absl::Status s = Call(client, &pstrain::JobService::Stub::Checkpoint, req, &resp, absl::Minutes(15));
+  if (!s.ok()) return Fail(s, a.coordinator);
+  std::printf(a.json ? "{\"path\": \"%s\", \"step\": %lld}\n" : "%s (step %lld)\n", resp.path().c_str(),
+              static_cast<long long>(resp.step()));
+  return 0;
+}
+
+int RunExport(Client& client, const Args& a) {
+  pstrain::GetJobRequest req;
+  req.set_job_id(a.job_id);
+  pstrain::JobStatus st;
+  absl::Status s = Call(client, &pstrain::JobService::Stub::GetJob, req, &st);
+  if (!s.ok()) return Fail(s, a.coordinator);
+  if (st.weights_path().empty()) {
+    std::fprintf(stderr, "pstrain: job %s has no final weights yet (it is %s); export works on a finished job\n",
+                 a.job_id.c_str(), StateName(st.state()));
+    return kFailed;
+  }
+  auto bytes = pstrain::ReadFile(st.weights_path());
+  if (!bytes.ok()) {
+    std::fprintf(stderr, "pstrain: cannot read %s (is its file system mounted here?)\n", st.weights_path().c_str());
+    return kFailed;
+  }
+  s = pstrain::WriteFileAtomically(a.export_path, *bytes);
+  if (!s.ok()) return Fail(s, a.coordinator);
+  std::printf("%s\n", a.export_path.c_str());
+  return 0;
+}
+
+int RunCancel(Client& client, const Args& a) {
+  pstrain::CancelJobRequest req;
+  req.set_job_id(a.job_id);
+  pstrain::CancelJobResponse resp;
+  absl::Status s = Call(client, &pstrain::JobService::Stub::CancelJob, req, &resp);
+  if (!s.ok()) return Fail(s, a.coordinator);
+  std::printf(a.json ? "{\"job_id\": \"%s\", \"state\": \"%s\"}\n" : "%s %s\n", a.job_id.c_str(),
+              StateName(resp.state()));
+  return 0;
+}
+
+int RunCluster(Client& client, const Args& a) {
+  pstrain::ListMembersResponse resp;
+  absl::Status s = Call(client, &pstrain::JobService::Stub::ListMembers, pstrain::ListMembersRequest(), &resp);
+  if (!s.ok()) return Fail(s, a.coordinator);
+  if (a.json) {
+    std::printf("%s\n", Json(resp).c_str());
+  } else {
+    PrintMembers(resp);
+  }
+  return 0;
+}
+
 }  // namespace
 
 int Main(int argc, char** argv) {
   CLI::App app{"pstrain: distributed training for LibTorch models"};
   app.require_subcommand(1);
   app.fallthrough();  // global options may come after the subcommand
-  std::string coordinator, output = "table";
-  if (const char* env = std::getenv("PSTRAIN_COORDINATOR")) coordinator = env;
-  app.add_option("--coordinator", coordinator, "coordinator host:port (default $PSTRAIN_COORDINATOR or 127.0.0.1:7000)");
+  Args a;
+  std::string output = "table";
+  if (const char* env = std::getenv("PSTRAIN_COORDINATOR")) a.coordinator = env;
+  app.add_option("--coordinator", a.coordinator, "coordinator host:port (default $PSTRAIN_COORDINATOR or 127.0.0.1:7000)");
   app.add_option("-o,--output", output, "table or json")->check(CLI::IsMember({"table", "json"}));
-  std::string spec_path, output_dir, job_id;
-  CLI::App* local = app.add_subcommand("local", "run a job on a whole cluster on this machine");
-  local->add_option("spec", spec_path, "job spec (YAML)")->required();
-  local->add_option("--output_dir", output_dir, "overrides the spec's output_dir");
-  CLI::App* submit = app.add_subcommand("submit", "submit a job; prints its id");
-  submit->add_option("spec", spec_path, "job spec (YAML)")->required();
-  submit->add_option("--output_dir", output_dir, "overrides the spec's output_dir");
-  CLI::App* status = app.add_subcommand("status", "a job's status");
-  status->add_option("job", job_id)->required();
-  CLI::App* list = app.add_subcommand("list", "every job");
-  CLI::App* watch = app.add_subcommand("watch", "live progress until the job ends; exit code = result");
-  watch->add_option("job", job_id)->required();
-  CLI::App* cancel = app.add_subcommand("cancel", "cancel a job");
-  cancel->add_option("job", job_id)->required();
-  CLI::App* cluster = app.add_subcommand("cluster", "the pool: shards and workers and their health");
-  std::string resume, export_path;
-  submit->add_option("--resume", resume, "start from this checkpoint directory (ckpt-<step>/)");
-  CLI::App* checkpoint = app.add_subcommand("checkpoint", "checkpoint a running job now; prints the directory");
-  checkpoint->add_option("job", job_id)->required();
-  CLI::App* restore = app.add_subcommand("restore", "a new job continuing from a checkpoint (its spec, or --spec)");
-  restore->add_option("--from", resume, "checkpoint directory (ckpt-<step>/)")->required();
-  restore->add_option("--spec", spec_path, "job spec to use instead of the checkpoint's (e.g. more shards)");
-  restore->add_option("--output_dir", output_dir, "overrides the spec's output_dir");
-  CLI::App* export_cmd = app.add_subcommand("export", "write a finished job's weights (torch.load reads them)");
-  export_cmd->add_option("job", job_id)->required();
-  export_cmd->add_option("-f,--file", export_path, "destination file")->required();
-  CLI::App* health = app.add_subcommand(
-      "health", "ask a server (coordinator, shard) for its gRPC health; exit 0 when SERVING");
-  std::string health_target, health_service;
-  health->add_option("address", health_target, "host:port")->required();
-  health->add_option("--service", health_service, "a service name (default: the whole server)");
+  // Each subcommand and what runs it: with the coordinator's client, or not.
+  std::vector<std::pair<CLI::App*, std::function<int(Client&)>>> commands;
+  auto with_client = [&](CLI::App* cmd, int (*run)(Client&, const Args&)) {
+    commands.emplace_back(cmd, [run, &a](Client& c) { return run(c, a); });
+    return cmd;
+  };
+  auto standalone = [&](CLI::App* cmd, int (*run)(const Args&)) {
+    commands.emplace_back(cmd, [run, &a](Client&) { return run(a); });
+    return cmd;
+  };
+  CLI::App* local = standalone(app.add_subcommand("local", "run a job on a whole cluster on this machine"), RunLocal);
+  local->add_option("spec", a.spec_path, "job spec (YAML)")->required();
+  local->add_option("--output_dir", a.output_dir, "overrides the spec's output_dir");
+  CLI::App* submit = with_client(app.add_subcommand("submit", "submit a job; prints its id"), RunSubmit);
+  submit->add_option("spec", a.spec_path, "job spec (YAML)")->required();
+  submit->add_option("--output_dir", a.output_dir, "overrides the spec's output_dir");
+  submit->add_option("--resume", a.resume, "start from this checkpoint directory (ckpt-<step>/)");
+  with_client(app.add_subcommand("status", "a job's status"), RunStatus)->add_option("job", a.job_id)->required();
+  with_client(app.add_subcommand("list", "every job"), RunList);
+  with_client(app.add_subcommand("watch", "live progress until the job ends; exit code = result"), RunWatch)
+      ->add_option("job", a.job_id)
+      ->required();
+  with_client(app.add_subcommand("cancel", "cancel a job"), RunCancel)->add_option("job", a.job_id)->required();
+  with_client(app.add_subcommand("cluster", "the pool: shards and workers and their health"), RunCluster);
+  with_client(app.add_subcommand("checkpoint", "checkpoint a running job now; prints the directory"), RunCheckpoint)
+      ->add_option("job", a.job_id)
+      ->required();
+  CLI::App* restore = with_client(
+      app.add_subcommand("restore", "a new job continuing from a checkpoint (its spec, or --spec)"), RunSubmit);
+  restore->add_option("--from", a.resume, "checkpoint directory (ckpt-<step>/)")->required();
+  restore->add_option("--spec", a.spec_path, "job spec to use instead of the checkpoint's (e.g. more shards)");
+  restore->add_option("--output_dir", a.output_dir, "overrides the spec's output_dir");
+  CLI::App* export_cmd = with_client(
+      app.add_subcommand("export", "write a finished job's weights (torch.load reads them)"), RunExport);
+  export_cmd->add_option("job", a.job_id)->required();
+  export_cmd->add_option("-f,--file", a.export_path, "destination file")->required();
+  CLI::App* health = standalone(
+      app.add_subcommand("health", "ask a server (coordinator, shard) for its gRPC health; exit 0 when SERVING"),
+      RunHealth);
+  health->add_option("address", a.health_target, "host:port")->required();
+  health->add_option("--service", a.health_service, "a service name (default: the whole server)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : kUsage;
   }
-  if (coordinator.empty()) coordinator = "127.0.0.1:7000";
+  if (a.coordinator.empty()) a.coordinator = "127.0.0.1:7000";
+  a.json = output == "json";
   struct sigaction sa {};
   sa.sa_handler = OnSignal;
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
-  const bool json = output == "json";
-
-  std::string spec_yaml;
-  if (local->parsed() || submit->parsed() || (restore->parsed() && !spec_path.empty())) {
-    auto text = pstrain::ReadFile(spec_path);
-    if (!text.ok()) {
-      std::fprintf(stderr, "pstrain: cannot read job spec %s\n", spec_path.c_str());
-      return kUsage;
-    }
-    spec_yaml = *text;
-    auto spec = pstrain::ParseJobSpec(spec_yaml, spec_path);
-    if (!spec.ok()) {
-      std::fprintf(stderr, "pstrain: %s\n", std::string(spec.status().message()).c_str());
-      return kUsage;
-    }
-    if (local->parsed()) {
-      pstrain::LocalClusterOptions o;
-      o.spec_yaml = spec_yaml;
-      o.spec = *spec;
-      o.output_dir = std::filesystem::absolute(output_dir.empty() ? spec->output_dir : output_dir).string();
-      o.coordinator_binary = FindBinary("PSTRAIN_COORDINATOR_BIN", "pstrain-coordinator",
-                                        "server/coordinator/pstrain-coordinator");
-      o.ps_binary = FindBinary("PSTRAIN_PS_BIN", "pstrain-ps", "server/ps/pstrain-ps");
-      o.worker_binary = FindBinary("PSTRAIN_WORKER_BIN", "pstrain-worker", "worker/pstrain-worker");
-      for (const std::string& b : {o.coordinator_binary, o.ps_binary, o.worker_binary}) {
-        if (access(b.c_str(), X_OK) != 0) {
-          std::fprintf(stderr, "pstrain: cannot find %s (build with `bazel build //...`)\n", b.c_str());
-          return kUsage;
-        }
-      }
-      std::printf("pstrain local: job '%s': %s, %d shard(s), %d worker(s), %s, %d epoch(s), batch %lld\n",
-                  spec->name.c_str(), spec->model.c_str(), spec->shards, spec->workers,
-                  spec->consistency == pstrain::SYNC ? "sync" : spec->consistency == pstrain::SSP ? "ssp" : "async",
-                  spec->epochs, static_cast<long long>(spec->batch_size));
-      std::printf("output: %s (logs in %s/logs)\n", o.output_dir.c_str(), o.output_dir.c_str());
-      std::fflush(stdout);
-      pstrain::ProgressView view(stdout, isatty(STDOUT_FILENO) == 1);
-      pstrain::LocalCluster cluster_run(o);
-      auto st = cluster_run.Run([&](const pstrain::JobStatus& s) { view.OnStatus(s); }, g_stop);
-      view.ClearLine();
-      if (!st.ok()) {
-        std::fprintf(stderr, "pstrain: job '%s' %s\n", spec->name.c_str(), std::string(st.status().message()).c_str());
-        return g_stop ? kInterrupted : kFailed;
-      }
-      return JobOutcome(*st, view);
-    }
-  }
-
-  if (health->parsed()) {
-    auto st = pstrain::CheckHealth(health_target, health_service, absl::Seconds(10));
-    if (!st.ok()) {
-      std::fprintf(stderr, "pstrain: %s: %s\n", health_target.c_str(), std::string(st.status().message()).c_str());
-      return st.status().code() == absl::StatusCode::kNotFound ? kFailed : kUnreachable;
-    }
-    std::printf("%s\n", st->c_str());
-    return *st == "SERVING" ? 0 : kFailed;
-  }
-  Client client(coordinator);
-  if (submit->parsed() || restore->parsed()) {
-    pstrain::SubmitJobRequest req;
-    req.set_spec_yaml(spec_yaml);
-    // Paths are the cluster's, not this machine's: a relative one is taken
-    // from the coordinator's working directory (in Kubernetes, the shared
-    // volume every member mounts at the same place).
-    if (!resume.empty()) req.set_resume_from(resume);
-    if (!output_dir.empty()) req.set_output_dir(output_dir);
-    pstrain::SubmitJobResponse resp;
-    grpc::ClientContext ctx;
-    Client::Deadline(&ctx);
-    absl::Status s = pstrain::FromGrpcStatus(client.stub()->SubmitJob(&ctx, req, &resp));
-    if (!s.ok()) return Fail(s, coordinator);
-    std::printf(json ? "{\"job_id\": \"%s\"}\n" : "%s\n", resp.job_id().c_str());
-    return 0;
-  }
-  if (status->parsed()) {
-    pstrain::GetJobRequest req;
-    req.set_job_id(job_id);
-    pstrain::JobStatus st;
-    grpc::ClientContext ctx;
-    Client::Deadline(&ctx);
-    absl::Status s = pstrain::FromGrpcStatus(client.stub()->GetJob(&ctx, req, &st));
-    if (!s.ok()) return Fail(s, coordinator);
-    if (json) {
-      std::printf("%s\n", Json(st).c_str());
-    } else {
-      PrintJobTable(st);
-    }
-    return 0;
-  }
-  if (list->parsed()) {
-    pstrain::ListJobsResponse resp;
-    grpc::ClientContext ctx;
-    Client::Deadline(&ctx);
-    absl::Status s = pstrain::FromGrpcStatus(client.stub()->ListJobs(&ctx, {}, &resp));
-    if (!s.ok()) return Fail(s, coordinator);
-    if (json) {
-      std::printf("%s\n", Json(resp).c_str());
-      return 0;
-    }
-    std::printf("%-12s %-24s %-13s %-13s %-8s %-9s %s\n", "JOB", "NAME", "STATE", "STEP", "LOSS", "ACCURACY", "AGE");
-    for (const auto& j : resp.jobs()) {
-      std::printf("%-12s %-24s %-13s %-13s %-8.4f %-9s %s\n", j.job_id().c_str(), j.name().c_str(),
-                  StateName(j.state()), absl::StrFormat("%d/%d", j.step(), j.steps()).c_str(), j.loss(),
-                  j.final_accuracy() >= 0 ? absl::StrFormat("%.4f", j.final_accuracy()).c_str() : "-",
-                  Ago(j.created_unix_ms()).c_str());
-    }
-    return 0;
-  }
-  if (watch->parsed()) {
-    pstrain::ProgressView view(stdout, isatty(STDOUT_FILENO) == 1);
-    auto st = Watch(client, job_id, view);
-    if (!st.ok()) {
-      view.ClearLine();
-      if (g_stop) return kInterrupted;
-      return Fail(st.status(), coordinator);
-    }
-    return JobOutcome(*st, view);
-  }
-  if (checkpoint->parsed()) {
-    pstrain::CheckpointRequest req;
-    req.set_job_id(job_id);
-    pstrain::CheckpointResponse resp;
-    grpc::ClientContext ctx;
-    Client::Deadline(&ctx, absl::Minutes(15));
-    absl::Status s = pstrain::FromGrpcStatus(client.stub()->Checkpoint(&ctx, req, &resp));
-    if (!s.ok()) return Fail(s, coordinator);
-    std::printf(json ? "{\"path\": \"%s\", \"step\": %lld}\n" : "%s (step %lld)\n", resp.path().c_str(),
-                static_cast<long long>(resp.step()));
-    return 0;
-  }
-  if (export_cmd->parsed()) {
-    pstrain::GetJobRequest req;
-    req.set_job_id(job_id);
-    pstrain::JobStatus st;
-    grpc::ClientContext ctx;
-    Client::Deadline(&ctx);
-    absl::Status s = pstrain::FromGrpcStatus(client.stub()->GetJob(&ctx, req, &st));
-    if (!s.ok()) return Fail(s, coordinator);
-    if (st.weights_path().empty()) {
-      std::fprintf(stderr, "pstrain: job %s has no final weights yet (it is %s); export works on a finished job\n",
-                   job_id.c_str(), StateName(st.state()));
-      return kFailed;
-    }
-    auto bytes = pstrain::ReadFile(st.weights_path());
-    if (!bytes.ok()) {
-      std::fprintf(stderr, "pstrain: cannot read %s (is its file system mounted here?)\n", st.weights_path().c_str());
-      return kFailed;
-    }
-    s = pstrain::WriteFileAtomically(export_path, *bytes);
-    if (!s.ok()) return Fail(s, coordinator);
-    std::printf("%s\n", export_path.c_str());
-    return 0;
-  }
-  if (cancel->parsed()) {
-    pstrain::CancelJobRequest req;
-    req.set_job_id(job_id);
-    pstrain::CancelJobResponse resp;
-    grpc::ClientContext ctx;
-    Client::Deadline(&ctx);
-    absl::Status s = pstrain::FromGrpcStatus(client.stub()->CancelJob(&ctx, req, &resp));
-    if (!s.ok()) return Fail(s, coordinator);
-    std::printf(json ? "{\"job_id\": \"%s\", \"state\": \"%s\"}\n" : "%s %s\n", job_id.c_str(), StateName(resp.state()));
-    return 0;
-  }
-  if (cluster->parsed()) {
-    pstrain::ListMembersResponse resp;
-    grpc::ClientContext ctx;
-    Client::Deadline(&ctx);
-    absl::Status s = pstrain::FromGrpcStatus(client.stub()->ListMembers(&ctx, {}, &resp));
-    if (!s.ok()) return Fail(s, coordinator);
-    if (json) {
-      std::printf("%s\n", Json(resp).c_str());
-      return 0;
-    }
-    std::printf("%-7s %-18s %-22s %-7s %-12s %-5s %s\n", "ROLE", "NAME", "ADDRESS", "HEALTH", "JOB", "RANK", "LAST BEAT");
-    for (const auto& m : resp.members()) {
-      std::printf("%-7s %-18s %-22s %-7s %-12s %-5s %s ago\n", m.role().c_str(), m.name().c_str(),
-                  m.address().empty() ? "-" : m.address().c_str(), m.alive() ? "alive" : "LOST",
-                  m.job_id().empty() ? "-" : m.job_id().c_str(),
-                  m.job_id().empty() ? "-" : std::to_string(m.rank()).c_str(), Ago(m.last_heartbeat_unix_ms()).c_str());
-    }
-    return 0;
+  for (auto& [cmd, run] : commands) {
+    if (!cmd->parsed()) continue;
+    Client client(a.coordinator);
+    return run(client);
   }
   return kUsage;
 }

@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "common/subprocess.h"
 #include "proto/control.grpc.pb.h"
 #include "rpc/grpc_channel.h"
 #include "rpc/status_util.h"
@@ -43,32 +44,16 @@ absl::Status LocalCluster::Spawn(const std::string& name, const std::vector<std:
   Child child;
   child.name = name;
   child.log_path = absl::StrCat(options_.output_dir, "/logs/", name, ".log");
-  std::vector<char*> args;
-  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
-  const pid_t parent = getpid();
-  const pid_t pid = fork();
-  if (pid < 0) return absl::InternalError(absl::StrCat("fork: ", std::strerror(errno)));
-  if (pid == 0) {
-    prctl(PR_SET_PDEATHSIG, SIGINT);  // stop now (SIGTERM would drain a worker)
-    if (getppid() != parent) _exit(1);
-    setpgid(0, 0);  // Ctrl-C reaches the launcher only; it stops the children
-    int log = open(child.log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (log >= 0) {
-      dup2(log, 1);
-      dup2(log, 2);
-    }
-    // One BLAS thread: LibTorch's own threads are the ones to size.
-    setenv("OPENBLAS_NUM_THREADS", "1", 1);
-    setenv("OMP_NUM_THREADS", std::to_string(options_.spec.threads_per_worker).c_str(), 1);
-    sigset_t none;
-    sigemptyset(&none);
-    sigprocmask(SIG_SETMASK, &none, nullptr);
-    execv(args[0], args.data());
-    std::fprintf(stderr, "cannot run %s: %s\n", args[0], std::strerror(errno));
-    _exit(127);
-  }
-  child.pid = pid;
+  SpawnOptions o;
+  o.argv = argv;
+  o.log_path = child.log_path;
+  o.parent_death_signal = SIGINT;  // stop now (SIGTERM would drain a worker)
+  o.own_process_group = true;      // Ctrl-C reaches the launcher only; it stops the children
+  // One BLAS thread: LibTorch's own threads are the ones to size.
+  o.env = {{"OPENBLAS_NUM_THREADS", "1"}, {"OMP_NUM_THREADS", std::to_string(options_.spec.threads_per_worker)}};
+  absl::StatusOr<pid_t> pid = pstrain::Spawn(o);
+  if (!pid.ok()) return pid.status();
+  child.pid = *pid;
   children_.push_back(std::move(child));
   return absl::OkStatus();
 }
@@ -81,10 +66,9 @@ absl::Status LocalCluster::ChildFailed(const Child& c, const std::string& what) 
 void LocalCluster::Reap() {
   for (Child& c : children_) {
     if (c.pid <= 0 || c.exited) continue;
-    int status = 0;
-    if (waitpid(c.pid, &status, WNOHANG) == c.pid) {
+    if (std::optional<int> code = PollExit(c.pid)) {
       c.exited = true;
-      c.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      c.exit_code = *code;
     }
   }
 }
@@ -93,9 +77,7 @@ absl::StatusOr<std::string> LocalCluster::WaitForAddress(const std::string& port
                                                          const std::atomic<bool>& stop_requested) {
   const absl::Time deadline = absl::Now() + absl::Seconds(60);
   while (true) {
-    std::ifstream in(port_file);
-    std::string address;
-    if (in && std::getline(in, address) && !address.empty()) return address;
+    if (std::optional<std::string> address = FirstLine(port_file)) return *address;
     Reap();
     if (child.exited) return ChildFailed(child, absl::StrCat("exited with code ", child.exit_code, " while starting"));
     if (stop_requested) return absl::CancelledError("interrupted");

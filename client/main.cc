@@ -20,6 +20,7 @@
 #include <cstdio>
 #include <filesystem>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "client/local_cluster.h"

@@ -372,6 +372,62 @@ TEST_F(ShardStoreTest, InitTableRefusesBadTables) {
 
 // Checkpoint two shards, restore onto three with the keys re-partitioned:
 // values, momentum and per-worker steps carry over.
+// An in-process owner that applies the optimizer itself (the all-reduce
+// worker) reads the state out after updates, writes new values and state
+// in, and a checkpoint of the store then carries exactly what it wrote.
+TEST_F(ShardStoreTest, ExportAndImportCarryValuesAndOptimizerState) {
+  TableConfig config = Config(SYNC, 1, 0.5);
+  config.mutable_optimizer()->set_momentum(0.9);
+  ASSERT_TRUE(Init(config).ok());
+  std::vector<float> a(3), a_mom(3), b(2), b_mom(2);
+  std::vector<ShardStore::ChunkState> chunks(2);
+  chunks[0] = {"a", a.data(), {a_mom.data()}, -1};
+  chunks[1] = {"b", b.data(), {b_mom.data()}, -1};
+  // Before any update: the values, a zero momentum buffer, step 0.
+  ASSERT_TRUE(store_.ExportChunks("job", &chunks).ok());
+  EXPECT_EQ(a, (std::vector<float>{1, 2, 3}));
+  EXPECT_EQ(a_mom, (std::vector<float>{0, 0, 0}));
+  EXPECT_EQ(chunks[0].optimizer_step, 0);
+  // Two SGD-momentum steps with gradient 1: momentum 1 then 1.9.
+  for (int step = 0; step < 2; ++step) {
+    ASSERT_TRUE(Push(0, step, {"a", "b"}, {Floats({1, 1, 1}), Floats({1, 1})}).ok());
+  }
+  ASSERT_TRUE(store_.ExportChunks("job", &chunks).ok());
+  EXPECT_FLOAT_EQ(a_mom[0], 1.9f);
+  EXPECT_FLOAT_EQ(a[0], 1 - 0.5f * 1 - 0.5f * 1.9f);
+  EXPECT_EQ(chunks[1].optimizer_step, 2);
+
+  // What the owner computed elsewhere replaces values and state at once.
+  a = {7, 8, 9};
+  a_mom = {0.1f, 0.2f, 0.3f};
+  b = {5, 6};
+  b_mom = {0.5f, 0.6f};
+  for (auto& c : chunks) c.optimizer_step = 12;
+  ASSERT_TRUE(store_.ImportChunks("job", chunks, /*step=*/11).ok());
+  auto v = Pull({"a", "b"}, /*min_version=*/12);
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ((*v)[0], (std::vector<float>{7, 8, 9}));
+  EXPECT_EQ((*v)[1], (std::vector<float>{5, 6}));
+  std::vector<float> a2(3), a2_mom(3);
+  std::vector<ShardStore::ChunkState> again(1);
+  again[0] = {"a", a2.data(), {a2_mom.data()}, -1};
+  ASSERT_TRUE(store_.ExportChunks("job", &again).ok());
+  EXPECT_EQ(a2_mom, (std::vector<float>{0.1f, 0.2f, 0.3f}));
+  EXPECT_EQ(again[0].optimizer_step, 12);
+  // The next update continues from the imported momentum: 0.9 * 0.1 + 1.
+  ASSERT_TRUE(Push(0, 12, {"a", "b"}, {Floats({1, 1, 1}), Floats({1, 1})}).ok());
+  ASSERT_TRUE(store_.ExportChunks("job", &again).ok());
+  EXPECT_FLOAT_EQ(a2_mom[0], 0.9f * 0.1f + 1);
+
+  // Unknown keys and a wrong slot count change nothing.
+  std::vector<ShardStore::ChunkState> bad(1);
+  bad[0] = {"zz", a.data(), {a_mom.data()}, 1};
+  EXPECT_FALSE(store_.ImportChunks("job", bad, 0).ok());
+  bad[0] = {"a", a.data(), {}, 1};
+  EXPECT_EQ(store_.ImportChunks("job", bad, 0).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_FALSE(store_.ExportChunks("nojob", &again).ok());
+}
+
 TEST(ShardCheckpointTest, SaveTwoShardsRestoreOntoThree) {
   TableConfig config = Config(ASYNC, 1, 0.1);
   config.mutable_optimizer()->set_momentum(0.9);

@@ -17,8 +17,10 @@
 
 namespace pstrain {
 
+namespace {
+
 // Counts asynchronous parameter updates of one step and keeps the first error.
-class GradientExchange::Barrier {
+class StepBarrier {
  public:
   void Add() {
     std::lock_guard<std::mutex> lock(mu_);
@@ -44,9 +46,10 @@ class GradientExchange::Barrier {
   absl::Status status_;
 };
 
+}  // namespace
+
 GradientExchange::GradientExchange(ExchangeOptions options)
     : options_(std::move(options)),
-      barrier_(std::make_unique<Barrier>()),
       stager_(std::make_unique<DeviceStager>(options_.device)) {
   const auto& params = options_.params;
   bucket_of_.resize(params.size());
@@ -80,10 +83,13 @@ absl::Status GradientExchange::InitTables(const TableConfig& config) {
 
 absl::Status GradientExchange::Pull(int64_t min_version) {
   absl::Status s = options_.ps->Pull(staging_, min_version);
-  if (!s.ok()) return s;
+  if (s.ok()) UploadStaging();
+  return s;
+}
+
+void GradientExchange::UploadStaging() {
   c10::NoGradGuard no_grad;
   for (size_t i = 0; i < staging_.size(); ++i) DeviceStager::Upload(staging_[i], options_.params[i]);
-  return absl::OkStatus();
 }
 
 void GradientExchange::BeginStep(int64_t step, double lr) {
@@ -93,26 +99,7 @@ void GradientExchange::BeginStep(int64_t step, double lr) {
   std::fill(ready_.begin(), ready_.end(), at::Tensor());
 }
 
-void GradientExchange::PushPull(size_t b, std::vector<at::Tensor> grads) {
-  std::vector<at::Tensor> intos;
-  for (size_t p : buckets_[b]) intos.push_back(staging_[p]);
-  barrier_->Add();
-  options_.ps->PushPullAsync(step_, buckets_[b], grads, intos, lr_,
-                             [barrier = barrier_.get()](absl::Status s) { barrier->Done(s); });
-}
-
-absl::Status GradientExchange::FinishPushPulls() {
-  absl::Status s = barrier_->Wait();
-  if (!s.ok()) return s;
-  c10::NoGradGuard no_grad;
-  for (size_t i = 0; i < staging_.size(); ++i) DeviceStager::Upload(staging_[i], options_.params[i]);
-  return absl::OkStatus();
-}
-
-void GradientExchange::Abandon() {
-  stager_->Drain();
-  (void)barrier_->Wait();
-}
+void GradientExchange::Abandon() { stager_->Drain(); }
 
 namespace {
 
@@ -138,10 +125,28 @@ class PsExchange : public GradientExchange {
 
   absl::Status Finish() override {
     stager_->Drain();
-    return FinishPushPulls();
+    absl::Status s = barrier_.Wait();
+    if (s.ok()) UploadStaging();
+    return s;
+  }
+
+  void Abandon() override {
+    stager_->Drain();
+    (void)barrier_.Wait();
   }
 
  private:
+  // Starts the PushPull of bucket b: grads[k] (host) of its parameters, the
+  // new values into staging_.
+  void PushPull(size_t b, std::vector<at::Tensor> grads) {
+    std::vector<at::Tensor> intos;
+    for (size_t p : buckets_[b]) intos.push_back(staging_[p]);
+    barrier_.Add();
+    options_.ps->PushPullAsync(step_, buckets_[b], grads, intos, lr_,
+                               [this](absl::Status s) { barrier_.Done(s); });
+  }
+
+  StepBarrier barrier_;
   std::vector<at::Tensor> host_grads_;  // accelerator: pinned copies of the gradients
 };
 
@@ -226,7 +231,6 @@ class AllReduceExchange : public GradientExchange {
       if (r != nullptr) (void)r->Wait();
       r.reset();
     }
-    GradientExchange::Abandon();
   }
 
   absl::Status InitTables(const TableConfig& config) override {

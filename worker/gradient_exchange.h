@@ -89,13 +89,8 @@ class GradientExchange {
 
  protected:
   explicit GradientExchange(ExchangeOptions options);
-  // Starts the PushPull of bucket b: grads[k] (host) of its parameters, new
-  // values into staging_.
-  void PushPull(size_t b, std::vector<at::Tensor> grads);
-  // Waits for every PushPull; on success uploads staging_ into the params.
-  absl::Status FinishPushPulls();
-
-  class Barrier;
+  // staging_ into the parameters, asynchronously on the compute stream.
+  void UploadStaging();
 
   const ExchangeOptions options_;
   std::vector<std::vector<size_t>> buckets_;
@@ -103,7 +98,6 @@ class GradientExchange {
   std::vector<size_t> missing_;       // per bucket: gradients not yet offered this step
   std::vector<at::Tensor> staging_;   // host (pinned on an accelerator): pulled values
   std::vector<at::Tensor> ready_;     // per parameter: this step's offered gradient
-  std::unique_ptr<Barrier> barrier_;
   std::unique_ptr<DeviceStager> stager_;
   int64_t step_ = 0;
   double lr_ = 0;

@@ -279,8 +279,7 @@ absl::StatusOr<TrainResult> RunTrainer(const TrainerOptions& options, const Trai
       }
       exchange->BeginStep(step, lr);
       std::fill(offered.begin(), offered.end(), false);
-      // The loss stays on the device until the step's exchange is over (a
-      // read would stall the host before backward is queued).
+      // The loss stays on the device (read a step later, see `unread`).
       at::Tensor step_loss_sum;
       int64_t step_samples = 0;
       try {

@@ -7,8 +7,32 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/file_util.h"
+#include "common/quote.h"
 
 namespace pstrain {
+
+absl::StatusOr<std::string> PathUnderRoot(const std::string& root, const std::string& path, const char* what) {
+  if (path.empty() || path.find('\0') != std::string::npos || path.size() > 4096) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " '", Quote(path), "' is not a usable path"));
+  }
+  // Symbolic links in the part that exists are resolved: one planted in the
+  // tree cannot lead out of the root.
+  std::error_code ec;
+  std::string abs = std::filesystem::weakly_canonical(std::filesystem::absolute(path, ec), ec).string();
+  while (abs.size() > 1 && abs.back() == '/') abs.pop_back();
+  if (ec || (root != "/" && abs != root && abs.rfind(root + "/", 0) != 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " '", Quote(path), "' is outside the checkpoint root ",
+                                                   root, " (pstrain-coordinator --checkpoint_root): shards and "
+                                                   "workers read and write only there"));
+  }
+  return abs;
+}
+
+std::string RelativeToRoot(const std::string& root, const std::string& dir) {
+  if (dir == root) return "";
+  if (root == "/") return dir.substr(1);
+  return dir.substr(root.size() + 1);
+}
 
 std::string JobDir(const std::string& output_dir, const std::string& job_id) {
   return absl::StrCat(output_dir, "/", job_id);

@@ -22,10 +22,21 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "checkpoint/manifest.h"
 #include "proto/parameter.pb.h"
 
 namespace pstrain {
+
+// `path` (absolute, or relative to the working directory) made absolute
+// and normalized, symbolic links in the part that exists resolved, and
+// checked to lie under `root` (absolute, symlink-free: CanonicalRoot).
+// INVALID_ARGUMENT naming `what` otherwise: a client cannot make the
+// coordinator read or write outside the shared volume.
+absl::StatusOr<std::string> PathUnderRoot(const std::string& root, const std::string& path, const char* what);
+// `dir` (a result of PathUnderRoot) as a name relative to `root`, which
+// is how shards, with their own --checkpoint_root, are told of it.
+std::string RelativeToRoot(const std::string& root, const std::string& dir);
 
 // <output_dir>/<job_id>: the job's own directory (checkpoints, weights).
 std::string JobDir(const std::string& output_dir, const std::string& job_id);

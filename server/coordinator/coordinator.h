@@ -1,24 +1,26 @@
-// Coordinator: the control plane's state machine, transport-neutral (the
-// gRPC services in grpc_coordinator_service.h only translate).
+// Coordinator: the control plane, transport-neutral (the gRPC services in
+// grpc_coordinator_service.h only translate). A facade over modules, each
+// testable alone:
 //
-// - Jobs: submitted specs are validated and stored (JobStore, SQLite) as
-//   PENDING; every transition is recorded as a condition (time, reason,
-//   message; the first and the newest max_conditions - 1 are kept). Worker
-//   events (proto/events.proto) update the status; when every worker is
-//   done the job SUCCEEDED.
-// - Members: shards and workers register and heartbeat; one that misses
-//   `missed_heartbeats` beats is lost (a pause of the coordinator itself
-//   extends every lease by its length). A RUNNING job that loses a member
-//   is requeued to resume from its last checkpoint (MemberLost), at most
-//   max_restarts times, else FAILED. Dead members are forgotten after
-//   forget_after_leases leases.
-// - Scheduling: strict FIFO, all or nothing: the oldest PENDING job starts
-//   only when all the shards and workers it asks for are free and alive, so
-//   two half-started jobs can never hold each other's members.
+// - jobs (job_status.h): submitted specs are validated and stored
+//   (JobStore, SQLite) as PENDING; every transition is a capped condition
+//   (time, reason, message); worker events (proto/events.proto) update the
+//   status; when every worker is done the job SUCCEEDED.
+// - membership (membership.h): shards and workers register and heartbeat;
+//   one that misses `missed_heartbeats` beats is lost (a pause of the
+//   coordinator itself extends every lease by its length). A RUNNING job
+//   that loses a member is requeued to resume from its last checkpoint
+//   (MemberLost), at most max_restarts times, else FAILED. Dead members are
+//   forgotten after forget_after_leases leases.
+// - scheduling (scheduler.h, a pure function): strict FIFO, all or nothing.
+// - rendezvous (rendezvous.h): a bounded key-value store per job attempt.
+// - checkpoints (checkpoint_driver.h, coordinator_checkpoint.cc): pause the
+//   workers at one step, have the shards (or worker 0) write, commit the
+//   directory; restore onto new shards; drain a leaving member; periodic
+//   checkpoints.
 // - Restart: jobs come back from the store. A RUNNING job keeps running if
 //   its members re-register (they say which job, rank and attempt they are
 //   on) within two leases (10 s at least); otherwise it is requeued as above.
-// - A small key-value store per job for rendezvous (bounded).
 // - Attempts: every scheduling of a job is a new attempt (JobStatus.attempt,
 //   persisted). Assignments carry it, and every request a member makes for
 //   the job (shard calls, KV, events, heartbeats) carries it back; requests
@@ -28,21 +30,21 @@
 //   and output_dir must lie under the checkpoint root (the shared volume),
 //   whose relative names the shards are given.
 //
-// Thread-safe: one mutex guards all state; waits (assignments, KV keys, job
-// changes) use one condition variable and never hold the lock while
-// blocked. A tick thread expires leases and schedules; a persister thread
-// writes changed job statuses to the store (never under the mutex);
-// background work (checkpoints, restores, drains, table drops) runs on
-// threads the coordinator owns and joins.
+// Thread-safe: one mutex guards jobs and members (the rendezvous store has
+// its own); waits (assignments, job changes) never hold it while blocked.
+// Leases and conditions read the injected clock; waits on a caller's
+// deadline are real time. A tick thread expires leases, schedules and
+// starts periodic checkpoints; a persister thread writes changed job
+// statuses to the store (never under the mutex); background work
+// (checkpoints, restores, drains, table drops) runs on threads the
+// coordinator owns and joins.
 #ifndef PSTRAIN_SERVER_COORDINATOR_COORDINATOR_H_
 #define PSTRAIN_SERVER_COORDINATOR_COORDINATOR_H_
 
 #include <atomic>
-#include <condition_variable>
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <set>
 #include <string>
 #include <thread>
@@ -50,11 +52,16 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "checkpoint/manifest.h"
+#include "common/clock.h"
 #include "common/job_spec.h"
 #include "proto/control.pb.h"
+#include "server/coordinator/checkpoint_driver.h"
+#include "server/coordinator/job_status.h"
 #include "server/coordinator/job_store.h"
+#include "server/coordinator/membership.h"
+#include "server/coordinator/rendezvous.h"
 
 namespace pstrain {
 
@@ -63,6 +70,9 @@ struct CoordinatorOptions {
   int missed_heartbeats = 5;
   // Run the tick thread (tests may call Tick() themselves instead).
   bool background_tick = true;
+  // Where leases, attach windows and conditions take the time from (not
+  // owned; null: the real clock). Tests move a ManualClock and Tick().
+  Clock* clock = nullptr;
   // Absolute, symlink-free directory (CanonicalRoot) that jobs' output_dir
   // and resume_from must lie under; shards get names relative to it.
   // Empty: the working directory's out/.
@@ -82,11 +92,6 @@ struct CoordinatorOptions {
   std::function<void(const std::string& job)> before_persist;
 };
 
-// Limits on the strings a request may carry.
-inline constexpr size_t kMaxNameBytes = 253;     // a DNS name, as Kubernetes pod names
-inline constexpr size_t kMaxAddressBytes = 512;
-inline constexpr size_t kMaxIdBytes = 300;       // job and member ids
-inline constexpr size_t kMaxKvKeyBytes = 512;
 inline constexpr size_t kMaxEventBytes = 1 << 20;
 
 class Coordinator {
@@ -132,15 +137,6 @@ class Coordinator {
   void Shutdown();
 
  private:
-  struct Member {
-    MemberStatus status;
-    absl::Time last_beat;
-    // The member's job was requeued: it is told to stop, and becomes free
-    // once its heartbeat says it no longer runs the job (or it is lost).
-    bool releasing = false;
-    // It is shutting down (SIGTERM): never given a job again.
-    bool leaving = false;
-  };
   struct Job {
     StoredJob stored;
     JobSpec spec;
@@ -148,33 +144,24 @@ class Coordinator {
     uint64_t version = 1;
     // Members may (re)attach until then without the job failing.
     absl::Time attach_deadline;
-    // A checkpoint of the job is claimed (set atomically under mu_ by
-    // whoever starts one, cleared by EndCheckpoint): at most one runs.
-    bool checkpointing = false;
-    bool pause_requested = false;
-    int64_t pause_id = 0;
-    std::map<int, CheckpointManifest::Worker> paused;
-    int64_t last_checkpoint_step = 0;
-    // Resuming: the shards load the checkpoint before workers get to start.
-    bool restoring = false;
-    std::vector<CheckpointManifest::Worker> start_positions;
-    bool draining = false;  // a worker is leaving: checkpoint, then requeue
+    CheckpointState checkpoint;
   };
 
-  Coordinator(CoordinatorOptions options, std::unique_ptr<JobStore> store)
-      : options_(options), store_(std::move(store)) {}
+  Coordinator(CoordinatorOptions options, std::unique_ptr<JobStore> store);
 
   absl::Duration lease() const { return options_.heartbeat_interval * options_.missed_heartbeats; }
+  absl::Time Now() const { return clock_->Now(); }
   Job* FindJob(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Back to PENDING, to resume from the job's last checkpoint on whichever
   // members are free then; its current members are told to stop.
   void Requeue(Job& job, const std::string& reason, const std::string& message) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  bool CanRestart(const Job& job) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool CanRestart(const Job& job) const;
+  // Requeued when it can restart, else FAILED; then schedules.
+  void RestartOrFail(Job& job, const std::string& reason, const std::string& message, bool retryable)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Where a requeued job resumes: its newest checkpoint, else the one it
   // was started from.
   static std::string ResumePoint(const Job& job);
-  // A worker is shutting down (SIGTERM): checkpoint the job, then requeue it.
-  void Drain(const std::string& job_id, const std::string& who);
   // The shards free the job's table (in the background).
   void DropTables(const JobStatus& st) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Records a transition, frees the members of a job that ended, persists.
@@ -182,34 +169,45 @@ class Coordinator {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Changed(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RefreshMembers(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Applies the scheduler's plan: the jobs it places start a new attempt.
   void Schedule() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Start(Job& job, const Placement& placement) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ExpireLeases() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void TickLoop();
+  // Re-attaches a member that says it was on `job_id` (after a restart on
+  // either side), if that attempt is still the job's.
+  void Reattach(Member& m, const RegisterRequest& request) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // One event from `member` (its rank in the job) about `job`.
   absl::Status ApplyEvent(Job& job, Member& member, const WorkerEvent& event) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MaybeSucceed(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void EndCheckpoint(Job& job, const std::string& reason, const std::string& message)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The body of Checkpoint(), for a caller that has claimed it.
-  absl::StatusOr<CheckpointResponse> RunCheckpoint(const std::string& job_id);
-  absl::Status CheckKvAccess(const std::string& job_id, uint64_t attempt) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // `dir` (absolute, under the checkpoint root) as a name relative to it.
-  std::string RelativeToRoot(const std::string& dir) const;
-  // Absolute and normalized; INVALID_ARGUMENT unless under the root.
-  absl::StatusOr<std::string> UnderRoot(const std::string& path, const char* what) const;
   void PersistLoop();
-  // Loads the job's checkpoint into its shards (on a background thread).
-  void Restore(const std::string& job_id);
   void Background(std::function<void()> fn) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  const CoordinatorOptions options_;
-  std::unique_ptr<JobStore> store_;
+  // Checkpoints (coordinator_checkpoint.cc).
+  // Claims a checkpoint of the job for the caller; UNAVAILABLE if one runs.
+  absl::Status ClaimCheckpoint(const std::string& job_id) ABSL_LOCKS_EXCLUDED(mu_);
+  // The body of Checkpoint(), for a caller that has claimed it.
+  absl::StatusOr<CheckpointResponse> RunCheckpoint(const std::string& job_id) ABSL_LOCKS_EXCLUDED(mu_);
+  // Pauses the workers and decides what the checkpoint writes.
+  absl::StatusOr<CheckpointWrite> PauseForCheckpoint(const std::string& job_id) ABSL_LOCKS_EXCLUDED(mu_);
+  void EndCheckpoint(Job& job, const std::string& reason, const std::string& message)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Starts the periodic checkpoints that are due.
+  void StartPeriodicCheckpoints() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Loads the job's checkpoint into its shards (on a background thread).
+  void Restore(const std::string& job_id) ABSL_LOCKS_EXCLUDED(mu_);
+  // A worker is shutting down (SIGTERM): checkpoint the job, then requeue it.
+  void Drain(const std::string& job_id, const std::string& who) ABSL_LOCKS_EXCLUDED(mu_);
 
-  std::mutex mu_;
-  std::condition_variable cv_;  // any change: assignment, job status, KV
+  const CoordinatorOptions options_;
+  Clock* const clock_;
+  std::unique_ptr<JobStore> store_;
+  Rendezvous rendezvous_;
+
+  absl::Mutex mu_;
+  absl::CondVar cv_;  // any change: assignment, job status
   std::map<std::string, Job> jobs_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, Member> members_ ABSL_GUARDED_BY(mu_);  // by member id
-  std::map<std::string, std::map<std::string, std::string>> kv_ ABSL_GUARDED_BY(mu_);
-  uint64_t next_member_ ABSL_GUARDED_BY(mu_) = 1;
+  Membership members_ ABSL_GUARDED_BY(mu_);
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
   std::thread ticker_;
   // Background work: finished threads are joined by the next Background()
@@ -221,13 +219,10 @@ class Coordinator {
   std::vector<BackgroundThread> background_ ABSL_GUARDED_BY(mu_);
   // Statuses changed since they were last written (the newest of each job).
   std::map<std::string, JobStatus> dirty_ ABSL_GUARDED_BY(mu_);
-  std::condition_variable persist_cv_;
+  absl::CondVar persist_cv_;
   bool persist_stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread persister_;
 };
-
-const char* JobStateName(JobState state);
-bool IsTerminal(JobState state);
 
 }  // namespace pstrain
 

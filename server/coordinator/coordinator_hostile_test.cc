@@ -9,6 +9,7 @@
 #include <future>
 #include <mutex>
 
+#include "common/clock.h"
 #include "common/file_util.h"
 #include "google/protobuf/util/json_util.h"
 #include "server/coordinator/coordinator.h"
@@ -124,6 +125,8 @@ TEST(CoordinatorLimitsTest, MembersNamesAndDeadRegistrationsAreBounded) {
   CoordinatorOptions o = Options();
   o.max_members = 3;
   o.forget_after_leases = 2;
+  ManualClock clock;
+  o.clock = &clock;
   auto c = Make(o);
   auto r = Join(*c, "worker", std::string(1 << 20, 'n'));
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
@@ -136,11 +139,14 @@ TEST(CoordinatorLimitsTest, MembersNamesAndDeadRegistrationsAreBounded) {
   EXPECT_EQ(Join(*c, "worker", "w4").status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_TRUE(Join(*c, "worker", "w3").ok());  // re-registering replaces
   // Nobody beats: lost after one lease, forgotten after two more.
-  absl::SleepFor(absl::Milliseconds(200));
+  clock.Advance(absl::Milliseconds(200));
   c->Tick();
   EXPECT_EQ(c->Members().size(), 3u);
   for (const auto& m : c->Members()) EXPECT_FALSE(m.alive());
-  absl::SleepFor(absl::Milliseconds(350));
+  clock.Advance(absl::Milliseconds(100));
+  c->Tick();
+  EXPECT_EQ(c->Members().size(), 3u);  // 300 ms silent: two leases, not more
+  clock.Advance(absl::Milliseconds(50));
   c->Tick();
   EXPECT_TRUE(c->Members().empty());
   EXPECT_TRUE(Join(*c, "worker", "w4").ok());

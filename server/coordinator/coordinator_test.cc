@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "checkpoint/manifest.h"
+#include "common/clock.h"
 #include "common/file_util.h"
 #include "google/protobuf/util/json_util.h"
 
@@ -23,6 +24,7 @@ class CoordinatorTest : public ::testing::Test {
     o.heartbeat_interval = absl::Milliseconds(50);
     o.missed_heartbeats = 3;
     o.background_tick = false;
+    o.clock = &clock_;  // leases move only when the test says
     o.checkpoint_root = *CanonicalRoot(::testing::TempDir());
     auto store = JobStore::Open(db);
     EXPECT_TRUE(store.ok());
@@ -60,6 +62,8 @@ class CoordinatorTest : public ::testing::Test {
     ASSERT_TRUE(c.ReportProgress(r).ok());
   }
   JobState State(Coordinator& c, const std::string& job) { return c.GetJob(job)->state(); }
+
+  ManualClock clock_;
 };
 
 TEST_F(CoordinatorTest, JobRunsWhenItsMembersAreFreeAndSucceedsWhenWorkersAreDone) {
@@ -143,7 +147,7 @@ TEST_F(CoordinatorTest, LostMemberFailsItsRunningJob) {
   EXPECT_EQ(State(*c, job), RUNNING);
   // Only the worker keeps beating.
   for (int i = 0; i < 6; ++i) {
-    absl::SleepFor(absl::Milliseconds(40));
+    clock_.Advance(absl::Milliseconds(40));
     HeartbeatRequest hb;
     hb.set_member_id(w0);
     ASSERT_TRUE(c->Heartbeat(hb).ok());
@@ -175,7 +179,7 @@ TEST_F(CoordinatorTest, RestartedCoordinatorKeepsJobsAndReattachesMembers) {
   const std::string s0 = Join(*c, "shard", "shard-0", job, 0);
   const std::string w0 = Join(*c, "worker", "worker-0", job, 0);
   for (int i = 0; i < 6; ++i) {
-    absl::SleepFor(absl::Milliseconds(40));
+    clock_.Advance(absl::Milliseconds(40));
     for (const std::string& m : {s0, w0}) {
       HeartbeatRequest hb;
       hb.set_member_id(m);
@@ -207,7 +211,10 @@ TEST_F(CoordinatorTest, RunningJobFailsIfItsMembersDoNotComeBackAfterARestart) {
   auto c = Make(db);
   c->Tick();
   EXPECT_EQ(State(*c, job), RUNNING);  // members get time to come back
-  absl::SleepFor(absl::Milliseconds(10200));  // past the re-attach window (10 s at least)
+  clock_.Advance(absl::Seconds(9));
+  c->Tick();
+  EXPECT_EQ(State(*c, job), RUNNING);  // 10 s at least
+  clock_.Advance(absl::Milliseconds(1200));  // past the re-attach window
   c->Tick();
   EXPECT_EQ(State(*c, job), FAILED);
 }

@@ -1,0 +1,156 @@
+#include "server/coordinator/checkpoint_driver.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <condition_variable>
+#include <filesystem>
+#include <mutex>
+
+#include "absl/strings/str_cat.h"
+#include "checkpoint/layout.h"
+#include "common/file_util.h"
+#include "common/partition_plan.h"
+#include "common/quote.h"
+#include "rpc/grpc_remote_shard.h"
+
+namespace pstrain {
+namespace {
+
+// Worker 0 of an all-reduce job writes its store to <pending>/shard-0.bin
+// while the workers are paused; the path goes to it, and its answer (the
+// file's size and crc32, or an error) comes back, through the rendezvous.
+absl::Status SaveOnWorker0(const CheckpointWrite& w, const std::string& pending, Rendezvous& rendezvous,
+                           SaveTableResponse* saved) {
+  const std::string prefix = absl::StrCat("ckpt/", w.pause_id, "/");
+  absl::Status status = rendezvous.Set(w.job_id, w.attempt, prefix + "path", absl::StrCat(pending, "/shard-0.bin"));
+  if (!status.ok()) return status;
+  absl::StatusOr<std::string> result =
+      rendezvous.Get(w.job_id, w.attempt, prefix + "saved", absl::Now() + absl::Minutes(10));
+  if (!result.ok()) {
+    return absl::Status(result.status().code(), absl::StrCat("worker 0 did not save: ", result.status().message()));
+  }
+  const nlohmann::json r = nlohmann::json::parse(*result, nullptr, false);
+  if (!r.is_object() || r.contains("error") || !r.contains("bytes") || !r["bytes"].is_number_unsigned() ||
+      !r.contains("crc32") || !r["crc32"].is_number_unsigned()) {
+    // Not a saved file's size and crc32 (checked by type: nlohmann's
+    // value() throws on a mismatch).
+    const bool said = r.is_object() && r.contains("error") && r["error"].is_string();
+    return absl::InternalError(absl::StrCat("worker 0: ", Quote(said ? r["error"].get<std::string>() : *result, 1024)));
+  }
+  saved->set_bytes(r["bytes"].get<uint64_t>());
+  saved->set_crc32(static_cast<uint32_t>(r["crc32"].get<uint64_t>()));
+  return absl::OkStatus();
+}
+
+// Every shard writes its table at once; the first failure is returned.
+absl::Status SaveOnShards(const CheckpointWrite& w, const std::string& pending_name,
+                          std::vector<SaveTableResponse>& saved) {
+  std::mutex mu;
+  std::condition_variable done;
+  size_t outstanding = w.shards.size();
+  absl::Status status;
+  for (size_t i = 0; i < w.shards.size(); ++i) {
+    RemoteShardOptions ro;
+    ro.target = w.shards[i];
+    SaveTableRequest req;
+    req.set_job(w.job_id);
+    req.set_path(absl::StrCat(pending_name, "/shard-", i, ".bin"));
+    req.set_attempt(w.attempt);
+    CallOptions opts;
+    opts.deadline = absl::Now() + absl::Minutes(10);
+    SharedRemoteShard(ro)->SaveTable(req, &saved[i], opts, [&, i](absl::Status s) {
+      std::lock_guard<std::mutex> l(mu);
+      if (!s.ok() && status.ok()) status = absl::Status(s.code(), absl::StrCat("shard ", i, ": ", s.message()));
+      if (--outstanding == 0) done.notify_all();
+    });
+  }
+  std::unique_lock<std::mutex> l(mu);
+  done.wait(l, [&] { return outstanding == 0; });
+  return status;
+}
+
+}  // namespace
+
+bool PeriodicCheckpointDue(const JobStatus& st, const JobSpec& spec, const CheckpointState& c) {
+  if (st.state() != RUNNING || c.claimed || c.restoring || spec.checkpoint_every_steps <= 0 ||
+      st.params_size() == 0 || st.workers_size() < spec.workers) {
+    return false;
+  }
+  return st.step() >= c.last_step + spec.checkpoint_every_steps && st.step() < st.steps();
+}
+
+std::vector<CheckpointManifest::Worker> StartPositions(const CheckpointManifest& manifest, int workers) {
+  if (static_cast<int>(manifest.workers.size()) == workers) return manifest.workers;
+  int epoch = INT32_MAX;
+  for (const auto& w : manifest.workers) epoch = std::min(epoch, w.epoch);
+  if (epoch == INT32_MAX) epoch = 0;
+  std::vector<CheckpointManifest::Worker> out;
+  for (int r = 0; r < workers; ++r) out.push_back({r, manifest.step, epoch, 0});
+  return out;
+}
+
+std::vector<std::string> ShardAddresses(const JobStatus& status) {
+  std::vector<std::pair<int, std::string>> by_rank;
+  for (const MemberStatus& m : status.members()) {
+    if (m.role() == "shard") by_rank.emplace_back(m.rank(), m.address());
+  }
+  std::sort(by_rank.begin(), by_rank.end());
+  std::vector<std::string> out;
+  for (auto& [rank, address] : by_rank) out.push_back(std::move(address));
+  return out;
+}
+
+absl::Status WriteCheckpoint(const CheckpointWrite& w, const std::string& root, Rendezvous& rendezvous) {
+  const std::string pending = PendingCheckpointDir(w.dir);
+  std::error_code ec;
+  absl::Status status = PathUnderRoot(root, w.dir, "the checkpoint directory").status();
+  if (status.ok()) {
+    std::filesystem::remove_all(pending, ec);
+    std::filesystem::create_directories(pending, ec);
+    if (ec) status = ErrnoToStatus(ec.value(), "cannot create", pending);
+  }
+  std::vector<SaveTableResponse> saved(w.allreduce ? 1 : w.shards.size());
+  if (status.ok()) {
+    status = w.allreduce ? SaveOnWorker0(w, pending, rendezvous, &saved[0])
+                         : SaveOnShards(w, RelativeToRoot(root, pending), saved);
+  }
+  if (status.ok()) {
+    CheckpointManifest manifest = w.manifest;
+    for (size_t i = 0; i < saved.size(); ++i) {
+      manifest.shards.push_back({static_cast<int>(i), absl::StrCat("shard-", i, ".bin"), saved[i].bytes(),
+                                 saved[i].crc32()});
+    }
+    status = WriteManifest(pending, manifest);
+  }
+  // The directory appears whole or not at all; the job's older ones go.
+  if (status.ok()) status = CommitCheckpoint(pending, w.dir, w.keep);
+  if (!status.ok()) std::filesystem::remove_all(pending, ec);
+  return status;
+}
+
+absl::StatusOr<CheckpointManifest> LoadCheckpoint(const std::string& job_id, uint64_t attempt,
+                                                  const std::string& dir, const JobSpec& spec,
+                                                  const std::vector<std::string>& shards, const std::string& root) {
+  absl::Status status = PathUnderRoot(root, dir, "the checkpoint").status();
+  if (!status.ok()) return status;
+  auto manifest = ReadManifest(dir);
+  if (!manifest.ok() || shards.empty()) return manifest;
+  auto plan = MakePartitionPlan(manifest->params, spec.shards, static_cast<size_t>(manifest->chunk_bytes));
+  if (!plan.ok()) return plan.status();
+  for (size_t i = 0; i < shards.size(); ++i) {
+    GrpcRemoteShard& client = *SharedRemoteShard(RemoteShardOptions{shards[i]});
+    std::vector<std::string> keys;
+    for (size_t idx : plan->shard_chunks[i]) keys.push_back(plan->chunks[idx].key);
+    const LoadTableRequest req =
+        RestoreRequest(*manifest, RelativeToRoot(root, dir), job_id, attempt, MakeTableConfig(spec), keys);
+    LoadTableResponse resp;
+    CallOptions opts;
+    opts.deadline = absl::Now() + absl::Minutes(10);
+    absl::Status s = WaitFor([&](StatusCallback done) { client.LoadTable(req, &resp, opts, done); });
+    if (!s.ok()) return absl::Status(s.code(), absl::StrCat("shard ", i, ": ", s.message()));
+  }
+  return manifest;
+}
+
+}  // namespace pstrain

@@ -1,0 +1,92 @@
+// The coordinator's side of the checkpoint protocol (checkpoint/layout.h
+// has the whole exchange): each job's checkpoint state, made explicit, and
+// the file and shard work of saving and restoring, which runs outside the
+// coordinator's lock on what was decided under it.
+#ifndef PSTRAIN_SERVER_COORDINATOR_CHECKPOINT_DRIVER_H_
+#define PSTRAIN_SERVER_COORDINATOR_CHECKPOINT_DRIVER_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "checkpoint/manifest.h"
+#include "common/job_spec.h"
+#include "proto/control.pb.h"
+#include "server/coordinator/rendezvous.h"
+
+namespace pstrain {
+
+// One job's checkpoint state. Guarded by the coordinator's mutex.
+struct CheckpointState {
+  // A checkpoint is claimed (set atomically with the check by whoever
+  // starts one, cleared when it ends): at most one runs.
+  bool claimed = false;
+  // The workers are asked (heartbeat `pause`, with pause_id) to stop at a
+  // step boundary; those that did, by rank, with where they stopped.
+  bool pause_requested = false;
+  int64_t pause_id = 0;
+  std::map<int, CheckpointManifest::Worker> paused;
+  int64_t last_step = 0;  // of the newest checkpoint written or restored
+  // The shards load a checkpoint before the workers get to start; then
+  // each worker starts at its position.
+  bool restoring = false;
+  std::vector<CheckpointManifest::Worker> start_positions;
+  // A member is leaving: checkpoint, then requeue.
+  bool draining = false;
+
+  // The checkpoint ended (saved or not): the workers go on.
+  void EndPause() {
+    claimed = false;
+    pause_requested = false;
+    paused.clear();
+  }
+  // The job was requeued: nothing of its attempt is left in flight.
+  void Reset() {
+    EndPause();
+    draining = false;
+    start_positions.clear();
+  }
+};
+
+// Whether the spec's periodic checkpoint is due for a job in this state.
+bool PeriodicCheckpointDue(const JobStatus& status, const JobSpec& spec, const CheckpointState& checkpoint);
+
+// Where each of `workers` workers starts after restoring `manifest`: where
+// it paused, when the worker count is the same; else the checkpoint's
+// epoch, at its start, on its new slice.
+std::vector<CheckpointManifest::Worker> StartPositions(const CheckpointManifest& manifest, int workers);
+
+// The shards' addresses in rank order, from a job's member list.
+std::vector<std::string> ShardAddresses(const JobStatus& status);
+
+// What one checkpoint writes, decided under the coordinator's lock.
+struct CheckpointWrite {
+  std::string job_id;
+  uint64_t attempt = 0;
+  int64_t pause_id = 0;
+  // No shards: worker 0 writes its local store, told where and answering
+  // through the job's rendezvous store.
+  bool allreduce = false;
+  std::vector<std::string> shards;  // addresses, by rank
+  std::string dir;                  // ckpt-<step>, absolute, under the root
+  int keep = 1;                     // newest checkpoints kept
+  CheckpointManifest manifest;      // all but the shards' files
+};
+
+// Has every shard (or worker 0) write its table into the pending
+// directory, writes the manifest, and commits the directory whole (older
+// ones beyond `keep` go). On failure nothing is left behind.
+absl::Status WriteCheckpoint(const CheckpointWrite& write, const std::string& root, Rendezvous& rendezvous);
+
+// Loads the checkpoint in `dir` into a job's (new) shards, cut by a fresh
+// partition plan for their number; returns its manifest. All-reduce jobs
+// (no shards) only read the manifest: the workers load the file.
+absl::StatusOr<CheckpointManifest> LoadCheckpoint(const std::string& job_id, uint64_t attempt,
+                                                  const std::string& dir, const JobSpec& spec,
+                                                  const std::vector<std::string>& shards, const std::string& root);
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_SERVER_COORDINATOR_CHECKPOINT_DRIVER_H_

@@ -1,0 +1,229 @@
+// The coordinator's checkpoint protocol: pause the workers at one step,
+// have the data written (checkpoint_driver.h), resume; restore a requeued
+// or resumed job; drain a leaving member; periodic checkpoints.
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "checkpoint/layout.h"
+#include "common/quote.h"
+#include "server/coordinator/coordinator.h"
+#include "spdlog/spdlog.h"
+
+namespace pstrain {
+
+absl::Status Coordinator::ClaimCheckpoint(const std::string& job_id) {
+  absl::MutexLock lock(&mu_);
+  Job* job = FindJob(job_id);
+  if (job == nullptr) return absl::NotFoundError(absl::StrCat("no job '", Quote(job_id), "'"));
+  const JobState state = job->stored.status.state();
+  if (state != RUNNING && state != CHECKPOINTING) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job ", job_id, " is ", JobStateName(state), ": only a running job can be checkpointed"));
+  }
+  if (job->checkpoint.claimed) {
+    return absl::UnavailableError(
+        absl::StrCat("a checkpoint of job ", job_id, " is already in progress; try again when it is done"));
+  }
+  job->checkpoint.claimed = true;  // atomically with the checks above
+  return absl::OkStatus();
+}
+
+absl::StatusOr<CheckpointResponse> Coordinator::Checkpoint(const std::string& job_id) {
+  if (absl::Status s = ClaimCheckpoint(job_id); !s.ok()) return s;
+  if (options_.on_checkpoint_claimed) options_.on_checkpoint_claimed(job_id);
+  return RunCheckpoint(job_id);
+}
+
+void Coordinator::EndCheckpoint(Job& job, const std::string& reason, const std::string& message) {
+  job.checkpoint.EndPause();
+  if (job.stored.status.state() == CHECKPOINTING) {
+    Transition(job, RUNNING, reason, message);
+    MaybeSucceed(job);
+  }
+}
+
+void Coordinator::StartPeriodicCheckpoints() {
+  for (auto& [id, job] : jobs_) {
+    if (!PeriodicCheckpointDue(job.stored.status, job.spec, job.checkpoint)) continue;
+    job.checkpoint.claimed = true;  // RunCheckpoint() takes it from here
+    Background([this, id = id] {
+      auto r = RunCheckpoint(id);
+      if (!r.ok()) spdlog::warn("coordinator: periodic checkpoint of {}: {}", id, r.status().ToString());
+    });
+  }
+}
+
+absl::StatusOr<CheckpointWrite> Coordinator::PauseForCheckpoint(const std::string& job_id) {
+  absl::MutexLock lock(&mu_);
+  Job* job = FindJob(job_id);
+  if (job == nullptr) return absl::NotFoundError(absl::StrCat("no job '", Quote(job_id), "'"));
+  CheckpointState& c = job->checkpoint;
+  if (job->stored.status.state() != RUNNING) {
+    c.claimed = false;
+    return absl::FailedPreconditionError(absl::StrCat("job ", job_id, " is ", JobStateName(job->stored.status.state()),
+                                                      ": only a running job can be checkpointed"));
+  }
+  // A job that is still starting has not reported its model yet: wait.
+  const absl::Time start_deadline = absl::Now() + absl::Seconds(60);
+  auto starting = [&] { return job->stored.status.params_size() == 0 || c.restoring; };
+  while (starting() && job->stored.status.state() == RUNNING && absl::Now() < start_deadline && !shutdown_) {
+    cv_.WaitWithDeadline(&mu_, std::min(start_deadline, absl::Now() + absl::Seconds(1)));
+  }
+  if (starting() || job->stored.status.state() != RUNNING) {
+    c.claimed = false;
+    return absl::UnavailableError(absl::StrCat("job ", job_id, " did not start training within 60 s; try again later"));
+  }
+  c.claimed = true;
+  c.pause_requested = true;
+  ++c.pause_id;
+  c.paused.clear();
+  Transition(*job, CHECKPOINTING, "CheckpointRequested", "pausing the workers at a step boundary");
+  const absl::Time deadline = absl::Now() + absl::Seconds(120);
+  while (true) {
+    if (IsTerminal(job->stored.status.state())) {
+      c.EndPause();
+      return absl::AbortedError(absl::StrCat("job ", job_id, " ended during the checkpoint"));
+    }
+    // Workers that finished their steps will not pause; they count as ready.
+    int ready = static_cast<int>(c.paused.size());
+    for (int r : job->done_ranks) ready += c.paused.count(r) == 0 ? 1 : 0;
+    if (ready >= job->spec.workers) break;
+    if (absl::Now() > deadline || shutdown_) {
+      EndCheckpoint(*job, "CheckpointFailed", "the workers did not pause within 120 s");
+      return absl::DeadlineExceededError(absl::StrCat("job ", job_id, ": the workers did not pause in time"));
+    }
+    cv_.WaitWithDeadline(&mu_, std::min(deadline, absl::Now() + absl::Seconds(1)));
+  }
+  const bool allreduce = job->spec.mode == "allreduce";
+  if (allreduce && c.paused.count(0) == 0) {
+    // Worker 0 holds the model in this mode; it finished its steps before
+    // reaching the agreed pause, so nobody is left to write it (the job is
+    // about to end: its final weights are being written).
+    EndCheckpoint(*job, "CheckpointSkipped", "worker 0 finished before the pause");
+    return absl::FailedPreconditionError(
+        absl::StrCat("job ", job_id, " finished its steps before the checkpoint could be taken"));
+  }
+  const JobStatus& s = job->stored.status;
+  CheckpointWrite w;
+  CheckpointManifest& manifest = w.manifest;
+  manifest.job = job_id;
+  manifest.name = s.name();
+  manifest.created_unix_ms = absl::ToUnixMillis(Now());
+  manifest.spec_yaml = job->stored.spec_yaml;
+  manifest.chunk_bytes = s.chunk_bytes();
+  for (const ParameterInfo& p : s.params()) {
+    manifest.params.push_back({p.name(), std::vector<int64_t>(p.shape().begin(), p.shape().end()),
+                               static_cast<DataType>(p.dtype())});
+  }
+  manifest.step = INT64_MAX;
+  for (const auto& [rank, worker] : c.paused) {
+    manifest.workers.push_back(worker);
+    manifest.step = std::min(manifest.step, worker.step);
+  }
+  if (manifest.step == INT64_MAX) manifest.step = s.step();
+  w.job_id = job_id;
+  w.attempt = s.attempt();
+  w.pause_id = c.pause_id;
+  w.allreduce = allreduce;
+  w.shards = ShardAddresses(s);
+  // The job's own directory: jobs sharing an output_dir never touch each
+  // other's checkpoints.
+  w.dir = CheckpointDir(JobDir(job->stored.output_dir, job_id), manifest.step);
+  w.keep = job->spec.checkpoint_keep;
+  return w;
+}
+
+absl::StatusOr<CheckpointResponse> Coordinator::RunCheckpoint(const std::string& job_id) {
+  auto write = PauseForCheckpoint(job_id);
+  if (!write.ok()) return write.status();
+  // The shards write their tables, all at once, outside the lock.
+  absl::Status status = WriteCheckpoint(*write, options_.checkpoint_root, rendezvous_);
+  absl::MutexLock lock(&mu_);
+  Job* job = FindJob(job_id);
+  if (!status.ok()) {
+    if (job != nullptr) EndCheckpoint(*job, "CheckpointFailed", std::string(status.message()));
+    return status;
+  }
+  const int64_t step = write->manifest.step;
+  if (job != nullptr) {
+    job->stored.status.set_last_checkpoint(write->dir);
+    job->checkpoint.last_step = step;
+    EndCheckpoint(*job, "CheckpointSaved", absl::StrCat("step ", step, " saved in ", write->dir));
+  }
+  CheckpointResponse r;
+  r.set_path(write->dir);
+  r.set_step(step);
+  return r;
+}
+
+void Coordinator::Restore(const std::string& job_id) {
+  std::string dir;
+  JobSpec spec;
+  std::vector<std::string> shards;
+  uint64_t attempt = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    Job* job = FindJob(job_id);
+    if (job == nullptr) return;
+    dir = job->stored.status.resumed_from();
+    attempt = job->stored.status.attempt();
+    spec = job->spec;
+    shards = ShardAddresses(job->stored.status);
+  }
+  auto manifest = LoadCheckpoint(job_id, attempt, dir, spec, shards, options_.checkpoint_root);
+  absl::MutexLock lock(&mu_);
+  Job* job = FindJob(job_id);
+  if (job == nullptr) return;
+  job->checkpoint.restoring = false;
+  if (!manifest.ok()) {
+    // A shard that went away (not a bad checkpoint) is worth another try
+    // on whichever shards are alive then.
+    const absl::Status& s = manifest.status();
+    RestartOrFail(*job, "RestoreFailed", absl::StrCat("cannot restore from ", dir, ": ", s.message()),
+                  absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s));
+    Schedule();
+    return;
+  }
+  job->checkpoint.start_positions = StartPositions(*manifest, job->spec.workers);
+  job->checkpoint.last_step = manifest->step;
+  Transition(*job, RUNNING, "Restored",
+             absl::StrCat("step ", manifest->step, " of ", manifest->job, " loaded from ", dir,
+                          spec.mode == "allreduce" ? std::string(" by the workers")
+                                                   : absl::StrCat(" onto ", spec.shards, " shard(s)")));
+}
+
+void Coordinator::Drain(const std::string& job_id, const std::string& who) {
+  // A checkpoint already in progress is waited for, then a fresh one taken
+  // (the leaving worker keeps training until the job stops).
+  const absl::Time deadline = absl::Now() + absl::Seconds(90);
+  absl::Status saved = absl::DeadlineExceededError("no checkpoint within 90 s");
+  auto still_draining = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> Job* {
+    Job* job = FindJob(job_id);
+    if (job == nullptr || !job->checkpoint.draining || shutdown_) return nullptr;
+    const JobState state = job->stored.status.state();
+    return state == RUNNING || state == CHECKPOINTING ? job : nullptr;
+  };
+  while (absl::Now() < deadline) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (still_draining() == nullptr) return;
+    }
+    auto r = Checkpoint(job_id);
+    saved = r.status();
+    if (!absl::IsUnavailable(r.status())) break;
+    absl::SleepFor(absl::Milliseconds(200));  // another checkpoint is in progress
+  }
+  absl::MutexLock lock(&mu_);
+  Job* job = still_draining();
+  if (job == nullptr) return;
+  if (saved.ok() && CanRestart(*job)) {
+    Requeue(*job, "MemberLeft", absl::StrCat(who, " shut down; the job was checkpointed"));
+  } else {
+    Transition(*job, FAILED, "MemberLeft",
+               absl::StrCat(who, " shut down and the job cannot restart: ",
+                            saved.ok() ? "no restarts left" : std::string(saved.message())));
+  }
+  Schedule();
+}
+
+}  // namespace pstrain

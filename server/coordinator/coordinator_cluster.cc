@@ -1,0 +1,227 @@
+// The coordinator's ClusterService side: members register, beat, take
+// assignments, report events and use their job's rendezvous store.
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "checkpoint/layout.h"
+#include "common/quote.h"
+#include "server/coordinator/coordinator.h"
+#include "spdlog/spdlog.h"
+
+namespace pstrain {
+
+absl::StatusOr<RegisterResponse> Coordinator::Register(const RegisterRequest& request) {
+  if (absl::Status s = Membership::Validate(request); !s.ok()) return s;
+  absl::MutexLock lock(&mu_);
+  auto added = members_.Add(request, Now());
+  if (!added.ok()) return added.status();
+  Member& m = **added;
+  Reattach(m, request);
+  spdlog::info("coordinator: {} {} registered{}", request.role(), Quote(m.status.name()),
+               m.status.job_id().empty() ? "" : absl::StrCat(" (on ", m.status.job_id(), ")"));
+  cv_.SignalAll();
+  RegisterResponse r;
+  r.set_member_id(m.status.member_id());
+  r.set_heartbeat_interval_ms(absl::ToInt64Milliseconds(options_.heartbeat_interval));
+  Schedule();
+  return r;
+}
+
+void Coordinator::Reattach(Member& m, const RegisterRequest& request) {
+  if (request.job_id().empty()) return;
+  Job* job = FindJob(request.job_id());
+  // Only into the attempt it was running: a member of an earlier attempt
+  // (back from a partition) is not re-attached to the job's new run.
+  if (job == nullptr || IsTerminal(job->stored.status.state()) || request.attempt() != job->stored.status.attempt()) {
+    return;
+  }
+  for (const MemberStatus& jm : job->stored.status.members()) {
+    if (jm.name() == m.status.name() && jm.role() == m.status.role()) {
+      m.status.set_job_id(request.job_id());
+      m.status.set_rank(jm.rank());
+    }
+  }
+}
+
+absl::StatusOr<HeartbeatResponse> Coordinator::Heartbeat(const HeartbeatRequest& request) {
+  absl::MutexLock lock(&mu_);
+  Member* found = members_.Find(request.member_id());
+  if (found == nullptr) {
+    return absl::NotFoundError(absl::StrCat("member ", Quote(request.member_id()),
+                                            " is not registered (coordinator restarted?): register again"));
+  }
+  Member& m = *found;
+  if (members_.Beat(m, Now())) cv_.SignalAll();
+  const bool running = !request.running_job_id().empty();
+  HeartbeatResponse r;
+  if (m.releasing) {
+    if (!running) {
+      m.Free();
+      Schedule();
+    }
+    r.set_cancel_job(running);
+    return r;
+  }
+  r.set_job_id(m.status.job_id());
+  Job* job = m.status.job_id().empty() ? nullptr : FindJob(m.status.job_id());
+  if (job != nullptr) r.set_attempt(job->stored.status.attempt());
+  if (job != nullptr && m.role == Role::kWorker) {
+    r.set_pause(job->checkpoint.pause_requested);
+    r.set_pause_id(job->checkpoint.pause_id);
+  }
+  // Stop a job that is no longer ours, or an earlier attempt of our job (the
+  // member was lost, the job rescheduled onto it again meanwhile).
+  const bool other_job = running && request.running_job_id() != m.status.job_id();
+  const bool old_attempt = m.role == Role::kWorker && running && job != nullptr &&
+                           request.running_job_id() == m.status.job_id() &&
+                           request.running_attempt() != job->stored.status.attempt();
+  r.set_cancel_job(other_job || old_attempt);
+  return r;
+}
+
+absl::StatusOr<Assignment> Coordinator::GetAssignment(const std::string& member_id, absl::Time deadline) {
+  absl::MutexLock lock(&mu_);
+  while (true) {
+    Member* member = members_.Find(member_id);
+    if (member == nullptr) {
+      return absl::NotFoundError(absl::StrCat("member ", Quote(member_id), " is not registered: register again"));
+    }
+    const MemberStatus& m = member->status;
+    Job* job = m.job_id().empty() || member->releasing ? nullptr : FindJob(m.job_id());
+    // Not again to a worker that has finished its part (the job ends when
+    // the last one has).
+    if (job != nullptr && member->role == Role::kWorker && job->done_ranks.count(m.rank()) > 0) job = nullptr;
+    if (job != nullptr && !job->checkpoint.restoring) {
+      Assignment a;
+      a.set_job_id(m.job_id());
+      a.set_spec_yaml(job->stored.spec_yaml);
+      // The job's own directory: its weights (and all-reduce checkpoints).
+      a.set_output_dir(JobDir(job->stored.output_dir, m.job_id()));
+      a.set_attempt(job->stored.status.attempt());
+      a.set_rank(m.rank());
+      a.set_world_size(member->role == Role::kWorker ? job->spec.workers : job->spec.shards);
+      for (const std::string& address : ShardAddresses(job->stored.status)) a.add_shard_addresses(address);
+      a.set_resume_from(job->stored.status.resumed_from());
+      for (const auto& w : job->checkpoint.start_positions) {
+        if (w.rank != m.rank()) continue;
+        a.set_start_step(w.step);
+        a.set_start_epoch(w.epoch);
+        a.set_start_epoch_step(w.epoch_step);
+      }
+      return a;
+    }
+    if (absl::Now() >= deadline || shutdown_) return Assignment();
+    cv_.WaitWithDeadline(&mu_, deadline);
+  }
+}
+
+absl::StatusOr<ReportProgressResponse> Coordinator::ReportProgress(const ReportProgressRequest& request) {
+  if (!request.event_json().empty()) {
+    return absl::InvalidArgumentError("event_json is retired: send the event as a WorkerEvent (field `event`)");
+  }
+  if (request.event().ByteSizeLong() > kMaxEventBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("an event is limited to ", kMaxEventBytes, " bytes"));
+  }
+  absl::MutexLock lock(&mu_);
+  Member* m = members_.Find(request.member_id());
+  if (m == nullptr) {
+    return absl::NotFoundError(absl::StrCat("member ", Quote(request.member_id()), " is not registered"));
+  }
+  ReportProgressResponse r;
+  members_.Beat(*m, Now());
+  Job* job = FindJob(request.job_id());
+  if (job == nullptr || m->status.job_id() != request.job_id() || m->releasing ||
+      request.attempt() != job->stored.status.attempt()) {
+    r.set_cancel_job(true);  // not (or no longer) this member's job, or an ended attempt of it
+    return r;
+  }
+  absl::Status applied = ApplyEvent(*job, *m, request.event());
+  if (!applied.ok()) return applied;
+  r.set_cancel_job(m->status.job_id() != request.job_id());
+  return r;
+}
+
+absl::Status Coordinator::ApplyEvent(Job& job, Member& member, const WorkerEvent& e) {
+  const int rank = member.status.rank();
+  JobStatus& st = job.stored.status;
+  switch (e.kind_case()) {
+    case WorkerEvent::kProgress:
+      MergeProgress(st, job.spec.workers, rank, e.progress());
+      // Progress is frequent: notify watchers, persist only on transitions.
+      ++job.version;
+      cv_.SignalAll();
+      return absl::OkStatus();
+    case WorkerEvent::kEval: {
+      absl::Status s = AddEval(st, e.eval());
+      if (s.ok()) Changed(job);
+      return s;
+    }
+    case WorkerEvent::kWeights:
+      st.set_weights_path(e.weights().path());
+      Changed(job);
+      return absl::OkStatus();
+    case WorkerEvent::kPlan:
+      if (st.params_size() > 0) return absl::OkStatus();  // the first plan stands
+      if (e.plan().params_size() > 1000000) return absl::InvalidArgumentError("a plan of more than 10^6 parameters");
+      st.set_chunk_bytes(e.plan().chunk_bytes());
+      *st.mutable_params() = e.plan().params();
+      Changed(job);
+      return absl::OkStatus();
+    case WorkerEvent::kPaused:
+      // Only a pause for the checkpoint in progress counts (not a late one).
+      if (job.checkpoint.pause_requested && e.paused().pause_id() == job.checkpoint.pause_id) {
+        job.checkpoint.paused[rank] = {rank, e.paused().step(), e.paused().epoch(), e.paused().epoch_step()};
+        cv_.SignalAll();
+      }
+      return absl::OkStatus();
+    case WorkerEvent::kDone:
+      if (job.done_ranks.insert(rank).second) {
+        st.set_samples(st.samples() + e.done().samples());
+        st.set_train_seconds(std::max(st.train_seconds(), e.done().seconds()));
+      }
+      Changed(job);
+      MaybeSucceed(job);
+      return absl::OkStatus();
+    case WorkerEvent::kDraining: {
+      member.leaving = true;
+      if ((st.state() != RUNNING && st.state() != CHECKPOINTING) || job.checkpoint.draining) return absl::OkStatus();
+      job.checkpoint.draining = true;
+      const std::string who = absl::StrCat(e.draining().role() == "shard" ? "shard" : "worker", " ", rank);
+      Transition(job, st.state(), "MemberLeaving",
+                 absl::StrCat(who, " is shutting down: checkpointing, then the job waits for a replacement"));
+      Background([this, id = st.job_id(), who] { Drain(id, who); });
+      return absl::OkStatus();
+    }
+    case WorkerEvent::kError:
+      if (!IsTerminal(st.state()) && st.state() != PENDING) {
+        const std::string& said = e.error().message();
+        // A lost peer or shard (not a bug in the job) restarts it from its
+        // last checkpoint, if it has one.
+        RestartOrFail(job, "WorkerFailed",
+                      absl::StrCat("worker ", rank, ": ", Quote(said.empty() ? "failed" : said, 4096)),
+                      e.error().retryable());
+        Schedule();
+      }
+      return absl::OkStatus();
+    case WorkerEvent::KIND_NOT_SET:
+      break;
+  }
+  return absl::InvalidArgumentError("the event has no kind (progress, eval, plan, ...)");
+}
+
+absl::Status Coordinator::KvSet(const std::string& job_id, uint64_t attempt, const std::string& key,
+                                const std::string& value) {
+  return rendezvous_.Set(job_id, attempt, key, value);
+}
+
+absl::StatusOr<std::string> Coordinator::KvGet(const std::string& job_id, uint64_t attempt, const std::string& key,
+                                               absl::Time deadline) {
+  return rendezvous_.Get(job_id, attempt, key, deadline);
+}
+
+absl::StatusOr<int64_t> Coordinator::KvAdd(const std::string& job_id, uint64_t attempt, const std::string& key,
+                                           int64_t delta) {
+  return rendezvous_.Add(job_id, attempt, key, delta);
+}
+
+}  // namespace pstrain

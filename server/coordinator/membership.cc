@@ -1,0 +1,149 @@
+#include "server/coordinator/membership.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/quote.h"
+#include "spdlog/spdlog.h"
+
+namespace pstrain {
+
+absl::Status Membership::Validate(const RegisterRequest& request) {
+  const std::optional<Role> role = ParseRole(request.role());
+  if (!role) return absl::InvalidArgumentError("role must be shard or worker");
+  if (*role == Role::kShard && request.address().empty()) {
+    return absl::InvalidArgumentError("a shard must give the address of its ParameterService");
+  }
+  if (request.name().size() > kMaxNameBytes || request.address().size() > kMaxAddressBytes ||
+      request.job_id().size() > kMaxIdBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("name (", Quote(request.name()), ") longer than ", kMaxNameBytes,
+                                                   " bytes, address longer than ", kMaxAddressBytes,
+                                                   " or job id longer than ", kMaxIdBytes));
+  }
+  for (char ch : request.name()) {
+    if (static_cast<unsigned char>(ch) < 0x21 || ch == 0x7f || ch == '#') {
+      return absl::InvalidArgumentError(absl::StrCat("member name '", Quote(request.name()),
+                                                     "' holds a space, a control character or '#'"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Member*> Membership::Add(const RegisterRequest& request, absl::Time now) {
+  if (members_.size() >= max_members_) {
+    bool replaces = false;
+    for (const auto& [id, m] : members_) replaces = replaces || m.status.name() == request.name();
+    if (!replaces) {
+      return absl::ResourceExhaustedError(absl::StrCat("the coordinator already has ", members_.size(),
+                                                       " members, its limit; dead ones are forgotten after ",
+                                                       absl::FormatDuration(forget_after_), " without a heartbeat"));
+    }
+  }
+  const std::string name = request.name().empty() ? absl::StrCat(request.role(), "-", next_id_) : request.name();
+  for (auto it = members_.begin(); it != members_.end();) {
+    it = it->second.status.name() == name ? members_.erase(it) : std::next(it);
+  }
+  Member m;
+  m.role = *ParseRole(request.role());
+  const std::string id = absl::StrCat(name, "#", next_id_++);
+  m.status.set_member_id(id);
+  m.status.set_role(RoleName(m.role));
+  m.status.set_name(name);
+  m.status.set_address(request.address());
+  m.status.set_alive(true);
+  m.status.set_last_heartbeat_unix_ms(absl::ToUnixMillis(now));
+  m.status.set_rank(-1);
+  m.last_beat = now;
+  return &(members_[id] = std::move(m));
+}
+
+Member* Membership::Find(const std::string& member_id) {
+  auto it = members_.find(member_id);
+  return it == members_.end() ? nullptr : &it->second;
+}
+
+bool Membership::Beat(Member& member, absl::Time now) {
+  member.last_beat = now;
+  member.status.set_last_heartbeat_unix_ms(absl::ToUnixMillis(now));
+  if (member.status.alive()) return false;
+  member.status.set_alive(true);
+  return true;
+}
+
+void Membership::Expire(absl::Time now, absl::Duration lease) {
+  for (auto& [id, m] : members_) {
+    if (m.status.alive() && now - m.last_beat > lease) {
+      m.status.set_alive(false);
+      if (m.releasing) m.Free();
+      spdlog::warn("coordinator: {} {} lost (no heartbeat for {})", m.status.role(), m.status.name(),
+                   absl::FormatDuration(now - m.last_beat));
+    }
+  }
+  for (auto it = members_.begin(); it != members_.end();) {
+    const Member& m = it->second;
+    const bool forget = !m.status.alive() && m.status.job_id().empty() && now - m.last_beat > forget_after_;
+    it = forget ? members_.erase(it) : std::next(it);
+  }
+}
+
+void Membership::ExtendLeases(absl::Duration d) {
+  for (auto& [id, m] : members_) m.last_beat += d;
+}
+
+bool Membership::Attached(const std::string& name, const std::string& job_id) const {
+  for (const auto& [id, m] : members_) {
+    if (m.status.name() == name && m.status.alive() && m.Holds(job_id)) return true;
+  }
+  return false;
+}
+
+void Membership::Refresh(MemberStatus& m) const {
+  bool found = false;
+  for (const auto& [id, member] : members_) {
+    if (member.status.name() == m.name() && member.status.role() == m.role()) {
+      m.set_alive(member.status.alive());
+      m.set_last_heartbeat_unix_ms(member.status.last_heartbeat_unix_ms());
+      m.set_member_id(id);
+      m.set_address(member.status.address());
+      found = true;
+    }
+  }
+  if (!found) m.set_alive(false);
+}
+
+void Membership::FreeAll(const std::string& job_id) {
+  for (auto& [id, m] : members_) {
+    if (m.Holds(job_id)) m.Free();
+  }
+}
+
+void Membership::Release(const std::string& job_id) {
+  for (auto& [id, m] : members_) {
+    if (!m.Holds(job_id)) continue;
+    if (m.role == Role::kWorker && m.status.alive()) {
+      m.releasing = true;  // free once it has stopped
+    } else {
+      m.Free();
+    }
+  }
+}
+
+int Membership::Stopping(const std::string& job_id) const {
+  int n = 0;
+  for (const auto& [id, m] : members_) n += m.releasing && m.Holds(job_id) ? 1 : 0;
+  return n;
+}
+
+std::vector<FreeMember> Membership::FreeMembers() const {
+  std::vector<FreeMember> out;
+  for (const auto& [id, m] : members_) {
+    if (m.status.alive() && m.status.job_id().empty() && !m.leaving) out.push_back({id, m.status.name(), m.role});
+  }
+  return out;
+}
+
+std::vector<MemberStatus> Membership::Statuses() const {
+  std::vector<MemberStatus> out;
+  for (const auto& [id, m] : members_) out.push_back(m.status);
+  return out;
+}
+
+}  // namespace pstrain

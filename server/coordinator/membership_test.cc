@@ -1,0 +1,97 @@
+#include "server/coordinator/membership.h"
+
+#include <gtest/gtest.h>
+
+namespace pstrain {
+namespace {
+
+const absl::Time kT0 = absl::FromUnixSeconds(1000);
+const absl::Duration kLease = absl::Seconds(5);
+
+RegisterRequest Req(const std::string& role, const std::string& name) {
+  RegisterRequest r;
+  r.set_role(role);
+  r.set_name(name);
+  if (role == "shard") r.set_address("10.0.0.1:7001");
+  return r;
+}
+
+TEST(MembershipTest, ValidateRefusesBadRegistrations) {
+  EXPECT_TRUE(Membership::Validate(Req("worker", "w")).ok());
+  EXPECT_EQ(Membership::Validate(Req("admin", "w")).code(), absl::StatusCode::kInvalidArgument);
+  RegisterRequest shard = Req("shard", "s");
+  shard.clear_address();
+  EXPECT_EQ(Membership::Validate(shard).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Membership::Validate(Req("worker", "a b")).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Membership::Validate(Req("worker", "a#1")).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Membership::Validate(Req("worker", std::string(kMaxNameBytes + 1, 'w'))).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(MembershipTest, LeasesExpireAndTheLongDeadAreForgotten) {
+  Membership m(10, absl::Seconds(60));
+  Member* w = *m.Add(Req("worker", "w"), kT0);
+  Member* s = *m.Add(Req("shard", "s"), kT0);
+  const std::string wid = w->status.member_id(), sid = s->status.member_id();
+  s->status.set_job_id("job-1");
+  m.Expire(kT0 + kLease, kLease);  // exactly one lease: still alive
+  EXPECT_TRUE(m.Find(wid)->status.alive());
+  m.Beat(*m.Find(wid), kT0 + absl::Seconds(4));
+  m.Expire(kT0 + absl::Seconds(6), kLease);
+  EXPECT_TRUE(m.Find(wid)->status.alive());
+  EXPECT_FALSE(m.Find(sid)->status.alive());
+  EXPECT_FALSE(m.Attached("s", "job-1"));
+  EXPECT_TRUE(m.Beat(*m.Find(sid), kT0 + absl::Seconds(7)));  // back
+  EXPECT_TRUE(m.Attached("s", "job-1"));
+  // Long silent: the jobless worker is forgotten, the shard holding a job
+  // is kept (its job must learn it was lost).
+  m.Expire(kT0 + absl::Seconds(100), kLease);
+  EXPECT_EQ(m.Find(wid), nullptr);
+  ASSERT_NE(m.Find(sid), nullptr);
+  EXPECT_FALSE(m.Find(sid)->status.alive());
+}
+
+TEST(MembershipTest, ExtendLeasesForgivesTheCoordinatorsOwnPause) {
+  Membership m(10, absl::Seconds(60));
+  const std::string id = (*m.Add(Req("worker", "w"), kT0))->status.member_id();
+  m.ExtendLeases(absl::Seconds(30));
+  m.Expire(kT0 + absl::Seconds(31), kLease);
+  EXPECT_TRUE(m.Find(id)->status.alive());
+}
+
+TEST(MembershipTest, ReRegisteringReplacesAndTheTableIsBounded) {
+  Membership m(2, absl::Seconds(60));
+  const std::string first = (*m.Add(Req("worker", "w"), kT0))->status.member_id();
+  const std::string again = (*m.Add(Req("worker", "w"), kT0))->status.member_id();
+  EXPECT_NE(first, again);
+  EXPECT_EQ(m.Find(first), nullptr);
+  ASSERT_TRUE(m.Add(Req("worker", ""), kT0).ok());  // named for it: worker-<n>
+  EXPECT_EQ(m.Add(Req("worker", "x"), kT0).status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(m.Add(Req("worker", "w"), kT0).ok());  // a replacement still fits
+  EXPECT_EQ(m.Statuses().size(), 2u);
+}
+
+TEST(MembershipTest, ReleaseStopsLiveWorkersAndFreesTheRest) {
+  Membership m(10, absl::Seconds(60));
+  Member* w0 = *m.Add(Req("worker", "w0"), kT0);
+  Member* w1 = *m.Add(Req("worker", "w1"), kT0);
+  Member* s0 = *m.Add(Req("shard", "s0"), kT0);
+  *m.Add(Req("worker", "w2"), kT0);
+  for (Member* x : {w0, w1, s0}) x->status.set_job_id("job-1");
+  w1->status.set_alive(false);
+  m.Release("job-1");
+  EXPECT_EQ(m.Stopping("job-1"), 1);  // w0 must stop first
+  EXPECT_TRUE(w0->releasing);
+  EXPECT_EQ(w1->status.job_id(), "");
+  EXPECT_EQ(s0->status.job_id(), "");
+  std::vector<std::string> free;
+  for (const FreeMember& f : m.FreeMembers()) free.push_back(f.name);
+  std::sort(free.begin(), free.end());
+  EXPECT_EQ(free, (std::vector<std::string>{"s0", "w2"}));  // not w1 (dead), not w0 (stopping)
+  m.FreeAll("job-1");
+  EXPECT_EQ(m.Stopping("job-1"), 0);
+  EXPECT_EQ(m.FreeMembers().size(), 3u);
+}
+
+}  // namespace
+}  // namespace pstrain

@@ -1,0 +1,85 @@
+#include "server/coordinator/scheduler.h"
+
+#include <gtest/gtest.h>
+
+namespace pstrain {
+namespace {
+
+std::vector<FreeMember> Members(int shards, int workers) {
+  std::vector<FreeMember> out;
+  // Listed out of name order: the scheduler sorts.
+  for (int i = workers - 1; i >= 0; --i) out.push_back({"w" + std::to_string(i) + "#1", "worker-" + std::to_string(i), Role::kWorker});
+  for (int i = shards - 1; i >= 0; --i) out.push_back({"s" + std::to_string(i) + "#1", "shard-" + std::to_string(i), Role::kShard});
+  return out;
+}
+
+struct Case {
+  const char* name;
+  std::vector<SchedulerJob> fifo;
+  int free_shards, free_workers;
+  std::vector<std::string> placed;                    // job ids, in order
+  std::map<std::string, std::string> pending_reasons;  // exact
+};
+
+TEST(SchedulerTest, FifoAllOrNothing) {
+  const std::vector<Case> cases = {
+      {"nothing pending", {}, 2, 2, {}, {}},
+      {"one fits", {{"a", 1, 2, 0}}, 1, 2, {"a"}, {}},
+      {"two fit side by side", {{"a", 1, 1, 0}, {"b", 1, 1, 0}}, 2, 2, {"a", "b"}, {}},
+      {"all or nothing: too few workers",
+       {{"a", 1, 3, 0}},
+       1,
+       2,
+       {},
+       {{"a", "Unschedulable: needs 1 shard(s) and 3 worker(s); free now: 1 shard(s), 2 worker(s)"}}},
+      {"strict FIFO: a small job does not overtake a big one",
+       {{"big", 1, 3, 0}, {"small", 1, 1, 0}},
+       1,
+       2,
+       {},
+       {{"big", "Unschedulable: needs 1 shard(s) and 3 worker(s); free now: 1 shard(s), 2 worker(s)"},
+        {"small", "Queued behind big"}}},
+      {"the second job finds what the first left",
+       {{"a", 1, 1, 0}, {"b", 1, 2, 0}, {"c", 0, 1, 0}},
+       2,
+       2,
+       {"a"},
+       {{"b", "Unschedulable: needs 1 shard(s) and 2 worker(s); free now: 1 shard(s), 1 worker(s)"},
+        {"c", "Queued behind b"}}},
+      {"a previous attempt still stopping holds the queue",
+       {{"a", 1, 1, 2}, {"b", 1, 1, 0}},
+       2,
+       2,
+       {},
+       {{"a", "Stopping the previous attempt (2 worker(s))"}, {"b", "Queued behind a"}}},
+      {"all-reduce jobs need no shards", {{"ar", 0, 2, 0}}, 0, 2, {"ar"}, {}},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const SchedulePlan plan = PlanSchedule(c.fifo, Members(c.free_shards, c.free_workers));
+    std::vector<std::string> placed;
+    for (const Placement& p : plan.placements) placed.push_back(p.job_id);
+    EXPECT_EQ(placed, c.placed);
+    EXPECT_EQ(plan.pending_reasons, c.pending_reasons);
+  }
+}
+
+TEST(SchedulerTest, RanksFollowNamesAndNoMemberIsGivenTwice) {
+  const SchedulePlan plan = PlanSchedule({{"a", 2, 2, 0}, {"b", 1, 1, 0}}, Members(3, 3));
+  ASSERT_EQ(plan.placements.size(), 2u);
+  EXPECT_EQ(plan.placements[0].shard_ids, (std::vector<std::string>{"s0#1", "s1#1"}));
+  EXPECT_EQ(plan.placements[0].worker_ids, (std::vector<std::string>{"w0#1", "w1#1"}));
+  EXPECT_EQ(plan.placements[1].shard_ids, (std::vector<std::string>{"s2#1"}));
+  EXPECT_EQ(plan.placements[1].worker_ids, (std::vector<std::string>{"w2#1"}));
+  EXPECT_TRUE(plan.pending_reasons.empty());
+}
+
+TEST(SchedulerTest, NegativeCountsAreHeldNotPlaced) {
+  // The spec parser refuses these; the scheduler does not trust it.
+  const SchedulePlan plan = PlanSchedule({{"bad", -1, 1, 0}}, Members(1, 1));
+  EXPECT_TRUE(plan.placements.empty());
+  EXPECT_EQ(plan.pending_reasons.count("bad"), 1u);
+}
+
+}  // namespace
+}  // namespace pstrain

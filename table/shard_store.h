@@ -117,9 +117,11 @@ class ShardStore : public ParameterStore {
   absl::Status ImportChunks(const std::string& job, const std::vector<ChunkState>& chunks, int64_t step);
 
  private:
+  // Defined in shard_store_internal.h (and the push in shard_store_push.cc).
   struct Chunk;
   struct Table;
   struct Waiter;
+  class PushTransaction;
   struct PushInput {
     std::string job;
     uint32_t worker = 0;
@@ -133,6 +135,12 @@ class ShardStore : public ParameterStore {
   // allocated on first use.
   static absl::StatusOr<std::unique_ptr<Chunk>> NewChunk(const std::string& key, const TensorBuffer& value,
                                                          const TableConfig& config);
+  // A chunk restored from its checkpoint snapshot (read from a table of
+  // config `old`) into a table of `config`.
+  static absl::StatusOr<std::unique_ptr<Chunk>> RestoreChunk(const std::string& key, const ChunkSnapshot& c,
+                                                             const TableConfig& old, const TableConfig& config);
+  // LoadTable's checks before any file is read; the files' resolved paths.
+  absl::StatusOr<std::vector<std::string>> CheckLoadRequest(const LoadTableRequest& request, TableConfig* config);
   absl::Status ShutdownStatus();
   // What InitTable and LoadTable check first: not shutting down, a job name
   // and keys within bounds, a config within range (defaults filled in).

@@ -1,0 +1,137 @@
+#include "table/shard_store_internal.h"
+
+#include <algorithm>
+#include <cstring>
+
+namespace pstrain {
+
+namespace {
+
+template <typename T>
+void Fill(const TensorBuffer& t, double value) {
+  T* p = reinterpret_cast<T*>(t.MutableData());
+  std::fill(p, p + t.NumElements(), static_cast<T>(value));
+}
+
+}  // namespace
+
+namespace shard_internal {
+
+absl::Status Unavailable() {
+  return absl::UnavailableError("parameter shard is shutting down; retry on its replacement");
+}
+
+bool IsFinite(const TensorBuffer& t) {
+  return t.known_finite || AllFinite(t.dtype, t.data, t.nbytes);
+}
+
+absl::StatusOr<TensorBuffer> Zeros(DataType dtype, const std::vector<int64_t>& shape) {
+  absl::StatusOr<TensorBuffer> t = TensorBuffer::TryAllocate(dtype, shape);
+  if (t.ok() && t->nbytes > 0) std::memset(t->MutableData(), 0, t->nbytes);
+  return t;
+}
+
+absl::StatusOr<TensorBuffer> CopyBuffer(const TensorBuffer& from) {
+  absl::StatusOr<TensorBuffer> t = TensorBuffer::TryAllocate(from.dtype, from.shape);
+  if (t.ok() && t->nbytes > 0) std::memcpy(t->MutableData(), from.data, from.nbytes);
+  return t;
+}
+
+absl::StatusOr<std::vector<TensorBuffer>> NewStateSet(const OptimizerConfig& optimizer, DataType dtype,
+                                                      const std::vector<int64_t>& shape) {
+  std::vector<TensorBuffer> set;
+  for (int k = 0; k < OptimizerStateSlots(optimizer.kind()); ++k) {
+    absl::StatusOr<TensorBuffer> z = Zeros(dtype, shape);
+    if (!z.ok()) return z.status();
+    set.push_back(std::move(*z));
+  }
+  if (optimizer.kind() == OptimizerConfig::ADAGRAD && !set.empty()) {
+    if (dtype == DT_FLOAT32) {
+      Fill<float>(set[0], optimizer.initial_accumulator_value());
+    } else {
+      Fill<double>(set[0], optimizer.initial_accumulator_value());
+    }
+  }
+  return set;
+}
+
+bool ComputeUpdate(const OptimizerConfig& config, int64_t step, const TensorBuffer& value, const uint8_t* grad,
+                   const std::vector<TensorBuffer>& state, double scale, TensorBuffer* out) {
+  const size_t n = static_cast<size_t>(value.NumElements());
+  if (value.dtype == DT_FLOAT32) {
+    std::vector<float*> s;
+    for (const TensorBuffer& b : state) s.push_back(reinterpret_cast<float*>(b.MutableData()));
+    return ApplyOptimizer<float>(config, step, reinterpret_cast<const float*>(value.data),
+                                 reinterpret_cast<float*>(out->MutableData()), reinterpret_cast<const float*>(grad),
+                                 s.data(), n, scale);
+  }
+  std::vector<double*> s;
+  for (const TensorBuffer& b : state) s.push_back(reinterpret_cast<double*>(b.MutableData()));
+  return ApplyOptimizer<double>(config, step, reinterpret_cast<const double*>(value.data),
+                                reinterpret_cast<double*>(out->MutableData()), reinterpret_cast<const double*>(grad),
+                                s.data(), n, scale);
+}
+
+void ResetStateSet(const OptimizerConfig& optimizer, std::vector<TensorBuffer>& set) {
+  for (size_t k = 0; k < set.size(); ++k) {
+    const TensorBuffer& b = set[k];
+    const double init = optimizer.kind() == OptimizerConfig::ADAGRAD && k == 0 ? optimizer.initial_accumulator_value() : 0;
+    if (b.dtype == DT_FLOAT32) {
+      Fill<float>(b, init);
+    } else {
+      Fill<double>(b, init);
+    }
+  }
+}
+
+uint64_t WorstCaseBytes(const TableConfig& config, uint64_t value_bytes) {
+  const uint64_t slots = static_cast<uint64_t>(OptimizerStateSlots(config.optimizer().kind()));
+  const bool per_worker = config.consistency() != SYNC && !config.shared_async_state();
+  const uint64_t sets = per_worker ? config.num_workers() : 1;
+  const uint64_t accum = config.consistency() == SYNC ? 1 : 0;
+  return value_bytes * (2 + slots * sets + accum);
+}
+
+}  // namespace shard_internal
+
+namespace {
+
+// In [lo, hi], and not NaN.
+bool InRange(double x, double lo, double hi) { return x >= lo && x <= hi; }
+
+}  // namespace
+
+absl::Status ValidateTableConfig(TableConfig* config) {
+  absl::Status s = NormalizeOptimizerConfig(config->mutable_optimizer());
+  if (!s.ok()) return s;
+  const OptimizerConfig& o = config->optimizer();
+  auto bad = [](const char* field, const char* range) {
+    return absl::InvalidArgumentError(absl::StrCat("config.optimizer.", field, " must be in ", range));
+  };
+  // Ranges beyond which no training converges; values outside them are a
+  // mistake or an attack, and lead to non-finite parameters.
+  if (!InRange(o.lr(), 1e-12, 100)) return bad("lr", "(0, 100]");
+  if (!InRange(o.weight_decay(), 0, 1)) return bad("weight_decay", "[0, 1]");
+  if (!InRange(o.momentum(), 0, 0.9999)) return bad("momentum", "[0, 1)");
+  if (!InRange(o.dampening(), 0, 1)) return bad("dampening", "[0, 1]");
+  if (!InRange(o.beta1(), 0, 0.9999)) return bad("beta1", "[0, 1)");
+  if (!InRange(o.beta2(), 0, 0.999999)) return bad("beta2", "[0, 1)");
+  if (!InRange(o.eps(), 0, 1)) return bad("eps", "[0, 1]");
+  if (!InRange(o.lr_decay(), 0, 1)) return bad("lr_decay", "[0, 1]");
+  if (!InRange(o.initial_accumulator_value(), 0, 1e6)) return bad("initial_accumulator_value", "[0, 1e6]");
+  if (config->consistency() == CONSISTENCY_UNSPECIFIED || !Consistency_IsValid(config->consistency())) {
+    return absl::InvalidArgumentError("config.consistency must be ASYNC, SYNC or SSP");
+  }
+  if (config->num_workers() == 0 || config->num_workers() > kMaxTableWorkers) {
+    return absl::InvalidArgumentError(absl::StrCat("config.num_workers must be between 1 and ", kMaxTableWorkers));
+  }
+  if (config->staleness() > 1000000) {
+    return absl::InvalidArgumentError("config.staleness must be at most 1000000");
+  }
+  if (!NonFinitePolicy_IsValid(config->nonfinite())) {
+    return absl::InvalidArgumentError("config.nonfinite is not a known policy");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace pstrain

@@ -1,0 +1,140 @@
+// ShardStore's insides, shared by the files that implement it
+// (shard_store.cc: tables and calls; shard_store_push.cc: applying a push
+// under the three consistency models; shard_store_waiters.cc: parked
+// calls; shard_store_files.cc: checkpoint files and chunk export). Not a
+// public header: only this library includes it.
+#ifndef PSTRAIN_TABLE_SHARD_STORE_INTERNAL_H_
+#define PSTRAIN_TABLE_SHARD_STORE_INTERNAL_H_
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/quote.h"
+#include "table/optimizer.h"
+#include "table/shard_store.h"
+
+namespace pstrain {
+
+struct ShardStore::Chunk {
+  std::string key;
+  DataType dtype = DT_INVALID;
+  std::vector<int64_t> shape;
+  size_t numel = 0;
+
+  std::mutex mu;
+  TensorBuffer value;  // replaced under mu (copy-on-write), never written in place
+  // The previous value once no reader holds it: the next update is written
+  // here and swapped in, so updates allocate nothing in the steady state.
+  TensorBuffer spare;
+  // Optimizer state buffers: state[k][slot], with k the worker under ASYNC
+  // and SSP (see TableConfig.shared_async_state), else one set (k = 0). A
+  // set is allocated on its worker's first push (its bytes were reserved
+  // with the table); an empty set has not been used yet.
+  std::vector<std::vector<TensorBuffer>> state;
+  std::vector<int64_t> optimizer_step;  // updates applied through state[k]
+  TensorBuffer accum;                   // SYNC: sum of this step's gradients
+  std::vector<int64_t> last_step;       // per worker; -1 before its first push
+  std::vector<bool> arrived;            // SYNC: worker pushed the current step
+  uint32_t arrivals = 0;
+
+  // Published under mu, read by waiters without it.
+  std::atomic<int64_t> version{0};
+  std::atomic<int64_t> clock{-1};  // min over workers of last_step
+};
+
+struct ShardStore::Table {
+  std::string job;
+  uint64_t attempt = 0;  // see InitTableRequest.attempt
+  TableConfig config;
+  std::vector<std::unique_ptr<Chunk>> chunks;
+  std::unordered_map<std::string, size_t> index;
+
+  // Returned to the store's budget when the last reference goes.
+  std::atomic<uint64_t>* budget = nullptr;
+  uint64_t reserved = 0;
+  ~Table() {
+    if (budget != nullptr) budget->fetch_sub(reserved);
+  }
+
+  std::atomic<uint64_t> pushes_applied{0};
+  std::atomic<uint64_t> pushes_duplicate{0};
+  std::atomic<uint64_t> grads_skipped{0};
+  std::atomic<uint64_t> updates_nonfinite{0};
+  std::atomic<uint64_t> pulls{0};
+  std::atomic<uint64_t> bytes_pushed{0};
+  std::atomic<uint64_t> bytes_pulled{0};
+};
+
+struct ShardStore::Waiter {
+  std::shared_ptr<Table> table;
+  std::vector<size_t> chunks;
+  bool by_clock = false;
+  int64_t threshold = 0;
+  absl::Time deadline;
+  StatusCallback ready;
+
+  bool Satisfied() const {
+    for (size_t c : chunks) {
+      const Chunk& chunk = *table->chunks[c];
+      int64_t v = by_clock ? chunk.clock.load(std::memory_order_acquire)
+                           : chunk.version.load(std::memory_order_acquire);
+      if (v < threshold) return false;
+    }
+    return true;
+  }
+
+  // Names the first chunk that is behind, for a message a person can act on.
+  std::string Lagging() const {
+    for (size_t c : chunks) {
+      const Chunk& chunk = *table->chunks[c];
+      int64_t v = by_clock ? chunk.clock.load() : chunk.version.load();
+      if (v < threshold) {
+        return absl::StrCat("key ", Quote(chunk.key), " is at ", by_clock ? "worker step " : "version ", v,
+                            ", waited for ", threshold);
+      }
+    }
+    return "";
+  }
+};
+
+namespace shard_internal {
+
+absl::Status Unavailable();
+bool IsFinite(const TensorBuffer& t);
+
+template <typename T>
+void AddInto(uint8_t* dst, const uint8_t* src, size_t numel) {
+  T* d = reinterpret_cast<T*>(dst);
+  const T* s = reinterpret_cast<const T*>(src);
+  for (size_t i = 0; i < numel; ++i) d[i] += s[i];
+}
+
+absl::StatusOr<TensorBuffer> Zeros(DataType dtype, const std::vector<int64_t>& shape);
+absl::StatusOr<TensorBuffer> CopyBuffer(const TensorBuffer& from);
+// A fresh optimizer state set for a chunk of this dtype and shape.
+absl::StatusOr<std::vector<TensorBuffer>> NewStateSet(const OptimizerConfig& optimizer, DataType dtype,
+                                                      const std::vector<int64_t>& shape);
+// One update of a chunk: the new value into `out` (a buffer no reader
+// holds), the optimizer state in place. Returns whether the new value and
+// state are finite (checked in the same pass); if not, `out` must not be
+// installed and the state must be reset (ResetStateSet).
+bool ComputeUpdate(const OptimizerConfig& config, int64_t step, const TensorBuffer& value, const uint8_t* grad,
+                   const std::vector<TensorBuffer>& state, double scale, TensorBuffer* out);
+// Back to the state of a fresh table (zeros; Adagrad's initial accumulator).
+void ResetStateSet(const OptimizerConfig& optimizer, std::vector<TensorBuffer>& set);
+// Bytes a table of these chunk sizes may come to hold: values and their
+// spare buffers (updates are written beside the value, then swapped in),
+// optimizer state for every set it may allocate, SYNC accumulators.
+uint64_t WorstCaseBytes(const TableConfig& config, uint64_t value_bytes);
+
+}  // namespace shard_internal
+}  // namespace pstrain
+
+#endif  // PSTRAIN_TABLE_SHARD_STORE_INTERNAL_H_

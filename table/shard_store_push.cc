@@ -1,0 +1,333 @@
+// Applying a push: validated in full, then every touched chunk locked and
+// its update computed beside the current value, then committed (nothing in
+// the commit can fail), so a push changes all its chunks or none.
+#include <cmath>
+#include <new>
+
+#include "table/shard_store_internal.h"
+
+namespace pstrain {
+
+using shard_internal::ComputeUpdate;
+using shard_internal::IsFinite;
+using shard_internal::NewStateSet;
+using shard_internal::ResetStateSet;
+
+// One push in flight, between its checks and its commit.
+class ShardStore::PushTransaction {
+ public:
+  PushTransaction(Table& table, const PushInput& in, std::vector<size_t>& chunks)
+      : table_(table),
+        in_(in),
+        chunks_(chunks),
+        config_(table.config),
+        sync_(config_.consistency() == SYNC),
+        // Per-worker optimizer state under ASYNC/SSP unless shared.
+        set_(!sync_ && !config_.shared_async_state() ? in.worker : 0),
+        skip_(chunks.size(), false),
+        action_(chunks.size()),
+        new_value_(chunks.size()) {
+    optimizer_ = config_.optimizer();
+    if (in.lr > 0) optimizer_.set_lr(in.lr);
+    if (!sync_ && !config_.shared_async_state()) {
+      // With per-worker state, one round of pushes from all N workers moves
+      // the parameters as far as one SYNC step of the averaged gradient:
+      // the job's lr means the same in every mode (and as in DDP).
+      optimizer_.set_lr(optimizer_.lr() / config_.num_workers());
+    }
+  }
+
+  // Every gradient against its chunk: dtype, shape, step, finiteness.
+  absl::Status Validate();
+  // Under the chunks' locks: what the push does to each, with the buffers
+  // and state sets it needs allocated.
+  absl::Status Prepare();
+  // ASYNC/SSP: the updates into the new buffers; under REJECT a
+  // non-finite one undoes them all.
+  absl::Status ComputeUpdates();
+  void Commit(PushResponse* response);
+
+ private:
+  // What the push does to a chunk: nothing (a duplicate), count an arrival
+  // (SYNC), skip a non-finite gradient, or install a new value.
+  enum class Action { kDuplicate, kArrive, kSkip, kUpdate };
+
+  Chunk& chunk(size_t i) { return *table_.chunks[chunks_[i]]; }
+  absl::Status PrepareSync(size_t i);
+  absl::Status PrepareAsync(size_t i);
+  // A buffer for the chunk's next value: its spare if no reader holds it.
+  static absl::StatusOr<TensorBuffer> TakeSpare(Chunk& c);
+  absl::Status EnsureStateSet(Chunk& c, size_t k);
+  // The optimizer state of the chunk restarts and its new value is dropped.
+  void Discard(Chunk& c, size_t k, TensorBuffer& value);
+  static void Install(Chunk& c, TensorBuffer value);
+  // The SYNC step's last arrival: the mean's update, or a dropped step.
+  void CompleteStep(Chunk& c, TensorBuffer& value);
+
+  Table& table_;
+  const PushInput& in_;
+  std::vector<size_t>& chunks_;
+  const TableConfig& config_;
+  const bool sync_;
+  const size_t set_;
+  OptimizerConfig optimizer_;
+  std::vector<bool> skip_;
+  std::vector<Action> action_;
+  std::vector<TensorBuffer> new_value_;
+};
+
+absl::Status ShardStore::PushTransaction::Validate() {
+  for (size_t i = 0; i < chunks_.size(); ++i) {
+    const Chunk& c = chunk(i);
+    const TensorBuffer& g = (*in_.grads)[i];
+    const std::string what = absl::StrCat("gradient for key '", Quote(c.key), "'");
+    absl::Status s = ValidateTensorBuffer(g, what);
+    if (!s.ok()) return s;
+    if (g.dtype != c.dtype || g.shape != c.shape) {
+      return absl::InvalidArgumentError(absl::StrCat(what, " is ", DataTypeName(g.dtype), g.ShapeString(),
+                                                     " but the parameter is ", DataTypeName(c.dtype),
+                                                     c.value.ShapeString()));
+    }
+    const int64_t version = c.version.load(std::memory_order_acquire);
+    if (sync_ && in_.step > version) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "key '", Quote(c.key), "' is at step ", version, " but worker ", in_.worker, " pushed step ", in_.step,
+          "; under SYNC a worker pulls step t's result before pushing step t+1"));
+    }
+    if (in_.step > version + kMaxStepAhead) {
+      return absl::InvalidArgumentError(absl::StrCat("step ", in_.step, " of worker ", in_.worker, " is more than ",
+                                                     kMaxStepAhead, " steps ahead of key '", Quote(c.key),
+                                                     "' (version ", version, ")"));
+    }
+    if (!IsFinite(g)) {
+      if (config_.nonfinite() == NONFINITE_REJECT) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            what, " from worker ", in_.worker, " at step ", in_.step,
+            " has NaN or Inf; nothing in this push was applied (lower the learning rate, clip "
+            "gradients, or set the table's nonfinite policy to SKIP)"));
+      }
+      skip_[i] = true;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<TensorBuffer> ShardStore::PushTransaction::TakeSpare(Chunk& c) {
+  if (c.spare.data != nullptr && c.spare.owner.use_count() == 1) {
+    TensorBuffer out = std::move(c.spare);
+    c.spare = TensorBuffer();
+    return out;
+  }
+  c.spare = TensorBuffer();
+  return TensorBuffer::TryAllocate(c.dtype, c.shape);
+}
+
+absl::Status ShardStore::PushTransaction::EnsureStateSet(Chunk& c, size_t k) {
+  if (!c.state[k].empty()) return absl::OkStatus();
+  absl::StatusOr<std::vector<TensorBuffer>> set = NewStateSet(optimizer_, c.dtype, c.shape);
+  if (!set.ok()) return set.status();
+  c.state[k] = std::move(*set);
+  return absl::OkStatus();
+}
+
+absl::Status ShardStore::PushTransaction::PrepareSync(size_t i) {
+  Chunk& c = chunk(i);
+  // Versions only grow, so Validate's check still holds: step <= version.
+  if (in_.step != c.version.load(std::memory_order_relaxed) || c.arrived[in_.worker]) {
+    action_[i] = Action::kDuplicate;
+    return absl::OkStatus();
+  }
+  action_[i] = Action::kArrive;
+  if (c.arrivals + 1 < config_.num_workers()) return absl::OkStatus();
+  // This push completes the step: the update of the mean is computed at
+  // commit (it cannot be refused: the step is over either way).
+  absl::Status s = EnsureStateSet(c, 0);
+  if (!s.ok()) return s;
+  absl::StatusOr<TensorBuffer> out = TakeSpare(c);
+  if (!out.ok()) return out.status();
+  new_value_[i] = std::move(*out);
+  return absl::OkStatus();
+}
+
+absl::Status ShardStore::PushTransaction::PrepareAsync(size_t i) {
+  Chunk& c = chunk(i);
+  if (in_.step <= c.last_step[in_.worker]) {
+    action_[i] = Action::kDuplicate;
+    return absl::OkStatus();
+  }
+  if (skip_[i]) {
+    action_[i] = Action::kSkip;
+    return absl::OkStatus();
+  }
+  absl::Status s = EnsureStateSet(c, set_);
+  if (!s.ok()) return s;
+  absl::StatusOr<TensorBuffer> out = TakeSpare(c);
+  if (!out.ok()) return out.status();
+  new_value_[i] = std::move(*out);
+  action_[i] = Action::kUpdate;
+  return absl::OkStatus();
+}
+
+absl::Status ShardStore::PushTransaction::Prepare() {
+  try {
+    for (size_t i = 0; i < chunks_.size(); ++i) {
+      absl::Status s = sync_ ? PrepareSync(i) : PrepareAsync(i);
+      if (!s.ok()) return s;
+    }
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError("out of memory while applying a push; nothing was applied");
+  }
+  return absl::OkStatus();
+}
+
+void ShardStore::PushTransaction::Discard(Chunk& c, size_t k, TensorBuffer& value) {
+  ResetStateSet(optimizer_, c.state[k]);
+  c.optimizer_step[k] = 0;
+  c.spare = std::move(value);
+}
+
+absl::Status ShardStore::PushTransaction::ComputeUpdates() {
+  // One that is not finite is never installed and its optimizer state
+  // restarts (it may hold Inf); under REJECT no value of the push changes
+  // and the state of every chunk it touched restarts.
+  for (size_t i = 0; i < chunks_.size() && !sync_; ++i) {
+    if (action_[i] != Action::kUpdate) continue;
+    Chunk& c = chunk(i);
+    if (ComputeUpdate(optimizer_, c.optimizer_step[set_] + 1, c.value, (*in_.grads)[i].data, c.state[set_], 1.0,
+                      &new_value_[i])) {
+      continue;
+    }
+    ++table_.updates_nonfinite;
+    Discard(c, set_, new_value_[i]);
+    action_[i] = Action::kSkip;
+    if (config_.nonfinite() != NONFINITE_REJECT) continue;
+    for (size_t j = 0; j < i; ++j) {
+      if (action_[j] == Action::kUpdate) Discard(chunk(j), set_, new_value_[j]);
+    }
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the update of key '", Quote(c.key), "' by worker ", in_.worker, " at step ", in_.step,
+        " is not finite (gradient too large for the learning rate); no value of this push was applied"));
+  }
+  return absl::OkStatus();
+}
+
+void ShardStore::PushTransaction::Install(Chunk& c, TensorBuffer value) {
+  TensorBuffer old = std::move(c.value);
+  c.value = std::move(value);
+  if (old.owner.use_count() == 1) c.spare = std::move(old);  // else a reader still has it
+}
+
+void ShardStore::PushTransaction::CompleteStep(Chunk& c, TensorBuffer& value) {
+  // The mean of the step; a non-finite result is dropped (the step
+  // completes without changing the value, the state restarts).
+  if (ComputeUpdate(optimizer_, c.optimizer_step[0] + 1, c.value, c.accum.data, c.state[0],
+                    1.0 / config_.num_workers(), &value)) {
+    Install(c, std::move(value));
+    ++c.optimizer_step[0];
+  } else {
+    ++table_.updates_nonfinite;
+    Discard(c, 0, value);
+  }
+  std::memset(c.accum.MutableData(), 0, c.accum.nbytes);
+  std::fill(c.arrived.begin(), c.arrived.end(), false);
+  c.arrivals = 0;
+  c.version.store(c.version.load(std::memory_order_relaxed) + 1, std::memory_order_release);
+}
+
+void ShardStore::PushTransaction::Commit(PushResponse* response) {
+  uint32_t applied = 0, duplicates = 0, skipped = 0;
+  uint64_t bytes = 0;
+  for (size_t i = 0; i < chunks_.size(); ++i) {
+    Chunk& c = chunk(i);
+    const TensorBuffer& g = (*in_.grads)[i];
+    switch (action_[i]) {
+      case Action::kDuplicate:
+        ++duplicates;
+        break;
+      case Action::kArrive:
+        c.arrived[in_.worker] = true;
+        ++c.arrivals;
+        c.last_step[in_.worker] = in_.step;
+        if (skip_[i]) {
+          ++skipped;  // counts as this worker's (empty) contribution
+        } else {
+          if (c.dtype == DT_FLOAT32) {
+            shard_internal::AddInto<float>(c.accum.MutableData(), g.data, c.numel);
+          } else {
+            shard_internal::AddInto<double>(c.accum.MutableData(), g.data, c.numel);
+          }
+          ++applied;
+          bytes += g.nbytes;
+        }
+        if (c.arrivals == config_.num_workers()) CompleteStep(c, new_value_[i]);
+        break;
+      case Action::kSkip:
+        ++skipped;
+        c.last_step[in_.worker] = in_.step;
+        break;
+      case Action::kUpdate:
+        Install(c, std::move(new_value_[i]));
+        ++c.optimizer_step[set_];
+        c.last_step[in_.worker] = in_.step;
+        c.version.fetch_add(1, std::memory_order_release);
+        ++applied;
+        bytes += g.nbytes;
+        break;
+    }
+    if (!sync_ && action_[i] != Action::kDuplicate) {
+      c.clock.store(*std::min_element(c.last_step.begin(), c.last_step.end()), std::memory_order_release);
+    }
+    response->add_versions(c.version.load(std::memory_order_relaxed));
+  }
+  response->set_applied(applied);
+  response->set_duplicates(duplicates);
+  response->set_skipped_nonfinite(skipped);
+  table_.pushes_applied += applied;
+  table_.pushes_duplicate += duplicates;
+  table_.grads_skipped += skipped;
+  table_.bytes_pushed += bytes;
+}
+
+absl::Status ShardStore::ApplyPush(Table& table, const PushInput& in, std::vector<size_t>* chunks,
+                                   PushResponse* response) {
+  const TableConfig& config = table.config;
+  response->Clear();
+  if (static_cast<size_t>(in.keys->size()) != in.grads->size()) {
+    return absl::InvalidArgumentError(absl::StrCat(in.keys->size(), " keys but ", in.grads->size(), " gradients"));
+  }
+  if (in.worker >= config.num_workers()) {
+    return absl::InvalidArgumentError(absl::StrCat("worker ", in.worker, " is out of range: job '", Quote(table.job),
+                                                   "' has ", config.num_workers(), " workers (0..",
+                                                   config.num_workers() - 1, ")"));
+  }
+  if (in.step < 0 || in.step >= kMaxStep) {
+    return absl::InvalidArgumentError(absl::StrCat("step ", in.step, " is out of range [0, 2^40)"));
+  }
+  if (!(in.lr >= 0) || !std::isfinite(in.lr) || in.lr > 100) {
+    return absl::InvalidArgumentError("lr must be a number in [0, 100] (0: the table's)");
+  }
+  absl::StatusOr<std::vector<size_t>> resolved = ResolveKeys(table, *in.keys);
+  if (!resolved.ok()) return resolved.status();
+  *chunks = std::move(*resolved);
+  PushTransaction push(table, in, *chunks);
+  // Validate everything before touching anything.
+  absl::Status s = push.Validate();
+  if (!s.ok()) return s;
+  // Every chunk of the push is locked (ascending index: no deadlock with
+  // another push) while its updates are computed, checked and committed.
+  // New values are written beside the current ones (a spare buffer) and
+  // swapped in only if every update of the push is finite: values change
+  // all together or not at all.
+  std::vector<size_t> order(*chunks);
+  std::sort(order.begin(), order.end());
+  std::vector<std::unique_lock<std::mutex>> locks;
+  locks.reserve(order.size());
+  for (size_t c : order) locks.emplace_back(table.chunks[c]->mu);
+  s = push.Prepare();
+  if (s.ok()) s = push.ComputeUpdates();
+  if (!s.ok()) return s;
+  push.Commit(response);  // nothing in it can fail
+  return absl::OkStatus();
+}
+
+}  // namespace pstrain

@@ -63,8 +63,8 @@ at::Tensor ToDevice(const at::Tensor& t, const c10::Device& device) {
 // forward chose), when the job asks for bf16.
 class AutocastScope {
  public:
-  AutocastScope(const c10::Device& device, const std::string& precision)
-      : type_(device.type()), on_(precision == "bf16") {
+  AutocastScope(const c10::Device& device, Precision precision)
+      : type_(device.type()), on_(precision == Precision::kBf16) {
     if (on_) SetAutocast(type_, true, at::kBFloat16);
   }
   ~AutocastScope() {
@@ -76,7 +76,7 @@ class AutocastScope {
   const bool on_;
 };
 
-EvalResult Evaluate(Model& model, const Dataset& test, const c10::Device& device, const std::string& precision) {
+EvalResult Evaluate(Model& model, const Dataset& test, const c10::Device& device, Precision precision) {
   c10::NoGradGuard no_grad;
   model.SetTraining(false);
   double loss_sum = 0;
@@ -127,287 +127,347 @@ absl::Status SaveWeights(const std::vector<std::pair<std::string, at::Tensor>>& 
   }
 }
 
-}  // namespace
+// One run of the training loop; RunTrainer's state, its phases as methods.
+class Trainer {
+ public:
+  Trainer(const TrainerOptions& options, const TrainTest& data)
+      : options_(options), spec_(options.spec), data_(data), device_(options.device) {}
 
-absl::StatusOr<TrainResult> RunTrainer(const TrainerOptions& options, const TrainTest& data) {
-  const JobSpec& spec = options.spec;
-  if (data.train.size() == 0) return absl::InvalidArgumentError("the training set is empty");
-  std::vector<int64_t> input_shape(data.train.inputs.sizes().begin() + 1,
-                                   data.train.inputs.sizes().end());
-  auto model_or = CreateModel(spec.model, input_shape, spec.data.num_classes, spec.seed);
-  if (!model_or.ok()) return model_or.status();
-  Model& model = **model_or;
-  const c10::Device device = options.device;
-  model.To(device);
-  model.SetTraining(true);
-  auto named = model.NamedParameters();
-  std::vector<at::Tensor> params;
-  std::vector<ParameterSpec> specs;
-  for (auto& [name, t] : named) {
-    if (t.scalar_type() != at::kFloat && t.scalar_type() != at::kDouble) {
-      return absl::InvalidArgumentError(absl::StrCat("parameter ", name, " is not float32/float64"));
-    }
-    params.push_back(t);
-    specs.push_back({name, std::vector<int64_t>(t.sizes().begin(), t.sizes().end()),
-                     t.scalar_type() == at::kFloat ? DT_FLOAT32 : DT_FLOAT64});
-  }
-  Collective* const collective = options.collective;
-  const bool allreduce = collective != nullptr;
-  if (allreduce && options.shards.size() != 1) {
-    return absl::InvalidArgumentError("all-reduce mode needs exactly one local parameter store");
-  }
-  const int table_shards = allreduce ? 1 : spec.shards;
-  auto plan = MakePartitionPlan(specs, table_shards, static_cast<size_t>(spec.chunk_bytes));
-  if (!plan.ok()) return plan.status();
-  PsClientOptions po;
-  po.job = spec.name;
-  po.attempt = allreduce ? 0 : options.attempt;  // the local store is this attempt's alone
-  po.worker = allreduce ? 0 : static_cast<uint32_t>(options.rank);
-  po.plan = *plan;
-  auto ps_or = PsClient::Create(po, options.shards);
-  if (!ps_or.ok()) return ps_or.status();
+  absl::StatusOr<TrainResult> Run();
 
-  ExchangeOptions eo;
-  eo.ps = ps_or->get();
-  for (auto& p : params) eo.params.push_back(p.detach());
-  eo.device = device;
-  eo.bucket_bytes = spec.bucket_bytes;
-  eo.collective = collective;
-  eo.clip_grad_norm = spec.clip_grad_norm;
-  eo.job = spec.name;
-  if (allreduce) eo.local_store = dynamic_cast<ShardStore*>(options.shards[0]);
-  std::unique_ptr<GradientExchange> exchange;
-  if (allreduce) {
-    // Everyone starts from rank 0's values (as DDP does); the local store,
-    // one worker's SYNC table, applies the averaged gradients.
-    auto e = MakeAllReduceExchange(eo);
-    if (!e.ok()) return e.status();
-    exchange = std::move(*e);
-    if (options.restore_local) {
-      std::vector<std::string> keys;
-      for (const auto& c : plan->chunks) keys.push_back(c.key);
-      absl::Status s = options.restore_local(keys);
-      if (!s.ok()) return s;
-    }
-  } else {
-    exchange = MakePsExchange(eo);
-  }
-  // PS: every rank offers the same seeded values; the first InitTable wins
-  // and the rest find an identical table. Then everyone starts from the
-  // shards' (a restored table's, when resuming).
-  absl::Status s = exchange->InitTables(MakeTableConfig(spec));
-  if (!s.ok()) return s;
-
-  if (options.rank == 0) {
-    // The model's layout, for checkpoints and their re-partitioning.
-    WorkerEvent e;
-    e.set_rank(options.rank);
-    WorkerEvent::Plan* plan_event = e.mutable_plan();
-    plan_event->set_chunk_bytes(spec.chunk_bytes);
-    for (const ParameterSpec& p : specs) {
-      ParameterInfo* info = plan_event->add_params();
-      info->set_name(p.name);
-      for (int64_t d : p.shape) info->add_shape(d);
-      info->set_dtype(static_cast<int>(p.dtype));
-    }
-    options.emit(e);
-  }
-
-  // Hooks offer a parameter's gradient as soon as autograd produced it; with
-  // gradient accumulation only the last micro-step's backward completes
-  // them, and (PS) clipping needs them all first, so then everything is
-  // offered after backward. All-reduce clips the averaged gradients itself.
-  const bool hooks = spec.accumulate_steps == 1 && (exchange->clips_reduced() || spec.clip_grad_norm == 0);
-  std::vector<bool> offered(params.size(), false);
-  int64_t step = options.start_step;
-  double lr = spec.optimizer.lr();
-  bool armed = false;
-  if (hooks) {
-    for (size_t i = 0; i < params.size(); ++i) {
-      params[i].register_hook([&, i](const at::Tensor& grad) {
-        if (!armed) return;
-        offered[i] = true;
-        exchange->Offer(i, grad);
-      });
-    }
-  }
-
-  DistributedSampler sampler(data.train.size(), options.rank, options.world_size, spec.seed);
-  const int64_t micro_per_epoch = (sampler.per_rank() + spec.batch_size - 1) / spec.batch_size;
-  const int64_t steps_per_epoch = (micro_per_epoch + spec.accumulate_steps - 1) / spec.accumulate_steps;
-  int64_t total_steps = steps_per_epoch * spec.epochs;
-  if (spec.max_steps > 0) total_steps = std::min<int64_t>(total_steps, spec.max_steps);
-
-  TrainResult result;
-  const auto start = Clock::now();
-  auto window_start = start;
-  int64_t window_samples = 0;
-  double window_loss = 0;
-  int window_steps = 0;
+ private:
   struct UnreadLoss {
     int64_t step;
     at::Tensor loss;  // on the device
     int64_t samples;
     double seconds, wait_seconds;
   };
-  std::deque<UnreadLoss> unread;
-  BatchPlan batch_plan;
-  batch_plan.batch_size = spec.batch_size;
-  batch_plan.start_epoch = options.start_epoch;
-  batch_plan.start_micro = options.start_epoch_step * spec.accumulate_steps;
-  batch_plan.epochs = spec.epochs;
-  batch_plan.micro_per_epoch = micro_per_epoch;
-  batch_plan.pin = !device.is_cpu();
-  BatchLoader loader(data.train, sampler, batch_plan);
-  for (int epoch = options.start_epoch; epoch < spec.epochs && step < total_steps; ++epoch) {
-    const int64_t first_step = epoch == options.start_epoch ? options.start_epoch_step : 0;
-    int64_t micro = first_step * spec.accumulate_steps;
-    for (int64_t es = first_step; es < steps_per_epoch && step < total_steps; ++es) {
-      if (options.at_step_boundary) {
-        options.at_step_boundary(step, epoch, es, [&exchange, step] { return exchange->Flush(step); });
-      }
-      if (options.stop != nullptr && options.stop->load()) {
-        return absl::CancelledError(absl::StrCat("job cancelled at step ", step));
-      }
-      lr = LearningRate(spec, epoch, step);
-      const auto step_start = Clock::now();
-      const int64_t first = micro;
-      const int64_t last = std::min(micro_per_epoch, first + spec.accumulate_steps);
-      micro = last;
-      for (auto& p : params) {
-        if (p.grad().defined()) p.mutable_grad().zero_();
-      }
-      exchange->BeginStep(step, lr);
-      std::fill(offered.begin(), offered.end(), false);
-      // The loss stays on the device (read a step later, see `unread`).
-      at::Tensor step_loss_sum;
-      int64_t step_samples = 0;
-      try {
-        for (int64_t m = first; m < last; ++m) {
-          absl::StatusOr<BatchLoader::Batch> batch = loader.Next(epoch, m);
-          if (!batch.ok()) return batch.status();
-          const int64_t len = batch->labels.size(0);
-          // Gathered by the loader's thread, normalised where it trains (a
-          // quarter of the bytes cross to a GPU when the data is uint8).
-          at::Tensor x = data.train.Normalize(ToDevice(batch->inputs, device));
-          at::Tensor y = ToDevice(batch->labels, device);
-          at::Tensor logits;
-          {
-            AutocastScope autocast(device, spec.precision);
-            logits = model.Forward(x);
-          }
-          // The loss in fp32 whatever the forward's precision.
-          at::Tensor loss = at::cross_entropy_loss(logits.to(at::kFloat), y, {}, at::Reduction::Mean);
-          at::Tensor part = loss.detach() / static_cast<double>(last - first);
-          step_loss_sum = step_loss_sum.defined() ? step_loss_sum + part : part;
-          armed = hooks;
-          (loss / static_cast<double>(last - first)).backward();
-          armed = false;
-          step_samples += len;
-        }
-        if (spec.clip_grad_norm > 0 && !exchange->clips_reduced()) {
-          torch::nn::utils::clip_grad_norm_(params, spec.clip_grad_norm);
-        }
-      } catch (const c10::Error& e) {
-        // Let the exchanges in flight finish (they use this step's buffers);
-        // the step's error is the one to report.
-        exchange->Abandon();
-        return absl::InternalError(absl::StrCat("training step ", step, ": ", e.what_without_backtrace()));
-      }
-      const auto compute_end = Clock::now();
-      // Everything the hooks did not offer: all of it without hooks, and any
-      // parameter that got no gradient (the shards expect every chunk).
-      for (size_t i = 0; i < params.size(); ++i) {
-        if (offered[i]) continue;
-        at::Tensor g = params[i].grad();
-        exchange->Offer(i, g.defined() ? g : at::zeros_like(params[i]));
-      }
-      s = exchange->Finish();
-      if (!s.ok()) return absl::Status(s.code(), absl::StrCat("step ", step, ": ", s.message()));
-      {
-        const auto now = Clock::now();
-        unread.push_back({step + 1, step_loss_sum, step_samples, Seconds(step_start, now), Seconds(compute_end, now)});
-      }
-      ++step;
-      result.samples += step_samples;
-      window_samples += step_samples;
-      const bool log_now = step % spec.log_every_steps == 0 || step == total_steps;
-      // A step's loss is read one step later (or when a progress event needs
-      // it): by then the device computed it long ago, so the host never
-      // waits for the device just to read a number.
-      while (unread.size() > (log_now ? 0u : 1u)) {
-        const UnreadLoss& u = unread.front();
-        const double loss = u.loss.defined() ? u.loss.item<double>() : 0.0;
-        if (options.on_step) options.on_step(u.step, loss, u.samples, u.seconds, u.wait_seconds);
-        window_loss += loss;
-        ++window_steps;
-        unread.pop_front();
-      }
-      if (log_now) {
-        const auto now = Clock::now();
-        WorkerEvent e;
-        e.set_rank(options.rank);
-        WorkerEvent::Progress* p = e.mutable_progress();
-        p->set_epoch(epoch + 1);
-        p->set_epochs(spec.epochs);
-        p->set_step(step);
-        p->set_steps(total_steps);
-        p->set_loss(window_loss / window_steps);
-        p->set_samples_per_s(window_samples / std::max(1e-9, Seconds(window_start, now)));
-        p->set_elapsed_s(Seconds(start, now));
-        options.emit(e);
-        window_start = now;
-        window_samples = 0;
-        window_loss = 0;
-        window_steps = 0;
-      }
-    }
-    if (options.rank == 0 && data.test.size() > 0 && epoch + 1 < spec.epochs && step < total_steps) {
-      // Mid-run evaluation with the current values (others keep training).
-      s = exchange->Pull();
-      if (!s.ok()) return s;
-      EvalResult ev = Evaluate(model, data.test, device, spec.precision);
-      options.emit(EvalEvent(options.rank, epoch + 1, ev, /*final=*/false));
-    }
-  }
-  result.steps = step;
-  result.seconds = Seconds(start, Clock::now());
 
+  // The model on the device, its parameters and their layout.
+  absl::Status BuildModel();
+  // The parameter-server or all-reduce exchange, its tables initialised.
+  absl::Status BuildExchange();
+  // Rank 0 tells the coordinator the model's layout (for checkpoints and
+  // their re-partitioning).
+  void EmitPlan();
+  void RegisterHooks();
+  // One optimizer step: micro-batches forward and backward, gradients
+  // offered, the exchange finished.
+  absl::Status Step(int epoch, int64_t first_micro, int64_t last_micro);
+  // Reads the losses of finished steps, all of them when `all`.
+  void ReadLosses(bool all);
+  void EmitProgress(int epoch);
+  // Final values, evaluation, weights, the done event.
+  absl::Status Finish();
+
+  const TrainerOptions& options_;
+  const JobSpec& spec_;
+  const TrainTest& data_;
+  const c10::Device device_;
+  std::unique_ptr<Model> model_;
+  std::vector<std::pair<std::string, at::Tensor>> named_;
+  std::vector<at::Tensor> params_;
+  std::vector<ParameterSpec> specs_;
+  std::unique_ptr<PsClient> ps_;
+  std::unique_ptr<GradientExchange> exchange_;
+  // Hooks offer a parameter's gradient as soon as autograd produced it.
+  bool hooks_ = false;
+  bool armed_ = false;  // during backward
+  std::vector<bool> offered_;
+  int64_t step_ = 0;
+  int64_t total_steps_ = 0;
+  TrainResult result_;
+  Clock::time_point start_, window_start_;
+  int64_t window_samples_ = 0;
+  double window_loss_ = 0;
+  int window_steps_ = 0;
+  // A step's loss is read one step later (or when a progress event needs
+  // it): by then the device computed it long ago, so the host never waits
+  // for the device just to read a number.
+  std::deque<UnreadLoss> unread_;
+  // The loader's thread reads the sampler: declared after it, so stopped
+  // before it goes.
+  std::unique_ptr<DistributedSampler> sampler_;
+  std::unique_ptr<BatchLoader> loader_;
+};
+
+absl::Status Trainer::BuildModel() {
+  std::vector<int64_t> input_shape(data_.train.inputs.sizes().begin() + 1, data_.train.inputs.sizes().end());
+  auto model = CreateModel(spec_.model, input_shape, spec_.data.num_classes, spec_.seed);
+  if (!model.ok()) return model.status();
+  model_ = std::move(*model);
+  model_->To(device_);
+  model_->SetTraining(true);
+  named_ = model_->NamedParameters();
+  for (auto& [name, t] : named_) {
+    if (t.scalar_type() != at::kFloat && t.scalar_type() != at::kDouble) {
+      return absl::InvalidArgumentError(absl::StrCat("parameter ", name, " is not float32/float64"));
+    }
+    params_.push_back(t);
+    specs_.push_back({name, std::vector<int64_t>(t.sizes().begin(), t.sizes().end()),
+                      t.scalar_type() == at::kFloat ? DT_FLOAT32 : DT_FLOAT64});
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::BuildExchange() {
+  const bool allreduce = options_.collective != nullptr;
+  if (allreduce && options_.shards.size() != 1) {
+    return absl::InvalidArgumentError("all-reduce mode needs exactly one local parameter store");
+  }
+  auto plan = MakePartitionPlan(specs_, allreduce ? 1 : spec_.shards, static_cast<size_t>(spec_.chunk_bytes));
+  if (!plan.ok()) return plan.status();
+  PsClientOptions po;
+  po.job = spec_.name;
+  po.attempt = allreduce ? 0 : options_.attempt;  // the local store is this attempt's alone
+  po.worker = allreduce ? 0 : static_cast<uint32_t>(options_.rank);
+  po.plan = *plan;
+  auto ps = PsClient::Create(po, options_.shards);
+  if (!ps.ok()) return ps.status();
+  ps_ = std::move(*ps);
+  ExchangeOptions eo;
+  eo.ps = ps_.get();
+  for (auto& p : params_) eo.params.push_back(p.detach());
+  eo.device = device_;
+  eo.bucket_bytes = spec_.bucket_bytes;
+  eo.collective = options_.collective;
+  eo.clip_grad_norm = spec_.clip_grad_norm;
+  eo.job = spec_.name;
+  if (allreduce) {
+    // Everyone starts from rank 0's values (as DDP does); the local store,
+    // one worker's SYNC table, is the checkpoint format.
+    eo.local_store = dynamic_cast<ShardStore*>(options_.shards[0]);
+    auto e = MakeAllReduceExchange(eo);
+    if (!e.ok()) return e.status();
+    exchange_ = std::move(*e);
+    if (options_.restore_local) {
+      std::vector<std::string> keys;
+      for (const auto& c : plan->chunks) keys.push_back(c.key);
+      absl::Status s = options_.restore_local(keys);
+      if (!s.ok()) return s;
+    }
+  } else {
+    exchange_ = MakePsExchange(eo);
+  }
+  // PS: every rank offers the same seeded values; the first InitTable wins
+  // and the rest find an identical table. Then everyone starts from the
+  // shards' (a restored table's, when resuming).
+  return exchange_->InitTables(MakeTableConfig(spec_));
+}
+
+void Trainer::EmitPlan() {
+  if (options_.rank != 0) return;
+  WorkerEvent e;
+  e.set_rank(options_.rank);
+  WorkerEvent::Plan* plan = e.mutable_plan();
+  plan->set_chunk_bytes(spec_.chunk_bytes);
+  for (const ParameterSpec& p : specs_) {
+    ParameterInfo* info = plan->add_params();
+    info->set_name(p.name);
+    for (int64_t d : p.shape) info->add_shape(d);
+    info->set_dtype(static_cast<int>(p.dtype));
+  }
+  options_.emit(e);
+}
+
+void Trainer::RegisterHooks() {
+  // With gradient accumulation only the last micro-step's backward
+  // completes the gradients, and (PS) clipping needs them all first, so
+  // then everything is offered after backward. All-reduce clips the
+  // averaged gradients itself.
+  hooks_ = spec_.accumulate_steps == 1 && (exchange_->clips_reduced() || spec_.clip_grad_norm == 0);
+  offered_.assign(params_.size(), false);
+  if (!hooks_) return;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    params_[i].register_hook([this, i](const at::Tensor& grad) {
+      if (!armed_) return;
+      offered_[i] = true;
+      exchange_->Offer(i, grad);
+    });
+  }
+}
+
+absl::Status Trainer::Step(int epoch, int64_t first, int64_t last) {
+  const auto step_start = Clock::now();
+  for (auto& p : params_) {
+    if (p.grad().defined()) p.mutable_grad().zero_();
+  }
+  exchange_->BeginStep(step_, LearningRate(spec_, epoch, step_));
+  std::fill(offered_.begin(), offered_.end(), false);
+  at::Tensor loss_sum;  // stays on the device (see unread_)
+  int64_t samples = 0;
+  try {
+    for (int64_t m = first; m < last; ++m) {
+      absl::StatusOr<BatchLoader::Batch> batch = loader_->Next(epoch, m);
+      if (!batch.ok()) return batch.status();
+      // Gathered by the loader's thread, normalised where it trains (a
+      // quarter of the bytes cross to a GPU when the data is uint8).
+      at::Tensor x = data_.train.Normalize(ToDevice(batch->inputs, device_));
+      at::Tensor y = ToDevice(batch->labels, device_);
+      at::Tensor logits;
+      {
+        AutocastScope autocast(device_, spec_.precision);
+        logits = model_->Forward(x);
+      }
+      // The loss in fp32 whatever the forward's precision.
+      at::Tensor loss = at::cross_entropy_loss(logits.to(at::kFloat), y, {}, at::Reduction::Mean);
+      at::Tensor part = loss.detach() / static_cast<double>(last - first);
+      loss_sum = loss_sum.defined() ? loss_sum + part : part;
+      armed_ = hooks_;
+      (loss / static_cast<double>(last - first)).backward();
+      armed_ = false;
+      samples += batch->labels.size(0);
+    }
+    if (spec_.clip_grad_norm > 0 && !exchange_->clips_reduced()) {
+      torch::nn::utils::clip_grad_norm_(params_, spec_.clip_grad_norm);
+    }
+  } catch (const c10::Error& e) {
+    // Let the exchanges in flight finish (they use this step's buffers);
+    // the step's error is the one to report.
+    exchange_->Abandon();
+    return absl::InternalError(absl::StrCat("training step ", step_, ": ", e.what_without_backtrace()));
+  }
+  const auto compute_end = Clock::now();
+  // Everything the hooks did not offer: all of it without hooks, and any
+  // parameter that got no gradient (the shards expect every chunk).
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (offered_[i]) continue;
+    at::Tensor g = params_[i].grad();
+    exchange_->Offer(i, g.defined() ? g : at::zeros_like(params_[i]));
+  }
+  absl::Status s = exchange_->Finish();
+  if (!s.ok()) return absl::Status(s.code(), absl::StrCat("step ", step_, ": ", s.message()));
+  const auto now = Clock::now();
+  unread_.push_back({step_ + 1, loss_sum, samples, Seconds(step_start, now), Seconds(compute_end, now)});
+  ++step_;
+  result_.samples += samples;
+  window_samples_ += samples;
+  return absl::OkStatus();
+}
+
+void Trainer::ReadLosses(bool all) {
+  while (unread_.size() > (all ? 0u : 1u)) {
+    const UnreadLoss& u = unread_.front();
+    const double loss = u.loss.defined() ? u.loss.item<double>() : 0.0;
+    if (options_.on_step) options_.on_step(u.step, loss, u.samples, u.seconds, u.wait_seconds);
+    window_loss_ += loss;
+    ++window_steps_;
+    unread_.pop_front();
+  }
+}
+
+void Trainer::EmitProgress(int epoch) {
+  const auto now = Clock::now();
+  WorkerEvent e;
+  e.set_rank(options_.rank);
+  WorkerEvent::Progress* p = e.mutable_progress();
+  p->set_epoch(epoch + 1);
+  p->set_epochs(spec_.epochs);
+  p->set_step(step_);
+  p->set_steps(total_steps_);
+  p->set_loss(window_loss_ / std::max(1, window_steps_));
+  p->set_samples_per_s(window_samples_ / std::max(1e-9, Seconds(window_start_, now)));
+  p->set_elapsed_s(Seconds(start_, now));
+  options_.emit(e);
+  window_start_ = now;
+  window_samples_ = 0;
+  window_loss_ = 0;
+  window_steps_ = 0;
+}
+
+absl::Status Trainer::Finish() {
+  result_.steps = step_;
+  result_.seconds = Seconds(start_, Clock::now());
   // Final values: wait until every worker's every step has landed (each
   // worker pushes each chunk once per step), then evaluate.
-  const int64_t updates_per_step = spec.consistency == SYNC ? 1 : options.world_size;
-  s = exchange->Pull(updates_per_step * step);
+  const int64_t updates_per_step = spec_.consistency == SYNC ? 1 : options_.world_size;
+  absl::Status s = exchange_->Pull(updates_per_step * step_);
   if (!s.ok()) return s;
-  if (options.rank == 0) {
-    if (data.test.size() > 0) {
-      EvalResult ev = Evaluate(model, data.test, device, spec.precision);
-      result.final_accuracy = ev.accuracy;
-      result.final_test_loss = ev.loss;
-      options.emit(EvalEvent(options.rank, spec.epochs, ev, /*final=*/true));
-    }
-    if (options.write_weights) {
-      std::filesystem::create_directories(spec.output_dir);
-      const std::string path = spec.output_dir + "/model.pt";
-      s = SaveWeights(named, path);
-      if (!s.ok()) return s;
-      WorkerEvent e;
-      e.set_rank(options.rank);
-      e.mutable_weights()->set_path(path);
-      options.emit(e);
-    }
+  if (options_.rank == 0 && data_.test.size() > 0) {
+    EvalResult ev = Evaluate(*model_, data_.test, device_, spec_.precision);
+    result_.final_accuracy = ev.accuracy;
+    result_.final_test_loss = ev.loss;
+    options_.emit(EvalEvent(options_.rank, spec_.epochs, ev, /*final=*/true));
   }
-  for (auto& [name, t] : named) {
-    result.parameters.emplace_back(name, t.detach().to(at::kCPU, /*non_blocking=*/false, /*copy=*/true));
+  if (options_.rank == 0 && options_.write_weights) {
+    std::filesystem::create_directories(spec_.output_dir);
+    const std::string path = spec_.output_dir + "/model.pt";
+    s = SaveWeights(named_, path);
+    if (!s.ok()) return s;
+    WorkerEvent e;
+    e.set_rank(options_.rank);
+    e.mutable_weights()->set_path(path);
+    options_.emit(e);
+  }
+  for (auto& [name, t] : named_) {
+    result_.parameters.emplace_back(name, t.detach().to(at::kCPU, /*non_blocking=*/false, /*copy=*/true));
   }
   // Last: a job is complete when every worker is done, and worker 0's final
   // evaluation and weights must be in by then.
   WorkerEvent done;
-  done.set_rank(options.rank);
-  done.mutable_done()->set_steps(result.steps);
-  done.mutable_done()->set_samples(result.samples);
-  done.mutable_done()->set_seconds(result.seconds);
-  options.emit(done);
-  return result;
+  done.set_rank(options_.rank);
+  done.mutable_done()->set_steps(result_.steps);
+  done.mutable_done()->set_samples(result_.samples);
+  done.mutable_done()->set_seconds(result_.seconds);
+  options_.emit(done);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<TrainResult> Trainer::Run() {
+  if (data_.train.size() == 0) return absl::InvalidArgumentError("the training set is empty");
+  absl::Status s = BuildModel();
+  if (s.ok()) s = BuildExchange();
+  if (!s.ok()) return s;
+  EmitPlan();
+  RegisterHooks();
+  step_ = options_.start_step;
+  sampler_ = std::make_unique<DistributedSampler>(data_.train.size(), options_.rank, options_.world_size, spec_.seed);
+  const int64_t micro_per_epoch = (sampler_->per_rank() + spec_.batch_size - 1) / spec_.batch_size;
+  const int64_t steps_per_epoch = (micro_per_epoch + spec_.accumulate_steps - 1) / spec_.accumulate_steps;
+  total_steps_ = steps_per_epoch * spec_.epochs;
+  if (spec_.max_steps > 0) total_steps_ = std::min<int64_t>(total_steps_, spec_.max_steps);
+  BatchPlan batch_plan;
+  batch_plan.batch_size = spec_.batch_size;
+  batch_plan.start_epoch = options_.start_epoch;
+  batch_plan.start_micro = options_.start_epoch_step * spec_.accumulate_steps;
+  batch_plan.epochs = spec_.epochs;
+  batch_plan.micro_per_epoch = micro_per_epoch;
+  batch_plan.pin = !device_.is_cpu();
+  loader_ = std::make_unique<BatchLoader>(data_.train, *sampler_, batch_plan);
+  start_ = window_start_ = Clock::now();
+  for (int epoch = options_.start_epoch; epoch < spec_.epochs && step_ < total_steps_; ++epoch) {
+    const int64_t first_step = epoch == options_.start_epoch ? options_.start_epoch_step : 0;
+    for (int64_t es = first_step; es < steps_per_epoch && step_ < total_steps_; ++es) {
+      if (options_.at_step_boundary) {
+        options_.at_step_boundary(step_, epoch, es, [this, step = step_] { return exchange_->Flush(step); });
+      }
+      if (options_.stop != nullptr && options_.stop->load()) {
+        return absl::CancelledError(absl::StrCat("job cancelled at step ", step_));
+      }
+      const int64_t first = es * spec_.accumulate_steps;
+      s = Step(epoch, first, std::min(micro_per_epoch, first + spec_.accumulate_steps));
+      if (!s.ok()) return s;
+      const bool log_now = step_ % spec_.log_every_steps == 0 || step_ == total_steps_;
+      ReadLosses(/*all=*/log_now);
+      if (log_now) EmitProgress(epoch);
+    }
+    if (options_.rank == 0 && data_.test.size() > 0 && epoch + 1 < spec_.epochs && step_ < total_steps_) {
+      // Mid-run evaluation with the current values (others keep training).
+      s = exchange_->Pull();
+      if (!s.ok()) return s;
+      EvalResult ev = Evaluate(*model_, data_.test, device_, spec_.precision);
+      options_.emit(EvalEvent(options_.rank, epoch + 1, ev, /*final=*/false));
+    }
+  }
+  s = Finish();
+  if (!s.ok()) return s;
+  return std::move(result_);
+}
+
+}  // namespace
+
+absl::StatusOr<TrainResult> RunTrainer(const TrainerOptions& options, const TrainTest& data) {
+  return Trainer(options, data).Run();
 }
 
 }  // namespace pstrain

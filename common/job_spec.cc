@@ -49,6 +49,23 @@ class MappingReader {
     return absl::OkStatus();
   }
 
+  // One of `names` (an enumerated field): refused with the list otherwise.
+  template <typename E>
+  absl::Status ReadEnum(const std::string& key, std::initializer_list<std::pair<const char*, E>> names, E* out) {
+    std::string value;
+    absl::Status s = Read(key, &value);
+    if (!s.ok() || !node_[key]) return s;  // absent: the default stands
+    std::vector<std::string> known;
+    for (const auto& [name, e] : names) {
+      if (value == name) {
+        *out = e;
+        return absl::OkStatus();
+      }
+      known.push_back(name);
+    }
+    return Error(Full(key), absl::StrCat("is '", Quote(value, 64), "': must be ", absl::StrJoin(known, ", ")));
+  }
+
   // A nested mapping (may be absent).
   absl::Status Nested(const std::string& key,
                       const std::function<absl::Status(MappingReader&)>& fn) {
@@ -82,6 +99,23 @@ class MappingReader {
 
 }  // namespace
 
+const char* Name(TrainMode mode) { return mode == TrainMode::kAllReduce ? "allreduce" : "ps"; }
+const char* Name(CollectiveBackend backend) {
+  switch (backend) {
+    case CollectiveBackend::kGloo: return "gloo";
+    case CollectiveBackend::kNccl: return "nccl";
+    default: return "auto";
+  }
+}
+const char* Name(DeviceChoice device) {
+  switch (device) {
+    case DeviceChoice::kCpu: return "cpu";
+    case DeviceChoice::kCuda: return "cuda";
+    default: return "auto";
+  }
+}
+const char* Name(Precision precision) { return precision == Precision::kBf16 ? "bf16" : "fp32"; }
+
 namespace {
 absl::StatusOr<JobSpec> ParseJobSpecOrThrow(const std::string& yaml, const std::string& origin);
 }  // namespace
@@ -114,12 +148,24 @@ absl::StatusOr<JobSpec> ParseJobSpecOrThrow(const std::string& yaml, const std::
   if (!root.IsMap()) return r.Error("the top level", "must be a mapping of fields");
 
   RETURN_IF_ERROR(r.Read("name", &spec.name));
-  RETURN_IF_ERROR(r.Read("mode", &spec.mode));
-  RETURN_IF_ERROR(r.Read("backend", &spec.backend));
-  RETURN_IF_ERROR(r.Read("device", &spec.device));
-  RETURN_IF_ERROR(r.Read("precision", &spec.precision));
+  RETURN_IF_ERROR(r.ReadEnum<TrainMode>(
+      "mode", {{"ps", TrainMode::kParameterServer}, {"allreduce", TrainMode::kAllReduce}}, &spec.mode));
+  RETURN_IF_ERROR(r.ReadEnum<CollectiveBackend>(
+      "backend", {{"gloo", CollectiveBackend::kGloo}, {"nccl", CollectiveBackend::kNccl}, {"auto", CollectiveBackend::kAuto}},
+      &spec.backend));
+  RETURN_IF_ERROR(r.ReadEnum<DeviceChoice>(
+      "device", {{"auto", DeviceChoice::kAuto}, {"cpu", DeviceChoice::kCpu}, {"cuda", DeviceChoice::kCuda}}, &spec.device));
+  {
+    std::string precision;
+    RETURN_IF_ERROR(r.Read("precision", &precision));
+    if (precision == "fp16") {
+      return r.Error("precision", "fp16 needs dynamic loss scaling, which pstrain does not have yet; use bf16");
+    }
+  }
+  RETURN_IF_ERROR(r.ReadEnum<Precision>("precision", {{"fp32", Precision::kFp32}, {"bf16", Precision::kBf16}},
+                                        &spec.precision));
   RETURN_IF_ERROR(r.Read("collective_timeout_s", &spec.collective_timeout_s));
-  if (spec.mode == "allreduce") {
+  if (spec.allreduce()) {
     // Defaults of the mode: no shards, DDP's bucket size, synchronous.
     spec.shards = 0;
     spec.bucket_bytes = 25 << 20;
@@ -188,7 +234,7 @@ absl::StatusOr<JobSpec> ParseJobSpecOrThrow(const std::string& yaml, const std::
     RETURN_IF_ERROR(l.Read("warmup_steps", &spec.lr_schedule.warmup_steps));
     return absl::OkStatus();
   }));
-  std::string consistency = spec.mode == "allreduce" ? "sync" : "async";
+  std::string consistency = spec.allreduce() ? "sync" : "async";
   RETURN_IF_ERROR(r.Read("consistency", &consistency));
   RETURN_IF_ERROR(r.Read("staleness", &spec.staleness));
   RETURN_IF_ERROR(r.Read("workers", &spec.workers));
@@ -211,19 +257,8 @@ absl::StatusOr<JobSpec> ParseJobSpecOrThrow(const std::string& yaml, const std::
 
   // Values.
   if (spec.name.empty()) return r.Error("name", "must not be empty");
-  if (spec.mode != "ps" && spec.mode != "allreduce") return r.Error("mode", "must be ps or allreduce");
-  if (spec.backend != "gloo" && spec.backend != "nccl" && spec.backend != "auto") {
-    return r.Error("backend", "must be gloo, nccl or auto");
-  }
-  if (spec.device != "auto" && spec.device != "cpu" && spec.device != "cuda") {
-    return r.Error("device", "must be auto, cpu or cuda");
-  }
-  if (spec.precision == "fp16") {
-    return r.Error("precision", "fp16 needs dynamic loss scaling, which pstrain does not have yet; use bf16");
-  }
-  if (spec.precision != "fp32" && spec.precision != "bf16") return r.Error("precision", "must be fp32 or bf16");
   if (spec.collective_timeout_s < 1) return r.Error("collective_timeout_s", "must be >= 1");
-  if (spec.mode == "allreduce") {
+  if (spec.allreduce()) {
     if (spec.shards != 0) return r.Error("shards", "must be 0 in allreduce mode (workers reduce among themselves)");
     if (consistency != "sync") return r.Error("consistency", "must be sync in allreduce mode");
   }
@@ -263,7 +298,7 @@ absl::StatusOr<JobSpec> ParseJobSpecOrThrow(const std::string& yaml, const std::
     return r.Error("consistency", "must be async, sync or ssp");
   }
   if (spec.workers < 1 || spec.workers > 1024) return r.Error("workers", "must be in 1..1024");
-  if (spec.mode == "ps" && (spec.shards < 1 || spec.shards > 1024)) return r.Error("shards", "must be in 1..1024");
+  if (!spec.allreduce() && (spec.shards < 1 || spec.shards > 1024)) return r.Error("shards", "must be in 1..1024");
   if (spec.epochs < 1) return r.Error("epochs", "must be >= 1");
   if (spec.batch_size < 1) return r.Error("batch_size", "must be >= 1");
   if (spec.accumulate_steps < 1) return r.Error("accumulate_steps", "must be >= 1");
@@ -309,7 +344,7 @@ TableConfig MakeTableConfig(const JobSpec& spec) {
   *c.mutable_optimizer() = spec.optimizer;
   c.set_consistency(spec.consistency);
   c.set_num_workers(static_cast<uint32_t>(spec.workers));
-  if (spec.mode == "allreduce") {
+  if (spec.allreduce()) {
     // Each worker's local store: one worker's SYNC table of the averaged
     // gradients.
     c.set_consistency(SYNC);

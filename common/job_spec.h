@@ -46,21 +46,32 @@ struct LrScheduleSpec {
   int64_t warmup_steps = 0;
 };
 
+// The spec's enumerated fields; in YAML (and in messages) by their names.
+enum class TrainMode { kParameterServer, kAllReduce };  // ps | allreduce
+enum class CollectiveBackend { kAuto, kGloo, kNccl };   // auto | gloo | nccl
+enum class DeviceChoice { kAuto, kCpu, kCuda };         // auto | cpu | cuda
+enum class Precision { kFp32, kBf16 };                  // fp32 | bf16
+const char* Name(TrainMode mode);
+const char* Name(CollectiveBackend backend);
+const char* Name(DeviceChoice device);
+const char* Name(Precision precision);
+
 struct JobSpec {
   std::string name = "job";
-  std::string mode = "ps";        // ps | allreduce
+  TrainMode mode = TrainMode::kParameterServer;
   // allreduce: the collective library; auto = nccl when this build has it
   // and the machine a CUDA device, else gloo.
-  std::string backend = "auto";   // gloo | nccl | auto
+  CollectiveBackend backend = CollectiveBackend::kAuto;
   int collective_timeout_s = 60;  // a collective (or rendezvous) slower than this fails
   // Where a worker trains: auto = cuda:LOCAL_RANK (or the pool worker's
   // --device) when this LibTorch has CUDA and the machine a device, else the
   // CPU; cuda fails where there is none.
-  std::string device = "auto";    // auto | cpu | cuda
+  DeviceChoice device = DeviceChoice::kAuto;
   // fp32, or bf16 autocast for forward and backward (the parameters, the
   // optimizer and what travels stay fp32). fp16 needs dynamic loss scaling,
   // which is not implemented: refused.
-  std::string precision = "fp32";  // fp32 | bf16
+  Precision precision = Precision::kFp32;
+  bool allreduce() const { return mode == TrainMode::kAllReduce; }
   std::string model = "lenet";  // mlp | lenet | torchscript:<path>
   DataSpec data;
   OptimizerConfig optimizer;    // kind SGD, lr 0.05 unless set

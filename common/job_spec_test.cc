@@ -68,6 +68,7 @@ TEST(JobSpecTest, RefusesUnknownFieldsAndBadValuesNamingTheField) {
       {"consistency: eventually", "consistency"},
       {"model: resnet", "model"},
       {"mode: ring", "mode"},
+      {"mode: ''", "mode"},
       {"mode: allreduce\nshards: 2", "shards"},
       {"mode: allreduce\nconsistency: async", "consistency"},
       {"mode: allreduce\nbackend: mpi", "backend"},
@@ -94,7 +95,14 @@ TEST(JobSpecTest, RefusesUnknownFieldsAndBadValuesNamingTheField) {
   EXPECT_EQ(ar->shards, 0);
   EXPECT_EQ(ar->bucket_bytes, 25 << 20);
   EXPECT_EQ(ar->consistency, SYNC);
-  EXPECT_EQ(ar->backend, "auto");
+  EXPECT_EQ(ar->backend, CollectiveBackend::kAuto);
+  EXPECT_EQ(ar->mode, TrainMode::kAllReduce);
+  auto typed = ParseJobSpec("mode: allreduce\nbackend: nccl\ndevice: cuda\nprecision: bf16\n");
+  ASSERT_TRUE(typed.ok()) << typed.status();
+  EXPECT_EQ(typed->backend, CollectiveBackend::kNccl);
+  EXPECT_EQ(typed->device, DeviceChoice::kCuda);
+  EXPECT_EQ(typed->precision, Precision::kBf16);
+  EXPECT_STREQ(Name(typed->backend), "nccl");
   EXPECT_EQ(LoadJobSpec("/nonexistent.yaml").status().code(), absl::StatusCode::kNotFound);
 }
 

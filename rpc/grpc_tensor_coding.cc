@@ -24,15 +24,6 @@ void PutVarint(uint64_t v, std::string* out) {
   out->push_back(static_cast<char>(v));
 }
 
-size_t VarintSize(uint64_t v) {
-  size_t n = 1;
-  while (v >= 0x80) {
-    v >>= 7;
-    ++n;
-  }
-  return n;
-}
-
 void PutTag(int field, WireType wt, std::string* out) {
   PutVarint((static_cast<uint64_t>(field) << 3) | wt, out);
 }

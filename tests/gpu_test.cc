@@ -136,7 +136,7 @@ TEST(GpuTest, AllReduceNcclOneRankEqualsOneWorker) {
   auto data = LoadData(SyntheticSpec("x", "lenet").data, 7);
   ASSERT_TRUE(data.ok());
   JobSpec one = SyntheticSpec("gpu-nccl", "torchscript:" + model);
-  one.mode = "allreduce";
+  one.mode = TrainMode::kAllReduce;
   one.consistency = SYNC;
   one.workers = 1;
   one.shards = 0;
@@ -146,7 +146,7 @@ TEST(GpuTest, AllReduceNcclOneRankEqualsOneWorker) {
   auto results = TrainAllReduce(one, *data, 1, "nccl");
   ASSERT_TRUE(results[0].ok()) << results[0].status();
   JobSpec ps = one;
-  ps.mode = "ps";
+  ps.mode = TrainMode::kParameterServer;
   ps.shards = 1;
   Shards shards(1);
   auto ref = TrainRanks(ps, *data, 1, [&](int, TrainerOptions& o) {
@@ -170,7 +170,7 @@ TEST(GpuTest, AllReduceGlooOnCudaTensorsTwoRanks) {
   auto data = LoadData(SyntheticSpec("x", "lenet").data, 7);
   ASSERT_TRUE(data.ok());
   JobSpec two = SyntheticSpec("gpu-gloo", "torchscript:" + model);
-  two.mode = "allreduce";
+  two.mode = TrainMode::kAllReduce;
   two.consistency = SYNC;
   two.workers = 2;
   two.shards = 0;

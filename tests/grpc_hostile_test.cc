@@ -310,7 +310,9 @@ TEST_F(GrpcHostileTest, EveryRpcOfEveryServiceHasHostileCases) {
   std::set<std::string> registered(jobs_->method_names().begin(), jobs_->method_names().end());
   registered.insert(cluster_->method_names().begin(), cluster_->method_names().end());
   for (const std::string& m : methods) {
-    if (m.rfind("/pstrain.ParameterService/", 0) != 0) EXPECT_GT(registered.count(m), 0u) << m;
+    if (m.rfind("/pstrain.ParameterService/", 0) != 0) {
+      EXPECT_GT(registered.count(m), 0u) << m;
+    }
   }
 }
 

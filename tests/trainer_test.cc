@@ -56,7 +56,7 @@ TEST(TrainerTest, AllReduceTwoWorkersEqualOneWorkerOnTheConcatenatedBatch) {
   ASSERT_TRUE(data.ok());
   const int kSteps = 20;
   JobSpec two = SyntheticSpec("ar-two", "lenet");
-  two.mode = "allreduce";
+  two.mode = TrainMode::kAllReduce;
   two.consistency = SYNC;
   two.workers = 2;
   two.shards = 0;

@@ -63,7 +63,7 @@ inline void ExpectLikeOneWorkerOnTheConcatenatedBatch(const JobSpec& two, const 
   ASSERT_TRUE(results[1].ok()) << results[1].status();
   EXPECT_EQ(results[0]->steps, two.max_steps);
   JobSpec one = two;
-  one.mode = "ps";
+  one.mode = TrainMode::kParameterServer;
   one.name = two.name + "-one";
   one.workers = 1;
   one.shards = 1;
@@ -109,11 +109,12 @@ inline void ExpectBf16WithinOnePointOfFp32(const c10::Device& device) {
   auto data = LoadData(spec.data, spec.seed);
   ASSERT_TRUE(data.ok()) << data.status();
   std::map<std::string, TrainResult> results;
-  for (const std::string precision : {"fp32", "bf16"}) {
+  for (const Precision p : {Precision::kFp32, Precision::kBf16}) {
+    const std::string precision = Name(p);
     Shards shards(1);
     TrainerOptions o;
     o.spec = spec;
-    o.spec.precision = precision;
+    o.spec.precision = p;
     o.device = device;
     o.shards = shards.ptrs;
     o.write_weights = false;

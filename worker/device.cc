@@ -22,18 +22,18 @@ int CudaDevices() {
   }
 }
 
-absl::StatusOr<c10::Device> ResolveDevice(const std::string& spec_device, const std::string& worker_device,
+absl::StatusOr<c10::Device> ResolveDevice(DeviceChoice spec_device, const std::string& worker_device,
                                           int local_rank) {
-  if (spec_device == "cpu") return c10::Device(c10::kCPU);
+  if (spec_device == DeviceChoice::kCpu) return c10::Device(c10::kCPU);
   if (worker_device == "cpu") {
-    if (spec_device == "cuda") {
+    if (spec_device == DeviceChoice::kCuda) {
       return absl::FailedPreconditionError("the job asks for device: cuda, but this worker runs with --device=cpu");
     }
     return c10::Device(c10::kCPU);
   }
   const int n = CudaDevices();
   if (n == 0) {
-    if (spec_device == "cuda" || !worker_device.empty()) {
+    if (spec_device == DeviceChoice::kCuda || !worker_device.empty()) {
       return absl::FailedPreconditionError(
           "device cuda: this worker sees no CUDA device (a LibTorch without CUDA, no driver, or no GPU); "
           "use device: auto or cpu");

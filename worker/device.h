@@ -27,6 +27,7 @@
 #include <thread>
 
 #include "absl/status/statusor.h"
+#include "common/job_spec.h"
 
 namespace pstrain {
 
@@ -39,7 +40,7 @@ int CudaDevices();
 // torchrun's LOCAL_RANK (0 where unset). auto and cuda pick the worker's
 // device, else cuda:(local_rank mod devices); auto falls back to the CPU
 // where there is no CUDA device, cuda fails with FAILED_PRECONDITION.
-absl::StatusOr<c10::Device> ResolveDevice(const std::string& spec_device, const std::string& worker_device,
+absl::StatusOr<c10::Device> ResolveDevice(DeviceChoice spec_device, const std::string& worker_device,
                                           int local_rank);
 
 // A tensor shaped like `like`, on the host, pinned when `device` is an

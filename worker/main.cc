@@ -140,7 +140,7 @@ absl::Status RunJobOrThrow(pstrain::JobSpec spec, int rank, int world_size, cons
   options.world_size = world_size;
   options.device = *device;
   std::unique_ptr<pstrain::AllReduceSetup> allreduce;
-  if (spec.mode == "allreduce") {
+  if (spec.allreduce()) {
     pstrain::AllReduceOptions ao;
     ao.spec = spec;
     ao.rank = rank;

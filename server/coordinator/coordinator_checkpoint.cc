@@ -94,7 +94,7 @@ absl::StatusOr<CheckpointWrite> Coordinator::PauseForCheckpoint(const std::strin
     }
     cv_.WaitWithDeadline(&mu_, std::min(deadline, absl::Now() + absl::Seconds(1)));
   }
-  const bool allreduce = job->spec.mode == "allreduce";
+  const bool allreduce = job->spec.allreduce();
   if (allreduce && c.paused.count(0) == 0) {
     // Worker 0 holds the model in this mode; it finished its steps before
     // reaching the agreed pause, so nobody is left to write it (the job is
@@ -188,7 +188,7 @@ void Coordinator::Restore(const std::string& job_id) {
   job->checkpoint.last_step = manifest->step;
   Transition(*job, RUNNING, "Restored",
              absl::StrCat("step ", manifest->step, " of ", manifest->job, " loaded from ", dir,
-                          spec.mode == "allreduce" ? std::string(" by the workers")
+                          spec.allreduce() ? std::string(" by the workers")
                                                    : absl::StrCat(" onto ", spec.shards, " shard(s)")));
 }
 

@@ -116,7 +116,9 @@ TEST(CoordinatorFencingTest, RequestsOfAnotherAttemptAreRefusedOrIgnored) {
   auto again = Join(*c, "worker", "worker-0", job, /*attempt=*/7);
   ASSERT_TRUE(again.ok());
   for (const auto& m : c->Members()) {
-    if (m.member_id() == again->member_id()) EXPECT_EQ(m.job_id(), "");
+    if (m.member_id() == again->member_id()) {
+      EXPECT_EQ(m.job_id(), "");
+    }
   }
   (void)shard;
 }
@@ -177,7 +179,7 @@ TEST(CoordinatorLimitsTest, KeyValueStoreIsBoundedAndKeepsItsContract) {
 
 TEST(CoordinatorLimitsTest, MalformedEventsAreRefusedAndChangeNothing) {
   auto c = Make();
-  Join(*c, "shard", "shard-0");
+  ASSERT_TRUE(Join(*c, "shard", "shard-0").ok());
   const std::string w = Join(*c, "worker", "worker-0")->member_id();
   const std::string job = Submit(*c);
   // An event without a kind; an oversized one.
@@ -215,8 +217,8 @@ TEST(CoordinatorConcurrencyTest, OnlyOneCheckpointOfAJobRunsAtATime) {
     cv.notify_all();
   };
   auto c = Make(o);
-  Join(*c, "shard", "shard-0");
-  Join(*c, "worker", "worker-0");
+  ASSERT_TRUE(Join(*c, "shard", "shard-0").ok());
+  ASSERT_TRUE(Join(*c, "worker", "worker-0").ok());
   const std::string job = Submit(*c);
   // The job has not reported its model: the first checkpoint waits for it.
   auto first = std::async(std::launch::async, [&] { return c->Checkpoint(job).status(); });

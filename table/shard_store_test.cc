@@ -1,6 +1,5 @@
 #include "table/shard_store.h"
-
-#include "common/file_util.h"
+#include "table/shard_store_testing.h"
 
 #include <gtest/gtest.h>
 
@@ -12,36 +11,8 @@
 namespace pstrain {
 namespace {
 
-TensorBuffer Floats(const std::vector<float>& v, std::vector<int64_t> shape = {}) {
-  if (shape.empty()) shape = {static_cast<int64_t>(v.size())};
-  return TensorBuffer::CopyOf(DT_FLOAT32, shape, v.data(), v.size() * sizeof(float));
-}
+using namespace testing_util;  // NOLINT
 
-// A store whose checkpoint files live under the test's temporary directory.
-ShardStoreOptions Rooted(uint32_t shard = 0, uint32_t shards = 1) {
-  ShardStoreOptions o;
-  o.shard_index = shard;
-  o.num_shards = shards;
-  o.checkpoint_root = *CanonicalRoot(::testing::TempDir() + "/root");
-  return o;
-}
-
-std::vector<float> ToFloats(const TensorBuffer& t) {
-  const float* p = reinterpret_cast<const float*>(t.data);
-  return std::vector<float>(p, p + t.NumElements());
-}
-
-// Classic shared optimizer state, full lr per push (the per-worker default
-// has its own test below).
-TableConfig Config(Consistency consistency, uint32_t workers, double lr = 0.5) {
-  TableConfig c;
-  c.set_shared_async_state(true);
-  c.mutable_optimizer()->set_kind(OptimizerConfig::SGD);
-  c.mutable_optimizer()->set_lr(lr);
-  c.set_consistency(consistency);
-  c.set_num_workers(workers);
-  return c;
-}
 
 class ShardStoreTest : public ::testing::Test {
  protected:
@@ -95,7 +66,7 @@ class ShardStoreTest : public ::testing::Test {
 };
 
 TEST_F(ShardStoreTest, InitTableThenPullReturnsInitialValues) {
-  ASSERT_TRUE(Init(Config(ASYNC, 1)).ok());
+  ASSERT_TRUE(Init(SharedConfig(ASYNC, 1)).ok());
   auto v = Pull({"b", "a"});
   ASSERT_TRUE(v.ok()) << v.status();
   EXPECT_EQ((*v)[0], (std::vector<float>{10, 20}));
@@ -103,19 +74,19 @@ TEST_F(ShardStoreTest, InitTableThenPullReturnsInitialValues) {
 }
 
 TEST_F(ShardStoreTest, InitTableIsIdempotentForTheSameLayoutOnly) {
-  ASSERT_TRUE(Init(Config(ASYNC, 2)).ok());
+  ASSERT_TRUE(Init(SharedConfig(ASYNC, 2)).ok());
   ASSERT_TRUE(Push(0, 0, {"a"}, {Floats({1, 1, 1})}).ok());
   // Same layout and config: kept as is, progress included.
-  ASSERT_TRUE(Init(Config(ASYNC, 2)).ok());
+  ASSERT_TRUE(Init(SharedConfig(ASYNC, 2)).ok());
   EXPECT_EQ((*Pull({"a"}))[0], (std::vector<float>{0.5, 1.5, 2.5}));
   // Different config: refused, nothing changed.
-  absl::Status s = Init(Config(SYNC, 2));
+  absl::Status s = Init(SharedConfig(SYNC, 2));
   EXPECT_EQ(s.code(), absl::StatusCode::kAlreadyExists) << s;
   EXPECT_EQ((*Pull({"a"}))[0], (std::vector<float>{0.5, 1.5, 2.5}));
 }
 
 TEST_F(ShardStoreTest, AsyncAppliesOnArrivalAndARetriedPushOnlyOnce) {
-  ASSERT_TRUE(Init(Config(ASYNC, 2)).ok());
+  ASSERT_TRUE(Init(SharedConfig(ASYNC, 2)).ok());
   PushResponse r;
   ASSERT_TRUE(Push(0, 0, {"a", "b"}, {Floats({2, 2, 2}), Floats({4, 4})}, &r).ok());
   EXPECT_EQ(r.applied(), 2u);
@@ -134,7 +105,7 @@ TEST_F(ShardStoreTest, AsyncAppliesOnArrivalAndARetriedPushOnlyOnce) {
 }
 
 TEST_F(ShardStoreTest, AsyncKeepsMomentumPerWorkerAndScalesLrByWorkers) {
-  TableConfig c = Config(ASYNC, 2, 1.0);
+  TableConfig c = SharedConfig(ASYNC, 2, 1.0);
   c.set_shared_async_state(false);
   c.mutable_optimizer()->set_momentum(0.5);
   ASSERT_TRUE(Init(c).ok());
@@ -147,7 +118,7 @@ TEST_F(ShardStoreTest, AsyncKeepsMomentumPerWorkerAndScalesLrByWorkers) {
 }
 
 TEST_F(ShardStoreTest, SyncAveragesAllWorkersAndPushPullWaitsForTheStep) {
-  ASSERT_TRUE(Init(Config(SYNC, 2, 1.0)).ok());
+  ASSERT_TRUE(Init(SharedConfig(SYNC, 2, 1.0)).ok());
   PushPullRequest req;
   req.set_job("job");
   req.set_worker(0);
@@ -182,7 +153,7 @@ TEST_F(ShardStoreTest, SyncAveragesAllWorkersAndPushPullWaitsForTheStep) {
 }
 
 TEST_F(ShardStoreTest, PulledValuesAreSnapshotsThatLaterPushesDoNotTouch) {
-  ASSERT_TRUE(Init(Config(ASYNC, 1, 1.0)).ok());
+  ASSERT_TRUE(Init(SharedConfig(ASYNC, 1, 1.0)).ok());
   PullRequest req;
   req.set_job("job");
   req.add_keys("a");
@@ -203,7 +174,7 @@ TEST_F(ShardStoreTest, PulledValuesAreSnapshotsThatLaterPushesDoNotTouch) {
 }
 
 TEST_F(ShardStoreTest, PullWithMinVersionWaitsThenFailsAtTheDeadline) {
-  ASSERT_TRUE(Init(Config(ASYNC, 1)).ok());
+  ASSERT_TRUE(Init(SharedConfig(ASYNC, 1)).ok());
   auto v = Pull({"a"}, /*min_version=*/1, absl::Milliseconds(200));
   EXPECT_EQ(v.status().code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_NE(v.status().message().find("key a is at version 0"), absl::string_view::npos)
@@ -219,7 +190,7 @@ TEST_F(ShardStoreTest, PullWithMinVersionWaitsThenFailsAtTheDeadline) {
 }
 
 TEST_F(ShardStoreTest, SspBoundsHowFarAWorkerRunsAhead) {
-  TableConfig c = Config(SSP, 2);
+  TableConfig c = SharedConfig(SSP, 2);
   c.set_staleness(1);
   ASSERT_TRUE(Init(c).ok());
   auto push_pull = [&](uint32_t worker, int64_t step, absl::Duration timeout) {
@@ -252,7 +223,7 @@ TEST_F(ShardStoreTest, BadInputIsRefusedAndChangesNothing) {
   // Before InitTable.
   EXPECT_EQ(Push(0, 0, {"a"}, {Floats({1, 1, 1})}).code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(Pull({"a"}).status().code(), absl::StatusCode::kFailedPrecondition);
-  ASSERT_TRUE(Init(Config(ASYNC, 2)).ok());
+  ASSERT_TRUE(Init(SharedConfig(ASYNC, 2)).ok());
   const std::vector<float> a0{1, 2, 3}, b0{10, 20};
   struct Bad {
     std::string name;
@@ -298,7 +269,7 @@ TEST_F(ShardStoreTest, BadInputIsRefusedAndChangesNothing) {
 }
 
 TEST_F(ShardStoreTest, NonFiniteGradientsCanBeSkippedByPolicy) {
-  TableConfig c = Config(ASYNC, 1);
+  TableConfig c = SharedConfig(ASYNC, 1);
   c.set_nonfinite(NONFINITE_SKIP);
   ASSERT_TRUE(Init(c).ok());
   PushResponse r;
@@ -312,7 +283,7 @@ TEST_F(ShardStoreTest, NonFiniteGradientsCanBeSkippedByPolicy) {
 
 TEST_F(ShardStoreTest, ConcurrentPushesAreAllAppliedExactlyOnce) {
   // Plain SGD with lr 1 adds up, so the final value does not depend on order.
-  ASSERT_TRUE(Init(Config(ASYNC, 8, 1.0)).ok());
+  ASSERT_TRUE(Init(SharedConfig(ASYNC, 8, 1.0)).ok());
   std::vector<std::thread> threads;
   for (uint32_t w = 0; w < 8; ++w) {
     threads.emplace_back([&, w] {
@@ -338,7 +309,7 @@ TEST_F(ShardStoreTest, ConcurrentPushesAreAllAppliedExactlyOnce) {
 }
 
 TEST_F(ShardStoreTest, ShutdownFailsWaitingCallsWithUnavailable) {
-  ASSERT_TRUE(Init(Config(ASYNC, 1)).ok());
+  ASSERT_TRUE(Init(SharedConfig(ASYNC, 1)).ok());
   std::thread waiter([&] {
     auto v = Pull({"a"}, 5, absl::Seconds(30));
     EXPECT_EQ(v.status().code(), absl::StatusCode::kUnavailable);
@@ -352,7 +323,7 @@ TEST_F(ShardStoreTest, ShutdownFailsWaitingCallsWithUnavailable) {
 TEST_F(ShardStoreTest, InitTableRefusesBadTables) {
   InitTableRequest req;
   req.set_job("j");
-  *req.mutable_config() = Config(ASYNC, 1);
+  *req.mutable_config() = SharedConfig(ASYNC, 1);
   req.add_keys("a");
   InitTableResponse resp;
   auto init = [&](std::vector<TensorBuffer> values) {
@@ -376,7 +347,7 @@ TEST_F(ShardStoreTest, InitTableRefusesBadTables) {
 // worker) reads the state out after updates, writes new values and state
 // in, and a checkpoint of the store then carries exactly what it wrote.
 TEST_F(ShardStoreTest, ExportAndImportCarryValuesAndOptimizerState) {
-  TableConfig config = Config(SYNC, 1, 0.5);
+  TableConfig config = SharedConfig(SYNC, 1, 0.5);
   config.mutable_optimizer()->set_momentum(0.9);
   ASSERT_TRUE(Init(config).ok());
   std::vector<float> a(3), a_mom(3), b(2), b_mom(2);
@@ -426,130 +397,6 @@ TEST_F(ShardStoreTest, ExportAndImportCarryValuesAndOptimizerState) {
   bad[0] = {"a", a.data(), {}, 1};
   EXPECT_EQ(store_.ImportChunks("job", bad, 0).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_FALSE(store_.ExportChunks("nojob", &again).ok());
-}
-
-TEST(ShardCheckpointTest, SaveTwoShardsRestoreOntoThree) {
-  TableConfig config = Config(ASYNC, 1, 0.1);
-  config.mutable_optimizer()->set_momentum(0.9);
-  const std::vector<std::string> keys = {"a", "b", "c", "d", "e"};
-  std::vector<std::unique_ptr<ShardStore>> old;
-  std::vector<LoadTableRequest::File> files;
-  for (int s = 0; s < 2; ++s) {
-    old.push_back(std::make_unique<ShardStore>(Rooted(static_cast<uint32_t>(s), 2)));
-    InitTableRequest init;
-    init.set_job("job");
-    *init.mutable_config() = config;
-    std::vector<TensorBuffer> values;
-    for (size_t k = s; k < keys.size(); k += 2) {
-      init.add_keys(keys[k]);
-      values.push_back(Floats({float(k), float(k) + 0.5f}));
-    }
-    InitTableResponse ir;
-    ASSERT_TRUE(WaitFor([&](StatusCallback d) { old[s]->InitTable(init, values, &ir, {}, d); }).ok());
-    for (int step = 0; step < 3; ++step) {
-      PushRequest push;
-      push.set_job("job");
-      push.set_step(step);
-      std::vector<TensorBuffer> grads;
-      for (const auto& k : init.keys()) {
-        push.add_keys(k);
-        grads.push_back(Floats({1, -1}));
-      }
-      PushResponse pr;
-      ASSERT_TRUE(WaitFor([&](StatusCallback d) { old[s]->Push(push, grads, &pr, {}, d); }).ok());
-    }
-    SaveTableRequest save;
-    save.set_job("job");
-    save.set_path("ckpt-1/shard-" + std::to_string(s));
-    SaveTableResponse saved;
-    ASSERT_TRUE(WaitFor([&](StatusCallback d) { old[s]->SaveTable(save, &saved, {}, d); }).ok());
-    EXPECT_EQ(saved.min_version(), 3);
-    LoadTableRequest::File f;
-    f.set_path(saved.path());
-    f.set_crc32(saved.crc32());
-    f.set_bytes(saved.bytes());
-    files.push_back(f);
-  }
-  auto pull = [](ShardStore& store, const std::string& key) {
-    PullRequest req;
-    req.set_job("job");
-    req.add_keys(key);
-    PullResponse resp;
-    std::vector<TensorBuffer> values;
-    EXPECT_TRUE(WaitFor([&](StatusCallback d) { store.Pull(req, &resp, &values, {}, d); }).ok());
-    return values.empty() ? std::vector<float>{} : ToFloats(values[0]);
-  };
-  std::vector<std::unique_ptr<ShardStore>> fresh;
-  for (int s = 0; s < 3; ++s) {
-    fresh.push_back(std::make_unique<ShardStore>(Rooted(static_cast<uint32_t>(s), 3)));
-    LoadTableRequest load;
-    load.set_job("job");
-    *load.mutable_config() = config;
-    for (const auto& f : files) *load.add_files() = f;
-    for (size_t k = s; k < keys.size(); k += 3) load.add_keys(keys[k]);
-    LoadTableResponse lr;
-    absl::Status st = WaitFor([&](StatusCallback d) { fresh[s]->LoadTable(load, &lr, {}, d); });
-    ASSERT_TRUE(st.ok()) << st;
-    EXPECT_EQ(lr.min_version(), 3);
-  }
-  for (size_t k = 0; k < keys.size(); ++k) {
-    ShardStore& before = *old[k % 2];
-    ShardStore& after = *fresh[k % 3];
-    EXPECT_EQ(pull(before, keys[k]), pull(after, keys[k])) << keys[k];
-    // The same next push gives the same result: momentum carried over.
-    for (ShardStore* store : {&before, &after}) {
-      PushRequest push;
-      push.set_job("job");
-      push.set_step(3);
-      push.add_keys(keys[k]);
-      PushResponse pr;
-      ASSERT_TRUE(WaitFor([&](StatusCallback d) { store->Push(push, {Floats({2, 2})}, &pr, {}, d); }).ok());
-      EXPECT_EQ(pr.applied(), 1u);
-    }
-    EXPECT_EQ(pull(before, keys[k]), pull(after, keys[k])) << keys[k];
-  }
-}
-
-TEST(ShardCheckpointTest, CorruptOrIncompleteCheckpointsAreRefused) {
-  ShardStore store{Rooted()};
-  InitTableRequest init;
-  init.set_job("job");
-  *init.mutable_config() = Config(ASYNC, 1);
-  init.add_keys("a");
-  InitTableResponse ir;
-  ASSERT_TRUE(WaitFor([&](StatusCallback d) { store.InitTable(init, {Floats({1, 2})}, &ir, {}, d); }).ok());
-  SaveTableRequest save;
-  save.set_job("job");
-  save.set_path("ckpt-corrupt");
-  SaveTableResponse saved;
-  ASSERT_TRUE(WaitFor([&](StatusCallback d) { store.SaveTable(save, &saved, {}, d); }).ok());
-  auto load = [&](const std::string& job, std::vector<std::string> keys, uint32_t crc) {
-    ShardStore target{Rooted()};
-    LoadTableRequest req;
-    req.set_job(job);
-    *req.mutable_config() = Config(ASYNC, 1);
-    auto* f = req.add_files();
-    f->set_path(saved.path());
-    f->set_crc32(crc);
-    f->set_bytes(saved.bytes());
-    for (auto& k : keys) req.add_keys(k);
-    LoadTableResponse lr;
-    return WaitFor([&](StatusCallback d) { target.LoadTable(req, &lr, {}, d); });
-  };
-  EXPECT_TRUE(load("job", {"a"}, saved.crc32()).ok());
-  absl::Status s = load("job", {"a"}, saved.crc32() ^ 1);
-  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
-  EXPECT_NE(s.message().find("ckpt-corrupt"), absl::string_view::npos) << s;
-  s = load("job", {"a", "zzz"}, saved.crc32());
-  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
-  EXPECT_NE(s.message().find("zzz"), absl::string_view::npos) << s;
-  // A truncated file.
-  const std::string file = Rooted().checkpoint_root + "/" + saved.path();
-  std::string bytes = *ReadFile(file);
-  ASSERT_TRUE(WriteFileAtomically(file, bytes.substr(0, bytes.size() / 2)).ok());
-  s = load("job", {"a"}, saved.crc32());
-  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
-  EXPECT_NE(s.message().find("truncated"), absl::string_view::npos) << s;
 }
 
 }  // namespace

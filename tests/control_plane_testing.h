@@ -1,0 +1,195 @@
+// The control-plane tests' cluster: a coordinator, a pool of shards and
+// workers registered with it (real processes), and the pstrain CLI.
+#ifndef PSTRAIN_TESTS_CONTROL_PLANE_TESTING_H_
+#define PSTRAIN_TESTS_CONTROL_PLANE_TESTING_H_
+
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <regex>
+
+#include "absl/strings/str_replace.h"
+#include "common/file_util.h"
+#include "tests/child_process.h"
+
+namespace pstrain {
+
+// GET /metrics over a plain socket.
+inline std::string Scrape(const std::string& host_port) {
+  const int port = std::stoi(host_port.substr(host_port.rfind(':') + 1));
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(port);
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(fd);
+    return "";
+  }
+  const std::string req = "GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n";
+  (void)!write(fd, req.data(), req.size());
+  std::string out;
+  char buf[4096];
+  ssize_t n;
+  while ((n = read(fd, buf, sizeof(buf))) > 0) out.append(buf, n);
+  close(fd);
+  return out;
+}
+
+struct CliResult {
+  int code;
+  std::string out;
+};
+
+class ControlPlaneTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = MakeTempDir("control");
+    StartCoordinator(0);
+    StartPool(1, 2);
+  }
+
+  void StartPool(int shards, int workers, int first_shard = 0) {
+    for (int i = first_shard; i < first_shard + shards; ++i) {
+      pool_.push_back(Start("shard-" + std::to_string(i),
+                            {"server/ps/pstrain-ps", "--host=127.0.0.1", "--port=0", "--advertise_host=127.0.0.1",
+                             "--coordinator=" + coordinator_, "--name=shard-" + std::to_string(i),
+                             "--checkpoint_root=" + dir_}));
+    }
+    for (int r = 0; r < workers; ++r) {
+      const std::string name = "worker-" + std::to_string(r);
+      pool_.push_back(Start(name, {"worker/pstrain-worker", "--coordinator=" + coordinator_, "--name=" + name,
+                                   "--gloo_hostname=127.0.0.1", "--metrics_host=127.0.0.1", "--metrics_port=0",
+                                   "--metrics_port_file=" + dir_ + "/" + name + ".metrics"}));
+    }
+    // Wait until the pool has registered.
+    const std::string last = workers > 0 ? "worker-" + std::to_string(workers - 1)
+                                          : "shard-" + std::to_string(first_shard + shards - 1);
+    const absl::Time deadline = absl::Now() + absl::Seconds(60);
+    while (Cli({"cluster"}).out.find(last) == std::string::npos) {
+      ASSERT_LT(absl::Now(), deadline) << Cli({"cluster"}).out;
+      absl::SleepFor(absl::Milliseconds(100));
+    }
+  }
+
+  // SIGKILL the coordinator and every member.
+  void KillEverything() {
+    coordinator_process_->Signal(SIGKILL);
+    coordinator_process_->Wait();
+    for (auto& p : pool_) {
+      p->Signal(SIGKILL);
+      p->Wait();
+    }
+    pool_.clear();
+  }
+
+  void StartCoordinator(int port) {
+    const std::string port_file = dir_ + "/coordinator.addr";
+    std::filesystem::remove(port_file);
+    coordinator_process_ = Start("coordinator", {"server/coordinator/pstrain-coordinator", "--host=127.0.0.1",
+                                                 "--port=" + std::to_string(port), "--port_file=" + port_file,
+                                                 "--db=" + dir_ + "/jobs.db", "--heartbeat_ms=100",
+                                                 "--checkpoint_root=" + dir_,
+                                                 "--missed_heartbeats=20", "--metrics_port=0",
+                                                 "--metrics_port_file=" + dir_ + "/metrics.addr"});
+    auto addr = WaitForAddressFile(port_file, absl::Seconds(30));
+    ASSERT_TRUE(addr.ok()) << addr.status();
+    coordinator_ = *addr;
+  }
+
+  std::unique_ptr<ChildProcess> Start(const std::string& name, const std::vector<std::string>& argv) {
+    auto child = ChildProcess::Start(argv, dir_ + "/" + name + ".log");
+    EXPECT_TRUE(child.ok());
+    return std::move(*child);
+  }
+
+  CliResult Cli(std::vector<std::string> args, absl::Duration timeout = absl::Seconds(120)) {
+    std::vector<std::string> argv = {"client/pstrain", "--coordinator", coordinator_};
+    argv.insert(argv.end(), args.begin(), args.end());
+    const std::string log = dir_ + "/cli.out";
+    auto child = ChildProcess::Start(argv, log);
+    int code = (*child)->Wait(timeout);
+    return {code, ReadFile(log).value_or("")};
+  }
+
+  std::string Spec(const std::string& name, int epochs, int64_t max_steps) {
+    const std::string path = dir_ + "/" + name + ".yaml";
+    EXPECT_TRUE(WriteFileAtomically(path, "name: " + name + "\nmodel: mlp\n"
+                                          "data: {format: synthetic, synthetic_train: 4096, synthetic_test: 512}\n"
+                                          "workers: 2\nshards: 1\nbatch_size: 32\nlog_every_steps: 5\n"
+                                          "output_dir: " + dir_ + "/out\n"
+                                          "epochs: " + std::to_string(epochs) +
+                                          "\nmax_steps: " + std::to_string(max_steps) + "\n").ok());
+    return path;
+  }
+
+  std::string Submit(const std::string& spec) {
+    CliResult r = Cli({"submit", spec, "--output_dir", dir_ + "/out"});
+    EXPECT_EQ(r.code, 0) << r.out;
+    std::smatch m;
+    EXPECT_TRUE(std::regex_search(r.out, m, std::regex("job-\\d+"))) << r.out;
+    return m.str();
+  }
+
+  std::string State(const std::string& job) {
+    CliResult r = Cli({"status", job, "-o", "json"});
+    std::smatch m;
+    if (!std::regex_search(r.out, m, std::regex("\"state\": \"([A-Z]+)\""))) return r.out;
+    return m[1];
+  }
+
+  // A SYNC job of 2 workers and 1 shard, long enough to be drained mid-run.
+  std::string DrainSpec() {
+    const std::string path = dir_ + "/drain.yaml";
+    EXPECT_TRUE(WriteFileAtomically(path, "name: drain\nmodel: mlp\nconsistency: sync\nworkers: 2\nshards: 1\n"
+                                          "data: {format: synthetic, synthetic_train: 60000}\nepochs: 100\n"
+                                          "max_steps: 600\nbatch_size: 16\nlog_every_steps: 5\n").ok());
+    return path;
+  }
+
+  // The last lines of every process's log, for failure messages.
+  std::string Logs() {
+    std::string out;
+    for (const auto& entry : std::filesystem::directory_iterator(dir_)) {
+      if (entry.path().extension() != ".log") continue;
+      const std::string text = ReadFile(entry.path().string()).value_or("");
+      size_t start = text.size();
+      for (int lines = 0; start > 0 && lines < 12; --start) lines += text[start - 1] == '\n' ? 1 : 0;
+      out += "--- " + entry.path().filename().string() + "\n" + text.substr(start);
+    }
+    return out;
+  }
+
+  // Until the job's slowest worker has reached `step`.
+  void WaitForStep(const std::string& job, int64_t step, absl::Duration timeout = absl::Seconds(60)) {
+    const absl::Time deadline = absl::Now() + timeout;
+    while (true) {
+      CliResult st = Cli({"status", job, "-o", "json"});
+      std::smatch m;
+      if (std::regex_search(st.out, m, std::regex("\"step\": \"(\\d+)\"")) && std::stoll(m[1]) >= step) return;
+      ASSERT_LT(absl::Now(), deadline) << st.out;
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+  }
+
+  void WaitForState(const std::string& job, const std::string& state, absl::Duration timeout) {
+    const absl::Time deadline = absl::Now() + timeout;
+    while (State(job) != state) {
+      ASSERT_LT(absl::Now(), deadline) << Cli({"status", job}).out;
+      absl::SleepFor(absl::Milliseconds(100));
+    }
+  }
+
+  std::string dir_, coordinator_;
+  std::unique_ptr<ChildProcess> coordinator_process_;
+  std::vector<std::unique_ptr<ChildProcess>> pool_;
+};
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_TESTS_CONTROL_PLANE_TESTING_H_

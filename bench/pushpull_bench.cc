@@ -2,8 +2,8 @@
 // worker (bench/run.sh starts the shards and the workers), and the tensor
 // codec's encode/decode speed.
 //
-//   pushpull_bench --role=worker --shards=H:P,H:P --model=flat --worker=0 \
-//       --num_workers=2 --start_at_ms=... --seconds=8
+//   pushpull_bench --role=worker --shards=H:P,H:P --model=flat --worker=0
+//       --num_workers=2 --start_at_ms=... --seconds=8   (one command line)
 //   pushpull_bench --role=codec
 //
 // Each prints one JSON object on its last line.

@@ -134,6 +134,78 @@ absl::StatusOr<JobSpec> ParseJobSpec(const std::string& yaml, const std::string&
 
 namespace {
 
+absl::Status ReadData(MappingReader& d, DataSpec& ds) {
+  RETURN_IF_ERROR(d.Read("format", &ds.format));
+  RETURN_IF_ERROR(d.Read("dir", &ds.dir));
+  RETURN_IF_ERROR(d.Read("train_images", &ds.train_images));
+  RETURN_IF_ERROR(d.Read("train_labels", &ds.train_labels));
+  RETURN_IF_ERROR(d.Read("test_images", &ds.test_images));
+  RETURN_IF_ERROR(d.Read("test_labels", &ds.test_labels));
+  RETURN_IF_ERROR(d.Read("train_csv", &ds.train_csv));
+  RETURN_IF_ERROR(d.Read("test_csv", &ds.test_csv));
+  RETURN_IF_ERROR(d.Read("synthetic_train", &ds.synthetic_train));
+  RETURN_IF_ERROR(d.Read("synthetic_test", &ds.synthetic_test));
+  RETURN_IF_ERROR(d.Read("num_classes", &ds.num_classes));
+  RETURN_IF_ERROR(d.Read("mean", &ds.mean));
+  RETURN_IF_ERROR(d.Read("std", &ds.std));
+  RETURN_IF_ERROR(d.Read("limit_train", &ds.limit_train));
+  RETURN_IF_ERROR(d.Read("limit_test", &ds.limit_test));
+  return absl::OkStatus();
+}
+
+// The values of a spec whose fields were read: each in its range, and
+// consistent with the others.
+absl::Status CheckValues(const JobSpec& spec, const MappingReader& r) {
+  if (spec.name.empty()) return r.Error("name", "must not be empty");
+  if (spec.collective_timeout_s < 1) return r.Error("collective_timeout_s", "must be >= 1");
+  if (spec.allreduce()) {
+    if (spec.shards != 0) return r.Error("shards", "must be 0 in allreduce mode (workers reduce among themselves)");
+    if (spec.consistency != SYNC) return r.Error("consistency", "must be sync in allreduce mode");
+  }
+  if (spec.model != "mlp" && spec.model != "lenet" && spec.model.rfind("torchscript:", 0) != 0) {
+    return r.Error("model", absl::StrCat("'", spec.model, "' is unknown: use mlp, lenet or torchscript:<path to a ",
+                                         "saved scripted module>"));
+  }
+  if (spec.model == "torchscript:") return r.Error("model", "torchscript: needs a path");
+  const DataSpec& d = spec.data;
+  if (d.format != "idx" && d.format != "csv" && d.format != "synthetic") {
+    return r.Error("data.format", "must be idx, csv or synthetic");
+  }
+  if (d.format == "csv" && (d.train_csv.empty() || d.test_csv.empty())) {
+    return r.Error("data.train_csv", "and data.test_csv are needed for format csv");
+  }
+  if (d.synthetic_train < 1 || d.synthetic_test < 1) {
+    return r.Error("data.synthetic_train", "and synthetic_test must be >= 1");
+  }
+  if (d.num_classes < 2) return r.Error("data.num_classes", "must be >= 2");
+  if (!(d.std > 0)) return r.Error("data.std", "must be > 0");
+  if (d.limit_train < 0 || d.limit_test < 0) return r.Error("data.limit_train", "must be >= 0");
+  if (!(spec.optimizer.lr() > 0)) return r.Error("optimizer.lr", "must be > 0");
+  const auto& ls = spec.lr_schedule;
+  if (ls.kind != "constant" && ls.kind != "step" && ls.kind != "cosine") {
+    return r.Error("lr_schedule.kind", "must be constant, step or cosine");
+  }
+  if (ls.step_epochs < 1) return r.Error("lr_schedule.step_epochs", "must be >= 1");
+  if (!(ls.gamma > 0)) return r.Error("lr_schedule.gamma", "must be > 0");
+  if (ls.warmup_steps < 0) return r.Error("lr_schedule.warmup_steps", "must be >= 0");
+  if (spec.workers < 1 || spec.workers > 1024) return r.Error("workers", "must be in 1..1024");
+  if (!spec.allreduce() && (spec.shards < 1 || spec.shards > 1024)) return r.Error("shards", "must be in 1..1024");
+  if (spec.epochs < 1) return r.Error("epochs", "must be >= 1");
+  if (spec.batch_size < 1) return r.Error("batch_size", "must be >= 1");
+  if (spec.accumulate_steps < 1) return r.Error("accumulate_steps", "must be >= 1");
+  if (spec.clip_grad_norm < 0) return r.Error("clip_grad_norm", "must be >= 0 (0 turns it off)");
+  if (spec.threads_per_worker < 1) return r.Error("threads_per_worker", "must be >= 1");
+  if (spec.chunk_bytes < 1024) return r.Error("chunk_bytes", "must be >= 1024");
+  if (spec.bucket_bytes < 1) return r.Error("bucket_bytes", "must be >= 1");
+  if (spec.max_steps < 0) return r.Error("max_steps", "must be >= 0");
+  if (spec.output_dir.empty()) return r.Error("output_dir", "must not be empty");
+  if (spec.checkpoint_every_steps < 0) return r.Error("checkpoint_every_steps", "must be >= 0");
+  if (spec.checkpoint_keep < 1) return r.Error("checkpoint_keep", "must be >= 1");
+  if (spec.max_restarts < 0) return r.Error("max_restarts", "must be >= 0");
+  if (spec.log_every_steps < 1) return r.Error("log_every_steps", "must be >= 1");
+  return absl::OkStatus();
+}
+
 absl::StatusOr<JobSpec> ParseJobSpecOrThrow(const std::string& yaml, const std::string& origin) {
   YAML::Node root;
   try {
@@ -171,25 +243,7 @@ absl::StatusOr<JobSpec> ParseJobSpecOrThrow(const std::string& yaml, const std::
     spec.bucket_bytes = 25 << 20;
   }
   RETURN_IF_ERROR(r.Read("model", &spec.model));
-  RETURN_IF_ERROR(r.Nested("data", [&](MappingReader& d) {
-    DataSpec& ds = spec.data;
-    RETURN_IF_ERROR(d.Read("format", &ds.format));
-    RETURN_IF_ERROR(d.Read("dir", &ds.dir));
-    RETURN_IF_ERROR(d.Read("train_images", &ds.train_images));
-    RETURN_IF_ERROR(d.Read("train_labels", &ds.train_labels));
-    RETURN_IF_ERROR(d.Read("test_images", &ds.test_images));
-    RETURN_IF_ERROR(d.Read("test_labels", &ds.test_labels));
-    RETURN_IF_ERROR(d.Read("train_csv", &ds.train_csv));
-    RETURN_IF_ERROR(d.Read("test_csv", &ds.test_csv));
-    RETURN_IF_ERROR(d.Read("synthetic_train", &ds.synthetic_train));
-    RETURN_IF_ERROR(d.Read("synthetic_test", &ds.synthetic_test));
-    RETURN_IF_ERROR(d.Read("num_classes", &ds.num_classes));
-    RETURN_IF_ERROR(d.Read("mean", &ds.mean));
-    RETURN_IF_ERROR(d.Read("std", &ds.std));
-    RETURN_IF_ERROR(d.Read("limit_train", &ds.limit_train));
-    RETURN_IF_ERROR(d.Read("limit_test", &ds.limit_test));
-    return absl::OkStatus();
-  }));
+  RETURN_IF_ERROR(r.Nested("data", [&](MappingReader& d) { return ReadData(d, spec.data); }));
   std::string kind = "sgd";
   RETURN_IF_ERROR(r.Nested("optimizer", [&](MappingReader& o) {
     double lr = spec.optimizer.lr(), momentum = 0, dampening = 0, wd = 0, beta1 = 0, beta2 = 0,
@@ -255,39 +309,6 @@ absl::StatusOr<JobSpec> ParseJobSpecOrThrow(const std::string& yaml, const std::
   RETURN_IF_ERROR(r.Read("log_every_steps", &spec.log_every_steps));
   RETURN_IF_ERROR(r.Check());
 
-  // Values.
-  if (spec.name.empty()) return r.Error("name", "must not be empty");
-  if (spec.collective_timeout_s < 1) return r.Error("collective_timeout_s", "must be >= 1");
-  if (spec.allreduce()) {
-    if (spec.shards != 0) return r.Error("shards", "must be 0 in allreduce mode (workers reduce among themselves)");
-    if (consistency != "sync") return r.Error("consistency", "must be sync in allreduce mode");
-  }
-  if (spec.model != "mlp" && spec.model != "lenet" && spec.model.rfind("torchscript:", 0) != 0) {
-    return r.Error("model", absl::StrCat("'", spec.model, "' is unknown: use mlp, lenet or torchscript:<path to a ",
-                                         "saved scripted module>"));
-  }
-  if (spec.model == "torchscript:") return r.Error("model", "torchscript: needs a path");
-  const DataSpec& d = spec.data;
-  if (d.format != "idx" && d.format != "csv" && d.format != "synthetic") {
-    return r.Error("data.format", "must be idx, csv or synthetic");
-  }
-  if (d.format == "csv" && (d.train_csv.empty() || d.test_csv.empty())) {
-    return r.Error("data.train_csv", "and data.test_csv are needed for format csv");
-  }
-  if (d.synthetic_train < 1 || d.synthetic_test < 1) {
-    return r.Error("data.synthetic_train", "and synthetic_test must be >= 1");
-  }
-  if (d.num_classes < 2) return r.Error("data.num_classes", "must be >= 2");
-  if (!(d.std > 0)) return r.Error("data.std", "must be > 0");
-  if (d.limit_train < 0 || d.limit_test < 0) return r.Error("data.limit_train", "must be >= 0");
-  if (!(spec.optimizer.lr() > 0)) return r.Error("optimizer.lr", "must be > 0");
-  const auto& ls = spec.lr_schedule;
-  if (ls.kind != "constant" && ls.kind != "step" && ls.kind != "cosine") {
-    return r.Error("lr_schedule.kind", "must be constant, step or cosine");
-  }
-  if (ls.step_epochs < 1) return r.Error("lr_schedule.step_epochs", "must be >= 1");
-  if (!(ls.gamma > 0)) return r.Error("lr_schedule.gamma", "must be > 0");
-  if (ls.warmup_steps < 0) return r.Error("lr_schedule.warmup_steps", "must be >= 0");
   if (consistency == "async") {
     spec.consistency = ASYNC;
   } else if (consistency == "sync") {
@@ -297,21 +318,7 @@ absl::StatusOr<JobSpec> ParseJobSpecOrThrow(const std::string& yaml, const std::
   } else {
     return r.Error("consistency", "must be async, sync or ssp");
   }
-  if (spec.workers < 1 || spec.workers > 1024) return r.Error("workers", "must be in 1..1024");
-  if (!spec.allreduce() && (spec.shards < 1 || spec.shards > 1024)) return r.Error("shards", "must be in 1..1024");
-  if (spec.epochs < 1) return r.Error("epochs", "must be >= 1");
-  if (spec.batch_size < 1) return r.Error("batch_size", "must be >= 1");
-  if (spec.accumulate_steps < 1) return r.Error("accumulate_steps", "must be >= 1");
-  if (spec.clip_grad_norm < 0) return r.Error("clip_grad_norm", "must be >= 0 (0 turns it off)");
-  if (spec.threads_per_worker < 1) return r.Error("threads_per_worker", "must be >= 1");
-  if (spec.chunk_bytes < 1024) return r.Error("chunk_bytes", "must be >= 1024");
-  if (spec.bucket_bytes < 1) return r.Error("bucket_bytes", "must be >= 1");
-  if (spec.max_steps < 0) return r.Error("max_steps", "must be >= 0");
-  if (spec.output_dir.empty()) return r.Error("output_dir", "must not be empty");
-  if (spec.checkpoint_every_steps < 0) return r.Error("checkpoint_every_steps", "must be >= 0");
-  if (spec.checkpoint_keep < 1) return r.Error("checkpoint_keep", "must be >= 1");
-  if (spec.max_restarts < 0) return r.Error("max_restarts", "must be >= 0");
-  if (spec.log_every_steps < 1) return r.Error("log_every_steps", "must be >= 1");
+  RETURN_IF_ERROR(CheckValues(spec, r));
   return spec;
 }
 

@@ -55,6 +55,79 @@ ABSL_FLAG(int64_t, max_memory_mb, 0,
 ABSL_FLAG(std::string, advertise_host, "",
           "Host name or address other processes reach this shard at (default: the hostname).");
 
+namespace {
+
+// The flags' ranges; says which is wrong.
+bool FlagsValid(int shard_index, int num_shards) {
+  const int port = absl::GetFlag(FLAGS_port);
+  const int max_mb = absl::GetFlag(FLAGS_max_message_mb);
+  if (num_shards < 1 || shard_index < 0 || shard_index >= num_shards) {
+    spdlog::error("pstrain-ps: need 0 <= --shard_index < --num_shards (got {}, {})",
+                 shard_index, num_shards);
+    return false;
+  }
+  if (port < 0 || port > 65535) {
+    spdlog::error("pstrain-ps: --port must be in 0..65535 (got {})", port);
+    return false;
+  }
+  if (max_mb < 1 || max_mb > 2047) {
+    spdlog::error("pstrain-ps: --max_message_mb must be in 1..2047 (got {})", max_mb);
+    return false;
+  }
+  if (absl::GetFlag(FLAGS_max_wait_s) < 1) {
+    spdlog::error("pstrain-ps: --max_wait_s must be >= 1");
+    return false;
+  }
+  if (absl::GetFlag(FLAGS_max_memory_mb) < 0) {
+    spdlog::error("pstrain-ps: --max_memory_mb must be >= 0");
+    return false;
+  }
+  return true;
+}
+
+// Registers with the coordinator as a shard of its pool.
+absl::StatusOr<std::unique_ptr<pstrain::ClusterMember>> JoinCoordinator(int port) {
+  pstrain::ClusterMemberOptions mo;
+  mo.coordinator = absl::GetFlag(FLAGS_coordinator);
+  mo.role = "shard";
+  mo.name = pstrain::MemberName(absl::GetFlag(FLAGS_name));
+  const std::string advertise =
+      absl::GetFlag(FLAGS_advertise_host).empty() ? pstrain::HostName() : absl::GetFlag(FLAGS_advertise_host);
+  mo.address = absl::StrCat(advertise, ":", port);
+  auto member = std::make_unique<pstrain::ClusterMember>(mo);
+  absl::Status s = member->Start(absl::Seconds(60));
+  if (!s.ok()) return s;
+  return member;
+}
+
+// SIGTERM while serving a job: the job is checkpointed and requeued by the
+// coordinator (which then takes it off this shard) before the shard goes;
+// SIGINT or a second signal, or the timeout, ends the wait.
+void Drain(pstrain::ClusterMember& member, pstrain::ShardStore& store, const sigset_t& stop, int shard_index) {
+  const std::string job = member.job_id();
+  spdlog::info("pstrain-ps: SIGTERM: draining {} (checkpoint, then requeue; at most {} s)", job,
+               absl::GetFlag(FLAGS_drain_timeout_s));
+  pstrain::WorkerEvent draining;
+  draining.set_rank(shard_index);
+  draining.mutable_draining()->set_role("shard");
+  member.Report(draining);
+  const absl::Time deadline = absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_drain_timeout_s));
+  const timespec tick{0, 100 * 1000 * 1000};
+  while (member.job_id() == job && absl::Now() < deadline) {
+    if (sigtimedwait(&stop, nullptr, &tick) > 0) break;
+  }
+  // Its table goes now (the coordinator drops it too): a worker still
+  // waiting on it gets a final error at once, not UNAVAILABLE, which it
+  // would retry against this shard until its deadline.
+  pstrain::DropTableRequest drop;
+  drop.set_job(job);
+  drop.set_attempt(std::numeric_limits<uint64_t>::max());  // whichever attempt it is
+  pstrain::DropTableResponse dropped;
+  (void)pstrain::WaitFor([&](pstrain::StatusCallback done) { store.DropTable(drop, &dropped, {}, done); });
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("pstrain parameter shard server");
   pstrain::StartBinary("pstrain-ps", argc, argv);
@@ -69,23 +142,7 @@ int main(int argc, char** argv) {
                              : std::max(absl::GetFlag(FLAGS_num_shards), shard_index + 1);
   const int port = absl::GetFlag(FLAGS_port);
   const int max_mb = absl::GetFlag(FLAGS_max_message_mb);
-  if (num_shards < 1 || shard_index < 0 || shard_index >= num_shards) {
-    spdlog::error("pstrain-ps: need 0 <= --shard_index < --num_shards (got {}, {})",
-                 shard_index, num_shards);
-    return 2;
-  }
-  if (port < 0 || port > 65535) {
-    spdlog::error("pstrain-ps: --port must be in 0..65535 (got {})", port);
-    return 2;
-  }
-  if (max_mb < 1 || max_mb > 2047) {
-    spdlog::error("pstrain-ps: --max_message_mb must be in 1..2047 (got {})", max_mb);
-    return 2;
-  }
-  if (absl::GetFlag(FLAGS_max_wait_s) < 1) {
-    spdlog::error("pstrain-ps: --max_wait_s must be >= 1");
-    return 2;
-  }
+  if (!FlagsValid(shard_index, num_shards)) return 2;
 
   // Block the stop signals in every thread; this one waits for them below.
   sigset_t stop;
@@ -98,10 +155,6 @@ int main(int argc, char** argv) {
   store_options.shard_index = static_cast<uint32_t>(shard_index);
   store_options.num_shards = static_cast<uint32_t>(num_shards);
   store_options.max_wait = absl::Seconds(absl::GetFlag(FLAGS_max_wait_s));
-  if (absl::GetFlag(FLAGS_max_memory_mb) < 0) {
-    spdlog::error("pstrain-ps: --max_memory_mb must be >= 0");
-    return 2;
-  }
   store_options.max_bytes = static_cast<uint64_t>(absl::GetFlag(FLAGS_max_memory_mb)) << 20;
   auto root = pstrain::CanonicalRoot(absl::GetFlag(FLAGS_checkpoint_root));
   if (!root.ok()) {
@@ -145,51 +198,17 @@ int main(int argc, char** argv) {
 
   std::unique_ptr<pstrain::ClusterMember> member;
   if (!absl::GetFlag(FLAGS_coordinator).empty()) {
-    char host[256] = "localhost";
-    gethostname(host, sizeof(host) - 1);
-    pstrain::ClusterMemberOptions mo;
-    mo.coordinator = absl::GetFlag(FLAGS_coordinator);
-    mo.role = "shard";
-    mo.name = absl::GetFlag(FLAGS_name).empty() ? absl::StrCat(host, "-", getpid())
-                                                : absl::GetFlag(FLAGS_name);
-    const std::string advertise =
-        absl::GetFlag(FLAGS_advertise_host).empty() ? host : absl::GetFlag(FLAGS_advertise_host);
-    mo.address = absl::StrCat(advertise, ":", (*server)->port());
-    member = std::make_unique<pstrain::ClusterMember>(mo);
-    absl::Status s = member->Start(absl::Seconds(60));
-    if (!s.ok()) {
-      spdlog::error("pstrain-ps: {}", s.ToString());
+    auto joined = JoinCoordinator((*server)->port());
+    if (!joined.ok()) {
+      spdlog::error("pstrain-ps: {}", joined.status().ToString());
       return 1;
     }
+    member = std::move(*joined);
   }
 
   int sig = 0;
   sigwait(&stop, &sig);
-  if (sig == SIGTERM && member && !member->job_id().empty()) {
-    // Drain: the job this shard serves is checkpointed and requeued by the
-    // coordinator (which then takes the job off this shard) before the shard
-    // goes; SIGINT or a second signal, or the timeout, ends the wait.
-    const std::string job = member->job_id();
-    spdlog::info("pstrain-ps: SIGTERM: draining {} (checkpoint, then requeue; at most {} s)", job,
-                 absl::GetFlag(FLAGS_drain_timeout_s));
-    pstrain::WorkerEvent draining;
-    draining.set_rank(shard_index);
-    draining.mutable_draining()->set_role("shard");
-    member->Report(draining);
-    const absl::Time deadline = absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_drain_timeout_s));
-    const timespec tick{0, 100 * 1000 * 1000};
-    while (member->job_id() == job && absl::Now() < deadline) {
-      if (sigtimedwait(&stop, nullptr, &tick) > 0) break;
-    }
-    // Its table goes now (the coordinator drops it too): a worker still
-    // waiting on it gets a final error at once, not UNAVAILABLE, which it
-    // would retry against this shard until its deadline.
-    pstrain::DropTableRequest drop;
-    drop.set_job(job);
-    drop.set_attempt(std::numeric_limits<uint64_t>::max());  // whichever attempt it is
-    pstrain::DropTableResponse dropped;
-    (void)pstrain::WaitFor([&](pstrain::StatusCallback done) { store.DropTable(drop, &dropped, {}, done); });
-  }
+  if (sig == SIGTERM && member && !member->job_id().empty()) Drain(*member, store, stop, shard_index);
   if (member) member->Stop();
   spdlog::info("pstrain-ps: signal {}, draining", sig);
   store.Shutdown();

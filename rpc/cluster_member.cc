@@ -1,5 +1,7 @@
 #include "rpc/cluster_member.h"
 
+#include <unistd.h>
+
 #include <grpcpp/client_context.h>
 
 #include "absl/strings/str_cat.h"
@@ -8,6 +10,16 @@
 #include "spdlog/spdlog.h"
 
 namespace pstrain {
+
+std::string HostName() {
+  char host[256] = {};
+  if (gethostname(host, sizeof(host) - 1) != 0 || host[0] == '\0') return "localhost";
+  return host;
+}
+
+std::string MemberName(const std::string& flag_name) {
+  return flag_name.empty() ? absl::StrCat(HostName(), "-", getpid()) : flag_name;
+}
 namespace {
 
 constexpr size_t kMaxQueuedEvents = 1000;
@@ -26,16 +38,16 @@ ClusterMember::~ClusterMember() { Stop(); }
 
 void ClusterMember::Stop() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     stop_ = true;
-    cv_.notify_all();
+    cv_.SignalAll();
   }
   if (heartbeat_.joinable()) heartbeat_.join();
   if (sender_.joinable()) sender_.join();
 }
 
 std::string ClusterMember::member_id() {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return member_id_;
 }
 
@@ -45,7 +57,7 @@ absl::Status ClusterMember::RegisterOnce() {
   req.set_name(options_.name);
   req.set_address(options_.address);
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     req.set_job_id(job_id_);
     req.set_rank(rank_);
     req.set_attempt(attempt_);
@@ -55,7 +67,7 @@ absl::Status ClusterMember::RegisterOnce() {
   SetDeadline(&ctx, options_.rpc_timeout);
   absl::Status s = FromGrpcStatus(stub_->Register(&ctx, req, &resp));
   if (!s.ok()) return s;
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   member_id_ = resp.member_id();
   interval_ = absl::Milliseconds(std::max<int64_t>(10, resp.heartbeat_interval_ms()));
   return absl::OkStatus();
@@ -85,15 +97,15 @@ absl::Status ClusterMember::Start(absl::Duration timeout) {
 }
 
 void ClusterMember::HeartbeatLoop() {
-  std::unique_lock<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   while (!stop_) {
-    cv_.wait_for(lock, absl::ToChronoMilliseconds(interval_));
+    cv_.WaitWithTimeout(&mu_, interval_);
     if (stop_) break;
     HeartbeatRequest req;
     req.set_member_id(member_id_);
     req.set_running_job_id(job_id_);
     req.set_running_attempt(attempt_);
-    lock.unlock();
+    mu_.Unlock();
     HeartbeatResponse resp;
     grpc::ClientContext ctx;
     SetDeadline(&ctx, options_.rpc_timeout);
@@ -105,7 +117,7 @@ void ClusterMember::HeartbeatLoop() {
       spdlog::info("{} {}: registered again with the coordinator: {}", options_.role, options_.name,
                    r.ToString());
     }
-    lock.lock();
+    mu_.Lock();
     if (!s.ok()) continue;
     pause_id_ = resp.pause_id();
     pause_ = resp.pause();
@@ -123,7 +135,7 @@ void ClusterMember::HeartbeatLoop() {
 }
 
 void ClusterMember::SetRunning(const std::string& job_id, int rank, uint64_t attempt) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   job_id_ = job_id;
   rank_ = rank;
   attempt_ = attempt;
@@ -131,7 +143,7 @@ void ClusterMember::SetRunning(const std::string& job_id, int rank, uint64_t att
 }
 
 void ClusterMember::Report(const WorkerEvent& event) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (events_.size() >= kMaxQueuedEvents) {
     // Drop the oldest progress report, never a result.
     for (auto it = events_.begin(); it != events_.end(); ++it) {
@@ -142,18 +154,22 @@ void ClusterMember::Report(const WorkerEvent& event) {
     }
   }
   events_.push_back(Event{job_id_, attempt_, event});
-  cv_.notify_all();
+  cv_.SignalAll();
 }
 
 bool ClusterMember::Flush(absl::Duration timeout) {
-  std::unique_lock<std::mutex> lock(mu_);
-  return cv_.wait_for(lock, absl::ToChronoMilliseconds(timeout), [&] { return events_.empty() || stop_; });
+  absl::MutexLock lock(&mu_);
+  const absl::Time deadline = absl::Now() + timeout;
+  while (!events_.empty() && !stop_) {
+    if (cv_.WaitWithDeadline(&mu_, deadline)) break;  // timed out
+  }
+  return events_.empty() || stop_;
 }
 
 void ClusterMember::SenderLoop() {
-  std::unique_lock<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   while (true) {
-    cv_.wait(lock, [&] { return stop_ || !events_.empty(); });
+    while (!stop_ && events_.empty()) cv_.Wait(&mu_);
     if (events_.empty() && stop_) break;
     if (stop_ && !started_) break;
     const Event event = events_.front();
@@ -162,23 +178,23 @@ void ClusterMember::SenderLoop() {
     req.set_job_id(event.job);
     req.set_attempt(event.attempt);
     *req.mutable_event() = event.event;
-    lock.unlock();
+    mu_.Unlock();
     ReportProgressResponse resp;
     grpc::ClientContext ctx;
     SetDeadline(&ctx, options_.rpc_timeout);
     grpc::Status s = stub_->ReportProgress(&ctx, req, &resp);
-    lock.lock();
+    mu_.Lock();
     const bool progress = event.event.has_progress();
     // A refused event (bad, or of an ended attempt) is not sent again.
     if (s.ok() || progress || s.error_code() == grpc::StatusCode::INVALID_ARGUMENT ||
         s.error_code() == grpc::StatusCode::ABORTED) {
       events_.pop_front();
-      cv_.notify_all();
+      cv_.SignalAll();
     } else {
       // The coordinator is away (or restarting and has not re-admitted us
       // yet): keep the event and try again shortly.
       if (stop_) break;
-      cv_.wait_for(lock, std::chrono::milliseconds(200));
+      cv_.WaitWithTimeout(&mu_, absl::Milliseconds(200));
     }
   }
 }
@@ -204,7 +220,7 @@ absl::StatusOr<Assignment> ClusterMember::WaitForAssignment(absl::Duration wait)
 absl::StatusOr<int64_t> ClusterMember::KvAdd(const std::string& key, int64_t delta) {
   KvAddRequest req;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     req.set_job_id(job_id_);
     req.set_attempt(attempt_);
   }
@@ -221,7 +237,7 @@ absl::StatusOr<int64_t> ClusterMember::KvAdd(const std::string& key, int64_t del
 absl::Status ClusterMember::KvSet(const std::string& key, const std::string& value) {
   KvSetRequest req;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     req.set_job_id(job_id_);
     req.set_attempt(attempt_);
   }
@@ -236,7 +252,7 @@ absl::Status ClusterMember::KvSet(const std::string& key, const std::string& val
 absl::StatusOr<std::string> ClusterMember::KvGet(const std::string& key, absl::Duration wait) {
   KvGetRequest req;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     req.set_job_id(job_id_);
     req.set_attempt(attempt_);
   }

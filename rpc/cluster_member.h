@@ -20,6 +20,7 @@
 #include <thread>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "proto/control.grpc.pb.h"
@@ -33,6 +34,13 @@ struct ClusterMemberOptions {
   std::string address;      // shards: where their ParameterService listens
   absl::Duration rpc_timeout = absl::Seconds(10);
 };
+
+// This machine's host name (what other processes reach it by, unless told
+// otherwise).
+std::string HostName();
+// `flag_name` if set, else <hostname>-<pid>: unique on a machine, stable for
+// a pod (Kubernetes passes the pod name).
+std::string MemberName(const std::string& flag_name);
 
 class ClusterMember {
  public:
@@ -52,7 +60,7 @@ class ClusterMember {
   // `attempt` is the assignment's: every request for the job carries it.
   void SetRunning(const std::string& job_id, int rank, uint64_t attempt);
   std::string job_id() {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     return job_id_;
   }
   // True once the coordinator no longer assigns the running job to us.
@@ -61,7 +69,7 @@ class ClusterMember {
   bool pause_requested() const { return pause_; }
   int64_t pause_id() const { return pause_id_; }
   absl::Duration heartbeat_interval() {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     return interval_;
   }
 
@@ -87,8 +95,8 @@ class ClusterMember {
   std::atomic<bool> pause_{false};
   std::atomic<int64_t> pause_id_{0};
 
-  std::mutex mu_;
-  std::condition_variable cv_;
+  absl::Mutex mu_;
+  absl::CondVar cv_;
   std::string member_id_ ABSL_GUARDED_BY(mu_);
   std::string job_id_ ABSL_GUARDED_BY(mu_);
   int rank_ ABSL_GUARDED_BY(mu_) = -1;

@@ -11,13 +11,13 @@ RetryTimer::RetryTimer() : thread_([this] { Loop(); }) {}
 RetryTimer::~RetryTimer() {
   std::multimap<absl::Time, std::function<void(bool)>> left;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     stop_ = true;
-    cv_.notify_all();
+    cv_.SignalAll();
   }
   thread_.join();
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     left.swap(pending_);
   }
   for (auto& [when, fn] : left) fn(false);
@@ -25,10 +25,10 @@ RetryTimer::~RetryTimer() {
 
 void RetryTimer::RunAt(absl::Time when, std::function<void(bool)> fn) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (!stop_) {
       pending_.emplace(when, std::move(fn));
-      cv_.notify_all();
+      cv_.SignalAll();
       return;
     }
   }
@@ -36,15 +36,15 @@ void RetryTimer::RunAt(absl::Time when, std::function<void(bool)> fn) {
 }
 
 void RetryTimer::Loop() {
-  std::unique_lock<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   while (!stop_) {
     if (pending_.empty()) {
-      cv_.wait(lock);
+      cv_.Wait(&mu_);
       continue;
     }
     const absl::Time next = pending_.begin()->first;
     if (absl::Now() < next) {
-      cv_.wait_until(lock, absl::ToChronoTime(next));
+      cv_.WaitWithDeadline(&mu_, next);
       continue;
     }
     std::vector<std::function<void(bool)>> due;
@@ -52,9 +52,9 @@ void RetryTimer::Loop() {
       due.push_back(std::move(pending_.begin()->second));
       pending_.erase(pending_.begin());
     }
-    lock.unlock();
+    mu_.Unlock();
     for (auto& fn : due) fn(true);  // never under the lock
-    lock.lock();
+    mu_.Lock();
   }
 }
 

@@ -78,7 +78,7 @@ absl::Status ShardStore::ValidateTableRequest(const std::string& job,
 }
 
 absl::Status ShardStore::ShutdownStatus() {
-  std::lock_guard<std::mutex> lock(waiters_mu_);
+  absl::MutexLock lock(&waiters_mu_);
   return shutdown_ ? Unavailable() : absl::OkStatus();
 }
 
@@ -104,7 +104,7 @@ absl::StatusOr<std::shared_ptr<ShardStore::Table>> ShardStore::FindTable(const s
   if (!down.ok()) return down;
   std::shared_ptr<Table> table;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     auto it = tables_.find(job);
     if (it != tables_.end()) table = it->second;
   }
@@ -143,7 +143,7 @@ absl::StatusOr<std::shared_ptr<ShardStore::Table>> ShardStore::Install(std::shar
                                                                        bool keep_identical, bool* created) {
   std::shared_ptr<Table> replaced;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     auto it = tables_.find(table->job);
     if (it != tables_.end()) {
       const Table& old = *it->second;
@@ -267,7 +267,7 @@ void ShardStore::InitTable(const InitTableRequest& request, std::vector<TensorBu
   // compared before anything is allocated.
   std::shared_ptr<Table> existing;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     auto it = tables_.find(request.job());
     if (it != tables_.end()) existing = it->second;
   }
@@ -402,7 +402,7 @@ void ShardStore::Stats(const StatsRequest& request, StatsResponse* response, con
                        StatusCallback done) {
   std::vector<std::shared_ptr<Table>> tables;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     for (const auto& [job, table] : tables_) {
       if (request.job().empty() || request.job() == job) tables.push_back(table);
     }
@@ -448,7 +448,7 @@ void ShardStore::DropTable(const DropTableRequest& request, DropTableResponse* r
   std::shared_ptr<Table> table;
   uint64_t newer = 0;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     auto it = tables_.find(request.job());
     if (it != tables_.end()) {
       if (it->second->attempt <= request.attempt()) {

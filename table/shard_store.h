@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "table/parameter_store.h"
 
 namespace pstrain {
@@ -176,11 +177,11 @@ class ShardStore : public ParameterStore {
   const ShardStoreOptions options_;
   std::atomic<uint64_t> reserved_{0};
 
-  std::mutex mu_;
+  absl::Mutex mu_;
   std::map<std::string, std::shared_ptr<Table>> tables_ ABSL_GUARDED_BY(mu_);
 
-  std::mutex waiters_mu_;
-  std::condition_variable waiters_cv_;
+  absl::Mutex waiters_mu_;
+  absl::CondVar waiters_cv_;
   std::list<std::shared_ptr<Waiter>> waiters_ ABSL_GUARDED_BY(waiters_mu_);
   bool shutdown_ ABSL_GUARDED_BY(waiters_mu_) = false;
   std::thread reaper_;

@@ -196,7 +196,7 @@ absl::StatusOr<std::vector<std::string>> ShardStore::CheckLoadRequest(const Load
   }
   // Refused before any file is read when the table exists.
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     auto it = tables_.find(request.job());
     if (it != tables_.end() && it->second->attempt >= request.attempt()) {
       s = CheckAttempt(*it->second, request.attempt());

@@ -11,11 +11,11 @@ using shard_internal::Unavailable;
 void ShardStore::Shutdown() {
   std::list<std::shared_ptr<Waiter>> waiters;
   {
-    std::lock_guard<std::mutex> lock(waiters_mu_);
+    absl::MutexLock lock(&waiters_mu_);
     if (shutdown_) return;
     shutdown_ = true;
     waiters.swap(waiters_);
-    waiters_cv_.notify_all();
+    waiters_cv_.SignalAll();
   }
   for (auto& w : waiters) w->ready(Unavailable());
 }
@@ -23,7 +23,7 @@ void ShardStore::Shutdown() {
 void ShardStore::AbortWaiters(const std::shared_ptr<Table>& table, const std::string& why) {
   std::vector<std::shared_ptr<Waiter>> orphans;
   {
-    std::lock_guard<std::mutex> lock(waiters_mu_);
+    absl::MutexLock lock(&waiters_mu_);
     for (auto it = waiters_.begin(); it != waiters_.end();) {
       if ((*it)->table == table) {
         orphans.push_back(std::move(*it));
@@ -47,7 +47,7 @@ void ShardStore::WhenReady(std::shared_ptr<Table> table, std::vector<size_t> chu
   w->ready = std::move(ready);
   absl::Status now;
   {
-    std::lock_guard<std::mutex> lock(waiters_mu_);
+    absl::MutexLock lock(&waiters_mu_);
     if (shutdown_) {
       now = Unavailable();
     } else if (!w->Satisfied()) {
@@ -56,7 +56,7 @@ void ShardStore::WhenReady(std::shared_ptr<Table> table, std::vector<size_t> chu
                                                         waiters_.size(), " waiting calls, its limit"));
       } else {
         waiters_.push_back(w);
-        waiters_cv_.notify_all();  // the reaper may need an earlier wake-up
+        waiters_cv_.SignalAll();  // the reaper may need an earlier wake-up
         return;
       }
     }
@@ -67,7 +67,7 @@ void ShardStore::WhenReady(std::shared_ptr<Table> table, std::vector<size_t> chu
 void ShardStore::NotifyWaiters() {
   std::vector<std::shared_ptr<Waiter>> fired;
   {
-    std::lock_guard<std::mutex> lock(waiters_mu_);
+    absl::MutexLock lock(&waiters_mu_);
     for (auto it = waiters_.begin(); it != waiters_.end();) {
       if ((*it)->Satisfied()) {
         fired.push_back(std::move(*it));
@@ -81,14 +81,14 @@ void ShardStore::NotifyWaiters() {
 }
 
 void ShardStore::ReaperLoop() {
-  std::unique_lock<std::mutex> lock(waiters_mu_);
+  absl::MutexLock lock(&waiters_mu_);
   while (!shutdown_) {
     absl::Time next = absl::InfiniteFuture();
     for (const auto& w : waiters_) next = std::min(next, w->deadline);
     if (next == absl::InfiniteFuture()) {
-      waiters_cv_.wait(lock);
+      waiters_cv_.Wait(&waiters_mu_);
     } else {
-      waiters_cv_.wait_until(lock, absl::ToChronoTime(next));
+      waiters_cv_.WaitWithDeadline(&waiters_mu_, next);
     }
     const absl::Time now = absl::Now();
     std::vector<std::shared_ptr<Waiter>> expired;
@@ -101,13 +101,13 @@ void ShardStore::ReaperLoop() {
       }
     }
     if (expired.empty()) continue;
-    lock.unlock();
+    waiters_mu_.Unlock();
     for (auto& w : expired) {
       w->ready(absl::DeadlineExceededError(absl::StrCat("deadline passed while waiting on job '",
                                                         Quote(w->table->job), "': ", w->Lagging(),
                                                         "; a worker may have died or fallen behind")));
     }
-    lock.lock();
+    waiters_mu_.Lock();
   }
 }
 

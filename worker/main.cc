@@ -271,12 +271,10 @@ absl::Status RunJob(pstrain::JobSpec spec, int rank, int world_size, const std::
 }
 
 int RunPoolMember(pstrain::WorkerMetrics* metrics) {
-  char host[256] = "worker";
-  gethostname(host, sizeof(host) - 1);
   pstrain::ClusterMemberOptions mo;
   mo.coordinator = absl::GetFlag(FLAGS_coordinator);
   mo.role = "worker";
-  mo.name = absl::GetFlag(FLAGS_name).empty() ? absl::StrCat(host, "-", getpid()) : absl::GetFlag(FLAGS_name);
+  mo.name = pstrain::MemberName(absl::GetFlag(FLAGS_name));
   pstrain::ClusterMember member(mo);
   absl::Status s = member.Start(absl::Seconds(60));
   if (!s.ok()) {

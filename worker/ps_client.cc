@@ -77,6 +77,22 @@ void AddKeys(const PartitionPlan& plan, const std::vector<size_t>& ids,
 
 }  // namespace
 
+template <typename Request>
+Request& PsClient::Addressed(Request& req, const std::vector<size_t>& chunks) const {
+  req.set_job(options_.job);
+  req.set_attempt(options_.attempt);
+  AddKeys(options_.plan, chunks, req.mutable_keys());
+  return req;
+}
+
+template <typename Request>
+Request& PsClient::AddressedPush(Request& req, const std::vector<size_t>& chunks, int64_t step, double lr) const {
+  req.set_worker(options_.worker);
+  req.set_step(step);
+  req.set_lr(lr);
+  return Addressed(req, chunks);
+}
+
 absl::StatusOr<std::vector<TensorBuffer>> PsClient::ChunkViews(
     const std::vector<at::Tensor>& tensors, int shard) const {
   return ChunkViewsOf(options_.plan, options_.plan.shard_chunks[shard],
@@ -134,11 +150,8 @@ absl::Status PsClient::InitTables(const std::vector<at::Tensor>& params, const T
   return ForEachShard([&](int shard, StatusCallback done) {
     auto views = ChunkViews(params, shard);
     if (!views.ok()) return done(views.status());
-    InitTableRequest& req = requests[shard];
-    req.set_job(options_.job);
-    req.set_attempt(options_.attempt);
+    InitTableRequest& req = Addressed(requests[shard], options_.plan.shard_chunks[shard]);
     *req.mutable_config() = config;
-    AddKeys(options_.plan, options_.plan.shard_chunks[shard], req.mutable_keys());
     shards_[shard]->InitTable(req, std::move(*views), &responses[shard], opts, std::move(done));
   });
 }
@@ -155,11 +168,8 @@ absl::Status PsClient::Pull(const std::vector<at::Tensor>& params, int64_t min_v
     auto dest = ChunkViews(params, shard);
     if (!dest.ok()) return done(dest.status());
     values[shard] = std::move(*dest);
-    PullRequest& req = requests[shard];
-    req.set_job(options_.job);
-    req.set_attempt(options_.attempt);
+    PullRequest& req = Addressed(requests[shard], options_.plan.shard_chunks[shard]);
     req.set_min_version(min_version);
-    AddKeys(options_.plan, options_.plan.shard_chunks[shard], req.mutable_keys());
     shards_[shard]->Pull(req, &responses[shard], &values[shard], opts,
                          [&, shard, done = std::move(done)](absl::Status st) {
                            if (st.ok()) st = CopyIntoParams(shard, values[shard], params);
@@ -179,13 +189,7 @@ absl::Status PsClient::Push(int64_t step, const std::vector<at::Tensor>& grads, 
   return ForEachShard([&](int shard, StatusCallback done) {
     auto views = ChunkViews(grads, shard);
     if (!views.ok()) return done(views.status());
-    PushRequest& req = requests[shard];
-    req.set_job(options_.job);
-    req.set_attempt(options_.attempt);
-    req.set_worker(options_.worker);
-    req.set_step(step);
-    req.set_lr(lr);
-    AddKeys(options_.plan, options_.plan.shard_chunks[shard], req.mutable_keys());
+    PushRequest& req = AddressedPush(requests[shard], options_.plan.shard_chunks[shard], step, lr);
     shards_[shard]->Push(req, std::move(*views), &responses[shard], opts, std::move(done));
   });
 }
@@ -206,13 +210,7 @@ absl::Status PsClient::PushPull(int64_t step, const std::vector<at::Tensor>& gra
     auto dest = ChunkViews(params, shard);
     if (!dest.ok()) return done(dest.status());
     values[shard] = std::move(*dest);
-    PushPullRequest& req = requests[shard];
-    req.set_job(options_.job);
-    req.set_attempt(options_.attempt);
-    req.set_worker(options_.worker);
-    req.set_step(step);
-    req.set_lr(lr);
-    AddKeys(options_.plan, options_.plan.shard_chunks[shard], req.mutable_keys());
+    PushPullRequest& req = AddressedPush(requests[shard], options_.plan.shard_chunks[shard], step, lr);
     shards_[shard]->PushPull(req, std::move(*views), &responses[shard], &values[shard], opts,
                              [&, shard, done = std::move(done)](absl::Status st) {
                                if (st.ok()) st = CopyIntoParams(shard, values[shard], params);
@@ -296,13 +294,7 @@ void PsClient::PushPullAsync(int64_t step, const std::vector<size_t>& params,
       continue;
     }
     state->values[s] = std::move(*dest);
-    PushPullRequest& req = state->requests[s];
-    req.set_job(options_.job);
-    req.set_attempt(options_.attempt);
-    req.set_worker(options_.worker);
-    req.set_step(step);
-    req.set_lr(lr);
-    AddKeys(options_.plan, ids[s], req.mutable_keys());
+    PushPullRequest& req = AddressedPush(state->requests[s], ids[s], step, lr);
     // The shard writes into the destination views (the `intos` tensors).
     shards_[s]->PushPull(req, std::move(*grad_views), &state->responses[s], &state->values[s],
                          opts, finish);

@@ -68,6 +68,13 @@ class PsClient {
                                                       int shard) const;
   absl::Status CopyIntoParams(int shard, const std::vector<TensorBuffer>& values,
                               const std::vector<at::Tensor>& params) const;
+  // The fields every request of this worker carries: job, attempt, keys.
+  // (Defined and instantiated in ps_client.cc.)
+  template <typename Request>
+  Request& Addressed(Request& req, const std::vector<size_t>& chunks) const;
+  // ... and a push's: worker, step, lr.
+  template <typename Request>
+  Request& AddressedPush(Request& req, const std::vector<size_t>& chunks, int64_t step, double lr) const;
   // Runs call(shard, done) for every shard at once and waits for all.
   absl::Status ForEachShard(const std::function<void(int, StatusCallback)>& call);
 

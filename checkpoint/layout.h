@@ -3,8 +3,8 @@
 // which are kept, and how a manifest becomes the LoadTable request that
 // restores a table onto any number of shards.
 //
-// The whole exchange (the coordinator drives it; server/coordinator/
-// coordinator.cc RunCheckpoint and Restore):
+// The whole exchange (the coordinator drives it: server/coordinator/
+// coordinator_checkpoint.cc, with checkpoint_driver.h for the file work):
 //   1. the coordinator pauses every worker at one agreed step (heartbeat
 //      `pause`, the job's KV store, the workers' `paused` events);
 //   2. each shard (or, all-reduce, worker 0's local store) writes its table

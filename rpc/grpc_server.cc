@@ -1,5 +1,7 @@
 #include "rpc/grpc_server.h"
 
+#include "common/file_util.h"
+
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/health_check_service_interface.h>
 
@@ -40,6 +42,10 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Create(
   }
   grpc::HealthCheckServiceInterface* health = s->server_->GetHealthCheckService();
   if (health != nullptr) health->SetServingStatus(true);
+  if (!options.port_file.empty()) {
+    absl::Status written = WriteFileAtomically(options.port_file, s->local_target() + "\n");
+    if (!written.ok()) return written;
+  }
   return s;
 }
 

@@ -35,6 +35,9 @@ struct GrpcServerOptions {
   // "host:port"; port 0 picks a free port.
   std::string address = "0.0.0.0:0";
   int max_message_bytes = kDefaultMaxMessageBytes;
+  // If set, local_target() is written here (atomically) once serving: how
+  // scripts and tests learn a port 0 picked.
+  std::string port_file;
 };
 
 class GrpcServer {

@@ -13,6 +13,7 @@
 #include "common/file_util.h"
 #include "google/protobuf/util/json_util.h"
 #include "server/coordinator/coordinator.h"
+#include "server/coordinator/coordinator_testing.h"
 
 namespace pstrain {
 namespace {
@@ -48,14 +49,7 @@ absl::StatusOr<RegisterResponse> Join(Coordinator& c, const std::string& role, c
   return c.Register(r);
 }
 
-std::string Submit(Coordinator& c, const std::string& spec = kSpec) {
-  SubmitJobRequest req;
-  req.set_spec_yaml(spec);
-  req.set_output_dir(::testing::TempDir() + "/out");
-  auto id = c.SubmitJob(req);
-  EXPECT_TRUE(id.ok()) << id.status();
-  return id.value_or("");
-}
+std::string Submit(Coordinator& c, const std::string& spec = kSpec) { return SubmitSpec(c, spec); }
 
 absl::StatusOr<ReportProgressResponse> Event(Coordinator& c, const std::string& member, const std::string& job,
                                              uint64_t attempt, const WorkerEvent& event) {

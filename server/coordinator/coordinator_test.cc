@@ -1,4 +1,5 @@
 #include "server/coordinator/coordinator.h"
+#include "server/coordinator/coordinator_testing.h"
 
 #include <gtest/gtest.h>
 
@@ -45,14 +46,7 @@ class CoordinatorTest : public ::testing::Test {
     EXPECT_TRUE(resp.ok()) << resp.status();
     return resp->member_id();
   }
-  std::string Submit(Coordinator& c, const std::string& spec = kSpec) {
-    SubmitJobRequest req;
-    req.set_spec_yaml(spec);
-    req.set_output_dir(::testing::TempDir() + "/out");
-    auto id = c.SubmitJob(req);
-    EXPECT_TRUE(id.ok()) << id.status();
-    return id.value_or("");
-  }
+  std::string Submit(Coordinator& c, const std::string& spec = kSpec) { return SubmitSpec(c, spec); }
   void Event(Coordinator& c, const std::string& member, const std::string& job, const std::string& json) {
     ReportProgressRequest r;
     r.set_member_id(member);

@@ -76,20 +76,13 @@ int main(int argc, char** argv) {
   pstrain::GrpcServerOptions server_options;
   server_options.address = absl::StrCat(absl::GetFlag(FLAGS_host), ":", port);
   server_options.max_message_bytes = 64 << 20;
+  server_options.port_file = absl::GetFlag(FLAGS_port_file);
   auto server = pstrain::GrpcServer::Create(server_options, {&jobs, &cluster});
   if (!server.ok()) {
     spdlog::error("pstrain-coordinator: {}", server.status().ToString());
     return 1;
   }
   spdlog::info("pstrain-coordinator serving on port {} (jobs in {})", (*server)->port(), db);
-  if (!absl::GetFlag(FLAGS_port_file).empty()) {
-    absl::Status s = pstrain::WriteFileAtomically(absl::GetFlag(FLAGS_port_file),
-                                                  (*server)->local_target() + "\n");
-    if (!s.ok()) {
-      spdlog::error("pstrain-coordinator: {}", s.ToString());
-      return 1;
-    }
-  }
   std::unique_ptr<pstrain::MetricsServer> metrics;
   std::shared_ptr<pstrain::CoordinatorMetrics> collector;
   if (absl::GetFlag(FLAGS_metrics_port) >= 0) {

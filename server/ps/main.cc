@@ -180,6 +180,7 @@ int main(int argc, char** argv) {
   pstrain::GrpcServerOptions server_options;
   server_options.address = absl::StrCat(absl::GetFlag(FLAGS_host), ":", port);
   server_options.max_message_bytes = max_mb << 20;
+  server_options.port_file = absl::GetFlag(FLAGS_port_file);
   auto server = pstrain::GrpcServer::Create(server_options, {&service});
   if (!server.ok()) {
     spdlog::error("pstrain-ps: {}", server.status().ToString());
@@ -187,14 +188,6 @@ int main(int argc, char** argv) {
   }
   spdlog::info("pstrain-ps shard {}/{} serving on port {}", shard_index, num_shards,
                (*server)->port());
-  if (!absl::GetFlag(FLAGS_port_file).empty()) {
-    absl::Status s = pstrain::WriteFileAtomically(absl::GetFlag(FLAGS_port_file),
-                                                  (*server)->local_target() + "\n");
-    if (!s.ok()) {
-      spdlog::error("pstrain-ps: {}", s.ToString());
-      return 1;
-    }
-  }
 
   std::unique_ptr<pstrain::ClusterMember> member;
   if (!absl::GetFlag(FLAGS_coordinator).empty()) {

@@ -143,6 +143,11 @@ void GrpcRemoteShard::DropTable(const DropTableRequest& request, DropTableRespon
   Start("DropTable", request, {}, response, nullptr, options, std::move(done));
 }
 
+void GrpcRemoteShard::SetWorkers(const SetWorkersRequest& request, SetWorkersResponse* response,
+                                 const CallOptions& options, StatusCallback done) {
+  Start("SetWorkers", request, {}, response, nullptr, options, std::move(done));
+}
+
 GrpcRemoteShard* SharedRemoteShard(const RemoteShardOptions& options) {
   static std::mutex mu;
   static auto* clients = new std::map<std::string, std::unique_ptr<GrpcRemoteShard>>();

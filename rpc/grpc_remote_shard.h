@@ -54,6 +54,8 @@ class GrpcRemoteShard : public ParameterStore {
                  const CallOptions& options, StatusCallback done) override;
   void DropTable(const DropTableRequest& request, DropTableResponse* response,
                  const CallOptions& options, StatusCallback done) override;
+  void SetWorkers(const SetWorkersRequest& request, SetWorkersResponse* response, const CallOptions& options,
+                  StatusCallback done) override;
 
  private:
   struct Call;

@@ -57,6 +57,8 @@ class ParameterStore {
                          const CallOptions& options, StatusCallback done) = 0;
   virtual void DropTable(const DropTableRequest& request, DropTableResponse* response,
                          const CallOptions& options, StatusCallback done) = 0;
+  virtual void SetWorkers(const SetWorkersRequest& request, SetWorkersResponse* response,
+                          const CallOptions& options, StatusCallback done) = 0;
 };
 
 // Runs one asynchronous call and waits for its `done`. For tests, tools and

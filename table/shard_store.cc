@@ -136,6 +136,10 @@ absl::StatusOr<std::shared_ptr<ShardStore::Table>> ShardStore::NewTable(const st
   table->config = config;
   table->budget = &reserved_;
   table->reserved = bytes;
+  {
+    absl::MutexLock lock(&table->seats_mu);
+    table->seats.assign(config.num_workers(), Table::Seat());
+  }
   return table;
 }
 
@@ -342,12 +346,17 @@ void ShardStore::Pull(const PullRequest& request, PullResponse* response, std::v
   if (!table.ok()) return done(table.status());
   absl::StatusOr<std::vector<size_t>> chunks = ResolveKeys(**table, request.keys());
   if (!chunks.ok()) return done(chunks.status());
-  if (request.min_version() >= kMaxStep) {
-    return done(absl::InvalidArgumentError("min_version is out of range [0, 2^40)"));
+  if (request.min_version() >= kMaxStep || request.min_worker_steps() < 0 || request.min_worker_steps() >= kMaxStep) {
+    return done(absl::InvalidArgumentError("min_version and min_worker_steps must be in [0, 2^40)"));
   }
   std::shared_ptr<Table> t = *table;
+  const bool by_clock = request.min_worker_steps() > 0;
+  if (by_clock && (t->config.consistency() == SYNC || request.min_version() > 0)) {
+    return done(absl::InvalidArgumentError(
+        "min_worker_steps is for ASYNC and SSP tables, without min_version (under SYNC, wait for the step's version)"));
+  }
   auto idx = std::make_shared<std::vector<size_t>>(std::move(*chunks));
-  WhenReady(t, *idx, /*by_clock=*/false, request.min_version(), options.deadline,
+  WhenReady(t, *idx, by_clock, by_clock ? request.min_worker_steps() - 1 : request.min_version(), options.deadline,
             [this, t, idx, response, values, done = std::move(done)](absl::Status s) {
               if (s.ok()) Snapshot(*t, *idx, response->mutable_versions(), values);
               done(s);
@@ -359,7 +368,7 @@ void ShardStore::Push(const PushRequest& request, std::vector<TensorBuffer> grad
   if (options_.before_push) options_.before_push(request.job(), request.attempt(), request.worker(), request.step());
   absl::StatusOr<std::shared_ptr<Table>> table = FindTable(request.job(), request.attempt());
   if (!table.ok()) return done(table.status());
-  PushInput in{request.job(), request.worker(), request.step(), request.lr(), &request.keys(), &grads};
+  PushInput in{request.job(), request.worker(), request.generation(), request.step(), request.lr(), &request.keys(), &grads};
   std::vector<size_t> chunks;
   absl::Status s = ApplyPush(**table, in, &chunks, response);
   if (s.ok()) NotifyWaiters();
@@ -373,7 +382,7 @@ void ShardStore::PushPull(const PushPullRequest& request, std::vector<TensorBuff
   absl::StatusOr<std::shared_ptr<Table>> table = FindTable(request.job(), request.attempt());
   if (!table.ok()) return done(table.status());
   std::shared_ptr<Table> t = *table;
-  PushInput in{request.job(), request.worker(), request.step(), request.lr(), &request.keys(), &grads};
+  PushInput in{request.job(), request.worker(), request.generation(), request.step(), request.lr(), &request.keys(), &grads};
   auto idx = std::make_shared<std::vector<size_t>>();
   absl::Status s = ApplyPush(*t, in, idx.get(), response->mutable_push());
   if (!s.ok()) return done(s);

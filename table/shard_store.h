@@ -98,6 +98,11 @@ class ShardStore : public ParameterStore {
                  const CallOptions& options, StatusCallback done) override;
   void DropTable(const DropTableRequest& request, DropTableResponse* response,
                  const CallOptions& options, StatusCallback done) override;
+  // Applies the coordinator's view of the job's ranks (see WorkerSeat); a
+  // seat's generation never goes back (a late, older view of a rank is
+  // ignored for that rank).
+  void SetWorkers(const SetWorkersRequest& request, SetWorkersResponse* response,
+                  const CallOptions& options, StatusCallback done) override;
 
   // Bytes reserved by the tables now (values, state, accumulators).
   uint64_t reserved_bytes() const { return reserved_.load(); }
@@ -117,15 +122,18 @@ class ShardStore : public ParameterStore {
   absl::Status ExportChunks(const std::string& job, std::vector<ChunkState>* chunks);
   absl::Status ImportChunks(const std::string& job, const std::vector<ChunkState>& chunks, int64_t step);
 
- private:
-  // Defined in shard_store_internal.h (and the push in shard_store_push.cc).
+  // Opaque here: defined in shard_store_internal.h, which only this
+  // library's files include.
   struct Chunk;
   struct Table;
   struct Waiter;
-  class PushTransaction;
+
+ private:
+  class PushTransaction;  // shard_store_push.cc
   struct PushInput {
     std::string job;
     uint32_t worker = 0;
+    uint32_t generation = 0;  // the pusher's hold on its rank
     int64_t step = 0;
     double lr = 0;  // 0: the table's
     const google::protobuf::RepeatedPtrField<std::string>* keys = nullptr;

@@ -92,6 +92,65 @@ uint64_t WorstCaseBytes(const TableConfig& config, uint64_t value_bytes) {
   return value_bytes * (2 + slots * sets + accum);
 }
 
+bool StepComplete(const ShardStore::Chunk& c, const std::vector<bool>& active, int worker) {
+  if (c.arrivals == 0 && worker < 0) return false;
+  for (size_t r = 0; r < active.size(); ++r) {
+    if (active[r] && !c.arrived[r] && static_cast<int>(r) != worker) return false;
+  }
+  return true;
+}
+
+int64_t ActiveClock(const ShardStore::Chunk& c, const std::vector<bool>& active) {
+  int64_t lo = INT64_MAX, hi = -1;
+  for (size_t r = 0; r < c.last_step.size(); ++r) {
+    hi = std::max(hi, c.last_step[r]);
+    if (r < active.size() && active[r]) lo = std::min(lo, c.last_step[r]);
+  }
+  return lo == INT64_MAX ? hi : lo;
+}
+
+absl::StatusOr<TensorBuffer> TakeSpare(ShardStore::Chunk& c) {
+  if (c.spare.data != nullptr && c.spare.owner.use_count() == 1) {
+    TensorBuffer out = std::move(c.spare);
+    c.spare = TensorBuffer();
+    return out;
+  }
+  c.spare = TensorBuffer();
+  return TensorBuffer::TryAllocate(c.dtype, c.shape);
+}
+
+absl::Status EnsureStateSet(ShardStore::Chunk& c, size_t k, const OptimizerConfig& optimizer) {
+  if (!c.state[k].empty()) return absl::OkStatus();
+  absl::StatusOr<std::vector<TensorBuffer>> set = NewStateSet(optimizer, c.dtype, c.shape);
+  if (!set.ok()) return set.status();
+  c.state[k] = std::move(*set);
+  return absl::OkStatus();
+}
+
+void CompleteSyncStep(ShardStore::Table& table, ShardStore::Chunk& c, TensorBuffer& value) {
+  OptimizerConfig optimizer = table.config.optimizer();
+  if (c.pending_lr > 0) optimizer.set_lr(c.pending_lr);
+  // The mean over the ranks that pushed the step (all of them, unless the
+  // coordinator removed one that had not).
+  if (ComputeUpdate(optimizer, c.optimizer_step[0] + 1, c.value, c.accum.data, c.state[0], 1.0 / c.arrivals,
+                    &value)) {
+    TensorBuffer old = std::move(c.value);
+    c.value = std::move(value);
+    if (old.owner.use_count() == 1) c.spare = std::move(old);  // else a reader still has it
+    ++c.optimizer_step[0];
+  } else {
+    ++table.updates_nonfinite;
+    ResetStateSet(optimizer, c.state[0]);
+    c.optimizer_step[0] = 0;
+    c.spare = std::move(value);
+  }
+  std::memset(c.accum.MutableData(), 0, c.accum.nbytes);
+  std::fill(c.arrived.begin(), c.arrived.end(), false);
+  c.arrivals = 0;
+  c.pending_lr = 0;
+  c.version.store(c.version.load(std::memory_order_relaxed) + 1, std::memory_order_release);
+}
+
 }  // namespace shard_internal
 
 namespace {

@@ -46,7 +46,8 @@ struct ShardStore::Chunk {
 
   // Published under mu, read by waiters without it.
   std::atomic<int64_t> version{0};
-  std::atomic<int64_t> clock{-1};  // min over workers of last_step
+  std::atomic<int64_t> clock{-1};  // min over active ranks of last_step
+  double pending_lr = 0;  // SYNC: the lr of the step in flight (0: the table's)
 };
 
 struct ShardStore::Table {
@@ -70,6 +71,23 @@ struct ShardStore::Table {
   std::atomic<uint64_t> pulls{0};
   std::atomic<uint64_t> bytes_pushed{0};
   std::atomic<uint64_t> bytes_pulled{0};
+
+  // Who holds each rank (SetWorkers). A push reads it under its chunk
+  // locks, and SetWorkers changes it before it locks any chunk, so a step
+  // is completed by whichever of them comes last.
+  struct Seat {
+    bool active = true;
+    uint32_t generation = 0;
+  };
+  mutable absl::Mutex seats_mu;
+  std::vector<Seat> seats ABSL_GUARDED_BY(seats_mu);
+  // Which ranks are active now.
+  std::vector<bool> Active() const {
+    absl::MutexLock lock(&seats_mu);
+    std::vector<bool> out;
+    for (const Seat& seat : seats) out.push_back(seat.active);
+    return out;
+  }
 };
 
 struct ShardStore::Waiter {
@@ -129,6 +147,21 @@ bool ComputeUpdate(const OptimizerConfig& config, int64_t step, const TensorBuff
                    const std::vector<TensorBuffer>& state, double scale, TensorBuffer* out);
 // Back to the state of a fresh table (zeros; Adagrad's initial accumulator).
 void ResetStateSet(const OptimizerConfig& optimizer, std::vector<TensorBuffer>& set);
+// SYNC: whether the chunk's step is complete once `worker` (-1: nobody
+// more) has arrived: every active rank has pushed it.
+bool StepComplete(const ShardStore::Chunk& c, const std::vector<bool>& active, int worker = -1);
+// ASYNC/SSP: the slowest active rank's last step (every rank's when none is
+// active: nobody is left to wait for).
+int64_t ActiveClock(const ShardStore::Chunk& c, const std::vector<bool>& active);
+// A buffer for the chunk's next value: its spare if no reader holds it.
+absl::StatusOr<TensorBuffer> TakeSpare(ShardStore::Chunk& c);
+// The chunk's optimizer state set k, allocated on first use.
+absl::Status EnsureStateSet(ShardStore::Chunk& c, size_t k, const OptimizerConfig& optimizer);
+// SYNC: applies the mean of the step's arrivals through `value` (the
+// chunk's spare, from TakeSpare) and opens the next step; a non-finite
+// result is dropped and the state restarts. Under the chunk's lock.
+void CompleteSyncStep(ShardStore::Table& table, ShardStore::Chunk& c, TensorBuffer& value);
+
 // Bytes a table of these chunk sizes may come to hold: values and their
 // spare buffers (updates are written beside the value, then swapped in),
 // optimizer state for every set it may allocate, SYNC accumulators.

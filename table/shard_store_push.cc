@@ -8,10 +8,40 @@
 
 namespace pstrain {
 
+using shard_internal::ActiveClock;
+using shard_internal::CompleteSyncStep;
 using shard_internal::ComputeUpdate;
+using shard_internal::EnsureStateSet;
 using shard_internal::IsFinite;
 using shard_internal::NewStateSet;
 using shard_internal::ResetStateSet;
+using shard_internal::StepComplete;
+using shard_internal::TakeSpare;
+
+namespace {
+
+// A push is accepted from the rank's current holder only.
+absl::Status CheckSeat(const ShardStore::Table& table, uint32_t worker, uint32_t generation) {
+  absl::MutexLock lock(&table.seats_mu);
+  const ShardStore::Table::Seat& seat = table.seats[worker];
+  if (generation < seat.generation) {
+    return absl::AbortedError(absl::StrCat("rank ", worker, " of job '", Quote(table.job),
+                                           "' was taken over by another worker (generation ", seat.generation,
+                                           "; this push is of generation ", generation, "): this worker was replaced"));
+  }
+  if (generation > seat.generation) {
+    return absl::UnavailableError(absl::StrCat("rank ", worker, " of job '", Quote(table.job), "' is at generation ",
+                                               seat.generation, " on this shard, not yet ", generation,
+                                               ": the coordinator has not admitted this worker here yet"));
+  }
+  if (!seat.active) {
+    return absl::AbortedError(absl::StrCat("rank ", worker, " of job '", Quote(table.job),
+                                           "' was removed from the job (its worker was lost or scaled away)"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 // One push in flight, between its checks and its commit.
 class ShardStore::PushTransaction {
@@ -55,14 +85,9 @@ class ShardStore::PushTransaction {
   Chunk& chunk(size_t i) { return *table_.chunks[chunks_[i]]; }
   absl::Status PrepareSync(size_t i);
   absl::Status PrepareAsync(size_t i);
-  // A buffer for the chunk's next value: its spare if no reader holds it.
-  static absl::StatusOr<TensorBuffer> TakeSpare(Chunk& c);
-  absl::Status EnsureStateSet(Chunk& c, size_t k);
   // The optimizer state of the chunk restarts and its new value is dropped.
   void Discard(Chunk& c, size_t k, TensorBuffer& value);
   static void Install(Chunk& c, TensorBuffer value);
-  // The SYNC step's last arrival: the mean's update, or a dropped step.
-  void CompleteStep(Chunk& c, TensorBuffer& value);
 
   Table& table_;
   const PushInput& in_;
@@ -72,6 +97,7 @@ class ShardStore::PushTransaction {
   const size_t set_;
   OptimizerConfig optimizer_;
   std::vector<bool> skip_;
+  std::vector<bool> active_;  // the ranks taking part, read under the chunk locks
   std::vector<Action> action_;
   std::vector<TensorBuffer> new_value_;
 };
@@ -112,24 +138,6 @@ absl::Status ShardStore::PushTransaction::Validate() {
   return absl::OkStatus();
 }
 
-absl::StatusOr<TensorBuffer> ShardStore::PushTransaction::TakeSpare(Chunk& c) {
-  if (c.spare.data != nullptr && c.spare.owner.use_count() == 1) {
-    TensorBuffer out = std::move(c.spare);
-    c.spare = TensorBuffer();
-    return out;
-  }
-  c.spare = TensorBuffer();
-  return TensorBuffer::TryAllocate(c.dtype, c.shape);
-}
-
-absl::Status ShardStore::PushTransaction::EnsureStateSet(Chunk& c, size_t k) {
-  if (!c.state[k].empty()) return absl::OkStatus();
-  absl::StatusOr<std::vector<TensorBuffer>> set = NewStateSet(optimizer_, c.dtype, c.shape);
-  if (!set.ok()) return set.status();
-  c.state[k] = std::move(*set);
-  return absl::OkStatus();
-}
-
 absl::Status ShardStore::PushTransaction::PrepareSync(size_t i) {
   Chunk& c = chunk(i);
   // Versions only grow, so Validate's check still holds: step <= version.
@@ -138,10 +146,10 @@ absl::Status ShardStore::PushTransaction::PrepareSync(size_t i) {
     return absl::OkStatus();
   }
   action_[i] = Action::kArrive;
-  if (c.arrivals + 1 < config_.num_workers()) return absl::OkStatus();
+  if (!StepComplete(c, active_, static_cast<int>(in_.worker))) return absl::OkStatus();
   // This push completes the step: the update of the mean is computed at
   // commit (it cannot be refused: the step is over either way).
-  absl::Status s = EnsureStateSet(c, 0);
+  absl::Status s = EnsureStateSet(c, 0, optimizer_);
   if (!s.ok()) return s;
   absl::StatusOr<TensorBuffer> out = TakeSpare(c);
   if (!out.ok()) return out.status();
@@ -159,7 +167,7 @@ absl::Status ShardStore::PushTransaction::PrepareAsync(size_t i) {
     action_[i] = Action::kSkip;
     return absl::OkStatus();
   }
-  absl::Status s = EnsureStateSet(c, set_);
+  absl::Status s = EnsureStateSet(c, set_, optimizer_);
   if (!s.ok()) return s;
   absl::StatusOr<TensorBuffer> out = TakeSpare(c);
   if (!out.ok()) return out.status();
@@ -169,6 +177,7 @@ absl::Status ShardStore::PushTransaction::PrepareAsync(size_t i) {
 }
 
 absl::Status ShardStore::PushTransaction::Prepare() {
+  active_ = table_.Active();
   try {
     for (size_t i = 0; i < chunks_.size(); ++i) {
       absl::Status s = sync_ ? PrepareSync(i) : PrepareAsync(i);
@@ -217,23 +226,6 @@ void ShardStore::PushTransaction::Install(Chunk& c, TensorBuffer value) {
   if (old.owner.use_count() == 1) c.spare = std::move(old);  // else a reader still has it
 }
 
-void ShardStore::PushTransaction::CompleteStep(Chunk& c, TensorBuffer& value) {
-  // The mean of the step; a non-finite result is dropped (the step
-  // completes without changing the value, the state restarts).
-  if (ComputeUpdate(optimizer_, c.optimizer_step[0] + 1, c.value, c.accum.data, c.state[0],
-                    1.0 / config_.num_workers(), &value)) {
-    Install(c, std::move(value));
-    ++c.optimizer_step[0];
-  } else {
-    ++table_.updates_nonfinite;
-    Discard(c, 0, value);
-  }
-  std::memset(c.accum.MutableData(), 0, c.accum.nbytes);
-  std::fill(c.arrived.begin(), c.arrived.end(), false);
-  c.arrivals = 0;
-  c.version.store(c.version.load(std::memory_order_relaxed) + 1, std::memory_order_release);
-}
-
 void ShardStore::PushTransaction::Commit(PushResponse* response) {
   uint32_t applied = 0, duplicates = 0, skipped = 0;
   uint64_t bytes = 0;
@@ -248,6 +240,7 @@ void ShardStore::PushTransaction::Commit(PushResponse* response) {
         c.arrived[in_.worker] = true;
         ++c.arrivals;
         c.last_step[in_.worker] = in_.step;
+        c.pending_lr = in_.lr;
         if (skip_[i]) {
           ++skipped;  // counts as this worker's (empty) contribution
         } else {
@@ -259,7 +252,7 @@ void ShardStore::PushTransaction::Commit(PushResponse* response) {
           ++applied;
           bytes += g.nbytes;
         }
-        if (c.arrivals == config_.num_workers()) CompleteStep(c, new_value_[i]);
+        if (StepComplete(c, active_)) CompleteSyncStep(table_, c, new_value_[i]);
         break;
       case Action::kSkip:
         ++skipped;
@@ -274,9 +267,7 @@ void ShardStore::PushTransaction::Commit(PushResponse* response) {
         bytes += g.nbytes;
         break;
     }
-    if (!sync_ && action_[i] != Action::kDuplicate) {
-      c.clock.store(*std::min_element(c.last_step.begin(), c.last_step.end()), std::memory_order_release);
-    }
+    if (!sync_ && action_[i] != Action::kDuplicate) c.clock.store(ActiveClock(c, active_), std::memory_order_release);
     response->add_versions(c.version.load(std::memory_order_relaxed));
   }
   response->set_applied(applied);
@@ -300,6 +291,7 @@ absl::Status ShardStore::ApplyPush(Table& table, const PushInput& in, std::vecto
                                                    "' has ", config.num_workers(), " workers (0..",
                                                    config.num_workers() - 1, ")"));
   }
+  if (absl::Status seat = CheckSeat(table, in.worker, in.generation); !seat.ok()) return seat;
   if (in.step < 0 || in.step >= kMaxStep) {
     return absl::InvalidArgumentError(absl::StrCat("step ", in.step, " is out of range [0, 2^40)"));
   }

@@ -162,6 +162,9 @@ class GrpcHostileTest : public ::testing::Test {
       r.set_step(0);
       r.set_worker(99);
       add(ps + "Push", "worker out of range", r, grpc::StatusCode::INVALID_ARGUMENT);
+      r.set_worker(0);
+      r.set_generation(7);
+      add(ps + "Push", "holder not admitted yet", r, grpc::StatusCode::UNAVAILABLE);
     }
     {
       PushPullRequest r;
@@ -212,6 +215,17 @@ class GrpcHostileTest : public ::testing::Test {
       r.set_job("job");
       r.set_attempt(1);
       add(ps + "DropTable", "late drop of an earlier attempt", r, grpc::StatusCode::ABORTED);
+    }
+    {
+      SetWorkersRequest r;
+      r.set_job("nope");
+      add(ps + "SetWorkers", "unknown job", r, grpc::StatusCode::FAILED_PRECONDITION);
+      r.set_job("job");
+      r.set_attempt(1);
+      add(ps + "SetWorkers", "earlier attempt", r, grpc::StatusCode::ABORTED);
+      r.set_attempt(2);
+      for (int i = 0; i < 100000; ++i) r.add_seats()->set_active(true);
+      add(ps + "SetWorkers", "100000 seats for a 1-worker table", r, grpc::StatusCode::INVALID_ARGUMENT);
     }
     const std::string js = "/pstrain.JobService/";
     {

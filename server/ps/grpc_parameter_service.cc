@@ -140,4 +140,14 @@ grpc::ServerUnaryReactor* GrpcParameterService::DropTable(grpc::CallbackServerCo
       });
 }
 
+grpc::ServerUnaryReactor* GrpcParameterService::SetWorkers(grpc::CallbackServerContext* context,
+                                                           const grpc::ByteBuffer* request,
+                                                           grpc::ByteBuffer* response) {
+  return Serve<SetWorkersRequest, SetWorkersResponse>(
+      "SetWorkers", metrics_, context, request, response,
+      [this](auto state, const CallOptions& options, auto done) {
+        store_->SetWorkers(state->request, &state->response, options, std::move(done));
+      });
+}
+
 }  // namespace pstrain

@@ -13,14 +13,15 @@
 namespace pstrain {
 
 class GrpcParameterService final
-    : public ParameterService::WithRawCallbackMethod_DropTable<
+    : public ParameterService::WithRawCallbackMethod_SetWorkers<
+          ParameterService::WithRawCallbackMethod_DropTable<
           ParameterService::WithRawCallbackMethod_SaveTable<
           ParameterService::WithRawCallbackMethod_LoadTable<
           ParameterService::WithRawCallbackMethod_InitTable<
           ParameterService::WithRawCallbackMethod_Pull<
               ParameterService::WithRawCallbackMethod_Push<
                   ParameterService::WithRawCallbackMethod_PushPull<
-                      ParameterService::WithRawCallbackMethod_Stats<ParameterService::Service>>>>>>>> {
+                      ParameterService::WithRawCallbackMethod_Stats<ParameterService::Service>>>>>>>>> {
  public:
   // `store` (and `metrics`, if given) are not owned and must outlive the
   // service.
@@ -51,6 +52,8 @@ class GrpcParameterService final
   grpc::ServerUnaryReactor* DropTable(grpc::CallbackServerContext* context,
                                       const grpc::ByteBuffer* request,
                                       grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* SetWorkers(grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
+                                       grpc::ByteBuffer* response) override;
 
  private:
   ParameterStore* const store_;

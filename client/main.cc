@@ -99,6 +99,13 @@ void PrintJobTable(const pstrain::JobStatus& st) {
   if (!st.pending_reason().empty()) std::printf("waiting:    %s\n", st.pending_reason().c_str());
   if (!st.last_checkpoint().empty()) std::printf("checkpoint: %s\n", st.last_checkpoint().c_str());
   if (st.restarts() > 0) std::printf("restarts:   %d (from checkpoints, after losing a member)\n", st.restarts());
+  if (st.vacant_ranks_size() > 0 || st.replacements() > 0) {
+    std::string vacant;
+    for (int r : st.vacant_ranks()) vacant += absl::StrCat(vacant.empty() ? "" : ", ", r);
+    std::printf("workers:    %d of %d training%s; %d replaced while running\n", st.num_workers() - st.vacant_ranks_size(),
+                st.num_workers(), vacant.empty() ? "" : absl::StrCat(" (vacant: rank ", vacant, ")").c_str(),
+                st.replacements());
+  }
   std::printf("progress:   epoch %d, step %lld/%lld, loss %.4f, %.0f samples/s\n", st.epoch(),
               static_cast<long long>(st.step()), static_cast<long long>(st.steps()), st.loss(), st.samples_per_s());
   for (const auto& w : st.workers()) {

@@ -202,6 +202,16 @@ absl::Status CheckValues(const JobSpec& spec, const MappingReader& r) {
   if (spec.checkpoint_every_steps < 0) return r.Error("checkpoint_every_steps", "must be >= 0");
   if (spec.checkpoint_keep < 1) return r.Error("checkpoint_keep", "must be >= 1");
   if (spec.max_restarts < 0) return r.Error("max_restarts", "must be >= 0");
+  if (spec.min_workers < 1 || spec.min_workers > spec.workers) {
+    return r.Error("min_workers", "must be in 1..workers");
+  }
+  if (spec.allreduce() && spec.min_workers != spec.workers) {
+    return r.Error("min_workers", "must equal workers in allreduce mode (a collective group cannot shrink: a lost "
+                                  "worker restarts the job from its checkpoint)");
+  }
+  if (spec.replacement_timeout_s < 0 || spec.replacement_timeout_s > 86400) {
+    return r.Error("replacement_timeout_s", "must be in 0..86400");
+  }
   if (spec.log_every_steps < 1) return r.Error("log_every_steps", "must be >= 1");
   return absl::OkStatus();
 }
@@ -306,6 +316,8 @@ absl::StatusOr<JobSpec> ParseJobSpecOrThrow(const std::string& yaml, const std::
   RETURN_IF_ERROR(r.Read("checkpoint_every_steps", &spec.checkpoint_every_steps));
   RETURN_IF_ERROR(r.Read("checkpoint_keep", &spec.checkpoint_keep));
   RETURN_IF_ERROR(r.Read("max_restarts", &spec.max_restarts));
+  RETURN_IF_ERROR(r.Read("min_workers", &spec.min_workers));
+  RETURN_IF_ERROR(r.Read("replacement_timeout_s", &spec.replacement_timeout_s));
   RETURN_IF_ERROR(r.Read("log_every_steps", &spec.log_every_steps));
   RETURN_IF_ERROR(r.Check());
 
@@ -318,6 +330,7 @@ absl::StatusOr<JobSpec> ParseJobSpecOrThrow(const std::string& yaml, const std::
   } else {
     return r.Error("consistency", "must be async, sync or ssp");
   }
+  if (spec.min_workers == -1) spec.min_workers = spec.workers;
   RETURN_IF_ERROR(CheckValues(spec, r));
   return spec;
 }

@@ -97,6 +97,13 @@ struct JobSpec {
   // After a member is lost or shuts down, the job restarts from its last
   // checkpoint this many times at most (without a checkpoint it fails).
   int max_restarts = 3;
+  // ps mode: a lost worker's rank is left empty (the others go on; a free
+  // pool worker takes it over when there is one) as long as at least this
+  // many workers remain; below it the job waits replacement_timeout_s for a
+  // replacement, then restarts from its checkpoint. Default: workers (any
+  // loss waits, then restarts); all-reduce always restarts.
+  int min_workers = -1;  // -1: workers
+  int replacement_timeout_s = 0;
   int log_every_steps = 20;
 };
 

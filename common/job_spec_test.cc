@@ -75,6 +75,10 @@ TEST(JobSpecTest, RefusesUnknownFieldsAndBadValuesNamingTheField) {
       {"device: tpu", "device"},
       {"precision: fp16", "precision"},
       {"precision: fp8", "precision"},
+      {"workers: 3\nmin_workers: 4", "min_workers"},
+      {"min_workers: 0", "min_workers"},
+      {"mode: allreduce\nworkers: 3\nmin_workers: 2", "min_workers"},
+      {"replacement_timeout_s: -1", "replacement_timeout_s"},
       {"data: {format: csv}", "data.train_csv"},
       {"epochs: [1, 2]", "epochs"},
       {"data: 3", "data"},
@@ -103,6 +107,11 @@ TEST(JobSpecTest, RefusesUnknownFieldsAndBadValuesNamingTheField) {
   EXPECT_EQ(typed->device, DeviceChoice::kCuda);
   EXPECT_EQ(typed->precision, Precision::kBf16);
   EXPECT_STREQ(Name(typed->backend), "nccl");
+  EXPECT_EQ(typed->min_workers, typed->workers);  // by default every worker is needed
+  auto elastic = ParseJobSpec("workers: 3\nmin_workers: 2\nreplacement_timeout_s: 30\n");
+  ASSERT_TRUE(elastic.ok()) << elastic.status();
+  EXPECT_EQ(elastic->min_workers, 2);
+  EXPECT_EQ(elastic->replacement_timeout_s, 30);
   EXPECT_EQ(LoadJobSpec("/nonexistent.yaml").status().code(), absl::StatusCode::kNotFound);
 }
 

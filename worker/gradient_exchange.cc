@@ -81,8 +81,8 @@ absl::Status GradientExchange::InitTables(const TableConfig& config) {
   return Pull();
 }
 
-absl::Status GradientExchange::Pull(int64_t min_version) {
-  absl::Status s = options_.ps->Pull(staging_, min_version);
+absl::Status GradientExchange::Pull(int64_t min_version, int64_t min_worker_steps) {
+  absl::Status s = options_.ps->Pull(staging_, min_version, min_worker_steps);
   if (s.ok()) UploadStaging();
   return s;
 }
@@ -259,7 +259,7 @@ class AllReduceExchange : public GradientExchange {
   }
 
   // After InitTables the parameters are the current values: nothing to pull.
-  absl::Status Pull(int64_t) override { return absl::OkStatus(); }
+  absl::Status Pull(int64_t, int64_t) override { return absl::OkStatus(); }
 
   absl::Status Flush(int64_t steps) override {
     c10::NoGradGuard no_grad;

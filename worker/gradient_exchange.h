@@ -65,8 +65,9 @@ class GradientExchange {
   // same seeded values), then loads the tables' values into the parameters.
   virtual absl::Status InitTables(const TableConfig& config);
   // The tables' values into the parameters, once every chunk reached
-  // `min_version` updates.
-  virtual absl::Status Pull(int64_t min_version = 0);
+  // `min_version` updates (or, ASYNC/SSP, every active rank pushed
+  // `min_worker_steps` steps).
+  virtual absl::Status Pull(int64_t min_version = 0, int64_t min_worker_steps = 0);
   // Makes the tables current with the parameters after `steps` steps (an
   // exchange that applies the optimizer itself; the others' tables always
   // are). Called before a checkpoint is written.

@@ -181,6 +181,8 @@ absl::Status RunJobOrThrow(pstrain::JobSpec spec, int rank, int world_size, cons
     options.start_step = assignment->start_step();
     options.start_epoch = assignment->start_epoch();
     options.start_epoch_step = assignment->start_epoch_step();
+    options.generation = assignment->generation();
+    if (assignment->replacement()) options.rejoin_step = assignment->replacement_step();
   }
   if (member != nullptr) {
     // A checkpoint pauses every worker before one agreed step (a SYNC step

@@ -88,6 +88,7 @@ Request& PsClient::Addressed(Request& req, const std::vector<size_t>& chunks) co
 template <typename Request>
 Request& PsClient::AddressedPush(Request& req, const std::vector<size_t>& chunks, int64_t step, double lr) const {
   req.set_worker(options_.worker);
+  req.set_generation(options_.generation);
   req.set_step(step);
   req.set_lr(lr);
   return Addressed(req, chunks);
@@ -156,7 +157,7 @@ absl::Status PsClient::InitTables(const std::vector<at::Tensor>& params, const T
   });
 }
 
-absl::Status PsClient::Pull(const std::vector<at::Tensor>& params, int64_t min_version) {
+absl::Status PsClient::Pull(const std::vector<at::Tensor>& params, int64_t min_version, int64_t min_worker_steps) {
   absl::Status s = CheckTensors(params, "parameters");
   if (!s.ok()) return s;
   CallOptions opts;
@@ -170,6 +171,7 @@ absl::Status PsClient::Pull(const std::vector<at::Tensor>& params, int64_t min_v
     values[shard] = std::move(*dest);
     PullRequest& req = Addressed(requests[shard], options_.plan.shard_chunks[shard]);
     req.set_min_version(min_version);
+    req.set_min_worker_steps(min_worker_steps);
     shards_[shard]->Pull(req, &responses[shard], &values[shard], opts,
                          [&, shard, done = std::move(done)](absl::Status st) {
                            if (st.ok()) st = CopyIntoParams(shard, values[shard], params);

@@ -24,6 +24,7 @@ struct PsClientOptions {
   std::string job;
   uint64_t attempt = 0;  // the job's attempt, carried by every request
   uint32_t worker = 0;
+  uint32_t generation = 0;  // this worker's hold on its rank (Assignment.generation)
   PartitionPlan plan;
   // Deadline of each operation (all shards together).
   absl::Duration timeout = absl::Seconds(120);
@@ -38,8 +39,9 @@ class PsClient {
   // Creates every shard's table from `params` (idempotent for identical
   // tables, so every worker may call it with the same seeded values).
   absl::Status InitTables(const std::vector<at::Tensor>& params, const TableConfig& config);
-  // Copies the shards' values into `params`, waiting for min_version.
-  absl::Status Pull(const std::vector<at::Tensor>& params, int64_t min_version = 0);
+  // Copies the shards' values into `params`, waiting for min_version (or
+  // min_worker_steps: see PullRequest).
+  absl::Status Pull(const std::vector<at::Tensor>& params, int64_t min_version = 0, int64_t min_worker_steps = 0);
   // `lr` > 0 overrides the table's learning rate for this update (schedules).
   absl::Status Push(int64_t step, const std::vector<at::Tensor>& grads, double lr = 0);
   // Push, then the new values into `params`, in one round trip per shard.

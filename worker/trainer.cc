@@ -221,6 +221,7 @@ absl::Status Trainer::BuildExchange() {
   po.job = spec_.name;
   po.attempt = allreduce ? 0 : options_.attempt;  // the local store is this attempt's alone
   po.worker = allreduce ? 0 : static_cast<uint32_t>(options_.rank);
+  po.generation = allreduce ? 0 : options_.generation;
   po.plan = *plan;
   auto ps = PsClient::Create(po, options_.shards);
   if (!ps.ok()) return ps.status();
@@ -378,10 +379,10 @@ void Trainer::EmitProgress(int epoch) {
 absl::Status Trainer::Finish() {
   result_.steps = step_;
   result_.seconds = Seconds(start_, Clock::now());
-  // Final values: wait until every worker's every step has landed (each
-  // worker pushes each chunk once per step), then evaluate.
-  const int64_t updates_per_step = spec_.consistency == SYNC ? 1 : options_.world_size;
-  absl::Status s = exchange_->Pull(updates_per_step * step_);
+  // Final values: wait until every rank's every step has landed (under SYNC
+  // the version is the step; otherwise each active rank's last step counts,
+  // whoever holds the rank now), then evaluate.
+  absl::Status s = spec_.consistency == SYNC ? exchange_->Pull(step_) : exchange_->Pull(0, step_);
   if (!s.ok()) return s;
   if (options_.rank == 0 && data_.test.size() > 0) {
     EvalResult ev = Evaluate(*model_, data_.test, device_, spec_.precision);
@@ -420,23 +421,33 @@ absl::StatusOr<TrainResult> Trainer::Run() {
   if (!s.ok()) return s;
   EmitPlan();
   RegisterHooks();
-  step_ = options_.start_step;
   sampler_ = std::make_unique<DistributedSampler>(data_.train.size(), options_.rank, options_.world_size, spec_.seed);
   const int64_t micro_per_epoch = (sampler_->per_rank() + spec_.batch_size - 1) / spec_.batch_size;
   const int64_t steps_per_epoch = (micro_per_epoch + spec_.accumulate_steps - 1) / spec_.accumulate_steps;
   total_steps_ = steps_per_epoch * spec_.epochs;
   if (spec_.max_steps > 0) total_steps_ = std::min<int64_t>(total_steps_, spec_.max_steps);
+  // Where this worker starts: the checkpoint's place, or, taking over a
+  // rank, as far beyond it as the rank has got.
+  step_ = options_.start_step;
+  int start_epoch = options_.start_epoch;
+  int64_t start_es = options_.start_epoch_step;
+  if (options_.rejoin_step >= options_.start_step) {
+    const int64_t index = start_epoch * steps_per_epoch + start_es + (options_.rejoin_step - options_.start_step);
+    start_epoch = static_cast<int>(index / steps_per_epoch);
+    start_es = index % steps_per_epoch;
+    step_ = options_.rejoin_step;
+  }
   BatchPlan batch_plan;
   batch_plan.batch_size = spec_.batch_size;
-  batch_plan.start_epoch = options_.start_epoch;
-  batch_plan.start_micro = options_.start_epoch_step * spec_.accumulate_steps;
+  batch_plan.start_epoch = start_epoch;
+  batch_plan.start_micro = start_es * spec_.accumulate_steps;
   batch_plan.epochs = spec_.epochs;
   batch_plan.micro_per_epoch = micro_per_epoch;
   batch_plan.pin = !device_.is_cpu();
   loader_ = std::make_unique<BatchLoader>(data_.train, *sampler_, batch_plan);
   start_ = window_start_ = Clock::now();
-  for (int epoch = options_.start_epoch; epoch < spec_.epochs && step_ < total_steps_; ++epoch) {
-    const int64_t first_step = epoch == options_.start_epoch ? options_.start_epoch_step : 0;
+  for (int epoch = start_epoch; epoch < spec_.epochs && step_ < total_steps_; ++epoch) {
+    const int64_t first_step = epoch == start_epoch ? start_es : 0;
     for (int64_t es = first_step; es < steps_per_epoch && step_ < total_steps_; ++es) {
       if (options_.at_step_boundary) {
         options_.at_step_boundary(step_, epoch, es, [this, step = step_] { return exchange_->Flush(step); });

@@ -75,6 +75,12 @@ struct TrainerOptions {
   int64_t start_step = 0;
   int start_epoch = 0;
   int64_t start_epoch_step = 0;
+  // Parameter-server mode: this worker's hold on its rank (carried by its
+  // pushes), and, taking over a lost worker's rank while the job runs, the
+  // step the rank continues at (-1: not a replacement). Its data continues
+  // at the matching place of the rank's slice, counted from start_*.
+  uint32_t generation = 0;
+  int64_t rejoin_step = -1;
 };
 
 struct TrainResult {

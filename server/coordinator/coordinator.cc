@@ -74,6 +74,7 @@ void Coordinator::TickLoop() {
       spdlog::warn("coordinator: paused for {}; leases extended by as much", absl::FormatDuration(late));
     }
     ExpireLeases();
+    ExpireAwaitedRanks();
     Schedule();
     StartPeriodicCheckpoints();
   }
@@ -209,6 +210,9 @@ void Coordinator::Requeue(Job& job, const std::string& reason, const std::string
   st.clear_workers();
   st.set_resumed_from(ResumePoint(job));
   job.done_ranks.clear();
+  job.joining.clear();
+  job.awaited.clear();
+  st.clear_vacant_ranks();
   job.checkpoint.Reset();
   st.set_restarts(st.restarts() + 1);
   Transition(job, PENDING, reason,
@@ -336,8 +340,12 @@ absl::StatusOr<JobStatus> Coordinator::WaitJob(const std::string& job_id, uint64
 
 void Coordinator::MaybeSucceed(Job& job) {
   // A job being checkpointed finishes once the checkpoint is written.
-  if (static_cast<int>(job.done_ranks.size()) >= job.spec.workers && job.stored.status.state() == RUNNING) {
-    Transition(job, SUCCEEDED, "Completed", absl::StrCat("all ", job.spec.workers, " workers finished"));
+  if (AllRanksSettled(job) && job.stored.status.state() == RUNNING) {
+    const int done = static_cast<int>(job.done_ranks.size());
+    Transition(job, SUCCEEDED, "Completed",
+               done == job.spec.workers ? absl::StrCat("all ", done, " workers finished")
+                                        : absl::StrCat(done, " of ", job.spec.workers,
+                                                       " ranks finished (the others were lost, not replaced)"));
     Schedule();
   }
 }
@@ -349,18 +357,21 @@ void Coordinator::ExpireLeases() {
   for (auto& [id, job] : jobs_) {
     const JobStatus& st = job.stored.status;
     if ((st.state() != RUNNING && st.state() != CHECKPOINTING) || now < job.attach_deadline) continue;
-    for (const MemberStatus& jm : st.members()) {
+    const std::vector<MemberStatus> present(st.members().begin(), st.members().end());
+    for (const MemberStatus& jm : present) {
       if (members_.Attached(jm.name(), id)) continue;
-      RestartOrFail(job, "MemberLost",
-                    absl::StrCat(jm.role(), " ", jm.name(), " (rank ", jm.rank(), ") was lost: missed ",
-                                 options_.missed_heartbeats, " heartbeats"),
-                    /*retryable=*/true);
+      const std::string what = absl::StrCat(jm.role(), " ", jm.name(), " (rank ", jm.rank(), ") was lost: missed ",
+                                            options_.missed_heartbeats, " heartbeats");
+      if (VacateRank(job, jm, what)) continue;  // a parameter-server job goes on without it
+      RestartOrFail(job, "MemberLost", what, /*retryable=*/true);
       break;
     }
   }
 }
 
 void Coordinator::Schedule() {
+  // Running jobs first: a vacant rank is filled before new jobs start.
+  FillVacancies();
   std::vector<Job*> pending;
   for (auto& [id, job] : jobs_) {
     if (job.stored.status.state() == PENDING) pending.push_back(&job);
@@ -399,6 +410,13 @@ void Coordinator::Start(Job& job, const Placement& placement) {
   }
   job.attach_deadline = Now();
   job.done_ranks.clear();
+  job.joining.clear();
+  job.awaited.clear();
+  st.clear_vacant_ranks();
+  st.clear_rank_generations();
+  for (int r = 0; r < job.spec.workers; ++r) st.add_rank_generations(0);
+  st.set_active_workers(job.spec.workers);
+  st.set_replacements(0);
   // A new attempt: requests of the previous ones are refused from now on.
   st.set_attempt(st.attempt() + 1);
   rendezvous_.Open(st.job_id(), st.attempt());
@@ -413,6 +431,7 @@ void Coordinator::Start(Job& job, const Placement& placement) {
 void Coordinator::Tick() {
   absl::MutexLock lock(&mu_);
   ExpireLeases();
+  ExpireAwaitedRanks();
   Schedule();
 }
 

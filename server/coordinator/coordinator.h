@@ -145,6 +145,22 @@ class Coordinator {
     // Members may (re)attach until then without the job failing.
     absl::Time attach_deadline;
     CheckpointState checkpoint;
+    // Parameter-server mode, ranks changing hands (coordinator_elastic.cc).
+    // A rank handed to a replacement: its assignment is held until the
+    // shards know the new holder, then says where the rank continues.
+    struct Rejoin {
+      bool admitted = false;
+      int64_t step = -1;
+    };
+    std::map<int, Rejoin> joining;
+    // Vacant ranks the job waits for (below min_workers, or rank 0): the
+    // shards keep them active until a replacement comes or the deadline
+    // passes, then the job restarts.
+    std::map<int, absl::Time> awaited;
+    // One SetWorkers round at a time per job; a change meanwhile is sent
+    // after it (the shards must see the views in order).
+    bool seats_in_flight = false;
+    bool seats_dirty = false;
   };
 
   Coordinator(CoordinatorOptions options, std::unique_ptr<JobStore> store);
@@ -173,6 +189,22 @@ class Coordinator {
   void Schedule() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Start(Job& job, const Placement& placement) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ExpireLeases() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // Worker ranks changing hands while a parameter-server job runs
+  // (coordinator_elastic.cc).
+  // The worker `lost` is gone: its rank is left vacant, and true, if the
+  // job can go on (or wait for a replacement); false: restart the job.
+  bool VacateRank(Job& job, const MemberStatus& lost, const std::string& what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Free pool workers take over vacant ranks of running jobs.
+  void FillVacancies() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void HandOver(Job& job, int rank, Member& worker) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ranks awaited past the job's replacement_timeout_s: restart.
+  void ExpireAwaitedRanks() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Sends the job's seats to its shards (in the background, in order).
+  void PushSeats(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void PushSeatsLoop(const std::string& job_id) ABSL_LOCKS_EXCLUDED(mu_);
+  // Every rank done, or vacant and not awaited.
+  bool AllRanksSettled(const Job& job) const;
   void TickLoop();
   // Re-attaches a member that says it was on `job_id` (after a restart on
   // either side), if that attempt is still the job's.

@@ -87,6 +87,8 @@ absl::StatusOr<CheckpointWrite> Coordinator::PauseForCheckpoint(const std::strin
     // Workers that finished their steps will not pause; they count as ready.
     int ready = static_cast<int>(c.paused.size());
     for (int r : job->done_ranks) ready += c.paused.count(r) == 0 ? 1 : 0;
+    // A vacant rank has nobody to pause.
+    for (int r : job->stored.status.vacant_ranks()) ready += c.paused.count(r) == 0 && !job->done_ranks.count(r);
     if (ready >= job->spec.workers) break;
     if (absl::Now() > deadline || shutdown_) {
       EndCheckpoint(*job, "CheckpointFailed", "the workers did not pause within 120 s");

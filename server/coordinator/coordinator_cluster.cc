@@ -91,7 +91,11 @@ absl::StatusOr<Assignment> Coordinator::GetAssignment(const std::string& member_
     // Not again to a worker that has finished its part (the job ends when
     // the last one has).
     if (job != nullptr && member->role == Role::kWorker && job->done_ranks.count(m.rank()) > 0) job = nullptr;
-    if (job != nullptr && !job->checkpoint.restoring) {
+    // A replacement waits until the shards know it holds the rank.
+    auto rejoin = job == nullptr ? decltype(job->joining)::iterator() : job->joining.find(m.rank());
+    const bool held = job != nullptr && member->role == Role::kWorker && rejoin != job->joining.end() &&
+                      !rejoin->second.admitted;
+    if (job != nullptr && !job->checkpoint.restoring && !held) {
       Assignment a;
       a.set_job_id(m.job_id());
       a.set_spec_yaml(job->stored.spec_yaml);
@@ -102,6 +106,14 @@ absl::StatusOr<Assignment> Coordinator::GetAssignment(const std::string& member_
       a.set_world_size(member->role == Role::kWorker ? job->spec.workers : job->spec.shards);
       for (const std::string& address : ShardAddresses(job->stored.status)) a.add_shard_addresses(address);
       a.set_resume_from(job->stored.status.resumed_from());
+      const JobStatus& st = job->stored.status;
+      if (member->role == Role::kWorker && m.rank() >= 0 && m.rank() < st.rank_generations_size()) {
+        a.set_generation(st.rank_generations(m.rank()));
+      }
+      if (member->role == Role::kWorker && rejoin != job->joining.end()) {
+        a.set_replacement(true);
+        a.set_replacement_step(rejoin->second.step);
+      }
       for (const auto& w : job->checkpoint.start_positions) {
         if (w.rank != m.rank()) continue;
         a.set_start_step(w.step);

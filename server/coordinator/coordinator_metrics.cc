@@ -31,6 +31,10 @@ std::vector<prometheus::MetricFamily> CoordinatorMetrics::Collect() const {
   auto rate = Gauge("pstrain_job_samples_per_second", "Training samples per second of a running job, all workers.");
   auto accuracy = Gauge("pstrain_job_final_accuracy", "Final test accuracy of a finished job.");
   auto restarts = Gauge("pstrain_job_restarts", "Times a job resumed from its checkpoint after losing a member.");
+  auto workers = Gauge("pstrain_job_workers",
+                       "Workers of a running job, by state: active (training), vacant (lost, not yet replaced).");
+  auto replacements = Gauge("pstrain_job_replacements",
+                            "Workers that took over a lost worker's rank in the job's current attempt.");
   std::map<JobState, int> by_state;
   for (JobState s : {PENDING, RUNNING, CHECKPOINTING, SUCCEEDED, FAILED, CANCELLED}) by_state[s] = 0;
   for (const JobStatus& j : coordinator_->ListJobs()) {
@@ -40,6 +44,14 @@ std::vector<prometheus::MetricFamily> CoordinatorMetrics::Collect() const {
       Add(step, labels, static_cast<double>(j.step()));
       Add(loss, labels, j.loss());
       Add(rate, labels, j.samples_per_s());
+      auto with = [&](const char* state) {
+        auto l = labels;
+        l.push_back({"state", state});
+        return l;
+      };
+      Add(workers, with("active"), j.num_workers() - j.vacant_ranks_size());
+      Add(workers, with("vacant"), j.vacant_ranks_size());
+      Add(replacements, labels, j.replacements());
     }
     if (j.final_accuracy() >= 0) Add(accuracy, labels, j.final_accuracy());
     Add(restarts, labels, j.restarts());
@@ -50,7 +62,7 @@ std::vector<prometheus::MetricFamily> CoordinatorMetrics::Collect() const {
   for (const MemberStatus& m : coordinator_->Members()) {
     Add(up, {{"role", m.role()}, {"name", m.name()}}, m.alive() ? 1 : 0);
   }
-  return {jobs, step, loss, rate, accuracy, restarts, up};
+  return {jobs, step, loss, rate, accuracy, restarts, workers, replacements, up};
 }
 
 }  // namespace pstrain

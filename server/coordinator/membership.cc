@@ -115,6 +115,12 @@ void Membership::FreeAll(const std::string& job_id) {
   }
 }
 
+void Membership::FreeByName(const std::string& name, const std::string& job_id) {
+  for (auto& [id, m] : members_) {
+    if (m.status.name() == name && m.Holds(job_id)) m.Free();
+  }
+}
+
 void Membership::Release(const std::string& job_id) {
   for (auto& [id, m] : members_) {
     if (!m.Holds(job_id)) continue;

@@ -71,6 +71,9 @@ class Membership {
   void Refresh(MemberStatus& m) const;
   // The job ended: all its members are free.
   void FreeAll(const std::string& job_id);
+  // The member called `name`, if it holds `job_id`, is free (its rank was
+  // taken from it; told to stop by its next heartbeat).
+  void FreeByName(const std::string& name, const std::string& job_id);
   // The job was requeued: its live workers are told to stop (free once
   // they have), the rest are free now.
   void Release(const std::string& job_id);

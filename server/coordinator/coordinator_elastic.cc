@@ -1,0 +1,229 @@
+// Worker ranks changing hands while a parameter-server job runs: a lost
+// worker's rank is left vacant and the others go on (the shards stop
+// waiting for it), a free pool worker takes it over with a higher
+// generation (the shards refuse its predecessor) and continues it where it
+// stopped; below min_workers the job waits replacement_timeout_s for one,
+// then restarts from its checkpoint as before. All-reduce jobs always
+// restart: a collective group cannot shrink.
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "common/quote.h"
+#include "rpc/grpc_remote_shard.h"
+#include "server/coordinator/coordinator.h"
+#include "spdlog/spdlog.h"
+
+namespace pstrain {
+namespace {
+
+bool Contains(const google::protobuf::RepeatedField<int32_t>& ranks, int rank) {
+  return std::find(ranks.begin(), ranks.end(), rank) != ranks.end();
+}
+
+void Remove(google::protobuf::RepeatedField<int32_t>* ranks, int rank) {
+  auto it = std::find(ranks->begin(), ranks->end(), rank);
+  if (it != ranks->end()) ranks->erase(it);
+}
+
+// What the shards said, all together.
+struct SeatsAnswer {
+  absl::Status status;
+  std::vector<int64_t> last_steps;  // per rank, min over shards
+  int64_t min_version = INT64_MAX;
+};
+
+SeatsAnswer SendSeats(const std::vector<std::string>& shards, const SetWorkersRequest& req) {
+  SeatsAnswer a;
+  a.last_steps.assign(req.seats_size(), INT64_MAX);
+  for (size_t i = 0; i < shards.size() && a.status.ok(); ++i) {
+    RemoteShardOptions ro;
+    ro.target = shards[i];
+    ro.default_timeout = absl::Seconds(10);
+    GrpcRemoteShard& client = *SharedRemoteShard(ro);
+    SetWorkersResponse resp;
+    absl::Status s = WaitFor([&](StatusCallback done) { client.SetWorkers(req, &resp, {}, done); });
+    if (!s.ok()) {
+      a.status = absl::Status(s.code(), absl::StrCat("shard ", i, ": ", s.message()));
+      break;
+    }
+    for (int r = 0; r < resp.last_steps_size() && r < req.seats_size(); ++r) {
+      a.last_steps[r] = std::min(a.last_steps[r], resp.last_steps(r));
+    }
+    a.min_version = std::min(a.min_version, resp.min_version());
+  }
+  return a;
+}
+
+}  // namespace
+
+bool Coordinator::AllRanksSettled(const Job& job) const {
+  const JobStatus& st = job.stored.status;
+  int done = 0;
+  for (int r = 0; r < job.spec.workers; ++r) {
+    if (job.done_ranks.count(r) > 0) {
+      ++done;
+    } else if (!Contains(st.vacant_ranks(), r) || job.awaited.count(r) > 0) {
+      return false;
+    }
+  }
+  return done > 0;
+}
+
+bool Coordinator::VacateRank(Job& job, const MemberStatus& lost, const std::string& what) {
+  JobStatus& st = job.stored.status;
+  if (job.spec.allreduce() || lost.role() != "worker" || st.rank_generations_size() != job.spec.workers) return false;
+  const int rank = lost.rank();
+  if (rank < 0 || rank >= job.spec.workers || Contains(st.vacant_ranks(), rank)) return false;
+  const int remaining = job.spec.workers - st.vacant_ranks_size() - 1;
+  bool free_worker = false;
+  for (const FreeMember& f : members_.FreeMembers()) free_worker = free_worker || f.role == Role::kWorker;
+  // Rank 0 evaluates and writes the weights: the job does not finish
+  // without it, so it is always awaited.
+  const bool await = remaining < job.spec.min_workers || rank == 0;
+  if (await && !free_worker && job.spec.replacement_timeout_s == 0) return false;
+  for (int i = 0; i < st.members_size(); ++i) {
+    if (st.members(i).name() == lost.name() && st.members(i).role() == lost.role()) {
+      st.mutable_members()->DeleteSubrange(i, 1);
+      break;
+    }
+  }
+  members_.FreeByName(lost.name(), st.job_id());
+  st.add_vacant_ranks(rank);
+  st.set_active_workers(job.spec.workers - st.vacant_ranks_size());
+  job.joining.erase(rank);
+  std::string next;
+  if (await) {
+    // The shards keep waiting for the rank (a SYNC step does not complete
+    // without it) until a replacement comes or the deadline passes.
+    job.awaited[rank] = Now() + absl::Seconds(job.spec.replacement_timeout_s);
+    next = absl::StrCat("; waiting up to ", job.spec.replacement_timeout_s, " s for a replacement (",
+                        rank == 0 ? "rank 0 evaluates and writes the weights" : "below min_workers", ")");
+  } else {
+    next = absl::StrCat("; running with ", st.active_workers(), " of ", job.spec.workers, " workers");
+  }
+  Transition(job, st.state(), "MemberLost", what + next);
+  if (!await) PushSeats(job);
+  return true;
+}
+
+void Coordinator::FillVacancies() {
+  for (auto& [id, job] : jobs_) {
+    JobStatus& st = job.stored.status;
+    if (st.state() != RUNNING || st.vacant_ranks_size() == 0 || job.checkpoint.restoring) continue;
+    std::vector<int> vacant(st.vacant_ranks().begin(), st.vacant_ranks().end());
+    std::sort(vacant.begin(), vacant.end());  // rank 0 first: the job needs it to finish
+    std::vector<FreeMember> free = members_.FreeMembers();
+    std::sort(free.begin(), free.end(), [](const FreeMember& a, const FreeMember& b) { return a.name < b.name; });
+    size_t next = 0;
+    for (int rank : vacant) {
+      while (next < free.size() && free[next].role != Role::kWorker) ++next;
+      if (next == free.size()) break;
+      HandOver(job, rank, *members_.Find(free[next++].id));
+    }
+  }
+}
+
+void Coordinator::HandOver(Job& job, int rank, Member& worker) {
+  JobStatus& st = job.stored.status;
+  worker.status.set_job_id(st.job_id());
+  worker.status.set_rank(rank);
+  st.set_rank_generations(rank, st.rank_generations(rank) + 1);
+  Remove(st.mutable_vacant_ranks(), rank);
+  job.awaited.erase(rank);
+  job.joining[rank] = Job::Rejoin();
+  job.done_ranks.erase(rank);
+  *st.add_members() = worker.status;
+  st.set_active_workers(job.spec.workers - st.vacant_ranks_size());
+  st.set_replacements(st.replacements() + 1);
+  Transition(job, st.state(), "WorkerReplaced",
+             absl::StrCat("worker ", Quote(worker.status.name()), " takes over rank ", rank, " (generation ",
+                          st.rank_generations(rank), "); ", st.active_workers(), " of ", job.spec.workers,
+                          " workers"));
+  PushSeats(job);
+}
+
+void Coordinator::ExpireAwaitedRanks() {
+  const absl::Time now = Now();
+  for (auto& [id, job] : jobs_) {
+    const JobState state = job.stored.status.state();
+    if (state != RUNNING && state != CHECKPOINTING) continue;
+    for (const auto& [rank, deadline] : job.awaited) {
+      if (now < deadline) continue;
+      RestartOrFail(job, "MemberLost",
+                    absl::StrCat("no worker took over rank ", rank, " within ", job.spec.replacement_timeout_s, " s"),
+                    /*retryable=*/true);
+      break;
+    }
+  }
+}
+
+void Coordinator::PushSeats(Job& job) {
+  if (job.seats_in_flight) {
+    job.seats_dirty = true;
+    return;
+  }
+  job.seats_in_flight = true;
+  Background([this, id = job.stored.id] { PushSeatsLoop(id); });
+}
+
+void Coordinator::PushSeatsLoop(const std::string& job_id) {
+  while (true) {
+    SetWorkersRequest req;
+    std::vector<std::string> shards;
+    {
+      absl::MutexLock lock(&mu_);
+      Job* job = FindJob(job_id);
+      if (job == nullptr) return;
+      const JobStatus& st = job->stored.status;
+      job->seats_dirty = false;
+      if (IsTerminal(st.state()) || st.state() == PENDING || shutdown_) {
+        job->seats_in_flight = false;
+        return;
+      }
+      req.set_job(job_id);
+      req.set_attempt(st.attempt());
+      for (int r = 0; r < job->spec.workers; ++r) {
+        WorkerSeat* seat = req.add_seats();
+        seat->set_active(!Contains(st.vacant_ranks(), r) || job->awaited.count(r) > 0);
+        seat->set_generation(r < st.rank_generations_size() ? st.rank_generations(r) : 0);
+      }
+      shards = ShardAddresses(st);
+    }
+    const SeatsAnswer answer = SendSeats(shards, req);
+    absl::MutexLock lock(&mu_);
+    Job* job = FindJob(job_id);
+    if (job == nullptr) return;
+    JobStatus& st = job->stored.status;
+    if (st.attempt() != req.attempt() || IsTerminal(st.state()) || st.state() == PENDING) {
+      job->seats_in_flight = false;
+      return;
+    }
+    if (!answer.status.ok()) {
+      job->seats_in_flight = false;
+      RestartOrFail(*job, "MemberLost",
+                    absl::StrCat("the shards could not be told of the job's workers: ", answer.status.message()),
+                    /*retryable=*/true);
+      Schedule();
+      return;
+    }
+    for (auto& [rank, rejoin] : job->joining) {
+      if (rejoin.admitted || req.seats(rank).generation() != st.rank_generations(rank)) continue;
+      // Where the rank continues: under SYNC the step in flight (a step is
+      // global), otherwise the step after its last one.
+      const int64_t last = answer.last_steps[rank] == INT64_MAX ? -1 : answer.last_steps[rank];
+      rejoin.step = job->spec.consistency == SYNC ? answer.min_version : last + 1;
+      for (const auto& w : job->checkpoint.start_positions) {
+        if (w.rank == rank) rejoin.step = std::max(rejoin.step, w.step);
+      }
+      rejoin.admitted = true;
+      spdlog::info("coordinator: {} rank {} continues at step {}", job_id, rank, rejoin.step);
+    }
+    cv_.SignalAll();
+    if (!job->seats_dirty) {
+      job->seats_in_flight = false;
+      return;
+    }
+  }
+}
+
+}  // namespace pstrain

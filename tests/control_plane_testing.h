@@ -95,7 +95,8 @@ class ControlPlaneTest : public ::testing::Test {
                                                  "--port=" + std::to_string(port), "--port_file=" + port_file,
                                                  "--db=" + dir_ + "/jobs.db", "--heartbeat_ms=100",
                                                  "--checkpoint_root=" + dir_,
-                                                 "--missed_heartbeats=20", "--metrics_port=0",
+                                                 "--missed_heartbeats=" + std::to_string(missed_heartbeats_),
+                                                 "--metrics_port=0",
                                                  "--metrics_port_file=" + dir_ + "/metrics.addr"});
     auto addr = WaitForAddressFile(port_file, absl::Seconds(30));
     ASSERT_TRUE(addr.ok()) << addr.status();
@@ -185,6 +186,8 @@ class ControlPlaneTest : public ::testing::Test {
     }
   }
 
+  // Leases of 100 ms heartbeats: 2 s by default.
+  int missed_heartbeats_ = 20;
   std::string dir_, coordinator_;
   std::unique_ptr<ChildProcess> coordinator_process_;
   std::vector<std::unique_ptr<ChildProcess>> pool_;

@@ -88,6 +88,13 @@ bool Coordinator::VacateRank(Job& job, const MemberStatus& lost, const std::stri
     }
   }
   members_.FreeByName(lost.name(), st.job_id());
+  // Its last progress no longer holds the job's step back (it counts only
+  // ranks that report).
+  if (rank < st.workers_size()) {
+    WorkerProgress* w = st.mutable_workers(rank);
+    w->set_steps(0);
+    w->set_samples_per_s(0);
+  }
   st.add_vacant_ranks(rank);
   st.set_active_workers(job.spec.workers - st.vacant_ranks_size());
   job.joining.erase(rank);

@@ -7,6 +7,10 @@
 #                                  variants vs PyTorch DDP (gloo), same settings
 #   bench/run.sh allreduce [REPS]  all-reduce time and bus bandwidth, 4 KB..256 MB,
 #                                  2 and 4 ranks, vs torch.distributed (gloo)
+#   bench/run.sh elastic [REPS]    a worker SIGKILLed in a 3-worker PS job: how long
+#                                  the survivors stand still and when a spare takes
+#                                  over (sync, async), vs the restart from a checkpoint
+#                                  that the same loss cost before (tests/elastic_test)
 #   bench/run.sh gpu [REPS]        ResNet-18 on one GPU: PS mode (2 workers, CPU
 #                                  shards) and all-reduce (NCCL, 1 rank) vs PyTorch
 #                                  in one process and DDP (NCCL, 1 rank); needs a
@@ -352,10 +356,32 @@ print(json.dumps({"bench": "gpu", "reps": $reps, "setup": "ResNet-18 (11.2M para
 PYEOF
 }
 
+# The figures elastic_test prints, REPS runs of it (real processes: a
+# coordinator, a shard, three workers and a spare; leases of 0.5 s).
+elastic() {
+  local reps=${1:-5} out=$WORK/elastic.out
+  ${BAZEL:-bazel} test //tests:elastic_test --runs_per_test="$reps" --nocache_test_results --test_output=all \
+    --test_arg=--gtest_filter='*Spare*:*Comparison*' >"$out" 2>&1 || { tail -40 "$out" >&2; exit 1; }
+  num() { grep -E "^$1: .*$2 [0-9.]+ s" "$out" | sed -E "s/.*$2 ([0-9.]+) s.*/\1/" | median; }
+  local sync_step async_step sync_spare async_spare restart
+  sync_step=$(num sync "more steps"); async_step=$(num async "more steps")
+  sync_spare=$(num sync "spare admitted"); async_spare=$(num async "spare admitted")
+  restart=$(num restart "step \\+ 5")
+  printf '\n%-52s %10s   (medians of %s runs; lease 0.5 s)\n' "a worker of 3 SIGKILLed" "seconds" "$reps" >&2
+  printf '%-52s %10.2f\n' "sync: survivors 5 steps further" "$sync_step" "async: survivors 5 steps further" "$async_step" \
+    "sync: spare admitted (started 2 s after the kill)" "$sync_spare" \
+    "async: spare admitted (started 2 s after the kill)" "$async_spare" \
+    "before: restart from the checkpoint, back past it" "$restart" >&2
+  printf '{"bench": "elastic", "reps": %s, "setup": "ps mode, 3 workers, 1 shard, mlp, batch 16, lease 0.5 s, spare started 2 s after the SIGKILL", "seconds": {"sync_survivors_next_steps": %s, "async_survivors_next_steps": %s, "sync_spare_admitted": %s, "async_spare_admitted": %s, "restart_from_checkpoint_back_to_pre_kill_step": %s}, "ratios": {"restart_vs_sync_survivors": %.1f}}\n' \
+    "$reps" "$sync_step" "$async_step" "$sync_spare" "$async_spare" "$restart" \
+    "$(awk -v a="$restart" -v b="$sync_step" 'BEGIN {print a / b}')"
+}
+
 case "${1:-}" in
+  elastic) shift; elastic "$@" ;;
   gpu) shift; gpu "$@" ;;
   pushpull) shift; pushpull "$@" ;;
   train) shift; train "$@" ;;
   allreduce) shift; allreduce "$@" ;;
-  *) echo "usage: bench/run.sh pushpull|train|allreduce|gpu [REPS]" >&2; exit 2 ;;
+  *) echo "usage: bench/run.sh pushpull|train|allreduce|gpu|elastic [REPS]" >&2; exit 2 ;;
 esac

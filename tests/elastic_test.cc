@@ -122,6 +122,17 @@ TEST_F(ElasticTest, ASpareWorkerTakesOverTheLostRank) {
   }
 }
 
+TEST_F(ElasticTest, ADrainedWorkerLeavesAndTheJobGoesOnWithoutACheckpoint) {
+  const std::string job = Submit(ElasticSpec("drain", "sync", 2));
+  WaitForStep(job, 40);
+  pool_[3]->Signal(SIGTERM);
+  EXPECT_EQ(pool_[3]->Wait(absl::Seconds(60)), 0) << Logs();  // it leaves cleanly
+  ExpectFinishedWithoutARestart(job);
+  CliResult st = Cli({"status", job, "-o", "json"});
+  EXPECT_NE(st.out.find("is shutting down; running with 2 of 3 workers"), std::string::npos) << st.out;
+  EXPECT_EQ(st.out.find("CheckpointSaved"), std::string::npos) << st.out;
+}
+
 // The figure to compare with: the same loss handled as before this change,
 // a restart from the newest checkpoint once a third worker is there.
 TEST_F(ElasticTest, TodaysRestartFromACheckpointForComparison) {

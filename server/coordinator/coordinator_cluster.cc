@@ -197,8 +197,17 @@ absl::Status Coordinator::ApplyEvent(Job& job, Member& member, const WorkerEvent
     case WorkerEvent::kDraining: {
       member.leaving = true;
       if ((st.state() != RUNNING && st.state() != CHECKPOINTING) || job.checkpoint.draining) return absl::OkStatus();
-      job.checkpoint.draining = true;
       const std::string who = absl::StrCat(e.draining().role() == "shard" ? "shard" : "worker", " ", rank);
+      // A parameter-server job lets a leaving worker go and carries on
+      // without it (or with a spare in its place), as for a lost one.
+      for (const MemberStatus& jm : std::vector<MemberStatus>(st.members().begin(), st.members().end())) {
+        if (jm.name() != member.status.name() || jm.role() != "worker") continue;
+        if (VacateRank(job, jm, absl::StrCat(who, " (", Quote(jm.name()), ") is shutting down"))) {
+          Schedule();
+          return absl::OkStatus();
+        }
+      }
+      job.checkpoint.draining = true;
       Transition(job, st.state(), "MemberLeaving",
                  absl::StrCat(who, " is shutting down: checkpointing, then the job waits for a replacement"));
       Background([this, id = st.job_id(), who] { Drain(id, who); });

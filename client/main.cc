@@ -2,7 +2,7 @@
 //
 //   pstrain local JOB.yaml [--output_dir DIR]   a whole cluster on this machine
 //   pstrain submit JOB.yaml [--output_dir DIR]  prints the job id
-//   pstrain status JOB | list | watch JOB | cancel JOB | cluster
+//   pstrain status JOB | list | watch JOB | cancel JOB | scale JOB --workers N | cluster
 //
 // The coordinator is --coordinator HOST:PORT, else $PSTRAIN_COORDINATOR,
 // else 127.0.0.1:7000. -o table (default) or -o json.
@@ -196,6 +196,7 @@ struct Args {
   std::string coordinator;
   bool json = false;
   std::string spec_path, output_dir, job_id, resume, export_path, health_target, health_service;
+  int workers = 0;
 };
 
 void PrintJobList(const pstrain::ListJobsResponse& resp) {
@@ -381,6 +382,22 @@ int RunCancel(Client& client, const Args& a) {
   return 0;
 }
 
+int RunScale(Client& client, const Args& a) {
+  pstrain::ScaleJobRequest req;
+  req.set_job_id(a.job_id);
+  req.set_workers(a.workers);
+  pstrain::JobStatus st;
+  absl::Status s = Call(client, &pstrain::JobService::Stub::ScaleJob, req, &st);
+  if (!s.ok()) return Fail(s, a.coordinator);
+  if (a.json) {
+    std::printf("%s\n", Json(st).c_str());
+  } else {
+    std::printf("%s: %d workers asked for, %d training now\n", a.job_id.c_str(), a.workers,
+                st.num_workers() - st.vacant_ranks_size());
+  }
+  return 0;
+}
+
 int RunCluster(Client& client, const Args& a) {
   pstrain::ListMembersResponse resp;
   absl::Status s = Call(client, &pstrain::JobService::Stub::ListMembers, pstrain::ListMembersRequest(), &resp);
@@ -427,6 +444,10 @@ int Main(int argc, char** argv) {
       ->add_option("job", a.job_id)
       ->required();
   with_client(app.add_subcommand("cancel", "cancel a job"), RunCancel)->add_option("job", a.job_id)->required();
+  CLI::App* scale = with_client(
+      app.add_subcommand("scale", "change a running ps job's worker count (min_workers..workers)"), RunScale);
+  scale->add_option("job", a.job_id)->required();
+  scale->add_option("--workers", a.workers, "the new worker count")->required();
   with_client(app.add_subcommand("cluster", "the pool: shards and workers and their health"), RunCluster);
   with_client(app.add_subcommand("checkpoint", "checkpoint a running job now; prints the directory"), RunCheckpoint)
       ->add_option("job", a.job_id)

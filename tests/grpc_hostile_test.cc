@@ -241,7 +241,7 @@ class GrpcHostileTest : public ::testing::Test {
       r.set_resume_from("/proc/self");
       add(js + "SubmitJob", "resume_from outside the root", r, grpc::StatusCode::INVALID_ARGUMENT);
     }
-    for (const char* m : {"GetJob", "WatchJob", "CancelJob", "Checkpoint"}) {
+    for (const char* m : {"GetJob", "WatchJob", "CancelJob", "Checkpoint", "ScaleJob"}) {
       GetJobRequest r;  // job_id = 1 in every one of these requests
       r.set_job_id("job-999999");
       add(js + m, "unknown job", r, grpc::StatusCode::NOT_FOUND);

@@ -417,6 +417,7 @@ void Coordinator::Start(Job& job, const Placement& placement) {
   for (int r = 0; r < job.spec.workers; ++r) st.add_rank_generations(0);
   st.set_active_workers(job.spec.workers);
   st.set_replacements(0);
+  st.set_target_workers(0);
   // A new attempt: requests of the previous ones are refused from now on.
   st.set_attempt(st.attempt() + 1);
   rendezvous_.Open(st.job_id(), st.attempt());

@@ -105,6 +105,10 @@ class Coordinator {
   absl::StatusOr<JobStatus> GetJob(const std::string& job_id);
   std::vector<JobStatus> ListJobs();
   absl::StatusOr<JobState> CancelJob(const std::string& job_id);
+  // Parameter-server mode: ranks >= `workers` drain, those below are
+  // filled (see control.proto ScaleJob). FAILED_PRECONDITION unless the job
+  // runs in ps mode; INVALID_ARGUMENT outside min_workers..workers.
+  absl::StatusOr<JobStatus> ScaleJob(const std::string& job_id, int workers);
   // Pauses the job's workers at a step boundary, has every shard save its
   // table into <output_dir>/<job_id>/ckpt-<step>.tmp/, writes the manifest,
   // renames the directory to ckpt-<step>/ and resumes the workers. Blocks
@@ -195,6 +199,9 @@ class Coordinator {
   // The worker `lost` is gone: its rank is left vacant, and true, if the
   // job can go on (or wait for a replacement); false: restart the job.
   bool VacateRank(Job& job, const MemberStatus& lost, const std::string& what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The rank of `holder` becomes vacant: its worker is freed and told to
+  // stop, its progress no longer counts.
+  void DropRank(Job& job, const MemberStatus& holder) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Free pool workers take over vacant ranks of running jobs.
   void FillVacancies() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void HandOver(Job& job, int rank, Member& worker) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -203,6 +210,8 @@ class Coordinator {
   // Sends the job's seats to its shards (in the background, in order).
   void PushSeats(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void PushSeatsLoop(const std::string& job_id) ABSL_LOCKS_EXCLUDED(mu_);
+  // The worker count the job runs with now (ScaleJob, else the spec's).
+  static int TargetWorkers(const Job& job);
   // Every rank done, or vacant and not awaited.
   bool AllRanksSettled(const Job& job) const;
   void TickLoop();

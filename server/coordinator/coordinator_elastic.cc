@@ -56,6 +56,40 @@ SeatsAnswer SendSeats(const std::vector<std::string>& shards, const SetWorkersRe
 
 }  // namespace
 
+int Coordinator::TargetWorkers(const Job& job) {
+  const int target = job.stored.status.target_workers();
+  return target > 0 ? target : job.spec.workers;
+}
+
+absl::StatusOr<JobStatus> Coordinator::ScaleJob(const std::string& job_id, int workers) {
+  absl::MutexLock lock(&mu_);
+  Job* job = FindJob(job_id);
+  if (job == nullptr) return absl::NotFoundError(absl::StrCat("no job '", Quote(job_id), "'"));
+  JobStatus& st = job->stored.status;
+  if (job->spec.allreduce()) {
+    return absl::FailedPreconditionError("an all-reduce job cannot change its worker count while it runs");
+  }
+  if (st.state() != RUNNING) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job ", job_id, " is ", JobStateName(st.state()), ": only a running job can be scaled"));
+  }
+  if (workers < job->spec.min_workers || workers > job->spec.workers) {
+    return absl::InvalidArgumentError(absl::StrCat("workers must be in ", job->spec.min_workers, "..",
+                                                   job->spec.workers, " (the spec's min_workers..workers)"));
+  }
+  const int before = TargetWorkers(*job);
+  st.set_target_workers(workers);
+  // Ranks above the new count drain: their workers are stopped.
+  for (const MemberStatus& jm : std::vector<MemberStatus>(st.members().begin(), st.members().end())) {
+    if (jm.role() == "worker" && jm.rank() >= workers && job->done_ranks.count(jm.rank()) == 0) DropRank(*job, jm);
+  }
+  Transition(*job, st.state(), "Scaled", absl::StrCat("from ", before, " to ", workers, " workers"));
+  PushSeats(*job);
+  Schedule();  // fills the ranks below the new count
+  RefreshMembers(*job);
+  return st;
+}
+
 bool Coordinator::AllRanksSettled(const Job& job) const {
   const JobStatus& st = job.stored.status;
   int done = 0;
@@ -69,6 +103,29 @@ bool Coordinator::AllRanksSettled(const Job& job) const {
   return done > 0;
 }
 
+void Coordinator::DropRank(Job& job, const MemberStatus& holder) {
+  JobStatus& st = job.stored.status;
+  const int rank = holder.rank();
+  for (int i = 0; i < st.members_size(); ++i) {
+    if (st.members(i).name() == holder.name() && st.members(i).role() == holder.role()) {
+      st.mutable_members()->DeleteSubrange(i, 1);
+      break;
+    }
+  }
+  members_.FreeByName(holder.name(), st.job_id());  // told to stop by its next heartbeat
+  // Its last progress no longer holds the job's step back (it counts only
+  // ranks that report).
+  if (rank < st.workers_size()) {
+    WorkerProgress* w = st.mutable_workers(rank);
+    w->set_steps(0);
+    w->set_samples_per_s(0);
+  }
+  if (!Contains(st.vacant_ranks(), rank)) st.add_vacant_ranks(rank);
+  st.set_active_workers(job.spec.workers - st.vacant_ranks_size());
+  job.joining.erase(rank);
+  job.awaited.erase(rank);
+}
+
 bool Coordinator::VacateRank(Job& job, const MemberStatus& lost, const std::string& what) {
   JobStatus& st = job.stored.status;
   if (job.spec.allreduce() || lost.role() != "worker" || st.rank_generations_size() != job.spec.workers) return false;
@@ -79,25 +136,9 @@ bool Coordinator::VacateRank(Job& job, const MemberStatus& lost, const std::stri
   for (const FreeMember& f : members_.FreeMembers()) free_worker = free_worker || f.role == Role::kWorker;
   // Rank 0 evaluates and writes the weights: the job does not finish
   // without it, so it is always awaited.
-  const bool await = remaining < job.spec.min_workers || rank == 0;
+  const bool await = rank < TargetWorkers(job) && (remaining < job.spec.min_workers || rank == 0);
   if (await && !free_worker && job.spec.replacement_timeout_s == 0) return false;
-  for (int i = 0; i < st.members_size(); ++i) {
-    if (st.members(i).name() == lost.name() && st.members(i).role() == lost.role()) {
-      st.mutable_members()->DeleteSubrange(i, 1);
-      break;
-    }
-  }
-  members_.FreeByName(lost.name(), st.job_id());
-  // Its last progress no longer holds the job's step back (it counts only
-  // ranks that report).
-  if (rank < st.workers_size()) {
-    WorkerProgress* w = st.mutable_workers(rank);
-    w->set_steps(0);
-    w->set_samples_per_s(0);
-  }
-  st.add_vacant_ranks(rank);
-  st.set_active_workers(job.spec.workers - st.vacant_ranks_size());
-  job.joining.erase(rank);
+  DropRank(job, lost);
   std::string next;
   if (await) {
     // The shards keep waiting for the rank (a SYNC step does not complete
@@ -110,6 +151,7 @@ bool Coordinator::VacateRank(Job& job, const MemberStatus& lost, const std::stri
   }
   Transition(job, st.state(), "MemberLost", what + next);
   if (!await) PushSeats(job);
+  if (free_worker) FillVacancies();  // at once: an awaited rank's deadline may be now
   return true;
 }
 
@@ -123,6 +165,7 @@ void Coordinator::FillVacancies() {
     std::sort(free.begin(), free.end(), [](const FreeMember& a, const FreeMember& b) { return a.name < b.name; });
     size_t next = 0;
     for (int rank : vacant) {
+      if (rank >= TargetWorkers(job)) break;  // scaled down: stays vacant
       while (next < free.size() && free[next].role != Role::kWorker) ++next;
       if (next == free.size()) break;
       HandOver(job, rank, *members_.Find(free[next++].id));

@@ -42,6 +42,7 @@ GrpcJobService::GrpcJobService(Coordinator* coordinator) : coordinator_(coordina
         return WatchJob(ctx, req, w);
       });
   PSTRAIN_UNARY(JobService, CancelJob, CancelJobRequest, CancelJobResponse);
+  PSTRAIN_UNARY(JobService, ScaleJob, ScaleJobRequest, JobStatus);
   PSTRAIN_UNARY(JobService, Checkpoint, CheckpointRequest, CheckpointResponse);
   PSTRAIN_UNARY(JobService, ListMembers, ListMembersRequest, ListMembersResponse);
 }
@@ -98,6 +99,10 @@ grpc::Status GrpcJobService::CancelJob(grpc::ServerContext*, const CancelJobRequ
   if (!st.ok()) return ToGrpcStatus(st.status());
   resp->set_state(*st);
   return grpc::Status::OK;
+}
+
+grpc::Status GrpcJobService::ScaleJob(grpc::ServerContext*, const ScaleJobRequest& req, JobStatus* resp) {
+  return Fill(coordinator_->ScaleJob(req.job_id(), req.workers()), resp);
 }
 
 grpc::Status GrpcJobService::ListMembers(grpc::ServerContext*, const ListMembersRequest&,

@@ -25,6 +25,7 @@ class GrpcJobService final : public ParsingService {
   grpc::Status WatchJob(grpc::ServerContext*, const WatchJobRequest&,
                         const std::function<bool(const JobStatus&)>& write);
   grpc::Status CancelJob(grpc::ServerContext*, const CancelJobRequest&, CancelJobResponse*);
+  grpc::Status ScaleJob(grpc::ServerContext*, const ScaleJobRequest&, JobStatus*);
   grpc::Status ListMembers(grpc::ServerContext*, const ListMembersRequest&, ListMembersResponse*);
   grpc::Status Checkpoint(grpc::ServerContext*, const CheckpointRequest&, CheckpointResponse*);
 

@@ -8,7 +8,10 @@
 # configure them. From the host namespace the CLI submits a job and sees it
 # succeed; then one worker's link is cut mid-run: the job's status reports
 # the lost member and the job is requeued from its checkpoint; the link
-# comes back and the job finishes.
+# comes back and the job finishes. Last, the same cut in a job that may go
+# on with fewer workers (min_workers: 1): it keeps training, the returning
+# worker is stopped and takes its rank back under a new generation, and the
+# job finishes without a restart.
 #
 # Needs root (ip netns, veth, bridge) and the built binaries (bazel-bin).
 # usage: deploy/pods/test_pods.sh
@@ -177,5 +180,24 @@ log "link restored"
 "${CLI[@]}" watch "$job" >"$WORK/watch2.log" 2>&1 || { cat "$WORK/watch2.log"; "${CLI[@]}" status "$job"; exit 1; }
 status_has ' Restored '
 log "$job resumed from its checkpoint and succeeded"
+
+# 3. The same cut when the job may go on without the worker.
+sed -e 's/epochs: 2/epochs: 100/' -e 's/^name: pods/name: elastic/' "$WORK/job.yaml" >"$WORK/elastic.yaml"
+printf 'max_steps: 2000\nmin_workers: 1\n' >>"$WORK/elastic.yaml"
+job=$("${CLI[@]}" submit "$WORK/elastic.yaml" --output_dir out/elastic | grep -o 'job-[0-9]*')
+wait_for 60 "100 steps" status_has 'step [1-9][0-9][0-9]/'
+log "$job training; cutting pstrain-worker-1's link"
+ip link set "${VETH[pstrain-worker-1]}" down
+wait_for 30 "the job going on without it" status_has 'running with 1 of 2 workers'
+status_has '^state: *Running' || { cat "$WORK/status.txt"; exit 1; }
+grep -E "state:|workers:|MemberLost" "$WORK/status.txt" | sed 's/^/    /'
+ip link set "${VETH[pstrain-worker-1]}" up
+log "link restored"
+wait_for 60 "the returning worker taking its rank back" status_has 'WorkerReplaced'
+grep -E "WorkerReplaced" "$WORK/status.txt" | sed 's/^/    /'
+"${CLI[@]}" watch "$job" >"$WORK/watch3.log" 2>&1 || { cat "$WORK/watch3.log"; "${CLI[@]}" status "$job"; exit 1; }
+status_has '^state: *Succeeded'
+if grep -q '^restarts:' "$WORK/status.txt"; then cat "$WORK/status.txt"; exit 1; fi
+log "$job went on through the cut, took the worker back and succeeded without a restart"
 PASS=1
 echo "pods test: passed"

@@ -112,7 +112,7 @@ void Coordinator::DropRank(Job& job, const MemberStatus& holder) {
       break;
     }
   }
-  members_.FreeByName(holder.name(), st.job_id());  // told to stop by its next heartbeat
+  members_.ReleaseByName(holder.name(), st.job_id());  // stopped by its heartbeat, then free
   // Its last progress no longer holds the job's step back (it counts only
   // ranks that report).
   if (rank < st.workers_size()) {

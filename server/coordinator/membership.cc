@@ -79,7 +79,8 @@ void Membership::Expire(absl::Time now, absl::Duration lease) {
   }
   for (auto it = members_.begin(); it != members_.end();) {
     const Member& m = it->second;
-    const bool forget = !m.status.alive() && m.status.job_id().empty() && now - m.last_beat > forget_after_;
+    const bool forget =
+        !m.status.alive() && (m.status.job_id().empty() || m.releasing) && now - m.last_beat > forget_after_;
     it = forget ? members_.erase(it) : std::next(it);
   }
 }
@@ -115,9 +116,9 @@ void Membership::FreeAll(const std::string& job_id) {
   }
 }
 
-void Membership::FreeByName(const std::string& name, const std::string& job_id) {
+void Membership::ReleaseByName(const std::string& name, const std::string& job_id) {
   for (auto& [id, m] : members_) {
-    if (m.status.name() == name && m.Holds(job_id)) m.Free();
+    if (m.status.name() == name && m.Holds(job_id)) m.releasing = true;
   }
 }
 

@@ -71,9 +71,12 @@ class Membership {
   void Refresh(MemberStatus& m) const;
   // The job ended: all its members are free.
   void FreeAll(const std::string& job_id);
-  // The member called `name`, if it holds `job_id`, is free (its rank was
-  // taken from it; told to stop by its next heartbeat).
-  void FreeByName(const std::string& name, const std::string& job_id);
+  // The member called `name`, if it holds `job_id`, loses its rank (lost,
+  // drained or scaled away while the job goes on): told to stop by its
+  // heartbeats, it becomes free once one says it runs nothing -- never
+  // before, so a worker back from a partition cannot be given a rank while
+  // its old run still reports.
+  void ReleaseByName(const std::string& name, const std::string& job_id);
   // The job was requeued: its live workers are told to stop (free once
   // they have), the rest are free now.
   void Release(const std::string& job_id);

@@ -93,5 +93,25 @@ TEST(MembershipTest, ReleaseStopsLiveWorkersAndFreesTheRest) {
   EXPECT_EQ(m.FreeMembers().size(), 3u);
 }
 
+TEST(MembershipTest, AReleasedWorkerIsNotFreeUntilItHasStopped) {
+  Membership m(10, absl::Seconds(60));
+  Member* w = *m.Add(Req("worker", "w"), kT0);
+  w->status.set_job_id("job-1");
+  w->status.set_alive(false);  // lost, its rank given away
+  m.ReleaseByName("w", "job-1");
+  m.Beat(*w, kT0 + absl::Seconds(1));  // back, maybe still running the job
+  EXPECT_TRUE(m.FreeMembers().empty());
+  EXPECT_EQ(m.Stopping("job-1"), 1);
+  w->Free();  // its heartbeat said it runs nothing (the coordinator's part)
+  EXPECT_EQ(m.FreeMembers().size(), 1u);
+  // A released member that never comes back is forgotten all the same.
+  Member* gone = *m.Add(Req("worker", "gone"), kT0);
+  gone->status.set_job_id("job-1");
+  gone->status.set_alive(false);
+  m.ReleaseByName("gone", "job-1");
+  m.Expire(kT0 + absl::Seconds(120), kLease);
+  for (const MemberStatus& s : m.Statuses()) EXPECT_NE(s.name(), "gone");
+}
+
 }  // namespace
 }  // namespace pstrain

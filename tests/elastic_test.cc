@@ -76,6 +76,10 @@ class ElasticTest : public ControlPlaneTest {
 };
 
 TEST_F(ElasticTest, SyncJobLosesAWorkerAndFinishesWithTheOthers) {
+  // The same job uninterrupted first, for its accuracy.
+  const std::string whole = Submit(ElasticSpec("whole", "sync", 2));
+  WaitForState(whole, "SUCCEEDED", absl::Seconds(180));
+  const double uninterrupted = Field(whole, "final_accuracy");
   const std::string job = Submit(ElasticSpec("sync", "sync", 2));
   const double recovery = KillWorkerAndTimeRecovery(job, 3, 40);  // worker-2
   std::printf("sync: 5 more steps %.2f s after the SIGKILL (lease 0.5 s)\n", recovery);
@@ -83,6 +87,8 @@ TEST_F(ElasticTest, SyncJobLosesAWorkerAndFinishesWithTheOthers) {
   CliResult st = Cli({"status", job});
   EXPECT_NE(st.out.find("2 of 3 training (vacant: rank 2)"), std::string::npos) << st.out;
   EXPECT_EQ(Field(job, "active_workers"), 2) << st.out << Logs();
+  std::printf("sync: final accuracy %.4f, uninterrupted %.4f\n", Field(job, "final_accuracy"), uninterrupted);
+  EXPECT_NEAR(Field(job, "final_accuracy"), uninterrupted, 0.005);
 }
 
 TEST_F(ElasticTest, ASpareWorkerTakesOverTheLostRank) {

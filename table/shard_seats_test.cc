@@ -40,17 +40,7 @@ absl::StatusOr<SetWorkersResponse> Seat(ShardStore& store, std::vector<std::pair
 }
 
 absl::StatusOr<std::vector<float>> PullWorkerSteps(ShardStore& store, int64_t steps, absl::Duration timeout) {
-  PullRequest req;
-  req.set_job("job");
-  req.set_min_worker_steps(steps);
-  req.add_keys("a");
-  PullResponse resp;
-  std::vector<TensorBuffer> values;
-  CallOptions opts;
-  opts.deadline = absl::Now() + timeout;
-  absl::Status s = WaitFor([&](StatusCallback done) { store.Pull(req, &resp, &values, opts, done); });
-  if (!s.ok()) return s;
-  return ToFloats(values.at(0));
+  return Pull(store, 0, 0, timeout, steps);
 }
 
 TEST(ShardSeatsTest, SyncStepCompletesWithTheRanksPresentAndAveragesOverThem) {

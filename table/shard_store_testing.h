@@ -82,11 +82,13 @@ inline absl::Status Push(ShardStore& store, uint64_t attempt, uint32_t worker, i
 }
 
 inline absl::StatusOr<std::vector<float>> Pull(ShardStore& store, uint64_t attempt, int64_t min_version = 0,
-                                        absl::Duration timeout = absl::Seconds(5)) {
+                                               absl::Duration timeout = absl::Seconds(5),
+                                               int64_t min_worker_steps = 0) {
   PullRequest req;
   req.set_job("job");
   req.set_attempt(attempt);
   req.set_min_version(min_version);
+  req.set_min_worker_steps(min_worker_steps);
   req.add_keys("a");
   PullResponse resp;
   std::vector<TensorBuffer> values;

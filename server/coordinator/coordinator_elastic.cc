@@ -245,6 +245,8 @@ void Coordinator::PushSeatsLoop(const std::string& job_id) {
     if (job == nullptr) return;
     JobStatus& st = job->stored.status;
     if (st.attempt() != req.attempt() || IsTerminal(st.state()) || st.state() == PENDING) {
+      // A view of an ended attempt; a later one's change waits its turn.
+      if (job->seats_dirty) continue;
       job->seats_in_flight = false;
       return;
     }

@@ -12,7 +12,8 @@ def _system_library_repository_impl(ctx):
 
     # Abseil's libraries, in link order (what pkg-config prints for the ones
     # pstrain uses). Releases split libraries out: Debian 13's Abseil has
-    # string_view in a library of its own, linked where it exists. (Linking
+    # string_view and kernel_timeout_internal (which absl::CondVar's timed waits
+    # need) in libraries of their own, linked where they exist. (Linking
     # every installed libabsl_* instead runs static initialisers that clash,
     # absl_log_flags's among them.)
     libdir = "/usr/lib/x86_64-linux-gnu/"
@@ -23,7 +24,7 @@ def _system_library_repository_impl(ctx):
         "cordz_info", "cord_internal", "cordz_functions", "cordz_handle", "hash", "city", "low_level_hash",
         "raw_hash_set", "hashtablez_sampler", "exponential_biased", "synchronization",
         "graphcycles_internal", "stacktrace", "symbolize", "debugging_internal", "demangle_internal",
-        "malloc_internal", "time", "civil_time", "time_zone", "str_format_internal", "strings",
+        "malloc_internal", "kernel_timeout_internal", "time", "civil_time", "time_zone", "str_format_internal", "strings",
         "strings_internal", "string_view", "strerror", "bad_optional_access", "bad_variant_access", "base",
         "spinlock_wait", "int128", "throw_delegate", "raw_logging_internal", "log_severity",
     ]

@@ -73,6 +73,12 @@ absl::StatusOr<JobStatus> Coordinator::ScaleJob(const std::string& job_id, int w
     return absl::FailedPreconditionError(
         absl::StrCat("job ", job_id, " is ", JobStateName(st.state()), ": only a running job can be scaled"));
   }
+  if (st.rank_generations_size() != job->spec.workers) {
+    // Scheduled by a coordinator that kept no rank generations (an older
+    // version): its ranks cannot change hands safely.
+    return absl::FailedPreconditionError(
+        absl::StrCat("job ", job_id, " was started before ranks could change hands; restart it to scale it"));
+  }
   if (workers < job->spec.min_workers || workers > job->spec.workers) {
     return absl::InvalidArgumentError(absl::StrCat("workers must be in ", job->spec.min_workers, "..",
                                                    job->spec.workers, " (the spec's min_workers..workers)"));
@@ -158,7 +164,10 @@ bool Coordinator::VacateRank(Job& job, const MemberStatus& lost, const std::stri
 void Coordinator::FillVacancies() {
   for (auto& [id, job] : jobs_) {
     JobStatus& st = job.stored.status;
-    if (st.state() != RUNNING || st.vacant_ranks_size() == 0 || job.checkpoint.restoring) continue;
+    if (st.state() != RUNNING || st.vacant_ranks_size() == 0 || job.checkpoint.restoring ||
+        st.rank_generations_size() != job.spec.workers) {
+      continue;
+    }
     std::vector<int> vacant(st.vacant_ranks().begin(), st.vacant_ranks().end());
     std::sort(vacant.begin(), vacant.end());  // rank 0 first: the job needs it to finish
     std::vector<FreeMember> free = members_.FreeMembers();

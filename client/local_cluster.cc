@@ -86,40 +86,74 @@ absl::StatusOr<std::string> LocalCluster::WaitForAddress(const std::string& port
   }
 }
 
+absl::Status LocalCluster::MakeCredentials() {
+  auto made = WriteLocalCredentials(options_.output_dir + "/credentials");
+  if (!made.ok()) return made.status();
+  credentials_ = *made;
+  return absl::OkStatus();
+}
+
+std::vector<std::string> LocalCluster::SecurityFlags(bool server) const {
+  if (!credentials_.has_value()) return {};
+  const LocalCredentials& c = *credentials_;
+  std::vector<std::string> flags = {"--tls_ca=" + c.ca, "--tls_cert=" + c.cert, "--tls_key=" + c.key,
+                                    "--token_file=" + c.cluster_token_file};
+  if (server) flags.push_back("--token_auth_file=" + c.token_auth_file);
+  return flags;
+}
+
 absl::StatusOr<JobStatus> LocalCluster::Run(const std::function<void(const JobStatus&)>& on_status,
                                             const std::atomic<bool>& stop_requested) {
   const JobSpec& spec = options_.spec;
   const std::string logs = options_.output_dir + "/logs";
   std::filesystem::create_directories(logs);
+  if (options_.secure) {
+    absl::Status made = MakeCredentials();
+    if (!made.ok()) return made;
+  }
+  auto with_security = [this](std::vector<std::string> argv, bool server) {
+    for (std::string& flag : SecurityFlags(server)) argv.push_back(std::move(flag));
+    return argv;
+  };
   // The coordinator; members re-check it every 200 ms and are lost after 2 s.
   const std::string coord_file = logs + "/coordinator.addr";
   std::filesystem::remove(coord_file);
-  absl::Status s = Spawn("coordinator", {options_.coordinator_binary, "--host=127.0.0.1", "--port=0",
-                                         "--port_file=" + coord_file,
-                                         "--db=" + options_.output_dir + "/coordinator.db",
-                                         "--heartbeat_ms=200", "--missed_heartbeats=10",
-                                         "--checkpoint_root=" + options_.output_dir});
+  absl::Status s = Spawn("coordinator", with_security({options_.coordinator_binary, "--host=127.0.0.1", "--port=0",
+                                                       "--port_file=" + coord_file,
+                                                       "--db=" + options_.output_dir + "/coordinator.db",
+                                                       "--heartbeat_ms=200", "--missed_heartbeats=10",
+                                                       "--checkpoint_root=" + options_.output_dir},
+                                                      true));
   if (!s.ok()) return s;
   auto address = WaitForAddress(coord_file, children_.back(), stop_requested);
   if (!address.ok()) return address.status();
   coordinator_ = *address;
   for (int i = 0; i < spec.shards; ++i) {
     s = Spawn(absl::StrCat("shard-", i),
-              {options_.ps_binary, "--host=127.0.0.1", "--port=0", "--advertise_host=127.0.0.1",
-               "--coordinator=" + coordinator_, absl::StrCat("--name=shard-", i),
-               absl::StrCat("--shard_index=", i), absl::StrCat("--num_shards=", spec.shards),
-               "--checkpoint_root=" + options_.output_dir});
+              with_security({options_.ps_binary, "--host=127.0.0.1", "--port=0", "--advertise_host=127.0.0.1",
+                             "--coordinator=" + coordinator_, absl::StrCat("--name=shard-", i),
+                             absl::StrCat("--shard_index=", i), absl::StrCat("--num_shards=", spec.shards),
+                             "--checkpoint_root=" + options_.output_dir},
+                            true));
     if (!s.ok()) return s;
   }
   for (int r = 0; r < spec.workers; ++r) {
     // All on this machine: gloo peers meet on the loopback interface.
-    s = Spawn(absl::StrCat("worker-", r), {options_.worker_binary, "--coordinator=" + coordinator_,
-                                           absl::StrCat("--name=worker-", r), "--gloo_hostname=127.0.0.1"});
+    s = Spawn(absl::StrCat("worker-", r),
+              with_security({options_.worker_binary, "--coordinator=" + coordinator_,
+                             absl::StrCat("--name=worker-", r), "--gloo_hostname=127.0.0.1"},
+                            false));
     if (!s.ok()) return s;
   }
 
   // Submit through the JobService, as `pstrain submit` would.
-  auto channel = CreateChannel(coordinator_, 64 << 20);
+  // With --secure, as the user of the token file made for this run.
+  SecurityOptions user = ProcessSecurity();
+  if (credentials_.has_value()) {
+    user.tls_ca = credentials_->ca;
+    user.token_file = credentials_->user_token_file;
+  }
+  auto channel = CreateChannel(coordinator_, 64 << 20, user);
   auto jobs = JobService::NewStub(channel);
   SubmitJobRequest submit;
   submit.set_spec_yaml(options_.spec_yaml);

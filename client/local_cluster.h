@@ -16,12 +16,14 @@
 
 #include <atomic>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "common/job_spec.h"
 #include "proto/control.pb.h"
+#include "rpc/local_credentials.h"
 
 namespace pstrain {
 
@@ -32,6 +34,9 @@ struct LocalClusterOptions {
   std::string ps_binary;
   std::string worker_binary;
   std::string output_dir;
+  // TLS and tokens between every process (`pstrain local --secure`): a CA,
+  // certificates and tokens made for this run in <output_dir>/credentials.
+  bool secure = false;
 };
 
 class LocalCluster {
@@ -59,10 +64,14 @@ class LocalCluster {
                                              const std::atomic<bool>& stop_requested);
   absl::Status ChildFailed(const Child& c, const std::string& what) const;
   void Reap();
+  // With `secure`: makes the credentials; the flags each process gets.
+  absl::Status MakeCredentials();
+  std::vector<std::string> SecurityFlags(bool server) const;
 
   LocalClusterOptions options_;
   std::vector<Child> children_;  // coordinator, shards, workers
   std::string coordinator_;
+  std::optional<LocalCredentials> credentials_;
 };
 
 // Last `n` lines of a file ("" if unreadable).

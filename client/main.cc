@@ -23,6 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "client/cli_security.h"
 #include "client/local_cluster.h"
 #include "rpc/health_check.h"
 #include "client/progress_view.h"
@@ -197,6 +198,7 @@ struct Args {
   bool json = false;
   std::string spec_path, output_dir, job_id, resume, export_path, health_target, health_service;
   int workers = 0;
+  bool secure = false;
 };
 
 void PrintJobList(const pstrain::ListJobsResponse& resp) {
@@ -240,6 +242,7 @@ int RunLocal(const Args& a) {
   o.spec_yaml = *yaml;
   o.spec = spec;
   o.output_dir = std::filesystem::absolute(a.output_dir.empty() ? spec.output_dir : a.output_dir).string();
+  o.secure = a.secure;
   o.coordinator_binary = FindBinary("PSTRAIN_COORDINATOR_BIN", "pstrain-coordinator",
                                     "server/coordinator/pstrain-coordinator");
   o.ps_binary = FindBinary("PSTRAIN_PS_BIN", "pstrain-ps", "server/ps/pstrain-ps");
@@ -421,6 +424,8 @@ int Main(int argc, char** argv) {
   if (const char* env = std::getenv("PSTRAIN_COORDINATOR")) a.coordinator = env;
   app.add_option("--coordinator", a.coordinator, "coordinator host:port (default $PSTRAIN_COORDINATOR or 127.0.0.1:7000)");
   app.add_option("-o,--output", output, "table or json")->check(CLI::IsMember({"table", "json"}));
+  pstrain::SecurityOptions security;
+  pstrain::AddSecurityOptions(app, &security);
   // Each subcommand and what runs it: with the coordinator's client, or not.
   std::vector<std::pair<CLI::App*, std::function<int(Client&)>>> commands;
   auto with_client = [&](CLI::App* cmd, int (*run)(Client&, const Args&)) {
@@ -434,6 +439,7 @@ int Main(int argc, char** argv) {
   CLI::App* local = standalone(app.add_subcommand("local", "run a job on a whole cluster on this machine"), RunLocal);
   local->add_option("spec", a.spec_path, "job spec (YAML)")->required();
   local->add_option("--output_dir", a.output_dir, "overrides the spec's output_dir");
+  local->add_flag("--secure", a.secure, "TLS and tokens between every process (credentials made for the run)");
   CLI::App* submit = with_client(app.add_subcommand("submit", "submit a job; prints its id"), RunSubmit);
   submit->add_option("spec", a.spec_path, "job spec (YAML)")->required();
   submit->add_option("--output_dir", a.output_dir, "overrides the spec's output_dir");
@@ -473,6 +479,10 @@ int Main(int argc, char** argv) {
   }
   if (a.coordinator.empty()) a.coordinator = "127.0.0.1:7000";
   a.json = output == "json";
+  if (absl::Status s = pstrain::InstallClientSecurity(security); !s.ok()) {
+    std::fprintf(stderr, "pstrain: %s\n", std::string(s.message()).c_str());
+    return kUsage;
+  }
   struct sigaction sa {};
   sa.sa_handler = OnSignal;
   sigaction(SIGINT, &sa, nullptr);

@@ -61,6 +61,7 @@ absl::Status ClusterMember::RegisterOnce() {
     req.set_job_id(job_id_);
     req.set_rank(rank_);
     req.set_attempt(attempt_);
+    req.set_previous_member_id(member_id_);
   }
   RegisterResponse resp;
   grpc::ClientContext ctx;
@@ -79,7 +80,10 @@ absl::Status ClusterMember::Start(absl::Duration timeout) {
   while (true) {
     s = RegisterOnce();
     if (s.ok()) break;
-    if (s.code() != absl::StatusCode::kUnavailable && s.code() != absl::StatusCode::kDeadlineExceeded) {
+    // ALREADY_EXISTS: our name is still held by a live member (this pod's
+    // previous process, until its lease runs out).
+    if (s.code() != absl::StatusCode::kUnavailable && s.code() != absl::StatusCode::kDeadlineExceeded &&
+        s.code() != absl::StatusCode::kAlreadyExists) {
       return s;
     }
     if (absl::Now() > deadline) {
@@ -88,8 +92,8 @@ absl::Status ClusterMember::Start(absl::Duration timeout) {
     }
     absl::SleepFor(absl::Milliseconds(200));
   }
-  spdlog::info("{} {} registered with the coordinator at {} as {}", options_.role, options_.name,
-               options_.coordinator, member_id());
+  // Not the member id: it is this member's credential.
+  spdlog::info("{} {} registered with the coordinator at {}", options_.role, options_.name, options_.coordinator);
   started_ = true;
   heartbeat_ = std::thread([this] { HeartbeatLoop(); });
   sender_ = std::thread([this] { SenderLoop(); });
@@ -223,6 +227,7 @@ absl::StatusOr<int64_t> ClusterMember::KvAdd(const std::string& key, int64_t del
     absl::MutexLock lock(&mu_);
     req.set_job_id(job_id_);
     req.set_attempt(attempt_);
+    req.set_member_id(member_id_);
   }
   req.set_key(key);
   req.set_delta(delta);
@@ -240,6 +245,7 @@ absl::Status ClusterMember::KvSet(const std::string& key, const std::string& val
     absl::MutexLock lock(&mu_);
     req.set_job_id(job_id_);
     req.set_attempt(attempt_);
+    req.set_member_id(member_id_);
   }
   req.set_key(key);
   req.set_value(value);
@@ -255,6 +261,7 @@ absl::StatusOr<std::string> ClusterMember::KvGet(const std::string& key, absl::D
     absl::MutexLock lock(&mu_);
     req.set_job_id(job_id_);
     req.set_attempt(attempt_);
+    req.set_member_id(member_id_);
   }
   req.set_key(key);
   req.set_wait_ms(absl::ToInt64Milliseconds(wait));

@@ -7,6 +7,11 @@
 namespace pstrain {
 
 std::shared_ptr<grpc::Channel> CreateChannel(const std::string& target, int max_message_bytes) {
+  return CreateChannel(target, max_message_bytes, ProcessSecurity());
+}
+
+std::shared_ptr<grpc::Channel> CreateChannel(const std::string& target, int max_message_bytes,
+                                             const SecurityOptions& security) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(max_message_bytes);
   args.SetMaxSendMessageSize(max_message_bytes);
@@ -19,7 +24,10 @@ std::shared_ptr<grpc::Channel> CreateChannel(const std::string& target, int max_
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
-  return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+  if (security.client_tls() && !security.tls_server_name.empty()) {
+    args.SetSslTargetNameOverride(security.tls_server_name);
+  }
+  return grpc::CreateCustomChannel(target, ChannelCredentialsFor(security), args);
 }
 
 }  // namespace pstrain

@@ -8,11 +8,16 @@
 #include <string>
 
 #include "rpc/grpc_server.h"
+#include "rpc/security.h"
 
 namespace pstrain {
 
+// With this process's security (ProcessSecurity()): TLS and the token when
+// configured.
 std::shared_ptr<grpc::Channel> CreateChannel(const std::string& target,
                                              int max_message_bytes = kDefaultMaxMessageBytes);
+std::shared_ptr<grpc::Channel> CreateChannel(const std::string& target, int max_message_bytes,
+                                             const SecurityOptions& security);
 
 }  // namespace pstrain
 

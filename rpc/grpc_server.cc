@@ -6,6 +6,7 @@
 #include <grpcpp/health_check_service_interface.h>
 
 #include "absl/strings/str_cat.h"
+#include "spdlog/spdlog.h"
 
 namespace pstrain {
 
@@ -29,7 +30,17 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Create(
 
   std::unique_ptr<GrpcServer> s(new GrpcServer());
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(options.address, grpc::InsecureServerCredentials(), &s->port_);
+  std::shared_ptr<grpc::ServerCredentials> credentials = options.security.credentials;
+  if (credentials == nullptr) {
+    credentials = grpc::InsecureServerCredentials();
+    const std::string host = options.address.substr(0, options.address.rfind(':'));
+    if (!IsLoopbackHost(host)) {
+      spdlog::warn("serving {} in plaintext without authentication: anyone who reaches it can call it; "
+                   "set --tls_cert, --tls_key, --tls_ca and --token_auth_file (see deploy/README.md)",
+                   options.address);
+    }
+  }
+  builder.AddListeningPort(options.address, credentials, &s->port_);
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   builder.SetMaxSendMessageSize(options.max_message_bytes);
   for (const auto& [key, value] : BulkTransferChannelArgs()) builder.AddChannelArgument(key, value);
@@ -40,8 +51,21 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Create(
         absl::StrCat("could not listen on ", options.address,
                      ": the address is in use or not local to this machine"));
   }
-  grpc::HealthCheckServiceInterface* health = s->server_->GetHealthCheckService();
-  if (health != nullptr) health->SetServingStatus(true);
+  if (options.health_port >= 0) {
+    const std::string host = options.address.substr(0, options.address.rfind(':'));
+    const std::string address = absl::StrCat(host, ":", options.health_port);
+    grpc::ServerBuilder health_builder;
+    health_builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &s->health_port_);
+    s->health_server_ = health_builder.BuildAndStart();
+    if (s->health_server_ == nullptr || s->health_port_ <= 0) {
+      return absl::UnavailableError(absl::StrCat("could not listen on ", address, " (health port)"));
+    }
+  }
+  for (grpc::Server* server : {s->server_.get(), s->health_server_.get()}) {
+    if (server == nullptr) continue;
+    grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
+    if (health != nullptr) health->SetServingStatus(true);
+  }
   if (!options.port_file.empty()) {
     absl::Status written = WriteFileAtomically(options.port_file, s->local_target() + "\n");
     if (!written.ok()) return written;
@@ -59,9 +83,13 @@ void GrpcServer::Shutdown(absl::Duration grace) {
     if (stopped_) return;
     stopped_ = true;
   }
-  grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService();
-  if (health != nullptr) health->SetServingStatus(false);
+  for (grpc::Server* server : {server_.get(), health_server_.get()}) {
+    if (server == nullptr) continue;
+    grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
+    if (health != nullptr) health->SetServingStatus(false);
+  }
   server_->Shutdown(absl::ToChronoTime(absl::Now() + grace));
+  if (health_server_ != nullptr) health_server_->Shutdown(absl::ToChronoTime(absl::Now()));
 }
 
 void GrpcServer::Wait() { server_->Wait(); }

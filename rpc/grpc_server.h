@@ -1,7 +1,7 @@
 // Server scaffolding shared by every pstrain server: explicit message size
 // limits, the standard gRPC health service (grpc.health.v1, for Kubernetes
-// probes) and server reflection, and port 0 binding with the chosen port read
-// back.
+// probes) and server reflection, port 0 binding with the chosen port read
+// back, and the credentials of rpc/security.h.
 //
 // Lifecycle: Create() builds and starts (STARTED); Shutdown() marks every
 // service NOT_SERVING, stops accepting calls and waits for in-flight ones up
@@ -18,6 +18,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "rpc/security.h"
 
 namespace pstrain {
 
@@ -38,6 +39,13 @@ struct GrpcServerOptions {
   // If set, local_target() is written here (atomically) once serving: how
   // scripts and tests learn a port 0 picked.
   std::string port_file;
+  // TLS and the token check (ServerSecurityFor); default: plaintext, no
+  // tokens -- with a warning unless the address is a loopback one.
+  ServerSecurity security;
+  // >= 0: also serve grpc.health.v1 alone, in plaintext, on this port of the
+  // same host (0 picks one): for Kubernetes' gRPC probes, which cannot speak
+  // TLS. It reports the main server's status and nothing else.
+  int health_port = -1;
 };
 
 class GrpcServer {
@@ -49,6 +57,8 @@ class GrpcServer {
   ~GrpcServer();
 
   int port() const { return port_; }
+  // The plaintext health port, or -1.
+  int health_port() const { return health_port_; }
   // "127.0.0.1:<port>" style target for clients on this machine.
   std::string local_target() const;
 
@@ -59,8 +69,10 @@ class GrpcServer {
   GrpcServer() = default;
 
   std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<grpc::Server> health_server_;
   std::vector<std::string> service_names_;
   int port_ = 0;
+  int health_port_ = -1;
   std::mutex mu_;
   bool stopped_ = false;  // guarded by mu_
 };

@@ -7,6 +7,7 @@
 #include <future>
 
 #include "absl/strings/str_cat.h"
+#include "rpc/grpc_channel.h"
 #include "rpc/status_util.h"
 
 namespace pstrain {
@@ -25,7 +26,7 @@ absl::StatusOr<std::string> CheckHealth(const std::string& target, const std::st
   }
   grpc::Slice slice(request);
   grpc::ByteBuffer request_buffer(&slice, 1), response_buffer;
-  grpc::GenericStub stub(grpc::CreateChannel(target, grpc::InsecureChannelCredentials()));
+  grpc::GenericStub stub(CreateChannel(target, 1 << 20));
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
   std::promise<grpc::Status> done;

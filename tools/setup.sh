@@ -11,6 +11,8 @@ PACKAGES=(
   libgtest-dev libgmock-dev
   libspdlog-dev libfmt-dev zlib1g-dev libyaml-cpp-dev nlohmann-json3-dev libcli11-dev
   libsqlite3-dev prometheus-cpp-dev
+  # TLS: OpenSSL's libraries (token digests, certificates for `pstrain local --secure`)
+  libssl-dev openssl
   # LibTorch (CPU) with a fast BLAS; collectives
   libtorch-dev libopenblas0-pthread libgloo-dev
   # peers for the benchmarks and interop tests (Debian's /usr/bin/python3)

@@ -38,6 +38,7 @@
 #include "common/env_flags.h"
 #include "common/metrics_server.h"
 #include "common/file_util.h"
+#include "rpc/security_flags.h"
 #include "rpc/cluster_member.h"
 #include "rpc/grpc_remote_shard.h"
 #include "spdlog/spdlog.h"
@@ -372,6 +373,7 @@ int RunPoolMember(pstrain::WorkerMetrics* metrics) {
 
 int Main(int argc, char** argv) {
   pstrain::StartBinary("pstrain-worker", argc, argv);
+  pstrain::InstallSecurityFromFlags("pstrain-worker", false);
   pstrain::KeepBulkBuffersMapped();
   at::set_num_interop_threads(1);
   if (!absl::GetFlag(FLAGS_coordinator).empty()) {

@@ -231,7 +231,7 @@ void Coordinator::RestartOrFail(Job& job, const std::string& reason, const std::
   }
 }
 
-absl::StatusOr<std::string> Coordinator::SubmitJob(const SubmitJobRequest& request) {
+absl::StatusOr<std::string> Coordinator::SubmitJob(const SubmitJobRequest& request, const Caller& caller) {
   if (request.spec_yaml().size() > (1 << 20)) return absl::InvalidArgumentError("the job spec is larger than 1 MiB");
   std::string spec_yaml = request.spec_yaml();
   std::string resume_dir;
@@ -243,6 +243,8 @@ absl::StatusOr<std::string> Coordinator::SubmitJob(const SubmitJobRequest& reque
     auto m = ReadManifest(resume_dir);
     if (!m.ok()) return m.status();
     manifest = std::move(*m);
+    absl::Status allowed = MayResume(manifest.job, caller);
+    if (!allowed.ok()) return allowed;
     if (spec_yaml.empty()) spec_yaml = manifest.spec_yaml;
   }
   auto spec = ParseJobSpec(spec_yaml, "job spec");
@@ -260,6 +262,7 @@ absl::StatusOr<std::string> Coordinator::SubmitJob(const SubmitJobRequest& reque
   status.set_num_shards(spec->shards);
   status.set_num_workers(spec->workers);
   status.set_resumed_from(resume_dir);
+  status.set_owner(caller.user);
   if (!resume_dir.empty()) {
     status.set_chunk_bytes(manifest.chunk_bytes);
     for (const ParameterSpec& p : manifest.params) {
@@ -291,6 +294,25 @@ absl::StatusOr<std::string> Coordinator::SubmitJob(const SubmitJobRequest& reque
                           resume_dir.empty() ? "" : absl::StrCat("; will resume from ", resume_dir)));
   Schedule();
   return id;
+}
+
+absl::Status Coordinator::Authorize(const std::string& job_id, const Caller& caller) {
+  absl::MutexLock lock(&mu_);
+  Job* job = FindJob(job_id);
+  if (job == nullptr) return absl::NotFoundError(absl::StrCat("no job '", Quote(job_id), "' (see `pstrain list`)"));
+  if (caller.MayActOn(job->stored.status.owner())) return absl::OkStatus();
+  return absl::PermissionDeniedError(
+      absl::StrCat("job ", job_id, " belongs to another user: only its owner or an admin may see or change it"));
+}
+
+absl::Status Coordinator::MayResume(const std::string& checkpoint_job, const Caller& caller) {
+  if (caller.role == CallerRole::kAdmin) return absl::OkStatus();
+  absl::MutexLock lock(&mu_);
+  Job* job = FindJob(checkpoint_job);
+  if (job != nullptr && caller.MayActOn(job->stored.status.owner())) return absl::OkStatus();
+  return absl::PermissionDeniedError(
+      job == nullptr ? "the checkpoint's job is not known here: only an admin may resume from it"
+                     : "the checkpoint belongs to another user's job: only its owner or an admin may resume from it");
 }
 
 absl::StatusOr<JobStatus> Coordinator::GetJob(const std::string& job_id) {

@@ -54,6 +54,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/caller.h"
 #include "common/clock.h"
 #include "common/job_spec.h"
 #include "proto/control.pb.h"
@@ -101,7 +102,12 @@ class Coordinator {
   ~Coordinator();
 
   // JobService.
-  absl::StatusOr<std::string> SubmitJob(const SubmitJobRequest& request);
+  // `owner`: the submitting user (empty with authentication off). A resume
+  // from another user's checkpoint is refused unless `caller` is an admin.
+  absl::StatusOr<std::string> SubmitJob(const SubmitJobRequest& request, const Caller& caller = Caller{});
+  // OK when `caller` may see and change the job: its owner or an admin
+  // (PERMISSION_DENIED otherwise; NOT_FOUND for no such job).
+  absl::Status Authorize(const std::string& job_id, const Caller& caller);
   absl::StatusOr<JobStatus> GetJob(const std::string& job_id);
   std::vector<JobStatus> ListJobs();
   absl::StatusOr<JobState> CancelJob(const std::string& job_id);
@@ -124,16 +130,17 @@ class Coordinator {
   absl::StatusOr<HeartbeatResponse> Heartbeat(const HeartbeatRequest& request);
   absl::StatusOr<Assignment> GetAssignment(const std::string& member_id, absl::Time deadline);
   absl::StatusOr<ReportProgressResponse> ReportProgress(const ReportProgressRequest& request);
-  // The job's rendezvous store; `attempt` must be the job's current one
-  // (ABORTED otherwise).
-  absl::Status KvSet(const std::string& job_id, uint64_t attempt, const std::string& key,
-                     const std::string& value);
+  // The job's rendezvous store, for the members assigned to the job
+  // (`member_id`; PERMISSION_DENIED for others); `attempt` must be the job's
+  // current one (ABORTED otherwise).
+  absl::Status KvSet(const std::string& member_id, const std::string& job_id, uint64_t attempt,
+                     const std::string& key, const std::string& value);
   // NOT_FOUND when the key is still missing at the deadline.
-  absl::StatusOr<std::string> KvGet(const std::string& job_id, uint64_t attempt, const std::string& key,
-                                    absl::Time deadline);
+  absl::StatusOr<std::string> KvGet(const std::string& member_id, const std::string& job_id, uint64_t attempt,
+                                    const std::string& key, absl::Time deadline);
   // OUT_OF_RANGE when the sum would overflow.
-  absl::StatusOr<int64_t> KvAdd(const std::string& job_id, uint64_t attempt, const std::string& key,
-                                int64_t delta);
+  absl::StatusOr<int64_t> KvAdd(const std::string& member_id, const std::string& job_id, uint64_t attempt,
+                                const std::string& key, int64_t delta);
 
   std::vector<MemberStatus> Members();
   // Expires leases and schedules pending jobs.
@@ -172,6 +179,9 @@ class Coordinator {
   absl::Duration lease() const { return options_.heartbeat_interval * options_.missed_heartbeats; }
   absl::Time Now() const { return clock_->Now(); }
   Job* FindJob(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status MayResume(const std::string& checkpoint_job, const Caller& caller) ABSL_LOCKS_EXCLUDED(mu_);
+  // OK when `member_id` is registered and assigned to `job_id`.
+  absl::Status CheckJobMember(const std::string& member_id, const std::string& job_id) ABSL_LOCKS_EXCLUDED(mu_);
   // Back to PENDING, to resume from the job's last checkpoint on whichever
   // members are free then; its current members are told to stop.
   void Requeue(Job& job, const std::string& reason, const std::string& message) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

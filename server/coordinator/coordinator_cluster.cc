@@ -156,6 +156,12 @@ absl::StatusOr<ReportProgressResponse> Coordinator::ReportProgress(const ReportP
 absl::Status Coordinator::ApplyEvent(Job& job, Member& member, const WorkerEvent& e) {
   const int rank = member.status.rank();
   JobStatus& st = job.stored.status;
+  // A member speaks for its own rank only (the rank is its assignment's, not
+  // the event's), and rank 0's duties are rank 0's: nobody else may set the
+  // accuracy, the weights or the plan.
+  if ((e.has_eval() || e.has_weights() || e.has_plan()) && (member.role != Role::kWorker || rank != 0)) {
+    return absl::PermissionDeniedError("only worker rank 0 reports evaluations, weights and the parameter plan");
+  }
   switch (e.kind_case()) {
     case WorkerEvent::kProgress:
       MergeProgress(st, job.spec.workers, rank, e.progress());
@@ -168,10 +174,19 @@ absl::Status Coordinator::ApplyEvent(Job& job, Member& member, const WorkerEvent
       if (s.ok()) Changed(job);
       return s;
     }
-    case WorkerEvent::kWeights:
-      st.set_weights_path(e.weights().path());
+    case WorkerEvent::kWeights: {
+      // Only where the job's files go: a path elsewhere would have
+      // `pstrain export` copy any file the coordinator names.
+      const std::string dir = JobDir(job.stored.output_dir, job.stored.id);
+      const std::string& path = e.weights().path();
+      if (path.size() > 4096 || path.rfind(dir + "/", 0) != 0 || path.find("/../") != std::string::npos) {
+        return absl::PermissionDeniedError(absl::StrCat("weights path ", Quote(path), " is not under the job's directory ",
+                                                        dir));
+      }
+      st.set_weights_path(path);
       Changed(job);
       return absl::OkStatus();
+    }
     case WorkerEvent::kPlan:
       if (st.params_size() > 0) return absl::OkStatus();  // the first plan stands
       if (e.plan().params_size() > 1000000) return absl::InvalidArgumentError("a plan of more than 10^6 parameters");
@@ -230,18 +245,32 @@ absl::Status Coordinator::ApplyEvent(Job& job, Member& member, const WorkerEvent
   return absl::InvalidArgumentError("the event has no kind (progress, eval, plan, ...)");
 }
 
-absl::Status Coordinator::KvSet(const std::string& job_id, uint64_t attempt, const std::string& key,
-                                const std::string& value) {
+absl::Status Coordinator::CheckJobMember(const std::string& member_id, const std::string& job_id) {
+  absl::MutexLock lock(&mu_);
+  const Member* m = members_.Find(member_id);
+  if (m == nullptr) return absl::NotFoundError("this member is not registered (coordinator restarted?): register again");
+  if (m->status.job_id() != job_id) {
+    return absl::PermissionDeniedError(absl::StrCat("member ", Quote(m->status.name()), " is not assigned to job ",
+                                                    Quote(job_id), ": only its members use its rendezvous store"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Coordinator::KvSet(const std::string& member_id, const std::string& job_id, uint64_t attempt,
+                                const std::string& key, const std::string& value) {
+  if (absl::Status s = CheckJobMember(member_id, job_id); !s.ok()) return s;
   return rendezvous_.Set(job_id, attempt, key, value);
 }
 
-absl::StatusOr<std::string> Coordinator::KvGet(const std::string& job_id, uint64_t attempt, const std::string& key,
-                                               absl::Time deadline) {
+absl::StatusOr<std::string> Coordinator::KvGet(const std::string& member_id, const std::string& job_id,
+                                               uint64_t attempt, const std::string& key, absl::Time deadline) {
+  if (absl::Status s = CheckJobMember(member_id, job_id); !s.ok()) return s;
   return rendezvous_.Get(job_id, attempt, key, deadline);
 }
 
-absl::StatusOr<int64_t> Coordinator::KvAdd(const std::string& job_id, uint64_t attempt, const std::string& key,
-                                           int64_t delta) {
+absl::StatusOr<int64_t> Coordinator::KvAdd(const std::string& member_id, const std::string& job_id,
+                                           uint64_t attempt, const std::string& key, int64_t delta) {
+  if (absl::Status s = CheckJobMember(member_id, job_id); !s.ok()) return s;
   return rendezvous_.Add(job_id, attempt, key, delta);
 }
 

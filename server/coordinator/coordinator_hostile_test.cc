@@ -92,10 +92,10 @@ TEST(CoordinatorFencingTest, RequestsOfAnotherAttemptAreRefusedOrIgnored) {
   EXPECT_TRUE(r->cancel_job());
   EXPECT_EQ(c->GetJob(job)->state(), RUNNING);
   // KV of another attempt: ABORTED.
-  EXPECT_EQ(c->KvSet(job, 0, "k", "v").code(), absl::StatusCode::kAborted);
-  EXPECT_EQ(c->KvAdd(job, 2, "k", 1).status().code(), absl::StatusCode::kAborted);
-  EXPECT_EQ(c->KvGet(job, 0, "k", absl::Now()).status().code(), absl::StatusCode::kAborted);
-  EXPECT_TRUE(c->KvSet(job, 1, "k", "v").ok());
+  EXPECT_EQ(c->KvSet(worker, job, 0, "k", "v").code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(c->KvAdd(worker, job, 2, "k", 1).status().code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(c->KvGet(worker, job, 0, "k", absl::Now()).status().code(), absl::StatusCode::kAborted);
+  EXPECT_TRUE(c->KvSet(worker, job, 1, "k", "v").ok());
   // A heartbeat saying it runs attempt 0 of the job it is assigned: stop it.
   HeartbeatRequest hb;
   hb.set_member_id(worker);
@@ -107,7 +107,13 @@ TEST(CoordinatorFencingTest, RequestsOfAnotherAttemptAreRefusedOrIgnored) {
   EXPECT_FALSE(beat->cancel_job());
   EXPECT_EQ(beat->attempt(), 1u);
   // Re-registering under another attempt does not re-attach.
-  auto again = Join(*c, "worker", "worker-0", job, /*attempt=*/7);
+  RegisterRequest rejoin;
+  rejoin.set_role("worker");
+  rejoin.set_name("worker-0");
+  rejoin.set_job_id(job);
+  rejoin.set_attempt(7);
+  rejoin.set_previous_member_id(worker);
+  auto again = c->Register(rejoin);
   ASSERT_TRUE(again.ok());
   for (const auto& m : c->Members()) {
     if (m.member_id() == again->member_id()) {
@@ -133,7 +139,8 @@ TEST(CoordinatorLimitsTest, MembersNamesAndDeadRegistrationsAreBounded) {
   ASSERT_TRUE(Join(*c, "worker", "w2").ok());
   ASSERT_TRUE(Join(*c, "worker", "w3").ok());
   EXPECT_EQ(Join(*c, "worker", "w4").status().code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_TRUE(Join(*c, "worker", "w3").ok());  // re-registering replaces
+  // A live member's name is not for a stranger.
+  EXPECT_EQ(Join(*c, "worker", "w3").status().code(), absl::StatusCode::kAlreadyExists);
   // Nobody beats: lost after one lease, forgotten after two more.
   clock.Advance(absl::Milliseconds(200));
   c->Tick();
@@ -153,22 +160,30 @@ TEST(CoordinatorLimitsTest, KeyValueStoreIsBoundedAndKeepsItsContract) {
   o.max_kv_keys = 3;
   o.max_kv_value_bytes = 100;
   auto c = Make(o);
-  const std::string job = Submit(*c);  // pending: attempt 0
-  EXPECT_EQ(c->KvSet(job, 0, "k", std::string(101, 'v')).code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(c->KvSet(job, 0, std::string(600, 'k'), "v").code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(c->KvSet(job, 0, "", "v").code(), absl::StatusCode::kInvalidArgument);
-  ASSERT_TRUE(c->KvSet(job, 0, "a", "1").ok());
-  ASSERT_TRUE(c->KvSet(job, 0, "b", "1").ok());
-  ASSERT_TRUE(c->KvSet(job, 0, "c", "1").ok());
-  EXPECT_EQ(c->KvSet(job, 0, "d", "1").code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_TRUE(c->KvSet(job, 0, "c", "2").ok());  // an existing key may change
+  (void)Join(*c, "shard", "shard-0");
+  const std::string w = Join(*c, "worker", "worker-0")->member_id();
+  const std::string job = Submit(*c);  // running: attempt 1
+  EXPECT_EQ(c->KvSet(w, job, 1, "k", std::string(101, 'v')).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(c->KvSet(w, job, 1, std::string(600, 'k'), "v").code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(c->KvSet(w, job, 1, "", "v").code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(c->KvSet(w, job, 1, "a", "1").ok());
+  ASSERT_TRUE(c->KvSet(w, job, 1, "b", "1").ok());
+  ASSERT_TRUE(c->KvSet(w, job, 1, "c", "1").ok());
+  EXPECT_EQ(c->KvSet(w, job, 1, "d", "1").code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(c->KvSet(w, job, 1, "c", "2").ok());  // an existing key may change
   // NOT_FOUND for a key still missing at the deadline, as control.proto says.
-  EXPECT_EQ(c->KvGet(job, 0, "zzz", absl::Now() + absl::Milliseconds(10)).status().code(),
+  EXPECT_EQ(c->KvGet(w, job, 1, "zzz", absl::Now() + absl::Milliseconds(10)).status().code(),
             absl::StatusCode::kNotFound);
-  ASSERT_TRUE(c->KvSet(job, 0, "a", std::to_string(INT64_MAX - 1)).ok());
-  EXPECT_EQ(*c->KvAdd(job, 0, "a", 1), INT64_MAX);
-  EXPECT_EQ(c->KvAdd(job, 0, "a", 1).status().code(), absl::StatusCode::kOutOfRange);
-  EXPECT_EQ(*c->KvGet(job, 0, "a", absl::Now()), std::to_string(INT64_MAX));  // unchanged
+  ASSERT_TRUE(c->KvSet(w, job, 1, "a", std::to_string(INT64_MAX - 1)).ok());
+  EXPECT_EQ(*c->KvAdd(w, job, 1, "a", 1), INT64_MAX);
+  EXPECT_EQ(c->KvAdd(w, job, 1, "a", 1).status().code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(*c->KvGet(w, job, 1, "a", absl::Now()), std::to_string(INT64_MAX));  // unchanged
+  // Only the job's members: an unknown id, and a registered member of no job.
+  const std::string idle = Join(*c, "worker", "worker-1")->member_id();
+  EXPECT_EQ(c->KvSet("worker-0#1", job, 1, "a", "1").code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(c->KvSet(idle, job, 1, "a", "1").code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(c->KvGet(idle, job, 1, "a", absl::Now()).status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(c->KvAdd(idle, job, 1, "a", 1).status().code(), absl::StatusCode::kPermissionDenied);
 }
 
 TEST(CoordinatorLimitsTest, MalformedEventsAreRefusedAndChangeNothing) {

@@ -279,20 +279,23 @@ TEST_F(CoordinatorTest, SpecErrorsAreRefusedAtSubmit) {
 
 TEST_F(CoordinatorTest, KeyValueStoreWaitsForKeys) {
   auto c = Make();
-  const std::string job = Submit(*c);  // not scheduled yet: attempt 0
+  const std::string shard = Join(*c, "shard", "shard-0");
+  const std::string w = Join(*c, "worker", "worker-0");
+  Join(*c, "worker", "worker-1");
+  const std::string job = Submit(*c);  // scheduled: attempt 1
   std::thread setter([&] {
     absl::SleepFor(absl::Milliseconds(50));
-    ASSERT_TRUE(c->KvSet(job, 0, "nccl_id", "abc").ok());
+    ASSERT_TRUE(c->KvSet(shard, job, 1, "nccl_id", "abc").ok());
   });
-  auto v = c->KvGet(job, 0, "nccl_id", absl::Now() + absl::Seconds(5));
+  auto v = c->KvGet(w, job, 1, "nccl_id", absl::Now() + absl::Seconds(5));
   setter.join();
   ASSERT_TRUE(v.ok()) << v.status();
   EXPECT_EQ(*v, "abc");
-  EXPECT_EQ(c->KvGet(job, 0, "missing", absl::Now() + absl::Milliseconds(20)).status().code(),
+  EXPECT_EQ(c->KvGet(w, job, 1, "missing", absl::Now() + absl::Milliseconds(20)).status().code(),
             absl::StatusCode::kNotFound);  // as control.proto promises
-  EXPECT_EQ(*c->KvAdd(job, 0, "ranks", 1), 1);
-  EXPECT_EQ(*c->KvAdd(job, 0, "ranks", 2), 3);
-  EXPECT_EQ(c->KvSet("job-999", 0, "k", "v").code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(*c->KvAdd(w, job, 1, "ranks", 1), 1);
+  EXPECT_EQ(*c->KvAdd(w, job, 1, "ranks", 2), 3);
+  EXPECT_EQ(c->KvSet(w, "job-999", 1, "k", "v").code(), absl::StatusCode::kPermissionDenied);
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "rpc/security.h"
 #include "rpc/status_util.h"
 
 namespace pstrain {
@@ -24,6 +25,11 @@ grpc::Status Fill(absl::StatusOr<T> v, T* out) {
   return grpc::Status::OK;
 }
 
+// Member ids are members' credentials: never shown to JobService callers.
+void ScrubMemberIds(JobStatus* st) {
+  for (MemberStatus& m : *st->mutable_members()) m.clear_member_id();
+}
+
 }  // namespace
 
 #define PSTRAIN_UNARY(Service, Method, Request, Response)                                          \
@@ -32,7 +38,8 @@ grpc::Status Fill(absl::StatusOr<T> v, T* out) {
                                 return Method(ctx, req, resp);                                       \
                               })
 
-GrpcJobService::GrpcJobService(Coordinator* coordinator) : coordinator_(coordinator) {
+GrpcJobService::GrpcJobService(Coordinator* coordinator, std::shared_ptr<TokenTable> tokens)
+    : coordinator_(coordinator), tokens_(std::move(tokens)) {
   PSTRAIN_UNARY(JobService, SubmitJob, SubmitJobRequest, SubmitJobResponse);
   PSTRAIN_UNARY(JobService, GetJob, GetJobRequest, JobStatus);
   PSTRAIN_UNARY(JobService, ListJobs, ListJobsRequest, ListJobsResponse);
@@ -59,31 +66,47 @@ GrpcClusterService::GrpcClusterService(Coordinator* coordinator) : coordinator_(
 
 #undef PSTRAIN_UNARY
 
-grpc::Status GrpcJobService::SubmitJob(grpc::ServerContext*, const SubmitJobRequest& req,
+grpc::Status GrpcJobService::Authorize(const grpc::ServerContext& ctx, const std::string& job_id) {
+  return ToGrpcStatus(coordinator_->Authorize(job_id, CallerOf(ctx, tokens_.get())));
+}
+
+grpc::Status GrpcJobService::SubmitJob(grpc::ServerContext* ctx, const SubmitJobRequest& req,
                                        SubmitJobResponse* resp) {
-  auto id = coordinator_->SubmitJob(req);
+  auto id = coordinator_->SubmitJob(req, CallerOf(*ctx, tokens_.get()));
   if (!id.ok()) return ToGrpcStatus(id.status());
   resp->set_job_id(*id);
   return grpc::Status::OK;
 }
 
-grpc::Status GrpcJobService::GetJob(grpc::ServerContext*, const GetJobRequest& req, JobStatus* resp) {
-  return Fill(coordinator_->GetJob(req.job_id()), resp);
+grpc::Status GrpcJobService::GetJob(grpc::ServerContext* ctx, const GetJobRequest& req, JobStatus* resp) {
+  grpc::Status allowed = Authorize(*ctx, req.job_id());
+  if (!allowed.ok()) return allowed;
+  grpc::Status s = Fill(coordinator_->GetJob(req.job_id()), resp);
+  ScrubMemberIds(resp);
+  return s;
 }
 
-grpc::Status GrpcJobService::ListJobs(grpc::ServerContext*, const ListJobsRequest&,
+grpc::Status GrpcJobService::ListJobs(grpc::ServerContext* ctx, const ListJobsRequest&,
                                       ListJobsResponse* resp) {
-  for (auto& j : coordinator_->ListJobs()) *resp->add_jobs() = std::move(j);
+  const Caller caller = CallerOf(*ctx, tokens_.get());
+  for (auto& j : coordinator_->ListJobs()) {
+    if (!caller.MayActOn(j.owner())) continue;
+    ScrubMemberIds(&j);
+    *resp->add_jobs() = std::move(j);
+  }
   return grpc::Status::OK;
 }
 
 grpc::Status GrpcJobService::WatchJob(grpc::ServerContext* ctx, const WatchJobRequest& req,
                                       const std::function<bool(const JobStatus&)>& write) {
+  grpc::Status allowed = Authorize(*ctx, req.job_id());
+  if (!allowed.ok()) return allowed;
   uint64_t version = 0;
   while (!ctx->IsCancelled()) {
     // Wake up at least every second to notice a client that went away.
     auto st = coordinator_->WaitJob(req.job_id(), &version, WaitUntil(ctx, absl::Seconds(1)));
     if (!st.ok()) return ToGrpcStatus(st.status());
+    ScrubMemberIds(&*st);
     if (!write(*st)) return grpc::Status::OK;  // client gone
     if (IsTerminal(st->state())) return grpc::Status::OK;
     if (absl::Now() >= WaitUntil(ctx, absl::Hours(1e6))) {
@@ -93,26 +116,37 @@ grpc::Status GrpcJobService::WatchJob(grpc::ServerContext* ctx, const WatchJobRe
   return grpc::Status(grpc::StatusCode::CANCELLED, "watch cancelled");
 }
 
-grpc::Status GrpcJobService::CancelJob(grpc::ServerContext*, const CancelJobRequest& req,
+grpc::Status GrpcJobService::CancelJob(grpc::ServerContext* ctx, const CancelJobRequest& req,
                                        CancelJobResponse* resp) {
+  grpc::Status allowed = Authorize(*ctx, req.job_id());
+  if (!allowed.ok()) return allowed;
   auto st = coordinator_->CancelJob(req.job_id());
   if (!st.ok()) return ToGrpcStatus(st.status());
   resp->set_state(*st);
   return grpc::Status::OK;
 }
 
-grpc::Status GrpcJobService::ScaleJob(grpc::ServerContext*, const ScaleJobRequest& req, JobStatus* resp) {
-  return Fill(coordinator_->ScaleJob(req.job_id(), req.workers()), resp);
+grpc::Status GrpcJobService::ScaleJob(grpc::ServerContext* ctx, const ScaleJobRequest& req, JobStatus* resp) {
+  grpc::Status allowed = Authorize(*ctx, req.job_id());
+  if (!allowed.ok()) return allowed;
+  grpc::Status s = Fill(coordinator_->ScaleJob(req.job_id(), req.workers()), resp);
+  ScrubMemberIds(resp);
+  return s;
 }
 
 grpc::Status GrpcJobService::ListMembers(grpc::ServerContext*, const ListMembersRequest&,
                                          ListMembersResponse* resp) {
-  for (auto& m : coordinator_->Members()) *resp->add_members() = std::move(m);
+  for (auto& m : coordinator_->Members()) {
+    m.clear_member_id();
+    *resp->add_members() = std::move(m);
+  }
   return grpc::Status::OK;
 }
 
-grpc::Status GrpcJobService::Checkpoint(grpc::ServerContext*, const CheckpointRequest& req,
+grpc::Status GrpcJobService::Checkpoint(grpc::ServerContext* ctx, const CheckpointRequest& req,
                                         CheckpointResponse* resp) {
+  grpc::Status allowed = Authorize(*ctx, req.job_id());
+  if (!allowed.ok()) return allowed;
   return Fill(coordinator_->Checkpoint(req.job_id()), resp);
 }
 
@@ -139,20 +173,20 @@ grpc::Status GrpcClusterService::ReportProgress(grpc::ServerContext*,
 }
 
 grpc::Status GrpcClusterService::KvSet(grpc::ServerContext*, const KvSetRequest& req, KvSetResponse*) {
-  return ToGrpcStatus(coordinator_->KvSet(req.job_id(), req.attempt(), req.key(), req.value()));
+  return ToGrpcStatus(coordinator_->KvSet(req.member_id(), req.job_id(), req.attempt(), req.key(), req.value()));
 }
 
 grpc::Status GrpcClusterService::KvGet(grpc::ServerContext* ctx, const KvGetRequest& req,
                                        KvGetResponse* resp) {
   const absl::Duration wait = absl::Milliseconds(std::clamp<int64_t>(req.wait_ms(), 0, 600000));
-  auto v = coordinator_->KvGet(req.job_id(), req.attempt(), req.key(), WaitUntil(ctx, wait));
+  auto v = coordinator_->KvGet(req.member_id(), req.job_id(), req.attempt(), req.key(), WaitUntil(ctx, wait));
   if (!v.ok()) return ToGrpcStatus(v.status());
   resp->set_value(*v);
   return grpc::Status::OK;
 }
 
 grpc::Status GrpcClusterService::KvAdd(grpc::ServerContext*, const KvAddRequest& req, KvAddResponse* resp) {
-  auto v = coordinator_->KvAdd(req.job_id(), req.attempt(), req.key(), req.delta());
+  auto v = coordinator_->KvAdd(req.member_id(), req.job_id(), req.attempt(), req.key(), req.delta());
   if (!v.ok()) return ToGrpcStatus(v.status());
   resp->set_value(*v);
   return grpc::Status::OK;

@@ -9,14 +9,19 @@
 
 #include "proto/control.pb.h"
 #include "rpc/grpc_parsing_service.h"
+#include "rpc/token_table.h"
 #include "server/coordinator/coordinator.h"
 
 namespace pstrain {
 
 // pstrain.JobService: for people and tools.
+//
+// Who may do what: the server's token check (rpc/security.h) lets only user
+// and admin tokens in; here a user sees and changes only the jobs they
+// submitted (`tokens`: the server's table, null with authentication off).
 class GrpcJobService final : public ParsingService {
  public:
-  explicit GrpcJobService(Coordinator* coordinator);
+  explicit GrpcJobService(Coordinator* coordinator, std::shared_ptr<TokenTable> tokens = nullptr);
 
  private:
   grpc::Status SubmitJob(grpc::ServerContext*, const SubmitJobRequest&, SubmitJobResponse*);
@@ -29,7 +34,11 @@ class GrpcJobService final : public ParsingService {
   grpc::Status ListMembers(grpc::ServerContext*, const ListMembersRequest&, ListMembersResponse*);
   grpc::Status Checkpoint(grpc::ServerContext*, const CheckpointRequest&, CheckpointResponse*);
 
+  // OK when the caller may see and change `job_id`.
+  grpc::Status Authorize(const grpc::ServerContext& ctx, const std::string& job_id);
+
   Coordinator* const coordinator_;
+  const std::shared_ptr<TokenTable> tokens_;
 };
 
 // pstrain.ClusterService: for the shards and workers of the pool.

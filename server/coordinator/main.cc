@@ -19,6 +19,7 @@
 #include "common/metrics_server.h"
 #include "server/coordinator/coordinator_metrics.h"
 #include "rpc/grpc_server.h"
+#include "rpc/security_flags.h"
 #include "server/coordinator/grpc_coordinator_service.h"
 #include "spdlog/spdlog.h"
 
@@ -32,10 +33,15 @@ ABSL_FLAG(std::string, checkpoint_root, "out",
           "Directory (the shared volume) that jobs' output_dir and resume_from must lie under; shards get "
           "checkpoint names relative to it, so give them the same --checkpoint_root.");
 ABSL_FLAG(int, metrics_port, -1, "Prometheus /metrics HTTP port (0 picks one; -1 off).");
+ABSL_FLAG(std::string, metrics_host, "", "Address of the Prometheus /metrics endpoint (default: --host).");
+ABSL_FLAG(int, health_port, -1,
+          "Also serve the gRPC health service alone, in plaintext, on this port (for Kubernetes probes when "
+          "the main port needs TLS; 0 picks one; -1 off).");
 ABSL_FLAG(std::string, metrics_port_file, "", "If set, write the metrics host:port here.");
 
 int main(int argc, char** argv) {
   pstrain::StartBinary("pstrain-coordinator", argc, argv);
+  const pstrain::SecurityOptions security = pstrain::InstallSecurityFromFlags("pstrain-coordinator", true);
   const int port = absl::GetFlag(FLAGS_port);
   if (port < 0 || port > 65535 || absl::GetFlag(FLAGS_heartbeat_ms) < 10 ||
       absl::GetFlag(FLAGS_missed_heartbeats) < 1) {
@@ -71,9 +77,16 @@ int main(int argc, char** argv) {
     spdlog::error("pstrain-coordinator: {}", coordinator.status().ToString());
     return 1;
   }
-  pstrain::GrpcJobService jobs(coordinator->get());
+  auto server_security = pstrain::ServerSecurityFor(security);
+  if (!server_security.ok()) {
+    spdlog::error("pstrain-coordinator: {}", server_security.status().ToString());
+    return 2;
+  }
+  pstrain::GrpcJobService jobs(coordinator->get(), server_security->tokens);
   pstrain::GrpcClusterService cluster(coordinator->get());
   pstrain::GrpcServerOptions server_options;
+  server_options.security = *server_security;
+  server_options.health_port = absl::GetFlag(FLAGS_health_port);
   server_options.address = absl::StrCat(absl::GetFlag(FLAGS_host), ":", port);
   server_options.max_message_bytes = 64 << 20;
   server_options.port_file = absl::GetFlag(FLAGS_port_file);
@@ -86,7 +99,9 @@ int main(int argc, char** argv) {
   std::unique_ptr<pstrain::MetricsServer> metrics;
   std::shared_ptr<pstrain::CoordinatorMetrics> collector;
   if (absl::GetFlag(FLAGS_metrics_port) >= 0) {
-    auto m = pstrain::MetricsServer::Start(absl::GetFlag(FLAGS_host), absl::GetFlag(FLAGS_metrics_port),
+    const std::string metrics_host =
+        absl::GetFlag(FLAGS_metrics_host).empty() ? absl::GetFlag(FLAGS_host) : absl::GetFlag(FLAGS_metrics_host);
+    auto m = pstrain::MetricsServer::Start(metrics_host, absl::GetFlag(FLAGS_metrics_port),
                                            absl::GetFlag(FLAGS_metrics_port_file));
     if (!m.ok()) {
       spdlog::error("pstrain-coordinator: {}", m.status().ToString());

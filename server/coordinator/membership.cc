@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/quote.h"
+#include "common/random_hex.h"
 #include "spdlog/spdlog.h"
 
 namespace pstrain {
@@ -38,12 +39,23 @@ absl::StatusOr<Member*> Membership::Add(const RegisterRequest& request, absl::Ti
     }
   }
   const std::string name = request.name().empty() ? absl::StrCat(request.role(), "-", next_id_) : request.name();
+  // A live member's name goes only to the holder of its member id (the same
+  // process registering again); anyone else waits until its lease ends.
+  for (const auto& [id, m] : members_) {
+    if (m.status.name() == name && m.status.alive() && id != request.previous_member_id()) {
+      return absl::AlreadyExistsError(absl::StrCat(
+          "member name ", Quote(name), " is held by a live member: another process cannot take it over; it is "
+          "free once that member misses its heartbeats"));
+    }
+  }
   for (auto it = members_.begin(); it != members_.end();) {
     it = it->second.status.name() == name ? members_.erase(it) : std::next(it);
   }
   Member m;
   m.role = *ParseRole(request.role());
-  const std::string id = absl::StrCat(name, "#", next_id_++);
+  // Unguessable: the id is the member's credential for its later calls.
+  const std::string id = absl::StrCat(name, "#", RandomHex(16));
+  ++next_id_;
   m.status.set_member_id(id);
   m.status.set_role(RoleName(m.role));
   m.status.set_name(name);

@@ -50,8 +50,9 @@ class Membership {
   // The request's own fields (role, lengths, name characters); no state.
   static absl::Status Validate(const RegisterRequest& request);
   // Adds a validated registration; one with the name of an earlier member
-  // replaces it (a restart on either side). RESOURCE_EXHAUSTED when the
-  // table is full.
+  // replaces it (a restart on either side) -- of a live one only when it
+  // gives that member's id (previous_member_id), else ALREADY_EXISTS.
+  // RESOURCE_EXHAUSTED when the table is full.
   absl::StatusOr<Member*> Add(const RegisterRequest& request, absl::Time now);
   Member* Find(const std::string& member_id);
   // A sign of life; true when the member had been taken for lost.

@@ -62,12 +62,22 @@ TEST(MembershipTest, ExtendLeasesForgivesTheCoordinatorsOwnPause) {
 TEST(MembershipTest, ReRegisteringReplacesAndTheTableIsBounded) {
   Membership m(2, absl::Seconds(60));
   const std::string first = (*m.Add(Req("worker", "w"), kT0))->status.member_id();
-  const std::string again = (*m.Add(Req("worker", "w"), kT0))->status.member_id();
+  // Unguessable ids: the name, then 128 random bits.
+  EXPECT_EQ(first.size(), std::string("w#").size() + 32) << first;
+  // A live member's name: not to a stranger, only to the holder of its id.
+  EXPECT_EQ(m.Add(Req("worker", "w"), kT0).status().code(), absl::StatusCode::kAlreadyExists);
+  RegisterRequest holder = Req("worker", "w");
+  holder.set_previous_member_id(first);
+  const std::string again = (*m.Add(holder, kT0))->status.member_id();
   EXPECT_NE(first, again);
   EXPECT_EQ(m.Find(first), nullptr);
+  // Once lost, the name is free for anyone (the pod restarted elsewhere).
+  m.Find(again)->status.set_alive(false);
+  const std::string third = (*m.Add(Req("worker", "w"), kT0))->status.member_id();
   ASSERT_TRUE(m.Add(Req("worker", ""), kT0).ok());  // named for it: worker-<n>
   EXPECT_EQ(m.Add(Req("worker", "x"), kT0).status().code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_TRUE(m.Add(Req("worker", "w"), kT0).ok());  // a replacement still fits
+  holder.set_previous_member_id(third);
+  EXPECT_TRUE(m.Add(holder, kT0).ok());  // a replacement still fits
   EXPECT_EQ(m.Statuses().size(), 2u);
 }
 

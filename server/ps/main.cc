@@ -25,6 +25,7 @@
 #include "common/metrics_server.h"
 #include "rpc/cluster_member.h"
 #include "rpc/grpc_server.h"
+#include "rpc/security_flags.h"
 #include "server/ps/grpc_parameter_service.h"
 #include "table/shard_store.h"
 #include "spdlog/spdlog.h"
@@ -41,6 +42,10 @@ ABSL_FLAG(int, max_message_mb, pstrain::kDefaultMaxMessageBytes >> 20,
           "Largest request or response in MiB; larger ones fail with RESOURCE_EXHAUSTED.");
 ABSL_FLAG(int, max_wait_s, 1800, "Longest a call may wait for other workers, in seconds.");
 ABSL_FLAG(int, metrics_port, -1, "Prometheus /metrics HTTP port (0 picks one; -1 off).");
+ABSL_FLAG(std::string, metrics_host, "", "Address of the Prometheus /metrics endpoint (default: --host).");
+ABSL_FLAG(int, health_port, -1,
+          "Also serve the gRPC health service alone, in plaintext, on this port (for Kubernetes probes when "
+          "the main port needs TLS; 0 picks one; -1 off).");
 ABSL_FLAG(std::string, coordinator, "",
           "host:port of pstrain-coordinator: join its pool (register and heartbeat).");
 ABSL_FLAG(std::string, name, "", "Member name for the coordinator (default: <hostname>-<pid>).");
@@ -131,6 +136,7 @@ void Drain(pstrain::ClusterMember& member, pstrain::ShardStore& store, const sig
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("pstrain parameter shard server");
   pstrain::StartBinary("pstrain-ps", argc, argv);
+  const pstrain::SecurityOptions security = pstrain::InstallSecurityFromFlags("pstrain-ps", true);
   pstrain::KeepBulkBuffersMapped();
 
   int shard_index = absl::GetFlag(FLAGS_shard_index);
@@ -166,7 +172,9 @@ int main(int argc, char** argv) {
   std::unique_ptr<pstrain::MetricsServer> metrics;
   std::unique_ptr<pstrain::ParameterServiceMetrics> service_metrics;
   if (absl::GetFlag(FLAGS_metrics_port) >= 0) {
-    auto m = pstrain::MetricsServer::Start(absl::GetFlag(FLAGS_host), absl::GetFlag(FLAGS_metrics_port));
+    const std::string metrics_host =
+        absl::GetFlag(FLAGS_metrics_host).empty() ? absl::GetFlag(FLAGS_host) : absl::GetFlag(FLAGS_metrics_host);
+    auto m = pstrain::MetricsServer::Start(metrics_host, absl::GetFlag(FLAGS_metrics_port));
     if (!m.ok()) {
       spdlog::error("pstrain-ps: {}", m.status().ToString());
       return 1;
@@ -177,7 +185,14 @@ int main(int argc, char** argv) {
   }
   pstrain::GrpcParameterService service(&store, service_metrics.get());
 
+  auto server_security = pstrain::ServerSecurityFor(security);
+  if (!server_security.ok()) {
+    spdlog::error("pstrain-ps: {}", server_security.status().ToString());
+    return 2;
+  }
   pstrain::GrpcServerOptions server_options;
+  server_options.security = *server_security;
+  server_options.health_port = absl::GetFlag(FLAGS_health_port);
   server_options.address = absl::StrCat(absl::GetFlag(FLAGS_host), ":", port);
   server_options.max_message_bytes = max_mb << 20;
   server_options.port_file = absl::GetFlag(FLAGS_port_file);

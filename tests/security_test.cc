@@ -1,0 +1,404 @@
+// Who may call what, over real gRPC with TLS on 127.0.0.1 (in-process
+// coordinator and shard servers secured as deployments are):
+//   - every RPC of every service refuses a call without a token, with a
+//     token the server does not know (UNAUTHENTICATED), and with a token of
+//     the wrong role (PERMISSION_DENIED), and lets the right role through --
+//     enumerated from the services' descriptors, so a new RPC cannot be
+//     added unprotected; health stays open for probes;
+//   - a user sees and changes only their own jobs, an admin every job;
+//   - the transport: plaintext to a TLS server, a client that does not
+//     trust the CA, a wrong server name, and (mutual TLS) a client without a
+//     certificate all fail;
+//   - no token appears in any error message or log line.
+#include <grpcpp/generic/generic_stub.h>
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <set>
+#include <sstream>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "common/file_util.h"
+#include "google/protobuf/descriptor.h"
+#include "proto/control.grpc.pb.h"
+#include "proto/parameter.pb.h"
+#include "rpc/grpc_channel.h"
+#include "rpc/grpc_server.h"
+#include "rpc/health_check.h"
+#include "rpc/local_credentials.h"
+#include "rpc/security.h"
+#include "server/coordinator/grpc_coordinator_service.h"
+#include "server/ps/grpc_parameter_service.h"
+#include "spdlog/sinks/ostream_sink.h"
+#include "spdlog/spdlog.h"
+#include "table/shard_store.h"
+#include "tests/raw_call.h"
+
+namespace pstrain {
+namespace {
+
+std::string Token(const std::string& path) {
+  auto t = ReadFile(path);
+  EXPECT_TRUE(t.ok()) << t.status();
+  return std::string(absl::StripAsciiWhitespace(t.value_or("")));
+}
+
+class SecurityTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    // Every log line of the test, to look for tokens in.
+    log_sink_ = std::make_shared<spdlog::sinks::ostream_sink_mt>(log_);
+    spdlog::default_logger()->sinks().push_back(log_sink_);
+
+    dir_ = ::testing::TempDir() + "/security";
+    LocalCredentialsOptions alice;
+    alice.user = "alice";
+    auto creds = WriteLocalCredentials(dir_ + "/creds", alice);
+    ASSERT_TRUE(creds.ok()) << creds.status();
+    creds_ = *creds;
+    // A second user, bob.
+    bob_token_file_ = dir_ + "/bob.token";
+    const std::string bob = *RandomToken();
+    ASSERT_TRUE(WriteFileAtomically(bob_token_file_, bob + "\n").ok());
+    ASSERT_TRUE(WriteFileAtomically(creds_.token_auth_file,
+                                    *ReadFile(creds_.token_auth_file) + bob + ",bob,4\n").ok());
+    stranger_token_file_ = dir_ + "/stranger.token";
+    ASSERT_TRUE(WriteFileAtomically(stranger_token_file_, *RandomToken() + "\n").ok());
+    for (const std::string& f : {creds_.cluster_token_file, creds_.user_token_file, creds_.admin_token_file,
+                                 bob_token_file_, stranger_token_file_}) {
+      tokens_.push_back(Token(f));
+    }
+
+    SecurityOptions server;
+    server.tls_cert = creds_.cert;
+    server.tls_key = creds_.key;
+    server.tls_ca = creds_.ca;
+    server.token_auth_file = creds_.token_auth_file;
+    // The coordinator's own calls to shards: as a cluster member.
+    SecurityOptions process = server;
+    process.token_auth_file.clear();
+    process.token_file = creds_.cluster_token_file;
+    SetProcessSecurity(process);
+    StartServers(server);
+  }
+
+  void StartServers(const SecurityOptions& server) {
+    auto security = ServerSecurityFor(server);
+    ASSERT_TRUE(security.ok()) << security.status();
+    GrpcServerOptions options;
+    options.address = "127.0.0.1:0";
+    options.security = *security;
+    options.health_port = 0;
+
+    ShardStoreOptions so;
+    so.checkpoint_root = *CanonicalRoot(dir_ + "/shard-root");
+    store_ = std::make_unique<ShardStore>(so);
+    ps_service_ = std::make_unique<GrpcParameterService>(store_.get(), nullptr);
+    auto ps = GrpcServer::Create(options, {ps_service_.get()});
+    ASSERT_TRUE(ps.ok()) << ps.status();
+    ps_server_ = std::move(*ps);
+
+    CoordinatorOptions co;
+    co.background_tick = false;
+    co.checkpoint_root = *CanonicalRoot(dir_ + "/coordinator-root");
+    auto store = JobStore::Open(":memory:");
+    ASSERT_TRUE(store.ok());
+    auto coordinator = Coordinator::Create(co, std::move(*store));
+    ASSERT_TRUE(coordinator.ok()) << coordinator.status();
+    coordinator_ = std::move(*coordinator);
+    jobs_ = std::make_unique<GrpcJobService>(coordinator_.get(), security->tokens);
+    cluster_ = std::make_unique<GrpcClusterService>(coordinator_.get());
+    auto cs = GrpcServer::Create(options, {jobs_.get(), cluster_.get()});
+    ASSERT_TRUE(cs.ok()) << cs.status();
+    coordinator_server_ = std::move(*cs);
+  }
+
+  void TearDown() override {
+    if (store_) store_->Shutdown();
+    if (ps_server_) ps_server_->Shutdown();
+    if (coordinator_) coordinator_->Shutdown();
+    if (coordinator_server_) coordinator_server_->Shutdown();
+    SetProcessSecurity(SecurityOptions{});
+    // Nothing logged during the test holds a token.
+    spdlog::default_logger()->flush();
+    auto& sinks = spdlog::default_logger()->sinks();
+    sinks.erase(std::remove(sinks.begin(), sinks.end(), log_sink_), sinks.end());
+    const std::string logged = log_.str();
+    for (const std::string& t : tokens_) EXPECT_EQ(logged.find(t), std::string::npos) << "a token was logged";
+  }
+
+  // A client of role `token_file` (empty: no token), trusting the CA.
+  SecurityOptions Client(const std::string& token_file) const {
+    SecurityOptions o;
+    o.tls_ca = creds_.ca;
+    o.token_file = token_file;
+    return o;
+  }
+
+  void ExpectNoToken(const grpc::Status& s) {
+    for (const std::string& t : tokens_) EXPECT_EQ(s.error_message().find(t), std::string::npos);
+  }
+
+  std::ostringstream log_;
+  std::shared_ptr<spdlog::sinks::ostream_sink_mt> log_sink_;
+  std::string dir_;
+  LocalCredentials creds_;
+  std::string bob_token_file_;
+  std::string stranger_token_file_;
+  std::vector<std::string> tokens_;
+  std::unique_ptr<ShardStore> store_;
+  std::unique_ptr<GrpcParameterService> ps_service_;
+  std::unique_ptr<GrpcServer> ps_server_;
+  std::unique_ptr<Coordinator> coordinator_;
+  std::unique_ptr<GrpcJobService> jobs_;
+  std::unique_ptr<GrpcClusterService> cluster_;
+  std::unique_ptr<GrpcServer> coordinator_server_;
+};
+
+TEST_F(SecurityTest, EveryRpcOfEveryServiceChecksTheTokenAndItsRole) {
+  struct Service {
+    const char* name;
+    std::string target;
+    std::vector<std::string> allowed;  // token files of the roles it takes
+    std::vector<std::string> refused;  // token files of roles it refuses
+  };
+  const std::string coordinator = coordinator_server_->local_target();
+  const std::vector<Service> services = {
+      {"pstrain.JobService", coordinator, {creds_.user_token_file, creds_.admin_token_file}, {creds_.cluster_token_file}},
+      {"pstrain.ClusterService", coordinator, {creds_.cluster_token_file},
+       {creds_.user_token_file, creds_.admin_token_file}},
+      {"pstrain.ParameterService", ps_server_->local_target(), {creds_.cluster_token_file},
+       {creds_.user_token_file, creds_.admin_token_file}},
+  };
+  int methods = 0;
+  for (const Service& service : services) {
+    const google::protobuf::ServiceDescriptor* d =
+        google::protobuf::DescriptorPool::generated_pool()->FindServiceByName(service.name);
+    ASSERT_NE(d, nullptr) << service.name;
+    for (int i = 0; i < d->method_count(); ++i, ++methods) {
+      const std::string method = absl::StrCat("/", service.name, "/", d->method(i)->name());
+      SCOPED_TRACE(method);
+      for (const std::string& no : {std::string(), stranger_token_file_}) {
+        grpc::Status s = RawCall(service.target, method, "", Client(no));
+        EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED) << s.error_message();
+        EXPECT_FALSE(s.error_message().empty());
+        ExpectNoToken(s);
+      }
+      for (const std::string& wrong : service.refused) {
+        grpc::Status s = RawCall(service.target, method, "", Client(wrong));
+        EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << wrong << ": " << s.error_message();
+        EXPECT_NE(s.error_message().find("may not call"), std::string::npos) << s.error_message();
+        ExpectNoToken(s);
+      }
+      for (const std::string& right : service.allowed) {
+        // Past the check: the handler answers the empty request itself.
+        grpc::Status s = RawCall(service.target, method, "", Client(right));
+        EXPECT_NE(s.error_code(), grpc::StatusCode::UNAUTHENTICATED) << right << ": " << s.error_message();
+        EXPECT_EQ(s.error_message().find("may not call"), std::string::npos) << right << ": " << s.error_message();
+        ExpectNoToken(s);
+      }
+    }
+  }
+  EXPECT_GE(methods, 24);
+  // Reflection takes any valid token; health none (probes).
+  const std::string reflection = "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo";
+  EXPECT_EQ(RawCall(coordinator, reflection, "", Client("")).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  const std::string health_request;
+  EXPECT_TRUE(RawCall(coordinator, "/grpc.health.v1.Health/Check", health_request, Client("")).ok());
+  EXPECT_TRUE(RawCall(ps_server_->local_target(), "/grpc.health.v1.Health/Check", "", Client("")).ok());
+}
+
+TEST_F(SecurityTest, HealthIsServedInPlaintextOnTheHealthPortAndNothingElse) {
+  const std::string health = absl::StrCat("127.0.0.1:", coordinator_server_->health_port());
+  auto status = CheckHealth(health, "", absl::Seconds(10));
+  // CheckHealth uses this process's security (TLS): the health port is plain.
+  EXPECT_FALSE(status.ok());
+  grpc::Status plain = RawCall(health, "/grpc.health.v1.Health/Check", "", SecurityOptions{});
+  EXPECT_TRUE(plain.ok()) << plain.error_message();
+  grpc::Status jobs = RawCall(health, "/pstrain.JobService/ListJobs", "", SecurityOptions{});
+  EXPECT_EQ(jobs.error_code(), grpc::StatusCode::UNIMPLEMENTED) << jobs.error_message();
+}
+
+std::unique_ptr<JobService::Stub> JobStub(const std::string& target, const SecurityOptions& security) {
+  return JobService::NewStub(CreateChannel(target, 1 << 20, security));
+}
+
+TEST_F(SecurityTest, UsersSeeAndChangeOnlyTheirOwnJobs) {
+  const std::string target = coordinator_server_->local_target();
+  auto alice = JobStub(target, Client(creds_.user_token_file));
+  auto bob = JobStub(target, Client(bob_token_file_));
+  auto admin = JobStub(target, Client(creds_.admin_token_file));
+
+  SubmitJobRequest submit;
+  submit.set_spec_yaml("workers: 1\n");
+  submit.set_output_dir(dir_ + "/coordinator-root/out");
+  SubmitJobResponse submitted;
+  {
+    grpc::ClientContext ctx;
+    grpc::Status s = alice->SubmitJob(&ctx, submit, &submitted);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+  }
+  const std::string id = submitted.job_id();
+  auto call_as = [&](JobService::Stub& stub, const std::string& what) -> grpc::Status {
+    grpc::ClientContext ctx;
+    if (what == "get") {
+      GetJobRequest r;
+      r.set_job_id(id);
+      JobStatus st;
+      return stub.GetJob(&ctx, r, &st);
+    }
+    if (what == "checkpoint") {
+      CheckpointRequest r;
+      r.set_job_id(id);
+      CheckpointResponse resp;
+      return stub.Checkpoint(&ctx, r, &resp);
+    }
+    if (what == "scale") {
+      ScaleJobRequest r;
+      r.set_job_id(id);
+      r.set_workers(1);
+      JobStatus st;
+      return stub.ScaleJob(&ctx, r, &st);
+    }
+    if (what == "watch") {
+      WatchJobRequest r;
+      r.set_job_id(id);
+      ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(500));
+      auto reader = stub.WatchJob(&ctx, r);
+      JobStatus st;
+      while (reader->Read(&st)) {
+      }
+      return reader->Finish();
+    }
+    CancelJobRequest r;
+    r.set_job_id(id);
+    CancelJobResponse resp;
+    return stub.CancelJob(&ctx, r, &resp);
+  };
+  for (const char* what : {"get", "watch", "checkpoint", "scale", "cancel"}) {
+    grpc::Status s = call_as(*bob, what);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << what << ": " << s.error_message();
+  }
+  auto list = [&](JobService::Stub& stub) {
+    grpc::ClientContext ctx;
+    ListJobsResponse resp;
+    EXPECT_TRUE(stub.ListJobs(&ctx, ListJobsRequest(), &resp).ok());
+    return resp.jobs_size();
+  };
+  EXPECT_EQ(list(*bob), 0);
+  EXPECT_EQ(list(*alice), 1);
+  EXPECT_EQ(list(*admin), 1);
+  {
+    grpc::ClientContext ctx;
+    GetJobRequest r;
+    r.set_job_id(id);
+    JobStatus st;
+    ASSERT_TRUE(alice->GetJob(&ctx, r, &st).ok());
+    EXPECT_EQ(st.owner(), "alice");
+  }
+  // Bob's job is his; the admin cancels Alice's.
+  {
+    grpc::ClientContext ctx;
+    SubmitJobResponse r;
+    ASSERT_TRUE(bob->SubmitJob(&ctx, submit, &r).ok());
+  }
+  EXPECT_EQ(list(*bob), 1);
+  EXPECT_EQ(list(*admin), 2);
+  EXPECT_TRUE(call_as(*admin, "cancel").ok());
+  EXPECT_EQ(call_as(*alice, "get").error_code(), grpc::StatusCode::OK);
+}
+
+TEST_F(SecurityTest, TheTransportRefusesPlaintextStrangersAndWrongNames) {
+  const std::string target = coordinator_server_->local_target();
+  const std::string method = "/pstrain.JobService/ListJobs";
+  // The right client, for contrast.
+  EXPECT_TRUE(RawCall(target, method, "", Client(creds_.user_token_file)).ok());
+  // Plaintext to a TLS server.
+  EXPECT_EQ(RawCall(target, method, "", SecurityOptions{}).error_code(), grpc::StatusCode::UNAVAILABLE);
+  // A client trusting another CA.
+  auto other = WriteLocalCredentials(dir_ + "/other-ca");
+  ASSERT_TRUE(other.ok()) << other.status();
+  SecurityOptions stranger = Client(creds_.user_token_file);
+  stranger.tls_ca = other->ca;
+  EXPECT_EQ(RawCall(target, method, "", stranger).error_code(), grpc::StatusCode::UNAVAILABLE);
+  // A name the server's certificate does not carry.
+  SecurityOptions misnamed = Client(creds_.user_token_file);
+  misnamed.tls_server_name = "pstrain.example.com";
+  EXPECT_EQ(RawCall(target, method, "", misnamed).error_code(), grpc::StatusCode::UNAVAILABLE);
+}
+
+TEST_F(SecurityTest, MutualTlsRefusesAClientWithoutACertificate) {
+  SecurityOptions server;
+  server.tls_cert = creds_.cert;
+  server.tls_key = creds_.key;
+  server.tls_ca = creds_.ca;
+  server.tls_client_auth = ClientAuth::kRequire;
+  server.token_auth_file = creds_.token_auth_file;
+  auto security = ServerSecurityFor(server);
+  ASSERT_TRUE(security.ok()) << security.status();
+  GrpcServerOptions options;
+  options.address = "127.0.0.1:0";
+  options.security = *security;
+  GrpcJobService jobs(coordinator_.get(), security->tokens);
+  auto s = GrpcServer::Create(options, {&jobs});
+  ASSERT_TRUE(s.ok()) << s.status();
+  const std::string target = (*s)->local_target();
+  const std::string method = "/pstrain.JobService/ListJobs";
+  EXPECT_EQ(RawCall(target, method, "", Client(creds_.user_token_file)).error_code(), grpc::StatusCode::UNAVAILABLE);
+  SecurityOptions with_cert = Client(creds_.user_token_file);
+  with_cert.tls_cert = creds_.cert;
+  with_cert.tls_key = creds_.key;
+  grpc::Status ok = RawCall(target, method, "", with_cert);
+  EXPECT_TRUE(ok.ok()) << ok.error_message();
+  // A certificate from another CA is no better than none.
+  auto other = WriteLocalCredentials(dir_ + "/other-client");
+  ASSERT_TRUE(other.ok());
+  SecurityOptions foreign = with_cert;
+  foreign.tls_cert = other->cert;
+  foreign.tls_key = other->key;
+  EXPECT_EQ(RawCall(target, method, "", foreign).error_code(), grpc::StatusCode::UNAVAILABLE);
+  (*s)->Shutdown();
+}
+
+TEST(SecurityOptionsTest, InconsistentSettingsAreRefusedNamingTheFlag) {
+  const std::string dir = ::testing::TempDir() + "/security-options";
+  auto creds = WriteLocalCredentials(dir);
+  ASSERT_TRUE(creds.ok()) << creds.status();
+  auto refused = [](SecurityOptions o, bool server, const std::string& flag) {
+    absl::Status s = ValidateSecurity(o, server);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << flag;
+    EXPECT_NE(s.message().find(flag), std::string::npos) << s;
+  };
+  SecurityOptions tokens_in_clear;
+  tokens_in_clear.token_auth_file = creds->token_auth_file;
+  refused(tokens_in_clear, true, "--token_auth_file");
+  SecurityOptions token_in_clear;
+  token_in_clear.token_file = creds->user_token_file;
+  refused(token_in_clear, false, "--token_file");
+  SecurityOptions half_pair;
+  half_pair.tls_cert = creds->cert;
+  refused(half_pair, true, "--tls_key");
+  SecurityOptions wrong_key;
+  wrong_key.tls_cert = creds->cert;
+  wrong_key.tls_key = creds->ca;  // a certificate, not a key
+  refused(wrong_key, true, "--tls_key");
+  SecurityOptions mtls_without_ca;
+  mtls_without_ca.tls_cert = creds->cert;
+  mtls_without_ca.tls_key = creds->key;
+  mtls_without_ca.tls_client_auth = ClientAuth::kRequire;
+  refused(mtls_without_ca, true, "--tls_client_auth");
+  SecurityOptions missing_ca;
+  missing_ca.tls_ca = dir + "/nope.pem";
+  refused(missing_ca, false, "--tls_ca");
+  SecurityOptions good;
+  good.tls_cert = creds->cert;
+  good.tls_key = creds->key;
+  good.tls_ca = creds->ca;
+  good.token_auth_file = creds->token_auth_file;
+  good.token_file = creds->cluster_token_file;
+  EXPECT_TRUE(ValidateSecurity(good, true).ok());
+}
+
+}  // namespace
+}  // namespace pstrain

@@ -21,11 +21,14 @@
 #include "absl/strings/str_split.h"
 #include "common/malloc_tuning.h"
 #include "rpc/grpc_remote_shard.h"
+#include "rpc/local_credentials.h"
+#include "rpc/security_flags.h"
 #include "rpc/grpc_tensor_coding.h"
 #include "rpc/tensor_codec.h"
 #include "worker/ps_client.h"
 
-ABSL_FLAG(std::string, role, "worker", "worker | codec");
+ABSL_FLAG(std::string, role, "worker", "worker | codec | credentials (a CA, certificate and tokens in --out)");
+ABSL_FLAG(std::string, out, "", "--role=credentials: the directory to write them to.");
 ABSL_FLAG(std::string, shards, "", "Comma-separated shard addresses.");
 ABSL_FLAG(std::string, model, "flat", "flat: one 10M float32 tensor; mixed: 20 tensors, 10M in all.");
 ABSL_FLAG(std::string, job, "bench", "Job name (one table per model).");
@@ -198,6 +201,14 @@ int main(int argc, char** argv) {
   pstrain::KeepBulkBuffersMapped();
   const std::string role = absl::GetFlag(FLAGS_role);
   int code = 2;
+  if (role == "credentials") {
+    auto made = pstrain::WriteLocalCredentials(absl::GetFlag(FLAGS_out));
+    if (!made.ok()) std::fprintf(stderr, "%s\n", made.status().ToString().c_str());
+    std::fflush(nullptr);
+    _exit(made.ok() ? 0 : 1);
+  }
+  // --tls_ca and --token_file: the run over TLS with a token.
+  pstrain::InstallSecurityFromFlags("pushpull_bench", false);
   if (role == "worker") {
     code = pstrain::RunWorker();
   } else if (role == "codec") {

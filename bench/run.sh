@@ -2,7 +2,8 @@
 # Benchmarks with their peers measured in the same run.
 #
 #   bench/run.sh pushpull [REPS]   pstrain push+pull vs torch.distributed.rpc
-#                                  and loopback TCP (iperf3); codec speed
+#                                  and loopback TCP (iperf3); codec speed; and
+#                                  pstrain over TLS with tokens (tls_vs_plain)
 #   bench/run.sh train [REPS]      the demo job (async), its sync and all-reduce
 #                                  variants vs PyTorch DDP (gloo), same settings
 #   bench/run.sh allreduce [REPS]  all-reduce time and bus bandwidth, 4 KB..256 MB,
@@ -46,13 +47,23 @@ median() { sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a
 free_port() { $PY -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
 # One pstrain run: 2 shard processes + 2 worker processes, timed together.
-ours_once() {  # ours_once MODEL SECONDS -> prints "gb_per_s p50 p99"
+# With a third argument "tls": every call over TLS with a cluster token
+# checked by the shards (the secured deployment's data plane).
+ours_once() {  # ours_once MODEL SECONDS [tls] -> prints "gb_per_s p50 p99"
   local model=$1 secs=$2 run=$WORK/run.$RANDOM
   mkdir -p "$run"
+  local server_sec=() client_sec=()
+  if [ "${3:-}" = tls ]; then
+    local c=$WORK/credentials
+    [ -s "$c/ca.pem" ] || $BIN/bench/pushpull_bench --role=credentials --out="$c"
+    server_sec=(--tls_cert="$c/member.pem" --tls_key="$c/member-key.pem" --tls_ca="$c/ca.pem"
+                --token_auth_file="$c/tokens.csv")
+    client_sec=(--tls_ca="$c/ca.pem" --token_file="$c/cluster.token")
+  fi
   local shard_pids=()
   for i in 0 1; do
     $BIN/server/ps/pstrain-ps --host=127.0.0.1 --port=0 --port_file="$run/s$i" \
-      --shard_index=$i --num_shards=2 >"$run/s$i.log" 2>&1 &
+      --shard_index=$i --num_shards=2 "${server_sec[@]}" >"$run/s$i.log" 2>&1 &
     shard_pids+=($!); PIDS+=($!)
   done
   wait_file "$run/s0" 30; wait_file "$run/s1" 30
@@ -61,7 +72,7 @@ ours_once() {  # ours_once MODEL SECONDS -> prints "gb_per_s p50 p99"
   local wpids=()
   for w in 0 1; do
     $BIN/bench/pushpull_bench --role=worker --shards="$shards" --model="$model" --worker=$w \
-      --num_workers=2 --start_at_ms=$start --seconds="$secs" >"$run/w$w.json" 2>"$run/w$w.log" &
+      --num_workers=2 --start_at_ms=$start --seconds="$secs" "${client_sec[@]}" >"$run/w$w.json" 2>"$run/w$w.log" &
     wpids+=($!)
   done
   for p in "${wpids[@]}"; do wait "$p" || { cat "$run"/w*.log >&2; exit 1; }; done
@@ -97,6 +108,8 @@ pushpull() {
     for model in flat mixed; do
       log "rep $r/$reps: pstrain $model"
       runs[ours_$model]+="$(ours_once "$model" "$secs")"$'\n'
+      log "rep $r/$reps: pstrain $model over TLS with tokens"
+      runs[ours_tls_$model]+="$(ours_once "$model" "$secs" tls)"$'\n'
       for tr in tcp default; do
         log "rep $r/$reps: torch.distributed.rpc ($tr) $model"
         runs[torch_${tr}_$model]+="$(torch_once "$model" "$tr" "$secs")"$'\n'
@@ -109,7 +122,7 @@ pushpull() {
   codec=$($BIN/bench/pushpull_bench --role=codec | tail -1)
 
   col() { printf '%s' "${runs[$1]}" | awk -v c="$2" 'NF {print $c}' | median; }
-  local keys=(ours_flat ours_mixed torch_tcp_flat torch_tcp_mixed torch_default_flat torch_default_mixed)
+  local keys=(ours_flat ours_mixed ours_tls_flat ours_tls_mixed torch_tcp_flat torch_tcp_mixed torch_default_flat torch_default_mixed)
   printf '\n%-24s %10s %10s %10s   (medians of %s runs, 2 shards + 2 workers, 10M float32)\n' \
     "push+pull" "GB/s" "p50 ms" "p99 ms" "$reps" >&2
   for k in "${keys[@]}"; do
@@ -131,6 +144,7 @@ out = {
     "ours_gb_per_s": {"flat": ours_flat, "mixed": ours_mixed},
     "ours_p50_ms": {"flat": $(col ours_flat 2), "mixed": $(col ours_mixed 2)},
     "ours_p99_ms": {"flat": $(col ours_flat 3), "mixed": $(col ours_mixed 3)},
+    "ours_tls_gb_per_s": {"flat": $(col ours_tls_flat 1), "mixed": $(col ours_tls_mixed 1)},
     "torch_rpc_tcp_gb_per_s": {"flat": tcp_flat, "mixed": tcp_mixed},
     "torch_rpc_default_gb_per_s": {"flat": dflt_flat, "mixed": dflt_mixed},
     "iperf3_loopback_gb_per_s": iperf,
@@ -142,6 +156,8 @@ out = {
         "vs_loopback_tcp": round(ours_flat / iperf, 3),
         "mixed_vs_torch_rpc_tcp": round(ours_mixed / tcp_mixed, 3),
         "mixed_vs_torch_rpc_default": round(ours_mixed / dflt_mixed, 3),
+        "tls_vs_plain": round($(col ours_tls_flat 1) / ours_flat, 3),
+        "mixed_tls_vs_plain": round($(col ours_tls_mixed 1) / ours_mixed, 3),
     },
 }
 print(json.dumps(out))

@@ -21,6 +21,7 @@ struct GrpcRemoteShard::Call {
   std::vector<TensorBuffer>* response_tensors = nullptr;
   std::vector<TensorBuffer> destinations;  // caller-provided output buffers
   absl::Time deadline;
+  std::string job_secret;
   int attempt = 0;
   absl::Duration backoff;
   StatusCallback done;
@@ -53,6 +54,7 @@ void GrpcRemoteShard::Start(const std::string& method, const google::protobuf::M
                        ? absl::Now() + options_.default_timeout
                        : options.deadline;
   call->backoff = options_.initial_backoff;
+  call->job_secret = options.job_secret;
   call->done = std::move(done);
   Attempt(std::move(call));
 }
@@ -61,6 +63,7 @@ void GrpcRemoteShard::Attempt(std::shared_ptr<Call> call) {
   ++call->attempt;
   call->context = std::make_unique<grpc::ClientContext>();
   call->context->set_deadline(absl::ToChronoTime(call->deadline));
+  if (!call->job_secret.empty()) call->context->AddMetadata(kJobSecretMetadata, call->job_secret);
   call->response.Clear();
   // The request ByteBuffer is kept for retries: copying it copies slice
   // references, not bytes.

@@ -25,6 +25,10 @@
 
 namespace pstrain {
 
+// The metadata key that carries CallOptions::job_secret on ParameterService
+// calls.
+inline constexpr char kJobSecretMetadata[] = "x-pstrain-job-secret";
+
 // Field number that carries tensors in every message of proto/ that has them.
 constexpr int kTensorField = 15;
 

@@ -212,6 +212,13 @@ AccessRule AccessRuleFor(absl::string_view method) {
   return rule;
 }
 
+std::string DescribeSecurity(const SecurityOptions& o, const ServerSecurity& security) {
+  if (!o.server_tls()) return "plaintext, no tokens";
+  return absl::StrCat(o.tls_client_auth == ClientAuth::kRequire ? "mutual TLS" : "TLS", ", ",
+                      security.tokens == nullptr ? std::string("no tokens")
+                                                 : absl::StrCat(security.tokens->size(), " tokens"));
+}
+
 bool IsLoopbackHost(absl::string_view host) {
   if (absl::StartsWith(host, "[") && absl::EndsWith(host, "]")) host = host.substr(1, host.size() - 2);
   return host == "localhost" || host == "::1" || absl::StartsWith(host, "127.");

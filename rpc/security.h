@@ -97,6 +97,10 @@ absl::StatusOr<ServerSecurity> ServerSecurityFor(const SecurityOptions& options)
 // anonymous admin when `tokens` is null (authentication off).
 Caller CallerOf(const grpc::ServerContext& context, TokenTable* tokens);
 
+// "TLS, mutual TLS, N tokens" or "plaintext, no tokens": for a server's
+// start-up line.
+std::string DescribeSecurity(const SecurityOptions& options, const ServerSecurity& security);
+
 // True for 127.0.0.1, ::1, localhost (a server bound there is out of reach
 // of other machines).
 bool IsLoopbackHost(absl::string_view host);

@@ -32,6 +32,10 @@ using StatusCallback = std::function<void(absl::Status)>;
 struct CallOptions {
   // A call still waiting at its deadline fails with DEADLINE_EXCEEDED.
   absl::Time deadline = absl::InfiniteFuture();
+  // The job's secret (Assignment.job_secret): a remote store sends it with
+  // the call, and a shard serves a job's table only to callers that have it.
+  // In-process stores ignore it.
+  std::string job_secret;
 };
 
 class ParameterStore {

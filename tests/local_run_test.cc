@@ -2,12 +2,14 @@
 // training on real data; Ctrl-C and a failing worker stop everything.
 #include <dirent.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <signal.h>
 
 #include <filesystem>
 #include <fstream>
 #include <regex>
 
+#include "absl/strings/ascii.h"
 #include "common/file_util.h"
 #include "tests/child_process.h"
 
@@ -98,6 +100,49 @@ log_every_steps: 25
   const std::string py_out = ReadFile(dir + "/py.out").value_or("");
   ASSERT_TRUE(std::regex_search(py_out, py, std::regex("accuracy ([0-9.]+)"))) << py_out;
   EXPECT_NEAR(std::stod(py[1]), std::stod(m[1]), 0.0006) << py_out << "\n" << run.output;
+}
+
+// `pstrain local --secure`: every process speaks TLS and sends its token;
+// a sync job (the shards' barrier, the coordinator's calls to the shards)
+// trains as it does in the clear.
+TEST(LocalRunTest, SecureRunTrainsOverTlsWithTokens) {
+  if (!HaveFashionMnist()) GTEST_SKIP() << "dataset-fashion-mnist is not installed (make setup installs it)";
+  const std::string dir = MakeTempDir("local-secure");
+  const std::string spec = WriteSpec(dir, R"(
+name: secure
+model: lenet
+data: {format: idx, limit_train: 6400, limit_test: 1000}
+optimizer: {kind: sgd, lr: 0.05, momentum: 0.9}
+consistency: sync
+workers: 2
+shards: 1
+epochs: 1
+batch_size: 32
+log_every_steps: 25
+)");
+  RunOutput run = RunPstrain({"local", "--secure", spec, "--output_dir", dir + "/out"}, dir);
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(run.output, m, std::regex("final test accuracy ([0-9.]+)"))) << run.output;
+  EXPECT_GT(std::stod(m[1]), 0.5) << run.output;
+  const std::string coordinator_log = ReadFile(dir + "/out/logs/coordinator.log").value_or("");
+  EXPECT_NE(coordinator_log.find("TLS, 3 tokens"), std::string::npos) << coordinator_log;
+  EXPECT_NE(ReadFile(dir + "/out/logs/shard-0.log").value_or("").find("TLS, 3 tokens"), std::string::npos);
+  // Keys and tokens readable by their owner only.
+  struct stat st {};
+  ASSERT_EQ(stat((dir + "/out/credentials/member-key.pem").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 077, 0u);
+  ASSERT_EQ(stat((dir + "/out/credentials/tokens.csv").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 077, 0u);
+  // No token in any log.
+  for (const char* token : {"cluster.token", "user.token", "admin.token"}) {
+    const std::string t(absl::StripAsciiWhitespace(ReadFile(dir + "/out/credentials/" + token).value_or("")));
+    ASSERT_FALSE(t.empty());
+    for (const auto& entry : std::filesystem::directory_iterator(dir + "/out/logs")) {
+      EXPECT_EQ(ReadFile(entry.path().string()).value_or("").find(t), std::string::npos) << entry.path();
+    }
+    EXPECT_EQ(run.output.find(t), std::string::npos);
+  }
 }
 
 // The all-reduce example as committed: LeNet, 2 workers, 3 epochs, Gloo.

@@ -24,6 +24,7 @@
 #include "proto/control.grpc.pb.h"
 #include "proto/parameter.pb.h"
 #include "rpc/grpc_channel.h"
+#include "rpc/grpc_remote_shard.h"
 #include "rpc/grpc_server.h"
 #include "rpc/health_check.h"
 #include "rpc/local_credentials.h"
@@ -359,6 +360,76 @@ TEST_F(SecurityTest, MutualTlsRefusesAClientWithoutACertificate) {
   foreign.tls_key = other->key;
   EXPECT_EQ(RawCall(target, method, "", foreign).error_code(), grpc::StatusCode::UNAVAILABLE);
   (*s)->Shutdown();
+}
+
+// Job A's worker holds the cluster token too: the job secret is what keeps
+// it off job B's table.
+TEST_F(SecurityTest, AJobsTableServesOnlyCallersWithItsSecret) {
+  RemoteShardOptions ro;
+  ro.target = ps_server_->local_target();
+  GrpcRemoteShard shard(ro);
+  auto call = [&](const std::string& secret, auto fn) {
+    CallOptions opts;
+    opts.deadline = absl::Now() + absl::Seconds(20);
+    opts.job_secret = secret;
+    return WaitFor([&](StatusCallback done) { fn(opts, std::move(done)); });
+  };
+  InitTableRequest init;
+  init.set_job("job-b");
+  init.set_attempt(1);
+  init.mutable_config()->mutable_optimizer()->set_kind(OptimizerConfig::SGD);
+  init.mutable_config()->mutable_optimizer()->set_lr(1);
+  init.mutable_config()->set_consistency(ASYNC);
+  init.mutable_config()->set_num_workers(1);
+  InitTableResponse init_resp;
+  const std::string b_secret = *RandomToken(), a_secret = *RandomToken();
+  ASSERT_TRUE(call(b_secret, [&](const CallOptions& o, StatusCallback d) {
+                shard.InitTable(init, {}, &init_resp, o, std::move(d));
+              }).ok());
+  PullRequest pull;
+  pull.set_job("job-b");
+  pull.set_attempt(1);
+  PullResponse pulled;
+  std::vector<TensorBuffer> values;
+  PushRequest push;
+  push.set_job("job-b");
+  push.set_attempt(1);
+  PushResponse pushed;
+  SaveTableRequest save;
+  save.set_job("job-b");
+  save.set_attempt(1);
+  save.set_path("stolen/shard-0.bin");
+  SaveTableResponse saved;
+  DropTableRequest drop;
+  drop.set_job("job-b");
+  drop.set_attempt(1);
+  DropTableResponse dropped;
+  for (const std::string& wrong : {a_secret, std::string()}) {
+    auto code = [&](auto fn) { return call(wrong, fn).code(); };
+    EXPECT_EQ(code([&](const CallOptions& o, StatusCallback d) { shard.Pull(pull, &pulled, &values, o, std::move(d)); }),
+              absl::StatusCode::kPermissionDenied);
+    EXPECT_EQ(code([&](const CallOptions& o, StatusCallback d) { shard.Push(push, {}, &pushed, o, std::move(d)); }),
+              absl::StatusCode::kPermissionDenied);
+    EXPECT_EQ(code([&](const CallOptions& o, StatusCallback d) { shard.SaveTable(save, &saved, o, std::move(d)); }),
+              absl::StatusCode::kPermissionDenied);
+    EXPECT_EQ(code([&](const CallOptions& o, StatusCallback d) { shard.DropTable(drop, &dropped, o, std::move(d)); }),
+              absl::StatusCode::kPermissionDenied);
+    // Nor may it make the table anew under its own secret.
+    EXPECT_EQ(code([&](const CallOptions& o, StatusCallback d) {
+                shard.InitTable(init, {}, &init_resp, o, std::move(d));
+              }),
+              absl::StatusCode::kPermissionDenied);
+  }
+  // The job's own members: served; after the drop, the secret is forgotten.
+  EXPECT_TRUE(call(b_secret, [&](const CallOptions& o, StatusCallback d) {
+                shard.Pull(pull, &pulled, &values, o, std::move(d));
+              }).ok());
+  EXPECT_TRUE(call(b_secret, [&](const CallOptions& o, StatusCallback d) {
+                shard.DropTable(drop, &dropped, o, std::move(d));
+              }).ok());
+  EXPECT_TRUE(call(a_secret, [&](const CallOptions& o, StatusCallback d) {
+                shard.InitTable(init, {}, &init_resp, o, std::move(d));
+              }).ok());
 }
 
 TEST(SecurityOptionsTest, InconsistentSettingsAreRefusedNamingTheFlag) {

@@ -183,6 +183,7 @@ absl::Status RunJobOrThrow(pstrain::JobSpec spec, int rank, int world_size, cons
     options.start_epoch = assignment->start_epoch();
     options.start_epoch_step = assignment->start_epoch_step();
     options.generation = assignment->generation();
+    options.job_secret = assignment->job_secret();
     if (assignment->replacement()) options.rejoin_step = assignment->replacement_step();
   }
   if (member != nullptr) {

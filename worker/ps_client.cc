@@ -146,6 +146,7 @@ absl::Status PsClient::InitTables(const std::vector<at::Tensor>& params, const T
   if (!s.ok()) return s;
   CallOptions opts;
   opts.deadline = absl::Now() + options_.timeout;
+  opts.job_secret = options_.job_secret;
   std::vector<InitTableRequest> requests(shards_.size());
   std::vector<InitTableResponse> responses(shards_.size());
   return ForEachShard([&](int shard, StatusCallback done) {
@@ -162,6 +163,7 @@ absl::Status PsClient::Pull(const std::vector<at::Tensor>& params, int64_t min_v
   if (!s.ok()) return s;
   CallOptions opts;
   opts.deadline = absl::Now() + options_.timeout;
+  opts.job_secret = options_.job_secret;
   std::vector<PullRequest> requests(shards_.size());
   std::vector<PullResponse> responses(shards_.size());
   std::vector<std::vector<TensorBuffer>> values(shards_.size());
@@ -186,6 +188,7 @@ absl::Status PsClient::Push(int64_t step, const std::vector<at::Tensor>& grads, 
   if (!s.ok()) return s;
   CallOptions opts;
   opts.deadline = absl::Now() + options_.timeout;
+  opts.job_secret = options_.job_secret;
   std::vector<PushRequest> requests(shards_.size());
   std::vector<PushResponse> responses(shards_.size());
   return ForEachShard([&](int shard, StatusCallback done) {
@@ -203,6 +206,7 @@ absl::Status PsClient::PushPull(int64_t step, const std::vector<at::Tensor>& gra
   if (!s.ok()) return s;
   CallOptions opts;
   opts.deadline = absl::Now() + options_.timeout;
+  opts.job_secret = options_.job_secret;
   std::vector<PushPullRequest> requests(shards_.size());
   std::vector<PushPullResponse> responses(shards_.size());
   std::vector<std::vector<TensorBuffer>> values(shards_.size());
@@ -272,6 +276,7 @@ void PsClient::PushPullAsync(int64_t step, const std::vector<size_t>& params,
   if (state->pending == 0) return state->done(absl::OkStatus());
   CallOptions opts;
   opts.deadline = absl::Now() + options_.timeout;
+  opts.job_secret = options_.job_secret;
   for (size_t s = 0; s < n; ++s) {
     if (ids[s].empty()) continue;
     auto finish = [state, s](absl::Status st) {

@@ -25,6 +25,7 @@ struct PsClientOptions {
   uint64_t attempt = 0;  // the job's attempt, carried by every request
   uint32_t worker = 0;
   uint32_t generation = 0;  // this worker's hold on its rank (Assignment.generation)
+  std::string job_secret;   // Assignment.job_secret, sent with every call
   PartitionPlan plan;
   // Deadline of each operation (all shards together).
   absl::Duration timeout = absl::Seconds(120);

@@ -222,6 +222,7 @@ absl::Status Trainer::BuildExchange() {
   po.attempt = allreduce ? 0 : options_.attempt;  // the local store is this attempt's alone
   po.worker = allreduce ? 0 : static_cast<uint32_t>(options_.rank);
   po.generation = allreduce ? 0 : options_.generation;
+  po.job_secret = options_.job_secret;
   po.plan = *plan;
   auto ps = PsClient::Create(po, options_.shards);
   if (!ps.ok()) return ps.status();

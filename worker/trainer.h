@@ -80,6 +80,8 @@ struct TrainerOptions {
   // step the rank continues at (-1: not a replacement). Its data continues
   // at the matching place of the rank's slice, counted from start_*.
   uint32_t generation = 0;
+  // Assignment.job_secret: the shards serve the job's table only with it.
+  std::string job_secret;
   int64_t rejoin_step = -1;
 };
 

@@ -1,8 +1,9 @@
 // Checks that the rendered manifests match the binaries they run:
 //  - every PSTRAIN_* variable a container gets (env and envFrom ConfigMaps)
 //    names a flag of that container's binary (PSTRAIN_X sets --x);
-//  - gRPC probes use the container's gRPC port, which is the one the
-//    binary listens on (PSTRAIN_PORT); HTTP probes name a declared port,
+//  - gRPC probes use the container's health port, the one the binary
+//    serves health on in plaintext (PSTRAIN_HEALTH_PORT), or its gRPC port
+//    (PSTRAIN_PORT) when that is plaintext; HTTP probes name a declared port,
 //    the metrics port equals PSTRAIN_METRICS_PORT;
 //  - every Service's targetPort names a port of the pods it selects, and
 //    PSTRAIN_COORDINATOR points at the coordinator Service's gRPC port.
@@ -73,7 +74,15 @@ for (const file of files) {
         const probe = c[kind];
         check(probe !== undefined, `${where}: no ${kind}`);
         if (!probe) continue;
-        if (probe.grpc) check(probe.grpc.port === ports.grpc, `${where}: ${kind} on port ${probe.grpc.port}, gRPC serves ${ports.grpc}`);
+        if (probe.grpc) {
+          // Kubernetes' gRPC probes speak no TLS: with TLS on, only the
+          // plaintext health port can answer them.
+          const tls = env.PSTRAIN_TLS_CERT !== undefined;
+          const want = tls ? ports.health : ports.grpc;
+          check(want !== undefined && probe.grpc.port === want,
+                `${where}: ${kind} on port ${probe.grpc.port}, but ${tls ? "TLS is on and health is served in plaintext on" : "gRPC serves"} ${want}`);
+          if (tls) check(String(ports.health) === String(env.PSTRAIN_HEALTH_PORT), `${where}: health port ${ports.health} but PSTRAIN_HEALTH_PORT=${env.PSTRAIN_HEALTH_PORT}`);
+        }
         if (probe.httpGet) {
           const p = probe.httpGet.port;
           check(typeof p === "string" ? p in ports : Object.values(ports).includes(p), `${where}: ${kind} on undeclared port ${p}`);

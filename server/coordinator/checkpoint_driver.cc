@@ -59,6 +59,7 @@ absl::Status SaveOnShards(const CheckpointWrite& w, const std::string& pending_n
     req.set_attempt(w.attempt);
     CallOptions opts;
     opts.deadline = absl::Now() + absl::Minutes(10);
+    opts.job_secret = w.job_secret;
     SharedRemoteShard(ro)->SaveTable(req, &saved[i], opts, [&, i](absl::Status s) {
       std::lock_guard<std::mutex> l(mu);
       if (!s.ok() && status.ok()) status = absl::Status(s.code(), absl::StrCat("shard ", i, ": ", s.message()));
@@ -130,8 +131,9 @@ absl::Status WriteCheckpoint(const CheckpointWrite& w, const std::string& root, 
 }
 
 absl::StatusOr<CheckpointManifest> LoadCheckpoint(const std::string& job_id, uint64_t attempt,
-                                                  const std::string& dir, const JobSpec& spec,
-                                                  const std::vector<std::string>& shards, const std::string& root) {
+                                                  const std::string& job_secret, const std::string& dir,
+                                                  const JobSpec& spec, const std::vector<std::string>& shards,
+                                                  const std::string& root) {
   absl::Status status = PathUnderRoot(root, dir, "the checkpoint").status();
   if (!status.ok()) return status;
   auto manifest = ReadManifest(dir);
@@ -147,6 +149,7 @@ absl::StatusOr<CheckpointManifest> LoadCheckpoint(const std::string& job_id, uin
     LoadTableResponse resp;
     CallOptions opts;
     opts.deadline = absl::Now() + absl::Minutes(10);
+    opts.job_secret = job_secret;
     absl::Status s = WaitFor([&](StatusCallback done) { client.LoadTable(req, &resp, opts, done); });
     if (!s.ok()) return absl::Status(s.code(), absl::StrCat("shard ", i, ": ", s.message()));
   }

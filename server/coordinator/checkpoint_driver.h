@@ -65,6 +65,7 @@ std::vector<std::string> ShardAddresses(const JobStatus& status);
 struct CheckpointWrite {
   std::string job_id;
   uint64_t attempt = 0;
+  std::string job_secret;  // sent to the shards with every call
   int64_t pause_id = 0;
   // No shards: worker 0 writes its local store, told where and answering
   // through the job's rendezvous store.
@@ -84,8 +85,9 @@ absl::Status WriteCheckpoint(const CheckpointWrite& write, const std::string& ro
 // partition plan for their number; returns its manifest. All-reduce jobs
 // (no shards) only read the manifest: the workers load the file.
 absl::StatusOr<CheckpointManifest> LoadCheckpoint(const std::string& job_id, uint64_t attempt,
-                                                  const std::string& dir, const JobSpec& spec,
-                                                  const std::vector<std::string>& shards, const std::string& root);
+                                                  const std::string& job_secret, const std::string& dir,
+                                                  const JobSpec& spec, const std::vector<std::string>& shards,
+                                                  const std::string& root);
 
 }  // namespace pstrain
 

@@ -7,6 +7,7 @@
 #include "checkpoint/layout.h"
 #include "common/file_util.h"
 #include "common/quote.h"
+#include "common/random_hex.h"
 #include "rpc/grpc_remote_shard.h"
 #include "server/coordinator/scheduler.h"
 #include "spdlog/spdlog.h"
@@ -175,7 +176,7 @@ void Coordinator::DropTables(const JobStatus& st) {
   if (shard_addresses.empty()) return;
   // The attempt that ends: a table the shards already hold for a later one
   // (this drop delayed) is kept.
-  Background([shard_addresses, id = st.job_id(), attempt = st.attempt()] {
+  Background([shard_addresses, id = st.job_id(), attempt = st.attempt(), secret = st.job_secret()] {
     for (const std::string& a : shard_addresses) {
       RemoteShardOptions ro;
       ro.target = a;
@@ -186,7 +187,9 @@ void Coordinator::DropTables(const JobStatus& st) {
       req.set_job(id);
       req.set_attempt(attempt);
       DropTableResponse resp;
-      absl::Status s = WaitFor([&](StatusCallback done) { client.DropTable(req, &resp, {}, done); });
+      CallOptions opts;
+      opts.job_secret = secret;
+      absl::Status s = WaitFor([&](StatusCallback done) { client.DropTable(req, &resp, opts, done); });
       if (!s.ok()) spdlog::warn("coordinator: dropping {} on {}: {}", id, a, s.ToString());
     }
   });
@@ -263,6 +266,7 @@ absl::StatusOr<std::string> Coordinator::SubmitJob(const SubmitJobRequest& reque
   status.set_num_workers(spec->workers);
   status.set_resumed_from(resume_dir);
   status.set_owner(caller.user);
+  status.set_job_secret(RandomHex(32));
   if (!resume_dir.empty()) {
     status.set_chunk_bytes(manifest.chunk_bytes);
     for (const ParameterSpec& p : manifest.params) {

@@ -125,6 +125,7 @@ absl::StatusOr<CheckpointWrite> Coordinator::PauseForCheckpoint(const std::strin
   if (manifest.step == INT64_MAX) manifest.step = s.step();
   w.job_id = job_id;
   w.attempt = s.attempt();
+  w.job_secret = s.job_secret();
   w.pause_id = c.pause_id;
   w.allreduce = allreduce;
   w.shards = ShardAddresses(s);
@@ -163,16 +164,18 @@ void Coordinator::Restore(const std::string& job_id) {
   JobSpec spec;
   std::vector<std::string> shards;
   uint64_t attempt = 0;
+  std::string secret;
   {
     absl::MutexLock lock(&mu_);
     Job* job = FindJob(job_id);
     if (job == nullptr) return;
     dir = job->stored.status.resumed_from();
     attempt = job->stored.status.attempt();
+    secret = job->stored.status.job_secret();
     spec = job->spec;
     shards = ShardAddresses(job->stored.status);
   }
-  auto manifest = LoadCheckpoint(job_id, attempt, dir, spec, shards, options_.checkpoint_root);
+  auto manifest = LoadCheckpoint(job_id, attempt, secret, dir, spec, shards, options_.checkpoint_root);
   absl::MutexLock lock(&mu_);
   Job* job = FindJob(job_id);
   if (job == nullptr) return;

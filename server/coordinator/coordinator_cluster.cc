@@ -102,6 +102,7 @@ absl::StatusOr<Assignment> Coordinator::GetAssignment(const std::string& member_
       // The job's own directory: its weights (and all-reduce checkpoints).
       a.set_output_dir(JobDir(job->stored.output_dir, m.job_id()));
       a.set_attempt(job->stored.status.attempt());
+      a.set_job_secret(job->stored.status.job_secret());
       a.set_rank(m.rank());
       a.set_world_size(member->role == Role::kWorker ? job->spec.workers : job->spec.shards);
       for (const std::string& address : ShardAddresses(job->stored.status)) a.add_shard_addresses(address);

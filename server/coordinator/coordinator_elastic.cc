@@ -32,7 +32,8 @@ struct SeatsAnswer {
   int64_t min_version = INT64_MAX;
 };
 
-SeatsAnswer SendSeats(const std::vector<std::string>& shards, const SetWorkersRequest& req) {
+SeatsAnswer SendSeats(const std::vector<std::string>& shards, const SetWorkersRequest& req,
+                      const std::string& job_secret) {
   SeatsAnswer a;
   a.last_steps.assign(req.seats_size(), INT64_MAX);
   for (size_t i = 0; i < shards.size() && a.status.ok(); ++i) {
@@ -41,7 +42,9 @@ SeatsAnswer SendSeats(const std::vector<std::string>& shards, const SetWorkersRe
     ro.default_timeout = absl::Seconds(10);
     GrpcRemoteShard& client = *SharedRemoteShard(ro);
     SetWorkersResponse resp;
-    absl::Status s = WaitFor([&](StatusCallback done) { client.SetWorkers(req, &resp, {}, done); });
+    CallOptions opts;
+    opts.job_secret = job_secret;
+    absl::Status s = WaitFor([&](StatusCallback done) { client.SetWorkers(req, &resp, opts, done); });
     if (!s.ok()) {
       a.status = absl::Status(s.code(), absl::StrCat("shard ", i, ": ", s.message()));
       break;
@@ -229,6 +232,7 @@ void Coordinator::PushSeatsLoop(const std::string& job_id) {
   while (true) {
     SetWorkersRequest req;
     std::vector<std::string> shards;
+    std::string secret;
     {
       absl::MutexLock lock(&mu_);
       Job* job = FindJob(job_id);
@@ -247,8 +251,9 @@ void Coordinator::PushSeatsLoop(const std::string& job_id) {
         seat->set_generation(r < st.rank_generations_size() ? st.rank_generations(r) : 0);
       }
       shards = ShardAddresses(st);
+      secret = st.job_secret();
     }
-    const SeatsAnswer answer = SendSeats(shards, req);
+    const SeatsAnswer answer = SendSeats(shards, req, secret);
     absl::MutexLock lock(&mu_);
     Job* job = FindJob(job_id);
     if (job == nullptr) return;

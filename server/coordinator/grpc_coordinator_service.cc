@@ -25,9 +25,11 @@ grpc::Status Fill(absl::StatusOr<T> v, T* out) {
   return grpc::Status::OK;
 }
 
-// Member ids are members' credentials: never shown to JobService callers.
-void ScrubMemberIds(JobStatus* st) {
+// Member ids and the job secret are members' credentials: never shown to
+// JobService callers.
+void ScrubCredentials(JobStatus* st) {
   for (MemberStatus& m : *st->mutable_members()) m.clear_member_id();
+  st->clear_job_secret();
 }
 
 }  // namespace
@@ -82,7 +84,7 @@ grpc::Status GrpcJobService::GetJob(grpc::ServerContext* ctx, const GetJobReques
   grpc::Status allowed = Authorize(*ctx, req.job_id());
   if (!allowed.ok()) return allowed;
   grpc::Status s = Fill(coordinator_->GetJob(req.job_id()), resp);
-  ScrubMemberIds(resp);
+  ScrubCredentials(resp);
   return s;
 }
 
@@ -91,7 +93,7 @@ grpc::Status GrpcJobService::ListJobs(grpc::ServerContext* ctx, const ListJobsRe
   const Caller caller = CallerOf(*ctx, tokens_.get());
   for (auto& j : coordinator_->ListJobs()) {
     if (!caller.MayActOn(j.owner())) continue;
-    ScrubMemberIds(&j);
+    ScrubCredentials(&j);
     *resp->add_jobs() = std::move(j);
   }
   return grpc::Status::OK;
@@ -106,7 +108,7 @@ grpc::Status GrpcJobService::WatchJob(grpc::ServerContext* ctx, const WatchJobRe
     // Wake up at least every second to notice a client that went away.
     auto st = coordinator_->WaitJob(req.job_id(), &version, WaitUntil(ctx, absl::Seconds(1)));
     if (!st.ok()) return ToGrpcStatus(st.status());
-    ScrubMemberIds(&*st);
+    ScrubCredentials(&*st);
     if (!write(*st)) return grpc::Status::OK;  // client gone
     if (IsTerminal(st->state())) return grpc::Status::OK;
     if (absl::Now() >= WaitUntil(ctx, absl::Hours(1e6))) {
@@ -130,7 +132,7 @@ grpc::Status GrpcJobService::ScaleJob(grpc::ServerContext* ctx, const ScaleJobRe
   grpc::Status allowed = Authorize(*ctx, req.job_id());
   if (!allowed.ok()) return allowed;
   grpc::Status s = Fill(coordinator_->ScaleJob(req.job_id(), req.workers()), resp);
-  ScrubMemberIds(resp);
+  ScrubCredentials(resp);
   return s;
 }
 

@@ -95,7 +95,8 @@ int main(int argc, char** argv) {
     spdlog::error("pstrain-coordinator: {}", server.status().ToString());
     return 1;
   }
-  spdlog::info("pstrain-coordinator serving on port {} (jobs in {})", (*server)->port(), db);
+  spdlog::info("pstrain-coordinator serving on port {} ({}; jobs in {})", (*server)->port(),
+               pstrain::DescribeSecurity(security, *server_security), db);
   std::unique_ptr<pstrain::MetricsServer> metrics;
   std::shared_ptr<pstrain::CoordinatorMetrics> collector;
   if (absl::GetFlag(FLAGS_metrics_port) >= 0) {

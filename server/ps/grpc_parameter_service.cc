@@ -29,13 +29,23 @@ struct CallState {
   std::vector<TensorBuffer> out_tensors;
 };
 
-// Decodes the request, runs `invoke(state, done)` and finishes the call with
-// the encoded response or the error.
+// The job secret the caller sent (empty if none).
+std::string PresentedSecret(const grpc::CallbackServerContext* context) {
+  const auto& metadata = context->client_metadata();
+  auto it = metadata.find(kJobSecretMetadata);
+  return it == metadata.end() ? std::string() : std::string(it->second.data(), it->second.size());
+}
+
+// What a call does with the job's secret: checks it, and after success
+// records it (a table made) or forgets it (the table dropped).
+enum class SecretUse { kCheck, kRecord, kForget };
+
+// Decodes the request, checks the job secret, runs `invoke(state, done)` and
+// finishes the call with the encoded response or the error.
 template <typename Request, typename Response, typename Invoke>
-grpc::ServerUnaryReactor* Serve(const char* method, ParameterServiceMetrics* metrics,
-                                grpc::CallbackServerContext* context,
-                                const grpc::ByteBuffer* request, grpc::ByteBuffer* response,
-                                Invoke invoke) {
+grpc::ServerUnaryReactor* Serve(const char* method, ParameterServiceMetrics* metrics, JobSecrets* secrets,
+                                SecretUse use, grpc::CallbackServerContext* context,
+                                const grpc::ByteBuffer* request, grpc::ByteBuffer* response, Invoke invoke) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   const absl::Time start = absl::Now();
   const size_t bytes_in = request->Length();
@@ -52,10 +62,22 @@ grpc::ServerUnaryReactor* Serve(const char* method, ParameterServiceMetrics* met
     finish(decoded);
     return reactor;
   }
-  invoke(state, OptionsFrom(context), [state, response, finish](absl::Status s) {
-    if (s.ok()) s = EncodeTensorMessage(state->response, state->out_tensors, response);
-    finish(s);
-  });
+  std::string secret = PresentedSecret(context);
+  const std::string& job = state->request.job();
+  if (!job.empty()) {
+    absl::Status allowed = secrets->Check(job, secret);
+    if (!allowed.ok()) {
+      finish(allowed);
+      return reactor;
+    }
+  }
+  invoke(state, OptionsFrom(context),
+         [state, response, finish, secrets, use, secret = std::move(secret)](absl::Status s) {
+           if (s.ok() && use == SecretUse::kRecord) secrets->Record(state->request.job(), secret);
+           if (s.ok() && use == SecretUse::kForget) secrets->Forget(state->request.job());
+           if (s.ok()) s = EncodeTensorMessage(state->response, state->out_tensors, response);
+           finish(s);
+         });
   return reactor;
 }
 
@@ -65,7 +87,7 @@ grpc::ServerUnaryReactor* GrpcParameterService::InitTable(grpc::CallbackServerCo
                                                           const grpc::ByteBuffer* request,
                                                           grpc::ByteBuffer* response) {
   return Serve<InitTableRequest, InitTableResponse>(
-      "InitTable", metrics_, context, request, response, [this](auto state, const CallOptions& options, auto done) {
+      "InitTable", metrics_, &secrets_, SecretUse::kRecord, context, request, response, [this](auto state, const CallOptions& options, auto done) {
         store_->InitTable(state->request, std::move(state->in_tensors), &state->response, options,
                           std::move(done));
       });
@@ -75,7 +97,7 @@ grpc::ServerUnaryReactor* GrpcParameterService::Pull(grpc::CallbackServerContext
                                                      const grpc::ByteBuffer* request,
                                                      grpc::ByteBuffer* response) {
   return Serve<PullRequest, PullResponse>(
-      "Pull", metrics_, context, request, response, [this](auto state, const CallOptions& options, auto done) {
+      "Pull", metrics_, &secrets_, SecretUse::kCheck, context, request, response, [this](auto state, const CallOptions& options, auto done) {
         store_->Pull(state->request, &state->response, &state->out_tensors, options,
                      std::move(done));
       });
@@ -85,7 +107,7 @@ grpc::ServerUnaryReactor* GrpcParameterService::Push(grpc::CallbackServerContext
                                                      const grpc::ByteBuffer* request,
                                                      grpc::ByteBuffer* response) {
   return Serve<PushRequest, PushResponse>(
-      "Push", metrics_, context, request, response, [this](auto state, const CallOptions& options, auto done) {
+      "Push", metrics_, &secrets_, SecretUse::kCheck, context, request, response, [this](auto state, const CallOptions& options, auto done) {
         store_->Push(state->request, std::move(state->in_tensors), &state->response, options,
                      std::move(done));
       });
@@ -95,7 +117,7 @@ grpc::ServerUnaryReactor* GrpcParameterService::PushPull(grpc::CallbackServerCon
                                                          const grpc::ByteBuffer* request,
                                                          grpc::ByteBuffer* response) {
   return Serve<PushPullRequest, PushPullResponse>(
-      "PushPull", metrics_, context, request, response, [this](auto state, const CallOptions& options, auto done) {
+      "PushPull", metrics_, &secrets_, SecretUse::kCheck, context, request, response, [this](auto state, const CallOptions& options, auto done) {
         store_->PushPull(state->request, std::move(state->in_tensors), &state->response,
                          &state->out_tensors, options, std::move(done));
       });
@@ -105,7 +127,7 @@ grpc::ServerUnaryReactor* GrpcParameterService::Stats(grpc::CallbackServerContex
                                                       const grpc::ByteBuffer* request,
                                                       grpc::ByteBuffer* response) {
   return Serve<StatsRequest, StatsResponse>(
-      "Stats", metrics_, context, request, response, [this](auto state, const CallOptions& options, auto done) {
+      "Stats", metrics_, &secrets_, SecretUse::kCheck, context, request, response, [this](auto state, const CallOptions& options, auto done) {
         store_->Stats(state->request, &state->response, options, std::move(done));
       });
 }
@@ -114,7 +136,7 @@ grpc::ServerUnaryReactor* GrpcParameterService::SaveTable(grpc::CallbackServerCo
                                                           const grpc::ByteBuffer* request,
                                                           grpc::ByteBuffer* response) {
   return Serve<SaveTableRequest, SaveTableResponse>(
-      "SaveTable", metrics_, context, request, response,
+      "SaveTable", metrics_, &secrets_, SecretUse::kCheck, context, request, response,
       [this](auto state, const CallOptions& options, auto done) {
         store_->SaveTable(state->request, &state->response, options, std::move(done));
       });
@@ -124,7 +146,7 @@ grpc::ServerUnaryReactor* GrpcParameterService::LoadTable(grpc::CallbackServerCo
                                                           const grpc::ByteBuffer* request,
                                                           grpc::ByteBuffer* response) {
   return Serve<LoadTableRequest, LoadTableResponse>(
-      "LoadTable", metrics_, context, request, response,
+      "LoadTable", metrics_, &secrets_, SecretUse::kRecord, context, request, response,
       [this](auto state, const CallOptions& options, auto done) {
         store_->LoadTable(state->request, &state->response, options, std::move(done));
       });
@@ -134,7 +156,7 @@ grpc::ServerUnaryReactor* GrpcParameterService::DropTable(grpc::CallbackServerCo
                                                           const grpc::ByteBuffer* request,
                                                           grpc::ByteBuffer* response) {
   return Serve<DropTableRequest, DropTableResponse>(
-      "DropTable", metrics_, context, request, response,
+      "DropTable", metrics_, &secrets_, SecretUse::kForget, context, request, response,
       [this](auto state, const CallOptions& options, auto done) {
         store_->DropTable(state->request, &state->response, options, std::move(done));
       });
@@ -144,7 +166,7 @@ grpc::ServerUnaryReactor* GrpcParameterService::SetWorkers(grpc::CallbackServerC
                                                            const grpc::ByteBuffer* request,
                                                            grpc::ByteBuffer* response) {
   return Serve<SetWorkersRequest, SetWorkersResponse>(
-      "SetWorkers", metrics_, context, request, response,
+      "SetWorkers", metrics_, &secrets_, SecretUse::kCheck, context, request, response,
       [this](auto state, const CallOptions& options, auto done) {
         store_->SetWorkers(state->request, &state->response, options, std::move(done));
       });

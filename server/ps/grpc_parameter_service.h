@@ -2,12 +2,14 @@
 // ParameterStore. It only decodes (tensor bytes referenced, not copied),
 // calls the store, encodes (value bytes sent from the snapshot buffers, not
 // copied again) and maps the status. Uses gRPC's callback API, so a call that
-// waits (a SYNC PushPull for the slowest worker) holds no thread.
+// waits (a SYNC PushPull for the slowest worker) holds no thread. A job's
+// table is served only to callers with the job's secret (JobSecrets).
 #ifndef PSTRAIN_SERVER_PS_GRPC_PARAMETER_SERVICE_H_
 #define PSTRAIN_SERVER_PS_GRPC_PARAMETER_SERVICE_H_
 
 #include "proto/parameter.grpc.pb.h"
 #include "table/parameter_store.h"
+#include "server/ps/job_secrets.h"
 #include "server/ps/parameter_service_metrics.h"
 
 namespace pstrain {
@@ -58,6 +60,7 @@ class GrpcParameterService final
  private:
   ParameterStore* const store_;
   ParameterServiceMetrics* const metrics_;
+  JobSecrets secrets_;
 };
 
 }  // namespace pstrain

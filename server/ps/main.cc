@@ -201,8 +201,8 @@ int main(int argc, char** argv) {
     spdlog::error("pstrain-ps: {}", server.status().ToString());
     return 1;
   }
-  spdlog::info("pstrain-ps shard {}/{} serving on port {}", shard_index, num_shards,
-               (*server)->port());
+  spdlog::info("pstrain-ps shard {}/{} serving on port {} ({})", shard_index, num_shards,
+               (*server)->port(), pstrain::DescribeSecurity(security, *server_security));
 
   std::unique_ptr<pstrain::ClusterMember> member;
   if (!absl::GetFlag(FLAGS_coordinator).empty()) {

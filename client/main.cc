@@ -11,7 +11,6 @@
 // 2 bad usage or an invalid job spec; 3 the coordinator is unreachable;
 // 4 no such job; 130 interrupted.
 #include <grpcpp/client_context.h>
-#include <google/protobuf/util/json_util.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -24,9 +23,11 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "client/cli_security.h"
+#include "client/credentials_command.h"
 #include "client/local_cluster.h"
 #include "rpc/health_check.h"
 #include "client/progress_view.h"
+#include "client/render.h"
 #include "common/file_util.h"
 #include "common/job_spec.h"
 #include "proto/control.grpc.pb.h"
@@ -66,69 +67,6 @@ int Fail(const absl::Status& s, const std::string& coordinator) {
   return s.code() == absl::StatusCode::kUnavailable ? kFailed : ExitCodeFor(s);
 }
 
-const char* StateName(pstrain::JobState s) {
-  switch (s) {
-    case pstrain::PENDING: return "Pending";
-    case pstrain::RUNNING: return "Running";
-    case pstrain::CHECKPOINTING: return "Checkpointing";
-    case pstrain::SUCCEEDED: return "Succeeded";
-    case pstrain::FAILED: return "Failed";
-    case pstrain::CANCELLED: return "Cancelled";
-    default: return "Unknown";
-  }
-}
-
-std::string Json(const google::protobuf::Message& m) {
-  std::string out;
-  google::protobuf::util::JsonPrintOptions o;
-  o.add_whitespace = true;
-  o.preserve_proto_field_names = true;
-  (void)google::protobuf::util::MessageToJsonString(m, &out, o);
-  return out;
-}
-
-std::string Ago(int64_t unix_ms) {
-  const int64_t s = (absl::ToUnixMillis(absl::Now()) - unix_ms) / 1000;
-  if (s < 120) return absl::StrFormat("%ds", s);
-  if (s < 7200) return absl::StrFormat("%dm", s / 60);
-  return absl::StrFormat("%dh", s / 3600);
-}
-
-void PrintJobTable(const pstrain::JobStatus& st) {
-  std::printf("job:        %s (%s)\n", st.job_id().c_str(), st.name().c_str());
-  std::printf("state:      %s\n", StateName(st.state()));
-  if (!st.pending_reason().empty()) std::printf("waiting:    %s\n", st.pending_reason().c_str());
-  if (!st.last_checkpoint().empty()) std::printf("checkpoint: %s\n", st.last_checkpoint().c_str());
-  if (st.restarts() > 0) std::printf("restarts:   %d (from checkpoints, after losing a member)\n", st.restarts());
-  if (st.vacant_ranks_size() > 0 || st.replacements() > 0) {
-    std::string vacant;
-    for (int r : st.vacant_ranks()) vacant += absl::StrCat(vacant.empty() ? "" : ", ", r);
-    std::printf("workers:    %d of %d training%s; %d replaced while running\n", st.num_workers() - st.vacant_ranks_size(),
-                st.num_workers(), vacant.empty() ? "" : absl::StrCat(" (vacant: rank ", vacant, ")").c_str(),
-                st.replacements());
-  }
-  std::printf("progress:   epoch %d, step %lld/%lld, loss %.4f, %.0f samples/s\n", st.epoch(),
-              static_cast<long long>(st.step()), static_cast<long long>(st.steps()), st.loss(), st.samples_per_s());
-  for (const auto& w : st.workers()) {
-    std::printf("  worker %d: epoch %d, step %lld/%lld, loss %.4f, %.0f samples/s\n", w.rank(), w.epoch(),
-                static_cast<long long>(w.step()), static_cast<long long>(w.steps()), w.loss(), w.samples_per_s());
-  }
-  for (const auto& e : st.evals()) {
-    std::printf("eval:       epoch %d: test accuracy %.4f, test loss %.4f\n", e.epoch(), e.accuracy(), e.test_loss());
-  }
-  if (st.final_accuracy() >= 0) std::printf("final:      test accuracy %.4f\n", st.final_accuracy());
-  if (!st.weights_path().empty()) std::printf("weights:    %s\n", st.weights_path().c_str());
-  std::printf("members:\n");
-  for (const auto& m : st.members()) {
-    std::printf("  %-6s %-3d %-16s %-22s %s\n", m.role().c_str(), m.rank(), m.name().c_str(),
-                m.address().c_str(), m.alive() ? "alive" : "LOST");
-  }
-  std::printf("conditions:\n");
-  for (const auto& c : st.conditions()) {
-    std::printf("  %-6s ago  %-13s %-16s %s\n", Ago(c.time_unix_ms()).c_str(), StateName(c.state()),
-                c.reason().c_str(), c.message().c_str());
-  }
-}
 
 std::string FindBinary(const char* env, const std::string& name, const std::string& bazel_rel) {
   if (const char* v = std::getenv(env)) return v;
@@ -201,25 +139,6 @@ struct Args {
   bool secure = false;
 };
 
-void PrintJobList(const pstrain::ListJobsResponse& resp) {
-  std::printf("%-12s %-24s %-13s %-13s %-8s %-9s %s\n", "JOB", "NAME", "STATE", "STEP", "LOSS", "ACCURACY", "AGE");
-  for (const auto& j : resp.jobs()) {
-    std::printf("%-12s %-24s %-13s %-13s %-8.4f %-9s %s\n", j.job_id().c_str(), j.name().c_str(),
-                StateName(j.state()), absl::StrFormat("%d/%d", j.step(), j.steps()).c_str(), j.loss(),
-                j.final_accuracy() >= 0 ? absl::StrFormat("%.4f", j.final_accuracy()).c_str() : "-",
-                Ago(j.created_unix_ms()).c_str());
-  }
-}
-
-void PrintMembers(const pstrain::ListMembersResponse& resp) {
-  std::printf("%-7s %-18s %-22s %-7s %-12s %-5s %s\n", "ROLE", "NAME", "ADDRESS", "HEALTH", "JOB", "RANK", "LAST BEAT");
-  for (const auto& m : resp.members()) {
-    std::printf("%-7s %-18s %-22s %-7s %-12s %-5s %s ago\n", m.role().c_str(), m.name().c_str(),
-                m.address().empty() ? "-" : m.address().c_str(), m.alive() ? "alive" : "LOST",
-                m.job_id().empty() ? "-" : m.job_id().c_str(),
-                m.job_id().empty() ? "-" : std::to_string(m.rank()).c_str(), Ago(m.last_heartbeat_unix_ms()).c_str());
-  }
-}
 
 // The spec file's text, read and checked (its parsed form in *spec).
 absl::StatusOr<std::string> ReadSpec(const std::string& path, pstrain::JobSpec* spec) {
@@ -472,11 +391,14 @@ int Main(int argc, char** argv) {
       RunHealth);
   health->add_option("address", a.health_target, "host:port")->required();
   health->add_option("--service", a.health_service, "a service name (default: the whole server)");
+  pstrain::CredentialsArgs credentials;
+  CLI::App* credentials_cmd = pstrain::AddCredentialsCommand(app, &credentials);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : kUsage;
   }
+  if (credentials_cmd->parsed()) return pstrain::RunCredentials(credentials);
   if (a.coordinator.empty()) a.coordinator = "127.0.0.1:7000";
   a.json = output == "json";
   if (absl::Status s = pstrain::InstallClientSecurity(security); !s.ok()) {

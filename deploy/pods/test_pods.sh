@@ -13,6 +13,13 @@
 # worker is stopped and takes its rank back under a new generation, and the
 # job finishes without a restart.
 #
+# Secured as the manifests secure it: every gRPC connection is mutual TLS
+# (one CA, a certificate for the Service names, made by `pstrain
+# credentials`), every call carries a token (the members the cluster token,
+# the CLI a user's), the probes use the plaintext health port. The test
+# also checks that a client without a certificate, a token, or with the
+# wrong token is refused.
+#
 # Needs root (ip netns, veth, bridge) and the built binaries (bazel-bin).
 # usage: deploy/pods/test_pods.sh
 set -euo pipefail
@@ -75,8 +82,8 @@ ip addr add "$NET.1/24" dev "$BR"
 ip link set "$BR" up
 HOSTS="127.0.0.1 localhost
 $NET.2 pstrain-coordinator pstrain-coordinator.pstrain.svc.cluster.local
-$NET.3 pstrain-ps-0.pstrain-ps pstrain-ps-0.pstrain-ps.pstrain.svc.cluster.local
-$NET.4 pstrain-ps-1.pstrain-ps pstrain-ps-1.pstrain-ps.pstrain.svc.cluster.local
+$NET.3 pstrain-ps-0.pstrain-ps pstrain-ps-0.pstrain-ps.pstrain.svc pstrain-ps-0.pstrain-ps.pstrain.svc.cluster.local
+$NET.4 pstrain-ps-1.pstrain-ps pstrain-ps-1.pstrain-ps.pstrain.svc pstrain-ps-1.pstrain-ps.pstrain.svc.cluster.local
 $NET.5 pstrain-worker-0.pstrain-worker pstrain-worker-0.pstrain-worker.pstrain.svc.cluster.local
 $NET.6 pstrain-worker-1.pstrain-worker pstrain-worker-1.pstrain-worker.pstrain.svc.cluster.local"
 i=0
@@ -107,19 +114,34 @@ start_pod() {  # start_pod POD BINARY VAR=VALUE...
 # gRPC's default resolver (c-ares) asks a DNS server before the hosts file;
 # these namespaces have no DNS server, so use the system resolver
 # (getaddrinfo: the hosts file), which is what a cluster's DNS answers.
+# The Secrets: a CA, one certificate for the Service names, the tokens.
+C=$WORK/credentials
+# (gRPC, like browsers, takes no wildcard over a single label: shards are
+# reached at <pod>.pstrain-ps.<namespace>.svc, as in the manifests.)
+"$BIN/client/pstrain" credentials --out "$C" --dns 'pstrain-coordinator,*.pstrain-ps.pstrain.svc' --ip '' \
+  --user alice >/dev/null
+SEC=(PSTRAIN_TLS_CA="$C/ca.pem" PSTRAIN_TLS_CERT="$C/member.pem" PSTRAIN_TLS_KEY="$C/member-key.pem"
+     PSTRAIN_TOKEN_FILE="$C/cluster.token")
+SERVER_SEC=("${SEC[@]}" PSTRAIN_TOKEN_AUTH_FILE="$C/tokens.csv" PSTRAIN_TLS_CLIENT_AUTH=require)
 COMMON=(GRPC_DNS_RESOLVER=native PSTRAIN_COORDINATOR=pstrain-coordinator:7000 PSTRAIN_METRICS_PORT=9100)
 start_pod pstrain-coordinator server/coordinator/pstrain-coordinator GRPC_DNS_RESOLVER=native PSTRAIN_HOST=0.0.0.0 PSTRAIN_PORT=7000 \
-  PSTRAIN_DB="$WORK/jobs.db" PSTRAIN_HEARTBEAT_MS=200 PSTRAIN_MISSED_HEARTBEATS=10 PSTRAIN_METRICS_PORT=9100
+  PSTRAIN_DB="$WORK/jobs.db" PSTRAIN_HEARTBEAT_MS=200 PSTRAIN_MISSED_HEARTBEATS=10 PSTRAIN_METRICS_PORT=9100 \
+  PSTRAIN_HEALTH_PORT=7001 "${SERVER_SEC[@]}"
 for s in 0 1; do
   start_pod "pstrain-ps-$s" server/ps/pstrain-ps "${COMMON[@]}" PSTRAIN_NAME="pstrain-ps-$s" \
-    PSTRAIN_ADVERTISE_HOST="pstrain-ps-$s.pstrain-ps" PSTRAIN_HOST=0.0.0.0 PSTRAIN_PORT=7070
+    PSTRAIN_ADVERTISE_HOST="pstrain-ps-$s.pstrain-ps.pstrain.svc" PSTRAIN_HOST=0.0.0.0 PSTRAIN_PORT=7070 \
+    PSTRAIN_HEALTH_PORT=7071 "${SERVER_SEC[@]}"
 done
 for w in 0 1; do
   start_pod "pstrain-worker-$w" worker/pstrain-worker "${COMMON[@]}" PSTRAIN_NAME="pstrain-worker-$w" \
-    PSTRAIN_GLOO_HOSTNAME="pstrain-worker-$w.pstrain-worker" PSTRAIN_DRAIN_TIMEOUT_S=30
+    PSTRAIN_GLOO_HOSTNAME="pstrain-worker-$w.pstrain-worker" PSTRAIN_DRAIN_TIMEOUT_S=30 "${SEC[@]}"
 done
 
-CLI=("$BIN/client/pstrain" --coordinator "$NET.2:7000")
+# The CLI from the host reaches the coordinator by address: the name to
+# check in its certificate is the Service's.
+PLAIN_CLI=("$BIN/client/pstrain" --coordinator "$NET.2:7000")
+CLI=("${PLAIN_CLI[@]}" --tls_ca "$C/ca.pem" --tls_server_name pstrain-coordinator
+     --tls_cert "$C/member.pem" --tls_key "$C/member-key.pem" --token_file "$C/user.token")
 # wait_for SECONDS DESCRIPTION COMMAND...: until COMMAND succeeds, or fail.
 wait_for() {
   local limit=$1 what=$2; shift 2
@@ -141,6 +163,25 @@ cluster_has() { "${CLI[@]}" cluster >"$WORK/cluster.txt" && grep -q "$1" "$WORK/
 wait_for 60 "registered pool" cluster_has pstrain-worker-1
 log "cluster up:"
 "${CLI[@]}" cluster | sed 's/^/    /'
+
+# 0. Who may not come in: plaintext, TLS without a client certificate, no
+# token, the cluster's token on the people's service. Health stays open on
+# its plaintext port, for the kubelet.
+refused() {  # refused PATTERN COMMAND...: the command fails saying PATTERN
+  if "$@" >"$WORK/refused.txt" 2>&1 || ! grep -qi "$1" "$WORK/refused.txt"; then
+    echo "[pods] FAILED: expected a refusal ($1):"; cat "$WORK/refused.txt"; exit 1
+  fi
+}
+refused "cannot reach\|unavailable\|socket closed\|handshake" "${PLAIN_CLI[@]}" list
+refused "cannot reach\|unavailable\|socket closed\|handshake" "${PLAIN_CLI[@]}" --tls_ca "$C/ca.pem" \
+  --tls_server_name pstrain-coordinator --token_file "$C/user.token" list
+refused "bearer token" "${PLAIN_CLI[@]}" --tls_ca "$C/ca.pem" --tls_server_name pstrain-coordinator \
+  --tls_cert "$C/member.pem" --tls_key "$C/member-key.pem" list
+refused "may not call" "${PLAIN_CLI[@]}" --tls_ca "$C/ca.pem" --tls_server_name pstrain-coordinator \
+  --tls_cert "$C/member.pem" --tls_key "$C/member-key.pem" --token_file "$C/cluster.token" list
+"$BIN/client/pstrain" health "$NET.2:7001" >/dev/null
+"$BIN/client/pstrain" health "$NET.3:7071" >/dev/null
+log "mutual TLS and tokens: plaintext, certificate-less, token-less and cluster-token clients refused; health open"
 
 # 1. A job from the host namespace, through the coordinator's address.
 cat >"$WORK/job.yaml" <<YAML

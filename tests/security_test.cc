@@ -13,7 +13,9 @@
 #include <grpcpp/generic/generic_stub.h>
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <memory>
+#include <thread>
 #include <set>
 #include <sstream>
 
@@ -430,6 +432,51 @@ TEST_F(SecurityTest, AJobsTableServesOnlyCallersWithItsSecret) {
   EXPECT_TRUE(call(a_secret, [&](const CallOptions& o, StatusCallback d) {
                 shard.InitTable(init, {}, &init_resp, o, std::move(d));
               }).ok());
+}
+
+// Rotation without a restart: the server's certificate files are replaced
+// (renamed over, as a Kubernetes Secret volume does) by ones of another CA;
+// within the refresh interval new connections see the new certificate.
+TEST(SecurityRotationTest, ANewCertificateIsServedWithoutARestart) {
+  const std::string dir = ::testing::TempDir() + "/rotation";
+  auto old_creds = WriteLocalCredentials(dir + "/old");
+  auto new_creds = WriteLocalCredentials(dir + "/new");
+  ASSERT_TRUE(old_creds.ok() && new_creds.ok());
+  const std::string live = dir + "/live";
+  std::filesystem::create_directories(live);
+  auto install = [&](const LocalCredentials& c) {
+    ASSERT_TRUE(WriteFileAtomically(live + "/cert.pem", *ReadFile(c.cert)).ok());
+    ASSERT_TRUE(WriteFileAtomically(live + "/key.pem", *ReadFile(c.key)).ok());
+  };
+  install(*old_creds);
+  SecurityOptions server;
+  server.tls_cert = live + "/cert.pem";
+  server.tls_key = live + "/key.pem";
+  server.tls_refresh_s = 1;
+  auto security = ServerSecurityFor(server);
+  ASSERT_TRUE(security.ok()) << security.status();
+  GrpcServerOptions options;
+  options.address = "127.0.0.1:0";
+  options.security = *security;
+  auto s = GrpcServer::Create(options, {});
+  ASSERT_TRUE(s.ok()) << s.status();
+  const std::string target = (*s)->local_target();
+  auto healthy = [&](const LocalCredentials& trusted) {
+    SecurityOptions client;
+    client.tls_ca = trusted.ca;
+    return RawCall(target, "/grpc.health.v1.Health/Check", "", client).ok();
+  };
+  EXPECT_TRUE(healthy(*old_creds));
+  EXPECT_FALSE(healthy(*new_creds));
+  install(*new_creds);
+  bool rotated = false;
+  for (int i = 0; i < 50 && !rotated; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    rotated = healthy(*new_creds);
+  }
+  EXPECT_TRUE(rotated) << "the new certificate was not served within 5 s";
+  EXPECT_FALSE(healthy(*old_creds));
+  (*s)->Shutdown();
 }
 
 TEST(SecurityOptionsTest, InconsistentSettingsAreRefusedNamingTheFlag) {

@@ -13,7 +13,7 @@ for overlay in cpu gpu; do
     || { cat "$out/$overlay.err" >&2; exit 1; }
   echo "rendered $overlay: $(grep -c '^kind:' "$out/$overlay.yaml") objects"
 done
-node deploy/validate/validate.mjs "$out/cpu.yaml" "$out/gpu.yaml" deploy/k8s/examples/pytorchjob.yaml deploy/k8s/examples/cert-manager.yaml
+node deploy/validate/validate.mjs "$out/cpu.yaml" "$out/gpu.yaml" deploy/k8s/examples/pytorchjob.yaml deploy/k8s/examples/cert-manager.yaml deploy/k8s/examples/auth-secret.yaml
 for bad in deploy/validate/testdata/*.yaml; do
   if node deploy/validate/validate.mjs "$bad" >"$out/bad.log" 2>&1; then
     echo "the validator accepted $bad, which is invalid" >&2

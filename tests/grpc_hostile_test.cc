@@ -25,6 +25,7 @@
 #include "rpc/status_util.h"
 #include "server/coordinator/grpc_coordinator_service.h"
 #include "server/ps/grpc_parameter_service.h"
+#include "tests/in_process_services.h"
 #include "tests/raw_call.h"
 #include "table/shard_store.h"
 
@@ -56,37 +57,8 @@ struct Case {
 
 class GrpcHostileTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    ShardStoreOptions so;
-    so.checkpoint_root = *CanonicalRoot(::testing::TempDir() + "/hostile-grpc-root");
-    store_ = std::make_unique<ShardStore>(so);
-    ps_service_ = std::make_unique<GrpcParameterService>(store_.get(), nullptr);
-    GrpcServerOptions options;
-    options.address = "127.0.0.1:0";
-    auto ps = GrpcServer::Create(options, {ps_service_.get()});
-    ASSERT_TRUE(ps.ok()) << ps.status();
-    ps_server_ = std::move(*ps);
-
-    CoordinatorOptions co;
-    co.background_tick = false;
-    co.checkpoint_root = *CanonicalRoot(::testing::TempDir() + "/hostile-grpc-coordinator");
-    auto store = JobStore::Open(":memory:");
-    ASSERT_TRUE(store.ok());
-    auto coordinator = Coordinator::Create(co, std::move(*store));
-    ASSERT_TRUE(coordinator.ok()) << coordinator.status();
-    coordinator_ = std::move(*coordinator);
-    jobs_ = std::make_unique<GrpcJobService>(coordinator_.get());
-    cluster_ = std::make_unique<GrpcClusterService>(coordinator_.get());
-    auto cs = GrpcServer::Create(options, {jobs_.get(), cluster_.get()});
-    ASSERT_TRUE(cs.ok()) << cs.status();
-    coordinator_server_ = std::move(*cs);
-  }
-  void TearDown() override {
-    store_->Shutdown();
-    ps_server_->Shutdown();
-    coordinator_->Shutdown();
-    coordinator_server_->Shutdown();
-  }
+  void SetUp() override { ASSERT_TRUE(s_.Start(::testing::TempDir() + "/hostile-grpc").ok()); }
+  void TearDown() override { s_.Stop(); }
 
   // The hostile cases of each method, by full name.
   std::map<std::string, std::vector<Case>> Table() {
@@ -262,17 +234,11 @@ class GrpcHostileTest : public ::testing::Test {
   }
 
   std::string TargetOf(const std::string& method) {
-    return method.rfind("/pstrain.ParameterService/", 0) == 0 ? ps_server_->local_target()
-                                                                : coordinator_server_->local_target();
+    return method.rfind("/pstrain.ParameterService/", 0) == 0 ? s_.ps_server->local_target()
+                                                                : s_.coordinator_server->local_target();
   }
 
-  std::unique_ptr<ShardStore> store_;
-  std::unique_ptr<GrpcParameterService> ps_service_;
-  std::unique_ptr<GrpcServer> ps_server_;
-  std::unique_ptr<Coordinator> coordinator_;
-  std::unique_ptr<GrpcJobService> jobs_;
-  std::unique_ptr<GrpcClusterService> cluster_;
-  std::unique_ptr<GrpcServer> coordinator_server_;
+  InProcessServices s_;
 };
 
 TEST_F(GrpcHostileTest, EveryRpcOfEveryServiceHasHostileCases) {
@@ -290,8 +256,8 @@ TEST_F(GrpcHostileTest, EveryRpcOfEveryServiceHasHostileCases) {
   }
   for (const auto& [method, cases] : table) EXPECT_GT(methods.count(method), 0u) << method << " is not an RPC";
   // The coordinator's services register exactly their descriptor's methods.
-  std::set<std::string> registered(jobs_->method_names().begin(), jobs_->method_names().end());
-  registered.insert(cluster_->method_names().begin(), cluster_->method_names().end());
+  std::set<std::string> registered(s_.jobs->method_names().begin(), s_.jobs->method_names().end());
+  registered.insert(s_.cluster->method_names().begin(), s_.cluster->method_names().end());
   for (const std::string& m : methods) {
     if (m.rfind("/pstrain.ParameterService/", 0) != 0) {
       EXPECT_GT(registered.count(m), 0u) << m;
@@ -310,7 +276,7 @@ TEST_F(GrpcHostileTest, HostileRequestsGetFittingCodesAndBoundedMessages) {
     init.mutable_config()->set_consistency(ASYNC);
     init.mutable_config()->set_num_workers(1);
     InitTableResponse resp;
-    ASSERT_TRUE(WaitFor([&](StatusCallback d) { store_->InitTable(init, {}, &resp, {}, d); }).ok());
+    ASSERT_TRUE(WaitFor([&](StatusCallback d) { s_.store->InitTable(init, {}, &resp, {}, d); }).ok());
   }
   const std::string garbage("\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01", 11);
   for (const auto& [method, cases] : Table()) {
@@ -338,15 +304,15 @@ TEST_F(GrpcHostileTest, HostileRequestsGetFittingCodesAndBoundedMessages) {
     }
   }
   // Still serving, and the table is as it was.
-  EXPECT_EQ(*CheckHealth(ps_server_->local_target(), "", absl::Seconds(5)), "SERVING");
-  EXPECT_EQ(*CheckHealth(coordinator_server_->local_target(), "", absl::Seconds(5)), "SERVING");
+  EXPECT_EQ(*CheckHealth(s_.ps_server->local_target(), "", absl::Seconds(5)), "SERVING");
+  EXPECT_EQ(*CheckHealth(s_.coordinator_server->local_target(), "", absl::Seconds(5)), "SERVING");
   StatsRequest stats;
   stats.set_job("job");
   StatsResponse st;
-  ASSERT_TRUE(WaitFor([&](StatusCallback d) { store_->Stats(stats, &st, {}, d); }).ok());
+  ASSERT_TRUE(WaitFor([&](StatusCallback d) { s_.store->Stats(stats, &st, {}, d); }).ok());
   EXPECT_EQ(st.tables(0).attempt(), 2u);
   EXPECT_EQ(st.tables(0).pushes_applied(), 0u);
-  EXPECT_TRUE(coordinator_->ListJobs().empty());
+  EXPECT_TRUE(s_.coordinator->ListJobs().empty());
 }
 
 }  // namespace

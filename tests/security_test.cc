@@ -36,6 +36,7 @@
 #include "spdlog/sinks/ostream_sink.h"
 #include "spdlog/spdlog.h"
 #include "table/shard_store.h"
+#include "tests/in_process_services.h"
 #include "tests/raw_call.h"
 
 namespace pstrain {
@@ -89,39 +90,12 @@ class SecurityTest : public ::testing::Test {
   void StartServers(const SecurityOptions& server) {
     auto security = ServerSecurityFor(server);
     ASSERT_TRUE(security.ok()) << security.status();
-    GrpcServerOptions options;
-    options.address = "127.0.0.1:0";
-    options.security = *security;
-    options.health_port = 0;
-
-    ShardStoreOptions so;
-    so.checkpoint_root = *CanonicalRoot(dir_ + "/shard-root");
-    store_ = std::make_unique<ShardStore>(so);
-    ps_service_ = std::make_unique<GrpcParameterService>(store_.get(), nullptr);
-    auto ps = GrpcServer::Create(options, {ps_service_.get()});
-    ASSERT_TRUE(ps.ok()) << ps.status();
-    ps_server_ = std::move(*ps);
-
-    CoordinatorOptions co;
-    co.background_tick = false;
-    co.checkpoint_root = *CanonicalRoot(dir_ + "/coordinator-root");
-    auto store = JobStore::Open(":memory:");
-    ASSERT_TRUE(store.ok());
-    auto coordinator = Coordinator::Create(co, std::move(*store));
-    ASSERT_TRUE(coordinator.ok()) << coordinator.status();
-    coordinator_ = std::move(*coordinator);
-    jobs_ = std::make_unique<GrpcJobService>(coordinator_.get(), security->tokens);
-    cluster_ = std::make_unique<GrpcClusterService>(coordinator_.get());
-    auto cs = GrpcServer::Create(options, {jobs_.get(), cluster_.get()});
-    ASSERT_TRUE(cs.ok()) << cs.status();
-    coordinator_server_ = std::move(*cs);
+    absl::Status started = s_.Start(dir_, *security, /*health_port=*/0);
+    ASSERT_TRUE(started.ok()) << started;
   }
 
   void TearDown() override {
-    if (store_) store_->Shutdown();
-    if (ps_server_) ps_server_->Shutdown();
-    if (coordinator_) coordinator_->Shutdown();
-    if (coordinator_server_) coordinator_server_->Shutdown();
+    s_.Stop();
     SetProcessSecurity(SecurityOptions{});
     // Nothing logged during the test holds a token.
     spdlog::default_logger()->flush();
@@ -150,13 +124,7 @@ class SecurityTest : public ::testing::Test {
   std::string bob_token_file_;
   std::string stranger_token_file_;
   std::vector<std::string> tokens_;
-  std::unique_ptr<ShardStore> store_;
-  std::unique_ptr<GrpcParameterService> ps_service_;
-  std::unique_ptr<GrpcServer> ps_server_;
-  std::unique_ptr<Coordinator> coordinator_;
-  std::unique_ptr<GrpcJobService> jobs_;
-  std::unique_ptr<GrpcClusterService> cluster_;
-  std::unique_ptr<GrpcServer> coordinator_server_;
+  InProcessServices s_;
 };
 
 TEST_F(SecurityTest, EveryRpcOfEveryServiceChecksTheTokenAndItsRole) {
@@ -166,12 +134,12 @@ TEST_F(SecurityTest, EveryRpcOfEveryServiceChecksTheTokenAndItsRole) {
     std::vector<std::string> allowed;  // token files of the roles it takes
     std::vector<std::string> refused;  // token files of roles it refuses
   };
-  const std::string coordinator = coordinator_server_->local_target();
+  const std::string coordinator = s_.coordinator_server->local_target();
   const std::vector<Service> services = {
       {"pstrain.JobService", coordinator, {creds_.user_token_file, creds_.admin_token_file}, {creds_.cluster_token_file}},
       {"pstrain.ClusterService", coordinator, {creds_.cluster_token_file},
        {creds_.user_token_file, creds_.admin_token_file}},
-      {"pstrain.ParameterService", ps_server_->local_target(), {creds_.cluster_token_file},
+      {"pstrain.ParameterService", s_.ps_server->local_target(), {creds_.cluster_token_file},
        {creds_.user_token_file, creds_.admin_token_file}},
   };
   int methods = 0;
@@ -209,11 +177,11 @@ TEST_F(SecurityTest, EveryRpcOfEveryServiceChecksTheTokenAndItsRole) {
   EXPECT_EQ(RawCall(coordinator, reflection, "", Client("")).error_code(), grpc::StatusCode::UNAUTHENTICATED);
   const std::string health_request;
   EXPECT_TRUE(RawCall(coordinator, "/grpc.health.v1.Health/Check", health_request, Client("")).ok());
-  EXPECT_TRUE(RawCall(ps_server_->local_target(), "/grpc.health.v1.Health/Check", "", Client("")).ok());
+  EXPECT_TRUE(RawCall(s_.ps_server->local_target(), "/grpc.health.v1.Health/Check", "", Client("")).ok());
 }
 
 TEST_F(SecurityTest, HealthIsServedInPlaintextOnTheHealthPortAndNothingElse) {
-  const std::string health = absl::StrCat("127.0.0.1:", coordinator_server_->health_port());
+  const std::string health = absl::StrCat("127.0.0.1:", s_.coordinator_server->health_port());
   auto status = CheckHealth(health, "", absl::Seconds(10));
   // CheckHealth uses this process's security (TLS): the health port is plain.
   EXPECT_FALSE(status.ok());
@@ -228,7 +196,7 @@ std::unique_ptr<JobService::Stub> JobStub(const std::string& target, const Secur
 }
 
 TEST_F(SecurityTest, UsersSeeAndChangeOnlyTheirOwnJobs) {
-  const std::string target = coordinator_server_->local_target();
+  const std::string target = s_.coordinator_server->local_target();
   auto alice = JobStub(target, Client(creds_.user_token_file));
   auto bob = JobStub(target, Client(bob_token_file_));
   auto admin = JobStub(target, Client(creds_.admin_token_file));
@@ -313,7 +281,7 @@ TEST_F(SecurityTest, UsersSeeAndChangeOnlyTheirOwnJobs) {
 }
 
 TEST_F(SecurityTest, TheTransportRefusesPlaintextStrangersAndWrongNames) {
-  const std::string target = coordinator_server_->local_target();
+  const std::string target = s_.coordinator_server->local_target();
   const std::string method = "/pstrain.JobService/ListJobs";
   // The right client, for contrast.
   EXPECT_TRUE(RawCall(target, method, "", Client(creds_.user_token_file)).ok());
@@ -343,7 +311,7 @@ TEST_F(SecurityTest, MutualTlsRefusesAClientWithoutACertificate) {
   GrpcServerOptions options;
   options.address = "127.0.0.1:0";
   options.security = *security;
-  GrpcJobService jobs(coordinator_.get(), security->tokens);
+  GrpcJobService jobs(s_.coordinator.get(), security->tokens);
   auto s = GrpcServer::Create(options, {&jobs});
   ASSERT_TRUE(s.ok()) << s.status();
   const std::string target = (*s)->local_target();
@@ -368,7 +336,7 @@ TEST_F(SecurityTest, MutualTlsRefusesAClientWithoutACertificate) {
 // it off job B's table.
 TEST_F(SecurityTest, AJobsTableServesOnlyCallersWithItsSecret) {
   RemoteShardOptions ro;
-  ro.target = ps_server_->local_target();
+  ro.target = s_.ps_server->local_target();
   GrpcRemoteShard shard(ro);
   auto call = [&](const std::string& secret, auto fn) {
     CallOptions opts;

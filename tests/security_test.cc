@@ -402,6 +402,49 @@ TEST_F(SecurityTest, AJobsTableServesOnlyCallersWithItsSecret) {
               }).ok());
 }
 
+// With one certificate per member, a member's name is the certificate's.
+TEST_F(SecurityTest, MemberNamesCanBeBoundToClientCertificates) {
+  LocalCredentialsOptions pool;
+  pool.common_name = "pstrain-ps-0";
+  pool.alt_names = {"DNS:*.pool.test", "IP:127.0.0.1"};
+  auto member = WriteLocalCredentials(dir_ + "/member-cert", pool);
+  ASSERT_TRUE(member.ok()) << member.status();
+  SecurityOptions server;
+  server.tls_cert = member->cert;
+  server.tls_key = member->key;
+  server.tls_ca = member->ca;
+  server.tls_client_auth = ClientAuth::kRequire;
+  server.token_auth_file = creds_.token_auth_file;
+  auto security = ServerSecurityFor(server);
+  ASSERT_TRUE(security.ok()) << security.status();
+  GrpcClusterService cluster(s_.coordinator.get(), /*names_from_certificates=*/true);
+  GrpcServerOptions options;
+  options.address = "127.0.0.1:0";
+  options.security = *security;
+  auto s = GrpcServer::Create(options, {&cluster});
+  ASSERT_TRUE(s.ok()) << s.status();
+  SecurityOptions client;
+  client.tls_ca = member->ca;
+  client.tls_cert = member->cert;
+  client.tls_key = member->key;
+  client.token_file = creds_.cluster_token_file;
+  auto stub = ClusterService::NewStub(CreateChannel((*s)->local_target(), 1 << 20, client));
+  auto register_as = [&](const std::string& name) {
+    RegisterRequest r;
+    r.set_role("worker");
+    r.set_name(name);
+    RegisterResponse resp;
+    grpc::ClientContext ctx;
+    return stub->Register(&ctx, r, &resp).error_code();
+  };
+  EXPECT_EQ(register_as("pstrain-ps-0"), grpc::StatusCode::OK);   // the common name
+  EXPECT_EQ(register_as("w-0.pool.test"), grpc::StatusCode::OK);  // under the wildcard
+  EXPECT_EQ(register_as("a.b.pool.test"), grpc::StatusCode::PERMISSION_DENIED);  // one label only
+  EXPECT_EQ(register_as("pool.test"), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(register_as("pstrain-worker-7"), grpc::StatusCode::PERMISSION_DENIED);
+  (*s)->Shutdown();
+}
+
 // Rotation without a restart: the server's certificate files are replaced
 // (renamed over, as a Kubernetes Secret volume does) by ones of another CA;
 // within the refresh interval new connections see the new certificate.

@@ -1,7 +1,12 @@
 #include "server/coordinator/grpc_coordinator_service.h"
 
-#include <algorithm>
+#include <grpc/grpc_security_constants.h>
 
+#include <algorithm>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/quote.h"
 #include "rpc/security.h"
 #include "rpc/status_util.h"
 
@@ -24,6 +29,30 @@ grpc::Status Fill(absl::StatusOr<T> v, T* out) {
   *out = std::move(*v);
   return grpc::Status::OK;
 }
+
+// The names a peer's verified certificate carries.
+struct CertificateNames {
+  explicit CertificateNames(const grpc::AuthContext& auth) {
+    if (!auth.IsPeerAuthenticated()) return;
+    for (const char* property : {GRPC_X509_CN_PROPERTY_NAME, GRPC_X509_SAN_PROPERTY_NAME}) {
+      for (const grpc::string_ref& v : auth.FindPropertyValues(property)) names.emplace_back(v.data(), v.size());
+    }
+  }
+  bool Covers(const std::string& name) const {
+    if (name.empty()) return false;
+    for (const std::string& n : names) {
+      if (n == name) return true;
+      // *.d covers x.d (one label, as TLS itself matches wildcards).
+      if (n.size() > 2 && n[0] == '*' && n[1] == '.' && name.size() > n.size() - 1 &&
+          name.compare(name.size() - (n.size() - 1), n.size() - 1, n, 1) == 0 &&
+          name.find('.') == name.size() - (n.size() - 1)) {
+        return true;
+      }
+    }
+    return false;
+  }
+  std::vector<std::string> names;
+};
 
 // Member ids and the job secret are members' credentials: never shown to
 // JobService callers.
@@ -56,7 +85,8 @@ GrpcJobService::GrpcJobService(Coordinator* coordinator, std::shared_ptr<TokenTa
   PSTRAIN_UNARY(JobService, ListMembers, ListMembersRequest, ListMembersResponse);
 }
 
-GrpcClusterService::GrpcClusterService(Coordinator* coordinator) : coordinator_(coordinator) {
+GrpcClusterService::GrpcClusterService(Coordinator* coordinator, bool names_from_certificates)
+    : coordinator_(coordinator), names_from_certificates_(names_from_certificates) {
   PSTRAIN_UNARY(ClusterService, Register, RegisterRequest, RegisterResponse);
   PSTRAIN_UNARY(ClusterService, Heartbeat, HeartbeatRequest, HeartbeatResponse);
   PSTRAIN_UNARY(ClusterService, GetAssignment, GetAssignmentRequest, Assignment);
@@ -152,8 +182,14 @@ grpc::Status GrpcJobService::Checkpoint(grpc::ServerContext* ctx, const Checkpoi
   return Fill(coordinator_->Checkpoint(req.job_id()), resp);
 }
 
-grpc::Status GrpcClusterService::Register(grpc::ServerContext*, const RegisterRequest& req,
+grpc::Status GrpcClusterService::Register(grpc::ServerContext* ctx, const RegisterRequest& req,
                                           RegisterResponse* resp) {
+  if (names_from_certificates_ && !CertificateNames(*ctx->auth_context()).Covers(req.name())) {
+    return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
+                        absl::StrCat("member name ", Quote(req.name()),
+                                     " is not one the client certificate carries (its common name or a DNS "
+                                     "subject alternative name): register under the name the certificate names"));
+  }
   return Fill(coordinator_->Register(req), resp);
 }
 

@@ -42,9 +42,15 @@ class GrpcJobService final : public ParsingService {
 };
 
 // pstrain.ClusterService: for the shards and workers of the pool.
+//
+// With `names_from_certificates` (and mutual TLS), a member registers only
+// under a name its client certificate carries (its common name or a DNS
+// subject alternative name; a wildcard *.d covers x.d): one certificate per
+// member (cert-manager's CSI driver issues one per pod) binds the name to
+// the key. Without it, names are bound by member ids (see Membership).
 class GrpcClusterService final : public ParsingService {
  public:
-  explicit GrpcClusterService(Coordinator* coordinator);
+  explicit GrpcClusterService(Coordinator* coordinator, bool names_from_certificates = false);
 
  private:
   grpc::Status Register(grpc::ServerContext*, const RegisterRequest&, RegisterResponse*);
@@ -56,6 +62,7 @@ class GrpcClusterService final : public ParsingService {
   grpc::Status KvAdd(grpc::ServerContext*, const KvAddRequest&, KvAddResponse*);
 
   Coordinator* const coordinator_;
+  const bool names_from_certificates_;
 };
 
 }  // namespace pstrain

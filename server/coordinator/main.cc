@@ -34,6 +34,9 @@ ABSL_FLAG(std::string, checkpoint_root, "out",
           "checkpoint names relative to it, so give them the same --checkpoint_root.");
 ABSL_FLAG(int, metrics_port, -1, "Prometheus /metrics HTTP port (0 picks one; -1 off).");
 ABSL_FLAG(std::string, metrics_host, "", "Address of the Prometheus /metrics endpoint (default: --host).");
+ABSL_FLAG(bool, member_names_from_certificates, false,
+          "With --tls_client_auth=require: a shard or worker registers only under a name its client "
+          "certificate carries (common name or DNS SAN; one certificate per member).");
 ABSL_FLAG(int, health_port, -1,
           "Also serve the gRPC health service alone, in plaintext, on this port (for Kubernetes probes when "
           "the main port needs TLS; 0 picks one; -1 off).");
@@ -83,7 +86,12 @@ int main(int argc, char** argv) {
     return 2;
   }
   pstrain::GrpcJobService jobs(coordinator->get(), server_security->tokens);
-  pstrain::GrpcClusterService cluster(coordinator->get());
+  const bool names_from_certificates = absl::GetFlag(FLAGS_member_names_from_certificates);
+  if (names_from_certificates && security.tls_client_auth != pstrain::ClientAuth::kRequire) {
+    spdlog::error("pstrain-coordinator: --member_names_from_certificates needs --tls_client_auth=require");
+    return 2;
+  }
+  pstrain::GrpcClusterService cluster(coordinator->get(), names_from_certificates);
   pstrain::GrpcServerOptions server_options;
   server_options.security = *server_security;
   server_options.health_port = absl::GetFlag(FLAGS_health_port);

@@ -115,6 +115,14 @@ const char* Name(DeviceChoice device) {
   }
 }
 const char* Name(Precision precision) { return precision == Precision::kBf16 ? "bf16" : "fp32"; }
+const char* Name(WireDtype wire) {
+  switch (wire) {
+    case WireDtype::kBf16: return "bf16";
+    case WireDtype::kFp16: return "fp16";
+    case WireDtype::kFp32: break;
+  }
+  return "fp32";
+}
 
 namespace {
 absl::StatusOr<JobSpec> ParseJobSpecOrThrow(const std::string& yaml, const std::string& origin);
@@ -246,6 +254,13 @@ absl::StatusOr<JobSpec> ParseJobSpecOrThrow(const std::string& yaml, const std::
   }
   RETURN_IF_ERROR(r.ReadEnum<Precision>("precision", {{"fp32", Precision::kFp32}, {"bf16", Precision::kBf16}},
                                         &spec.precision));
+  RETURN_IF_ERROR(r.ReadEnum<WireDtype>(
+      "wire_dtype", {{"fp32", WireDtype::kFp32}, {"bf16", WireDtype::kBf16}, {"fp16", WireDtype::kFp16}},
+      &spec.wire_dtype));
+  RETURN_IF_ERROR(r.Read("wire_error_feedback", &spec.wire_error_feedback));
+  if (spec.allreduce() && spec.wire_dtype != WireDtype::kFp32) {
+    return r.Error("wire_dtype", "bf16 and fp16 are for ps mode so far: all-reduce buckets are reduced in fp32");
+  }
   RETURN_IF_ERROR(r.Read("collective_timeout_s", &spec.collective_timeout_s));
   if (spec.allreduce()) {
     // Defaults of the mode: no shards, DDP's bucket size, synchronous.

@@ -51,10 +51,12 @@ enum class TrainMode { kParameterServer, kAllReduce };  // ps | allreduce
 enum class CollectiveBackend { kAuto, kGloo, kNccl };   // auto | gloo | nccl
 enum class DeviceChoice { kAuto, kCpu, kCuda };         // auto | cpu | cuda
 enum class Precision { kFp32, kBf16 };                  // fp32 | bf16
+enum class WireDtype { kFp32, kBf16, kFp16 };           // fp32 | bf16 | fp16
 const char* Name(TrainMode mode);
 const char* Name(CollectiveBackend backend);
 const char* Name(DeviceChoice device);
 const char* Name(Precision precision);
+const char* Name(WireDtype wire);
 
 struct JobSpec {
   std::string name = "job";
@@ -71,6 +73,13 @@ struct JobSpec {
   // optimizer and what travels stay fp32). fp16 needs dynamic loss scaling,
   // which is not implemented: refused.
   Precision precision = Precision::kFp32;
+  // ps mode: the dtype gradients and values travel in. bf16/fp16 halve the
+  // bytes; the shards keep fp32 values and optimizer state (widened on
+  // arrival), checkpoints and exports stay fp32. With wire_error_feedback,
+  // each worker adds what rounding lost from a gradient to its next one
+  // (one gradient of memory per worker).
+  WireDtype wire_dtype = WireDtype::kFp32;
+  bool wire_error_feedback = false;
   bool allreduce() const { return mode == TrainMode::kAllReduce; }
   std::string model = "lenet";  // mlp | lenet | torchscript:<path>
   DataSpec data;

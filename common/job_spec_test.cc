@@ -44,6 +44,15 @@ lr_schedule:
   EXPECT_EQ(empty->consistency, ASYNC);
 }
 
+TEST(JobSpecTest, WireDtypeIsParsed) {
+  auto spec = ParseJobSpec("wire_dtype: bf16\nwire_error_feedback: true\n");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->wire_dtype, WireDtype::kBf16);
+  EXPECT_TRUE(spec->wire_error_feedback);
+  EXPECT_EQ(ParseJobSpec("wire_dtype: fp16\n")->wire_dtype, WireDtype::kFp16);
+  EXPECT_EQ(ParseJobSpec("name: x\n")->wire_dtype, WireDtype::kFp32);
+}
+
 TEST(JobSpecTest, CosineScheduleEndsNearMin) {
   auto spec = ParseJobSpec("epochs: 10\nlr_schedule: {kind: cosine, min_lr: 0.001}\noptimizer: {lr: 0.1}");
   ASSERT_TRUE(spec.ok()) << spec.status();
@@ -74,6 +83,9 @@ TEST(JobSpecTest, RefusesUnknownFieldsAndBadValuesNamingTheField) {
       {"mode: allreduce\nbackend: mpi", "backend"},
       {"device: tpu", "device"},
       {"precision: fp16", "precision"},
+      {"wire_dtype: int8", "wire_dtype"},
+      {"mode: allreduce\nwire_dtype: bf16", "wire_dtype"},
+      {"wire_error_feedback: maybe", "wire_error_feedback"},
       {"precision: fp8", "precision"},
       {"workers: 3\nmin_workers: 4", "min_workers"},
       {"min_workers: 0", "min_workers"},

@@ -131,6 +131,23 @@ class SliceReader {
     return true;
   }
 
+  // Copies n bytes of bfloat16/float16 elements into float32 `dst`, through
+  // a small staging block (in cache), so widening costs no extra pass over
+  // memory. *finite is false if any element is not finite.
+  bool CopyWidening(size_t n, float* dst, DataType from, bool* finite) {
+    constexpr size_t kBlock = 32 << 10;
+    alignas(64) uint8_t staging[kBlock];
+    bool ok = true;
+    for (size_t done = 0; done < n;) {
+      const size_t take = std::min(kBlock, n - done);
+      if (!CopyTo(take, staging)) return false;
+      ok = WidenElements(from, staging, take / 2, dst + done / 2) && ok;
+      done += take;
+    }
+    *finite = ok;
+    return true;
+  }
+
   // If the next n bytes lie in one slice, returns a pointer to them and the
   // slice (to hold a reference); otherwise nullptr.
   const uint8_t* Contiguous(size_t n, const grpc::Slice** slice) {
@@ -229,7 +246,22 @@ absl::Status ReadTensor(SliceReader* r, size_t len, size_t index, const TensorBu
       size_t elem = DataTypeSize(t->dtype);
       const grpc::Slice* slice = nullptr;
       const uint8_t* p = dest != nullptr ? nullptr : r->Contiguous(n, &slice);
-      if (dest != nullptr) {
+      // Narrow values (a job's wire_dtype) for a float32 destination are
+      // widened as they are copied in.
+      const bool widen = dest != nullptr && IsNarrowFloat(t->dtype) && dest->dtype == DT_FLOAT32 &&
+                         n * 2 == dest->nbytes;
+      if (widen) {
+        bool finite = false;
+        if (!r->CopyWidening(n, reinterpret_cast<float*>(dest->MutableData()), t->dtype, &finite)) {
+          return Malformed(what + ": truncated data");
+        }
+        t->dtype = DT_FLOAT32;
+        t->known_finite = finite;
+        checked_as = DT_FLOAT32;
+        t->data = dest->data;
+        t->nbytes = dest->nbytes;
+        t->owner = dest->owner;
+      } else if (dest != nullptr) {
         if (n != dest->nbytes) {
           return Malformed(absl::StrCat(what, " has ", n, " bytes where ", dest->nbytes,
                                         " were expected"));

@@ -182,6 +182,39 @@ TEST(TensorCodingTest, ReceivedAlignedBytesAreNotCopiedAgain) {
   EXPECT_EQ(back->data_ptr(), t.data_ptr());
 }
 
+// Narrow values (a job's wire_dtype) for float32 destinations are widened
+// as they are copied in, from slices split anywhere (even inside an
+// element), exactly as LibTorch widens; a size that does not fit is refused.
+TEST(TensorCodingTest, NarrowValuesAreWidenedIntoFloat32Destinations) {
+  for (auto [dtype, torch_dtype] : {std::pair{DT_BFLOAT16, at::kBFloat16}, std::pair{DT_FLOAT16, at::kHalf}}) {
+    at::Tensor values = at::randn({70001}).to(torch_dtype);
+    auto narrow = TensorToBuffer(values);
+    ASSERT_TRUE(narrow.ok());
+    ASSERT_EQ(narrow->dtype, dtype);
+    grpc::ByteBuffer bb;
+    ASSERT_TRUE(EncodeTensorMessage(PullResponse(), {*narrow}, &bb).ok());
+    const std::string bytes = Flatten(bb);
+    for (size_t piece : {size_t{0}, size_t{4097}, size_t{65537}}) {
+      at::Tensor into = at::randn({70001}).zero_();
+      auto dest = TensorToBuffer(into);
+      ASSERT_TRUE(dest.ok());
+      std::vector<TensorBuffer> destinations = {*dest}, out;
+      PullResponse h;
+      absl::Status s = DecodeTensorMessage(FromString(bytes, piece), &h, &out, &destinations);
+      ASSERT_TRUE(s.ok()) << s;
+      EXPECT_EQ(out[0].dtype, DT_FLOAT32);
+      EXPECT_EQ(out[0].data, into.data_ptr());
+      EXPECT_TRUE(out[0].known_finite);
+      EXPECT_TRUE(at::equal(into, values.to(at::kFloat))) << "piece " << piece;
+    }
+    // A float32 destination of another size: refused.
+    at::Tensor small = at::randn({70000}).zero_();
+    std::vector<TensorBuffer> wrong = {*TensorToBuffer(small)}, out;
+    PullResponse h;
+    EXPECT_EQ(DecodeTensorMessage(FromString(bytes), &h, &out, &wrong).code(), absl::StatusCode::kInvalidArgument);
+  }
+}
+
 TEST(TensorCodingTest, RejectsMalformedInput) {
   at::Tensor t = at::randn({1000});
   auto buf = TensorToBuffer(t);

@@ -310,36 +310,6 @@ void ShardStore::InitTable(const InitTableRequest& request, std::vector<TensorBu
   done(absl::OkStatus());
 }
 
-void ShardStore::Snapshot(Table& table, const std::vector<size_t>& chunks,
-                          google::protobuf::RepeatedField<int64_t>* versions, std::vector<TensorBuffer>* values) {
-  // Without destinations, readers share the chunk's current buffer: updates
-  // always write new buffers (ApplyPush), so it never changes under them.
-  // With caller-provided destinations that fit, the values are copied in.
-  bool use_destinations = !values->empty() && values->size() == chunks.size();
-  for (size_t i = 0; use_destinations && i < chunks.size(); ++i) {
-    const Chunk& c = *table.chunks[chunks[i]];
-    use_destinations = (*values)[i].dtype == c.dtype && (*values)[i].nbytes == c.value.nbytes;
-  }
-  if (!use_destinations) values->assign(chunks.size(), TensorBuffer());
-  uint64_t bytes = 0;
-  for (size_t i = 0; i < chunks.size(); ++i) {
-    Chunk& c = *table.chunks[chunks[i]];
-    TensorBuffer& out = (*values)[i];
-    {
-      std::lock_guard<std::mutex> lock(c.mu);
-      if (use_destinations) {
-        if (out.nbytes > 0) std::memcpy(out.MutableData(), c.value.data, out.nbytes);
-      } else {
-        out = c.value;
-      }
-      versions->Add(c.version.load(std::memory_order_relaxed));
-    }
-    bytes += out.nbytes;
-  }
-  ++table.pulls;
-  table.bytes_pulled += bytes;
-}
-
 void ShardStore::Pull(const PullRequest& request, PullResponse* response, std::vector<TensorBuffer>* values,
                       const CallOptions& options, StatusCallback done) {
   absl::StatusOr<std::shared_ptr<Table>> table = FindTable(request.job(), request.attempt());
@@ -355,10 +325,13 @@ void ShardStore::Pull(const PullRequest& request, PullResponse* response, std::v
     return done(absl::InvalidArgumentError(
         "min_worker_steps is for ASYNC and SSP tables, without min_version (under SYNC, wait for the step's version)"));
   }
+  const DataType value_dtype = request.value_dtype();
+  absl::Status wire = shard_internal::CheckValueDtype(value_dtype);
+  if (!wire.ok()) return done(wire);
   auto idx = std::make_shared<std::vector<size_t>>(std::move(*chunks));
   WhenReady(t, *idx, by_clock, by_clock ? request.min_worker_steps() - 1 : request.min_version(), options.deadline,
-            [this, t, idx, response, values, done = std::move(done)](absl::Status s) {
-              if (s.ok()) Snapshot(*t, *idx, response->mutable_versions(), values);
+            [this, t, idx, response, values, value_dtype, done = std::move(done)](absl::Status s) {
+              if (s.ok()) Snapshot(*t, *idx, value_dtype, response->mutable_versions(), values);
               done(s);
             });
 }
@@ -368,6 +341,7 @@ void ShardStore::Push(const PushRequest& request, std::vector<TensorBuffer> grad
   if (options_.before_push) options_.before_push(request.job(), request.attempt(), request.worker(), request.step());
   absl::StatusOr<std::shared_ptr<Table>> table = FindTable(request.job(), request.attempt());
   if (!table.ok()) return done(table.status());
+  if (absl::Status w = shard_internal::WidenNarrowGradients(grads); !w.ok()) return done(w);
   PushInput in{request.job(), request.worker(), request.generation(), request.step(), request.lr(), &request.keys(), &grads};
   std::vector<size_t> chunks;
   absl::Status s = ApplyPush(**table, in, &chunks, response);
@@ -382,6 +356,10 @@ void ShardStore::PushPull(const PushPullRequest& request, std::vector<TensorBuff
   absl::StatusOr<std::shared_ptr<Table>> table = FindTable(request.job(), request.attempt());
   if (!table.ok()) return done(table.status());
   std::shared_ptr<Table> t = *table;
+  const DataType value_dtype = request.value_dtype();
+  absl::Status wire = shard_internal::CheckValueDtype(value_dtype);
+  if (wire.ok()) wire = shard_internal::WidenNarrowGradients(grads);
+  if (!wire.ok()) return done(wire);
   PushInput in{request.job(), request.worker(), request.generation(), request.step(), request.lr(), &request.keys(), &grads};
   auto idx = std::make_shared<std::vector<size_t>>();
   absl::Status s = ApplyPush(*t, in, idx.get(), response->mutable_push());
@@ -401,8 +379,8 @@ void ShardStore::PushPull(const PushPullRequest& request, std::vector<TensorBuff
       break;
   }
   WhenReady(t, *idx, by_clock, threshold, options.deadline,
-            [this, t, idx, response, values, done = std::move(done)](absl::Status s) {
-              if (s.ok()) Snapshot(*t, *idx, response->mutable_versions(), values);
+            [this, t, idx, response, values, value_dtype, done = std::move(done)](absl::Status s) {
+              if (s.ok()) Snapshot(*t, *idx, value_dtype, response->mutable_versions(), values);
               done(s);
             });
 }

@@ -171,7 +171,8 @@ class ShardStore : public ParameterStore {
       const Table& table, const google::protobuf::RepeatedPtrField<std::string>& keys);
   absl::Status ApplyPush(Table& table, const PushInput& in, std::vector<size_t>* chunks,
                          PushResponse* response);
-  void Snapshot(Table& table, const std::vector<size_t>& chunks,
+  // `value_dtype`: as PullRequest.value_dtype.
+  void Snapshot(Table& table, const std::vector<size_t>& chunks, DataType value_dtype,
                 google::protobuf::RepeatedField<int64_t>* versions,
                 std::vector<TensorBuffer>* values);
   // Runs `ready(OkStatus())` once every chunk's version (or, with by_clock,

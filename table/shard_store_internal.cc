@@ -21,6 +21,27 @@ absl::Status Unavailable() {
   return absl::UnavailableError("parameter shard is shutting down; retry on its replacement");
 }
 
+// PullRequest.value_dtype: as stored, float32, or a narrow wire dtype.
+absl::Status CheckValueDtype(DataType dtype) {
+  if (dtype == DT_INVALID || dtype == DT_FLOAT32 || IsNarrowFloat(dtype)) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("value_dtype ", DataTypeName(dtype),
+                                                 " is not a wire dtype (float32, bfloat16 or float16)"));
+}
+
+// Gradients that came narrow (the job's wire_dtype) become float32 before
+// anything else looks at them: the table keeps float32 values and state.
+absl::Status WidenNarrowGradients(std::vector<TensorBuffer>& grads) {
+  for (TensorBuffer& g : grads) {
+    if (!IsNarrowFloat(g.dtype)) continue;
+    absl::Status valid = ValidateTensorBuffer(g, "a narrow gradient");
+    if (!valid.ok()) return valid;
+    absl::StatusOr<TensorBuffer> wide = WidenToFloat32(g);
+    if (!wide.ok()) return wide.status();
+    g = std::move(*wide);
+  }
+  return absl::OkStatus();
+}
+
 bool IsFinite(const TensorBuffer& t) {
   return t.known_finite || AllFinite(t.dtype, t.data, t.nbytes);
 }

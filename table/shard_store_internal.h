@@ -126,6 +126,11 @@ namespace shard_internal {
 
 absl::Status Unavailable();
 bool IsFinite(const TensorBuffer& t);
+// PullRequest.value_dtype: as stored, float32, or a narrow wire dtype.
+absl::Status CheckValueDtype(DataType dtype);
+// Gradients that came narrow (the job's wire_dtype) become float32 before
+// anything else looks at them: the table keeps float32 values and state.
+absl::Status WidenNarrowGradients(std::vector<TensorBuffer>& grads);
 
 template <typename T>
 void AddInto(uint8_t* dst, const uint8_t* src, size_t numel) {

@@ -401,3 +401,93 @@ TEST_F(ShardStoreTest, ExportAndImportCarryValuesAndOptimizerState) {
 
 }  // namespace
 }  // namespace pstrain
+
+namespace pstrain {
+namespace {
+
+using namespace testing_util;  // NOLINT
+
+TensorBuffer Narrow(const std::vector<float>& v, DataType dtype) {
+  return *NarrowFloat32(Floats(v), dtype);
+}
+
+// The wire dtypes: a float32 table takes bf16/fp16 gradients (widened on
+// arrival, exactly) and hands its values out narrowed; nothing else changes.
+TEST(ShardStoreWireTest, NarrowGradientsAreWidenedAndValuesNarrowedOnRequest) {
+  const std::vector<float> grad = {0.5f, -1.25f, 3.0f};  // exact in both formats
+  for (DataType dtype : {DT_BFLOAT16, DT_FLOAT16}) {
+    ShardStore wide{ShardStoreOptions{}}, narrow{ShardStoreOptions{}};
+    for (ShardStore* s : {&wide, &narrow}) {
+      InitTableRequest init;
+      init.set_job("job");
+      *init.mutable_config() = Config(SYNC, 1, 0.1);
+      init.add_keys("a");
+      InitTableResponse r;
+      ASSERT_TRUE(WaitFor([&](StatusCallback d) { s->InitTable(init, {Floats({1.0f, 2.0f, 3.14159f})}, &r, {}, d); })
+                      .ok());
+    }
+    PushPullRequest req;
+    req.set_job("job");
+    req.add_keys("a");
+    PushPullResponse wide_resp, narrow_resp;
+    std::vector<TensorBuffer> wide_values, narrow_values;
+    ASSERT_TRUE(WaitFor([&](StatusCallback d) {
+                  wide.PushPull(req, {Floats(grad)}, &wide_resp, &wide_values, {}, d);
+                }).ok());
+    req.set_value_dtype(dtype);
+    ASSERT_TRUE(WaitFor([&](StatusCallback d) {
+                  narrow.PushPull(req, {Narrow(grad, dtype)}, &narrow_resp, &narrow_values, {}, d);
+                }).ok());
+    EXPECT_EQ(narrow_resp.push().applied(), 1u);
+    // The update was the same (float32 state), the value comes back narrowed.
+    ASSERT_EQ(narrow_values[0].dtype, dtype);
+    EXPECT_EQ(narrow_values[0].nbytes, 6u);
+    const std::vector<float> expect = ToFloats(wide_values[0]);
+    std::vector<float> got(3);
+    WidenElements(dtype, narrow_values[0].data, 3, got.data());
+    std::vector<float> rounded(3);
+    RoundThrough(dtype, expect.data(), 3, rounded.data());
+    EXPECT_EQ(got, rounded);
+    EXPECT_NE(expect[2], rounded[2]);  // 3.14159 - 0.3 is not exact in 16 bits
+    // An in-process reader with float32 destinations gets the wire's values.
+    PullRequest pull;
+    pull.set_job("job");
+    pull.add_keys("a");
+    pull.set_value_dtype(dtype);
+    PullResponse pulled;
+    std::vector<TensorBuffer> dest = {Floats({0, 0, 0})};
+    ASSERT_TRUE(WaitFor([&](StatusCallback d) { narrow.Pull(pull, &pulled, &dest, {}, d); }).ok());
+    EXPECT_EQ(ToFloats(dest[0]), rounded);
+    // Not a wire dtype: refused.
+    pull.set_value_dtype(DT_INT64);
+    absl::Status s = WaitFor([&](StatusCallback d) { narrow.Pull(pull, &pulled, &dest, {}, d); });
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    wide.Shutdown();
+    narrow.Shutdown();
+  }
+}
+
+// A narrow gradient with an Inf (fp16 overflows at 65520) meets the table's
+// non-finite policy like a float32 one.
+TEST(ShardStoreWireTest, NonFiniteNarrowGradientsAreCaught) {
+  ShardStore store{ShardStoreOptions{}};
+  InitTableRequest init;
+  init.set_job("job");
+  *init.mutable_config() = Config(ASYNC, 1, 0.1);
+  init.mutable_config()->set_nonfinite(NONFINITE_REJECT);
+  init.add_keys("a");
+  InitTableResponse r;
+  ASSERT_TRUE(WaitFor([&](StatusCallback d) { store.InitTable(init, {Floats({1, 2, 3})}, &r, {}, d); }).ok());
+  PushRequest push;
+  push.set_job("job");
+  push.add_keys("a");
+  PushResponse resp;
+  absl::Status s = WaitFor([&](StatusCallback d) {
+    store.Push(push, {Narrow({1.0f, 1e6f, 1.0f}, DT_FLOAT16)}, &resp, {}, d);
+  });
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  store.Shutdown();
+}
+
+}  // namespace
+}  // namespace pstrain

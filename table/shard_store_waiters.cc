@@ -111,4 +111,45 @@ void ShardStore::ReaperLoop() {
   }
 }
 
+void ShardStore::Snapshot(Table& table, const std::vector<size_t>& chunks, DataType value_dtype,
+                          google::protobuf::RepeatedField<int64_t>* versions, std::vector<TensorBuffer>* values) {
+  // Without destinations, readers share the chunk's current buffer: updates
+  // always write new buffers (ApplyPush), so it never changes under them.
+  // With caller-provided destinations that fit, the values are copied in.
+  // Narrowed for the wire (value_dtype), each reader gets its own copy,
+  // made outside the chunk's lock from the shared buffer; a destination
+  // (an in-process reader) gets the values as the wire would deliver them.
+  const bool narrow = IsNarrowFloat(value_dtype);
+  bool use_destinations = !values->empty() && values->size() == chunks.size();
+  for (size_t i = 0; use_destinations && i < chunks.size(); ++i) {
+    const Chunk& c = *table.chunks[chunks[i]];
+    use_destinations = (*values)[i].dtype == c.dtype && (*values)[i].nbytes == c.value.nbytes;
+  }
+  if (!use_destinations) values->assign(chunks.size(), TensorBuffer());
+  uint64_t bytes = 0;
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    Chunk& c = *table.chunks[chunks[i]];
+    TensorBuffer& out = (*values)[i];
+    {
+      std::lock_guard<std::mutex> lock(c.mu);
+      if (use_destinations && narrow && c.dtype == DT_FLOAT32) {
+        RoundThrough(value_dtype, reinterpret_cast<const float*>(c.value.data), out.nbytes / 4,
+                     reinterpret_cast<float*>(out.MutableData()));
+      } else if (use_destinations) {
+        if (out.nbytes > 0) std::memcpy(out.MutableData(), c.value.data, out.nbytes);
+      } else {
+        out = c.value;
+      }
+      versions->Add(c.version.load(std::memory_order_relaxed));
+    }
+    if (narrow && !use_destinations && out.dtype == DT_FLOAT32) {
+      absl::StatusOr<TensorBuffer> narrowed = NarrowFloat32(out, value_dtype);
+      if (narrowed.ok()) out = std::move(*narrowed);  // else (no memory): sent as stored
+    }
+    bytes += out.nbytes;
+  }
+  ++table.pulls;
+  table.bytes_pulled += bytes;
+}
+
 }  // namespace pstrain

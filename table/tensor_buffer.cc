@@ -100,4 +100,135 @@ absl::Status ValidateTensorBuffer(const TensorBuffer& t, const std::string& what
   return absl::OkStatus();
 }
 
+namespace {
+
+uint16_t FloatToBf16(uint32_t x) {
+  if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((x >> 16) | 0x40u);  // quiet NaN
+  x += 0x7fffu + ((x >> 16) & 1u);
+  return static_cast<uint16_t>(x >> 16);
+}
+
+// F. Giesen's round-to-nearest-even float -> half, no tables.
+uint16_t FloatToHalf(uint32_t x) {
+  const uint32_t sign = x & 0x80000000u;
+  x ^= sign;
+  uint16_t o;
+  if (x >= 0x47800000u) {  // >= 65520: Inf (NaN stays NaN)
+    o = x > 0x7f800000u ? 0x7e00 : 0x7c00;
+  } else if (x < 0x38800000u) {  // a float16 subnormal or zero
+    float f;
+    std::memcpy(&f, &x, 4);
+    f += 0.5f;
+    uint32_t b;
+    std::memcpy(&b, &f, 4);
+    o = static_cast<uint16_t>(b - 0x3f000000u);
+  } else {
+    const uint32_t mant_odd = (x >> 13) & 1u;
+    x += (static_cast<uint32_t>(15 - 127) << 23) + 0xfffu;
+    x += mant_odd;
+    o = static_cast<uint16_t>(x >> 13);
+  }
+  return static_cast<uint16_t>(o | (sign >> 16));
+}
+
+uint32_t HalfToFloat(uint16_t h) {
+  constexpr uint32_t kShiftedExp = 0x7c00u << 13;
+  uint32_t o = (h & 0x7fffu) << 13;
+  const uint32_t exp = kShiftedExp & o;
+  o += static_cast<uint32_t>(127 - 15) << 23;
+  if (exp == kShiftedExp) {
+    o += static_cast<uint32_t>(128 - 16) << 23;  // Inf, NaN
+  } else if (exp == 0) {                          // zero, subnormal
+    o += 1u << 23;
+    float f;
+    std::memcpy(&f, &o, 4);
+    f -= 6.103515625e-05f;  // 2^-14
+    std::memcpy(&o, &f, 4);
+  }
+  return o | (static_cast<uint32_t>(h & 0x8000u) << 16);
+}
+
+}  // namespace
+
+bool IsNarrowFloat(DataType dtype) { return dtype == DT_BFLOAT16 || dtype == DT_FLOAT16; }
+
+bool WidenElements(DataType from, const uint8_t* src_bytes, size_t n, float* dst_float) {
+  const uint16_t* src = reinterpret_cast<const uint16_t*>(src_bytes);
+  uint32_t* dst = reinterpret_cast<uint32_t*>(dst_float);
+  uint32_t all_ones_exponent = 0;  // any element with an Inf/NaN exponent
+  if (from == DT_BFLOAT16) {
+    for (size_t i = 0; i < n; ++i) {
+      const uint32_t v = static_cast<uint32_t>(src[i]) << 16;
+      dst[i] = v;
+      all_ones_exponent |= static_cast<uint32_t>((v & 0x7f800000u) == 0x7f800000u);
+    }
+  } else {
+    for (size_t i = 0; i < n; ++i) {
+      all_ones_exponent |= static_cast<uint32_t>((src[i] & 0x7c00u) == 0x7c00u);
+      dst[i] = HalfToFloat(src[i]);
+    }
+  }
+  return all_ones_exponent == 0;
+}
+
+void NarrowElements(DataType to, const float* src_float, float* residual, size_t n, uint8_t* dst_bytes) {
+  const uint32_t* src = reinterpret_cast<const uint32_t*>(src_float);
+  uint16_t* dst = reinterpret_cast<uint16_t*>(dst_bytes);
+  const bool bf16 = to == DT_BFLOAT16;
+  if (residual == nullptr) {
+    if (bf16) {
+      for (size_t i = 0; i < n; ++i) dst[i] = FloatToBf16(src[i]);
+    } else {
+      for (size_t i = 0; i < n; ++i) dst[i] = FloatToHalf(src[i]);
+    }
+    return;
+  }
+  for (size_t i = 0; i < n; ++i) {
+    const float want = src_float[i] + residual[i];
+    uint32_t bits;
+    std::memcpy(&bits, &want, 4);
+    const uint16_t narrow = bf16 ? FloatToBf16(bits) : FloatToHalf(bits);
+    const uint32_t back = bf16 ? static_cast<uint32_t>(narrow) << 16 : HalfToFloat(narrow);
+    float sent;
+    std::memcpy(&sent, &back, 4);
+    dst[i] = narrow;
+    // An Inf or NaN sent leaves no residual to carry (it would poison every
+    // later step); the shard's non-finite policy deals with the step.
+    const float lost = want - sent;
+    residual[i] = lost - lost == 0.0f ? lost : 0.0f;
+  }
+  (void)src;
+}
+
+void RoundThrough(DataType narrow, const float* src_float, size_t n, float* dst_float) {
+  const uint32_t* src = reinterpret_cast<const uint32_t*>(src_float);
+  uint32_t* dst = reinterpret_cast<uint32_t*>(dst_float);
+  if (narrow == DT_BFLOAT16) {
+    for (size_t i = 0; i < n; ++i) dst[i] = static_cast<uint32_t>(FloatToBf16(src[i])) << 16;
+  } else {
+    for (size_t i = 0; i < n; ++i) dst[i] = HalfToFloat(FloatToHalf(src[i]));
+  }
+}
+
+absl::StatusOr<TensorBuffer> WidenToFloat32(const TensorBuffer& t) {
+  if (!IsNarrowFloat(t.dtype)) {
+    return absl::InvalidArgumentError(absl::StrCat("cannot widen ", DataTypeName(t.dtype), " to float32"));
+  }
+  absl::StatusOr<TensorBuffer> out = TensorBuffer::TryAllocate(DT_FLOAT32, t.shape);
+  if (!out.ok()) return out.status();
+  out->known_finite = WidenElements(t.dtype, t.data, t.nbytes / 2, reinterpret_cast<float*>(out->MutableData()));
+  return out;
+}
+
+absl::StatusOr<TensorBuffer> NarrowFloat32(const TensorBuffer& t, DataType to) {
+  if (t.dtype != DT_FLOAT32 || !IsNarrowFloat(to)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot narrow ", DataTypeName(t.dtype), " to ", DataTypeName(to)));
+  }
+  absl::StatusOr<TensorBuffer> out = TensorBuffer::TryAllocate(to, t.shape);
+  if (!out.ok()) return out.status();
+  NarrowElements(to, reinterpret_cast<const float*>(t.data), nullptr, t.nbytes / 4, out->MutableData());
+  return out;
+}
+
 }  // namespace pstrain

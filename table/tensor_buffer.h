@@ -58,6 +58,25 @@ bool AllFinite(DataType dtype, const uint8_t* data, size_t nbytes);
 // `what` (e.g. "grads[3] (key fc1.weight#0)") so a person can find the culprit.
 absl::Status ValidateTensorBuffer(const TensorBuffer& t, const std::string& what);
 
+// The narrow wire dtypes (a job's wire_dtype): bfloat16 and float16 carry
+// float32 values over the wire; shards keep float32 and widen on arrival.
+bool IsNarrowFloat(DataType dtype);
+// A float32 copy of a bfloat16 or float16 buffer, its finiteness found in
+// the same pass (known_finite).
+absl::StatusOr<TensorBuffer> WidenToFloat32(const TensorBuffer& t);
+// A bfloat16 or float16 copy of a float32 buffer, rounded to nearest even
+// (as LibTorch's .to() rounds): values beyond float16's range become Inf.
+absl::StatusOr<TensorBuffer> NarrowFloat32(const TensorBuffer& t, DataType to);
+// The element loops: `n` elements of `from` (bf16/fp16) into float32, and
+// returns whether all were finite; float32 into `to`, optionally with error
+// feedback: `residual` (n floats, or null) is added to src first and left
+// holding what the rounding lost.
+bool WidenElements(DataType from, const uint8_t* src, size_t n, float* dst);
+void NarrowElements(DataType to, const float* src, float* residual, size_t n, uint8_t* dst);
+// float32 values as they arrive after travelling as `narrow`: narrowed and
+// widened again (src and dst may be the same).
+void RoundThrough(DataType narrow, const float* src, size_t n, float* dst);
+
 }  // namespace pstrain
 
 #endif  // PSTRAIN_TABLE_TENSOR_BUFFER_H_

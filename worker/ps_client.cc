@@ -1,5 +1,7 @@
 #include "worker/ps_client.h"
 
+#include <type_traits>
+
 #include <condition_variable>
 #include <cstring>
 #include <mutex>
@@ -27,6 +29,26 @@ PsClient::PsClient(PsClientOptions options, std::vector<ParameterStore*> shards)
     const ChunkSpec& c = options_.plan.chunks[i];
     param_chunks_[c.param][c.shard].push_back(i);
   }
+  if (options_.error_feedback && IsNarrowFloat(options_.wire_dtype)) {
+    residual_.resize(options_.plan.chunks.size());
+    for (size_t i = 0; i < residual_.size(); ++i) residual_[i].assign(options_.plan.chunks[i].numel, 0.0f);
+  }
+}
+
+absl::StatusOr<std::vector<TensorBuffer>> PsClient::ForWire(std::vector<TensorBuffer> views,
+                                                           const std::vector<size_t>& ids) {
+  if (!IsNarrowFloat(options_.wire_dtype)) return views;
+  for (size_t k = 0; k < views.size(); ++k) {
+    TensorBuffer& v = views[k];
+    if (v.dtype != DT_FLOAT32) continue;  // only float32 parameters travel narrow
+    absl::StatusOr<TensorBuffer> narrow = TensorBuffer::TryAllocate(options_.wire_dtype, v.shape);
+    if (!narrow.ok()) return narrow.status();
+    float* residual = residual_.empty() ? nullptr : residual_[ids[k]].data();
+    NarrowElements(options_.wire_dtype, reinterpret_cast<const float*>(v.data), residual, v.nbytes / 4,
+                   narrow->MutableData());
+    v = std::move(*narrow);
+  }
+  return views;
 }
 
 absl::Status PsClient::CheckTensors(const std::vector<at::Tensor>& tensors, const char* what) const {
@@ -82,6 +104,9 @@ Request& PsClient::Addressed(Request& req, const std::vector<size_t>& chunks) co
   req.set_job(options_.job);
   req.set_attempt(options_.attempt);
   AddKeys(options_.plan, chunks, req.mutable_keys());
+  if constexpr (std::is_same_v<Request, PullRequest> || std::is_same_v<Request, PushPullRequest>) {
+    if (IsNarrowFloat(options_.wire_dtype)) req.set_value_dtype(options_.wire_dtype);
+  }
   return req;
 }
 
@@ -110,11 +135,15 @@ absl::Status PsClient::CopyIntoParams(int shard, const std::vector<TensorBuffer>
   for (size_t i = 0; i < ids.size(); ++i) {
     const ChunkSpec& c = options_.plan.chunks[ids[i]];
     const at::Tensor& p = params[c.param];
+    uint8_t* dst = static_cast<uint8_t*>(p.data_ptr()) + c.offset * p.element_size();
+    if (IsNarrowFloat(values[i].dtype) && p.scalar_type() == at::kFloat && values[i].nbytes * 2 == c.bytes) {
+      WidenElements(values[i].dtype, values[i].data, values[i].nbytes / 2, reinterpret_cast<float*>(dst));
+      continue;
+    }
     if (values[i].nbytes != c.bytes) {
       return absl::InternalError(absl::StrCat("shard ", shard, " returned ", values[i].nbytes,
                                               " bytes for ", c.key, ", expected ", c.bytes));
     }
-    uint8_t* dst = static_cast<uint8_t*>(p.data_ptr()) + c.offset * p.element_size();
     // Usually the store wrote straight into the parameter (see ChunkViews
     // passed as destinations); copy only if it did not.
     if (values[i].data != dst) std::memcpy(dst, values[i].data, c.bytes);
@@ -193,6 +222,7 @@ absl::Status PsClient::Push(int64_t step, const std::vector<at::Tensor>& grads, 
   std::vector<PushResponse> responses(shards_.size());
   return ForEachShard([&](int shard, StatusCallback done) {
     auto views = ChunkViews(grads, shard);
+    if (views.ok()) views = ForWire(std::move(*views), options_.plan.shard_chunks[shard]);
     if (!views.ok()) return done(views.status());
     PushRequest& req = AddressedPush(requests[shard], options_.plan.shard_chunks[shard], step, lr);
     shards_[shard]->Push(req, std::move(*views), &responses[shard], opts, std::move(done));
@@ -212,6 +242,7 @@ absl::Status PsClient::PushPull(int64_t step, const std::vector<at::Tensor>& gra
   std::vector<std::vector<TensorBuffer>> values(shards_.size());
   return ForEachShard([&](int shard, StatusCallback done) {
     auto views = ChunkViews(grads, shard);
+    if (views.ok()) views = ForWire(std::move(*views), options_.plan.shard_chunks[shard]);
     if (!views.ok()) return done(views.status());
     auto dest = ChunkViews(params, shard);
     if (!dest.ok()) return done(dest.status());
@@ -293,6 +324,7 @@ void PsClient::PushPullAsync(int64_t step, const std::vector<size_t>& params,
     auto grad_views = ChunkViewsOf(options_.plan, ids[s], [&](size_t p) -> const at::Tensor& {
       return grads[position[p]];
     });
+    if (grad_views.ok()) grad_views = ForWire(std::move(*grad_views), ids[s]);
     auto dest = ChunkViewsOf(options_.plan, ids[s], [&](size_t p) -> const at::Tensor& {
       return intos[position[p]];
     });

@@ -26,6 +26,12 @@ struct PsClientOptions {
   uint32_t worker = 0;
   uint32_t generation = 0;  // this worker's hold on its rank (Assignment.generation)
   std::string job_secret;   // Assignment.job_secret, sent with every call
+  // The job's wire_dtype: gradients go out and values come back in it
+  // (DT_FLOAT32: as they are; DT_BFLOAT16/DT_FLOAT16: narrowed, the shards
+  // keep float32). With error_feedback, what rounding loses from each
+  // gradient is added to the next one (one gradient of memory).
+  DataType wire_dtype = DT_FLOAT32;
+  bool error_feedback = false;
   PartitionPlan plan;
   // Deadline of each operation (all shards together).
   absl::Duration timeout = absl::Seconds(120);
@@ -71,6 +77,9 @@ class PsClient {
                                                       int shard) const;
   absl::Status CopyIntoParams(int shard, const std::vector<TensorBuffer>& values,
                               const std::vector<at::Tensor>& params) const;
+  // Gradient views of chunks `ids` as they go on the wire: narrowed (with
+  // error feedback) when the wire dtype is narrow, else unchanged.
+  absl::StatusOr<std::vector<TensorBuffer>> ForWire(std::vector<TensorBuffer> views, const std::vector<size_t>& ids);
   // The fields every request of this worker carries: job, attempt, keys.
   // (Defined and instantiated in ps_client.cc.)
   template <typename Request>
@@ -85,6 +94,9 @@ class PsClient {
   std::vector<ParameterStore*> shards_;
   // param_chunks_[p][s]: chunk indices of parameter p on shard s.
   std::vector<std::vector<std::vector<size_t>>> param_chunks_;
+  // Error feedback: per chunk, what rounding lost (chunks of one bucket are
+  // narrowed by one thread at a time).
+  std::vector<std::vector<float>> residual_;
 };
 
 }  // namespace pstrain

@@ -223,6 +223,10 @@ absl::Status Trainer::BuildExchange() {
   po.worker = allreduce ? 0 : static_cast<uint32_t>(options_.rank);
   po.generation = allreduce ? 0 : options_.generation;
   po.job_secret = options_.job_secret;
+  po.wire_dtype = spec_.wire_dtype == WireDtype::kBf16   ? DT_BFLOAT16
+                  : spec_.wire_dtype == WireDtype::kFp16 ? DT_FLOAT16
+                                                         : DT_FLOAT32;
+  po.error_feedback = spec_.wire_error_feedback;
   po.plan = *plan;
   auto ps = PsClient::Create(po, options_.shards);
   if (!ps.ok()) return ps.status();

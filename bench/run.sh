@@ -12,6 +12,11 @@
 #                                  the survivors stand still and when a spare takes
 #                                  over (sync, async), vs the restart from a checkpoint
 #                                  that the same loss cost before (tests/elastic_test)
+#   bench/run.sh comm [REPS]       a communication-bound job (a 5.8M-parameter MLP,
+#                                  2 workers, sync): pstrain PS with fp32 and bf16
+#                                  wire, pstrain all-reduce, vs PyTorch DDP (gloo)
+#                                  without a hook and with fp16/bf16_compress_hook;
+#                                  samples/s, accuracy, loopback bytes per step
 #   bench/run.sh gpu [REPS]        ResNet-18 on one GPU: PS mode (2 workers, CPU
 #                                  shards) and all-reduce (NCCL, 1 rank) vs PyTorch
 #                                  in one process and DDP (NCCL, 1 rank); needs a
@@ -174,6 +179,114 @@ pstrain_once() {  # pstrain_once SPEC
 ddp_once() {
   $PY bench/torch_ddp_train.py --workers 2 --epochs 3 --batch 64 --lr 0.05 --threads 1 2>"$WORK/ddp.log" \
     | tail -1 | $PY -c 'import json,sys; r=json.loads(sys.stdin.read()); print(r["samples_per_s"], r["accuracy"], r["seconds"])'
+}
+
+# Bytes through the loopback interface so far (both directions count once:
+# every byte sent on lo is received on lo).
+lo_bytes() { awk '/^ *lo:/ {print $2}' /proc/net/dev; }
+
+comm_spec() {  # comm_spec MODE WIRE -> a spec file
+  local f=$WORK/comm-$1-$2.yaml
+  {
+    echo "name: comm-$1-$2"
+    echo "model: mlp_wide"
+    echo "mode: $1"
+    echo "data: {format: idx, limit_train: $COMM_LIMIT}"
+    echo "optimizer: {kind: sgd, lr: 0.05, momentum: 0.9}"
+    echo "consistency: sync"
+    echo "workers: 2"
+    [ "$1" = ps ] && echo "shards: 2" && echo "wire_dtype: $2"
+    echo "epochs: 1"
+    echo "batch_size: 64"
+    echo "log_every_steps: 50"
+  } >"$f"
+  echo "$f"
+}
+
+# -> "samples_per_s accuracy seconds lo_bytes"
+comm_ours() {
+  local before; before=$(lo_bytes)
+  local r; r=$(pstrain_once "$(comm_spec "$1" "$2")")
+  echo "$r $(( $(lo_bytes) - before ))"
+}
+
+comm_ddp() {
+  local before; before=$(lo_bytes)
+  local r
+  r=$($PY bench/torch_ddp_train.py --workers 2 --epochs 1 --batch 64 --lr 0.05 --threads 1 --model mlp_wide \
+        --hook "$1" --limit-train "$COMM_LIMIT" 2>"$WORK/ddp.log" | tail -1 \
+      | $PY -c 'import json,sys; r=json.loads(sys.stdin.read()); print(r["samples_per_s"], r["accuracy"], r["seconds"])') \
+    || { tail -5 "$WORK/ddp.log" >&2; echo "0 0 0 0"; return; }
+  echo "$r $(( $(lo_bytes) - before ))"
+}
+
+comm() {
+  local reps=${1:-3}
+  COMM_LIMIT=${COMM_LIMIT:-30000}
+  # The link: on one machine every "node" talks over loopback, where a byte
+  # costs a memory copy, not network time. COMM_LINK (default 10gbit, a
+  # common datacenter NIC) shapes the loopback interface with a token bucket
+  # (tc tbf) for the runs, shared by every connection of the run (so all
+  # traffic of all workers and shards shares one such link: conservative);
+  # COMM_LINK=none measures plain loopback. Needs root; removed on exit.
+  COMM_LINK=${COMM_LINK:-10gbit}
+  if [ "$COMM_LINK" != none ]; then
+    tc qdisc add dev lo root tbf rate "$COMM_LINK" burst 4mb latency 100ms \
+      || { echo "cannot shape lo (root and sch_tbf needed); COMM_LINK=none runs unshaped" >&2; exit 1; }
+    trap 'tc qdisc del dev lo root 2>/dev/null; cleanup' EXIT INT TERM
+  fi
+  local steps=$(( (COMM_LIMIT / 2 + 63) / 64 ))
+  log "building"
+  bazel build //client:pstrain >&2
+  declare -A runs
+  local variants=(ps_fp32 ps_bf16 allreduce_fp32 ddp ddp_fp16_hook ddp_bf16_hook)
+  for r in $(seq "$reps"); do
+    for v in "${variants[@]}"; do
+      log "rep $r/$reps: $v"
+      case $v in
+        ps_fp32) runs[$v]+="$(comm_ours ps fp32)"$'\n' ;;
+        ps_bf16) runs[$v]+="$(comm_ours ps bf16)"$'\n' ;;
+        allreduce_fp32) runs[$v]+="$(comm_ours allreduce fp32)"$'\n' ;;
+        ddp) runs[$v]+="$(comm_ddp none)"$'\n' ;;
+        ddp_fp16_hook) runs[$v]+="$(comm_ddp fp16)"$'\n' ;;
+        ddp_bf16_hook) runs[$v]+="$(comm_ddp bf16)"$'\n' ;;
+      esac
+    done
+  done
+  col() { printf '%s' "${runs[$1]}" | awk -v c="$2" 'NF {print $c}' | median; }
+  printf '\n%-18s %12s %10s %10s %14s   (medians of %s runs; mlp_wide 5.8M params, %s images, 2 workers x batch 64, sync, 1 thread each, link %s)\n' \
+    "comm" "samples/s" "accuracy" "seconds" "lo MB/step" "$reps" "$COMM_LIMIT" "$COMM_LINK" >&2
+  for v in "${variants[@]}"; do
+    printf '%-18s %12.0f %10.4f %10.1f %14.1f\n' "$v" "$(col $v 1)" "$(col $v 2)" "$(col $v 3)" \
+      "$(echo "$(col $v 4) $steps" | awk '{print $1 / $2 / 1e6}')" >&2
+  done
+  $PY - <<PYEOF
+import json
+steps = $steps
+row = {v: {"samples_per_s": float(a), "accuracy": float(b), "seconds": float(c), "lo_bytes_per_step": float(d) / steps}
+       for v, (a, b, c, d) in {
+           "ps_fp32": ("$(col ps_fp32 1)", "$(col ps_fp32 2)", "$(col ps_fp32 3)", "$(col ps_fp32 4)"),
+           "ps_bf16": ("$(col ps_bf16 1)", "$(col ps_bf16 2)", "$(col ps_bf16 3)", "$(col ps_bf16 4)"),
+           "allreduce_fp32": ("$(col allreduce_fp32 1)", "$(col allreduce_fp32 2)", "$(col allreduce_fp32 3)", "$(col allreduce_fp32 4)"),
+           "ddp": ("$(col ddp 1)", "$(col ddp 2)", "$(col ddp 3)", "$(col ddp 4)"),
+           "ddp_fp16_hook": ("$(col ddp_fp16_hook 1)", "$(col ddp_fp16_hook 2)", "$(col ddp_fp16_hook 3)", "$(col ddp_fp16_hook 4)"),
+           "ddp_bf16_hook": ("$(col ddp_bf16_hook 1)", "$(col ddp_bf16_hook 2)", "$(col ddp_bf16_hook 3)", "$(col ddp_bf16_hook 4)"),
+       }.items()}
+ratio = lambda a, b: round(a / b, 3) if b else None
+print(json.dumps({
+    "bench": "comm", "reps": $reps, "steps_per_worker": steps, "link": "$COMM_LINK",
+    "setup": "mlp_wide (784-2048-2048-10, 5.8M params), Fashion-MNIST first $COMM_LIMIT images, 2 workers x batch 64, 1 epoch, sync, SGD lr 0.05 momentum 0.9, 1 thread per process; pstrain PS with 2 shards",
+    "runs": row,
+    "accuracy": {v: r["accuracy"] for v, r in row.items()},
+    "ratios": {
+        "vs_torch_ddp": ratio(row["ps_bf16"]["samples_per_s"], row["ddp"]["samples_per_s"]),
+        "vs_torch_ddp_fp16_hook": ratio(row["ps_bf16"]["samples_per_s"], row["ddp_fp16_hook"]["samples_per_s"]),
+        "bytes_bf16_vs_fp32": ratio(row["ps_bf16"]["lo_bytes_per_step"], row["ps_fp32"]["lo_bytes_per_step"]),
+        "fp32_vs_torch_ddp": ratio(row["ps_fp32"]["samples_per_s"], row["ddp"]["samples_per_s"]),
+        "allreduce_vs_torch_ddp": ratio(row["allreduce_fp32"]["samples_per_s"], row["ddp"]["samples_per_s"]),
+    },
+}))
+PYEOF
 }
 
 train() {
@@ -397,7 +510,8 @@ case "${1:-}" in
   elastic) shift; elastic "$@" ;;
   gpu) shift; gpu "$@" ;;
   pushpull) shift; pushpull "$@" ;;
+  comm) shift; comm "$@" ;;
   train) shift; train "$@" ;;
   allreduce) shift; allreduce "$@" ;;
-  *) echo "usage: bench/run.sh pushpull|train|allreduce|gpu|elastic [REPS]" >&2; exit 2 ;;
+  *) echo "usage: bench/run.sh pushpull|train|comm|allreduce|gpu|elastic [REPS]" >&2; exit 2 ;;
 esac

@@ -1,5 +1,10 @@
 #!/usr/bin/python3
-"""The peer for `bench/run.sh train`: PyTorch DDP (gloo) on the demo job.
+"""The peer for `bench/run.sh train` and `comm`: PyTorch DDP (gloo).
+
+`train`: the demo job. `comm` (--model mlp_wide): the same 784-2048-2048-10
+MLP as pstrain's `mlp_wide`, without a communication hook or with DDP's
+fp16_compress_hook / bf16_compress_hook (--hook), on a subset of the
+training set (--limit-train); it also counts the loopback bytes of the run.
 
 Same model (LeNet-5), data (Fashion-MNIST, normalised the same way), batch per
 process, processes, threads per process, optimizer (SGD lr 0.05 momentum 0.9,
@@ -40,6 +45,18 @@ def load(prefix):
     return x, y
 
 
+class MlpWide(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(784, 2048)
+        self.fc2 = nn.Linear(2048, 2048)
+        self.fc3 = nn.Linear(2048, 10)
+
+    def forward(self, x):
+        x = x.flatten(1)
+        return self.fc3(F.relu(self.fc2(F.relu(self.fc1(x)))))
+
+
 class LeNet(nn.Module):
     def __init__(self):
         super().__init__()
@@ -57,14 +74,29 @@ class LeNet(nn.Module):
 
 
 def run(rank, args, port, results):
+    try:
+        train(rank, args, port, results)
+    except Exception as e:  # e.g. a hook whose dtype this Gloo cannot reduce
+        results.put({"rank": rank, "error": f"{type(e).__name__}: {e}"})
+
+
+def train(rank, args, port, results):
     torch.set_num_threads(args.threads)
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     dist.init_process_group("gloo", rank=rank, world_size=args.workers)
     x, y = load("train")
+    if args.limit_train > 0:
+        x, y = x[:args.limit_train], y[:args.limit_train]
     tx, ty = load("t10k")
     torch.manual_seed(args.seed)
-    model = nn.parallel.DistributedDataParallel(LeNet())
+    model = nn.parallel.DistributedDataParallel(MlpWide() if args.model == "mlp_wide" else LeNet())
+    if args.hook != "none":
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+        hook = {"fp16": default_hooks.fp16_compress_hook, "bf16": getattr(default_hooks, "bf16_compress_hook", None)}
+        if hook[args.hook] is None:
+            raise SystemExit(f"this PyTorch has no {args.hook}_compress_hook")
+        model.register_comm_hook(None, hook[args.hook])
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     sampler = torch.utils.data.distributed.DistributedSampler(
         range(len(y)), num_replicas=args.workers, rank=rank, shuffle=True, seed=args.seed)
@@ -104,6 +136,9 @@ def main():
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--model", choices=["lenet", "mlp_wide"], default="lenet")
+    p.add_argument("--hook", choices=["none", "fp16", "bf16"], default="none")
+    p.add_argument("--limit-train", type=int, default=0)
     args = p.parse_args()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -114,6 +149,11 @@ def main():
     for pr in procs:
         pr.start()
     rows = [results.get(timeout=1800) for _ in procs]
+    errors = [r["error"] for r in rows if "error" in r]
+    if errors:
+        for pr in procs:
+            pr.terminate()
+        raise SystemExit(f"DDP failed: {errors[0][:300]}")
     for pr in procs:
         pr.join()
     seconds = max(r["seconds"] for r in rows)

@@ -1,7 +1,8 @@
 // Parked calls: a Pull with min_version, or a PushPull under SYNC or SSP,
 // waits as a Waiter (never a blocked thread) until the pushes it needs
 // arrive, its deadline passes (the reaper thread), its table is dropped or
-// replaced, or the store shuts down.
+// replaced, or the store shuts down; then Snapshot hands out the values
+// (shared, copied into destinations, or narrowed for the wire).
 #include "table/shard_store_internal.h"
 
 namespace pstrain {

@@ -31,11 +31,14 @@ class ModuleModel : public Model {
   std::shared_ptr<Net> net_;
 };
 
+// in -> hidden1 -> hidden2 -> classes, ReLU. "mlp" is 256/128 (235k
+// parameters for 28x28 inputs); "mlp_wide" 2048/2048 (5.8M), a model whose
+// step is dominated by moving its gradients (bench/run.sh comm).
 struct MlpNet : torch::nn::Module {
-  MlpNet(int64_t in, int64_t classes)
-      : fc1(register_module("fc1", torch::nn::Linear(in, 256))),
-        fc2(register_module("fc2", torch::nn::Linear(256, 128))),
-        fc3(register_module("fc3", torch::nn::Linear(128, classes))) {}
+  MlpNet(int64_t in, int64_t classes, int64_t hidden1 = 256, int64_t hidden2 = 128)
+      : fc1(register_module("fc1", torch::nn::Linear(in, hidden1))),
+        fc2(register_module("fc2", torch::nn::Linear(hidden1, hidden2))),
+        fc3(register_module("fc3", torch::nn::Linear(hidden2, classes))) {}
   at::Tensor forward(const at::Tensor& x) {
     at::Tensor h = x.flatten(1);
     h = at::relu(fc1->forward(h));
@@ -80,11 +83,12 @@ absl::StatusOr<std::unique_ptr<Model>> CreateModel(const std::string& name,
     static std::mutex init_mu;
     std::lock_guard<std::mutex> lock(init_mu);
     at::manual_seed(seed);
-    if (name == "mlp") {
+    if (name == "mlp" || name == "mlp_wide") {
       int64_t in = 1;
       for (int64_t d : input_shape) in *= d;
+      const int64_t h1 = name == "mlp" ? 256 : 2048, h2 = name == "mlp" ? 128 : 2048;
       return std::unique_ptr<Model>(
-          new ModuleModel<MlpNet>(std::make_shared<MlpNet>(in, num_classes)));
+          new ModuleModel<MlpNet>(std::make_shared<MlpNet>(in, num_classes, h1, h2)));
     }
     if (name == "lenet") {
       if (input_shape != std::vector<int64_t>{1, 28, 28}) {

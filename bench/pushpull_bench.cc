@@ -36,6 +36,7 @@ ABSL_FLAG(int, worker, 0, "This worker's index.");
 ABSL_FLAG(int, num_workers, 1, "Workers in the run.");
 ABSL_FLAG(int64_t, start_at_ms, 0, "Unix time (ms) at which the timed phase starts.");
 ABSL_FLAG(double, seconds, 8, "Length of the timed phase.");
+ABSL_FLAG(std::string, wire_dtype, "fp32", "fp32 | bf16 | fp16: what gradients and values travel as.");
 
 namespace pstrain {
 namespace {
@@ -89,6 +90,8 @@ int RunWorker() {
   o.job = absl::GetFlag(FLAGS_job) + "-" + model;
   o.worker = static_cast<uint32_t>(absl::GetFlag(FLAGS_worker));
   o.plan = *plan;
+  const std::string wire = absl::GetFlag(FLAGS_wire_dtype);
+  o.wire_dtype = wire == "bf16" ? DT_BFLOAT16 : wire == "fp16" ? DT_FLOAT16 : DT_FLOAT32;
   auto client = PsClient::Create(o, stores);
   if (!client.ok()) {
     std::fprintf(stderr, "%s\n", client.status().ToString().c_str());
@@ -137,12 +140,14 @@ int RunWorker() {
     latencies_ms.push_back(std::chrono::duration<double, std::milli>(b - a).count());
     elapsed = std::chrono::duration<double>(b - t0).count();
   }
+  // gb_per_s: float32 bytes of the parameters moved (whatever the wire
+  // dtype), so fp32 and bf16 runs compare as parameters per second.
   const double gbps = static_cast<double>(bytes_per_step) * latencies_ms.size() / elapsed / 1e9;
   std::printf(
-      "{\"model\": \"%s\", \"worker\": %d, \"steps\": %zu, \"seconds\": %.3f, \"bytes_per_step\": "
-      "%lld, \"gb_per_s\": %.4f, \"p50_ms\": %.3f, \"p99_ms\": %.3f}\n",
-      model.c_str(), absl::GetFlag(FLAGS_worker), latencies_ms.size(), elapsed,
-      static_cast<long long>(bytes_per_step), gbps, Percentile(latencies_ms, 0.5),
+      "{\"model\": \"%s\", \"wire_dtype\": \"%s\", \"worker\": %d, \"steps\": %zu, \"seconds\": %.3f, "
+      "\"bytes_per_step\": %lld, \"gb_per_s\": %.4f, \"params_per_s\": %.4g, \"p50_ms\": %.3f, \"p99_ms\": %.3f}\n",
+      model.c_str(), wire.c_str(), absl::GetFlag(FLAGS_worker), latencies_ms.size(), elapsed,
+      static_cast<long long>(bytes_per_step), gbps, gbps * 1e9 / 4, Percentile(latencies_ms, 0.5),
       Percentile(latencies_ms, 0.99));
   return 0;
 }

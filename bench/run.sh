@@ -58,6 +58,8 @@ ours_once() {  # ours_once MODEL SECONDS [tls] -> prints "gb_per_s p50 p99"
   local model=$1 secs=$2 run=$WORK/run.$RANDOM
   mkdir -p "$run"
   local server_sec=() client_sec=()
+  local wire=fp32
+  [ "${3:-}" = bf16 ] && wire=bf16
   if [ "${3:-}" = tls ]; then
     local c=$WORK/credentials
     [ -s "$c/ca.pem" ] || $BIN/bench/pushpull_bench --role=credentials --out="$c"
@@ -77,7 +79,8 @@ ours_once() {  # ours_once MODEL SECONDS [tls] -> prints "gb_per_s p50 p99"
   local wpids=()
   for w in 0 1; do
     $BIN/bench/pushpull_bench --role=worker --shards="$shards" --model="$model" --worker=$w \
-      --num_workers=2 --start_at_ms=$start --seconds="$secs" "${client_sec[@]}" >"$run/w$w.json" 2>"$run/w$w.log" &
+      --num_workers=2 --start_at_ms=$start --seconds="$secs" --wire_dtype=$wire "${client_sec[@]}" \
+      >"$run/w$w.json" 2>"$run/w$w.log" &
     wpids+=($!)
   done
   for p in "${wpids[@]}"; do wait "$p" || { cat "$run"/w*.log >&2; exit 1; }; done
@@ -115,6 +118,8 @@ pushpull() {
       runs[ours_$model]+="$(ours_once "$model" "$secs")"$'\n'
       log "rep $r/$reps: pstrain $model over TLS with tokens"
       runs[ours_tls_$model]+="$(ours_once "$model" "$secs" tls)"$'\n'
+      log "rep $r/$reps: pstrain $model, bf16 wire"
+      runs[ours_bf16_$model]+="$(ours_once "$model" "$secs" bf16)"$'\n'
       for tr in tcp default; do
         log "rep $r/$reps: torch.distributed.rpc ($tr) $model"
         runs[torch_${tr}_$model]+="$(torch_once "$model" "$tr" "$secs")"$'\n'
@@ -127,8 +132,8 @@ pushpull() {
   codec=$($BIN/bench/pushpull_bench --role=codec | tail -1)
 
   col() { printf '%s' "${runs[$1]}" | awk -v c="$2" 'NF {print $c}' | median; }
-  local keys=(ours_flat ours_mixed ours_tls_flat ours_tls_mixed torch_tcp_flat torch_tcp_mixed torch_default_flat torch_default_mixed)
-  printf '\n%-24s %10s %10s %10s   (medians of %s runs, 2 shards + 2 workers, 10M float32)\n' \
+  local keys=(ours_flat ours_mixed ours_tls_flat ours_tls_mixed ours_bf16_flat ours_bf16_mixed torch_tcp_flat torch_tcp_mixed torch_default_flat torch_default_mixed)
+  printf '\n%-24s %10s %10s %10s   (medians of %s runs, 2 shards + 2 workers, 10M float32; GB/s of float32 parameters, also for bf16)\n' \
     "push+pull" "GB/s" "p50 ms" "p99 ms" "$reps" >&2
   for k in "${keys[@]}"; do
     printf '%-24s %10.3f %10.1f %10.1f\n' "$k" "$(col "$k" 1)" "$(col "$k" 2)" "$(col "$k" 3)" >&2
@@ -150,6 +155,8 @@ out = {
     "ours_p50_ms": {"flat": $(col ours_flat 2), "mixed": $(col ours_mixed 2)},
     "ours_p99_ms": {"flat": $(col ours_flat 3), "mixed": $(col ours_mixed 3)},
     "ours_tls_gb_per_s": {"flat": $(col ours_tls_flat 1), "mixed": $(col ours_tls_mixed 1)},
+    "ours_params_per_s": {"fp32": ours_flat * 1e9 / 4, "bf16": $(col ours_bf16_flat 1) * 1e9 / 4,
+                          "fp32_mixed": ours_mixed * 1e9 / 4, "bf16_mixed": $(col ours_bf16_mixed 1) * 1e9 / 4},
     "torch_rpc_tcp_gb_per_s": {"flat": tcp_flat, "mixed": tcp_mixed},
     "torch_rpc_default_gb_per_s": {"flat": dflt_flat, "mixed": dflt_mixed},
     "iperf3_loopback_gb_per_s": iperf,
@@ -163,6 +170,7 @@ out = {
         "mixed_vs_torch_rpc_default": round(ours_mixed / dflt_mixed, 3),
         "tls_vs_plain": round($(col ours_tls_flat 1) / ours_flat, 3),
         "mixed_tls_vs_plain": round($(col ours_tls_mixed 1) / ours_mixed, 3),
+        "bf16_vs_fp32_params_per_s": round($(col ours_bf16_flat 1) / ours_flat, 3),
     },
 }
 print(json.dumps(out))

@@ -5,8 +5,6 @@
 #include <ATen/ops/equal.h>
 #include <gtest/gtest.h>
 
-#include <cstdlib>
-#include <filesystem>
 #include <map>
 #include <thread>
 
@@ -35,21 +33,7 @@ TEST(TrainerTest, SyncTwoWorkersEqualOneWorkerOnTheConcatenatedBatch) {
   two.chunk_bytes = 16 << 10;  // several chunks per shard
   two.bucket_bytes = 8 << 10;  // several buckets
   Shards shards2(2);
-  std::vector<absl::StatusOr<TrainResult>> results(2, absl::UnknownError("not run"));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < 2; ++r) {
-    threads.emplace_back([&, r] {
-      TrainerOptions o;
-      o.spec = two;
-      o.rank = r;
-      o.world_size = 2;
-      o.shards = shards2.ptrs;
-      o.write_weights = false;
-      results[r] = RunTrainer(o, *data);
-    });
-  }
-  for (auto& t : threads) t.join();
-  ExpectLikeOneWorkerOnTheConcatenatedBatch(two, *data, results);
+  ExpectLikeOneWorkerOnTheConcatenatedBatch(two, *data, RunTwoWorkers(two, *data, shards2.ptrs));
 }
 
 // All-reduce mode: two workers averaging their gradients with Gloo (real
@@ -154,11 +138,8 @@ TEST(TrainerTest, Bf16AutocastTrainsWithinOnePointOfFp32) {
 // without error feedback; the wire really changed the arithmetic; the two
 // workers still agree exactly.
 TEST(TrainerTest, NarrowWireTrainsLikeFp32) {
-  const char* env = std::getenv("PSTRAIN_FASHION_MNIST");
-  const std::string dir = env != nullptr ? env : "/usr/share/datasets/fashion-mnist";
-  if (!std::filesystem::exists(dir + "/train-images-idx3-ubyte.gz")) {
-    GTEST_SKIP() << "no Fashion-MNIST at " << dir << " (make setup installs dataset-fashion-mnist)";
-  }
+  const std::string dir = FashionMnistDir();
+  if (dir.empty()) GTEST_SKIP() << "no Fashion-MNIST (make setup installs dataset-fashion-mnist)";
   JobSpec spec = SyntheticSpec("wire", "mlp");
   spec.data.format = "idx";
   spec.data.dir = dir;
@@ -185,20 +166,7 @@ TEST(TrainerTest, NarrowWireTrainsLikeFp32) {
     s.wire_error_feedback = v.feedback;
     Shards shards(2);
     auto& r = results[v.name];
-    r.assign(2, absl::UnknownError("not run"));
-    std::vector<std::thread> threads;
-    for (int rank = 0; rank < 2; ++rank) {
-      threads.emplace_back([&, rank] {
-        TrainerOptions o;
-        o.spec = s;
-        o.rank = rank;
-        o.world_size = 2;
-        o.shards = shards.ptrs;
-        o.write_weights = false;
-        r[rank] = RunTrainer(o, *data);
-      });
-    }
-    for (auto& t : threads) t.join();
+    r = RunTwoWorkers(s, *data, shards.ptrs);
     ASSERT_TRUE(r[0].ok() && r[1].ok()) << v.name << ": " << (r[0].ok() ? r[1].status() : r[0].status());
     std::printf("wire %s: accuracy %.4f\n", v.name, r[0]->final_accuracy);
     for (size_t i = 0; i < r[0]->parameters.size(); ++i) {

@@ -13,6 +13,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "table/shard_store.h"
@@ -50,6 +51,34 @@ struct Shards {
   std::vector<std::unique_ptr<ShardStore>> stores;
   std::vector<ParameterStore*> ptrs;
 };
+
+// Ranks 0 and 1 of `spec` trained at once (threads) against `shards`.
+inline std::vector<absl::StatusOr<TrainResult>> RunTwoWorkers(const JobSpec& spec, const TrainTest& data,
+                                                              const std::vector<ParameterStore*>& shards) {
+  std::vector<absl::StatusOr<TrainResult>> results(2, absl::UnknownError("not run"));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      TrainerOptions o;
+      o.spec = spec;
+      o.rank = r;
+      o.world_size = 2;
+      o.shards = shards;
+      o.write_weights = false;
+      results[r] = RunTrainer(o, data);
+    });
+  }
+  for (auto& t : threads) t.join();
+  return results;
+}
+
+// Where Fashion-MNIST is ($PSTRAIN_FASHION_MNIST, else Debian's), or "" when
+// it is not installed (the caller skips).
+inline std::string FashionMnistDir() {
+  const char* env = std::getenv("PSTRAIN_FASHION_MNIST");
+  const std::string dir = env != nullptr ? env : "/usr/share/datasets/fashion-mnist";
+  return std::filesystem::exists(dir + "/train-images-idx3-ubyte.gz") ? dir : "";
+}
 
 // `two` trained by two workers gave `results`: both succeeded, agree exactly,
 // and match one worker (ps mode, one shard) trained on the concatenated
@@ -95,11 +124,8 @@ inline void ExpectLikeOneWorkerOnTheConcatenatedBatch(const JobSpec& two, const 
 // of them), LeNet, two epochs: bf16 must really change the arithmetic (the
 // parameters differ from fp32's) and reach fp32's accuracy within a point.
 inline void ExpectBf16WithinOnePointOfFp32(const c10::Device& device) {
-  const char* env = std::getenv("PSTRAIN_FASHION_MNIST");
-  const std::string dir = env != nullptr ? env : "/usr/share/datasets/fashion-mnist";
-  if (!std::filesystem::exists(dir + "/train-images-idx3-ubyte.gz")) {
-    GTEST_SKIP() << "no Fashion-MNIST at " << dir << " (make setup installs dataset-fashion-mnist)";
-  }
+  const std::string dir = FashionMnistDir();
+  if (dir.empty()) GTEST_SKIP() << "no Fashion-MNIST (make setup installs dataset-fashion-mnist)";
   JobSpec spec = SyntheticSpec("bf16", "lenet");
   spec.data.format = "idx";
   spec.data.dir = dir;

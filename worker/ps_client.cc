@@ -51,6 +51,13 @@ absl::StatusOr<std::vector<TensorBuffer>> PsClient::ForWire(std::vector<TensorBu
   return views;
 }
 
+CallOptions PsClient::NewCallOptions() const {
+  CallOptions opts;
+  opts.deadline = absl::Now() + options_.timeout;
+  opts.job_secret = options_.job_secret;
+  return opts;
+}
+
 absl::Status PsClient::CheckTensors(const std::vector<at::Tensor>& tensors, const char* what) const {
   const auto& params = options_.plan.params;
   if (tensors.size() != params.size()) {
@@ -173,9 +180,7 @@ absl::Status PsClient::ForEachShard(const std::function<void(int, StatusCallback
 absl::Status PsClient::InitTables(const std::vector<at::Tensor>& params, const TableConfig& config) {
   absl::Status s = CheckTensors(params, "parameters");
   if (!s.ok()) return s;
-  CallOptions opts;
-  opts.deadline = absl::Now() + options_.timeout;
-  opts.job_secret = options_.job_secret;
+  const CallOptions opts = NewCallOptions();
   std::vector<InitTableRequest> requests(shards_.size());
   std::vector<InitTableResponse> responses(shards_.size());
   return ForEachShard([&](int shard, StatusCallback done) {
@@ -190,9 +195,7 @@ absl::Status PsClient::InitTables(const std::vector<at::Tensor>& params, const T
 absl::Status PsClient::Pull(const std::vector<at::Tensor>& params, int64_t min_version, int64_t min_worker_steps) {
   absl::Status s = CheckTensors(params, "parameters");
   if (!s.ok()) return s;
-  CallOptions opts;
-  opts.deadline = absl::Now() + options_.timeout;
-  opts.job_secret = options_.job_secret;
+  const CallOptions opts = NewCallOptions();
   std::vector<PullRequest> requests(shards_.size());
   std::vector<PullResponse> responses(shards_.size());
   std::vector<std::vector<TensorBuffer>> values(shards_.size());
@@ -215,9 +218,7 @@ absl::Status PsClient::Pull(const std::vector<at::Tensor>& params, int64_t min_v
 absl::Status PsClient::Push(int64_t step, const std::vector<at::Tensor>& grads, double lr) {
   absl::Status s = CheckTensors(grads, "gradients");
   if (!s.ok()) return s;
-  CallOptions opts;
-  opts.deadline = absl::Now() + options_.timeout;
-  opts.job_secret = options_.job_secret;
+  const CallOptions opts = NewCallOptions();
   std::vector<PushRequest> requests(shards_.size());
   std::vector<PushResponse> responses(shards_.size());
   return ForEachShard([&](int shard, StatusCallback done) {
@@ -234,9 +235,7 @@ absl::Status PsClient::PushPull(int64_t step, const std::vector<at::Tensor>& gra
   absl::Status s = CheckTensors(grads, "gradients");
   if (s.ok()) s = CheckTensors(params, "parameters");
   if (!s.ok()) return s;
-  CallOptions opts;
-  opts.deadline = absl::Now() + options_.timeout;
-  opts.job_secret = options_.job_secret;
+  const CallOptions opts = NewCallOptions();
   std::vector<PushPullRequest> requests(shards_.size());
   std::vector<PushPullResponse> responses(shards_.size());
   std::vector<std::vector<TensorBuffer>> values(shards_.size());
@@ -305,9 +304,7 @@ void PsClient::PushPullAsync(int64_t step, const std::vector<size_t>& params,
   state->values.resize(n);
   for (size_t s = 0; s < n; ++s) state->pending += ids[s].empty() ? 0 : 1;
   if (state->pending == 0) return state->done(absl::OkStatus());
-  CallOptions opts;
-  opts.deadline = absl::Now() + options_.timeout;
-  opts.job_secret = options_.job_secret;
+  const CallOptions opts = NewCallOptions();
   for (size_t s = 0; s < n; ++s) {
     if (ids[s].empty()) continue;
     auto finish = [state, s](absl::Status st) {

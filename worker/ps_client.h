@@ -72,6 +72,8 @@ class PsClient {
   PsClient(PsClientOptions options, std::vector<ParameterStore*> shards);
 
   absl::Status CheckTensors(const std::vector<at::Tensor>& tensors, const char* what) const;
+  // One operation's options: its deadline, the job's secret.
+  CallOptions NewCallOptions() const;
   // The chunks of shard `s` as views of `tensors`.
   absl::StatusOr<std::vector<TensorBuffer>> ChunkViews(const std::vector<at::Tensor>& tensors,
                                                       int shard) const;

@@ -14,7 +14,7 @@
 #                                  that the same loss cost before (tests/elastic_test)
 #   bench/run.sh comm [REPS]       a communication-bound job (a 5.8M-parameter MLP,
 #                                  2 workers, sync): pstrain PS with fp32 and bf16
-#                                  wire, pstrain all-reduce, vs PyTorch DDP (gloo)
+#                                  wire, all-reduce fp32 and fp16, vs PyTorch DDP (gloo)
 #                                  without a hook and with fp16/bf16_compress_hook;
 #                                  samples/s, accuracy, loopback bytes per step
 #   bench/run.sh gpu [REPS]        ResNet-18 on one GPU: PS mode (2 workers, CPU
@@ -203,7 +203,8 @@ comm_spec() {  # comm_spec MODE WIRE -> a spec file
     echo "optimizer: {kind: sgd, lr: 0.05, momentum: 0.9}"
     echo "consistency: sync"
     echo "workers: 2"
-    [ "$1" = ps ] && echo "shards: 2" && echo "wire_dtype: $2"
+    [ "$1" = ps ] && echo "shards: 2"
+    echo "wire_dtype: $2"
     echo "epochs: 1"
     echo "batch_size: 64"
     echo "log_every_steps: 50"
@@ -247,7 +248,7 @@ comm() {
   log "building"
   bazel build //client:pstrain >&2
   declare -A runs
-  local variants=(ps_fp32 ps_bf16 allreduce_fp32 ddp ddp_fp16_hook ddp_bf16_hook)
+  local variants=(ps_fp32 ps_bf16 allreduce_fp32 allreduce_fp16 ddp ddp_fp16_hook ddp_bf16_hook)
   for r in $(seq "$reps"); do
     for v in "${variants[@]}"; do
       log "rep $r/$reps: $v"
@@ -255,6 +256,7 @@ comm() {
         ps_fp32) runs[$v]+="$(comm_ours ps fp32)"$'\n' ;;
         ps_bf16) runs[$v]+="$(comm_ours ps bf16)"$'\n' ;;
         allreduce_fp32) runs[$v]+="$(comm_ours allreduce fp32)"$'\n' ;;
+        allreduce_fp16) runs[$v]+="$(comm_ours allreduce fp16)"$'\n' ;;
         ddp) runs[$v]+="$(comm_ddp none)"$'\n' ;;
         ddp_fp16_hook) runs[$v]+="$(comm_ddp fp16)"$'\n' ;;
         ddp_bf16_hook) runs[$v]+="$(comm_ddp bf16)"$'\n' ;;
@@ -276,6 +278,7 @@ row = {v: {"samples_per_s": float(a), "accuracy": float(b), "seconds": float(c),
            "ps_fp32": ("$(col ps_fp32 1)", "$(col ps_fp32 2)", "$(col ps_fp32 3)", "$(col ps_fp32 4)"),
            "ps_bf16": ("$(col ps_bf16 1)", "$(col ps_bf16 2)", "$(col ps_bf16 3)", "$(col ps_bf16 4)"),
            "allreduce_fp32": ("$(col allreduce_fp32 1)", "$(col allreduce_fp32 2)", "$(col allreduce_fp32 3)", "$(col allreduce_fp32 4)"),
+           "allreduce_fp16": ("$(col allreduce_fp16 1)", "$(col allreduce_fp16 2)", "$(col allreduce_fp16 3)", "$(col allreduce_fp16 4)"),
            "ddp": ("$(col ddp 1)", "$(col ddp 2)", "$(col ddp 3)", "$(col ddp 4)"),
            "ddp_fp16_hook": ("$(col ddp_fp16_hook 1)", "$(col ddp_fp16_hook 2)", "$(col ddp_fp16_hook 3)", "$(col ddp_fp16_hook 4)"),
            "ddp_bf16_hook": ("$(col ddp_bf16_hook 1)", "$(col ddp_bf16_hook 2)", "$(col ddp_bf16_hook 3)", "$(col ddp_bf16_hook 4)"),
@@ -292,6 +295,7 @@ print(json.dumps({
         "bytes_bf16_vs_fp32": ratio(row["ps_bf16"]["lo_bytes_per_step"], row["ps_fp32"]["lo_bytes_per_step"]),
         "fp32_vs_torch_ddp": ratio(row["ps_fp32"]["samples_per_s"], row["ddp"]["samples_per_s"]),
         "allreduce_vs_torch_ddp": ratio(row["allreduce_fp32"]["samples_per_s"], row["ddp"]["samples_per_s"]),
+        "allreduce_fp16_vs_torch_ddp_fp16_hook": ratio(row["allreduce_fp16"]["samples_per_s"], row["ddp_fp16_hook"]["samples_per_s"]),
     },
 }))
 PYEOF

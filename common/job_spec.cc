@@ -259,8 +259,8 @@ absl::StatusOr<JobSpec> ParseJobSpecOrThrow(const std::string& yaml, const std::
       "wire_dtype", {{"fp32", WireDtype::kFp32}, {"bf16", WireDtype::kBf16}, {"fp16", WireDtype::kFp16}},
       &spec.wire_dtype));
   RETURN_IF_ERROR(r.Read("wire_error_feedback", &spec.wire_error_feedback));
-  if (spec.allreduce() && spec.wire_dtype != WireDtype::kFp32) {
-    return r.Error("wire_dtype", "bf16 and fp16 are for ps mode so far: all-reduce buckets are reduced in fp32");
+  if (spec.allreduce() && spec.wire_error_feedback) {
+    return r.Error("wire_error_feedback", "is for ps mode: all-reduce buckets are averaged before they are narrowed");
   }
   RETURN_IF_ERROR(r.Read("collective_timeout_s", &spec.collective_timeout_s));
   if (spec.allreduce()) {

@@ -84,7 +84,7 @@ TEST(JobSpecTest, RefusesUnknownFieldsAndBadValuesNamingTheField) {
       {"device: tpu", "device"},
       {"precision: fp16", "precision"},
       {"wire_dtype: int8", "wire_dtype"},
-      {"mode: allreduce\nwire_dtype: bf16", "wire_dtype"},
+      {"mode: allreduce\nwire_dtype: bf16\nwire_error_feedback: true", "wire_error_feedback"},
       {"wire_error_feedback: maybe", "wire_error_feedback"},
       {"precision: fp8", "precision"},
       {"workers: 3\nmin_workers: 4", "min_workers"},

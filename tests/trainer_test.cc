@@ -19,6 +19,39 @@ namespace {
 // Two SYNC workers with batch B must train exactly like one worker with
 // batch 2B on the concatenated batches: the shard averages the two halves'
 // mean gradients, which is the mean gradient over all 2B examples.
+// Ranks 0 and 1 of an all-reduce `spec` at once (threads), meeting through
+// an in-memory store over real Gloo sockets.
+std::vector<absl::StatusOr<TrainResult>> RunTwoAllReduceWorkers(const JobSpec& spec, const TrainTest& data) {
+  auto store = NewInMemoryStore();
+  std::vector<absl::StatusOr<TrainResult>> results(2, absl::UnknownError("not run"));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      CollectiveOptions co;
+      co.rank = r;
+      co.size = 2;
+      co.store = store;
+      co.hostname = "127.0.0.1";
+      auto collective = CreateCollective("gloo", co);
+      if (!collective.ok()) {
+        results[r] = collective.status();
+        return;
+      }
+      Shards local(1);
+      TrainerOptions o;
+      o.spec = spec;
+      o.rank = r;
+      o.world_size = 2;
+      o.shards = local.ptrs;
+      o.collective = collective->get();
+      o.write_weights = false;
+      results[r] = RunTrainer(o, data);
+    });
+  }
+  for (auto& t : threads) t.join();
+  return results;
+}
+
 TEST(TrainerTest, SyncTwoWorkersEqualOneWorkerOnTheConcatenatedBatch) {
   auto data = LoadData(SyntheticSpec("x", "lenet").data, 7);
   ASSERT_TRUE(data.ok());
@@ -52,33 +85,7 @@ TEST(TrainerTest, AllReduceTwoWorkersEqualOneWorkerOnTheConcatenatedBatch) {
   two.max_steps = kSteps;
   two.bucket_bytes = 8 << 10;  // several buckets
   two.clip_grad_norm = 5.0;    // applied to the averaged gradients
-  auto store = NewInMemoryStore();
-  std::vector<absl::StatusOr<TrainResult>> results(2, absl::UnknownError("not run"));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < 2; ++r) {
-    threads.emplace_back([&, r] {
-      CollectiveOptions co;
-      co.rank = r;
-      co.size = 2;
-      co.store = store;
-      co.hostname = "127.0.0.1";
-      auto collective = CreateCollective("gloo", co);
-      if (!collective.ok()) {
-        results[r] = collective.status();
-        return;
-      }
-      Shards local(1);
-      TrainerOptions o;
-      o.spec = two;
-      o.rank = r;
-      o.world_size = 2;
-      o.shards = local.ptrs;
-      o.collective = collective->get();
-      o.write_weights = false;
-      results[r] = RunTrainer(o, *data);
-    });
-  }
-  for (auto& t : threads) t.join();
+  auto results = RunTwoAllReduceWorkers(two, *data);
   ExpectLikeOneWorkerOnTheConcatenatedBatch(two, *data, results);
 }
 
@@ -181,6 +188,47 @@ TEST(TrainerTest, NarrowWireTrainsLikeFp32) {
     // point is 20 of them).
     EXPECT_GE(narrow.final_accuracy, fp32.final_accuracy - 0.01) << name;
     EXPECT_FALSE(at::equal(fp32.parameters[0].second, narrow.parameters[0].second)) << name << " changed nothing";
+  }
+}
+
+// All-reduce with a narrow wire: fp16 buckets (averaged, narrowed, summed by
+// Gloo, widened) train like fp32 within a point; bf16, which Gloo cannot sum
+// here, falls back to fp32 and gives fp32's result exactly.
+TEST(TrainerTest, AllReduceFp16WireTrainsLikeFp32AndBf16FallsBack) {
+  const std::string dir = FashionMnistDir();
+  if (dir.empty()) GTEST_SKIP() << "no Fashion-MNIST (make setup installs dataset-fashion-mnist)";
+  JobSpec spec = SyntheticSpec("ar-wire", "mlp");
+  spec.mode = TrainMode::kAllReduce;
+  spec.shards = 0;
+  spec.consistency = SYNC;
+  spec.workers = 2;
+  spec.data.format = "idx";
+  spec.data.dir = dir;
+  spec.data.limit_train = 12000;
+  spec.data.limit_test = 2000;
+  spec.batch_size = 32;
+  spec.epochs = 2;
+  spec.bucket_bytes = 256 << 10;  // several buckets
+  auto data = LoadData(spec.data, spec.seed);
+  ASSERT_TRUE(data.ok());
+  std::map<std::string, TrainResult> results;
+  for (WireDtype wire : {WireDtype::kFp32, WireDtype::kFp16, WireDtype::kBf16}) {
+    JobSpec s = spec;
+    s.wire_dtype = wire;
+    auto r = RunTwoAllReduceWorkers(s, *data);
+    ASSERT_TRUE(r[0].ok() && r[1].ok()) << Name(wire) << ": " << (r[0].ok() ? r[1].status() : r[0].status());
+    std::printf("all-reduce wire %s: accuracy %.4f\n", Name(wire), r[0]->final_accuracy);
+    for (size_t i = 0; i < r[0]->parameters.size(); ++i) {
+      EXPECT_TRUE(at::equal(r[0]->parameters[i].second, r[1]->parameters[i].second)) << Name(wire);
+    }
+    results[Name(wire)] = *r[0];
+  }
+  EXPECT_GT(results["fp32"].final_accuracy, 0.75);
+  EXPECT_GE(results["fp16"].final_accuracy, results["fp32"].final_accuracy - 0.01);
+  EXPECT_FALSE(at::equal(results["fp32"].parameters[0].second, results["fp16"].parameters[0].second));
+  for (size_t i = 0; i < results["fp32"].parameters.size(); ++i) {
+    EXPECT_TRUE(at::equal(results["fp32"].parameters[i].second, results["bf16"].parameters[i].second))
+        << "bf16 should fall back to fp32 with Gloo";
   }
 }
 

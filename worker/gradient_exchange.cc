@@ -9,6 +9,7 @@
 #include <mutex>
 
 #include "absl/strings/str_cat.h"
+#include "spdlog/spdlog.h"
 #include "collective/collective.h"
 #include "table/optimizer.h"
 #include "table/shard_store.h"
@@ -156,12 +157,24 @@ class AllReduceExchange : public GradientExchange {
     collective_ = options_.collective;
     // NCCL reduces device buffers; Gloo (and the CPU) host buffers.
     on_device_ = std::string(collective_->backend()) == "nccl";
+    wire_ = options_.wire_dtype;
+    if (wire_ == at::kBFloat16 && !on_device_) {
+      spdlog::warn("{}: wire_dtype bf16: Gloo in this LibTorch cannot sum bfloat16, so the buckets are reduced in "
+                   "float32 (fp16 halves the bytes with Gloo; NCCL reduces bf16)",
+                   options_.job);
+      wire_ = at::kFloat;
+    }
     for (const auto& bucket : buckets_) {
       int64_t numel = 0;
       for (size_t p : bucket) numel += options_.params[p].numel();
       const at::Tensor& first = options_.params[bucket.front()];
       at::Tensor flat = at::empty({numel}, first.options());
       flats_.push_back(on_device_ ? flat : HostBufferFor(flat, options_.device));
+      if (narrow() && first.scalar_type() == at::kFloat) {
+        wire_flats_.push_back(at::empty({numel}, flats_.back().options().dtype(wire_)));
+      } else {
+        wire_flats_.push_back(at::Tensor());
+      }
     }
     reductions_.resize(buckets_.size());
   }
@@ -197,10 +210,20 @@ class AllReduceExchange : public GradientExchange {
     // NCCL orders its stream after the compute stream itself; a host buffer
     // is reduced once its copies landed.
     if (on_device_) {
-      reductions_[b] = collective_->AllReduce(flats_[b]);
+      reductions_[b] = Reduce(b);
     } else {
-      stager_->Then([this, b] { reductions_[b] = collective_->AllReduce(flats_[b]); });
+      stager_->Then([this, b] { reductions_[b] = Reduce(b); });
     }
+  }
+
+  // Starts bucket b's reduction: as it is, or averaged then narrowed for the
+  // wire (the sum of the narrow means is the mean).
+  std::unique_ptr<CollectiveWork> Reduce(size_t b) {
+    if (!wire_flats_[b].defined()) return collective_->AllReduce(flats_[b]);
+    c10::NoGradGuard no_grad;
+    flats_[b].div_(static_cast<double>(collective_->size()));
+    wire_flats_[b].copy_(flats_[b]);
+    return collective_->AllReduce(wire_flats_[b]);
   }
 
   absl::Status Finish() override {
@@ -213,7 +236,13 @@ class AllReduceExchange : public GradientExchange {
     }
     if (!first.ok()) return first;
     c10::NoGradGuard no_grad;
-    for (auto& f : flats_) f.div_(static_cast<double>(collective_->size()));
+    for (size_t b = 0; b < flats_.size(); ++b) {
+      if (wire_flats_[b].defined()) {
+        flats_[b].copy_(wire_flats_[b]);  // widened; already the mean
+      } else {
+        flats_[b].div_(static_cast<double>(collective_->size()));
+      }
+    }
     if (options_.clip_grad_norm > 0) {
       double sq = 0;
       for (auto& f : flats_) sq += f.to(at::kDouble).pow(2).sum().item<double>();
@@ -333,7 +362,11 @@ class AllReduceExchange : public GradientExchange {
   std::vector<at::Tensor> device_flats_;              // gloo on a GPU: the reduced buckets, uploaded
   Collective* collective_ = nullptr;
   bool on_device_ = false;
-  std::vector<at::Tensor> flats_;       // per bucket: the buffer reduced
+  bool narrow() const { return wire_ != at::kFloat; }
+
+  std::vector<at::Tensor> flats_;       // per bucket: the gradients, float32
+  std::vector<at::Tensor> wire_flats_;  // per bucket: the narrow buffer reduced (undefined: flats_ is)
+  at::ScalarType wire_ = at::kFloat;
   std::vector<std::unique_ptr<CollectiveWork>> reductions_;
 };
 

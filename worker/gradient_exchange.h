@@ -49,6 +49,12 @@ struct ExchangeOptions {
   // are clipped to (0: off).
   Collective* collective = nullptr;
   double clip_grad_norm = 0;
+  // All-reduce: the dtype buckets are reduced in (the job's wire_dtype):
+  // at::kFloat, or kHalf/kBFloat16 -- each bucket divided by the group size,
+  // narrowed, summed, widened, as DDP's fp16_compress_hook does. Where the
+  // backend cannot sum the dtype (Gloo in LibTorch 1.13 has no bfloat16),
+  // buckets stay float32 and a warning says so.
+  at::ScalarType wire_dtype = at::kFloat;
   // All-reduce: the in-process store holding the whole model (not owned).
   // The exchange applies the optimizer itself, where the parameters live
   // (TensorOptimizer); the store is the checkpoint format and the source of

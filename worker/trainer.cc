@@ -238,6 +238,9 @@ absl::Status Trainer::BuildExchange() {
   eo.bucket_bytes = spec_.bucket_bytes;
   eo.collective = options_.collective;
   eo.clip_grad_norm = spec_.clip_grad_norm;
+  eo.wire_dtype = spec_.wire_dtype == WireDtype::kBf16   ? at::kBFloat16
+                  : spec_.wire_dtype == WireDtype::kFp16 ? at::kHalf
+                                                         : at::kFloat;
   eo.job = spec_.name;
   if (allreduce) {
     // Everyone starts from rank 0's values (as DDP does); the local store,

@@ -172,7 +172,8 @@ absl::Status CheckValues(const JobSpec& spec, const MappingReader& r) {
   }
   if (spec.model != "mlp" && spec.model != "mlp_wide" && spec.model != "lenet" &&
       spec.model.rfind("torchscript:", 0) != 0) {
-    return r.Error("model", absl::StrCat("'", spec.model, "' is unknown: use mlp, mlp_wide, lenet or torchscript:<path to a ",
+    return r.Error("model", absl::StrCat("'", spec.model,
+                                         "' is unknown: use mlp, mlp_wide, lenet or torchscript:<path to a ",
                                          "saved scripted module>"));
   }
   if (spec.model == "torchscript:") return r.Error("model", "torchscript: needs a path");

@@ -181,8 +181,8 @@ absl::Status Coordinator::ApplyEvent(Job& job, Member& member, const WorkerEvent
       const std::string dir = JobDir(job.stored.output_dir, job.stored.id);
       const std::string& path = e.weights().path();
       if (path.size() > 4096 || path.rfind(dir + "/", 0) != 0 || path.find("/../") != std::string::npos) {
-        return absl::PermissionDeniedError(absl::StrCat("weights path ", Quote(path), " is not under the job's directory ",
-                                                        dir));
+        return absl::PermissionDeniedError(
+            absl::StrCat("weights path ", Quote(path), " is not under the job's directory ", dir));
       }
       st.set_weights_path(path);
       Changed(job);
@@ -249,7 +249,9 @@ absl::Status Coordinator::ApplyEvent(Job& job, Member& member, const WorkerEvent
 absl::Status Coordinator::CheckJobMember(const std::string& member_id, const std::string& job_id) {
   absl::MutexLock lock(&mu_);
   const Member* m = members_.Find(member_id);
-  if (m == nullptr) return absl::NotFoundError("this member is not registered (coordinator restarted?): register again");
+  if (m == nullptr) {
+    return absl::NotFoundError("this member is not registered (coordinator restarted?): register again");
+  }
   if (m->status.job_id() != job_id) {
     return absl::PermissionDeniedError(absl::StrCat("member ", Quote(m->status.name()), " is not assigned to job ",
                                                     Quote(job_id), ": only its members use its rendezvous store"));

@@ -87,7 +87,8 @@ grpc::ServerUnaryReactor* GrpcParameterService::InitTable(grpc::CallbackServerCo
                                                           const grpc::ByteBuffer* request,
                                                           grpc::ByteBuffer* response) {
   return Serve<InitTableRequest, InitTableResponse>(
-      "InitTable", metrics_, &secrets_, SecretUse::kRecord, context, request, response, [this](auto state, const CallOptions& options, auto done) {
+      "InitTable", metrics_, &secrets_, SecretUse::kRecord, context, request, response,
+      [this](auto state, const CallOptions& options, auto done) {
         store_->InitTable(state->request, std::move(state->in_tensors), &state->response, options,
                           std::move(done));
       });
@@ -97,7 +98,8 @@ grpc::ServerUnaryReactor* GrpcParameterService::Pull(grpc::CallbackServerContext
                                                      const grpc::ByteBuffer* request,
                                                      grpc::ByteBuffer* response) {
   return Serve<PullRequest, PullResponse>(
-      "Pull", metrics_, &secrets_, SecretUse::kCheck, context, request, response, [this](auto state, const CallOptions& options, auto done) {
+      "Pull", metrics_, &secrets_, SecretUse::kCheck, context, request, response,
+      [this](auto state, const CallOptions& options, auto done) {
         store_->Pull(state->request, &state->response, &state->out_tensors, options,
                      std::move(done));
       });
@@ -107,7 +109,8 @@ grpc::ServerUnaryReactor* GrpcParameterService::Push(grpc::CallbackServerContext
                                                      const grpc::ByteBuffer* request,
                                                      grpc::ByteBuffer* response) {
   return Serve<PushRequest, PushResponse>(
-      "Push", metrics_, &secrets_, SecretUse::kCheck, context, request, response, [this](auto state, const CallOptions& options, auto done) {
+      "Push", metrics_, &secrets_, SecretUse::kCheck, context, request, response,
+      [this](auto state, const CallOptions& options, auto done) {
         store_->Push(state->request, std::move(state->in_tensors), &state->response, options,
                      std::move(done));
       });
@@ -117,7 +120,8 @@ grpc::ServerUnaryReactor* GrpcParameterService::PushPull(grpc::CallbackServerCon
                                                          const grpc::ByteBuffer* request,
                                                          grpc::ByteBuffer* response) {
   return Serve<PushPullRequest, PushPullResponse>(
-      "PushPull", metrics_, &secrets_, SecretUse::kCheck, context, request, response, [this](auto state, const CallOptions& options, auto done) {
+      "PushPull", metrics_, &secrets_, SecretUse::kCheck, context, request, response,
+      [this](auto state, const CallOptions& options, auto done) {
         store_->PushPull(state->request, std::move(state->in_tensors), &state->response,
                          &state->out_tensors, options, std::move(done));
       });
@@ -127,7 +131,8 @@ grpc::ServerUnaryReactor* GrpcParameterService::Stats(grpc::CallbackServerContex
                                                       const grpc::ByteBuffer* request,
                                                       grpc::ByteBuffer* response) {
   return Serve<StatsRequest, StatsResponse>(
-      "Stats", metrics_, &secrets_, SecretUse::kCheck, context, request, response, [this](auto state, const CallOptions& options, auto done) {
+      "Stats", metrics_, &secrets_, SecretUse::kCheck, context, request, response,
+      [this](auto state, const CallOptions& options, auto done) {
         store_->Stats(state->request, &state->response, options, std::move(done));
       });
 }

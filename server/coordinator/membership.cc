@@ -14,10 +14,10 @@ absl::Status Membership::Validate(const RegisterRequest& request) {
     return absl::InvalidArgumentError("a shard must give the address of its ParameterService");
   }
   if (request.name().size() > kMaxNameBytes || request.address().size() > kMaxAddressBytes ||
-      request.job_id().size() > kMaxIdBytes) {
+      request.job_id().size() > kMaxIdBytes || request.previous_member_id().size() > kMaxIdBytes) {
     return absl::InvalidArgumentError(absl::StrCat("name (", Quote(request.name()), ") longer than ", kMaxNameBytes,
                                                    " bytes, address longer than ", kMaxAddressBytes,
-                                                   " or job id longer than ", kMaxIdBytes));
+                                                   " or job or member id longer than ", kMaxIdBytes));
   }
   for (char ch : request.name()) {
     if (static_cast<unsigned char>(ch) < 0x21 || ch == 0x7f || ch == '#') {

@@ -26,6 +26,9 @@ TEST(MembershipTest, ValidateRefusesBadRegistrations) {
   EXPECT_EQ(Membership::Validate(Req("worker", "a#1")).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(Membership::Validate(Req("worker", std::string(kMaxNameBytes + 1, 'w'))).code(),
             absl::StatusCode::kInvalidArgument);
+  RegisterRequest long_previous = Req("worker", "w");
+  long_previous.set_previous_member_id(std::string(kMaxIdBytes + 1, 'x'));
+  EXPECT_EQ(Membership::Validate(long_previous).code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(MembershipTest, LeasesExpireAndTheLongDeadAreForgotten) {

@@ -109,7 +109,9 @@ void ClusterMember::HeartbeatLoop() {
     req.set_member_id(member_id_);
     req.set_running_job_id(job_id_);
     req.set_running_attempt(attempt_);
+    const std::function<WorkerActivity()> activity = activity_;
     mu_.Unlock();
+    if (activity && !req.running_job_id().empty()) *req.mutable_activity() = activity();
     HeartbeatResponse resp;
     grpc::ClientContext ctx;
     SetDeadline(&ctx, options_.rpc_timeout);
@@ -144,6 +146,11 @@ void ClusterMember::SetRunning(const std::string& job_id, int rank, uint64_t att
   rank_ = rank;
   attempt_ = attempt;
   cancelled_ = false;
+}
+
+void ClusterMember::SetActivitySource(std::function<WorkerActivity()> source) {
+  absl::MutexLock lock(&mu_);
+  activity_ = std::move(source);
 }
 
 void ClusterMember::Report(const WorkerEvent& event) {

@@ -14,6 +14,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -78,6 +79,10 @@ class ClusterMember {
   absl::Status KvSet(const std::string& key, const std::string& value);
   absl::StatusOr<std::string> KvGet(const std::string& key, absl::Duration wait);
 
+  // What the running job's loop is doing, sent with every heartbeat (null:
+  // nothing). Called on the heartbeat thread.
+  void SetActivitySource(std::function<WorkerActivity()> source);
+
   // Queues one event of the running job for the coordinator.
   void Report(const WorkerEvent& event);
   // Waits until the queue is empty (or the timeout).
@@ -101,6 +106,7 @@ class ClusterMember {
   std::string job_id_ ABSL_GUARDED_BY(mu_);
   int rank_ ABSL_GUARDED_BY(mu_) = -1;
   uint64_t attempt_ ABSL_GUARDED_BY(mu_) = 0;
+  std::function<WorkerActivity()> activity_ ABSL_GUARDED_BY(mu_);
   absl::Duration interval_ ABSL_GUARDED_BY(mu_) = absl::Seconds(1);
   struct Event {
     std::string job;

@@ -85,12 +85,18 @@ void EventWriter::Flush() {
   mu_.Await(absl::Condition(&done));
 }
 
+void EventWriter::CloseSoon() {
+  absl::MutexLock lock(&mu_);
+  closing_ = true;
+}
+
+bool EventWriter::finished() const {
+  absl::MutexLock lock(&mu_);
+  return thread_done_;
+}
+
 void EventWriter::Close() {
-  {
-    absl::MutexLock lock(&mu_);
-    if (closing_) return;
-    closing_ = true;
-  }
+  CloseSoon();
   if (thread_.joinable()) thread_.join();
 }
 

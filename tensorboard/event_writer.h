@@ -61,6 +61,10 @@ class EventWriter {
   void Flush();
   // Writes what is queued and closes the file; later events are dropped.
   void Close();
+  // Close without waiting: the thread finishes on its own (finished()
+  // says when); the destructor waits for it.
+  void CloseSoon();
+  bool finished() const;
 
   // The file's path, once the thread has opened it ("" before, or if it
   // could not).

@@ -17,6 +17,10 @@ PACKAGES=(
   libtorch-dev libopenblas0-pthread libgloo-dev
   # peers for the benchmarks and interop tests (Debian's /usr/bin/python3)
   python3 python3-torch python3-grpcio python3-protobuf iperf3
+  # the TensorBoard event file reader of the tests (an independent CRC-32C)
+  python3-crc32c
+  # the web dashboard (civetweb) and its test in a real browser
+  libcivetweb-dev chromium
   # the demo's data
   dataset-fashion-mnist
   # the pods-on-one-machine test (network namespaces)

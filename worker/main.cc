@@ -42,6 +42,7 @@
 #include "rpc/cluster_member.h"
 #include "rpc/grpc_remote_shard.h"
 #include "spdlog/spdlog.h"
+#include "worker/activity.h"
 #include "worker/allreduce_setup.h"
 #include "worker/device.h"
 #include "worker/launch_env.h"
@@ -169,6 +170,16 @@ absl::Status RunJobOrThrow(pstrain::JobSpec spec, int rank, int world_size, cons
     options.shards.push_back(pstrain::SharedRemoteShard(ro));  // outlives the job: see SharedRemoteShard
   }
   options.emit = emit;
+  // The heartbeat says what the loop is doing (a stuck rank included).
+  auto activity = std::make_shared<pstrain::Activity>();
+  options.activity = activity.get();
+  struct ActivityScope {
+    pstrain::ClusterMember* member;
+    ~ActivityScope() {
+      if (member != nullptr) member->SetActivitySource(nullptr);
+    }
+  } activity_scope{member};
+  if (member != nullptr) member->SetActivitySource([activity] { return activity->Snapshot(); });
   options.write_weights = rank == 0;
   options.stop = stop;
   if (ctx.metrics != nullptr) {

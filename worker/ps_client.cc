@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "rpc/tensor_codec.h"
+#include "worker/activity.h"
 
 namespace pstrain {
 
@@ -164,7 +165,10 @@ absl::Status PsClient::ForEachShard(const std::function<void(int, StatusCallback
   int pending = static_cast<int>(shards_.size());
   absl::Status first_error;
   for (int s = 0; s < static_cast<int>(shards_.size()); ++s) {
-    call(s, [&, s](absl::Status status) {
+    const absl::Time start = absl::Now();
+    if (options_.activity != nullptr) options_.activity->ShardCallStarted(s);
+    call(s, [&, s, start](absl::Status status) {
+      if (options_.activity != nullptr) options_.activity->ShardCallEnded(s, absl::Now() - start, 0);
       std::lock_guard<std::mutex> lock(mu);
       if (!status.ok() && first_error.ok()) {
         first_error = absl::Status(status.code(), absl::StrCat("shard ", s, ": ", status.message()));
@@ -267,6 +271,7 @@ void PsClient::PushPullAsync(int64_t step, const std::vector<size_t>& params,
     std::vector<PushPullRequest> requests;
     std::vector<PushPullResponse> responses;
     std::vector<std::vector<TensorBuffer>> values;
+    std::vector<int64_t> bytes;  // per shard: the gradients' wire bytes, and as many back
     StatusCallback done;
   };
   if (grads.size() != params.size() || intos.size() != params.size()) {
@@ -302,12 +307,17 @@ void PsClient::PushPullAsync(int64_t step, const std::vector<size_t>& params,
   state->requests.resize(n);
   state->responses.resize(n);
   state->values.resize(n);
+  state->bytes.assign(n, 0);
   for (size_t s = 0; s < n; ++s) state->pending += ids[s].empty() ? 0 : 1;
   if (state->pending == 0) return state->done(absl::OkStatus());
   const CallOptions opts = NewCallOptions();
   for (size_t s = 0; s < n; ++s) {
     if (ids[s].empty()) continue;
-    auto finish = [state, s](absl::Status st) {
+    Activity* activity = options_.activity;
+    const absl::Time start = absl::Now();
+    if (activity != nullptr) activity->ShardCallStarted(static_cast<int>(s));
+    auto finish = [state, s, activity, start](absl::Status st) {
+      if (activity != nullptr) activity->ShardCallEnded(static_cast<int>(s), absl::Now() - start, state->bytes[s]);
       bool last;
       {
         std::lock_guard<std::mutex> lock(state->mu);
@@ -330,6 +340,7 @@ void PsClient::PushPullAsync(int64_t step, const std::vector<size_t>& params,
       continue;
     }
     state->values[s] = std::move(*dest);
+    for (const TensorBuffer& b : *grad_views) state->bytes[s] += 2 * static_cast<int64_t>(b.nbytes);
     PushPullRequest& req = AddressedPush(state->requests[s], ids[s], step, lr);
     // The shard writes into the destination views (the `intos` tensors).
     shards_[s]->PushPull(req, std::move(*grad_views), &state->responses[s], &state->values[s],

@@ -20,6 +20,8 @@
 
 namespace pstrain {
 
+class Activity;
+
 struct PsClientOptions {
   std::string job;
   uint64_t attempt = 0;  // the job's attempt, carried by every request
@@ -35,6 +37,8 @@ struct PsClientOptions {
   PartitionPlan plan;
   // Deadline of each operation (all shards together).
   absl::Duration timeout = absl::Seconds(120);
+  // Told of every shard call's start and end (not owned; may be null).
+  Activity* activity = nullptr;
 };
 
 class PsClient {

@@ -22,6 +22,7 @@
 #include "common/partition_plan.h"
 #include "common/torch_compat.h"
 #include "table/shard_store.h"
+#include "worker/activity.h"
 #include "worker/batch_loader.h"
 #include "worker/gradient_exchange.h"
 #include "worker/model.h"
@@ -131,7 +132,11 @@ absl::Status SaveWeights(const std::vector<std::pair<std::string, at::Tensor>>& 
 class Trainer {
  public:
   Trainer(const TrainerOptions& options, const TrainTest& data)
-      : options_(options), spec_(options.spec), data_(data), device_(options.device) {}
+      : options_(options),
+        spec_(options.spec),
+        data_(data),
+        device_(options.device),
+        activity_(options.activity != nullptr ? *options.activity : own_activity_) {}
 
   absl::StatusOr<TrainResult> Run();
 
@@ -140,7 +145,15 @@ class Trainer {
     int64_t step;
     at::Tensor loss;  // on the device
     int64_t samples;
-    double seconds, wait_seconds;
+    double seconds, wait_seconds, data_seconds, lr;
+    double grad_norm;  // -1: not computed
+  };
+  // A progress window's sums (see WorkerEvent.Progress).
+  struct Window {
+    int steps = 0;
+    int64_t samples = 0;
+    double loss = 0, seconds = 0, wait = 0, data = 0, lr = 0, grad_norm = 0;
+    int grad_norms = 0;
   };
 
   // The model on the device, its parameters and their layout.
@@ -164,6 +177,8 @@ class Trainer {
   const JobSpec& spec_;
   const TrainTest& data_;
   const c10::Device device_;
+  Activity own_activity_;
+  Activity& activity_;
   std::unique_ptr<Model> model_;
   std::vector<std::pair<std::string, at::Tensor>> named_;
   std::vector<at::Tensor> params_;
@@ -178,9 +193,7 @@ class Trainer {
   int64_t total_steps_ = 0;
   TrainResult result_;
   Clock::time_point start_, window_start_;
-  int64_t window_samples_ = 0;
-  double window_loss_ = 0;
-  int window_steps_ = 0;
+  Window window_;
   // A step's loss is read one step later (or when a progress event needs
   // it): by then the device computed it long ago, so the host never waits
   // for the device just to read a number.
@@ -223,6 +236,7 @@ absl::Status Trainer::BuildExchange() {
   po.worker = allreduce ? 0 : static_cast<uint32_t>(options_.rank);
   po.generation = allreduce ? 0 : options_.generation;
   po.job_secret = options_.job_secret;
+  po.activity = &activity_;
   po.wire_dtype = spec_.wire_dtype == WireDtype::kBf16   ? DT_BFLOAT16
                   : spec_.wire_dtype == WireDtype::kFp16 ? DT_FLOAT16
                                                          : DT_FLOAT32;
@@ -301,14 +315,20 @@ absl::Status Trainer::Step(int epoch, int64_t first, int64_t last) {
   for (auto& p : params_) {
     if (p.grad().defined()) p.mutable_grad().zero_();
   }
-  exchange_->BeginStep(step_, LearningRate(spec_, epoch, step_));
+  const double lr = LearningRate(spec_, epoch, step_);
+  exchange_->BeginStep(step_, lr);
   std::fill(offered_.begin(), offered_.end(), false);
   at::Tensor loss_sum;  // stays on the device (see unread_)
   int64_t samples = 0;
+  double data_seconds = 0, grad_norm = -1;
   try {
     for (int64_t m = first; m < last; ++m) {
+      activity_.Enter(WorkerActivity::DATA, step_);
+      const auto data_start = Clock::now();
       absl::StatusOr<BatchLoader::Batch> batch = loader_->Next(epoch, m);
       if (!batch.ok()) return batch.status();
+      data_seconds += Seconds(data_start, Clock::now());
+      activity_.Enter(WorkerActivity::COMPUTE, step_);
       // Gathered by the loader's thread, normalised where it trains (a
       // quarter of the bytes cross to a GPU when the data is uint8).
       at::Tensor x = data_.train.Normalize(ToDevice(batch->inputs, device_));
@@ -328,7 +348,7 @@ absl::Status Trainer::Step(int epoch, int64_t first, int64_t last) {
       samples += batch->labels.size(0);
     }
     if (spec_.clip_grad_norm > 0 && !exchange_->clips_reduced()) {
-      torch::nn::utils::clip_grad_norm_(params_, spec_.clip_grad_norm);
+      grad_norm = torch::nn::utils::clip_grad_norm_(params_, spec_.clip_grad_norm);
     }
   } catch (const c10::Error& e) {
     // Let the exchanges in flight finish (they use this step's buffers);
@@ -344,13 +364,14 @@ absl::Status Trainer::Step(int epoch, int64_t first, int64_t last) {
     at::Tensor g = params_[i].grad();
     exchange_->Offer(i, g.defined() ? g : at::zeros_like(params_[i]));
   }
+  activity_.Enter(spec_.allreduce() ? WorkerActivity::COLLECTIVE : WorkerActivity::SHARDS, step_);
   absl::Status s = exchange_->Finish();
   if (!s.ok()) return absl::Status(s.code(), absl::StrCat("step ", step_, ": ", s.message()));
   const auto now = Clock::now();
-  unread_.push_back({step_ + 1, loss_sum, samples, Seconds(step_start, now), Seconds(compute_end, now)});
+  unread_.push_back({step_ + 1, loss_sum, samples, Seconds(step_start, now), Seconds(compute_end, now), data_seconds,
+                     lr, grad_norm});
   ++step_;
   result_.samples += samples;
-  window_samples_ += samples;
   return absl::OkStatus();
 }
 
@@ -359,8 +380,17 @@ void Trainer::ReadLosses(bool all) {
     const UnreadLoss& u = unread_.front();
     const double loss = u.loss.defined() ? u.loss.item<double>() : 0.0;
     if (options_.on_step) options_.on_step(u.step, loss, u.samples, u.seconds, u.wait_seconds);
-    window_loss_ += loss;
-    ++window_steps_;
+    window_.loss += loss;
+    ++window_.steps;
+    window_.samples += u.samples;
+    window_.seconds += u.seconds;
+    window_.wait += u.wait_seconds;
+    window_.data += u.data_seconds;
+    window_.lr += u.lr;
+    if (u.grad_norm >= 0) {
+      window_.grad_norm += u.grad_norm;
+      ++window_.grad_norms;
+    }
     unread_.pop_front();
   }
 }
@@ -374,17 +404,23 @@ void Trainer::EmitProgress(int epoch) {
   p->set_epochs(spec_.epochs);
   p->set_step(step_);
   p->set_steps(total_steps_);
-  p->set_loss(window_loss_ / std::max(1, window_steps_));
-  p->set_samples_per_s(window_samples_ / std::max(1e-9, Seconds(window_start_, now)));
+  const double steps = std::max(1, window_.steps);
+  p->set_loss(window_.loss / steps);
+  p->set_samples_per_s(window_.samples / std::max(1e-9, Seconds(window_start_, now)));
+  p->set_lr(window_.lr / steps);
+  p->set_step_time_s(window_.seconds / steps);
+  p->set_exchange_wait_s(window_.wait / steps);
+  p->set_data_wait_s(window_.data / steps);
+  if (window_.grad_norms > 0) p->set_grad_norm(window_.grad_norm / window_.grad_norms);
+  for (ShardCalls& c : activity_.TakeShardWindow()) *p->add_shards() = std::move(c);
   p->set_elapsed_s(Seconds(start_, now));
   options_.emit(e);
   window_start_ = now;
-  window_samples_ = 0;
-  window_loss_ = 0;
-  window_steps_ = 0;
+  window_ = Window{};
 }
 
 absl::Status Trainer::Finish() {
+  activity_.Enter(WorkerActivity::FINISHING, step_);
   result_.steps = step_;
   result_.seconds = Seconds(start_, Clock::now());
   // Final values: wait until every rank's every step has landed (under SYNC
@@ -458,6 +494,7 @@ absl::StatusOr<TrainResult> Trainer::Run() {
     const int64_t first_step = epoch == start_epoch ? start_es : 0;
     for (int64_t es = first_step; es < steps_per_epoch && step_ < total_steps_; ++es) {
       if (options_.at_step_boundary) {
+        activity_.Enter(WorkerActivity::PAUSED, step_);  // only while a checkpoint holds it here
         options_.at_step_boundary(step_, epoch, es, [this, step = step_] { return exchange_->Flush(step); });
       }
       if (options_.stop != nullptr && options_.stop->load()) {
@@ -472,6 +509,7 @@ absl::StatusOr<TrainResult> Trainer::Run() {
     }
     if (options_.rank == 0 && data_.test.size() > 0 && epoch + 1 < spec_.epochs && step_ < total_steps_) {
       // Mid-run evaluation with the current values (others keep training).
+      activity_.Enter(WorkerActivity::EVALUATING, step_);
       s = exchange_->Pull();
       if (!s.ok()) return s;
       EvalResult ev = Evaluate(*model_, data_.test, device_, spec_.precision);

@@ -39,6 +39,7 @@
 
 namespace pstrain {
 
+class Activity;
 class Collective;
 
 struct TrainerOptions {
@@ -83,6 +84,9 @@ struct TrainerOptions {
   // Assignment.job_secret: the shards serve the job's table only with it.
   std::string job_secret;
   int64_t rejoin_step = -1;
+  // Told what the loop is doing and of every shard call (the heartbeat
+  // reads it; not owned; null: the trainer keeps its own).
+  Activity* activity = nullptr;
 };
 
 struct TrainResult {

@@ -19,6 +19,7 @@ Coordinator::Coordinator(CoordinatorOptions options, std::unique_ptr<JobStore> s
       clock_(options.clock != nullptr ? options.clock : Clock::Real()),
       store_(std::move(store)),
       rendezvous_(RendezvousLimits{options.max_kv_keys, options.max_kv_value_bytes, options.max_kv_bytes}),
+      telemetry_(options.telemetry),
       members_(options.max_members, options.forget_after_leases * lease()) {}
 
 absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(CoordinatorOptions options,
@@ -166,6 +167,7 @@ void Coordinator::Transition(Job& job, JobState state, const std::string& reason
     DropTables(st);
     RefreshMembers(job);
     members_.FreeAll(st.job_id());
+    telemetry_.EndAttempt(st.job_id());
     rendezvous_.Close(st.job_id());
   }
   Changed(job);
@@ -207,6 +209,7 @@ bool Coordinator::CanRestart(const Job& job) const {
 void Coordinator::Requeue(Job& job, const std::string& reason, const std::string& message) {
   JobStatus& st = job.stored.status;
   DropTables(st);
+  telemetry_.EndAttempt(st.job_id());
   members_.Release(st.job_id());
   rendezvous_.Close(st.job_id());
   st.clear_members();
@@ -447,6 +450,8 @@ void Coordinator::Start(Job& job, const Placement& placement) {
   // A new attempt: requests of the previous ones are refused from now on.
   st.set_attempt(st.attempt() + 1);
   rendezvous_.Open(st.job_id(), st.attempt());
+  telemetry_.StartAttempt(st.job_id(), st.attempt(), JobDir(job.stored.output_dir, st.job_id()),
+                          job.stored.spec_yaml);
   Transition(job, RUNNING, "Scheduled",
              absl::StrCat("attempt ", st.attempt(), " assigned to ", absl::StrJoin(names, ", ")));
   if (!st.resumed_from().empty()) {

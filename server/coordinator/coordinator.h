@@ -61,6 +61,7 @@
 #include "server/coordinator/checkpoint_driver.h"
 #include "server/coordinator/job_status.h"
 #include "server/coordinator/job_store.h"
+#include "server/coordinator/job_telemetry.h"
 #include "server/coordinator/membership.h"
 #include "server/coordinator/rendezvous.h"
 
@@ -91,6 +92,8 @@ struct CoordinatorOptions {
   // be written to the store.
   std::function<void(const std::string& job)> on_checkpoint_claimed;
   std::function<void(const std::string& job)> before_persist;
+  // TensorBoard event files and the dashboard's curves (job_telemetry.h).
+  TelemetryOptions telemetry;
 };
 
 inline constexpr size_t kMaxEventBytes = 1 << 20;
@@ -143,6 +146,10 @@ class Coordinator {
                                 const std::string& key, int64_t delta);
 
   std::vector<MemberStatus> Members();
+  // The job's curves for the dashboard (empty for an unknown job).
+  JobCurves Curves(const std::string& job_id) const { return telemetry_.Curves(job_id); }
+  // Events the TensorBoard writers dropped (a full queue or a failing disk).
+  uint64_t TelemetryDropped() const { return telemetry_.dropped(); }
   // Expires leases and schedules pending jobs.
   void Tick();
   void Shutdown();
@@ -254,6 +261,7 @@ class Coordinator {
   Clock* const clock_;
   std::unique_ptr<JobStore> store_;
   Rendezvous rendezvous_;
+  JobTelemetry telemetry_;  // thread-safe; only enqueues
 
   absl::Mutex mu_;
   absl::CondVar cv_;  // any change: assignment, job status

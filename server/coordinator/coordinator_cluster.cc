@@ -53,6 +53,7 @@ absl::StatusOr<HeartbeatResponse> Coordinator::Heartbeat(const HeartbeatRequest&
   Member& m = *found;
   if (members_.Beat(m, Now())) cv_.SignalAll();
   const bool running = !request.running_job_id().empty();
+  members_.SetActivity(m, running && m.role == Role::kWorker ? request.activity() : WorkerActivity());
   HeartbeatResponse r;
   if (m.releasing) {
     if (!running) {
@@ -166,13 +167,22 @@ absl::Status Coordinator::ApplyEvent(Job& job, Member& member, const WorkerEvent
   switch (e.kind_case()) {
     case WorkerEvent::kProgress:
       MergeProgress(st, job.spec.workers, rank, e.progress());
+      telemetry_.Progress(st.job_id(), rank, e.progress(), st);
       // Progress is frequent: notify watchers, persist only on transitions.
       ++job.version;
       cv_.SignalAll();
       return absl::OkStatus();
     case WorkerEvent::kEval: {
       absl::Status s = AddEval(st, e.eval());
-      if (s.ok()) Changed(job);
+      if (s.ok()) {
+        // At rank 0's step (it evaluates between steps).
+        int64_t step = e.eval().final() ? st.steps() : 0;
+        for (const WorkerProgress& w : st.workers()) {
+          if (w.rank() == 0 && !e.eval().final()) step = w.step();
+        }
+        telemetry_.Eval(st.job_id(), e.eval(), step);
+        Changed(job);
+      }
       return s;
     }
     case WorkerEvent::kWeights: {

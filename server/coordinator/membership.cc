@@ -1,5 +1,7 @@
 #include "server/coordinator/membership.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "common/quote.h"
 #include "common/random_hex.h"
@@ -80,6 +82,17 @@ bool Membership::Beat(Member& member, absl::Time now) {
   return true;
 }
 
+void Membership::SetActivity(Member& member, const WorkerActivity& activity) {
+  WorkerActivity& a = *member.status.mutable_activity();
+  a = activity;
+  // Sent by the member: an unknown phase reads as unspecified, the numbers
+  // are clamped to what they can mean.
+  if (!WorkerActivity::Phase_IsValid(a.phase())) a.set_phase(WorkerActivity::PHASE_UNSPECIFIED);
+  if (!(a.for_s() >= 0 && a.for_s() < 1e9)) a.set_for_s(0);
+  a.set_step(std::max<int64_t>(0, a.step()));
+  a.set_shard(std::max(-1, a.shard()));
+}
+
 void Membership::Expire(absl::Time now, absl::Duration lease) {
   for (auto& [id, m] : members_) {
     if (m.status.alive() && now - m.last_beat > lease) {
@@ -114,6 +127,7 @@ void Membership::Refresh(MemberStatus& m) const {
     if (member.status.name() == m.name() && member.status.role() == m.role()) {
       m.set_alive(member.status.alive());
       m.set_last_heartbeat_unix_ms(member.status.last_heartbeat_unix_ms());
+      *m.mutable_activity() = member.status.activity();
       m.set_member_id(id);
       m.set_address(member.status.address());
       found = true;

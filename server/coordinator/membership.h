@@ -55,6 +55,9 @@ class Membership {
   // RESOURCE_EXHAUSTED when the table is full.
   absl::StatusOr<Member*> Add(const RegisterRequest& request, absl::Time now);
   Member* Find(const std::string& member_id);
+  // What a worker's loop reported doing with its heartbeat (bounded; see
+  // WorkerActivity).
+  void SetActivity(Member& member, const WorkerActivity& activity);
   // A sign of life; true when the member had been taken for lost.
   bool Beat(Member& member, absl::Time now);
 

@@ -118,16 +118,38 @@ absl::StatusOr<JobStatus> LocalCluster::Run(const std::function<void(const JobSt
   // The coordinator; members re-check it every 200 ms and are lost after 2 s.
   const std::string coord_file = logs + "/coordinator.addr";
   std::filesystem::remove(coord_file);
-  absl::Status s = Spawn("coordinator", with_security({options_.coordinator_binary, "--host=127.0.0.1", "--port=0",
-                                                       "--port_file=" + coord_file,
-                                                       "--db=" + options_.output_dir + "/coordinator.db",
-                                                       "--heartbeat_ms=200", "--missed_heartbeats=10",
-                                                       "--checkpoint_root=" + options_.output_dir},
-                                                      true));
+  const std::string http_file = logs + "/dashboard.addr";
+  std::filesystem::remove(http_file);
+  std::vector<std::string> coordinator_argv = {options_.coordinator_binary,
+                                               "--host=127.0.0.1",
+                                               "--port=0",
+                                               "--port_file=" + coord_file,
+                                               "--db=" + options_.output_dir + "/coordinator.db",
+                                               "--heartbeat_ms=200",
+                                               "--missed_heartbeats=10",
+                                               "--checkpoint_root=" + options_.output_dir};
+  if (options_.http_port >= 0) {
+    coordinator_argv.push_back(absl::StrCat("--http_port=", options_.http_port));
+    coordinator_argv.push_back("--http_port_file=" + http_file);
+  }
+  absl::Status s = Spawn("coordinator", with_security(std::move(coordinator_argv), true));
   if (!s.ok()) return s;
-  auto address = WaitForAddress(coord_file, children_.back(), stop_requested);
+  Child& coordinator_child = children_.back();
+  auto address = WaitForAddress(coord_file, coordinator_child, stop_requested);
   if (!address.ok()) return address.status();
   coordinator_ = *address;
+  if (options_.http_port >= 0) {
+    // Written before the gRPC port file, so it is there now.
+    std::optional<std::string> http = FirstLine(http_file);
+    if (http.has_value() && options_.on_dashboard) {
+      // Plain HTTP on 127.0.0.1 (see server/coordinator/dashboard.h); with
+      // --secure its API asks for the user's token.
+      options_.on_dashboard(absl::StrCat("http://", *http, "/",
+                                         credentials_.has_value()
+                                             ? absl::StrCat(" (token: ", credentials_->user_token_file, ")")
+                                             : ""));
+    }
+  }
   for (int i = 0; i < spec.shards; ++i) {
     s = Spawn(absl::StrCat("shard-", i),
               with_security({options_.ps_binary, "--host=127.0.0.1", "--port=0", "--advertise_host=127.0.0.1",

@@ -37,6 +37,10 @@ struct LocalClusterOptions {
   // TLS and tokens between every process (`pstrain local --secure`): a CA,
   // certificates and tokens made for this run in <output_dir>/credentials.
   bool secure = false;
+  // The coordinator's web dashboard on 127.0.0.1 (0 picks a port; -1 off);
+  // `on_dashboard` is told its URL once it serves.
+  int http_port = 0;
+  std::function<void(const std::string& url)> on_dashboard;
 };
 
 class LocalCluster {

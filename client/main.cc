@@ -22,6 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "checkpoint/layout.h"
 #include "client/cli_security.h"
 #include "client/credentials_command.h"
 #include "client/local_cluster.h"
@@ -137,6 +138,7 @@ struct Args {
   std::string spec_path, output_dir, job_id, resume, export_path, health_target, health_service;
   int workers = 0;
   bool secure = false;
+  int http_port = 0;
 };
 
 
@@ -162,6 +164,11 @@ int RunLocal(const Args& a) {
   o.spec = spec;
   o.output_dir = std::filesystem::absolute(a.output_dir.empty() ? spec.output_dir : a.output_dir).string();
   o.secure = a.secure;
+  o.http_port = a.http_port;
+  o.on_dashboard = [](const std::string& url) {
+    std::printf("dashboard: %s (live curves, ranks, shards; open it in a browser)\n", url.c_str());
+    std::fflush(stdout);
+  };
   o.coordinator_binary = FindBinary("PSTRAIN_COORDINATOR_BIN", "pstrain-coordinator",
                                     "server/coordinator/pstrain-coordinator");
   o.ps_binary = FindBinary("PSTRAIN_PS_BIN", "pstrain-ps", "server/ps/pstrain-ps");
@@ -186,7 +193,9 @@ int RunLocal(const Args& a) {
     std::fprintf(stderr, "pstrain: job '%s' %s\n", spec.name.c_str(), std::string(st.status().message()).c_str());
     return g_stop ? kInterrupted : kFailed;
   }
-  return JobOutcome(*st, view);
+  const int outcome = JobOutcome(*st, view);
+  std::printf("curves: tensorboard --logdir %s/tensorboard\n", pstrain::JobDir(o.output_dir, st->job_id()).c_str());
+  return outcome;
 }
 
 int RunHealth(const Args& a) {
@@ -359,6 +368,7 @@ int Main(int argc, char** argv) {
   local->add_option("spec", a.spec_path, "job spec (YAML)")->required();
   local->add_option("--output_dir", a.output_dir, "overrides the spec's output_dir");
   local->add_flag("--secure", a.secure, "TLS and tokens between every process (credentials made for the run)");
+  local->add_option("--http_port", a.http_port, "the dashboard's port on 127.0.0.1 (0 picks one, -1 off)");
   CLI::App* submit = with_client(app.add_subcommand("submit", "submit a job; prints its id"), RunSubmit);
   submit->add_option("spec", a.spec_path, "job spec (YAML)")->required();
   submit->add_option("--output_dir", a.output_dir, "overrides the spec's output_dir");

@@ -3,10 +3,12 @@
 #include <google/protobuf/util/json_util.h>
 
 #include <cstdio>
+#include <map>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "common/activity_text.h"
 
 const char* StateName(pstrain::JobState s) {
   switch (s) {
@@ -51,9 +53,24 @@ void PrintJobTable(const pstrain::JobStatus& st) {
   }
   std::printf("progress:   epoch %d, step %lld/%lld, loss %.4f, %.0f samples/s\n", st.epoch(),
               static_cast<long long>(st.step()), static_cast<long long>(st.steps()), st.loss(), st.samples_per_s());
-  for (const auto& w : st.workers()) {
-    std::printf("  worker %d: epoch %d, step %lld/%lld, loss %.4f, %.0f samples/s\n", w.rank(), w.epoch(),
-                static_cast<long long>(w.step()), static_cast<long long>(w.steps()), w.loss(), w.samples_per_s());
+  if (st.workers_size() > 0) {
+    // Per rank: its last progress, and what its last heartbeat said it was
+    // doing (a slow or stuck rank waits on something for long).
+    std::map<int, const pstrain::MemberStatus*> by_rank;
+    for (const auto& m : st.members()) {
+      if (m.role() == "worker") by_rank[m.rank()] = &m;
+    }
+    std::printf("  %-5s %-6s %-15s %-8s %-10s %s\n", "RANK", "EPOCH", "STEP", "LOSS", "SAMPLES/S", "NOW");
+    for (const auto& w : st.workers()) {
+      auto it = by_rank.find(w.rank());
+      std::string now = "-";
+      if (it != by_rank.end() && it->second->has_activity()) {
+        const pstrain::WorkerActivity& a = it->second->activity();
+        now = absl::StrFormat("%s, %.1fs (step %d)", pstrain::ActivityText(a), a.for_s(), a.step());
+      }
+      std::printf("  %-5d %-6d %-15s %-8.4f %-10.0f %s\n", w.rank(), w.epoch(),
+                  absl::StrFormat("%d/%d", w.step(), w.steps()).c_str(), w.loss(), w.samples_per_s(), now.c_str());
+    }
   }
   for (const auto& e : st.evals()) {
     std::printf("eval:       epoch %d: test accuracy %.4f, test loss %.4f\n", e.epoch(), e.accuracy(), e.test_loss());

@@ -62,7 +62,10 @@ std::vector<prometheus::MetricFamily> CoordinatorMetrics::Collect() const {
   for (const MemberStatus& m : coordinator_->Members()) {
     Add(up, {{"role", m.role()}, {"name", m.name()}}, m.alive() ? 1 : 0);
   }
-  return {jobs, step, loss, rate, accuracy, restarts, workers, replacements, up};
+  auto dropped = Gauge("pstrain_tensorboard_events_dropped",
+                       "TensorBoard events not written (a writer's queue full, or its disk failing).");
+  Add(dropped, {}, static_cast<double>(coordinator_->TelemetryDropped()));
+  return {jobs, step, loss, rate, accuracy, restarts, workers, replacements, up, dropped};
 }
 
 }  // namespace pstrain

@@ -97,6 +97,12 @@ void JobTelemetry::Progress(const std::string& job, int rank, const WorkerEvent:
   if (rank == 0) {
     Append(d.curves.loss, {step, Unix(now), status.loss()});
     Append(d.curves.samples_per_s, {step, Unix(now), status.samples_per_s()});
+    d.curves.shards.clear();
+    for (const ShardCalls& c : p.shards()) {
+      if (c.shard() >= 0 && c.shard() < std::min(kMaxTaggedIndex, std::max(1, status.num_shards()))) {
+        d.curves.shards[c.shard()] = c;
+      }
+    }
   }
   EventWriter* w = d.writer.get();
   if (w == nullptr || rank < 0 || rank >= kMaxTaggedIndex) return;

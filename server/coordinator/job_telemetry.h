@@ -54,6 +54,8 @@ struct CurvePoint {
 // The dashboard's curves of one job (all attempts, in time order).
 struct JobCurves {
   std::vector<CurvePoint> loss, samples_per_s, accuracy, test_loss;
+  // Each shard's calls in rank 0's latest progress window.
+  std::map<int, ShardCalls> shards;
 };
 
 class JobTelemetry {

@@ -18,7 +18,9 @@
 #include "common/binary_setup.h"
 #include "common/metrics_server.h"
 #include "server/coordinator/coordinator_metrics.h"
+#include "server/coordinator/dashboard.h"
 #include "rpc/grpc_server.h"
+#include "rpc/security.h"
 #include "rpc/security_flags.h"
 #include "server/coordinator/grpc_coordinator_service.h"
 #include "spdlog/spdlog.h"
@@ -41,6 +43,39 @@ ABSL_FLAG(int, health_port, -1,
           "Also serve the gRPC health service alone, in plaintext, on this port (for Kubernetes probes when "
           "the main port needs TLS; 0 picks one; -1 off).");
 ABSL_FLAG(std::string, metrics_port_file, "", "If set, write the metrics host:port here.");
+ABSL_FLAG(int, http_port, -1,
+          "Serve the web dashboard (plain HTTP) on this port (0 picks one; -1 off). With --token_auth_file its "
+          "API asks for a user's token; with TLS or tokens it must be on a loopback --http_host.");
+ABSL_FLAG(std::string, http_host, "", "Address of the dashboard (default: --host).");
+ABSL_FLAG(std::string, http_port_file, "", "If set, write the dashboard's host:port here.");
+ABSL_FLAG(bool, tensorboard, true,
+          "Write TensorBoard event files for every job attempt under <output_dir>/<job>/tensorboard/.");
+
+namespace {
+
+// The dashboard when --http_port asks for it (null otherwise, or on error).
+absl::StatusOr<std::unique_ptr<pstrain::Dashboard>> StartDashboard(pstrain::Coordinator* coordinator,
+                                                                   const pstrain::SecurityOptions& security,
+                                                                   const pstrain::ServerSecurity& server_security) {
+  if (absl::GetFlag(FLAGS_http_port) < 0) return nullptr;
+  pstrain::DashboardOptions o;
+  o.host = absl::GetFlag(FLAGS_http_host).empty() ? absl::GetFlag(FLAGS_host) : absl::GetFlag(FLAGS_http_host);
+  o.port = absl::GetFlag(FLAGS_http_port);
+  o.port_file = absl::GetFlag(FLAGS_http_port_file);
+  o.tokens = server_security.tokens;
+  o.secured = security.server_tls();
+  auto d = pstrain::Dashboard::Start(coordinator, o);
+  if (!d.ok()) return absl::Status(d.status().code(), absl::StrCat("--http_port: ", d.status().message()));
+  if (!pstrain::IsLoopbackHost(o.host)) {
+    spdlog::warn("pstrain-coordinator: the dashboard serves plain HTTP without tokens on {}: anyone who reaches it "
+                 "can cancel jobs (use --http_host=127.0.0.1 and kubectl port-forward)",
+                 o.host);
+  }
+  spdlog::info("pstrain-coordinator: dashboard at {}", (*d)->url());
+  return d;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   pstrain::StartBinary("pstrain-coordinator", argc, argv);
@@ -75,6 +110,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   options.checkpoint_root = *root;
+  options.telemetry.tensorboard = absl::GetFlag(FLAGS_tensorboard);
   auto coordinator = pstrain::Coordinator::Create(options, std::move(*store));
   if (!coordinator.ok()) {
     spdlog::error("pstrain-coordinator: {}", coordinator.status().ToString());
@@ -92,6 +128,13 @@ int main(int argc, char** argv) {
     return 2;
   }
   pstrain::GrpcClusterService cluster(coordinator->get(), names_from_certificates);
+  // Before the gRPC port file appears: whoever waits for that finds the
+  // dashboard's too (`pstrain local`).
+  auto dashboard = StartDashboard(coordinator->get(), security, *server_security);
+  if (!dashboard.ok()) {
+    spdlog::error("pstrain-coordinator: {}", dashboard.status().ToString());
+    return 2;
+  }
   pstrain::GrpcServerOptions server_options;
   server_options.security = *server_security;
   server_options.health_port = absl::GetFlag(FLAGS_health_port);
@@ -125,6 +168,7 @@ int main(int argc, char** argv) {
   int sig = 0;
   sigwait(&stop, &sig);
   spdlog::info("pstrain-coordinator: signal {}, draining", sig);
+  dashboard->reset();  // no page calls into a coordinator shutting down
   (*coordinator)->Shutdown();
   (*server)->Shutdown(absl::Seconds(5));
   return 0;

@@ -1,0 +1,345 @@
+#include "server/coordinator/dashboard.h"
+
+#include <civetweb.h>
+#include <google/protobuf/util/json_util.h>
+
+#include <algorithm>
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/activity_text.h"
+#include "common/caller.h"
+#include "common/file_util.h"
+#include "common/quote.h"
+#include "rpc/security.h"
+#include "rpc/token_table.h"
+#include "server/coordinator/coordinator.h"
+#include "server/coordinator/dashboard_assets.h"
+#include "spdlog/spdlog.h"
+
+namespace pstrain {
+namespace {
+
+using nlohmann::json;
+
+constexpr size_t kMaxJobIdLength = 128;
+
+int Trampoline(mg_connection* conn, void* self) { return static_cast<Dashboard*>(self)->Handle(conn); }
+
+int HttpCode(absl::StatusCode c) {
+  switch (c) {
+    case absl::StatusCode::kInvalidArgument: return 400;
+    case absl::StatusCode::kUnauthenticated: return 401;
+    case absl::StatusCode::kPermissionDenied: return 403;
+    case absl::StatusCode::kNotFound: return 404;
+    case absl::StatusCode::kFailedPrecondition:
+    case absl::StatusCode::kAlreadyExists:
+    case absl::StatusCode::kAborted: return 409;
+    case absl::StatusCode::kUnavailable: return 503;
+    case absl::StatusCode::kDeadlineExceeded: return 504;
+    default: return 500;
+  }
+}
+
+const char* Reason(int code) {
+  switch (code) {
+    case 200: return "OK";
+    case 400: return "Bad Request";
+    case 401: return "Unauthorized";
+    case 403: return "Forbidden";
+    case 404: return "Not Found";
+    case 405: return "Method Not Allowed";
+    case 409: return "Conflict";
+    case 503: return "Service Unavailable";
+    case 504: return "Gateway Timeout";
+    default: return "Internal Server Error";
+  }
+}
+
+void Send(mg_connection* conn, int code, const char* type, absl::string_view body, const char* extra = "") {
+  mg_printf(conn,
+            "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\nCache-Control: no-store\r\n"
+            "X-Content-Type-Options: nosniff\r\nX-Frame-Options: DENY\r\nReferrer-Policy: no-referrer\r\n"
+            "Content-Security-Policy: default-src 'self'; img-src 'self' data:; frame-ancestors 'none'\r\n%s\r\n",
+            code, Reason(code), type, body.size(), extra);
+  mg_write(conn, body.data(), body.size());
+}
+
+void SendJson(mg_connection* conn, int code, const json& j) {
+  Send(conn, code, "application/json; charset=utf-8", j.dump(-1, ' ', false, json::error_handler_t::replace));
+}
+
+void SendError(mg_connection* conn, const absl::Status& s) {
+  const int code = HttpCode(s.code());
+  SendJson(conn, code, json{{"error", std::string(s.message())}, {"code", absl::StatusCodeToString(s.code())}});
+}
+
+// A fixed page: no client string goes into HTML.
+void SendPage404(mg_connection* conn) { Send(conn, 404, "text/html; charset=utf-8", kDashboardNotFoundHtml); }
+
+// Job ids are ours ("job-000042"); anything else is not a job.
+bool PlausibleJobId(absl::string_view id) {
+  if (id.empty() || id.size() > kMaxJobIdLength) return false;
+  return std::all_of(id.begin(), id.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' || c == '_';
+  });
+}
+
+json Curve(const std::vector<CurvePoint>& points) {
+  json a = json::array();
+  for (const CurvePoint& p : points) a.push_back({p.step, p.wall_s, p.value});
+  return a;
+}
+
+// Seconds left at the pace of the last minute of rank 0's reports; null
+// when not running or not known yet.
+json Eta(const JobStatus& st, const JobCurves& c) {
+  if ((st.state() != RUNNING && st.state() != CHECKPOINTING) || c.loss.size() < 2 || st.steps() <= 0) return nullptr;
+  const CurvePoint& last = c.loss.back();
+  const CurvePoint* first = &c.loss.front();
+  for (const CurvePoint& p : c.loss) {
+    if (p.wall_s >= last.wall_s - 60) {
+      first = &p;
+      break;
+    }
+  }
+  if (first == &last) first = &c.loss[c.loss.size() - 2];
+  const double rate = (last.step - first->step) / std::max(1e-9, last.wall_s - first->wall_s);
+  if (!(rate > 0)) return nullptr;
+  return std::max(0.0, (st.steps() - last.step) / rate);
+}
+
+double LastAccuracy(const JobStatus& st) {
+  if (st.final_accuracy() >= 0) return st.final_accuracy();
+  return st.evals_size() > 0 ? st.evals(st.evals_size() - 1).accuracy() : -1;
+}
+
+json Summary(const JobStatus& st, const JobCurves& c) {
+  const double acc = LastAccuracy(st);
+  return json{{"job_id", st.job_id()},
+              {"name", st.name()},
+              {"state", JobState_Name(st.state())},
+              {"owner", st.owner()},
+              {"epoch", st.epoch()},
+              {"step", st.step()},
+              {"steps", st.steps()},
+              {"loss", st.loss()},
+              {"samples_per_s", st.samples_per_s()},
+              {"accuracy", acc >= 0 ? json(acc) : json(nullptr)},
+              {"eta_s", Eta(st, c)},
+              {"created_unix_ms", st.created_unix_ms()},
+              {"num_workers", st.num_workers()},
+              {"active_workers", st.active_workers()},
+              {"restarts", st.restarts()}};
+}
+
+json Detail(JobStatus st, const JobCurves& c) {
+  json j = Summary(st, c);
+  json ranks = json::array();
+  std::map<int, const MemberStatus*> by_rank;
+  for (const MemberStatus& m : st.members()) {
+    if (m.role() == "worker") by_rank[m.rank()] = &m;
+  }
+  for (const WorkerProgress& w : st.workers()) {
+    json r{{"rank", w.rank()},    {"epoch", w.epoch()}, {"step", w.step()},
+           {"steps", w.steps()},  {"loss", w.loss()},   {"samples_per_s", w.samples_per_s()}};
+    auto it = by_rank.find(w.rank());
+    if (it != by_rank.end()) {
+      const MemberStatus& m = *it->second;
+      r["member"] = m.name();
+      r["alive"] = m.alive();
+      r["doing"] = ActivityText(m.activity());
+      r["for_s"] = m.activity().for_s();
+      r["waits"] = ActivityWaits(m.activity());
+    }
+    ranks.push_back(std::move(r));
+  }
+  json shards = json::array();
+  for (const MemberStatus& m : st.members()) {
+    if (m.role() != "shard") continue;
+    json s{{"index", m.rank()}, {"member", m.name()}, {"address", m.address()}, {"alive", m.alive()},
+           {"last_heartbeat_unix_ms", m.last_heartbeat_unix_ms()}};
+    auto it = c.shards.find(m.rank());
+    if (it != c.shards.end()) {
+      s["call_ms"] = it->second.mean_ms();
+      s["bytes_per_s"] = it->second.bytes_per_s();
+    }
+    shards.push_back(std::move(s));
+  }
+  json conditions = json::array();
+  for (const JobCondition& cond : st.conditions()) {
+    conditions.push_back({{"state", JobState_Name(cond.state())},
+                          {"time_unix_ms", cond.time_unix_ms()},
+                          {"reason", cond.reason()},
+                          {"message", cond.message()}});
+  }
+  json evals = json::array();
+  for (const EpochEval& e : st.evals()) {
+    evals.push_back({{"epoch", e.epoch()}, {"accuracy", e.accuracy()}, {"test_loss", e.test_loss()}});
+  }
+  j["ranks"] = std::move(ranks);
+  j["shards"] = std::move(shards);
+  j["conditions"] = std::move(conditions);
+  j["evals"] = std::move(evals);
+  j["pending_reason"] = st.pending_reason();
+  j["last_checkpoint"] = st.last_checkpoint();
+  j["vacant_ranks"] = std::vector<int>(st.vacant_ranks().begin(), st.vacant_ranks().end());
+  j["curves"] = {{"loss", Curve(c.loss)},
+                 {"samples_per_s", Curve(c.samples_per_s)},
+                 {"accuracy", Curve(c.accuracy)},
+                 {"test_loss", Curve(c.test_loss)}};
+  return j;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Dashboard>> Dashboard::Start(Coordinator* coordinator, DashboardOptions options) {
+  if (options.port < 0 || options.port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat("--http_port ", options.port, " is not a port"));
+  }
+  if ((options.tokens != nullptr || options.secured) && !IsLoopbackHost(options.host)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "a coordinator with TLS or tokens serves its dashboard on a loopback address only (--http_host=127.0.0.1, "
+        "not ", Quote(options.host), "): the dashboard is plain HTTP, so reach it through kubectl port-forward "
+        "or an ingress that terminates TLS"));
+  }
+  mg_init_library(0);
+  std::unique_ptr<Dashboard> d(new Dashboard(coordinator, std::move(options)));
+  const std::string host = d->options_.host.find(':') != std::string::npos ? "[" + d->options_.host + "]"
+                                                                           : d->options_.host;
+  const std::string ports = absl::StrCat(host, ":", d->options_.port);
+  const char* opts[] = {"listening_ports", ports.c_str(), "num_threads", "4", "request_timeout_ms", "10000",
+                        "max_request_size", "16384", "enable_keep_alive", "yes", "enable_directory_listing", "no",
+                        nullptr};
+  mg_callbacks callbacks{};
+  callbacks.log_message = [](const mg_connection*, const char* message) -> int {
+    spdlog::warn("dashboard: {}", message);
+    return 1;
+  };
+  d->ctx_ = mg_start(&callbacks, d.get(), opts);
+  if (d->ctx_ == nullptr) {
+    return absl::UnavailableError(absl::StrCat("the dashboard cannot listen on ", ports, " (in use?)"));
+  }
+  mg_set_request_handler(d->ctx_, "/", &Trampoline, d.get());
+  mg_server_port port_info[2];
+  const int n = mg_get_server_ports(d->ctx_, 2, port_info);
+  if (n < 1) return absl::InternalError("the dashboard started without a port");
+  d->port_ = port_info[0].port;
+  if (!d->options_.port_file.empty()) {
+    absl::Status s = WriteFileAtomically(d->options_.port_file, absl::StrCat(d->options_.host, ":", d->port_, "\n"));
+    if (!s.ok()) return s;
+  }
+  return d;
+}
+
+Dashboard::~Dashboard() {
+  if (ctx_ != nullptr) mg_stop(ctx_);
+}
+
+std::string Dashboard::url() const {
+  const std::string host = options_.host == "0.0.0.0" ? "127.0.0.1" : options_.host;
+  return absl::StrCat("http://", host, ":", port_, "/");
+}
+
+int Dashboard::Handle(mg_connection* conn) {
+  const mg_request_info* ri = mg_get_request_info(conn);
+  const absl::string_view method = ri->request_method != nullptr ? ri->request_method : "";
+  const absl::string_view path = ri->local_uri != nullptr ? ri->local_uri : "";
+  const bool get = method == "GET" || method == "HEAD";
+  const bool post = method == "POST";
+
+  // Static pages and assets: no data in them, served to anyone.
+  if (path == "/" || path == "/index.html") {
+    if (!get) return Send(conn, 405, "text/plain", "GET only\n", "Allow: GET\r\n"), 405;
+    Send(conn, 200, "text/html; charset=utf-8", kDashboardHtml);
+    return 200;
+  }
+  if (path == "/static/app.js" || path == "/static/app.css") {
+    const bool js = path == "/static/app.js";
+    Send(conn, 200, js ? "text/javascript; charset=utf-8" : "text/css; charset=utf-8",
+         js ? kDashboardJs : kDashboardCss);
+    return 200;
+  }
+  if (absl::StartsWith(path, "/jobs/")) {
+    const absl::string_view id = path.substr(6);
+    // Without tokens nothing is secret: an unknown job is a 404 page. With
+    // them the page is the same for every id and the API decides.
+    if (!PlausibleJobId(id) || (options_.tokens == nullptr && !coordinator_->GetJob(std::string(id)).ok())) {
+      SendPage404(conn);
+      return 404;
+    }
+    Send(conn, 200, "text/html; charset=utf-8", kDashboardHtml);
+    return 200;
+  }
+  if (!absl::StartsWith(path, "/api/")) {
+    SendPage404(conn);
+    return 404;
+  }
+
+  // The API: who is asking.
+  Caller caller;
+  if (options_.tokens != nullptr) {
+    const char* auth = mg_get_header(conn, "Authorization");
+    std::optional<Caller> found =
+        auth == nullptr ? std::nullopt : options_.tokens->Find(BearerToken(absl::string_view(auth)));
+    if (!found.has_value()) {
+      SendJson(conn, 401, json{{"error", "a token is needed: Authorization: Bearer <token> (pstrain's user token)"},
+                               {"code", "UNAUTHENTICATED"}});
+      return 401;
+    }
+    if (found->role != CallerRole::kUser && found->role != CallerRole::kAdmin) {
+      SendJson(conn, 403, json{{"error", "this token is a cluster member's, not a user's"},
+                               {"code", "PERMISSION_DENIED"}});
+      return 403;
+    }
+    caller = *found;
+  }
+  if (path == "/api/jobs") {
+    if (!get) return SendError(conn, absl::InvalidArgumentError("GET /api/jobs")), 400;
+    json jobs = json::array();
+    for (const JobStatus& st : coordinator_->ListJobs()) {
+      if (!caller.MayActOn(st.owner())) continue;
+      jobs.push_back(Summary(st, coordinator_->Curves(st.job_id())));
+    }
+    SendJson(conn, 200, json{{"jobs", std::move(jobs)}});
+    return 200;
+  }
+  std::vector<std::string> parts = absl::StrSplit(path.substr(std::string("/api/jobs/").size()), '/');
+  if (!absl::StartsWith(path, "/api/jobs/") || parts.size() > 2 || !PlausibleJobId(parts[0])) {
+    SendJson(conn, 404, json{{"error", "no such API path"}, {"code", "NOT_FOUND"}});
+    return 404;
+  }
+  const std::string& id = parts[0];
+  absl::Status allowed = coordinator_->Authorize(id, caller);
+  if (!allowed.ok()) return SendError(conn, allowed), HttpCode(allowed.code());
+  if (parts.size() == 1) {
+    if (!get) return SendError(conn, absl::InvalidArgumentError("GET /api/jobs/<id>")), 400;
+    absl::StatusOr<JobStatus> st = coordinator_->GetJob(id);
+    if (!st.ok()) return SendError(conn, st.status()), HttpCode(st.status().code());
+    SendJson(conn, 200, Detail(*st, coordinator_->Curves(id)));
+    return 200;
+  }
+  const char* marker = mg_get_header(conn, "X-Pstrain-Request");
+  if (!post || marker == nullptr || absl::string_view(marker) != "1") {
+    return SendError(conn, absl::InvalidArgumentError("actions are POST with the header X-Pstrain-Request: 1")),
+           400;
+  }
+  if (parts[1] == "cancel") {
+    absl::StatusOr<JobState> s = coordinator_->CancelJob(id);
+    if (!s.ok()) return SendError(conn, s.status()), HttpCode(s.status().code());
+    SendJson(conn, 200, json{{"state", JobState_Name(*s)}});
+    return 200;
+  }
+  if (parts[1] == "checkpoint") {
+    absl::StatusOr<CheckpointResponse> s = coordinator_->Checkpoint(id);
+    if (!s.ok()) return SendError(conn, s.status()), HttpCode(s.status().code());
+    SendJson(conn, 200, json{{"path", s->path()}, {"step", s->step()}});
+    return 200;
+  }
+  SendJson(conn, 404, json{{"error", "no such action (cancel, checkpoint)"}, {"code", "NOT_FOUND"}});
+  return 404;
+}
+
+}  // namespace pstrain

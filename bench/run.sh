@@ -340,6 +340,38 @@ print(json.dumps({
 PYEOF
 }
 
+# The TensorBoard writer's cost: the demo job with the coordinator writing
+# event files and without (PSTRAIN_TENSORBOARD=false reaches its
+# --tensorboard), runs alternated.
+telemetry() {
+  local reps=${1:-5}
+  log "building"
+  bazel build //client:pstrain >&2
+  declare -A runs
+  for r in $(seq "$reps"); do
+    log "rep $r/$reps: demo job, event files on"
+    runs[on]+="$(PSTRAIN_TENSORBOARD=true pstrain_once examples/fashion_mnist.yaml)"$'\n'
+    log "rep $r/$reps: demo job, event files off"
+    runs[off]+="$(PSTRAIN_TENSORBOARD=false pstrain_once examples/fashion_mnist.yaml)"$'\n'
+  done
+  col() { printf '%s' "${runs[$1]}" | awk -v c="$2" 'NF {print $c}' | median; }
+  printf '\n%-28s %12s %10s %10s   (medians of %s runs, alternated; examples/fashion_mnist.yaml)\n' \
+    "telemetry" "samples/s" "accuracy" "seconds" "$reps" >&2
+  for k in on off; do
+    printf '%-28s %12.0f %10.4f %10.1f\n' "event files $k" "$(col $k 1)" "$(col $k 2)" "$(col $k 3)" >&2
+  done
+  $PY - <<PYEOF
+import json
+on, off = $(col on 1), $(col off 1)
+print(json.dumps({
+    "bench": "telemetry", "reps": $reps,
+    "setup": "the demo job (LeNet-5, Fashion-MNIST, 2 shards, 2 workers, async, 3 epochs) via pstrain local",
+    "samples_per_s_event_files_on": on, "samples_per_s_event_files_off": off,
+    "ratios": {"on_vs_off": round(on / off, 4)},
+}))
+PYEOF
+}
+
 # One all-reduce run of N pstrain ranks -> its JSON line.
 ours_allreduce_once() {  # ours_allreduce_once WORLD
   local world=$1 port pids=() out=$WORK/ar.$RANDOM
@@ -524,6 +556,7 @@ case "${1:-}" in
   pushpull) shift; pushpull "$@" ;;
   comm) shift; comm "$@" ;;
   train) shift; train "$@" ;;
+  telemetry) shift; telemetry "$@" ;;
   allreduce) shift; allreduce "$@" ;;
-  *) echo "usage: bench/run.sh pushpull|train|comm|allreduce|gpu|elastic [REPS]" >&2; exit 2 ;;
+  *) echo "usage: bench/run.sh pushpull|train|comm|allreduce|gpu|elastic|telemetry [REPS]" >&2; exit 2 ;;
 esac

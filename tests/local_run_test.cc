@@ -8,10 +8,12 @@
 #include <filesystem>
 #include <fstream>
 #include <regex>
+#include <sstream>
 
 #include "absl/strings/ascii.h"
 #include "common/file_util.h"
 #include "tests/child_process.h"
+#include "tests/tensorboard_files.h"
 
 namespace pstrain {
 namespace {
@@ -54,6 +56,53 @@ int CountProcessesMentioning(const std::string& needle) {
     if (cmd.find(needle) != std::string::npos && std::to_string(getpid()) != pid) ++n;
   }
   return n;
+}
+
+// The job's TensorBoard run (one attempt: one run of one file) read by the
+// independent reader: every record's CRCs hold; the spec is there as text;
+// each of rank 0's loss and learning-rate points is one its worker reported
+// (its log prints every event), at the same step, and most of them arrived
+// (progress may be dropped when the coordinator is slow, by design); the
+// last evaluation is the final accuracy the CLI printed.
+void ExpectEventFilesMatchTheRun(const std::string& logdir, const std::string& worker0_log, double final_accuracy) {
+  if (!HaveEventReader()) {
+    std::fprintf(stderr, "event files not checked: python3-crc32c or python3-protobuf is missing\n");
+    return;
+  }
+  ASSERT_TRUE(std::filesystem::is_directory(logdir + "/attempt-1")) << logdir;
+  std::vector<EventFile> files = ReadRun(logdir + "/attempt-1");
+  ASSERT_EQ(files.size(), 1u);
+  const EventFile& f = files[0];
+  ASSERT_TRUE(f.read);
+  EXPECT_EQ(f.file_version, "brain.Event:2");
+  EXPECT_EQ(f.partial_tail_bytes, 0);
+  EXPECT_NE(f.text.at("job/spec").find("name: e2e"), std::string::npos);
+  std::map<int64_t, std::pair<float, float>> reported;  // step -> (loss, lr) from rank 0's log
+  std::regex progress_re("\"step\":\"(\\d+)\".*\"loss\":([-0-9.e]+).*\"lr\":([-0-9.e]+)");
+  std::istringstream log(ReadFile(worker0_log).value_or(""));
+  for (std::string line; std::getline(log, line);) {
+    std::smatch p;
+    if (line.find("\"progress\"") != std::string::npos && std::regex_search(line, p, progress_re)) {
+      reported[std::stoll(p[1])] = {std::stof(p[2]), std::stof(p[3])};
+    }
+  }
+  ASSERT_GE(reported.size(), 10u) << worker0_log;
+  const auto& loss = f.scalars.at("rank_0/loss");
+  EXPECT_GE(loss.size(), reported.size() / 2);
+  for (const auto& [step, value] : loss) {
+    ASSERT_EQ(reported.count(step), 1u) << "step " << step << " was not reported by rank 0";
+    EXPECT_FLOAT_EQ(value, reported[step].first) << "step " << step;
+  }
+  for (const auto& [step, value] : f.scalars.at("train/learning_rate")) {
+    EXPECT_FLOAT_EQ(value, reported.at(step).second) << "step " << step;
+  }
+  for (const char* tag : {"train/loss", "train/samples_per_s", "train/step_time_ms", "train/exchange_wait_ms",
+                          "rank_1/loss", "shard_0/call_ms", "shard_1/bytes_per_s"}) {
+    EXPECT_EQ(f.scalars.count(tag), 1u) << tag;
+  }
+  const auto& accuracy = f.scalars.at("eval/accuracy");
+  ASSERT_EQ(accuracy.size(), 2u);  // after epoch 1, and the final one
+  EXPECT_NEAR(accuracy.back().second, final_accuracy, 1e-4);
 }
 
 TEST(LocalRunTest, TrainsLeNetOnAFashionMnistSubsetWithTwoShardsAndTwoWorkers) {
@@ -100,6 +149,12 @@ log_every_steps: 25
   const std::string py_out = ReadFile(dir + "/py.out").value_or("");
   ASSERT_TRUE(std::regex_search(py_out, py, std::regex("accuracy ([0-9.]+)"))) << py_out;
   EXPECT_NEAR(std::stod(py[1]), std::stod(m[1]), 0.0006) << py_out << "\n" << run.output;
+
+  // The dashboard was announced, and where the curves are.
+  EXPECT_TRUE(std::regex_search(run.output, std::regex("dashboard: http://127\\.0\\.0\\.1:[0-9]+/"))) << run.output;
+  std::smatch tb;
+  ASSERT_TRUE(std::regex_search(run.output, tb, std::regex("curves: tensorboard --logdir (\\S+)"))) << run.output;
+  ExpectEventFilesMatchTheRun(tb[1], dir + "/out/logs/worker-0.log", std::stod(m[1]));
 }
 
 // `pstrain local --secure`: every process speaks TLS and sends its token;

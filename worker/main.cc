@@ -215,7 +215,7 @@ absl::Status RunJobOrThrow(pstrain::JobSpec spec, int rank, int world_size, cons
     // All-reduce: worker 0 writes the model (its local store) for the
     // coordinator while everyone is paused.
     pstrain::AllReduceSetup* saver = rank == 0 ? allreduce.get() : nullptr;
-    options.at_step_boundary = [member, stop, rank, &emit, pause, saver](
+    options.at_step_boundary = [member, stop, rank, &emit, pause, saver, activity](
                                    int64_t step, int epoch, int64_t epoch_step,
                                    const std::function<absl::Status()>& flush) {
       const absl::Time now = absl::Now();
@@ -247,6 +247,7 @@ absl::Status RunJobOrThrow(pstrain::JobSpec spec, int rank, int world_size, cons
       paused.mutable_paused()->set_epoch_step(epoch_step);
       paused.mutable_paused()->set_pause_id(id);
       emit(paused);
+      activity->Enter(pstrain::WorkerActivity::PAUSED, step);
       bool saved = saver == nullptr;
       while (member->pause_requested() && member->pause_id() == id && !(stop != nullptr && stop->load())) {
         if (!saved) {

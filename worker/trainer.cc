@@ -494,7 +494,6 @@ absl::StatusOr<TrainResult> Trainer::Run() {
     const int64_t first_step = epoch == start_epoch ? start_es : 0;
     for (int64_t es = first_step; es < steps_per_epoch && step_ < total_steps_; ++es) {
       if (options_.at_step_boundary) {
-        activity_.Enter(WorkerActivity::PAUSED, step_);  // only while a checkpoint holds it here
         options_.at_step_boundary(step_, epoch, es, [this, step = step_] { return exchange_->Flush(step); });
       }
       if (options_.stop != nullptr && options_.stop->load()) {

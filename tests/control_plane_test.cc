@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <regex>
+#include <set>
 
 #include "tests/control_plane_testing.h"
 
@@ -81,6 +82,30 @@ TEST_F(ControlPlaneTest, AStalledCoordinatorDoesNotBlameItsMembers) {
   CliResult status = Cli({"status", job});
   EXPECT_EQ(status.out.find("MemberLost"), std::string::npos) << status.out;
   EXPECT_EQ(status.out.find("restarts:"), std::string::npos) << status.out;  // printed only when > 0
+}
+
+// What each rank is doing reaches `pstrain status` with the heartbeats
+// (the table the dashboard shows too).
+TEST_F(ControlPlaneTest, StatusSaysWhatEachRankIsDoing) {
+  const std::string job = Submit(Spec("activity", 1000, 0));
+  WaitForState(job, "RUNNING", absl::Seconds(60));
+  const std::regex rank_row("\n  ([01]) +[0-9]+ +[0-9]+/[0-9]+ .*(computing|waiting for data|waiting on shard 0|"
+                            "waiting on the shards|evaluating|paused for a checkpoint), [0-9.]+s \\(step [0-9]+\\)");
+  std::set<std::string> ranks;
+  CliResult st;
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  while (ranks.size() < 2 && absl::Now() < deadline) {
+    st = Cli({"status", job});
+    for (std::sregex_iterator it(st.out.begin(), st.out.end(), rank_row), end; it != end; ++it) {
+      ranks.insert((*it)[1]);
+    }
+    absl::SleepFor(absl::Milliseconds(200));
+  }
+  EXPECT_EQ(ranks.size(), 2u) << st.out;
+  EXPECT_NE(st.out.find("RANK  EPOCH  STEP"), std::string::npos) << st.out;
+  CliResult json = Cli({"status", job, "-o", "json"});
+  EXPECT_NE(json.out.find("\"activity\""), std::string::npos) << json.out;
+  EXPECT_EQ(Cli({"cancel", job}).code, 0);
 }
 
 TEST_F(ControlPlaneTest, CancelStopsTheJobAndFreesItsMembersForTheNext) {

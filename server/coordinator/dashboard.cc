@@ -58,26 +58,28 @@ const char* Reason(int code) {
   }
 }
 
-void Send(mg_connection* conn, int code, const char* type, absl::string_view body, const char* extra = "") {
+// Each Send* returns the HTTP status it sent (civetweb's handler result).
+int Send(mg_connection* conn, int code, const char* type, absl::string_view body, const char* extra = "") {
   mg_printf(conn,
             "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\nCache-Control: no-store\r\n"
             "X-Content-Type-Options: nosniff\r\nX-Frame-Options: DENY\r\nReferrer-Policy: no-referrer\r\n"
             "Content-Security-Policy: default-src 'self'; img-src 'self' data:; frame-ancestors 'none'\r\n%s\r\n",
             code, Reason(code), type, body.size(), extra);
   mg_write(conn, body.data(), body.size());
+  return code;
 }
 
-void SendJson(mg_connection* conn, int code, const json& j) {
-  Send(conn, code, "application/json; charset=utf-8", j.dump(-1, ' ', false, json::error_handler_t::replace));
+int SendJson(mg_connection* conn, int code, const json& j) {
+  return Send(conn, code, "application/json; charset=utf-8", j.dump(-1, ' ', false, json::error_handler_t::replace));
 }
 
-void SendError(mg_connection* conn, const absl::Status& s) {
-  const int code = HttpCode(s.code());
-  SendJson(conn, code, json{{"error", std::string(s.message())}, {"code", absl::StatusCodeToString(s.code())}});
+int SendError(mg_connection* conn, const absl::Status& s) {
+  return SendJson(conn, HttpCode(s.code()),
+                  json{{"error", std::string(s.message())}, {"code", absl::StatusCodeToString(s.code())}});
 }
 
 // A fixed page: no client string goes into HTML.
-void SendPage404(mg_connection* conn) { Send(conn, 404, "text/html; charset=utf-8", kDashboardNotFoundHtml); }
+int SendPage404(mg_connection* conn) { return Send(conn, 404, "text/html; charset=utf-8", kDashboardNotFoundHtml); }
 
 // Job ids are ours ("job-000042"); anything else is not a job.
 bool PlausibleJobId(absl::string_view id) {
@@ -250,33 +252,23 @@ int Dashboard::Handle(mg_connection* conn) {
   const bool get = method == "GET" || method == "HEAD";
   const bool post = method == "POST";
 
-  // Static pages and assets: no data in them, served to anyone.
+  // Pages and assets: no data in them, served to anyone.
   if (path == "/" || path == "/index.html") {
-    if (!get) return Send(conn, 405, "text/plain", "GET only\n", "Allow: GET\r\n"), 405;
-    Send(conn, 200, "text/html; charset=utf-8", kDashboardHtml);
-    return 200;
+    if (!get) return Send(conn, 405, "text/plain", "GET only\n", "Allow: GET\r\n");
+    return Send(conn, 200, "text/html; charset=utf-8", kDashboardHtml);
   }
-  if (path == "/static/app.js" || path == "/static/app.css") {
-    const bool js = path == "/static/app.js";
-    Send(conn, 200, js ? "text/javascript; charset=utf-8" : "text/css; charset=utf-8",
-         js ? kDashboardJs : kDashboardCss);
-    return 200;
-  }
+  if (path == "/static/app.js") return Send(conn, 200, "text/javascript; charset=utf-8", kDashboardJs);
+  if (path == "/static/app.css") return Send(conn, 200, "text/css; charset=utf-8", kDashboardCss);
   if (absl::StartsWith(path, "/jobs/")) {
     const absl::string_view id = path.substr(6);
     // Without tokens nothing is secret: an unknown job is a 404 page. With
     // them the page is the same for every id and the API decides.
     if (!PlausibleJobId(id) || (options_.tokens == nullptr && !coordinator_->GetJob(std::string(id)).ok())) {
-      SendPage404(conn);
-      return 404;
+      return SendPage404(conn);
     }
-    Send(conn, 200, "text/html; charset=utf-8", kDashboardHtml);
-    return 200;
+    return Send(conn, 200, "text/html; charset=utf-8", kDashboardHtml);
   }
-  if (!absl::StartsWith(path, "/api/")) {
-    SendPage404(conn);
-    return 404;
-  }
+  if (!absl::StartsWith(path, "/api/")) return SendPage404(conn);
 
   // The API: who is asking.
   Caller caller;
@@ -285,61 +277,52 @@ int Dashboard::Handle(mg_connection* conn) {
     std::optional<Caller> found =
         auth == nullptr ? std::nullopt : options_.tokens->Find(BearerToken(absl::string_view(auth)));
     if (!found.has_value()) {
-      SendJson(conn, 401, json{{"error", "a token is needed: Authorization: Bearer <token> (pstrain's user token)"},
-                               {"code", "UNAUTHENTICATED"}});
-      return 401;
+      return SendError(conn, absl::UnauthenticatedError(
+                                 "a token is needed: Authorization: Bearer <token> (your pstrain user token)"));
     }
     if (found->role != CallerRole::kUser && found->role != CallerRole::kAdmin) {
-      SendJson(conn, 403, json{{"error", "this token is a cluster member's, not a user's"},
-                               {"code", "PERMISSION_DENIED"}});
-      return 403;
+      return SendError(conn, absl::PermissionDeniedError("this token is a cluster member's, not a user's"));
     }
     caller = *found;
   }
   if (path == "/api/jobs") {
-    if (!get) return SendError(conn, absl::InvalidArgumentError("GET /api/jobs")), 400;
+    if (!get) return SendError(conn, absl::InvalidArgumentError("GET /api/jobs"));
     json jobs = json::array();
     for (const JobStatus& st : coordinator_->ListJobs()) {
-      if (!caller.MayActOn(st.owner())) continue;
-      jobs.push_back(Summary(st, coordinator_->Curves(st.job_id())));
+      if (caller.MayActOn(st.owner())) jobs.push_back(Summary(st, coordinator_->Curves(st.job_id())));
     }
-    SendJson(conn, 200, json{{"jobs", std::move(jobs)}});
-    return 200;
+    return SendJson(conn, 200, json{{"jobs", std::move(jobs)}});
   }
-  std::vector<std::string> parts = absl::StrSplit(path.substr(std::string("/api/jobs/").size()), '/');
-  if (!absl::StartsWith(path, "/api/jobs/") || parts.size() > 2 || !PlausibleJobId(parts[0])) {
-    SendJson(conn, 404, json{{"error", "no such API path"}, {"code", "NOT_FOUND"}});
-    return 404;
+  const absl::string_view prefix = "/api/jobs/";
+  const std::vector<std::string> parts =
+      absl::StartsWith(path, prefix) ? absl::StrSplit(path.substr(prefix.size()), '/') : std::vector<std::string>{};
+  if (parts.empty() || parts.size() > 2 || !PlausibleJobId(parts[0])) {
+    return SendError(conn, absl::NotFoundError("no such API path"));
   }
   const std::string& id = parts[0];
   absl::Status allowed = coordinator_->Authorize(id, caller);
-  if (!allowed.ok()) return SendError(conn, allowed), HttpCode(allowed.code());
+  if (!allowed.ok()) return SendError(conn, allowed);
   if (parts.size() == 1) {
-    if (!get) return SendError(conn, absl::InvalidArgumentError("GET /api/jobs/<id>")), 400;
+    if (!get) return SendError(conn, absl::InvalidArgumentError("GET /api/jobs/<id>"));
     absl::StatusOr<JobStatus> st = coordinator_->GetJob(id);
-    if (!st.ok()) return SendError(conn, st.status()), HttpCode(st.status().code());
-    SendJson(conn, 200, Detail(*st, coordinator_->Curves(id)));
-    return 200;
+    if (!st.ok()) return SendError(conn, st.status());
+    return SendJson(conn, 200, Detail(*st, coordinator_->Curves(id)));
   }
   const char* marker = mg_get_header(conn, "X-Pstrain-Request");
   if (!post || marker == nullptr || absl::string_view(marker) != "1") {
-    return SendError(conn, absl::InvalidArgumentError("actions are POST with the header X-Pstrain-Request: 1")),
-           400;
+    return SendError(conn, absl::InvalidArgumentError("actions are POST with the header X-Pstrain-Request: 1"));
   }
   if (parts[1] == "cancel") {
     absl::StatusOr<JobState> s = coordinator_->CancelJob(id);
-    if (!s.ok()) return SendError(conn, s.status()), HttpCode(s.status().code());
-    SendJson(conn, 200, json{{"state", JobState_Name(*s)}});
-    return 200;
+    if (!s.ok()) return SendError(conn, s.status());
+    return SendJson(conn, 200, json{{"state", JobState_Name(*s)}});
   }
   if (parts[1] == "checkpoint") {
     absl::StatusOr<CheckpointResponse> s = coordinator_->Checkpoint(id);
-    if (!s.ok()) return SendError(conn, s.status()), HttpCode(s.status().code());
-    SendJson(conn, 200, json{{"path", s->path()}, {"step", s->step()}});
-    return 200;
+    if (!s.ok()) return SendError(conn, s.status());
+    return SendJson(conn, 200, json{{"path", s->path()}, {"step", s->step()}});
   }
-  SendJson(conn, 404, json{{"error", "no such action (cancel, checkpoint)"}, {"code", "NOT_FOUND"}});
-  return 404;
+  return SendError(conn, absl::NotFoundError("no such action (cancel, checkpoint)"));
 }
 
 }  // namespace pstrain

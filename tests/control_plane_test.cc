@@ -6,6 +6,7 @@
 #include <set>
 
 #include "tests/control_plane_testing.h"
+#include "tests/tensorboard_files.h"
 
 namespace pstrain {
 namespace {
@@ -134,6 +135,24 @@ TEST_F(ControlPlaneTest, JobCompletesAcrossACoordinatorRestart) {
   CliResult watch = Cli({"watch", job}, absl::Seconds(180));
   EXPECT_EQ(watch.code, 0) << watch.out << ReadFile(dir_ + "/coordinator.log").value_or("");
   EXPECT_EQ(State(job), "SUCCEEDED");
+  // The attempt's TensorBoard run: a file from each coordinator process.
+  // The first was SIGKILLed: every complete record of it still reads, CRCs
+  // checked (at most a partial one at its end; what was queued and not yet
+  // written, at most the last flush interval, is lost), and the second goes
+  // on with the same attempt's curves.
+  if (!HaveEventReader()) return;
+  std::vector<EventFile> files = ReadRun(dir_ + "/out/" + job + "/tensorboard/attempt-1");
+  ASSERT_EQ(files.size(), 2u);
+  int specs = 0;
+  for (const EventFile& f : files) {
+    EXPECT_TRUE(f.read) << f.path;
+    EXPECT_EQ(f.file_version, "brain.Event:2") << f.path;
+    specs += static_cast<int>(f.text.count("job/spec"));
+  }
+  EXPECT_GE(specs, 1);
+  size_t losses = 0;
+  for (const EventFile& f : files) losses += f.scalars.count("rank_0/loss") ? f.scalars.at("rank_0/loss").size() : 0;
+  EXPECT_GE(losses, 20u);  // 300 steps, a report every 5
 }
 
 TEST_F(ControlPlaneTest, ClearErrorsAndExitCodes) {

@@ -49,6 +49,11 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(CoordinatorOpti
       if (!IsTerminal(job.stored.status.state())) {
         c->rendezvous_.Open(job.stored.id, job.stored.status.attempt());
       }
+      if (job.stored.status.state() == RUNNING || job.stored.status.state() == CHECKPOINTING) {
+        // The attempt goes on: its run gains a file from this process.
+        c->telemetry_.StartAttempt(job.stored.id, job.stored.status.attempt(),
+                                   JobDir(job.stored.output_dir, job.stored.id), job.stored.spec_yaml);
+      }
       c->jobs_.emplace(job.stored.id, std::move(job));
     }
   }

@@ -39,6 +39,37 @@ absl::StatusOr<SetWorkersResponse> Seat(ShardStore& store, std::vector<std::pair
   return resp;
 }
 
+// A push carrying `extra` covered batches (their gradients summed into g)
+// or none (`empty`).
+absl::Status PushCovering(ShardStore& store, uint32_t worker, uint32_t generation, int64_t step, float g,
+                          uint32_t extra, bool empty = false) {
+  PushRequest req;
+  req.set_job("job");
+  req.set_worker(worker);
+  req.set_generation(generation);
+  req.set_step(step);
+  req.add_keys("a");
+  req.set_extra_batches(extra);
+  req.set_empty(empty);
+  PushResponse resp;
+  return WaitFor([&](StatusCallback done) { store.Push(req, {Floats({g, g, g})}, &resp, {}, done); });
+}
+
+// The vacant ranks a pull at `min_version` reports.
+std::vector<uint32_t> VacantView(ShardStore& store, int64_t min_version) {
+  PullRequest req;
+  req.set_job("job");
+  req.add_keys("a");
+  req.set_min_version(min_version);
+  PullResponse resp;
+  std::vector<TensorBuffer> values;
+  CallOptions o;
+  o.deadline = absl::Now() + absl::Seconds(5);
+  absl::Status s = WaitFor([&](StatusCallback done) { store.Pull(req, &resp, &values, o, done); });
+  EXPECT_TRUE(s.ok()) << s;
+  return {resp.vacant_ranks().begin(), resp.vacant_ranks().end()};
+}
+
 absl::StatusOr<std::vector<float>> PullWorkerSteps(ShardStore& store, int64_t steps, absl::Duration timeout) {
   return Pull(store, 0, 0, timeout, steps);
 }
@@ -111,6 +142,63 @@ TEST(ShardSeatsTest, SspAndTheFinalWaitCountActiveRanksOnly) {
   ShardStore sync(Options());
   ASSERT_TRUE(Init(sync, Config(SYNC, 2)).ok());
   EXPECT_EQ(PullWorkerSteps(sync, 1, absl::Milliseconds(10)).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace pstrain
+
+namespace pstrain {
+namespace {
+
+using namespace testing_util;  // NOLINT
+
+// A vacant rank's batch covered by a survivor: the survivor pushes the sum
+// of its gradient and the covered one with extra_batches 1, and the step's
+// update is the mean over the three batches -- the same as with all three
+// ranks present. The view of vacant ranks comes back with the values.
+TEST(ShardSeatsTest, CoveredBatchesMakeTheSameStepAsAFullOne) {
+  ShardStore full(Options());
+  ASSERT_TRUE(Init(full, Config(SYNC, 3, /*lr=*/1.0), 0, {0, 0, 0}).ok());
+  ASSERT_TRUE(PushAs(full, 0, 0, 0, 1.0f).ok());
+  ASSERT_TRUE(PushAs(full, 1, 0, 0, 3.0f).ok());
+  ASSERT_TRUE(PushAs(full, 2, 0, 0, 8.0f).ok());
+  auto expected = Pull(full, 0, 1);
+  ASSERT_TRUE(expected.ok()) << expected.status();
+  EXPECT_EQ(*expected, (std::vector<float>{-4, -4, -4}));
+  EXPECT_TRUE(VacantView(full, 1).empty());
+
+  ShardStore store(Options());
+  ASSERT_TRUE(Init(store, Config(SYNC, 3, 1.0), 0, {0, 0, 0}).ok());
+  ASSERT_TRUE(Seat(store, {{true, 0}, {true, 0}, {false, 0}}).ok());
+  ASSERT_TRUE(PushCovering(store, 0, 0, 0, 1.0f + 8.0f, /*extra=*/1).ok());
+  ASSERT_TRUE(PushAs(store, 1, 0, 0, 3.0f).ok());
+  auto covered = Pull(store, 0, 1);
+  ASSERT_TRUE(covered.ok()) << covered.status();
+  EXPECT_EQ(*covered, *expected);
+  EXPECT_EQ(VacantView(store, 1), (std::vector<uint32_t>{2}));
+
+  // A replacement takes rank 2 while step 1 is in flight: the survivors
+  // covered its batch (the view said vacant), so it arrives empty; the
+  // mean is over the three batches the others carried.
+  ASSERT_TRUE(Seat(store, {{true, 0}, {true, 0}, {true, 1}}).ok());
+  ASSERT_TRUE(PushCovering(store, 0, 0, 1, 2.0f + 4.0f, 1).ok());
+  ASSERT_TRUE(PushAs(store, 1, 0, 1, 6.0f).ok());
+  ASSERT_TRUE(PushCovering(store, 2, 1, 1, 100.0f, 0, /*empty=*/true).ok());
+  auto next = Pull(store, 0, 2);
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_EQ(*next, (std::vector<float>{-8, -8, -8}));  // -4 - (2 + 4 + 6) / 3
+  EXPECT_TRUE(VacantView(store, 2).empty());
+}
+
+TEST(ShardSeatsTest, CoveringIsBoundedAndForSyncOnly) {
+  ShardStore store(Options());
+  ASSERT_TRUE(Init(store, Config(SYNC, 3, 1.0), 0, {0, 0, 0}).ok());
+  EXPECT_EQ(PushCovering(store, 0, 0, 0, 1.0f, 3).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(PushCovering(store, 0, 0, 0, 1.0f, 1u << 31).code(), absl::StatusCode::kInvalidArgument);
+  ShardStore async(Options());
+  ASSERT_TRUE(Init(async, Config(ASYNC, 3, 1.0), 0, {0, 0, 0}).ok());
+  EXPECT_EQ(PushCovering(async, 0, 0, 0, 1.0f, 1).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(PushCovering(async, 0, 0, 0, 1.0f, 0, true).code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -331,7 +331,7 @@ void ShardStore::Pull(const PullRequest& request, PullResponse* response, std::v
   auto idx = std::make_shared<std::vector<size_t>>(std::move(*chunks));
   WhenReady(t, *idx, by_clock, by_clock ? request.min_worker_steps() - 1 : request.min_version(), options.deadline,
             [this, t, idx, response, values, value_dtype, done = std::move(done)](absl::Status s) {
-              if (s.ok()) Snapshot(*t, *idx, value_dtype, response->mutable_versions(), values);
+              if (s.ok()) Snapshot(*t, *idx, value_dtype, response->mutable_versions(), values, response->mutable_vacant_ranks());
               done(s);
             });
 }
@@ -342,7 +342,8 @@ void ShardStore::Push(const PushRequest& request, std::vector<TensorBuffer> grad
   absl::StatusOr<std::shared_ptr<Table>> table = FindTable(request.job(), request.attempt());
   if (!table.ok()) return done(table.status());
   if (absl::Status w = shard_internal::WidenNarrowGradients(grads); !w.ok()) return done(w);
-  PushInput in{request.job(), request.worker(), request.generation(), request.step(), request.lr(), &request.keys(), &grads};
+  PushInput in{request.job(), request.worker(), request.generation(), request.step(), request.lr(), &request.keys(),
+               &grads, request.extra_batches(), request.empty()};
   std::vector<size_t> chunks;
   absl::Status s = ApplyPush(**table, in, &chunks, response);
   if (s.ok()) NotifyWaiters();
@@ -360,7 +361,8 @@ void ShardStore::PushPull(const PushPullRequest& request, std::vector<TensorBuff
   absl::Status wire = shard_internal::CheckValueDtype(value_dtype);
   if (wire.ok()) wire = shard_internal::WidenNarrowGradients(grads);
   if (!wire.ok()) return done(wire);
-  PushInput in{request.job(), request.worker(), request.generation(), request.step(), request.lr(), &request.keys(), &grads};
+  PushInput in{request.job(), request.worker(), request.generation(), request.step(), request.lr(), &request.keys(),
+               &grads, request.extra_batches(), request.empty()};
   auto idx = std::make_shared<std::vector<size_t>>();
   absl::Status s = ApplyPush(*t, in, idx.get(), response->mutable_push());
   if (!s.ok()) return done(s);
@@ -380,7 +382,7 @@ void ShardStore::PushPull(const PushPullRequest& request, std::vector<TensorBuff
   }
   WhenReady(t, *idx, by_clock, threshold, options.deadline,
             [this, t, idx, response, values, value_dtype, done = std::move(done)](absl::Status s) {
-              if (s.ok()) Snapshot(*t, *idx, value_dtype, response->mutable_versions(), values);
+              if (s.ok()) Snapshot(*t, *idx, value_dtype, response->mutable_versions(), values, response->mutable_vacant_ranks());
               done(s);
             });
 }

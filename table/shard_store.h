@@ -138,6 +138,8 @@ class ShardStore : public ParameterStore {
     double lr = 0;  // 0: the table's
     const google::protobuf::RepeatedPtrField<std::string>* keys = nullptr;
     const std::vector<TensorBuffer>* grads = nullptr;
+    uint32_t extra_batches = 0;  // see PushRequest
+    bool empty = false;
   };
 
   // A chunk holding a copy of `value`; its optimizer state sets are
@@ -171,10 +173,11 @@ class ShardStore : public ParameterStore {
       const Table& table, const google::protobuf::RepeatedPtrField<std::string>& keys);
   absl::Status ApplyPush(Table& table, const PushInput& in, std::vector<size_t>* chunks,
                          PushResponse* response);
-  // `value_dtype`: as PullRequest.value_dtype.
+  // `value_dtype`: as PullRequest.value_dtype. `vacant`: the first chunk's
+  // view (PullResponse.vacant_ranks).
   void Snapshot(Table& table, const std::vector<size_t>& chunks, DataType value_dtype,
-                google::protobuf::RepeatedField<int64_t>* versions,
-                std::vector<TensorBuffer>* values);
+                google::protobuf::RepeatedField<int64_t>* versions, std::vector<TensorBuffer>* values,
+                google::protobuf::RepeatedField<uint32_t>* vacant);
   // Runs `ready(OkStatus())` once every chunk's version (or, with by_clock,
   // its slowest worker's last step) is >= threshold; ready(error) at the
   // deadline, on shutdown, or at once when max_waiters are parked.

@@ -148,13 +148,18 @@ absl::Status EnsureStateSet(ShardStore::Chunk& c, size_t k, const OptimizerConfi
   return absl::OkStatus();
 }
 
-void CompleteSyncStep(ShardStore::Table& table, ShardStore::Chunk& c, TensorBuffer& value) {
+void CompleteSyncStep(ShardStore::Table& table, ShardStore::Chunk& c, TensorBuffer& value,
+                      const std::vector<bool>& active) {
   OptimizerConfig optimizer = table.config.optimizer();
   if (c.pending_lr > 0) optimizer.set_lr(c.pending_lr);
-  // The mean over the ranks that pushed the step (all of them, unless the
-  // coordinator removed one that had not).
-  if (ComputeUpdate(optimizer, c.optimizer_step[0] + 1, c.value, c.accum.data, c.state[0], 1.0 / c.arrivals,
-                    &value)) {
+  // The mean over the batches the step's pushes carried: each rank's own,
+  // and those of vacant ranks that active ones covered (see
+  // PushRequest.extra_batches). When every arrival was empty there is
+  // nothing to apply: the values stay and the step still completes.
+  if (c.batches == 0) {
+    c.spare = std::move(value);
+  } else if (ComputeUpdate(optimizer, c.optimizer_step[0] + 1, c.value, c.accum.data, c.state[0],
+                           1.0 / c.batches, &value)) {
     TensorBuffer old = std::move(c.value);
     c.value = std::move(value);
     if (old.owner.use_count() == 1) c.spare = std::move(old);  // else a reader still has it
@@ -168,6 +173,11 @@ void CompleteSyncStep(ShardStore::Table& table, ShardStore::Chunk& c, TensorBuff
   std::memset(c.accum.MutableData(), 0, c.accum.nbytes);
   std::fill(c.arrived.begin(), c.arrived.end(), false);
   c.arrivals = 0;
+  c.batches = 0;
+  c.vacant_at_version.clear();
+  for (size_t r = 0; r < active.size(); ++r) {
+    if (!active[r]) c.vacant_at_version.push_back(static_cast<uint32_t>(r));
+  }
   c.pending_lr = 0;
   c.version.store(c.version.load(std::memory_order_relaxed) + 1, std::memory_order_release);
 }

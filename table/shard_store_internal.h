@@ -43,6 +43,10 @@ struct ShardStore::Chunk {
   std::vector<int64_t> last_step;       // per worker; -1 before its first push
   std::vector<bool> arrived;            // SYNC: worker pushed the current step
   uint32_t arrivals = 0;
+  uint32_t batches = 0;                 // SYNC: batches the step's pushes sum
+  // SYNC: the ranks inactive when the latest step completed (what the
+  // workers read to cover their batches in the next one).
+  std::vector<uint32_t> vacant_at_version;
 
   // Published under mu, read by waiters without it.
   std::atomic<int64_t> version{0};
@@ -162,10 +166,13 @@ int64_t ActiveClock(const ShardStore::Chunk& c, const std::vector<bool>& active)
 absl::StatusOr<TensorBuffer> TakeSpare(ShardStore::Chunk& c);
 // The chunk's optimizer state set k, allocated on first use.
 absl::Status EnsureStateSet(ShardStore::Chunk& c, size_t k, const OptimizerConfig& optimizer);
-// SYNC: applies the mean of the step's arrivals through `value` (the
-// chunk's spare, from TakeSpare) and opens the next step; a non-finite
-// result is dropped and the state restarts. Under the chunk's lock.
-void CompleteSyncStep(ShardStore::Table& table, ShardStore::Chunk& c, TensorBuffer& value);
+// SYNC: applies the mean of the step's arrivals (their sum over the
+// batches they carry) through `value` (the chunk's spare, from TakeSpare)
+// and opens the next step, recording which ranks were inactive (`active`,
+// the view the step completed under); a non-finite result is dropped and
+// the state restarts. Under the chunk's lock.
+void CompleteSyncStep(ShardStore::Table& table, ShardStore::Chunk& c, TensorBuffer& value,
+                      const std::vector<bool>& active);
 
 // Bytes a table of these chunk sizes may come to hold: values and their
 // spare buffers (updates are written beside the value, then swapped in),

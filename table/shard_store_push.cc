@@ -241,7 +241,10 @@ void ShardStore::PushTransaction::Commit(PushResponse* response) {
         ++c.arrivals;
         c.last_step[in_.worker] = in_.step;
         c.pending_lr = in_.lr;
-        if (skip_[i]) {
+        if (in_.empty) {
+          // An arrival without a batch: nothing added, nothing counted.
+        } else if (skip_[i]) {
+          c.batches += 1 + in_.extra_batches;
           ++skipped;  // counts as this worker's (empty) contribution
         } else {
           if (c.dtype == DT_FLOAT32) {
@@ -249,10 +252,11 @@ void ShardStore::PushTransaction::Commit(PushResponse* response) {
           } else {
             shard_internal::AddInto<double>(c.accum.MutableData(), g.data, c.numel);
           }
+          c.batches += 1 + in_.extra_batches;
           ++applied;
           bytes += g.nbytes;
         }
-        if (StepComplete(c, active_)) CompleteSyncStep(table_, c, new_value_[i]);
+        if (StepComplete(c, active_)) CompleteSyncStep(table_, c, new_value_[i], active_);
         break;
       case Action::kSkip:
         ++skipped;
@@ -292,6 +296,14 @@ absl::Status ShardStore::ApplyPush(Table& table, const PushInput& in, std::vecto
                                                    config.num_workers() - 1, ")"));
   }
   if (absl::Status seat = CheckSeat(table, in.worker, in.generation); !seat.ok()) return seat;
+  if (in.extra_batches >= config.num_workers()) {
+    return absl::InvalidArgumentError(absl::StrCat("extra_batches ", in.extra_batches, " of worker ", in.worker,
+                                                   ": a push covers at most the job's other ",
+                                                   config.num_workers() - 1, " ranks"));
+  }
+  if ((in.extra_batches > 0 || in.empty) && config.consistency() != SYNC) {
+    return absl::InvalidArgumentError("extra_batches and empty pushes are for SYNC tables (covering vacant ranks)");
+  }
   if (in.step < 0 || in.step >= kMaxStep) {
     return absl::InvalidArgumentError(absl::StrCat("step ", in.step, " is out of range [0, 2^40)"));
   }

@@ -27,7 +27,7 @@ absl::Status SettleChunk(ShardStore::Table& table, ShardStore::Chunk& c, const s
   if (!s.ok()) return s;
   absl::StatusOr<TensorBuffer> value = TakeSpare(c);
   if (!value.ok()) return value.status();
-  CompleteSyncStep(table, c, *value);
+  CompleteSyncStep(table, c, *value, active);
   return absl::OkStatus();
 }
 

@@ -113,7 +113,8 @@ void ShardStore::ReaperLoop() {
 }
 
 void ShardStore::Snapshot(Table& table, const std::vector<size_t>& chunks, DataType value_dtype,
-                          google::protobuf::RepeatedField<int64_t>* versions, std::vector<TensorBuffer>* values) {
+                          google::protobuf::RepeatedField<int64_t>* versions, std::vector<TensorBuffer>* values,
+                          google::protobuf::RepeatedField<uint32_t>* vacant) {
   // Without destinations, readers share the chunk's current buffer: updates
   // always write new buffers (ApplyPush), so it never changes under them.
   // With caller-provided destinations that fit, the values are copied in.
@@ -142,6 +143,7 @@ void ShardStore::Snapshot(Table& table, const std::vector<size_t>& chunks, DataT
         out = c.value;
       }
       versions->Add(c.version.load(std::memory_order_relaxed));
+      if (i == 0) vacant->Add(c.vacant_at_version.begin(), c.vacant_at_version.end());
     }
     if (narrow && !use_destinations && out.dtype == DT_FLOAT32) {
       absl::StatusOr<TensorBuffer> narrowed = NarrowFloat32(out, value_dtype);

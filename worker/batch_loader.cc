@@ -56,6 +56,32 @@ void BatchLoader::Loop() {
   cv_.notify_all();
 }
 
+absl::StatusOr<BatchLoader::Batch> CoverLoader::Get(int rank, int epoch, int64_t micro) {
+  if (rank < 0 || rank >= world_) return absl::InvalidArgumentError(absl::StrCat("no rank ", rank, " to cover"));
+  Slice& s = slices_[rank];
+  if (!s.sampler) s.sampler = std::make_unique<DistributedSampler>(data_.size(), rank, world_, seed_);
+  if (s.epoch != epoch) {
+    s.order = s.sampler->Indices(epoch);
+    s.epoch = epoch;
+  }
+  const int64_t b0 = micro * batch_size_;
+  const int64_t len = std::min<int64_t>(batch_size_, s.sampler->per_rank() - b0);
+  if (b0 < 0 || len <= 0) {
+    return absl::OutOfRangeError(absl::StrCat("rank ", rank, " has no micro-batch ", micro, " in epoch ", epoch));
+  }
+  try {
+    at::Tensor idx = at::from_blob(s.order.data() + b0, {len}, at::kLong);
+    BatchLoader::Batch b;
+    b.epoch = epoch;
+    b.micro = micro;
+    b.inputs = data_.inputs.index_select(0, idx);
+    b.labels = data_.labels.index_select(0, idx);
+    return b;
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("gathering rank ", rank, "'s batch: ", e.what_without_backtrace()));
+  }
+}
+
 absl::StatusOr<BatchLoader::Batch> BatchLoader::Next(int epoch, int64_t micro) {
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [&] { return !ready_.empty() || !error_.ok(); });

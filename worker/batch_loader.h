@@ -10,6 +10,8 @@
 
 #include <condition_variable>
 #include <deque>
+#include <map>
+#include <memory>
 #include <mutex>
 #include <thread>
 
@@ -60,6 +62,30 @@ class BatchLoader {
   absl::Status error_;
   bool stop_ = false;
   std::thread thread_;
+};
+
+// Batches of other ranks' slices, gathered on demand on the caller's thread:
+// for a SYNC step that covers a vacant rank's batch (see AssignBatches).
+// Keeps one epoch's order per rank it was asked for.
+class CoverLoader {
+ public:
+  // The job's sampler settings: the slices are DistributedSampler's.
+  CoverLoader(const Dataset& data, int world_size, uint64_t seed, int64_t batch_size)
+      : data_(data), world_(world_size), seed_(seed), batch_size_(batch_size) {}
+  // Micro-batch `micro` of rank `rank`'s slice in `epoch`.
+  absl::StatusOr<BatchLoader::Batch> Get(int rank, int epoch, int64_t micro);
+
+ private:
+  struct Slice {
+    std::unique_ptr<DistributedSampler> sampler;
+    int epoch = -1;
+    std::vector<int64_t> order;
+  };
+  const Dataset& data_;
+  const int world_;
+  const uint64_t seed_;
+  const int64_t batch_size_;
+  std::map<int, Slice> slices_;
 };
 
 }  // namespace pstrain

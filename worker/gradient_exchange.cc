@@ -112,6 +112,10 @@ class PsExchange : public GradientExchange {
     }
   }
   bool clips_reduced() const override { return false; }
+  std::vector<uint32_t> VacantRanks() const override { return options_.ps->vacant_ranks(); }
+  void SetStepBatches(uint32_t extra_batches, bool empty) override {
+    options_.ps->SetStepBatches(extra_batches, empty);
+  }
 
   void Offer(size_t i, const at::Tensor& grad) override {
     ready_[i] = stager_->on_host() ? grad.contiguous() : stager_->Copy(grad, host_grads_[i]);

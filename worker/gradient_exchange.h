@@ -84,6 +84,12 @@ class GradientExchange {
   virtual bool clips_reduced() const = 0;
   // Before a step's first backward.
   void BeginStep(int64_t step, double lr);
+  // Parameter server under SYNC: the ranks the shards had vacant when the
+  // step of the values last pulled completed -- whose batches the active
+  // workers cover in the next step -- and what this step's pushes carry
+  // (PushRequest.extra_batches, .empty). Nothing for all-reduce.
+  virtual std::vector<uint32_t> VacantRanks() const { return {}; }
+  virtual void SetStepBatches(uint32_t extra_batches, bool empty) {}
   // Parameter i's gradient for this step is complete: hooks call this during
   // backward; whatever they did not offer is offered after it.
   virtual void Offer(size_t i, const at::Tensor& grad) = 0;

@@ -1,5 +1,6 @@
 #include "worker/ps_client.h"
 
+#include <algorithm>
 #include <type_traits>
 
 #include <condition_variable>
@@ -124,7 +125,24 @@ Request& PsClient::AddressedPush(Request& req, const std::vector<size_t>& chunks
   req.set_generation(options_.generation);
   req.set_step(step);
   req.set_lr(lr);
+  req.set_extra_batches(extra_batches_);
+  req.set_empty(empty_);
   return Addressed(req, chunks);
+}
+
+void PsClient::SetStepBatches(uint32_t extra_batches, bool empty) {
+  extra_batches_ = extra_batches;
+  empty_ = empty;
+}
+
+std::vector<uint32_t> PsClient::vacant_ranks() const {
+  absl::MutexLock lock(&view_mu_);
+  return vacant_ranks_;
+}
+
+void PsClient::RecordView(const google::protobuf::RepeatedField<uint32_t>& vacant) {
+  absl::MutexLock lock(&view_mu_);
+  vacant_ranks_.assign(vacant.begin(), vacant.end());
 }
 
 absl::StatusOr<std::vector<TensorBuffer>> PsClient::ChunkViews(
@@ -212,6 +230,7 @@ absl::Status PsClient::Pull(const std::vector<at::Tensor>& params, int64_t min_v
     req.set_min_worker_steps(min_worker_steps);
     shards_[shard]->Pull(req, &responses[shard], &values[shard], opts,
                          [&, shard, done = std::move(done)](absl::Status st) {
+                           if (st.ok() && shard == 0) RecordView(responses[0].vacant_ranks());
                            if (st.ok()) st = CopyIntoParams(shard, values[shard], params);
                            values[shard].clear();
                            done(st);
@@ -253,6 +272,7 @@ absl::Status PsClient::PushPull(int64_t step, const std::vector<at::Tensor>& gra
     PushPullRequest& req = AddressedPush(requests[shard], options_.plan.shard_chunks[shard], step, lr);
     shards_[shard]->PushPull(req, std::move(*views), &responses[shard], &values[shard], opts,
                              [&, shard, done = std::move(done)](absl::Status st) {
+                               if (st.ok() && shard == 0) RecordView(responses[0].vacant_ranks());
                                if (st.ok()) st = CopyIntoParams(shard, values[shard], params);
                                values[shard].clear();
                                done(st);
@@ -302,6 +322,17 @@ void PsClient::PushPullAsync(int64_t step, const std::vector<size_t>& params,
       ids[s].insert(ids[s].end(), param_chunks_[p][s].begin(), param_chunks_[p][s].end());
     }
   }
+  // The request holding shard 0's view chunk (the first of its list, the
+  // first key of a Pull) puts it first, so the shard reports that chunk's
+  // view: the same one for every worker, whose buckets are the same.
+  bool has_view = false;
+  if (!ids.empty() && !options_.plan.shard_chunks.empty() && !options_.plan.shard_chunks[0].empty()) {
+    auto at = std::find(ids[0].begin(), ids[0].end(), options_.plan.shard_chunks[0][0]);
+    if (at != ids[0].end()) {
+      std::iter_swap(ids[0].begin(), at);
+      has_view = true;
+    }
+  }
   auto state = std::make_shared<State>();
   state->done = std::move(done);
   state->requests.resize(n);
@@ -316,8 +347,9 @@ void PsClient::PushPullAsync(int64_t step, const std::vector<size_t>& params,
     Activity* activity = options_.activity;
     const absl::Time start = absl::Now();
     if (activity != nullptr) activity->ShardCallStarted(static_cast<int>(s));
-    auto finish = [state, s, activity, start](absl::Status st) {
+    auto finish = [this, state, s, activity, start, has_view](absl::Status st) {
       if (activity != nullptr) activity->ShardCallEnded(static_cast<int>(s), absl::Now() - start, state->bytes[s]);
+      if (st.ok() && s == 0 && has_view) RecordView(state->responses[0].vacant_ranks());
       bool last;
       {
         std::lock_guard<std::mutex> lock(state->mu);

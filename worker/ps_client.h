@@ -15,6 +15,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "common/partition_plan.h"
 #include "table/parameter_store.h"
 
@@ -72,6 +74,15 @@ class PsClient {
 
   const PartitionPlan& plan() const { return options_.plan; }
 
+  // SYNC, covering vacant ranks: this step's pushes sum `extra_batches`
+  // batches besides the worker's own, or carry none (`empty`: a
+  // replacement whose batch of the step a survivor covered). See
+  // PushRequest.extra_batches. Until changed.
+  void SetStepBatches(uint32_t extra_batches, bool empty);
+  // The ranks the shards had vacant when the step of the values last
+  // pulled completed (shard 0's view chunk): whose batches to cover next.
+  std::vector<uint32_t> vacant_ranks() const;
+
  private:
   PsClient(PsClientOptions options, std::vector<ParameterStore*> shards);
 
@@ -93,6 +104,7 @@ class PsClient {
   // ... and a push's: worker, step, lr.
   template <typename Request>
   Request& AddressedPush(Request& req, const std::vector<size_t>& chunks, int64_t step, double lr) const;
+  void RecordView(const google::protobuf::RepeatedField<uint32_t>& vacant);
   // Runs call(shard, done) for every shard at once and waits for all.
   absl::Status ForEachShard(const std::function<void(int, StatusCallback)>& call);
 
@@ -103,6 +115,10 @@ class PsClient {
   // Error feedback: per chunk, what rounding lost (chunks of one bucket are
   // narrowed by one thread at a time).
   std::vector<std::vector<float>> residual_;
+  uint32_t extra_batches_ = 0;
+  bool empty_ = false;
+  mutable absl::Mutex view_mu_;
+  std::vector<uint32_t> vacant_ranks_ ABSL_GUARDED_BY(view_mu_);  // written on gRPC threads
 };
 
 }  // namespace pstrain

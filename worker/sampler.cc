@@ -1,5 +1,6 @@
 #include "worker/sampler.h"
 
+#include <algorithm>
 #include <numeric>
 #include <random>
 
@@ -31,6 +32,26 @@ std::vector<int64_t> DistributedSampler::Indices(int epoch) const {
   const int64_t total = per_rank_ * world_;
   for (int64_t i = rank_; i < total; i += world_) mine.push_back(n_ == 0 ? 0 : all[i % n_]);
   return mine;
+}
+
+StepBatches AssignBatches(const std::vector<uint32_t>& vacant, int rank, int world_size) {
+  std::vector<bool> is_vacant(std::max(0, world_size), false);
+  for (uint32_t v : vacant) {
+    if (v < is_vacant.size()) is_vacant[v] = true;
+  }
+  StepBatches out;
+  if (rank < 0 || rank >= world_size) return out;
+  if (is_vacant[rank]) {
+    out.own = false;
+    return out;
+  }
+  std::vector<int> active, gone;
+  for (int r = 0; r < world_size; ++r) (is_vacant[r] ? gone : active).push_back(r);
+  const size_t me = std::find(active.begin(), active.end(), rank) - active.begin();
+  for (size_t j = 0; j < gone.size(); ++j) {
+    if (j % active.size() == me) out.covered.push_back(gone[j]);
+  }
+  return out;
 }
 
 }  // namespace pstrain

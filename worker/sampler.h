@@ -30,6 +30,20 @@ class DistributedSampler {
   int64_t per_rank_;
 };
 
+// Which batches a rank trains in a SYNC parameter-server step while some
+// ranks are vacant (lost, not yet replaced): each vacant rank's batch of the
+// step goes to the active ranks in turn -- vacant[j] to active[j mod
+// |active|] -- so every batch of the epoch is still trained once. A rank the
+// view itself calls vacant (a replacement joining the step in flight, whose
+// batch a survivor already took) trains none. `vacant` comes from the
+// shards (the same view for every worker); ranks outside [0, world) are
+// ignored.
+struct StepBatches {
+  bool own = true;           // this rank's own batch
+  std::vector<int> covered;  // vacant ranks whose batch it trains too
+};
+StepBatches AssignBatches(const std::vector<uint32_t>& vacant, int rank, int world_size);
+
 }  // namespace pstrain
 
 #endif  // PSTRAIN_WORKER_SAMPLER_H_

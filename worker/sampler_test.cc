@@ -43,5 +43,35 @@ TEST(DistributedSamplerTest, WithoutShuffleRanksInterleave) {
   EXPECT_EQ(s.Indices(0), (std::vector<int64_t>{1, 4, 7, 0}));
 }
 
+// Every batch of a step is trained once, whatever is vacant.
+TEST(AssignBatchesTest, EveryVacantBatchGoesToExactlyOneActiveRank) {
+  for (int world = 1; world <= 6; ++world) {
+    for (uint32_t mask = 0; mask + 1 < (1u << world); ++mask) {  // at least one rank active
+      std::vector<uint32_t> vacant;
+      for (int r = 0; r < world; ++r) {
+        if (mask & (1u << r)) vacant.push_back(r);
+      }
+      std::vector<int> trained(world, 0);
+      size_t most = 0, least = SIZE_MAX;
+      for (int r = 0; r < world; ++r) {
+        StepBatches b = AssignBatches(vacant, r, world);
+        EXPECT_EQ(b.own, !(mask & (1u << r)));
+        if (b.own) ++trained[r];
+        if (!b.own) EXPECT_TRUE(b.covered.empty());
+        for (int v : b.covered) ++trained[v];
+        if (b.own) {
+          most = std::max(most, b.covered.size());
+          least = std::min(least, b.covered.size());
+        }
+      }
+      for (int r = 0; r < world; ++r) EXPECT_EQ(trained[r], 1) << "world " << world << " mask " << mask;
+      EXPECT_LE(most - least, 1u);  // spread evenly
+    }
+  }
+  // Out-of-range ranks in the view are ignored.
+  EXPECT_TRUE(AssignBatches({7, 99}, 0, 2).covered.empty());
+  EXPECT_TRUE(AssignBatches({}, 1, 2).own);
+}
+
 }  // namespace
 }  // namespace pstrain

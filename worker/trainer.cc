@@ -3,9 +3,6 @@
 #include <ATen/ops/cross_entropy_loss.h>
 #include <ATen/ops/zeros_like.h>
 #include <c10/core/GradMode.h>
-#include <caffe2/serialize/inline_container.h>
-#include <torch/csrc/jit/serialization/export.h>
-#include <torch/csrc/jit/serialization/pickler.h>
 #include <torch/types.h>
 #include <torch/nn/utils/clip_grad.h>
 
@@ -28,6 +25,7 @@
 #include "worker/model.h"
 #include "worker/ps_client.h"
 #include "worker/sampler.h"
+#include "worker/weights_file.h"
 
 namespace pstrain {
 namespace {
@@ -98,36 +96,6 @@ EvalResult Evaluate(Model& model, const Dataset& test, const c10::Device& device
   return {n == 0 ? 0 : loss_sum / n, n == 0 ? 0 : static_cast<double>(correct) / n};
 }
 
-// torch.save's format (a zip archive: the pickle in data.pkl, each tensor's
-// bytes in data/<n>), written without TorchScript's type tags on the dict:
-// torch.load's weights_only mode (PyTorch 2.6's default) refuses the
-// restore_type_tag global that torch::pickle_save emits for a c10::Dict.
-absl::Status SaveWeights(const std::vector<std::pair<std::string, at::Tensor>>& params,
-                         const std::string& path) {
-  try {
-    c10::Dict<std::string, at::Tensor> dict;
-    for (const auto& [name, t] : params) dict.insert(name, t.detach().to(at::kCPU, /*non_blocking=*/false, /*copy=*/true));
-    std::vector<char> pickled;
-    torch::jit::Pickler pickler([&](const char* bytes, size_t n) { pickled.insert(pickled.end(), bytes, bytes + n); },
-                                /*tensor_table=*/nullptr, /*type_renamer=*/nullptr, /*memoized_class_types=*/nullptr,
-                                /*get_tensor_id=*/nullptr, /*tag_aggregates=*/false);
-    pickler.protocol();
-    pickler.pushIValue(dict);
-    pickler.stop();
-    std::vector<char> archive;
-    {
-      caffe2::serialize::PyTorchStreamWriter writer([&](const void* bytes, size_t n) {
-        archive.insert(archive.end(), static_cast<const char*>(bytes), static_cast<const char*>(bytes) + n);
-        return n;
-      });
-      torch::jit::writeArchiveAndTensors("data", pickled.data(), pickled.size(), pickler.tensorData(), writer);
-    }  // the writer finishes the archive when destroyed
-    return WriteFileAtomically(path, absl::string_view(archive.data(), archive.size()));
-  } catch (const c10::Error& e) {
-    return absl::InternalError(absl::StrCat("saving weights: ", e.what_without_backtrace()));
-  }
-}
-
 // One run of the training loop; RunTrainer's state, its phases as methods.
 class Trainer {
  public:
@@ -150,7 +118,7 @@ class Trainer {
   };
   // A progress window's sums (see WorkerEvent.Progress).
   struct Window {
-    int steps = 0;
+    int steps = 0, loss_steps = 0;
     int64_t samples = 0;
     double loss = 0, seconds = 0, wait = 0, data = 0, lr = 0, grad_norm = 0;
     int grad_norms = 0;
@@ -167,6 +135,7 @@ class Trainer {
   // One optimizer step: micro-batches forward and backward, gradients
   // offered, the exchange finished.
   absl::Status Step(int epoch, int64_t first_micro, int64_t last_micro);
+  void TrainMicro(const BatchLoader::Batch& batch, double scale, bool arm, at::Tensor* loss_sum);
   // Reads the losses of finished steps, all of them when `all`.
   void ReadLosses(bool all);
   void EmitProgress(int epoch);
@@ -202,6 +171,8 @@ class Trainer {
   // before it goes.
   std::unique_ptr<DistributedSampler> sampler_;
   std::unique_ptr<BatchLoader> loader_;
+  // SYNC parameter server: other ranks' batches, for covering vacant ones.
+  std::unique_ptr<CoverLoader> covering_;
 };
 
 absl::Status Trainer::BuildModel() {
@@ -310,6 +281,29 @@ void Trainer::RegisterHooks() {
   }
 }
 
+// One micro-batch forward and backward, its loss scaled by `scale` (the
+// step's gradient is the mean over its micro-batches); hooks offer
+// gradients during backward when `arm`.
+void Trainer::TrainMicro(const BatchLoader::Batch& batch, double scale, bool arm, at::Tensor* loss_sum) {
+  activity_.Enter(WorkerActivity::COMPUTE, step_);
+  // Gathered by the loader's thread, normalised where it trains (a quarter
+  // of the bytes cross to a GPU when the data is uint8).
+  at::Tensor x = data_.train.Normalize(ToDevice(batch.inputs, device_));
+  at::Tensor y = ToDevice(batch.labels, device_);
+  at::Tensor logits;
+  {
+    AutocastScope autocast(device_, spec_.precision);
+    logits = model_->Forward(x);
+  }
+  // The loss in fp32 whatever the forward's precision.
+  at::Tensor loss = at::cross_entropy_loss(logits.to(at::kFloat), y, {}, at::Reduction::Mean);
+  at::Tensor part = loss.detach() * scale;
+  *loss_sum = loss_sum->defined() ? *loss_sum + part : part;
+  armed_ = arm;
+  (loss * scale).backward();
+  armed_ = false;
+}
+
 absl::Status Trainer::Step(int epoch, int64_t first, int64_t last) {
   const auto step_start = Clock::now();
   for (auto& p : params_) {
@@ -317,6 +311,14 @@ absl::Status Trainer::Step(int epoch, int64_t first, int64_t last) {
   }
   const double lr = LearningRate(spec_, epoch, step_);
   exchange_->BeginStep(step_, lr);
+  // SYNC parameter server with vacant ranks: their batches of this step are
+  // shared out among the active ranks (AssignBatches), the pushes say how
+  // many batches they sum, and the shards' mean is over all of them.
+  StepBatches batches;
+  if (covering_ != nullptr) batches = AssignBatches(exchange_->VacantRanks(), options_.rank, options_.world_size);
+  exchange_->SetStepBatches(static_cast<uint32_t>(batches.covered.size()), !batches.own);
+  const bool arm = hooks_ && batches.own && batches.covered.empty();
+  const double scale = 1.0 / static_cast<double>(last - first);
   std::fill(offered_.begin(), offered_.end(), false);
   at::Tensor loss_sum;  // stays on the device (see unread_)
   int64_t samples = 0;
@@ -325,28 +327,23 @@ absl::Status Trainer::Step(int epoch, int64_t first, int64_t last) {
     for (int64_t m = first; m < last; ++m) {
       activity_.Enter(WorkerActivity::DATA, step_);
       const auto data_start = Clock::now();
-      absl::StatusOr<BatchLoader::Batch> batch = loader_->Next(epoch, m);
+      absl::StatusOr<BatchLoader::Batch> batch = loader_->Next(epoch, m);  // in order, trained or not
       if (!batch.ok()) return batch.status();
       data_seconds += Seconds(data_start, Clock::now());
-      activity_.Enter(WorkerActivity::COMPUTE, step_);
-      // Gathered by the loader's thread, normalised where it trains (a
-      // quarter of the bytes cross to a GPU when the data is uint8).
-      at::Tensor x = data_.train.Normalize(ToDevice(batch->inputs, device_));
-      at::Tensor y = ToDevice(batch->labels, device_);
-      at::Tensor logits;
-      {
-        AutocastScope autocast(device_, spec_.precision);
-        logits = model_->Forward(x);
-      }
-      // The loss in fp32 whatever the forward's precision.
-      at::Tensor loss = at::cross_entropy_loss(logits.to(at::kFloat), y, {}, at::Reduction::Mean);
-      at::Tensor part = loss.detach() / static_cast<double>(last - first);
-      loss_sum = loss_sum.defined() ? loss_sum + part : part;
-      armed_ = hooks_;
-      (loss / static_cast<double>(last - first)).backward();
-      armed_ = false;
+      if (!batches.own) continue;
+      TrainMicro(*batch, scale, arm, &loss_sum);
       samples += batch->labels.size(0);
     }
+    for (int v : batches.covered) {
+      for (int64_t m = first; m < last; ++m) {
+        absl::StatusOr<BatchLoader::Batch> batch = covering_->Get(v, epoch, m);
+        if (!batch.ok()) return batch.status();
+        TrainMicro(*batch, scale, /*arm=*/false, &loss_sum);
+        samples += batch->labels.size(0);
+      }
+    }
+    const size_t trained = (batches.own ? 1 : 0) + batches.covered.size();
+    if (trained > 1) loss_sum = loss_sum / static_cast<double>(trained);
     if (spec_.clip_grad_norm > 0 && !exchange_->clips_reduced()) {
       grad_norm = torch::nn::utils::clip_grad_norm_(params_, spec_.clip_grad_norm);
     }
@@ -378,9 +375,13 @@ absl::Status Trainer::Step(int epoch, int64_t first, int64_t last) {
 void Trainer::ReadLosses(bool all) {
   while (unread_.size() > (all ? 0u : 1u)) {
     const UnreadLoss& u = unread_.front();
+    // Undefined: a step that trained no batch (see StepBatches.own).
     const double loss = u.loss.defined() ? u.loss.item<double>() : 0.0;
     if (options_.on_step) options_.on_step(u.step, loss, u.samples, u.seconds, u.wait_seconds);
-    window_.loss += loss;
+    if (u.loss.defined()) {
+      window_.loss += loss;
+      ++window_.loss_steps;
+    }
     ++window_.steps;
     window_.samples += u.samples;
     window_.seconds += u.seconds;
@@ -405,7 +406,7 @@ void Trainer::EmitProgress(int epoch) {
   p->set_step(step_);
   p->set_steps(total_steps_);
   const double steps = std::max(1, window_.steps);
-  p->set_loss(window_.loss / steps);
+  p->set_loss(window_.loss / std::max(1, window_.loss_steps));
   p->set_samples_per_s(window_.samples / std::max(1e-9, Seconds(window_start_, now)));
   p->set_lr(window_.lr / steps);
   p->set_step_time_s(window_.seconds / steps);
@@ -489,6 +490,9 @@ absl::StatusOr<TrainResult> Trainer::Run() {
   batch_plan.micro_per_epoch = micro_per_epoch;
   batch_plan.pin = !device_.is_cpu();
   loader_ = std::make_unique<BatchLoader>(data_.train, *sampler_, batch_plan);
+  if (spec_.consistency == SYNC && !spec_.allreduce()) {
+    covering_ = std::make_unique<CoverLoader>(data_.train, options_.world_size, spec_.seed, spec_.batch_size);
+  }
   start_ = window_start_ = Clock::now();
   for (int epoch = start_epoch; epoch < spec_.epochs && step_ < total_steps_; ++epoch) {
     const int64_t first_step = epoch == start_epoch ? start_es : 0;

@@ -272,6 +272,13 @@ void Coordinator::PushSeatsLoop(const std::string& job_id) {
       Schedule();
       return;
     }
+    for (int r = 0; r < req.seats_size(); ++r) {
+      // Under SYNC the others cover a vacant rank's batches from the step
+      // after the one in flight; what it trained itself ends here.
+      if (req.seats(r).active() || job->joining.count(r) > 0) continue;
+      const int64_t last = answer.last_steps[r] == INT64_MAX ? -1 : answer.last_steps[r];
+      spdlog::info("coordinator: {} rank {} is vacant after its step {}", job_id, r, last);
+    }
     for (auto& [rank, rejoin] : job->joining) {
       if (rejoin.admitted || req.seats(rank).generation() != st.rank_generations(rank)) continue;
       // Where the rank continues: under SYNC the step in flight (a step is

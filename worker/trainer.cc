@@ -21,6 +21,7 @@
 #include "table/shard_store.h"
 #include "worker/activity.h"
 #include "worker/batch_loader.h"
+#include "worker/evaluation.h"
 #include "worker/gradient_exchange.h"
 #include "worker/model.h"
 #include "worker/ps_client.h"
@@ -36,11 +37,6 @@ double Seconds(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
 
-struct EvalResult {
-  double loss = 0;
-  double accuracy = 0;
-};
-
 WorkerEvent EvalEvent(int rank, int epoch, const EvalResult& ev, bool final) {
   WorkerEvent e;
   e.set_rank(rank);
@@ -49,51 +45,6 @@ WorkerEvent EvalEvent(int rank, int epoch, const EvalResult& ev, bool final) {
   e.mutable_eval()->set_accuracy(ev.accuracy);
   e.mutable_eval()->set_final(final);
   return e;
-}
-
-// A batch on the training device, copied from pinned memory without
-// blocking the host.
-at::Tensor ToDevice(const at::Tensor& t, const c10::Device& device) {
-  if (device.is_cpu()) return t;
-  return (t.is_pinned() ? t : t.pin_memory()).to(device, /*non_blocking=*/true);
-}
-
-// Autocast on this thread for the forward pass (backward follows the dtypes
-// forward chose), when the job asks for bf16.
-class AutocastScope {
- public:
-  AutocastScope(const c10::Device& device, Precision precision)
-      : type_(device.type()), on_(precision == Precision::kBf16) {
-    if (on_) SetAutocast(type_, true, at::kBFloat16);
-  }
-  ~AutocastScope() {
-    if (on_) SetAutocast(type_, false, at::kBFloat16);
-  }
-
- private:
-  const c10::DeviceType type_;
-  const bool on_;
-};
-
-EvalResult Evaluate(Model& model, const Dataset& test, const c10::Device& device, Precision precision) {
-  c10::NoGradGuard no_grad;
-  model.SetTraining(false);
-  double loss_sum = 0;
-  int64_t correct = 0;
-  const int64_t n = test.size();
-  for (int64_t start = 0; start < n; start += 1000) {
-    const int64_t len = std::min<int64_t>(1000, n - start);
-    at::Tensor logits;
-    {
-      AutocastScope autocast(device, precision);
-      logits = model.Forward(test.Normalize(ToDevice(test.inputs.narrow(0, start, len), device))).to(at::kFloat);
-    }
-    at::Tensor y = ToDevice(test.labels.narrow(0, start, len), device);
-    loss_sum += at::cross_entropy_loss(logits, y, {}, at::Reduction::Sum).item<double>();
-    correct += logits.argmax(1).eq(y).sum().item<int64_t>();
-  }
-  model.SetTraining(true);
-  return {n == 0 ? 0 : loss_sum / n, n == 0 ? 0 : static_cast<double>(correct) / n};
 }
 
 // One run of the training loop; RunTrainer's state, its phases as methods.

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <filesystem>
 #include <regex>
 
 #include "tests/control_plane_testing.h"
@@ -21,16 +22,24 @@ class ElasticTest : public ControlPlaneTest {
     StartPool(1, 3);
   }
 
+  // `fashion`: the first 24,576 Fashion-MNIST images (where installed), so
+  // accuracies say something; else synthetic data of the same size.
   std::string ElasticSpec(const std::string& name, const std::string& consistency, int min_workers,
-                          const std::string& extra = "") {
+                          const std::string& extra = "", bool fashion = false) {
     const std::string path = dir_ + "/" + name + ".yaml";
+    const std::string data = fashion && HaveFashionMnist()
+                                 ? "data: {format: idx, limit_train: 24576, limit_test: 2000}\n"
+                                 : "data: {format: synthetic, synthetic_train: 24576, synthetic_test: 1024}\n";
     EXPECT_TRUE(WriteFileAtomically(
                     path, extra + "name: " + name + "\nmodel: mlp\nconsistency: " + consistency +
-                              "\nworkers: 3\nmin_workers: " + std::to_string(min_workers) +
-                              "\nshards: 1\ndata: {format: synthetic, synthetic_train: 24576, synthetic_test: 1024}\n"
+                              "\nworkers: 3\nmin_workers: " + std::to_string(min_workers) + "\nshards: 1\n" + data +
                               "epochs: 2\nbatch_size: 16\nlog_every_steps: 5\noutput_dir: " + dir_ + "/out\n")
                     .ok());
     return path;
+  }
+
+  static bool HaveFashionMnist() {
+    return std::filesystem::exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz");
   }
 
   int64_t Step(const std::string& job) {
@@ -81,26 +90,27 @@ class ElasticTest : public ControlPlaneTest {
     EXPECT_GE(samples + own, 2 * 24576 - 16) << Logs();
   }
 
-  void ExpectFinishedWithoutARestart(const std::string& job) {
+  void ExpectFinishedWithoutARestart(const std::string& job, double min_accuracy = 0.9) {
     WaitForState(job, "SUCCEEDED", absl::Seconds(180));
     CliResult st = Cli({"status", job, "-o", "json"});
     EXPECT_EQ(Field(job, "restarts"), 0) << st.out;
     if (st.out.find("\"reason\": \"Scaled\"") == std::string::npos) {
       EXPECT_NE(st.out.find("\"reason\": \"MemberLost\""), std::string::npos) << st.out;
     }
-    EXPECT_GE(Field(job, "final_accuracy"), 0.9) << st.out;
+    EXPECT_GE(Field(job, "final_accuracy"), min_accuracy) << st.out;
   }
 };
 
 TEST_F(ElasticTest, SyncJobLosesAWorkerAndFinishesWithTheOthers) {
-  // The same job uninterrupted first, for its accuracy.
-  const std::string whole = Submit(ElasticSpec("whole", "sync", 2));
+  // The same job uninterrupted first, for its accuracy (on Fashion-MNIST:
+  // synthetic data ends at 1.0 either way).
+  const std::string whole = Submit(ElasticSpec("whole", "sync", 2, "", /*fashion=*/true));
   WaitForState(whole, "SUCCEEDED", absl::Seconds(180));
   const double uninterrupted = Field(whole, "final_accuracy");
-  const std::string job = Submit(ElasticSpec("sync", "sync", 2));
+  const std::string job = Submit(ElasticSpec("sync", "sync", 2, "", /*fashion=*/true));
   const double recovery = KillWorkerAndTimeRecovery(job, 3, 40);  // worker-2
   std::printf("sync: 5 more steps %.2f s after the SIGKILL (lease 0.5 s)\n", recovery);
-  ExpectFinishedWithoutARestart(job);
+  ExpectFinishedWithoutARestart(job, HaveFashionMnist() ? 0.7 : 0.9);
   CliResult st = Cli({"status", job});
   EXPECT_NE(st.out.find("2 of 3 training (vacant: rank 2)"), std::string::npos) << st.out;
   EXPECT_EQ(Field(job, "active_workers"), 2) << st.out << Logs();

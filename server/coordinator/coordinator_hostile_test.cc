@@ -4,6 +4,8 @@
 // time; the status written without the coordinator's lock.
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include <condition_variable>
 #include <filesystem>
 #include <future>
@@ -121,6 +123,54 @@ TEST(CoordinatorFencingTest, RequestsOfAnotherAttemptAreRefusedOrIgnored) {
     }
   }
   (void)shard;
+}
+
+// What a worker says it is doing comes from the member: an unknown phase,
+// a negative or NaN duration, a negative step or shard are stored as
+// something that means something; a shard's heartbeat carries none.
+TEST(CoordinatorLimitsTest, ActivityFromHeartbeatsIsSanitised) {
+  auto c = Make();
+  const std::string shard = Join(*c, "shard", "shard-0")->member_id();
+  const std::string worker = Join(*c, "worker", "worker-0")->member_id();
+  const std::string job = Submit(*c);
+  ASSERT_EQ(c->GetJob(job)->state(), RUNNING);
+  auto activity_of = [&](const std::string& name) {
+    const JobStatus st = *c->GetJob(job);
+    for (const MemberStatus& m : st.members()) {
+      if (m.name() == name) return m.activity();
+    }
+    ADD_FAILURE() << name << " is not a member of " << job;
+    return WorkerActivity();
+  };
+  HeartbeatRequest hb;
+  hb.set_member_id(worker);
+  hb.set_running_job_id(job);
+  hb.set_running_attempt(1);
+  hb.mutable_activity()->set_phase(static_cast<WorkerActivity::Phase>(999));
+  hb.mutable_activity()->set_for_s(std::nan(""));
+  hb.mutable_activity()->set_step(-5);
+  hb.mutable_activity()->set_shard(-70);
+  ASSERT_TRUE(c->Heartbeat(hb).ok());
+  WorkerActivity a = activity_of("worker-0");
+  EXPECT_EQ(a.phase(), WorkerActivity::PHASE_UNSPECIFIED);
+  EXPECT_EQ(a.for_s(), 0);
+  EXPECT_EQ(a.step(), 0);
+  EXPECT_EQ(a.shard(), -1);
+  hb.mutable_activity()->set_phase(WorkerActivity::SHARDS);
+  hb.mutable_activity()->set_for_s(1e300);
+  hb.mutable_activity()->set_shard(0);
+  hb.mutable_activity()->set_step(12);
+  ASSERT_TRUE(c->Heartbeat(hb).ok());
+  a = activity_of("worker-0");
+  EXPECT_EQ(a.phase(), WorkerActivity::SHARDS);
+  EXPECT_EQ(a.for_s(), 0);
+  EXPECT_EQ(a.step(), 12);
+  EXPECT_EQ(a.shard(), 0);
+  // A shard's heartbeat: no activity kept, whatever it sends.
+  HeartbeatRequest shb = hb;
+  shb.set_member_id(shard);
+  ASSERT_TRUE(c->Heartbeat(shb).ok());
+  EXPECT_EQ(activity_of("shard-0").phase(), WorkerActivity::PHASE_UNSPECIFIED);
 }
 
 TEST(CoordinatorLimitsTest, MembersNamesAndDeadRegistrationsAreBounded) {

@@ -131,12 +131,12 @@ function renderList(data) {
        el("td", {}, j.name),
        el("td", {}, stateBadge(j.state)),
        el("td", {}, bar(j.step, j.steps)),
-       el("td", { class: "num" }, `${j.step}/${j.steps}`),
+       el("td", { class: "num hide-narrow" }, `${j.step}/${j.steps}`),
        el("td", { class: "num hide-narrow" }, duration(j.eta_s)),
-       el("td", { class: "num" }, fmt(j.loss, 4)),
+       el("td", { class: "num hide-narrow" }, fmt(j.loss, 4)),
        el("td", { class: "num" }, j.accuracy === null ? "-" : fmt(j.accuracy, 4))));
   return el("div", { class: "card" }, el("h2", {}, "Jobs"),
-            rows.length ? table(["job", "name", "state", "progress", "step", "ETA", "loss", "accuracy"], rows, [5])
+            rows.length ? table(["job", "name", "state", "progress", "step", "ETA", "loss", "accuracy"], rows, [4, 5, 6])
                         : el("p", { class: "muted" }, "No jobs yet: submit one with `pstrain submit`."));
 }
 
@@ -179,7 +179,7 @@ function renderJob(j) {
     const stuck = r.waits && r.for_s >= STUCK_S;
     return el("tr", { class: "rank" + (stuck ? " stuck" : ""), "data-rank": r.rank },
       el("td", {}, r.rank), el("td", { class: "hide-narrow" }, r.member || "-"),
-      el("td", { class: "num" }, r.epoch), el("td", { class: "num" }, `${r.step}/${r.steps}`),
+      el("td", { class: "num hide-narrow" }, r.epoch), el("td", { class: "num" }, `${r.step}/${r.steps}`),
       el("td", { class: "num" }, fmt(r.loss, 4)), el("td", { class: "num" }, fmt(r.samples_per_s, 0)),
       el("td", { class: "doing" }, r.doing || "-"),
       el("td", { class: "num" }, r.for_s === undefined ? "-" : r.for_s.toFixed(1) + "s"),
@@ -195,7 +195,7 @@ function renderJob(j) {
     el("td", {}, c.reason), el("td", {}, c.message)));
   return el("div", {}, head, charts,
     el("div", { class: "card" }, el("h2", {}, "Ranks"),
-       ranks.length ? table(["rank", "member", "epoch", "step", "loss", "samples/s", "now", "for", "health"], ranks, [1])
+       ranks.length ? table(["rank", "member", "epoch", "step", "loss", "samples/s", "now", "for", "health"], ranks, [1, 2])
                     : el("p", { class: "muted" }, j.pending_reason || "No progress yet.")),
     shards.length ? el("div", { class: "card" }, el("h2", {}, "Shards (latency as rank 0 sees it)"),
                        table(["shard", "member", "address", "health", "call", "throughput"], shards, [1])) : null,

@@ -1,7 +1,6 @@
 #include "server/coordinator/dashboard.h"
 
 #include <civetweb.h>
-#include <google/protobuf/util/json_util.h>
 
 #include <algorithm>
 #include <nlohmann/json.hpp>

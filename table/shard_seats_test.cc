@@ -13,15 +13,24 @@ namespace {
 
 using namespace testing_util;  // NOLINT
 
-absl::Status PushAs(ShardStore& store, uint32_t worker, uint32_t generation, int64_t step, float g) {
+// A push carrying `extra` covered batches (their gradients summed into g)
+// or none (`empty`).
+absl::Status PushCovering(ShardStore& store, uint32_t worker, uint32_t generation, int64_t step, float g,
+                          uint32_t extra, bool empty = false) {
   PushRequest req;
   req.set_job("job");
   req.set_worker(worker);
   req.set_generation(generation);
   req.set_step(step);
   req.add_keys("a");
+  req.set_extra_batches(extra);
+  req.set_empty(empty);
   PushResponse resp;
   return WaitFor([&](StatusCallback done) { store.Push(req, {Floats({g, g, g})}, &resp, {}, done); });
+}
+
+absl::Status PushAs(ShardStore& store, uint32_t worker, uint32_t generation, int64_t step, float g) {
+  return PushCovering(store, worker, generation, step, g, /*extra=*/0);
 }
 
 // Seats: {active, generation} per rank.
@@ -37,22 +46,6 @@ absl::StatusOr<SetWorkersResponse> Seat(ShardStore& store, std::vector<std::pair
   absl::Status s = WaitFor([&](StatusCallback done) { store.SetWorkers(req, &resp, {}, done); });
   if (!s.ok()) return s;
   return resp;
-}
-
-// A push carrying `extra` covered batches (their gradients summed into g)
-// or none (`empty`).
-absl::Status PushCovering(ShardStore& store, uint32_t worker, uint32_t generation, int64_t step, float g,
-                          uint32_t extra, bool empty = false) {
-  PushRequest req;
-  req.set_job("job");
-  req.set_worker(worker);
-  req.set_generation(generation);
-  req.set_step(step);
-  req.add_keys("a");
-  req.set_extra_batches(extra);
-  req.set_empty(empty);
-  PushResponse resp;
-  return WaitFor([&](StatusCallback done) { store.Push(req, {Floats({g, g, g})}, &resp, {}, done); });
 }
 
 // The vacant ranks a pull at `min_version` reports.
@@ -143,14 +136,6 @@ TEST(ShardSeatsTest, SspAndTheFinalWaitCountActiveRanksOnly) {
   ASSERT_TRUE(Init(sync, Config(SYNC, 2)).ok());
   EXPECT_EQ(PullWorkerSteps(sync, 1, absl::Milliseconds(10)).status().code(), absl::StatusCode::kInvalidArgument);
 }
-
-}  // namespace
-}  // namespace pstrain
-
-namespace pstrain {
-namespace {
-
-using namespace testing_util;  // NOLINT
 
 // A vacant rank's batch covered by a survivor: the survivor pushes the sum
 // of its gradient and the covered one with extra_batches 1, and the step's

@@ -290,10 +290,17 @@ absl::StatusOr<std::string> Coordinator::SubmitJob(const SubmitJobRequest& reque
   auto output_dir = PathUnderRoot(options_.checkpoint_root,
                                   request.output_dir().empty() ? spec->output_dir : request.output_dir(), "output_dir");
   if (!output_dir.ok()) return output_dir.status();
-  absl::MutexLock lock(&mu_);
-  if (shutdown_) return absl::UnavailableError("coordinator is shutting down");
+  {
+    absl::MutexLock lock(&mu_);
+    if (shutdown_) return absl::UnavailableError("coordinator is shutting down");
+  }
+  // The insert (an fsync: synchronous=FULL) runs off the coordinator's lock,
+  // so heartbeats and other calls never wait for the disk; the store has a
+  // lock of its own and gives the job its id.
+  if (options_.before_create) options_.before_create();
   auto stored = store_->Create(spec_yaml, *output_dir, status);
   if (!stored.ok()) return stored.status();
+  absl::MutexLock lock(&mu_);
   Job job;
   job.spec = *spec;
   job.stored = std::move(*stored);

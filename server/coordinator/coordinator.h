@@ -92,6 +92,8 @@ struct CoordinatorOptions {
   // be written to the store.
   std::function<void(const std::string& job)> on_checkpoint_claimed;
   std::function<void(const std::string& job)> before_persist;
+  // A submitted job is about to be inserted into the store.
+  std::function<void()> before_create;
   // TensorBoard event files and the dashboard's curves (job_telemetry.h).
   TelemetryOptions telemetry;
 };

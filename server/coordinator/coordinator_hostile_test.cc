@@ -294,6 +294,44 @@ TEST(CoordinatorConcurrencyTest, OnlyOneCheckpointOfAJobRunsAtATime) {
 
 // Writing the status to SQLite (an fsync) happens without the coordinator's
 // mutex: a slow disk does not stall heartbeats and queries.
+// A submission's insert into the store (an fsync) does not hold the
+// coordinator: members heartbeat and register, jobs are read, while it
+// waits on the disk. (An elastic test under heavy load once saw a CLI
+// submit time out; this was a suspect.)
+TEST(CoordinatorConcurrencyTest, ASubmissionIsStoredOffTheLock) {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool stalled = false, release = false;
+  CoordinatorOptions hooked = Options();
+  hooked.before_create = [&] {
+    std::unique_lock<std::mutex> lock(mu);
+    stalled = true;
+    cv.notify_all();
+    cv.wait(lock, [&] { return release; });
+  };
+  auto h = Make(hooked);
+  const std::string member = Join(*h, "worker", "worker-1")->member_id();
+  auto submitting = std::async(std::launch::async, [&] { return Submit(*h); });
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(30), [&] { return stalled; }));
+  }
+  auto others = std::async(std::launch::async, [&] {
+    HeartbeatRequest hb;
+    hb.set_member_id(member);
+    return h->Heartbeat(hb).ok() && Join(*h, "shard", "shard-9").ok() && h->ListJobs().empty();
+  });
+  EXPECT_EQ(others.wait_for(std::chrono::seconds(10)), std::future_status::ready) << "blocked behind the insert";
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    release = true;
+    cv.notify_all();
+  }
+  EXPECT_TRUE(others.get());
+  EXPECT_FALSE(submitting.get().empty());
+  EXPECT_EQ(h->ListJobs().size(), 1u);
+}
+
 TEST(CoordinatorConcurrencyTest, StatusIsPersistedOffTheLock) {
   std::mutex mu;
   std::condition_variable cv;

@@ -340,6 +340,119 @@ print(json.dumps({
 PYEOF
 }
 
+# The comm benchmark with one network per "host": every process in a network
+# namespace of its own (a veth pair onto a bridge), each veth shaped in both
+# directions to COMM_LINK (default 1gbit): a full-duplex NIC per host, as in
+# a cluster, where `comm` shares one shaped loopback among all. pstrain PS
+# (coordinator, 2 shards, 2 workers: 5 hosts) with fp32 and bf16 wire, and
+# PyTorch DDP (2 ranks: 2 hosts) without a hook and with fp16_compress_hook,
+# same model, data, batch, threads. Needs root (ip netns, tc).
+commhosts() {
+  local reps=${1:-3}
+  COMM_LIMIT=${COMM_LIMIT:-16000}
+  COMM_LINK=${COMM_LINK:-1gbit}
+  local tag=pscb net=10.213.7 br=pscbbr
+  local hosts=(coord ps0 ps1 w0 w1)
+  declare -A ip=([coord]=$net.2 [ps0]=$net.3 [ps1]=$net.4 [w0]=$net.5 [w1]=$net.6)
+  local pids=()
+  netclean() {
+    for p in "${pids[@]:-}"; do [ -n "$p" ] && kill -KILL "$p" 2>/dev/null || true; done
+    for h in "${hosts[@]}"; do ip netns del "$tag-$h" 2>/dev/null || true; done
+    ip link del "$br" 2>/dev/null || true
+    cleanup
+  }
+  trap netclean EXIT INT TERM
+  log "building"
+  bazel build //client:pstrain //server/coordinator:pstrain-coordinator //server/ps:pstrain-ps \
+    //worker:pstrain-worker >&2
+  ip link add "$br" type bridge || { echo "cannot create a bridge (root needed)" >&2; exit 1; }
+  ip addr add "$net.1/24" dev "$br"
+  ip link set "$br" up
+  local i=0
+  for h in "${hosts[@]}"; do
+    ip netns add "$tag-$h"
+    ip link add "${tag}v$i" type veth peer name eth0 netns "$tag-$h"
+    ip link set "${tag}v$i" master "$br" up
+    ip -n "$tag-$h" addr add "${ip[$h]}/24" dev eth0
+    ip -n "$tag-$h" link set eth0 up
+    ip -n "$tag-$h" link set lo up
+    # The host's NIC: COMM_LINK each way.
+    tc qdisc add dev "${tag}v$i" root tbf rate "$COMM_LINK" burst 1mb latency 100ms
+    ip netns exec "$tag-$h" tc qdisc add dev eth0 root tbf rate "$COMM_LINK" burst 1mb latency 100ms
+    i=$((i + 1))
+  done
+  local bin=$PWD/bazel-bin coord=${ip[coord]}:7000
+  inns() { local h=$1; shift; ip netns exec "$tag-$h" "$@"; }
+  inns coord "$bin/server/coordinator/pstrain-coordinator" --host=0.0.0.0 --port=7000 --db="$WORK/jobs.db" \
+    --checkpoint_root="$WORK/out" >"$WORK/coord.log" 2>&1 &
+  pids+=($!)
+  for s in 0 1; do
+    inns "ps$s" "$bin/server/ps/pstrain-ps" --host=0.0.0.0 --port=7070 --advertise_host="${ip[ps$s]}" \
+      --coordinator="$coord" --name="shard-$s" --shard_index="$s" --num_shards=2 --checkpoint_root="$WORK/out" \
+      >"$WORK/ps$s.log" 2>&1 &
+    pids+=($!)
+  done
+  for w in 0 1; do
+    inns "w$w" "$bin/worker/pstrain-worker" --coordinator="$coord" --name="worker-$w" >"$WORK/w$w.log" 2>&1 &
+    pids+=($!)
+  done
+  local cli=("$bin/client/pstrain" --coordinator "$coord")
+  for _ in $(seq 100); do "${cli[@]}" cluster 2>/dev/null | grep -c alive | grep -q 4 && break; sleep 0.2; done
+  ours_hosts() {  # ours_hosts WIRE -> "samples_per_s accuracy seconds"
+    local spec; spec=$(comm_spec ps "$1")
+    local job; job=$("${cli[@]}" submit "$spec" --output_dir "$WORK/out/c" | grep -o 'job-[0-9]*' | head -1)
+    "${cli[@]}" watch "$job" >"$WORK/$job.log" 2>&1 || { tail -5 "$WORK/$job.log" >&2; echo "0 0 0"; return; }
+    sed -n 's/^done: \([0-9.]*\) s, \([0-9.]*\) samples\/s, final test accuracy \([0-9.]*\).*/\2 \3 \1/p' "$WORK/$job.log"
+  }
+  ddp_hosts() {  # ddp_hosts HOOK -> "samples_per_s accuracy seconds"
+    local port=$((29500 + RANDOM % 1000)) r ranks=()
+    for r in 0 1; do
+      inns "w$r" env GLOO_SOCKET_IFNAME=eth0 $PY bench/torch_ddp_train.py --workers 2 --rank "$r" \
+        --master-addr "${ip[w0]}" --master-port "$port" --epochs 1 --batch 64 --lr 0.05 --threads 1 \
+        --model mlp_wide --hook "$1" --limit-train "$COMM_LIMIT" >"$WORK/ddp$r.json" 2>"$WORK/ddp$r.log" &
+      ranks+=($!)
+    done
+    wait "${ranks[@]}" 2>/dev/null
+    $PY - "$WORK/ddp0.json" "$WORK/ddp1.json" <<'PYEOF' || echo "0 0 0"
+import json, sys
+rows = [json.loads(open(p).read().strip().splitlines()[-1]) for p in sys.argv[1:]]
+seconds = max(r["seconds"] for r in rows)
+print(sum(r["samples"] for r in rows) / seconds, rows[0]["accuracy"], seconds)
+PYEOF
+  }
+  declare -A runs
+  local variants=(ps_fp32 ps_bf16 ddp ddp_fp16_hook)
+  for r in $(seq "$reps"); do
+    for v in "${variants[@]}"; do
+      log "rep $r/$reps: $v (one $COMM_LINK link per host)"
+      case $v in
+        ps_fp32) runs[$v]+="$(ours_hosts fp32)"$'\n' ;;
+        ps_bf16) runs[$v]+="$(ours_hosts bf16)"$'\n' ;;
+        ddp) runs[$v]+="$(ddp_hosts none)"$'\n' ;;
+        ddp_fp16_hook) runs[$v]+="$(ddp_hosts fp16)"$'\n' ;;
+      esac
+    done
+  done
+  col() { printf '%s' "${runs[$1]}" | awk -v c="$2" 'NF {print $c}' | median; }
+  printf '\n%-18s %12s %10s %10s   (medians of %s runs; mlp_wide, %s images, 2 workers x batch 64, sync, 1 thread each, one %s link per host)\n' \
+    "commhosts" "samples/s" "accuracy" "seconds" "$reps" "$COMM_LIMIT" "$COMM_LINK" >&2
+  for v in "${variants[@]}"; do
+    printf '%-18s %12.0f %10.4f %10.1f\n' "$v" "$(col "$v" 1)" "$(col "$v" 2)" "$(col "$v" 3)" >&2
+  done
+  $PY - <<PYEOF
+import json
+b, f, d, h = $(col ps_bf16 1), $(col ps_fp32 1), $(col ddp 1), $(col ddp_fp16_hook 1)
+print(json.dumps({
+    "bench": "commhosts", "reps": $reps, "link_per_host": "$COMM_LINK",
+    "setup": "mlp_wide 5.8M params, $COMM_LIMIT Fashion-MNIST images, 2 workers x batch 64, sync, 1 thread; pstrain PS on 2 shards",
+    "samples_per_s": {"ps_fp32": f, "ps_bf16": b, "torch_ddp": d, "torch_ddp_fp16_hook": h},
+    "accuracy": {"ps_bf16": $(col ps_bf16 2), "torch_ddp": $(col ddp 2)},
+    "ratios": {"vs_torch_ddp": round(b / d, 3) if d else 0, "vs_torch_ddp_fp16_hook": round(b / h, 3) if h else 0,
+               "ps_bf16_vs_fp32": round(b / f, 3) if f else 0},
+}))
+PYEOF
+}
+
 # The TensorBoard writer's cost: the demo job with the coordinator writing
 # event files and without (PSTRAIN_TENSORBOARD=false reaches its
 # --tensorboard), runs alternated.
@@ -557,6 +670,7 @@ case "${1:-}" in
   comm) shift; comm "$@" ;;
   train) shift; train "$@" ;;
   telemetry) shift; telemetry "$@" ;;
+  commhosts) shift; commhosts "$@" ;;
   allreduce) shift; allreduce "$@" ;;
-  *) echo "usage: bench/run.sh pushpull|train|comm|allreduce|gpu|elastic|telemetry [REPS]" >&2; exit 2 ;;
+  *) echo "usage: bench/run.sh pushpull|train|comm|commhosts|allreduce|gpu|elastic|telemetry [REPS]" >&2; exit 2 ;;
 esac

@@ -82,7 +82,7 @@ def run(rank, args, port, results):
 
 def train(rank, args, port, results):
     torch.set_num_threads(args.threads)
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_ADDR"] = args.master_addr
     os.environ["MASTER_PORT"] = str(port)
     dist.init_process_group("gloo", rank=rank, world_size=args.workers)
     x, y = load("train")
@@ -139,7 +139,22 @@ def main():
     p.add_argument("--model", choices=["lenet", "mlp_wide"], default="lenet")
     p.add_argument("--hook", choices=["none", "fp16", "bf16"], default="none")
     p.add_argument("--limit-train", type=int, default=0)
+    # One rank of a group whose ranks run on different hosts (or network
+    # namespaces): this process is rank --rank and rendezvous at
+    # --master-addr:--master-port; it prints its own row.
+    p.add_argument("--rank", type=int, default=-1)
+    p.add_argument("--master-addr", default="127.0.0.1")
+    p.add_argument("--master-port", type=int, default=0)
     args = p.parse_args()
+    if args.rank >= 0:
+        class Rows(list):
+            put = list.append
+        rows = Rows()
+        run(args.rank, args, args.master_port, rows)
+        if "error" in rows[0]:
+            raise SystemExit(f"DDP failed: {rows[0]['error'][:300]}")
+        print(json.dumps(rows[0]))
+        return
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

@@ -280,18 +280,56 @@ absl::Status PsClient::PushPull(int64_t step, const std::vector<at::Tensor>& gra
   });
 }
 
+std::vector<PsClient::RequestPart> PsClient::SplitRequests(const std::vector<size_t>& params) const {
+  std::vector<RequestPart> parts;
+  const size_t view_chunk = options_.plan.shard_chunks.empty() || options_.plan.shard_chunks[0].empty()
+                                ? SIZE_MAX
+                                : options_.plan.shard_chunks[0][0];
+  for (size_t s = 0; s < shards_.size(); ++s) {
+    size_t bytes = 0;
+    for (size_t p : params) {
+      for (size_t id : param_chunks_[p][s]) {
+        const size_t b = options_.plan.chunks[id].bytes;
+        if (parts.empty() || parts.back().shard != s || (bytes > 0 && bytes + b > options_.max_request_bytes)) {
+          parts.push_back(RequestPart{s, {}, false});
+          bytes = 0;
+        }
+        parts.back().ids.push_back(id);
+        bytes += b;
+      }
+    }
+  }
+  // The part holding shard 0's view chunk (the first of its list, the first
+  // key of a Pull) puts it first, so the shard reports that chunk's view:
+  // the same one for every worker, whose buckets and parts are the same.
+  for (RequestPart& part : parts) {
+    auto at = std::find(part.ids.begin(), part.ids.end(), view_chunk);
+    if (part.shard == 0 && at != part.ids.end()) {
+      std::iter_swap(part.ids.begin(), at);
+      part.has_view = true;
+    }
+  }
+  return parts;
+}
+
 void PsClient::PushPullAsync(int64_t step, const std::vector<size_t>& params,
                              const std::vector<at::Tensor>& grads,
                              const std::vector<at::Tensor>& intos, double lr,
                              StatusCallback done) {
+  // One request per part: a shard's chunks of the bucket, cut at
+  // max_request_bytes of values, so a large bucket's values come back part
+  // by part while its later parts still go out (upload and download
+  // overlap on a full-duplex link).
+  using Part = RequestPart;
   struct State {
     std::mutex mu;
     int pending = 0;
     absl::Status status;
+    std::vector<Part> parts;
     std::vector<PushPullRequest> requests;
     std::vector<PushPullResponse> responses;
     std::vector<std::vector<TensorBuffer>> values;
-    std::vector<int64_t> bytes;  // per shard: the gradients' wire bytes, and as many back
+    std::vector<int64_t> bytes;  // per part: the gradients' wire bytes, and as many back
     StatusCallback done;
   };
   if (grads.size() != params.size() || intos.size() != params.size()) {
@@ -315,41 +353,26 @@ void PsClient::PushPullAsync(int64_t step, const std::vector<size_t>& params,
       }
     }
   }
-  const size_t n = shards_.size();
-  std::vector<std::vector<size_t>> ids(n);
-  for (size_t p : params) {
-    for (size_t s = 0; s < n; ++s) {
-      ids[s].insert(ids[s].end(), param_chunks_[p][s].begin(), param_chunks_[p][s].end());
-    }
-  }
-  // The request holding shard 0's view chunk (the first of its list, the
-  // first key of a Pull) puts it first, so the shard reports that chunk's
-  // view: the same one for every worker, whose buckets are the same.
-  bool has_view = false;
-  if (!ids.empty() && !options_.plan.shard_chunks.empty() && !options_.plan.shard_chunks[0].empty()) {
-    auto at = std::find(ids[0].begin(), ids[0].end(), options_.plan.shard_chunks[0][0]);
-    if (at != ids[0].end()) {
-      std::iter_swap(ids[0].begin(), at);
-      has_view = true;
-    }
-  }
   auto state = std::make_shared<State>();
   state->done = std::move(done);
+  state->parts = SplitRequests(params);
+  const size_t n = state->parts.size();
   state->requests.resize(n);
   state->responses.resize(n);
   state->values.resize(n);
   state->bytes.assign(n, 0);
-  for (size_t s = 0; s < n; ++s) state->pending += ids[s].empty() ? 0 : 1;
-  if (state->pending == 0) return state->done(absl::OkStatus());
+  state->pending = static_cast<int>(n);
+  if (n == 0) return state->done(absl::OkStatus());
   const CallOptions opts = NewCallOptions();
-  for (size_t s = 0; s < n; ++s) {
-    if (ids[s].empty()) continue;
+  for (size_t k = 0; k < n; ++k) {
+    const Part& part = state->parts[k];
+    const size_t s = part.shard;
     Activity* activity = options_.activity;
     const absl::Time start = absl::Now();
     if (activity != nullptr) activity->ShardCallStarted(static_cast<int>(s));
-    auto finish = [this, state, s, activity, start, has_view](absl::Status st) {
-      if (activity != nullptr) activity->ShardCallEnded(static_cast<int>(s), absl::Now() - start, state->bytes[s]);
-      if (st.ok() && s == 0 && has_view) RecordView(state->responses[0].vacant_ranks());
+    auto finish = [this, state, k, s, activity, start](absl::Status st) {
+      if (activity != nullptr) activity->ShardCallEnded(static_cast<int>(s), absl::Now() - start, state->bytes[k]);
+      if (st.ok() && state->parts[k].has_view) RecordView(state->responses[k].vacant_ranks());
       bool last;
       {
         std::lock_guard<std::mutex> lock(state->mu);
@@ -360,23 +383,22 @@ void PsClient::PushPullAsync(int64_t step, const std::vector<size_t>& params,
       }
       if (last) state->done(state->status);
     };
-    auto grad_views = ChunkViewsOf(options_.plan, ids[s], [&](size_t p) -> const at::Tensor& {
+    auto grad_views = ChunkViewsOf(options_.plan, part.ids, [&](size_t p) -> const at::Tensor& {
       return grads[position[p]];
     });
-    if (grad_views.ok()) grad_views = ForWire(std::move(*grad_views), ids[s]);
-    auto dest = ChunkViewsOf(options_.plan, ids[s], [&](size_t p) -> const at::Tensor& {
+    if (grad_views.ok()) grad_views = ForWire(std::move(*grad_views), part.ids);
+    auto dest = ChunkViewsOf(options_.plan, part.ids, [&](size_t p) -> const at::Tensor& {
       return intos[position[p]];
     });
     if (!grad_views.ok() || !dest.ok()) {
       finish(grad_views.ok() ? dest.status() : grad_views.status());
       continue;
     }
-    state->values[s] = std::move(*dest);
-    for (const TensorBuffer& b : *grad_views) state->bytes[s] += 2 * static_cast<int64_t>(b.nbytes);
-    PushPullRequest& req = AddressedPush(state->requests[s], ids[s], step, lr);
+    state->values[k] = std::move(*dest);
+    for (const TensorBuffer& b : *grad_views) state->bytes[k] += 2 * static_cast<int64_t>(b.nbytes);
+    PushPullRequest& req = AddressedPush(state->requests[k], part.ids, step, lr);
     // The shard writes into the destination views (the `intos` tensors).
-    shards_[s]->PushPull(req, std::move(*grad_views), &state->responses[s], &state->values[s],
-                         opts, finish);
+    shards_[s]->PushPull(req, std::move(*grad_views), &state->responses[k], &state->values[k], opts, finish);
   }
 }
 

@@ -39,6 +39,10 @@ struct PsClientOptions {
   PartitionPlan plan;
   // Deadline of each operation (all shards together).
   absl::Duration timeout = absl::Seconds(120);
+  // PushPullAsync cuts a shard's part of a bucket into requests of at most
+  // this many value bytes (whole chunks; at least one), so values of the
+  // first come back while the later still go out.
+  size_t max_request_bytes = 4 << 20;
   // Told of every shard call's start and end (not owned; may be null).
   Activity* activity = nullptr;
 };
@@ -105,6 +109,13 @@ class PsClient {
   template <typename Request>
   Request& AddressedPush(Request& req, const std::vector<size_t>& chunks, int64_t step, double lr) const;
   void RecordView(const google::protobuf::RepeatedField<uint32_t>& vacant);
+  // A shard's chunks of a bucket, for one request.
+  struct RequestPart {
+    size_t shard = 0;
+    std::vector<size_t> ids;
+    bool has_view = false;  // holds shard 0's view chunk, first
+  };
+  std::vector<RequestPart> SplitRequests(const std::vector<size_t>& params) const;
   // Runs call(shard, done) for every shard at once and waits for all.
   absl::Status ForEachShard(const std::function<void(int, StatusCallback)>& call);
 

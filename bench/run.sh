@@ -351,14 +351,16 @@ commhosts() {
   local reps=${1:-3}
   COMM_LIMIT=${COMM_LIMIT:-16000}
   COMM_LINK=${COMM_LINK:-1gbit}
-  local tag=pscb net=10.213.7 br=pscbbr
-  local hosts=(coord ps0 ps1 w0 w1)
+  # Globals: the EXIT trap (outside this function) removes them.
+  NS_TAG=pscb NS_BR=pscbbr NS_HOSTS=(coord ps0 ps1 w0 w1) NS_PIDS=()
+  local tag=$NS_TAG net=10.213.7 br=$NS_BR
+  local hosts=("${NS_HOSTS[@]}")
   declare -A ip=([coord]=$net.2 [ps0]=$net.3 [ps1]=$net.4 [w0]=$net.5 [w1]=$net.6)
-  local pids=()
   netclean() {
-    for p in "${pids[@]:-}"; do [ -n "$p" ] && kill -KILL "$p" 2>/dev/null || true; done
-    for h in "${hosts[@]}"; do ip netns del "$tag-$h" 2>/dev/null || true; done
-    ip link del "$br" 2>/dev/null || true
+    for p in "${NS_PIDS[@]:-}"; do [ -n "$p" ] && kill -KILL "$p" 2>/dev/null || true; done
+    for p in "${NS_PIDS[@]:-}"; do [ -n "$p" ] && wait "$p" 2>/dev/null || true; done
+    for h in "${NS_HOSTS[@]}"; do ip netns del "$NS_TAG-$h" 2>/dev/null || true; done
+    ip link del "$NS_BR" 2>/dev/null || true
     cleanup
   }
   trap netclean EXIT INT TERM
@@ -382,19 +384,20 @@ commhosts() {
     i=$((i + 1))
   done
   local bin=$PWD/bazel-bin coord=${ip[coord]}:7000
-  inns() { local h=$1; shift; ip netns exec "$tag-$h" "$@"; }
+  # exec: a server started with `inns ... &` is then $! itself (killable).
+  inns() { local h=$1; shift; exec ip netns exec "$NS_TAG-$h" "$@"; }
   inns coord "$bin/server/coordinator/pstrain-coordinator" --host=0.0.0.0 --port=7000 --db="$WORK/jobs.db" \
     --checkpoint_root="$WORK/out" >"$WORK/coord.log" 2>&1 &
-  pids+=($!)
+  NS_PIDS+=($!)
   for s in 0 1; do
     inns "ps$s" "$bin/server/ps/pstrain-ps" --host=0.0.0.0 --port=7070 --advertise_host="${ip[ps$s]}" \
       --coordinator="$coord" --name="shard-$s" --shard_index="$s" --num_shards=2 --checkpoint_root="$WORK/out" \
       >"$WORK/ps$s.log" 2>&1 &
-    pids+=($!)
+    NS_PIDS+=($!)
   done
   for w in 0 1; do
     inns "w$w" "$bin/worker/pstrain-worker" --coordinator="$coord" --name="worker-$w" >"$WORK/w$w.log" 2>&1 &
-    pids+=($!)
+    NS_PIDS+=($!)
   done
   local cli=("$bin/client/pstrain" --coordinator "$coord")
   for _ in $(seq 100); do "${cli[@]}" cluster 2>/dev/null | grep -c alive | grep -q 4 && break; sleep 0.2; done

@@ -9,6 +9,7 @@
 #include <signal.h>
 #include <torch/optim/sgd.h>
 
+#include <future>
 #include <thread>
 
 #include "rpc/grpc_remote_shard.h"
@@ -125,6 +126,53 @@ TEST(MultiProcessPsTest, AsyncTrainingMatchesTorchOptimAcrossTwoShardProcesses) 
     opt->step();
   }
   ExpectClose(params, ref);
+}
+
+// The training path's asynchronous push-pull of a whole bucket, cut into
+// requests of at most one chunk each (max_request_bytes below the chunk
+// size): the values are the reference optimizer's, and each shard served
+// several requests per step.
+TEST(MultiProcessPsTest, BucketPushPullInSmallRequestsMatchesTorchOptim) {
+  ShardCluster cluster(2);
+  PsClientOptions o;
+  o.job = "parts";
+  o.plan = Plan(2);
+  o.max_request_bytes = 1;  // every chunk its own request
+  auto client = PsClient::Create(o, cluster.stores());
+  ASSERT_TRUE(client.ok());
+  std::vector<at::Tensor> params = RandomParams(1);
+  std::vector<at::Tensor> ref = RandomParams(1);
+  auto opt = Reference(&ref);
+  ASSERT_TRUE((*client)->InitTables(params, SgdConfig(ASYNC, 1)).ok());
+  std::vector<size_t> all(kShapes.size());
+  for (size_t i = 0; i < all.size(); ++i) all[i] = i;
+  auto pulls = [&] {
+    uint64_t n = 0;
+    for (ParameterStore* shard : cluster.stores()) {
+      StatsRequest req;
+      req.set_job("parts");
+      StatsResponse resp;
+      std::promise<absl::Status> done;
+      shard->Stats(req, &resp, CallOptions{}, [&](absl::Status st) { done.set_value(st); });
+      EXPECT_TRUE(done.get_future().get().ok());
+      for (const auto& t : resp.tables()) n += t.pulls();
+    }
+    return n;
+  };
+  const uint64_t before = pulls();
+  const int steps = 4;
+  for (int step = 0; step < steps; ++step) {
+    std::vector<at::Tensor> grads;
+    for (const auto& shape : kShapes) grads.push_back(at::randn(shape));
+    std::promise<absl::Status> done;
+    (*client)->PushPullAsync(step, all, grads, params, 0, [&](absl::Status st) { done.set_value(st); });
+    absl::Status st = done.get_future().get();
+    ASSERT_TRUE(st.ok()) << st;
+    for (size_t i = 0; i < grads.size(); ++i) ref[i].mutable_grad() = grads[i];
+    opt->step();
+  }
+  ExpectClose(params, ref);
+  EXPECT_EQ(pulls() - before, steps * o.plan.chunks.size());  // one request per chunk
 }
 
 TEST(MultiProcessPsTest, SyncWithTwoWorkersAppliesTheMeanGradientOncePerStep) {

@@ -14,6 +14,8 @@ double Unix(absl::Time t) { return absl::ToDoubleSeconds(t - absl::UnixEpoch());
 // member's word: only this many get a tag of their own.
 constexpr int kMaxTaggedIndex = 4096;
 
+int ShardLimit(const JobStatus& status) { return std::min(kMaxTaggedIndex, std::max(1, status.num_shards())); }
+
 }  // namespace
 
 JobTelemetry::JobTelemetry(TelemetryOptions options) : options_(options) {}
@@ -98,10 +100,9 @@ void JobTelemetry::Progress(const std::string& job, int rank, const WorkerEvent:
     Append(d.curves.loss, {step, Unix(now), status.loss()});
     Append(d.curves.samples_per_s, {step, Unix(now), status.samples_per_s()});
     d.curves.shards.clear();
-    for (const ShardCalls& c : p.shards()) {
-      if (c.shard() >= 0 && c.shard() < std::min(kMaxTaggedIndex, std::max(1, status.num_shards()))) {
-        d.curves.shards[c.shard()] = c;
-      }
+    for (int i = 0; i < std::min(p.shards_size(), ShardLimit(status)); ++i) {
+      const ShardCalls& c = p.shards(i);
+      if (c.shard() >= 0 && c.shard() < ShardLimit(status)) d.curves.shards[c.shard()] = c;
     }
   }
   EventWriter* w = d.writer.get();
@@ -120,8 +121,11 @@ void JobTelemetry::Progress(const std::string& job, int rank, const WorkerEvent:
   w->AddScalar("train/exchange_wait_ms", step, p.exchange_wait_s() * 1e3, now);
   w->AddScalar("train/data_wait_ms", step, p.data_wait_s() * 1e3, now);
   if (p.has_grad_norm()) w->AddScalar("train/grad_norm", step, p.grad_norm(), now);
-  for (const ShardCalls& c : p.shards()) {
-    if (c.shard() < 0 || c.shard() >= std::min(kMaxTaggedIndex, std::max(1, status.num_shards()))) continue;
+  // A report is a member's word: at most one entry per shard of the job is
+  // looked at, however many it sends.
+  for (int i = 0; i < std::min(p.shards_size(), ShardLimit(status)); ++i) {
+    const ShardCalls& c = p.shards(i);
+    if (c.shard() < 0 || c.shard() >= ShardLimit(status)) continue;
     const std::string s = absl::StrCat("shard_", c.shard(), "/");
     w->AddScalar(s + "call_ms", step, c.mean_ms(), now);
     w->AddScalar(s + "bytes_per_s", step, c.bytes_per_s(), now);

@@ -108,6 +108,27 @@ TEST(JobTelemetryTest, OneRunPerAttemptWithTheRanksTheJobAndTheShards) {
   EXPECT_EQ(scalars.count("rank_1/samples_per_s"), 1u);
 }
 
+// A member's report with far more shard entries than the job has shards:
+// only the first num_shards are looked at.
+TEST(JobTelemetryTest, AFloodOfShardEntriesIsCut) {
+  TelemetryOptions o;
+  o.tensorboard = false;
+  JobTelemetry t(o);
+  JobStatus st;
+  st.set_num_shards(2);
+  WorkerEvent::Progress p = Progress(1, 0, 0);
+  p.clear_shards();
+  for (int i = 0; i < 100000; ++i) {
+    ShardCalls* c = p.add_shards();
+    c->set_shard(i < 2 ? i : 1);
+    c->set_mean_ms(i);
+  }
+  t.Progress("j", 0, p, st);
+  const JobCurves c = t.Curves("j");
+  ASSERT_EQ(c.shards.size(), 2u);
+  EXPECT_EQ(c.shards.at(1).mean_ms(), 1);  // the first entries, not the flood's last
+}
+
 TEST(JobTelemetryTest, CurvesAreThinnedNotCut) {
   TelemetryOptions o;
   o.tensorboard = false;

@@ -208,6 +208,7 @@ comm_spec() {  # comm_spec MODE WIRE -> a spec file
     echo "epochs: 1"
     echo "batch_size: 64"
     echo "log_every_steps: 50"
+    [ -n "${COMM_CHUNK_BYTES:-}" ] && echo "chunk_bytes: $COMM_CHUNK_BYTES"
   } >"$f"
   echo "$f"
 }

@@ -23,10 +23,10 @@ class ElasticTest : public ControlPlaneTest {
   }
 
   // `fashion`: the first 24,576 Fashion-MNIST images (where installed), so
-  // accuracies say something, scored on the whole test set (10,000: two
-  // runs' models disagree on a few percent of the images, so on 2,000 the
-  // difference of their accuracies wandered by +-0.3 point); else
-  // synthetic data of the same size.
+  // accuracies say something, scored on the whole test set (on the first
+  // 2,000 images the two runs' accuracies once differed by exactly the
+  // 0.5-point bound; on 10,000 they differed by 0.07-0.15 in three runs);
+  // else synthetic data of the same size.
   std::string ElasticSpec(const std::string& name, const std::string& consistency, int min_workers,
                           const std::string& extra = "", bool fashion = false) {
     const std::string path = dir_ + "/" + name + ".yaml";

@@ -150,6 +150,9 @@ class Coordinator {
   std::vector<MemberStatus> Members();
   // The job's curves for the dashboard (empty for an unknown job).
   JobCurves Curves(const std::string& job_id) const { return telemetry_.Curves(job_id); }
+  std::optional<JobTelemetry::Pace> RecentPace(const std::string& job_id) const {
+    return telemetry_.RecentPace(job_id);
+  }
   // Events the TensorBoard writers dropped (a full queue or a failing disk).
   uint64_t TelemetryDropped() const { return telemetry_.dropped(); }
   // Expires leases and schedules pending jobs.

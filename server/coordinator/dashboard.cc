@@ -96,20 +96,10 @@ json Curve(const std::vector<CurvePoint>& points) {
 
 // Seconds left at the pace of the last minute of rank 0's reports; null
 // when not running or not known yet.
-json Eta(const JobStatus& st, const JobCurves& c) {
-  if ((st.state() != RUNNING && st.state() != CHECKPOINTING) || c.loss.size() < 2 || st.steps() <= 0) return nullptr;
-  const CurvePoint& last = c.loss.back();
-  const CurvePoint* first = &c.loss.front();
-  for (const CurvePoint& p : c.loss) {
-    if (p.wall_s >= last.wall_s - 60) {
-      first = &p;
-      break;
-    }
-  }
-  if (first == &last) first = &c.loss[c.loss.size() - 2];
-  const double rate = (last.step - first->step) / std::max(1e-9, last.wall_s - first->wall_s);
-  if (!(rate > 0)) return nullptr;
-  return std::max(0.0, (st.steps() - last.step) / rate);
+json Eta(const JobStatus& st, const std::optional<JobTelemetry::Pace>& pace) {
+  if ((st.state() != RUNNING && st.state() != CHECKPOINTING) || !pace.has_value() || st.steps() <= 0) return nullptr;
+  if (!(pace->steps_per_s > 0)) return nullptr;
+  return std::max(0.0, (st.steps() - pace->step) / pace->steps_per_s);
 }
 
 double LastAccuracy(const JobStatus& st) {
@@ -117,7 +107,7 @@ double LastAccuracy(const JobStatus& st) {
   return st.evals_size() > 0 ? st.evals(st.evals_size() - 1).accuracy() : -1;
 }
 
-json Summary(const JobStatus& st, const JobCurves& c) {
+json Summary(const JobStatus& st, const std::optional<JobTelemetry::Pace>& pace) {
   const double acc = LastAccuracy(st);
   return json{{"job_id", st.job_id()},
               {"name", st.name()},
@@ -129,15 +119,15 @@ json Summary(const JobStatus& st, const JobCurves& c) {
               {"loss", st.loss()},
               {"samples_per_s", st.samples_per_s()},
               {"accuracy", acc >= 0 ? json(acc) : json(nullptr)},
-              {"eta_s", Eta(st, c)},
+              {"eta_s", Eta(st, pace)},
               {"created_unix_ms", st.created_unix_ms()},
               {"num_workers", st.num_workers()},
               {"active_workers", st.active_workers()},
               {"restarts", st.restarts()}};
 }
 
-json Detail(JobStatus st, const JobCurves& c) {
-  json j = Summary(st, c);
+json Detail(const JobStatus& st, const JobCurves& c, const std::optional<JobTelemetry::Pace>& pace) {
+  json j = Summary(st, pace);
   json ranks = json::array();
   std::map<int, const MemberStatus*> by_rank;
   for (const MemberStatus& m : st.members()) {
@@ -288,7 +278,7 @@ int Dashboard::Handle(mg_connection* conn) {
     if (!get) return SendError(conn, absl::InvalidArgumentError("GET /api/jobs"));
     json jobs = json::array();
     for (const JobStatus& st : coordinator_->ListJobs()) {
-      if (caller.MayActOn(st.owner())) jobs.push_back(Summary(st, coordinator_->Curves(st.job_id())));
+      if (caller.MayActOn(st.owner())) jobs.push_back(Summary(st, coordinator_->RecentPace(st.job_id())));
     }
     return SendJson(conn, 200, json{{"jobs", std::move(jobs)}});
   }
@@ -305,7 +295,7 @@ int Dashboard::Handle(mg_connection* conn) {
     if (!get) return SendError(conn, absl::InvalidArgumentError("GET /api/jobs/<id>"));
     absl::StatusOr<JobStatus> st = coordinator_->GetJob(id);
     if (!st.ok()) return SendError(conn, st.status());
-    return SendJson(conn, 200, Detail(*st, coordinator_->Curves(id)));
+    return SendJson(conn, 200, Detail(*st, coordinator_->Curves(id), coordinator_->RecentPace(id)));
   }
   const char* marker = mg_get_header(conn, "X-Pstrain-Request");
   if (!post || marker == nullptr || absl::string_view(marker) != "1") {

@@ -149,6 +149,19 @@ JobCurves JobTelemetry::Curves(const std::string& job) const {
   return it == jobs_.end() ? JobCurves{} : it->second.curves;
 }
 
+std::optional<JobTelemetry::Pace> JobTelemetry::RecentPace(const std::string& job) const {
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(job);
+  if (it == jobs_.end() || it->second.curves.loss.size() < 2) return std::nullopt;
+  const std::vector<CurvePoint>& loss = it->second.curves.loss;
+  const CurvePoint& last = loss.back();
+  // The oldest point of the last minute, at worst the one before the last.
+  auto first = std::lower_bound(loss.begin(), loss.end() - 1, last.wall_s - 60,
+                                [](const CurvePoint& p, double t) { return p.wall_s < t; });
+  if (first == loss.end() - 1) --first;
+  return Pace{last.step, (last.step - first->step) / std::max(1e-9, last.wall_s - first->wall_s)};
+}
+
 uint64_t JobTelemetry::dropped() const {
   absl::MutexLock lock(&mu_);
   uint64_t n = retired_dropped_;

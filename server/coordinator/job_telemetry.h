@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -76,6 +77,13 @@ class JobTelemetry {
 
   // Copies of the job's curves (empty when unknown).
   JobCurves Curves(const std::string& job) const;
+  // Rank 0's pace over the last minute of its reports: its latest step and
+  // steps per second (nullopt until two reports).
+  struct Pace {
+    int64_t step = 0;
+    double steps_per_s = 0;
+  };
+  std::optional<Pace> RecentPace(const std::string& job) const;
   uint64_t dropped() const;
 
  private:

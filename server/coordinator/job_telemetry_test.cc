@@ -147,6 +147,25 @@ TEST(JobTelemetryTest, CurvesAreThinnedNotCut) {
   for (size_t i = 1; i < c.loss.size(); ++i) EXPECT_LT(c.loss[i - 1].step, c.loss[i].step);
 }
 
+// The dashboard's ETA: rank 0's steps per second over its last minute.
+TEST(JobTelemetryTest, PaceIsOverTheLastMinute) {
+  TelemetryOptions o;
+  o.tensorboard = false;
+  JobTelemetry t(o);
+  JobStatus st;
+  EXPECT_FALSE(t.RecentPace("j").has_value());
+  t.Progress("j", 0, Progress(10, 0, 0), st);
+  EXPECT_FALSE(t.RecentPace("j").has_value());  // one report: no pace yet
+  absl::SleepFor(absl::Milliseconds(200));
+  t.Progress("j", 1, Progress(30, 0, 0), st);  // not rank 0: not counted
+  t.Progress("j", 0, Progress(50, 0, 0), st);
+  auto pace = t.RecentPace("j");
+  ASSERT_TRUE(pace.has_value());
+  EXPECT_EQ(pace->step, 50);
+  EXPECT_GT(pace->steps_per_s, 40 / 1.0);   // 40 steps in a little over 0.2 s
+  EXPECT_LT(pace->steps_per_s, 40 / 0.19);
+}
+
 TEST(JobTelemetryTest, OnlyTheNewestJobsAreKept) {
   TelemetryOptions o;
   o.tensorboard = false;

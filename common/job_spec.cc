@@ -114,7 +114,9 @@ const char* Name(DeviceChoice device) {
     default: return "auto";
   }
 }
-const char* Name(Precision precision) { return precision == Precision::kBf16 ? "bf16" : "fp32"; }
+const char* Name(Precision precision) {
+  return precision == Precision::kBf16 ? "bf16" : precision == Precision::kFp16 ? "fp16" : "fp32";
+}
 const char* Name(WireDtype wire) {
   switch (wire) {
     case WireDtype::kBf16: return "bf16";
@@ -247,15 +249,9 @@ absl::StatusOr<JobSpec> ParseJobSpecOrThrow(const std::string& yaml, const std::
       &spec.backend));
   RETURN_IF_ERROR(r.ReadEnum<DeviceChoice>(
       "device", {{"auto", DeviceChoice::kAuto}, {"cpu", DeviceChoice::kCpu}, {"cuda", DeviceChoice::kCuda}}, &spec.device));
-  {
-    std::string precision;
-    RETURN_IF_ERROR(r.Read("precision", &precision));
-    if (precision == "fp16") {
-      return r.Error("precision", "fp16 needs dynamic loss scaling, which pstrain does not have yet; use bf16");
-    }
-  }
-  RETURN_IF_ERROR(r.ReadEnum<Precision>("precision", {{"fp32", Precision::kFp32}, {"bf16", Precision::kBf16}},
-                                        &spec.precision));
+  RETURN_IF_ERROR(r.ReadEnum<Precision>(
+      "precision", {{"fp32", Precision::kFp32}, {"bf16", Precision::kBf16}, {"fp16", Precision::kFp16}},
+      &spec.precision));
   RETURN_IF_ERROR(r.ReadEnum<WireDtype>(
       "wire_dtype", {{"fp32", WireDtype::kFp32}, {"bf16", WireDtype::kBf16}, {"fp16", WireDtype::kFp16}},
       &spec.wire_dtype));

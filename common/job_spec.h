@@ -50,7 +50,7 @@ struct LrScheduleSpec {
 enum class TrainMode { kParameterServer, kAllReduce };  // ps | allreduce
 enum class CollectiveBackend { kAuto, kGloo, kNccl };   // auto | gloo | nccl
 enum class DeviceChoice { kAuto, kCpu, kCuda };         // auto | cpu | cuda
-enum class Precision { kFp32, kBf16 };                  // fp32 | bf16
+enum class Precision { kFp32, kBf16, kFp16 };           // fp32 | bf16 | fp16
 enum class WireDtype { kFp32, kBf16, kFp16 };           // fp32 | bf16 | fp16
 const char* Name(TrainMode mode);
 const char* Name(CollectiveBackend backend);
@@ -69,9 +69,10 @@ struct JobSpec {
   // --device) when this LibTorch has CUDA and the machine a device, else the
   // CPU; cuda fails where there is none.
   DeviceChoice device = DeviceChoice::kAuto;
-  // fp32, or bf16 autocast for forward and backward (the parameters, the
-  // optimizer and what travels stay fp32). fp16 needs dynamic loss scaling,
-  // which is not implemented: refused.
+  // fp32, or bf16/fp16 autocast for forward and backward (the parameters,
+  // the optimizer and what travels stay fp32). fp16 adds dynamic loss
+  // scaling (worker/loss_scaler.h): steps that overflow are skipped and
+  // counted; it needs CUDA, or LibTorch 2.2+ on the CPU.
   Precision precision = Precision::kFp32;
   // ps mode: the dtype gradients and values travel in. bf16/fp16 halve the
   // bytes; the shards keep fp32 values and optimizer state (widened on

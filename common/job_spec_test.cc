@@ -50,6 +50,8 @@ TEST(JobSpecTest, WireDtypeIsParsed) {
   EXPECT_EQ(spec->wire_dtype, WireDtype::kBf16);
   EXPECT_TRUE(spec->wire_error_feedback);
   EXPECT_EQ(ParseJobSpec("wire_dtype: fp16\n")->wire_dtype, WireDtype::kFp16);
+  EXPECT_EQ(ParseJobSpec("precision: fp16\n")->precision, Precision::kFp16);
+  EXPECT_EQ(ParseJobSpec("precision: bf16\n")->precision, Precision::kBf16);
   EXPECT_EQ(ParseJobSpec("name: x\n")->wire_dtype, WireDtype::kFp32);
 }
 
@@ -82,7 +84,7 @@ TEST(JobSpecTest, RefusesUnknownFieldsAndBadValuesNamingTheField) {
       {"mode: allreduce\nconsistency: async", "consistency"},
       {"mode: allreduce\nbackend: mpi", "backend"},
       {"device: tpu", "device"},
-      {"precision: fp16", "precision"},
+      {"precision: fp8", "precision"},
       {"wire_dtype: int8", "wire_dtype"},
       {"mode: allreduce\nwire_dtype: bf16\nwire_error_feedback: true", "wire_error_feedback"},
       {"wire_error_feedback: maybe", "wire_error_feedback"},

@@ -39,6 +39,15 @@ inline void SetAutocast(c10::DeviceType type, bool enabled, c10::ScalarType dtyp
   if (!enabled) at::autocast::clear_cache();
 }
 
+// CPU autocast to float16 (besides bfloat16) came with 2.2 (pytorch#112484);
+// before, the CPU's matmuls and convolutions had no float16 kernels. CUDA
+// autocast has always had float16.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 2)
+inline constexpr bool kCpuAutocastHasFp16 = true;
+#else
+inline constexpr bool kCpuAutocastHasFp16 = false;
+#endif
+
 // c10d::TCPStoreOptions::useLibUV (2.2 on; true by default from 2.4) picks
 // a libuv server that a LibTorch built without libuv (Debian's 2.6) refuses
 // at start: the classic server is plenty for a rendezvous. Detected by the

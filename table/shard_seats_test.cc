@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <future>
+#include <limits>
 
 #include "table/shard_store.h"
 #include "table/shard_store_testing.h"
@@ -183,7 +184,55 @@ TEST(ShardSeatsTest, CoveringIsBoundedAndForSyncOnly) {
   ShardStore async(Options());
   ASSERT_TRUE(Init(async, Config(ASYNC, 3, 1.0), 0, {0, 0, 0}).ok());
   EXPECT_EQ(PushCovering(async, 0, 0, 0, 1.0f, 1).code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(PushCovering(async, 0, 0, 0, 1.0f, 0, true).code(), absl::StatusCode::kInvalidArgument);
+}
+
+// An empty push under ASYNC and SSP (a worker's fp16 step skipped for an
+// overflow): the worker's step counts -- the final wait and SSP's clock move
+// on -- while values and optimizer state do not change, and its gradients
+// (NaN here) are not looked at, even under REJECT. Under SYNC it is an
+// arrival that adds nothing.
+TEST(ShardSeatsTest, AnEmptyPushCountsTheStepAndChangesNothing) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (Consistency c : {ASYNC, SSP}) {
+    SCOPED_TRACE(c == ASYNC ? "async" : "ssp");
+    ShardStore store(Options());
+    TableConfig config = Config(c, 2, 0.5);
+    config.set_staleness(0);
+    config.set_nonfinite(NONFINITE_REJECT);
+    config.mutable_optimizer()->set_momentum(0.9);
+    ASSERT_TRUE(Init(store, config).ok());
+    ASSERT_TRUE(PushAs(store, 1, 0, 0, 2.0f).ok());
+    auto before = Pull(store, 0);
+    ASSERT_TRUE(before.ok());
+    // Rank 0 has pushed nothing: a wait for every rank's first step waits.
+    EXPECT_EQ(PullWorkerSteps(store, 1, absl::Milliseconds(50)).status().code(),
+              absl::StatusCode::kDeadlineExceeded);
+    ASSERT_TRUE(PushCovering(store, 0, 0, 0, nan, 0, /*empty=*/true).ok());
+    auto after = PullWorkerSteps(store, 1, absl::Seconds(5));
+    ASSERT_TRUE(after.ok()) << after.status();
+    EXPECT_EQ(*after, *before);
+    // Sent again: a duplicate; a real push of the same step too.
+    ASSERT_TRUE(PushCovering(store, 0, 0, 0, nan, 0, /*empty=*/true).ok());
+    ASSERT_TRUE(PushAs(store, 0, 0, 0, 4.0f).ok());
+    EXPECT_EQ(*Pull(store, 0), *before);
+    // Rank 0's momentum did not start from the skipped step: its first real
+    // push moves the value exactly as a first push does (lr 0.5 / 2 workers).
+    ASSERT_TRUE(PushAs(store, 0, 0, 1, 4.0f).ok());
+    auto moved = Pull(store, 0);
+    ASSERT_TRUE(moved.ok());
+    for (size_t i = 0; i < moved->size(); ++i) EXPECT_FLOAT_EQ((*moved)[i], (*before)[i] - 0.25f * 4.0f) << i;
+    // The same NaN in a real push is refused under REJECT.
+    EXPECT_EQ(PushAs(store, 0, 0, 2, nan).code(), absl::StatusCode::kInvalidArgument);
+  }
+  ShardStore sync(Options());
+  TableConfig config = Config(SYNC, 2, 1.0);
+  config.set_nonfinite(NONFINITE_REJECT);
+  ASSERT_TRUE(Init(sync, config, 0, {0, 0, 0}).ok());
+  ASSERT_TRUE(PushCovering(sync, 0, 0, 0, nan, 0, /*empty=*/true).ok());
+  ASSERT_TRUE(PushAs(sync, 1, 0, 0, 3.0f).ok());
+  auto values = Pull(sync, 0, 1);
+  ASSERT_TRUE(values.ok()) << values.status();
+  EXPECT_EQ(*values, (std::vector<float>{-3, -3, -3})) << "the mean over the one batch carried";
 }
 
 }  // namespace

@@ -79,8 +79,9 @@ class ShardStore::PushTransaction {
 
  private:
   // What the push does to a chunk: nothing (a duplicate), count an arrival
-  // (SYNC), skip a non-finite gradient, or install a new value.
-  enum class Action { kDuplicate, kArrive, kSkip, kUpdate };
+  // (SYNC), skip a non-finite gradient, install a new value, or (ASYNC/SSP)
+  // count an empty push as the worker's step and change nothing.
+  enum class Action { kDuplicate, kArrive, kSkip, kUpdate, kEmpty };
 
   Chunk& chunk(size_t i) { return *table_.chunks[chunks_[i]]; }
   absl::Status PrepareSync(size_t i);
@@ -125,7 +126,9 @@ absl::Status ShardStore::PushTransaction::Validate() {
                                                      kMaxStepAhead, " steps ahead of key '", Quote(c.key),
                                                      "' (version ", version, ")"));
     }
-    if (!IsFinite(g)) {
+    // An empty push's gradients are not looked at (an fp16 step skipped for
+    // an overflow sends them as they are).
+    if (!in_.empty && !IsFinite(g)) {
       if (config_.nonfinite() == NONFINITE_REJECT) {
         return absl::InvalidArgumentError(absl::StrCat(
             what, " from worker ", in_.worker, " at step ", in_.step,
@@ -161,6 +164,10 @@ absl::Status ShardStore::PushTransaction::PrepareAsync(size_t i) {
   Chunk& c = chunk(i);
   if (in_.step <= c.last_step[in_.worker]) {
     action_[i] = Action::kDuplicate;
+    return absl::OkStatus();
+  }
+  if (in_.empty) {
+    action_[i] = Action::kEmpty;
     return absl::OkStatus();
   }
   if (skip_[i]) {
@@ -262,6 +269,9 @@ void ShardStore::PushTransaction::Commit(PushResponse* response) {
         ++skipped;
         c.last_step[in_.worker] = in_.step;
         break;
+      case Action::kEmpty:
+        c.last_step[in_.worker] = in_.step;
+        break;
       case Action::kUpdate:
         Install(c, std::move(new_value_[i]));
         ++c.optimizer_step[set_];
@@ -301,8 +311,8 @@ absl::Status ShardStore::ApplyPush(Table& table, const PushInput& in, std::vecto
                                                    ": a push covers at most the job's other ",
                                                    config.num_workers() - 1, " ranks"));
   }
-  if ((in.extra_batches > 0 || in.empty) && config.consistency() != SYNC) {
-    return absl::InvalidArgumentError("extra_batches and empty pushes are for SYNC tables (covering vacant ranks)");
+  if (in.extra_batches > 0 && config.consistency() != SYNC) {
+    return absl::InvalidArgumentError("extra_batches is for SYNC tables (covering vacant ranks)");
   }
   if (in.step < 0 || in.step >= kMaxStep) {
     return absl::InvalidArgumentError(absl::StrCat("step ", in.step, " is out of range [0, 2^40)"));

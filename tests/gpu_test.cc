@@ -184,7 +184,14 @@ TEST(GpuTest, AllReduceGlooOnCudaTensorsTwoRanks) {
 
 TEST(GpuTest, Bf16AutocastTrainsWithinOnePointOfFp32) {
   REQUIRE_CUDA();
-  ExpectBf16WithinOnePointOfFp32(kGpu);
+  ExpectAutocastWithinOnePointOfFp32(kGpu, Precision::kBf16);
+}
+
+// fp16 autocast with dynamic loss scaling on the GPU (its fused unscale
+// kernel): within a point of fp32, the scale reported, few steps skipped.
+TEST(GpuTest, Fp16AutocastWithLossScalingTrainsWithinOnePointOfFp32) {
+  REQUIRE_CUDA();
+  ExpectAutocastWithinOnePointOfFp32(kGpu, Precision::kFp16);
 }
 
 // The demo's job (LeNet, Fashion-MNIST, 2 async workers, 2 CPU shards, 3

@@ -19,39 +19,6 @@ namespace {
 // Two SYNC workers with batch B must train exactly like one worker with
 // batch 2B on the concatenated batches: the shard averages the two halves'
 // mean gradients, which is the mean gradient over all 2B examples.
-// Ranks 0 and 1 of an all-reduce `spec` at once (threads), meeting through
-// an in-memory store over real Gloo sockets.
-std::vector<absl::StatusOr<TrainResult>> RunTwoAllReduceWorkers(const JobSpec& spec, const TrainTest& data) {
-  auto store = NewInMemoryStore();
-  std::vector<absl::StatusOr<TrainResult>> results(2, absl::UnknownError("not run"));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < 2; ++r) {
-    threads.emplace_back([&, r] {
-      CollectiveOptions co;
-      co.rank = r;
-      co.size = 2;
-      co.store = store;
-      co.hostname = "127.0.0.1";
-      auto collective = CreateCollective("gloo", co);
-      if (!collective.ok()) {
-        results[r] = collective.status();
-        return;
-      }
-      Shards local(1);
-      TrainerOptions o;
-      o.spec = spec;
-      o.rank = r;
-      o.world_size = 2;
-      o.shards = local.ptrs;
-      o.collective = collective->get();
-      o.write_weights = false;
-      results[r] = RunTrainer(o, data);
-    });
-  }
-  for (auto& t : threads) t.join();
-  return results;
-}
-
 TEST(TrainerTest, SyncTwoWorkersEqualOneWorkerOnTheConcatenatedBatch) {
   auto data = LoadData(SyntheticSpec("x", "lenet").data, 7);
   ASSERT_TRUE(data.ok());
@@ -136,7 +103,7 @@ TEST(TrainerTest, TorchScriptModuleWrittenInPythonTrains) {
 // the arithmetic (the parameters differ from fp32's) and still train as
 // well: within one point of fp32's accuracy.
 TEST(TrainerTest, Bf16AutocastTrainsWithinOnePointOfFp32) {
-  ExpectBf16WithinOnePointOfFp32(c10::Device(c10::kCPU));
+  ExpectAutocastWithinOnePointOfFp32(c10::Device(c10::kCPU), Precision::kBf16);
 }
 
 // wire_dtype: two SYNC workers pushing bf16 (and fp16) gradients and

@@ -10,12 +10,14 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "collective/collective.h"
 #include "table/shard_store.h"
 #include "worker/model.h"
 #include "worker/trainer.h"
@@ -52,9 +54,13 @@ struct Shards {
   std::vector<ParameterStore*> ptrs;
 };
 
+// Completes a rank's options before it runs (tests: loss scaling, say).
+using AdjustOptions = std::function<void(TrainerOptions&)>;
+
 // Ranks 0 and 1 of `spec` trained at once (threads) against `shards`.
 inline std::vector<absl::StatusOr<TrainResult>> RunTwoWorkers(const JobSpec& spec, const TrainTest& data,
-                                                              const std::vector<ParameterStore*>& shards) {
+                                                              const std::vector<ParameterStore*>& shards,
+                                                              const AdjustOptions& adjust = {}) {
   std::vector<absl::StatusOr<TrainResult>> results(2, absl::UnknownError("not run"));
   std::vector<std::thread> threads;
   for (int r = 0; r < 2; ++r) {
@@ -65,6 +71,42 @@ inline std::vector<absl::StatusOr<TrainResult>> RunTwoWorkers(const JobSpec& spe
       o.world_size = 2;
       o.shards = shards;
       o.write_weights = false;
+      if (adjust) adjust(o);
+      results[r] = RunTrainer(o, data);
+    });
+  }
+  for (auto& t : threads) t.join();
+  return results;
+}
+
+// Ranks 0 and 1 of an all-reduce `spec` at once (threads), meeting through
+// an in-memory store over real Gloo sockets.
+inline std::vector<absl::StatusOr<TrainResult>> RunTwoAllReduceWorkers(const JobSpec& spec, const TrainTest& data,
+                                                                       const AdjustOptions& adjust = {}) {
+  auto store = NewInMemoryStore();
+  std::vector<absl::StatusOr<TrainResult>> results(2, absl::UnknownError("not run"));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      CollectiveOptions co;
+      co.rank = r;
+      co.size = 2;
+      co.store = store;
+      co.hostname = "127.0.0.1";
+      auto collective = CreateCollective("gloo", co);
+      if (!collective.ok()) {
+        results[r] = collective.status();
+        return;
+      }
+      Shards local(1);
+      TrainerOptions o;
+      o.spec = spec;
+      o.rank = r;
+      o.world_size = 2;
+      o.shards = local.ptrs;
+      o.collective = collective->get();
+      o.write_weights = false;
+      if (adjust) adjust(o);
       results[r] = RunTrainer(o, data);
     });
   }
@@ -119,11 +161,12 @@ inline void ExpectLikeOneWorkerOnTheConcatenatedBatch(const JobSpec& two, const 
   EXPECT_FALSE(at::allclose(single->parameters[0].second, (*init)->NamedParameters()[0].second.detach(), 1e-3, 1e-4));
 }
 
-// bf16 autocast: forward and backward in bf16, the parameters and the
-// optimizer in fp32. On Fashion-MNIST (10,000 test images: one point is 100
-// of them), LeNet, two epochs: bf16 must really change the arithmetic (the
-// parameters differ from fp32's) and reach fp32's accuracy within a point.
-inline void ExpectBf16WithinOnePointOfFp32(const c10::Device& device) {
+// bf16 or fp16 autocast: forward and backward in the narrow dtype, the
+// parameters and the optimizer in fp32 (fp16 with dynamic loss scaling). On
+// Fashion-MNIST (10,000 test images: one point is 100 of them), LeNet, two
+// epochs: autocast must really change the arithmetic (the parameters differ
+// from fp32's) and reach fp32's accuracy within a point.
+inline void ExpectAutocastWithinOnePointOfFp32(const c10::Device& device, Precision narrow) {
   const std::string dir = FashionMnistDir();
   if (dir.empty()) GTEST_SKIP() << "no Fashion-MNIST (make setup installs dataset-fashion-mnist)";
   JobSpec spec = SyntheticSpec("bf16", "lenet");
@@ -135,7 +178,7 @@ inline void ExpectBf16WithinOnePointOfFp32(const c10::Device& device) {
   auto data = LoadData(spec.data, spec.seed);
   ASSERT_TRUE(data.ok()) << data.status();
   std::map<std::string, TrainResult> results;
-  for (const Precision p : {Precision::kFp32, Precision::kBf16}) {
+  for (const Precision p : {Precision::kFp32, narrow}) {
     const std::string precision = Name(p);
     Shards shards(1);
     TrainerOptions o;
@@ -144,23 +187,34 @@ inline void ExpectBf16WithinOnePointOfFp32(const c10::Device& device) {
     o.device = device;
     o.shards = shards.ptrs;
     o.write_weights = false;
-    std::string losses;
+    std::string losses, scales;
+    o.emit = [&](const WorkerEvent& e) {
+      if (e.has_progress() && e.progress().has_loss_scale() && e.progress().step() % 500 == 0) {
+        scales += " " + std::to_string(e.progress().step()) + ":" + std::to_string(e.progress().loss_scale()) + "/" +
+                  std::to_string(e.progress().skipped_steps());
+      }
+    };
     o.on_step = [&](int64_t step, double loss, int64_t, double, double) {
       if (step % 500 == 0 || step == 1) losses += " " + std::to_string(step) + ":" + std::to_string(loss);
     };
     auto r = RunTrainer(o, *data);
     ASSERT_TRUE(r.ok()) << precision << ": " << r.status();
-    std::printf("%s %s: accuracy %.4f, loss at steps%s\n", device.str().c_str(), precision.c_str(),
-                r->final_accuracy, losses.c_str());
+    std::printf("%s %s: accuracy %.4f, %lld steps skipped, loss at steps%s\n", device.str().c_str(),
+                precision.c_str(), r->final_accuracy, static_cast<long long>(r->skipped_steps), losses.c_str());
+    if (!scales.empty()) std::printf("  loss scale/skipped at steps%s\n", scales.c_str());
+    if (p == Precision::kFp16) {
+      EXPECT_FALSE(scales.empty()) << "fp16 progress reports no loss scale";
+      EXPECT_LT(r->skipped_steps, r->steps / 100) << "more than 1% of the steps skipped";
+    }
     results[precision] = *r;
   }
   const TrainResult& fp32 = results["fp32"];
-  const TrainResult& bf16 = results["bf16"];
+  const TrainResult& low = results[Name(narrow)];
   EXPECT_GT(fp32.final_accuracy, 0.7);
-  EXPECT_GE(bf16.final_accuracy, fp32.final_accuracy - 0.01);
-  for (const auto& [name, t] : bf16.parameters) EXPECT_EQ(t.scalar_type(), at::kFloat) << name;
-  EXPECT_FALSE(at::allclose(fp32.parameters[0].second, bf16.parameters[0].second, 1e-5, 1e-6))
-      << "bf16 changed nothing: autocast did not run";
+  EXPECT_GE(low.final_accuracy, fp32.final_accuracy - 0.01);
+  for (const auto& [name, t] : low.parameters) EXPECT_EQ(t.scalar_type(), at::kFloat) << name;
+  EXPECT_FALSE(at::allclose(fp32.parameters[0].second, low.parameters[0].second, 1e-5, 1e-6))
+      << Name(narrow) << " changed nothing: autocast did not run";
 }
 
 }  // namespace pstrain

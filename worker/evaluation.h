@@ -23,20 +23,23 @@ struct EvalResult {
 at::Tensor ToDevice(const at::Tensor& t, const c10::Device& device);
 
 // Autocast on this thread for the forward pass (backward follows the dtypes
-// forward chose), when the job asks for bf16.
+// forward chose), when the job asks for bf16 or fp16.
 class AutocastScope {
  public:
   AutocastScope(const c10::Device& device, Precision precision)
-      : type_(device.type()), on_(precision == Precision::kBf16) {
-    if (on_) SetAutocast(type_, true, at::kBFloat16);
+      : type_(device.type()),
+        on_(precision != Precision::kFp32),
+        dtype_(precision == Precision::kFp16 ? at::kHalf : at::kBFloat16) {
+    if (on_) SetAutocast(type_, true, dtype_);
   }
   ~AutocastScope() {
-    if (on_) SetAutocast(type_, false, at::kBFloat16);
+    if (on_) SetAutocast(type_, false, dtype_);
   }
 
  private:
   const c10::DeviceType type_;
   const bool on_;
+  const c10::ScalarType dtype_;
 };
 
 // Loss and accuracy of `model` on `test`, in batches of 1000.

@@ -13,6 +13,7 @@
 #include "collective/collective.h"
 #include "table/optimizer.h"
 #include "table/shard_store.h"
+#include "worker/loss_scaler.h"
 #include "worker/ps_client.h"
 #include "worker/tensor_optimizer.h"
 
@@ -111,7 +112,7 @@ class PsExchange : public GradientExchange {
       for (const auto& p : options_.params) host_grads_.push_back(HostBufferFor(p, options_.device));
     }
   }
-  bool clips_reduced() const override { return false; }
+  bool processes_reduced() const override { return false; }
   std::vector<uint32_t> VacantRanks() const override { return options_.ps->vacant_ranks(); }
   void SetStepBatches(uint32_t extra_batches, bool empty) override {
     options_.ps->SetStepBatches(extra_batches, empty);
@@ -182,7 +183,7 @@ class AllReduceExchange : public GradientExchange {
     }
     reductions_.resize(buckets_.size());
   }
-  bool clips_reduced() const override { return true; }
+  bool processes_reduced() const override { return true; }
 
   absl::Status Broadcast() {
     c10::NoGradGuard no_grad;
@@ -240,12 +241,24 @@ class AllReduceExchange : public GradientExchange {
     }
     if (!first.ok()) return first;
     c10::NoGradGuard no_grad;
+    LossScaler* scaler = options_.loss_scaler;
+    const double size = static_cast<double>(collective_->size());
     for (size_t b = 0; b < flats_.size(); ++b) {
       if (wire_flats_[b].defined()) {
         flats_[b].copy_(wire_flats_[b]);  // widened; already the mean
-      } else {
-        flats_[b].div_(static_cast<double>(collective_->size()));
+      } else if (scaler == nullptr) {
+        flats_[b].div_(size);
       }
+    }
+    if (scaler != nullptr) {
+      // The mean and the unscale in one pass (the narrow buckets were
+      // averaged before the wire); an overflow skips the step on every rank.
+      std::vector<at::Tensor> sums, means;
+      for (size_t b = 0; b < flats_.size(); ++b) (wire_flats_[b].defined() ? means : sums).push_back(flats_[b]);
+      const bool sums_finite = scaler->UnscaleAndCheck(sums, size);
+      const bool finite = scaler->UnscaleAndCheck(means) && sums_finite;
+      absl::Status s = scaler->Update(finite);
+      if (!s.ok() || !finite) return s;
     }
     if (options_.clip_grad_norm > 0) {
       double sq = 0;
@@ -326,8 +339,9 @@ class AllReduceExchange : public GradientExchange {
   absl::Status ApplyLocally() {
     c10::NoGradGuard no_grad;
     at::Tensor finite;
-    for (const at::Tensor& f : flats_) {
-      at::Tensor ok = at::isfinite(f).all();
+    // (fp16: the scaler checked them already.)
+    for (size_t b = 0; b < flats_.size() && options_.loss_scaler == nullptr; ++b) {
+      at::Tensor ok = at::isfinite(flats_[b]).all();
       finite = finite.defined() ? finite.logical_and(ok) : ok;
     }
     if (finite.defined() && !finite.item<bool>()) {

@@ -37,6 +37,7 @@
 namespace pstrain {
 
 class Collective;
+class LossScaler;
 class PsClient;
 class ShardStore;
 
@@ -60,6 +61,10 @@ struct ExchangeOptions {
   // (TensorOptimizer); the store is the checkpoint format and the source of
   // a restore, brought up to date by Flush.
   ShardStore* local_store = nullptr;
+  // All-reduce, precision fp16: the trainer's scaler (not owned). The
+  // reduced gradients are unscaled and checked here -- every rank holds the
+  // same, so every rank skips the same steps -- and the scale updated.
+  LossScaler* loss_scaler = nullptr;
   std::string job;
 };
 
@@ -79,9 +84,10 @@ class GradientExchange {
   // are). Called before a checkpoint is written.
   virtual absl::Status Flush(int64_t steps) { return absl::OkStatus(); }
 
-  // Whether the exchange clips the reduced gradients itself (all-reduce);
-  // otherwise the caller clips before offering.
-  virtual bool clips_reduced() const = 0;
+  // Whether the exchange clips (and, fp16, unscales and checks) the reduced
+  // gradients itself (all-reduce); otherwise the caller does, before
+  // offering.
+  virtual bool processes_reduced() const = 0;
   // Before a step's first backward.
   void BeginStep(int64_t step, double lr);
   // Parameter server under SYNC: the ranks the shards had vacant when the

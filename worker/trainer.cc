@@ -23,6 +23,7 @@
 #include "worker/batch_loader.h"
 #include "worker/evaluation.h"
 #include "worker/gradient_exchange.h"
+#include "worker/loss_scaler.h"
 #include "worker/model.h"
 #include "worker/ps_client.h"
 #include "worker/sampler.h"
@@ -87,6 +88,9 @@ class Trainer {
   // offered, the exchange finished.
   absl::Status Step(int epoch, int64_t first_micro, int64_t last_micro);
   void TrainMicro(const BatchLoader::Batch& batch, double scale, bool arm, at::Tensor* loss_sum);
+  // PS with loss scaling, after backward: this worker's gradients unscaled
+  // and checked; an overflow makes the step an empty push. Sets *skipped.
+  absl::Status UnscaleOwnGradients(bool* skipped);
   // Reads the losses of finished steps, all of them when `all`.
   void ReadLosses(bool all);
   void EmitProgress(int epoch);
@@ -105,6 +109,9 @@ class Trainer {
   std::vector<ParameterSpec> specs_;
   std::unique_ptr<PsClient> ps_;
   std::unique_ptr<GradientExchange> exchange_;
+  // fp16: the loss scale, unscaled and checked by this worker (PS) or by
+  // the exchange after the reduction (all-reduce).
+  std::unique_ptr<LossScaler> scaler_;
   // Hooks offer a parameter's gradient as soon as autograd produced it.
   bool hooks_ = false;
   bool armed_ = false;  // during backward
@@ -178,6 +185,7 @@ absl::Status Trainer::BuildExchange() {
                   : spec_.wire_dtype == WireDtype::kFp16 ? at::kHalf
                                                          : at::kFloat;
   eo.job = spec_.name;
+  eo.loss_scaler = allreduce ? scaler_.get() : nullptr;
   if (allreduce) {
     // Everyone starts from rank 0's values (as DDP does); the local store,
     // one worker's SYNC table, is the checkpoint format.
@@ -220,7 +228,9 @@ void Trainer::RegisterHooks() {
   // completes the gradients, and (PS) clipping needs them all first, so
   // then everything is offered after backward. All-reduce clips the
   // averaged gradients itself.
-  hooks_ = spec_.accumulate_steps == 1 && (exchange_->clips_reduced() || spec_.clip_grad_norm == 0);
+  // The same holds for a worker's own check of scaled (fp16) gradients.
+  hooks_ = spec_.accumulate_steps == 1 &&
+           (exchange_->processes_reduced() || (spec_.clip_grad_norm == 0 && scaler_ == nullptr));
   offered_.assign(params_.size(), false);
   if (!hooks_) return;
   for (size_t i = 0; i < params_.size(); ++i) {
@@ -251,7 +261,7 @@ void Trainer::TrainMicro(const BatchLoader::Batch& batch, double scale, bool arm
   at::Tensor part = loss.detach() * scale;
   *loss_sum = loss_sum->defined() ? *loss_sum + part : part;
   armed_ = arm;
-  (loss * scale).backward();
+  (loss * (scale * (scaler_ != nullptr ? scaler_->scale() : 1.0))).backward();
   armed_ = false;
 }
 
@@ -295,7 +305,15 @@ absl::Status Trainer::Step(int epoch, int64_t first, int64_t last) {
     }
     const size_t trained = (batches.own ? 1 : 0) + batches.covered.size();
     if (trained > 1) loss_sum = loss_sum / static_cast<double>(trained);
-    if (spec_.clip_grad_norm > 0 && !exchange_->clips_reduced()) {
+    bool skipped = false;
+    if (scaler_ != nullptr && trained > 0 && !exchange_->processes_reduced()) {
+      absl::Status s = UnscaleOwnGradients(&skipped);
+      if (!s.ok()) {
+        exchange_->Abandon();
+        return absl::Status(s.code(), absl::StrCat("step ", step_, ": ", s.message()));
+      }
+    }
+    if (spec_.clip_grad_norm > 0 && !exchange_->processes_reduced() && !skipped) {
       grad_norm = torch::nn::utils::clip_grad_norm_(params_, spec_.clip_grad_norm);
     }
   } catch (const c10::Error& e) {
@@ -320,6 +338,24 @@ absl::Status Trainer::Step(int epoch, int64_t first, int64_t last) {
                      lr, grad_norm});
   ++step_;
   result_.samples += samples;
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::UnscaleOwnGradients(bool* skipped) {
+  std::vector<at::Tensor> grads;
+  for (const auto& p : params_) grads.push_back(p.grad());
+  const bool finite = scaler_->UnscaleAndCheck(grads);
+  absl::Status s = scaler_->Update(finite);
+  if (!s.ok() || finite) return s;
+  // Skipped: the shards count the step and change nothing (an empty push);
+  // no Inf or NaN reaches a buffer of the exchange (error feedback keeps
+  // what it sends).
+  *skipped = true;
+  exchange_->SetStepBatches(0, /*empty=*/true);
+  c10::NoGradGuard no_grad;
+  for (at::Tensor& g : grads) {
+    if (g.defined()) g.zero_();
+  }
   return absl::OkStatus();
 }
 
@@ -365,6 +401,10 @@ void Trainer::EmitProgress(int epoch) {
   p->set_data_wait_s(window_.data / steps);
   if (window_.grad_norms > 0) p->set_grad_norm(window_.grad_norm / window_.grad_norms);
   for (ShardCalls& c : activity_.TakeShardWindow()) *p->add_shards() = std::move(c);
+  if (scaler_ != nullptr) {
+    p->set_loss_scale(scaler_->scale());
+    p->set_skipped_steps(scaler_->skipped_steps());
+  }
   p->set_elapsed_s(Seconds(start_, now));
   options_.emit(e);
   window_start_ = now;
@@ -375,6 +415,7 @@ absl::Status Trainer::Finish() {
   activity_.Enter(WorkerActivity::FINISHING, step_);
   result_.steps = step_;
   result_.seconds = Seconds(start_, Clock::now());
+  result_.skipped_steps = scaler_ != nullptr ? scaler_->skipped_steps() : 0;
   // Final values: wait until every rank's every step has landed (under SYNC
   // the version is the step; otherwise each active rank's last step counts,
   // whoever holds the rank now), then evaluate.
@@ -406,12 +447,21 @@ absl::Status Trainer::Finish() {
   done.mutable_done()->set_steps(result_.steps);
   done.mutable_done()->set_samples(result_.samples);
   done.mutable_done()->set_seconds(result_.seconds);
+  done.mutable_done()->set_skipped_steps(result_.skipped_steps);
   options_.emit(done);
   return absl::OkStatus();
 }
 
 absl::StatusOr<TrainResult> Trainer::Run() {
   if (data_.train.size() == 0) return absl::InvalidArgumentError("the training set is empty");
+  if (spec_.precision == Precision::kFp16 && device_.is_cpu() && !kCpuAutocastHasFp16) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "precision fp16 on the CPU needs LibTorch 2.2 or later (this worker's is ", TORCH_VERSION,
+        ", whose CPU autocast has bfloat16 only): train on a GPU, or use precision bf16"));
+  }
+  if (spec_.precision == Precision::kFp16 || options_.loss_scaling.has_value()) {
+    scaler_ = std::make_unique<LossScaler>(options_.loss_scaling.value_or(LossScalerOptions{}));
+  }
   absl::Status s = BuildModel();
   if (s.ok()) s = BuildExchange();
   if (!s.ok()) return s;

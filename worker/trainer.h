@@ -28,6 +28,7 @@
 #include <atomic>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -36,6 +37,7 @@
 #include "proto/events.pb.h"
 #include "table/parameter_store.h"
 #include "worker/dataset.h"
+#include "worker/loss_scaler.h"
 
 namespace pstrain {
 
@@ -87,6 +89,11 @@ struct TrainerOptions {
   // Told what the loop is doing and of every shard call (the heartbeat
   // reads it; not owned; null: the trainer keeps its own).
   Activity* activity = nullptr;
+  // Dynamic loss scaling: on for precision fp16, with these settings where
+  // set (GradScaler's defaults where not). Set with another precision it
+  // scales too -- what lets the tests drive the scaler where this LibTorch
+  // has no fp16 autocast.
+  std::optional<LossScalerOptions> loss_scaling;
 };
 
 struct TrainResult {
@@ -95,6 +102,7 @@ struct TrainResult {
   double seconds = 0;
   double final_accuracy = -1;  // rank 0 only
   double final_test_loss = -1;
+  int64_t skipped_steps = 0;  // loss scaling: steps skipped for an overflow
   std::vector<std::pair<std::string, at::Tensor>> parameters;  // final values
 };
 

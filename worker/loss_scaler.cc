@@ -1,0 +1,73 @@
+#include "worker/loss_scaler.h"
+
+#include <ATen/ops/_amp_foreach_non_finite_check_and_unscale.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/isfinite.h>
+#include <ATen/ops/zeros.h>
+#include <c10/core/GradMode.h>
+
+#include <cmath>
+#include <map>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_format.h"
+
+namespace pstrain {
+
+LossScaler::LossScaler(LossScalerOptions options) : options_(options), scale_(options.init_scale) {}
+
+bool LossScaler::UnscaleAndCheck(const std::vector<at::Tensor>& grads, double divisor) const {
+  c10::NoGradGuard no_grad;
+  const double inv = 1.0 / (scale_ * divisor);
+  // CUDA has GradScaler's fused kernel (one launch per list, no read of the
+  // device); LibTorch 1.13 has it for CUDA only, so elsewhere: multiply,
+  // then one flag per gradient, all read at once.
+  // (GradScaler groups by device and dtype too.)
+  std::map<std::pair<std::string, at::ScalarType>, std::vector<at::Tensor>> cuda;
+  at::Tensor bad;  // on the host: any non-finite element
+  for (const at::Tensor& g : grads) {
+    if (!g.defined()) continue;
+    if (g.is_cuda() && g.scalar_type() != at::kDouble) {
+      cuda[{g.device().str(), g.scalar_type()}].push_back(g);
+      continue;
+    }
+    g.mul_(inv);
+    at::Tensor b = at::isfinite(g).logical_not_().any();
+    bad = bad.defined() ? bad.logical_or_(b) : b;
+  }
+  bool finite = !bad.defined() || !bad.item<bool>();
+  for (auto& [key, list] : cuda) {
+    const c10::Device device = list.front().device();
+    at::Tensor found = at::zeros({1}, at::TensorOptions().device(device).dtype(at::kFloat));
+    at::Tensor inv_t = at::full({1}, inv, at::TensorOptions().device(device).dtype(at::kFloat));
+    at::_amp_foreach_non_finite_check_and_unscale_(list, found, inv_t);
+    finite = finite && found.item<float>() == 0.0f;
+  }
+  return finite;
+}
+
+absl::Status LossScaler::Update(bool finite) {
+  if (finite) {
+    consecutive_ = 0;
+    if (++clean_ >= options_.growth_interval) {
+      const double grown = scale_ * options_.growth_factor;
+      // fp32's largest power of two: beyond it the scaled loss is Inf.
+      if (std::isfinite(grown) && grown <= 0x1p127) scale_ = grown;
+      clean_ = 0;
+    }
+    return absl::OkStatus();
+  }
+  ++skipped_;
+  clean_ = 0;
+  scale_ *= options_.backoff_factor;
+  if (++consecutive_ >= options_.max_consecutive_skips) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "fp16: %d steps in a row had NaN or Inf gradients, down to a loss scale of %g: the model diverged (or the "
+        "data holds NaN); lower the learning rate, clip gradients, or train in bf16",
+        consecutive_, scale_));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace pstrain

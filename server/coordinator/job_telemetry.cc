@@ -113,6 +113,11 @@ void JobTelemetry::Progress(const std::string& job, int rank, const WorkerEvent:
   w->AddScalar(r + "step_time_ms", step, p.step_time_s() * 1e3, now);
   w->AddScalar(r + "exchange_wait_ms", step, p.exchange_wait_s() * 1e3, now);
   w->AddScalar(r + "data_wait_ms", step, p.data_wait_s() * 1e3, now);
+  // fp16: each parameter-server worker scales (and skips) on its own.
+  if (p.has_loss_scale()) {
+    w->AddScalar(r + "loss_scale", step, p.loss_scale(), now);
+    w->AddScalar(r + "skipped_steps", step, static_cast<double>(p.skipped_steps()), now);
+  }
   if (rank != 0) return;
   w->AddScalar("train/loss", step, status.loss(), now);
   w->AddScalar("train/samples_per_s", step, status.samples_per_s(), now);
@@ -121,6 +126,10 @@ void JobTelemetry::Progress(const std::string& job, int rank, const WorkerEvent:
   w->AddScalar("train/exchange_wait_ms", step, p.exchange_wait_s() * 1e3, now);
   w->AddScalar("train/data_wait_ms", step, p.data_wait_s() * 1e3, now);
   if (p.has_grad_norm()) w->AddScalar("train/grad_norm", step, p.grad_norm(), now);
+  if (p.has_loss_scale()) {
+    w->AddScalar("train/loss_scale", step, p.loss_scale(), now);
+    w->AddScalar("train/skipped_steps", step, static_cast<double>(p.skipped_steps()), now);
+  }
   // A report is a member's word: at most one entry per shard of the job is
   // looked at, however many it sends.
   for (int i = 0; i < std::min(p.shards_size(), ShardLimit(status)); ++i) {

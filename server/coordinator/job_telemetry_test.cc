@@ -62,7 +62,10 @@ TEST(JobTelemetryTest, OneRunPerAttemptWithTheRanksTheJobAndTheShards) {
     st.set_loss(0.5);
     st.set_samples_per_s(200);
     t.Progress("job-1", 1, Progress(10, 0.6, 0.1), st);
-    t.Progress("job-1", 0, Progress(10, 0.4, 0.1), st);
+    WorkerEvent::Progress fp16 = Progress(10, 0.4, 0.1);
+    fp16.set_loss_scale(32768);
+    fp16.set_skipped_steps(3);
+    t.Progress("job-1", 0, fp16, st);
     WorkerEvent::Eval e;
     e.set_accuracy(0.75);
     e.set_test_loss(0.7);
@@ -106,6 +109,10 @@ TEST(JobTelemetryTest, OneRunPerAttemptWithTheRanksTheJobAndTheShards) {
   EXPECT_EQ(scalars.count("shard_77/call_ms"), 0u);
   EXPECT_EQ(scalars.count("train/grad_norm"), 0u);  // not computed, not written
   EXPECT_EQ(scalars.count("rank_1/samples_per_s"), 1u);
+  EXPECT_FLOAT_EQ(scalars["train/loss_scale"], 32768);  // fp16 (rank 0)
+  EXPECT_FLOAT_EQ(scalars["train/skipped_steps"], 3);
+  EXPECT_FLOAT_EQ(scalars["rank_0/skipped_steps"], 3);
+  EXPECT_EQ(scalars.count("rank_1/loss_scale"), 0u);  // not fp16: not written
 }
 
 // A member's report with far more shard entries than the job has shards:

@@ -10,7 +10,8 @@
 #           tools/gpu/run.sh unpacks them into a prefix there, never over
 #           that machine's system;
 #   gen/    the protobuf and gRPC sources generated here by Debian's protoc
-#           (the same version as the libprotobuf in debs/);
+#           (the same version as the libprotobuf in debs/), and the
+#           dashboard's assets as C++ (Bazel's genrule);
 #   data/   Fashion-MNIST, for the demo-accuracy test.
 # Then, with a GPU machine:  tools/gpu/run.sh   (there, from the repo root).
 set -euo pipefail
@@ -30,14 +31,19 @@ PACKAGES=(
   libspdlog-dev libspdlog1.10 libfmt-dev libfmt9
   libyaml-cpp-dev libyaml-cpp0.7 nlohmann-json3-dev libcli11-dev
   libsqlite3-dev libsqlite3-0
-  prometheus-cpp-dev libprometheus-cpp-core1.0 libprometheus-cpp-pull1.0 libcivetweb1
+  prometheus-cpp-dev libprometheus-cpp-core1.0 libprometheus-cpp-pull1.0 libcivetweb-dev libcivetweb1
   libgloo-dev libgtest-dev libgmock-dev zlib1g-dev
 )
 (cd "$OUT/debs" && apt-get download "${PACKAGES[@]}" >/dev/null)
 
-# Generated code, from the Bazel build's own rules.
-bazel build //proto/... >/dev/null 2>&1 || bazel build //proto/...
+# Generated code, from the Bazel build's own rules: the protobuf and gRPC
+# sources, and the dashboard's page, script and style as C++.
+bazel build //proto/... //server/coordinator:dashboard_assets_gen >/dev/null 2>&1 ||
+  bazel build //proto/... //server/coordinator:dashboard_assets_gen
 cp bazel-bin/proto/*.pb.h bazel-bin/proto/*.pb.cc "$OUT/gen/proto/"
+mkdir -p "$OUT/gen/server/coordinator"
+cp bazel-bin/server/coordinator/dashboard_assets.h bazel-bin/server/coordinator/dashboard_assets.cc \
+  "$OUT/gen/server/coordinator/"
 
 cp /usr/share/datasets/fashion-mnist/*.gz "$OUT/data/"
 du -sh "$OUT"/* | sed 's/^/prepare: /'

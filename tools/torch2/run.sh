@@ -6,8 +6,9 @@
 # the packages tools/setup.sh names, once (cached under
 # $PSTRAIN_TORCH2_ROOT, default ~/.cache/pstrain/trixie-root, with its own
 # Bazel cache), the working tree is copied in, and `bazel test //...` runs
-# there. The pods and manifest checks of `make test` are left out: they test
-# the deployment, not LibTorch.  Needs root (chroot, bind mounts).
+# there (or the targets given: tools/torch2/run.sh //tests:x //worker/...).
+# The pods and manifest checks of `make test` are left out: they test the
+# deployment, not LibTorch.  Needs root (chroot, bind mounts).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=${PSTRAIN_TORCH2_ROOT:-$HOME/.cache/pstrain/trixie-root}
@@ -46,5 +47,6 @@ cp /etc/resolv.conf "$ROOT/etc/resolv.conf" 2>/dev/null || true
 log "copying the working tree"
 rm -rf "$ROOT/src" && mkdir -p "$ROOT/src"
 git ls-files -z --cached --others --exclude-standard | tar --null -T - -cf - | tar -xf - -C "$ROOT/src"
-log "bazel test //... inside trixie"
-chroot "$ROOT" /bin/bash -c 'cd /src && HOME=/root bazel test //... --keep_going --test_output=errors'
+targets=${*:-//...}
+log "bazel test $targets inside trixie"
+chroot "$ROOT" /bin/bash -c "cd /src && HOME=/root bazel test $targets --keep_going --test_output=errors"

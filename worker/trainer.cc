@@ -88,9 +88,15 @@ class Trainer {
   // offered, the exchange finished.
   absl::Status Step(int epoch, int64_t first_micro, int64_t last_micro);
   void TrainMicro(const BatchLoader::Batch& batch, double scale, bool arm, at::Tensor* loss_sum);
-  // PS with loss scaling, after backward: this worker's gradients unscaled
-  // and checked; an overflow makes the step an empty push. Sets *skipped.
-  absl::Status UnscaleOwnGradients(bool* skipped);
+  // Parameter server, after one rank's batch (its micro-batches) went
+  // through backward: with loss scaling its gradient is unscaled and
+  // checked, with clip_grad_norm clipped -- each rank's batch on its own, as
+  // its own worker would, also when this worker covers vacant ranks.
+  // Returns whether it is finite; adds its norm to *norms.
+  bool FinishBatchGradient(std::vector<double>* norms);
+  // The step's scaling outcome: an overflow makes the step an empty push
+  // (the shards count the step and change nothing). Sets *skipped.
+  absl::Status ConcludeScaling(bool finite, bool* skipped);
   // Reads the losses of finished steps, all of them when `all`.
   void ReadLosses(bool all);
   void EmitProgress(int epoch);
@@ -116,6 +122,9 @@ class Trainer {
   bool hooks_ = false;
   bool armed_ = false;  // during backward
   std::vector<bool> offered_;
+  // Covering vacant ranks with clipping or loss scaling: the finished
+  // gradients of the batches before the current one.
+  std::vector<at::Tensor> covered_sum_;
   int64_t step_ = 0;
   int64_t total_steps_ = 0;
   TrainResult result_;
@@ -284,6 +293,26 @@ absl::Status Trainer::Step(int epoch, int64_t first, int64_t last) {
   at::Tensor loss_sum;  // stays on the device (see unread_)
   int64_t samples = 0;
   double data_seconds = 0, grad_norm = -1;
+  // The parameter server finishes gradients here (all-reduce: after the
+  // reduction); each rank's batch on its own where more than one is trained.
+  const bool finish_here =
+      !exchange_->processes_reduced() && (scaler_ != nullptr || spec_.clip_grad_norm > 0);
+  const bool per_batch = finish_here && batches.own + batches.covered.size() > 1;
+  bool finite = true;
+  std::vector<double> norms;
+  auto batch_done = [&] {
+    if (!per_batch) return;
+    finite = FinishBatchGradient(&norms) && finite;
+    c10::NoGradGuard no_grad;
+    if (covered_sum_.empty()) {
+      for (auto& p : params_) covered_sum_.push_back(p.grad().defined() ? at::zeros_like(p.grad()) : at::Tensor());
+    }
+    for (size_t i = 0; i < params_.size(); ++i) {
+      if (!params_[i].grad().defined()) continue;
+      covered_sum_[i].add_(params_[i].grad());
+      params_[i].mutable_grad().zero_();
+    }
+  };
   try {
     for (int64_t m = first; m < last; ++m) {
       activity_.Enter(WorkerActivity::DATA, step_);
@@ -295,6 +324,7 @@ absl::Status Trainer::Step(int epoch, int64_t first, int64_t last) {
       TrainMicro(*batch, scale, arm, &loss_sum);
       samples += batch->labels.size(0);
     }
+    if (batches.own) batch_done();
     for (int v : batches.covered) {
       for (int64_t m = first; m < last; ++m) {
         absl::StatusOr<BatchLoader::Batch> batch = covering_->Get(v, epoch, m);
@@ -302,19 +332,28 @@ absl::Status Trainer::Step(int epoch, int64_t first, int64_t last) {
         TrainMicro(*batch, scale, /*arm=*/false, &loss_sum);
         samples += batch->labels.size(0);
       }
+      batch_done();
     }
     const size_t trained = (batches.own ? 1 : 0) + batches.covered.size();
     if (trained > 1) loss_sum = loss_sum / static_cast<double>(trained);
+    if (per_batch) {
+      c10::NoGradGuard no_grad;
+      for (size_t i = 0; i < params_.size(); ++i) {
+        if (!covered_sum_[i].defined()) continue;
+        params_[i].mutable_grad().copy_(covered_sum_[i]);
+        covered_sum_[i].zero_();
+      }
+    } else if (finish_here && trained > 0) {
+      finite = FinishBatchGradient(&norms);
+    }
+    if (!norms.empty()) grad_norm = norms.front();  // this rank's own (or first) batch
     bool skipped = false;
-    if (scaler_ != nullptr && trained > 0 && !exchange_->processes_reduced()) {
-      absl::Status s = UnscaleOwnGradients(&skipped);
+    if (scaler_ != nullptr && finish_here && trained > 0) {
+      absl::Status s = ConcludeScaling(finite, &skipped);
       if (!s.ok()) {
         exchange_->Abandon();
         return absl::Status(s.code(), absl::StrCat("step ", step_, ": ", s.message()));
       }
-    }
-    if (spec_.clip_grad_norm > 0 && !exchange_->processes_reduced() && !skipped) {
-      grad_norm = torch::nn::utils::clip_grad_norm_(params_, spec_.clip_grad_norm);
     }
   } catch (const c10::Error& e) {
     // Let the exchanges in flight finish (they use this step's buffers);
@@ -341,10 +380,20 @@ absl::Status Trainer::Step(int epoch, int64_t first, int64_t last) {
   return absl::OkStatus();
 }
 
-absl::Status Trainer::UnscaleOwnGradients(bool* skipped) {
-  std::vector<at::Tensor> grads;
-  for (const auto& p : params_) grads.push_back(p.grad());
-  const bool finite = scaler_->UnscaleAndCheck(grads);
+bool Trainer::FinishBatchGradient(std::vector<double>* norms) {
+  bool finite = true;
+  if (scaler_ != nullptr) {
+    std::vector<at::Tensor> grads;
+    for (const auto& p : params_) grads.push_back(p.grad());
+    finite = scaler_->UnscaleAndCheck(grads);
+  }
+  if (spec_.clip_grad_norm > 0 && finite) {
+    norms->push_back(torch::nn::utils::clip_grad_norm_(params_, spec_.clip_grad_norm));
+  }
+  return finite;
+}
+
+absl::Status Trainer::ConcludeScaling(bool finite, bool* skipped) {
   absl::Status s = scaler_->Update(finite);
   if (!s.ok() || finite) return s;
   // Skipped: the shards count the step and change nothing (an empty push);
@@ -353,8 +402,8 @@ absl::Status Trainer::UnscaleOwnGradients(bool* skipped) {
   *skipped = true;
   exchange_->SetStepBatches(0, /*empty=*/true);
   c10::NoGradGuard no_grad;
-  for (at::Tensor& g : grads) {
-    if (g.defined()) g.zero_();
+  for (auto& p : params_) {
+    if (p.grad().defined()) p.mutable_grad().zero_();
   }
   return absl::OkStatus();
 }

@@ -23,7 +23,9 @@ mkdir -p "$(dirname "$exclude")"
 grep -qx '/.gpu/' "$exclude" 2>/dev/null || echo '/.gpu/' >> "$exclude"
 
 # Headers and libraries pstrain links, beyond what an Ubuntu 24.04 CUDA
-# image has (glibc, libstdc++, OpenSSL 3, zlib).
+# image has (glibc, libstdc++, zlib). OpenSSL's headers and libraries come
+# along too (the security code calls it directly; the same 3.0 ABI as the
+# image's), so gRPC and pstrain use one OpenSSL.
 PACKAGES=(
   libgrpc++-dev libgrpc-dev libgrpc++1.51 libgrpc29 libc-ares2 libre2-9
   libprotobuf-dev libprotobuf32
@@ -33,6 +35,7 @@ PACKAGES=(
   libsqlite3-dev libsqlite3-0
   prometheus-cpp-dev libprometheus-cpp-core1.0 libprometheus-cpp-pull1.0 libcivetweb-dev libcivetweb1
   libgloo-dev libgtest-dev libgmock-dev zlib1g-dev
+  libssl-dev libssl3
 )
 (cd "$OUT/debs" && apt-get download "${PACKAGES[@]}" >/dev/null)
 

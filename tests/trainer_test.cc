@@ -5,6 +5,9 @@
 #include <ATen/ops/equal.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <chrono>
+#include <future>
 #include <map>
 #include <thread>
 
@@ -196,6 +199,100 @@ TEST(TrainerTest, AllReduceFp16WireTrainsLikeFp32AndBf16FallsBack) {
   for (size_t i = 0; i < results["fp32"].parameters.size(); ++i) {
     EXPECT_TRUE(at::equal(results["fp32"].parameters[i].second, results["bf16"].parameters[i].second))
         << "bf16 should fall back to fp32 with Gloo";
+  }
+}
+
+// Calls an in-process store's method and waits for its callback.
+template <typename Call>
+absl::Status Await(Call call) {
+  std::promise<absl::Status> done;
+  call([&](absl::Status s) { done.set_value(s); });
+  return done.get_future().get();
+}
+
+// A worker covering a vacant rank (SYNC) finishes each rank's batch on its
+// own -- clipped, and with loss scaling unscaled, as that rank's worker
+// would -- before summing, so covering trains exactly like the two workers.
+// Rank 1 pushes steps 0 and 1 and leaves; the coordinator's view marks it
+// vacant after its step-1 push arrived and before rank 0's (rank 0 waits at
+// its step boundary), so no batch is lost: step 1 completes with both, and
+// from step 2 rank 0 trains its own batch and rank 1's. Clipping binds
+// (gradient norms above clip_grad_norm): clipping the sum instead would
+// halve every covered step.
+TEST(TrainerTest, ACoveringWorkerClipsEachRanksBatchOnItsOwn) {
+  auto data = LoadData(SyntheticSpec("x", "lenet").data, 7);
+  ASSERT_TRUE(data.ok());
+  JobSpec spec = SyntheticSpec("cover-clip", "lenet");
+  spec.consistency = SYNC;
+  spec.workers = 2;
+  spec.shards = 2;
+  spec.batch_size = 16;
+  spec.max_steps = 12;
+  spec.chunk_bytes = 16 << 10;
+  spec.clip_grad_norm = 0.2;
+  spec.log_every_steps = 1;
+  for (bool scaled : {false, true}) {
+    SCOPED_TRACE(scaled ? "loss scaling" : "no loss scaling");
+    auto scale = [&](TrainerOptions& o) {
+      if (!scaled) return;
+      LossScalerOptions l;
+      l.init_scale = 1024;
+      o.loss_scaling = l;
+    };
+    Shards reference_shards(2);
+    auto reference = RunTwoWorkers(spec, *data, reference_shards.ptrs, scale);
+    ASSERT_TRUE(reference[0].ok()) << reference[0].status();
+
+    Shards shards(2);
+    std::vector<double> norms;
+    absl::Status seats = absl::UnknownError("rank 0 never reached step 1");
+    auto results = RunTwoWorkers(spec, *data, shards.ptrs, [&](TrainerOptions& o) {
+      scale(o);
+      if (o.rank == 1) {
+        o.spec.max_steps = 2;
+        return;
+      }
+      o.emit = [&](const WorkerEvent& e) {
+        if (e.has_progress() && e.progress().has_grad_norm()) norms.push_back(e.progress().grad_norm());
+      };
+      o.at_step_boundary = [&](int64_t step, int, int64_t, const std::function<absl::Status()>&) {
+        if (step != 1) return;
+        // Rank 1's step-1 push on every chunk of both shards (step 0: two
+        // arrivals per chunk, step 1: one), then rank 1 leaves the view.
+        for (auto& store : shards.stores) {
+          for (int i = 0; i < 30000; ++i) {
+            StatsRequest req;
+            req.set_job(spec.name);
+            StatsResponse resp;
+            seats = Await([&](StatusCallback cb) { store->Stats(req, &resp, {}, cb); });
+            if (!seats.ok() || resp.tables_size() == 0) break;
+            const TableStats& t = resp.tables(0);
+            if (t.pushes_applied() >= 3 * t.num_chunks()) break;
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+          }
+          SetWorkersRequest req;
+          req.set_job(spec.name);
+          req.add_seats()->set_active(true);
+          req.add_seats()->set_active(false);
+          SetWorkersResponse resp;
+          seats = Await([&](StatusCallback cb) { store->SetWorkers(req, &resp, {}, cb); });
+          if (!seats.ok()) return;
+        }
+      };
+    });
+    ASSERT_TRUE(seats.ok()) << seats;
+    ASSERT_TRUE(results[0].ok()) << results[0].status();
+    ASSERT_TRUE(results[1].ok()) << results[1].status();
+    EXPECT_EQ(results[1]->steps, 2);
+    // Rank 0 trained its own 12 batches and rank 1's of steps 2..11.
+    EXPECT_EQ(results[0]->samples, (12 + 10) * 16);
+    ASSERT_FALSE(norms.empty());
+    EXPECT_GT(*std::max_element(norms.begin(), norms.end()), 2 * spec.clip_grad_norm) << "clipping never bound";
+    for (size_t i = 0; i < reference[0]->parameters.size(); ++i) {
+      const auto& [name, want] = reference[0]->parameters[i];
+      const at::Tensor& got = results[0]->parameters[i].second;
+      EXPECT_TRUE(at::allclose(got, want, 1e-4, 1e-5)) << name << " differs by " << got.sub(want).abs().max().item<double>();
+    }
   }
 }
 

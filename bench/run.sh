@@ -20,7 +20,9 @@
 #   bench/run.sh gpu [REPS]        ResNet-18 on one GPU: PS mode (2 workers, CPU
 #                                  shards) and all-reduce (NCCL, 1 rank) vs PyTorch
 #                                  in one process and DDP (NCCL, 1 rank); needs a
-#                                  CUDA LibTorch (tools/gpu/run.sh runs it there)
+#                                  CUDA LibTorch (tools/gpu/run.sh runs it there);
+#                                  GPU_PRECISION=bf16|fp16 trains both sides under
+#                                  autocast (fp16: loss scaling on both)
 #
 # Prints a readable table and, as its last line, one JSON object.
 set -euo pipefail
@@ -574,6 +576,7 @@ data: {format: synthetic, synthetic_train: 16384, synthetic_test: 256}
 optimizer: {kind: sgd, lr: 0.05, momentum: 0.9}
 mode: $mode
 device: cuda
+precision: ${GPU_PRECISION:-fp32}
 backend: nccl
 consistency: $([ "$mode" = ps ] && echo async || echo sync)
 workers: $workers
@@ -616,7 +619,7 @@ PYEOF
 
 gpu_torch_once() {  # gpu_torch_once DDP(0|1) MODEL -> samples/s
   $PY bench/torch_gpu_train.py train --model "$2" --ddp "$1" --port "$(free_port)" \
-    --steps "${GPU_STEPS:-200}" --batch "${GPU_BATCH:-256}" 2>"$WORK/torch_gpu.log" \
+    --steps "${GPU_STEPS:-200}" --batch "${GPU_BATCH:-256}" --precision "${GPU_PRECISION:-fp32}" 2>"$WORK/torch_gpu.log" \
     | tail -1 | $PY -c 'import json,sys; print(json.loads(sys.stdin.read())["samples_per_s"])' \
     || { cat "$WORK/torch_gpu.log" >&2; exit 1; }
 }
@@ -632,14 +635,15 @@ gpu() {
     log "rep $r/$reps: torch DDP (nccl, 1 rank)"; runs[ddp]+="$(gpu_torch_once 1 "$model")"$'\n'
   done
   col() { printf '%s' "${runs[$1]}" | awk 'NF {print $1}' | median; }
-  printf '\n%-36s %12s   (ResNet-18, 1x28x28, batch %s, medians of %s runs)\n' "GPU training" "samples/s" \
-    "${GPU_BATCH:-256}" "$reps" >&2
+  printf '\n%-36s %12s   (ResNet-18, 1x28x28, batch %s, %s, medians of %s runs)\n' "GPU training" "samples/s" \
+    "${GPU_BATCH:-256}" "${GPU_PRECISION:-fp32}" "$reps" >&2
   printf '%-36s %12.0f\n' "pstrain ps, 2 workers" "$(col ps)" "pstrain all-reduce, nccl, 1 rank" "$(col ar)" \
     "torch, one process" "$(col torch)" "torch DDP, nccl, 1 rank" "$(col ddp)" >&2
   $PY - <<PYEOF
 import json
 ps, ar, torch1, ddp = $(col ps), $(col ar), $(col torch), $(col ddp)
-print(json.dumps({"bench": "gpu", "reps": $reps, "setup": "ResNet-18 (11.2M params), synthetic 1x28x28, batch ${GPU_BATCH:-256}, SGD momentum, one GPU",
+print(json.dumps({"bench": "gpu", "reps": $reps, "precision": "${GPU_PRECISION:-fp32}",
+                  "setup": "ResNet-18 (11.2M params), synthetic 1x28x28, batch ${GPU_BATCH:-256}, SGD momentum, one GPU",
                   "samples_per_s": {"pstrain_ps_2_workers": round(ps), "pstrain_allreduce_nccl_1": round(ar),
                                     "torch_one_process": round(torch1), "torch_ddp_nccl_1": round(ddp)},
                   "ratios": {"allreduce_vs_torch_ddp": round(ar / ddp, 3), "ps_vs_torch_one_process": round(ps / torch1, 3)}}))

@@ -7,6 +7,8 @@ The model: ResNet-18 (torchvision's layout, written out here so no torchvision
 is needed) for 1x28x28 inputs, 10 classes, 11.2M parameters. The data path is
 pstrain's: a CPU dataset, each batch gathered by index, pinned and copied to
 the GPU without blocking; SGD with momentum; the same batch and steps.
+--precision bf16|fp16 trains under autocast (fp16 with a GradScaler), as
+pstrain's `precision` does.
 """
 import argparse
 import json
@@ -65,6 +67,13 @@ def train(args):
         torch.distributed.init_process_group("nccl", rank=0, world_size=1)
         model = nn.parallel.DistributedDataParallel(model, device_ids=[0])
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    amp = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.precision)
+    scaler = None
+    if args.precision == "fp16":
+        try:
+            scaler = torch.amp.GradScaler("cuda")
+        except (AttributeError, TypeError):  # before 2.3
+            scaler = torch.cuda.amp.GradScaler()
     g = torch.Generator().manual_seed(args.seed)
     x_all = torch.randn(args.examples, 1, 28, 28, generator=g)
     y_all = torch.randint(0, 10, (args.examples,), generator=g)
@@ -75,9 +84,19 @@ def train(args):
         x = x_all.index_select(0, idx).pin_memory().to(device, non_blocking=True)
         y = y_all.index_select(0, idx).pin_memory().to(device, non_blocking=True)
         opt.zero_grad(set_to_none=False)
-        loss = F.cross_entropy(model(x), y)
-        loss.backward()
-        opt.step()
+        if amp is None:
+            loss = F.cross_entropy(model(x), y)
+        else:
+            with torch.autocast("cuda", dtype=amp):
+                logits = model(x)
+            loss = F.cross_entropy(logits.float(), y)
+        if scaler is None:
+            loss.backward()
+            opt.step()
+        else:
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
         return loss
 
     for i in range(args.warmup):
@@ -89,7 +108,8 @@ def train(args):
     final = loss.item()
     torch.cuda.synchronize()
     secs = time.perf_counter() - start
-    print(json.dumps({"samples_per_s": args.steps * args.batch / secs, "loss": final, "ddp": bool(args.ddp)}))
+    print(json.dumps({"samples_per_s": args.steps * args.batch / secs, "loss": final, "ddp": bool(args.ddp),
+                      "precision": args.precision}))
     if args.ddp:
         torch.distributed.destroy_process_group()
 
@@ -110,6 +130,7 @@ def main():
     t.add_argument("--lr", type=float, default=0.05)
     t.add_argument("--threads", type=int, default=4)
     t.add_argument("--seed", type=int, default=42)
+    t.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="fp32")
     args = p.parse_args()
     if args.cmd == "model":
         torch.manual_seed(0)

@@ -22,7 +22,8 @@
 #                                  in one process and DDP (NCCL, 1 rank); needs a
 #                                  CUDA LibTorch (tools/gpu/run.sh runs it there);
 #                                  GPU_PRECISION=bf16|fp16 trains both sides under
-#                                  autocast (fp16: loss scaling on both)
+#                                  autocast (fp16: loss scaling on both); GPU_WIRE=bf16
+#                                  halves pstrain's bytes to and from the shards (ps)
 #
 # Prints a readable table and, as its last line, one JSON object.
 set -euo pipefail
@@ -577,6 +578,7 @@ optimizer: {kind: sgd, lr: 0.05, momentum: 0.9}
 mode: $mode
 device: cuda
 precision: ${GPU_PRECISION:-fp32}
+wire_dtype: $([ "$mode" = ps ] && echo "${GPU_WIRE:-fp32}" || echo fp32)
 backend: nccl
 consistency: $([ "$mode" = ps ] && echo async || echo sync)
 workers: $workers
@@ -642,7 +644,7 @@ gpu() {
   $PY - <<PYEOF
 import json
 ps, ar, torch1, ddp = $(col ps), $(col ar), $(col torch), $(col ddp)
-print(json.dumps({"bench": "gpu", "reps": $reps, "precision": "${GPU_PRECISION:-fp32}",
+print(json.dumps({"bench": "gpu", "reps": $reps, "precision": "${GPU_PRECISION:-fp32}", "wire_dtype": "${GPU_WIRE:-fp32}",
                   "setup": "ResNet-18 (11.2M params), synthetic 1x28x28, batch ${GPU_BATCH:-256}, SGD momentum, one GPU",
                   "samples_per_s": {"pstrain_ps_2_workers": round(ps), "pstrain_allreduce_nccl_1": round(ar),
                                     "torch_one_process": round(torch1), "torch_ddp_nccl_1": round(ddp)},

@@ -7,7 +7,7 @@
 #
 #   tests   the gpu-tagged tests (tests/gpu_test.cc), the trainer, loss-scaling and
 #           collective tests, against this LibTorch
-#   bench   bench/run.sh gpu REPS
+#   bench   bench/run.sh gpu REPS (GPU_PRECISION=bf16|fp16 for mixed precision)
 #
 # Settings: PSTRAIN_LIBTORCH (default: the torch of $PSTRAIN_PY, python3),
 # PSTRAIN_GPU_WORK (build and prefix, default /tmp/pstrain-gpu), OUT (if

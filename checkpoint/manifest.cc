@@ -2,6 +2,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cmath>
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
@@ -27,13 +28,17 @@ absl::Status WriteManifest(const std::string& dir, const CheckpointManifest& m) 
     j["params"].push_back({{"name", p.name}, {"shape", p.shape}, {"dtype", static_cast<int>(p.dtype)}});
   }
   for (const auto& w : m.workers) {
-    j["workers"].push_back({{"rank", w.rank}, {"step", w.step}, {"epoch", w.epoch}, {"epoch_step", w.epoch_step}});
+    nlohmann::json worker = {{"rank", w.rank}, {"step", w.step}, {"epoch", w.epoch}, {"epoch_step", w.epoch_step}};
+    if (w.loss_scale > 0) worker["loss_scale"] = w.loss_scale;
+    j["workers"].push_back(std::move(worker));
   }
   for (const auto& s : m.shards) {
     j["shards"].push_back({{"index", s.index}, {"file", s.file}, {"bytes", s.bytes}, {"crc32", s.crc32}});
   }
   return WriteFileAtomically(dir + "/" + kManifestName, j.dump(2) + "\n");
 }
+
+bool ValidLossScale(double scale) { return std::isfinite(scale) && scale >= 0x1p-24 && scale <= 0x1p127; }
 
 absl::StatusOr<CheckpointManifest> ReadManifest(const std::string& dir) {
   const std::string path = dir + "/" + kManifestName;
@@ -68,7 +73,12 @@ absl::StatusOr<CheckpointManifest> ReadManifest(const std::string& dir) {
     }
     for (const auto& w : j.at("workers")) {
       m.workers.push_back({w.at("rank").get<int>(), w.at("step").get<int64_t>(), w.at("epoch").get<int>(),
-                           w.at("epoch_step").get<int64_t>()});
+                           w.at("epoch_step").get<int64_t>(), w.value("loss_scale", 0.0)});
+      const double scale = m.workers.back().loss_scale;
+      if (scale != 0 && !ValidLossScale(scale)) {
+        return absl::DataLossError(absl::StrCat(path, " gives worker ", m.workers.back().rank, " the loss scale ",
+                                                scale, ", outside [2^-24, 2^127]"));
+      }
     }
     for (const auto& s : j.at("shards")) {
       m.shards.push_back({s.at("index").get<int>(), s.at("file").get<std::string>(), s.at("bytes").get<uint64_t>(),

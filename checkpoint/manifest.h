@@ -28,6 +28,9 @@ struct CheckpointManifest {
     int64_t step = 0;
     int epoch = 0;
     int64_t epoch_step = 0;
+    // precision fp16: the rank's loss scale at the pause (0: none), a power
+    // of two in [2^-24, 2^127] (ValidLossScale).
+    double loss_scale = 0;
   };
   std::vector<Worker> workers;
   struct ShardFile {
@@ -40,6 +43,10 @@ struct CheckpointManifest {
 };
 
 constexpr char kManifestName[] = "manifest.json";
+
+// A loss scale a checkpoint may carry: finite, in [2^-24, 2^127] (what a
+// LossScaler can reach before it fails the job or stops growing).
+bool ValidLossScale(double scale);
 
 absl::Status WriteManifest(const std::string& dir, const CheckpointManifest& manifest);
 // Reads and checks a manifest: every shard file must exist with its size

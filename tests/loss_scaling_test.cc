@@ -12,6 +12,7 @@
 
 #include <cmath>
 #include <mutex>
+#include <optional>
 
 #include "common/torch_compat.h"
 #include "tests/trainer_testing.h"
@@ -172,6 +173,45 @@ TEST(LossScalingTest, TrainingRecoversAndTheScaleGrowsInEveryMode) {
       EXPECT_EQ(growing.progress[r].back().step(), 60);
       EXPECT_EQ(growing.progress[r].back().loss_scale(), 64.0);
     }
+  }
+}
+
+// Resuming: the scale a checkpoint kept replaces the initial one, and every
+// step boundary (where a checkpoint pauses the worker) tells the scale the
+// step will use; without loss scaling it tells none.
+TEST(LossScalingTest, TheScaleIsGivenAtEveryStepBoundaryAndResumedFrom) {
+  auto data = LoadData(SyntheticSpec("x", "lenet").data, 7);
+  ASSERT_TRUE(data.ok());
+  for (bool scaled : {true, false}) {
+    JobSpec spec = SyntheticSpec(scaled ? "resume-scale" : "no-scale", "lenet");
+    spec.max_steps = 6;
+    Shards shards(1);
+    TrainerOptions o;
+    o.spec = spec;
+    o.shards = shards.ptrs;
+    o.write_weights = false;
+    if (scaled) {
+      o.loss_scaling = Scaling(1024);
+      o.start_loss_scale = 256;
+    }
+    std::vector<std::optional<double>> seen;
+    o.at_step_boundary = [&](const StepBoundary& at) { seen.push_back(at.loss_scale); };
+    double reported = -1;
+    o.emit = [&](const WorkerEvent& e) {
+      if (e.has_progress() && e.progress().has_loss_scale()) reported = e.progress().loss_scale();
+    };
+    auto r = RunTrainer(o, *data);
+    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_EQ(seen.size(), 6u);
+    for (const auto& scale : seen) {
+      if (scaled) {
+        ASSERT_TRUE(scale.has_value());
+        EXPECT_EQ(*scale, 256.0);
+      } else {
+        EXPECT_FALSE(scale.has_value());
+      }
+    }
+    EXPECT_EQ(reported, scaled ? 256.0 : -1.0);
   }
 }
 

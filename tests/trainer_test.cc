@@ -255,8 +255,8 @@ TEST(TrainerTest, ACoveringWorkerClipsEachRanksBatchOnItsOwn) {
       o.emit = [&](const WorkerEvent& e) {
         if (e.has_progress() && e.progress().has_grad_norm()) norms.push_back(e.progress().grad_norm());
       };
-      o.at_step_boundary = [&](int64_t step, int, int64_t, const std::function<absl::Status()>&) {
-        if (step != 1) return;
+      o.at_step_boundary = [&](const StepBoundary& at) {
+        if (at.step != 1) return;
         // Rank 1's step-1 push on every chunk of both shards (step 0: two
         // arrivals per chunk, step 1: one), then rank 1 leaves the view.
         for (auto& store : shards.stores) {

@@ -47,7 +47,7 @@ class AllReduceSetup {
   std::function<absl::Status(const std::vector<std::string>& keys)> restore_local();
   // Writes the local store's table to `path` (a checkpoint's shard file);
   // returns {"bytes": N, "crc32": C} or {"error": "..."} for the coordinator.
-  // `flush` first makes the local store current (TrainerOptions::at_step_boundary).
+  // `flush` first makes the local store current (StepBoundary::flush).
   std::string SaveTable(const std::string& path, const std::function<absl::Status()>& flush);
 
  private:

@@ -193,6 +193,7 @@ absl::Status RunJobOrThrow(pstrain::JobSpec spec, int rank, int world_size, cons
     options.start_step = assignment->start_step();
     options.start_epoch = assignment->start_epoch();
     options.start_epoch_step = assignment->start_epoch_step();
+    options.start_loss_scale = assignment->start_loss_scale();
     options.generation = assignment->generation();
     options.job_secret = assignment->job_secret();
     if (assignment->replacement()) options.rejoin_step = assignment->replacement_step();
@@ -215,9 +216,8 @@ absl::Status RunJobOrThrow(pstrain::JobSpec spec, int rank, int world_size, cons
     // All-reduce: worker 0 writes the model (its local store) for the
     // coordinator while everyone is paused.
     pstrain::AllReduceSetup* saver = rank == 0 ? allreduce.get() : nullptr;
-    options.at_step_boundary = [member, stop, rank, &emit, pause, saver, activity](
-                                   int64_t step, int epoch, int64_t epoch_step,
-                                   const std::function<absl::Status()>& flush) {
+    options.at_step_boundary = [member, stop, rank, &emit, pause, saver, activity](const pstrain::StepBoundary& at) {
+      const int64_t step = at.step;
       const absl::Time now = absl::Now();
       if (pause->last != absl::InfinitePast()) {
         pause->step_seconds = 0.9 * pause->step_seconds + 0.1 * absl::ToDoubleSeconds(now - pause->last);
@@ -243,9 +243,10 @@ absl::Status RunJobOrThrow(pstrain::JobSpec spec, int rank, int world_size, cons
       pstrain::WorkerEvent paused;
       paused.set_rank(rank);
       paused.mutable_paused()->set_step(step);
-      paused.mutable_paused()->set_epoch(epoch);
-      paused.mutable_paused()->set_epoch_step(epoch_step);
+      paused.mutable_paused()->set_epoch(at.epoch);
+      paused.mutable_paused()->set_epoch_step(at.epoch_step);
       paused.mutable_paused()->set_pause_id(id);
+      if (at.loss_scale.has_value()) paused.mutable_paused()->set_loss_scale(*at.loss_scale);
       emit(paused);
       activity->Enter(pstrain::WorkerActivity::PAUSED, step);
       bool saved = saver == nullptr;
@@ -254,7 +255,7 @@ absl::Status RunJobOrThrow(pstrain::JobSpec spec, int rank, int world_size, cons
           const std::string prefix = absl::StrCat("ckpt/", id, "/");
           auto path = member->KvGet(prefix + "path", absl::Milliseconds(200));
           if (path.ok()) {
-            (void)member->KvSet(prefix + "saved", saver->SaveTable(*path, flush));
+            (void)member->KvSet(prefix + "saved", saver->SaveTable(*path, at.flush));
             saved = true;
           }
           continue;

@@ -509,7 +509,9 @@ absl::StatusOr<TrainResult> Trainer::Run() {
         ", whose CPU autocast has bfloat16 only): train on a GPU, or use precision bf16"));
   }
   if (spec_.precision == Precision::kFp16 || options_.loss_scaling.has_value()) {
-    scaler_ = std::make_unique<LossScaler>(options_.loss_scaling.value_or(LossScalerOptions{}));
+    LossScalerOptions scaling = options_.loss_scaling.value_or(LossScalerOptions{});
+    if (options_.start_loss_scale > 0) scaling.init_scale = options_.start_loss_scale;
+    scaler_ = std::make_unique<LossScaler>(scaling);
   }
   absl::Status s = BuildModel();
   if (s.ok()) s = BuildExchange();
@@ -548,7 +550,13 @@ absl::StatusOr<TrainResult> Trainer::Run() {
     const int64_t first_step = epoch == start_epoch ? start_es : 0;
     for (int64_t es = first_step; es < steps_per_epoch && step_ < total_steps_; ++es) {
       if (options_.at_step_boundary) {
-        options_.at_step_boundary(step_, epoch, es, [this, step = step_] { return exchange_->Flush(step); });
+        StepBoundary at;
+        at.step = step_;
+        at.epoch = epoch;
+        at.epoch_step = es;
+        at.flush = [this, step = step_] { return exchange_->Flush(step); };
+        if (scaler_ != nullptr) at.loss_scale = scaler_->scale();
+        options_.at_step_boundary(at);
       }
       if (options_.stop != nullptr && options_.stop->load()) {
         return absl::CancelledError(absl::StrCat("job cancelled at step ", step_));

@@ -44,6 +44,20 @@ namespace pstrain {
 class Activity;
 class Collective;
 
+// Where the loop stands before an optimizer step (TrainerOptions::
+// at_step_boundary).
+struct StepBoundary {
+  int64_t step = 0;  // the step about to run
+  int epoch = 0;
+  int64_t epoch_step = 0;
+  // Makes the parameter store current (all-reduce applies the optimizer on
+  // the worker's device): call it before saving the store.
+  std::function<absl::Status()> flush;
+  // fp16: the loss scale the step will use (a checkpoint keeps it with the
+  // rank's place); unset without loss scaling.
+  std::optional<double> loss_scale;
+};
+
 struct TrainerOptions {
   JobSpec spec;
   int rank = 0;
@@ -64,12 +78,9 @@ struct TrainerOptions {
   bool write_weights = true;
   // When set and true, training stops at the next step with CANCELLED.
   const std::atomic<bool>* stop = nullptr;
-  // Called before every optimizer step, with the step about to run and its
-  // place in the epochs; may block (a checkpoint pauses workers here).
-  // `flush` makes the parameter store current (all-reduce applies the
-  // optimizer on the worker's device): call it before saving the store.
-  std::function<void(int64_t step, int epoch, int64_t epoch_step, const std::function<absl::Status()>& flush)>
-      at_step_boundary;
+  // Called before every optimizer step; may block (a checkpoint pauses
+  // workers here).
+  std::function<void(const StepBoundary& at)> at_step_boundary;
   // Called after every optimizer step (metrics): the step just finished, its
   // loss and examples, and its wall time with and without waiting on the
   // shards.
@@ -78,6 +89,9 @@ struct TrainerOptions {
   int64_t start_step = 0;
   int start_epoch = 0;
   int64_t start_epoch_step = 0;
+  // Resuming an fp16 job: the loss scale the rank had at the checkpoint (0:
+  // start from LossScalerOptions::init_scale).
+  double start_loss_scale = 0;
   // Parameter-server mode: this worker's hold on its rank (carried by its
   // pushes), and, taking over a lost worker's rank while the job runs, the
   // step the rank continues at (-1: not a replacement). Its data continues

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "checkpoint/layout.h"
+#include "checkpoint/manifest.h"
 #include "common/quote.h"
 #include "server/coordinator/coordinator.h"
 #include "spdlog/spdlog.h"
@@ -121,6 +122,7 @@ absl::StatusOr<Assignment> Coordinator::GetAssignment(const std::string& member_
         a.set_start_step(w.step);
         a.set_start_epoch(w.epoch);
         a.set_start_epoch_step(w.epoch_step);
+        a.set_start_loss_scale(w.loss_scale);
       }
       return a;
     }
@@ -208,7 +210,11 @@ absl::Status Coordinator::ApplyEvent(Job& job, Member& member, const WorkerEvent
     case WorkerEvent::kPaused:
       // Only a pause for the checkpoint in progress counts (not a late one).
       if (job.checkpoint.pause_requested && e.paused().pause_id() == job.checkpoint.pause_id) {
-        job.checkpoint.paused[rank] = {rank, e.paused().step(), e.paused().epoch(), e.paused().epoch_step()};
+        // A member's word: a loss scale out of range is not kept.
+        const double scale = e.paused().has_loss_scale() && ValidLossScale(e.paused().loss_scale())
+                                 ? e.paused().loss_scale()
+                                 : 0.0;
+        job.checkpoint.paused[rank] = {rank, e.paused().step(), e.paused().epoch(), e.paused().epoch_step(), scale};
         cv_.SignalAll();
       }
       return absl::OkStatus();

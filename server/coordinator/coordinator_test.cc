@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "checkpoint/manifest.h"
+#include "server/coordinator/checkpoint_driver.h"
 #include "common/clock.h"
 #include "common/file_util.h"
 #include "google/protobuf/util/json_util.h"
@@ -265,6 +266,31 @@ TEST_F(CoordinatorTest, RestoreOntoAnUnreachableShardIsRetriedThenFails) {
   EXPECT_EQ(st->conditions().rbegin()->reason(), "RestoreFailed");
   EXPECT_NE(st->conditions().rbegin()->message().find("shard 0"), std::string::npos)
       << st->conditions().rbegin()->message();
+}
+
+// Where restored workers start, and with which fp16 loss scale: each
+// rank's own when the worker count is the same; otherwise every rank at the
+// checkpoint's epoch start with the smallest scale any rank had.
+TEST(StartPositionsTest, LossScalesFollowTheirRanksOrTheSmallestIsShared) {
+  CheckpointManifest m;
+  m.step = 40;
+  m.workers.push_back({0, 40, 2, 7, 8192.0});
+  m.workers.push_back({1, 41, 2, 8, 4096.0});
+  m.workers.push_back({2, 40, 3, 0, 0.0});  // an fp32 rank: none
+  auto same = StartPositions(m, 3);
+  ASSERT_EQ(same.size(), 3u);
+  EXPECT_EQ(same[1].loss_scale, 4096.0);
+  EXPECT_EQ(same[1].epoch_step, 8);
+  auto fewer = StartPositions(m, 2);
+  ASSERT_EQ(fewer.size(), 2u);
+  for (const auto& w : fewer) {
+    EXPECT_EQ(w.loss_scale, 4096.0);
+    EXPECT_EQ(w.step, 40);
+    EXPECT_EQ(w.epoch, 2);
+    EXPECT_EQ(w.epoch_step, 0);
+  }
+  m.workers.clear();
+  EXPECT_EQ(StartPositions(m, 2)[0].loss_scale, 0.0);
 }
 
 TEST_F(CoordinatorTest, SpecErrorsAreRefusedAtSubmit) {

@@ -30,18 +30,6 @@ LossScalerOptions Scaling(double init, int growth_interval = 2000, int max_conse
   return o;
 }
 
-JobSpec Sync(const std::string& name, TrainMode mode) {
-  JobSpec spec = SyntheticSpec(name, "lenet");
-  spec.mode = mode;
-  spec.consistency = SYNC;
-  spec.workers = 2;
-  spec.shards = mode == TrainMode::kAllReduce ? 0 : 2;
-  spec.batch_size = 16;
-  spec.chunk_bytes = 16 << 10;
-  spec.bucket_bytes = 8 << 10;
-  return spec;
-}
-
 // Scaling by a power of two and unscaling is exact: two SYNC workers that
 // scale their losses by 1024 train exactly like one unscaled worker on the
 // concatenated batches -- in both modes (all-reduce unscales the reduced
@@ -51,11 +39,11 @@ TEST(LossScalingTest, APowerOfTwoScaleChangesNothingInEitherMode) {
   auto data = LoadData(SyntheticSpec("x", "lenet").data, 7);
   ASSERT_TRUE(data.ok());
   auto scaled = [](TrainerOptions& o) { o.loss_scaling = Scaling(1024); };
-  JobSpec ps = Sync("scaled-ps", TrainMode::kParameterServer);
+  JobSpec ps = TwoWorkerSyncSpec("scaled-ps");
   ps.max_steps = 20;
   Shards shards(2);
   ExpectLikeOneWorkerOnTheConcatenatedBatch(ps, *data, RunTwoWorkers(ps, *data, shards.ptrs, scaled));
-  JobSpec ar = Sync("scaled-ar", TrainMode::kAllReduce);
+  JobSpec ar = TwoWorkerSyncSpec("scaled-ar", TrainMode::kAllReduce);
   ar.max_steps = 20;
   ar.clip_grad_norm = 5.0;
   ExpectLikeOneWorkerOnTheConcatenatedBatch(ar, *data, RunTwoAllReduceWorkers(ar, *data, scaled));
@@ -87,12 +75,12 @@ TwoRanks TrainTwo(const JobSpec& spec, const TrainTest& data, const LossScalerOp
 }
 
 std::vector<JobSpec> EveryMode(const std::string& name) {
-  JobSpec async = Sync(name + "-async", TrainMode::kParameterServer);
+  JobSpec async = TwoWorkerSyncSpec(name + "-async");
   async.consistency = ASYNC;
-  JobSpec ssp = Sync(name + "-ssp", TrainMode::kParameterServer);
+  JobSpec ssp = TwoWorkerSyncSpec(name + "-ssp");
   ssp.consistency = SSP;
   ssp.staleness = 1;
-  return {async, ssp, Sync(name + "-sync", TrainMode::kParameterServer), Sync(name + "-ar", TrainMode::kAllReduce)};
+  return {async, ssp, TwoWorkerSyncSpec(name + "-sync"), TwoWorkerSyncSpec(name + "-ar", TrainMode::kAllReduce)};
 }
 
 // A loss scale of 2^135 overflows float32 (2^128 and up is Inf, and with a
@@ -221,7 +209,7 @@ TEST(LossScalingTest, TheScaleIsGivenAtEveryStepBoundaryAndResumedFrom) {
 TEST(LossScalingTest, ARunOfOverflowsFailsTheJob) {
   auto data = LoadData(SyntheticSpec("x", "lenet").data, 7);
   ASSERT_TRUE(data.ok());
-  for (JobSpec spec : {Sync("diverged-ps", TrainMode::kParameterServer), Sync("diverged-ar", TrainMode::kAllReduce)}) {
+  for (JobSpec spec : {TwoWorkerSyncSpec("diverged-ps"), TwoWorkerSyncSpec("diverged-ar", TrainMode::kAllReduce)}) {
     SCOPED_TRACE(spec.name);
     spec.max_steps = 20;
     TwoRanks run = TrainTwo(spec, *data, Scaling(0x1p200, 2000, /*max_consecutive_skips=*/4));

@@ -222,13 +222,8 @@ absl::Status Await(Call call) {
 TEST(TrainerTest, ACoveringWorkerClipsEachRanksBatchOnItsOwn) {
   auto data = LoadData(SyntheticSpec("x", "lenet").data, 7);
   ASSERT_TRUE(data.ok());
-  JobSpec spec = SyntheticSpec("cover-clip", "lenet");
-  spec.consistency = SYNC;
-  spec.workers = 2;
-  spec.shards = 2;
-  spec.batch_size = 16;
+  JobSpec spec = TwoWorkerSyncSpec("cover-clip");
   spec.max_steps = 12;
-  spec.chunk_bytes = 16 << 10;
   spec.clip_grad_norm = 0.2;
   spec.log_every_steps = 1;
   for (bool scaled : {false, true}) {
@@ -291,7 +286,8 @@ TEST(TrainerTest, ACoveringWorkerClipsEachRanksBatchOnItsOwn) {
     for (size_t i = 0; i < reference[0]->parameters.size(); ++i) {
       const auto& [name, want] = reference[0]->parameters[i];
       const at::Tensor& got = results[0]->parameters[i].second;
-      EXPECT_TRUE(at::allclose(got, want, 1e-4, 1e-5)) << name << " differs by " << got.sub(want).abs().max().item<double>();
+      EXPECT_TRUE(at::allclose(got, want, 1e-4, 1e-5))
+          << name << " differs by " << got.sub(want).abs().max().item<double>();
     }
   }
 }

@@ -40,6 +40,20 @@ inline JobSpec SyntheticSpec(const std::string& name, const std::string& model) 
   return spec;
 }
 
+// Two SYNC workers of a LeNet on synthetic data, batch 16; ps mode on two
+// shards with several chunks and buckets, or all-reduce.
+inline JobSpec TwoWorkerSyncSpec(const std::string& name, TrainMode mode = TrainMode::kParameterServer) {
+  JobSpec spec = SyntheticSpec(name, "lenet");
+  spec.mode = mode;
+  spec.consistency = SYNC;
+  spec.workers = 2;
+  spec.shards = mode == TrainMode::kAllReduce ? 0 : 2;
+  spec.batch_size = 16;
+  spec.chunk_bytes = 16 << 10;
+  spec.bucket_bytes = 8 << 10;
+  return spec;
+}
+
 struct Shards {
   explicit Shards(int n) {
     for (int i = 0; i < n; ++i) {

@@ -208,6 +208,9 @@ absl::Status CheckValues(const JobSpec& spec, const MappingReader& r) {
   if (spec.clip_grad_norm < 0) return r.Error("clip_grad_norm", "must be >= 0 (0 turns it off)");
   if (spec.threads_per_worker < 1) return r.Error("threads_per_worker", "must be >= 1");
   if (spec.chunk_bytes < 1024) return r.Error("chunk_bytes", "must be >= 1024");
+  if (spec.requests_in_flight < 0 || spec.requests_in_flight > 1024) {
+    return r.Error("requests_in_flight", "must be in [0, 1024] (0: no limit)");
+  }
   if (spec.bucket_bytes < 1) return r.Error("bucket_bytes", "must be >= 1");
   if (spec.max_steps < 0) return r.Error("max_steps", "must be >= 0");
   if (spec.output_dir.empty()) return r.Error("output_dir", "must not be empty");
@@ -323,6 +326,7 @@ absl::StatusOr<JobSpec> ParseJobSpecOrThrow(const std::string& yaml, const std::
   RETURN_IF_ERROR(r.Read("seed", &spec.seed));
   RETURN_IF_ERROR(r.Read("threads_per_worker", &spec.threads_per_worker));
   RETURN_IF_ERROR(r.Read("chunk_bytes", &spec.chunk_bytes));
+  RETURN_IF_ERROR(r.Read("requests_in_flight", &spec.requests_in_flight));
   RETURN_IF_ERROR(r.Read("bucket_bytes", &spec.bucket_bytes));
   RETURN_IF_ERROR(r.Read("max_steps", &spec.max_steps));
   RETURN_IF_ERROR(r.Read("output_dir", &spec.output_dir));

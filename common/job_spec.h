@@ -96,7 +96,13 @@ struct JobSpec {
   double clip_grad_norm = 0;    // 0: off
   uint64_t seed = 42;
   int threads_per_worker = 1;
-  int64_t chunk_bytes = 4 << 20;
+  // The largest piece of a parameter on one shard, and so the finest piece
+  // a push-pull request can carry (see requests_in_flight).
+  int64_t chunk_bytes = 1 << 20;
+  // ps mode: push-pull requests a worker keeps in flight to each shard (0:
+  // no limit); the rest take turns, in order, so the first pieces' values
+  // come back while later pieces go out (bench/README.md, commhosts).
+  int requests_in_flight = 2;
   // Gradients exchanged together: pushed in one request per shard (ps), or
   // reduced in one all-reduce (allreduce; default 25 MiB as in DDP).
   int64_t bucket_bytes = 4 << 20;

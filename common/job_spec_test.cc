@@ -52,6 +52,9 @@ TEST(JobSpecTest, WireDtypeIsParsed) {
   EXPECT_EQ(ParseJobSpec("wire_dtype: fp16\n")->wire_dtype, WireDtype::kFp16);
   EXPECT_EQ(ParseJobSpec("precision: fp16\n")->precision, Precision::kFp16);
   EXPECT_EQ(ParseJobSpec("precision: bf16\n")->precision, Precision::kBf16);
+  EXPECT_EQ(ParseJobSpec("name: x\n")->requests_in_flight, 2);
+  EXPECT_EQ(ParseJobSpec("name: x\n")->chunk_bytes, 1 << 20);
+  EXPECT_EQ(ParseJobSpec("requests_in_flight: 0\n")->requests_in_flight, 0);
   EXPECT_EQ(ParseJobSpec("name: x\n")->wire_dtype, WireDtype::kFp32);
 }
 
@@ -85,6 +88,8 @@ TEST(JobSpecTest, RefusesUnknownFieldsAndBadValuesNamingTheField) {
       {"mode: allreduce\nbackend: mpi", "backend"},
       {"device: tpu", "device"},
       {"precision: fp8", "precision"},
+      {"requests_in_flight: -1", "requests_in_flight"},
+      {"requests_in_flight: 100000", "requests_in_flight"},
       {"wire_dtype: int8", "wire_dtype"},
       {"mode: allreduce\nwire_dtype: bf16\nwire_error_feedback: true", "wire_error_feedback"},
       {"wire_error_feedback: maybe", "wire_error_feedback"},

@@ -223,6 +223,10 @@ TEST(TrainerTest, ACoveringWorkerClipsEachRanksBatchOnItsOwn) {
   auto data = LoadData(SyntheticSpec("x", "lenet").data, 7);
   ASSERT_TRUE(data.ok());
   JobSpec spec = TwoWorkerSyncSpec("cover-clip");
+  // The test lets rank 0 push step 1 only after all of rank 1's step-1
+  // pushes arrived; with requests taking turns rank 1 would wait for rank
+  // 0's answers first.
+  spec.requests_in_flight = 0;
   spec.max_steps = 12;
   spec.clip_grad_norm = 0.2;
   spec.log_every_steps = 1;
@@ -289,6 +293,62 @@ TEST(TrainerTest, ACoveringWorkerClipsEachRanksBatchOnItsOwn) {
       EXPECT_TRUE(at::allclose(got, want, 1e-4, 1e-5))
           << name << " differs by " << got.sub(want).abs().max().item<double>();
     }
+  }
+}
+
+// Requests take turns at each shard (requests_in_flight: 1), and under SYNC
+// a request is answered only when every active worker sent it: so every
+// worker must send its buckets in one order. Here rank 0 covers vacant rank
+// 2's batch and offers its gradients after backward, while rank 1 trains
+// only its own and offers them during backward, from its hooks: without one
+// order the two would each wait for the other's first request (until the
+// 120 s deadline). Rank 2 never starts; rank 0 marks it vacant before step
+// 0, so from step 1 on rank 0 covers it.
+TEST(TrainerTest, ACoveringWorkerAndAHookWorkerSendTheirBucketsInOneOrder) {
+  auto data = LoadData(SyntheticSpec("x", "lenet").data, 7);
+  ASSERT_TRUE(data.ok());
+  JobSpec spec = TwoWorkerSyncSpec("turns");
+  spec.workers = 3;
+  spec.requests_in_flight = 1;
+  spec.max_steps = 6;
+  Shards shards(2);
+  std::vector<absl::StatusOr<TrainResult>> results(2, absl::UnknownError("not run"));
+  absl::Status seats = absl::UnknownError("rank 0 never reached step 0");
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      TrainerOptions o;
+      o.spec = spec;
+      o.rank = r;
+      o.world_size = 3;
+      o.shards = shards.ptrs;
+      o.write_weights = false;
+      if (r == 0) {
+        o.at_step_boundary = [&](const StepBoundary& at) {
+          if (at.step != 0) return;
+          for (auto& store : shards.stores) {
+            SetWorkersRequest req;
+            req.set_job(spec.name);
+            req.add_seats()->set_active(true);
+            req.add_seats()->set_active(true);
+            req.add_seats()->set_active(false);
+            SetWorkersResponse resp;
+            seats = Await([&](StatusCallback cb) { store->SetWorkers(req, &resp, {}, cb); });
+            if (!seats.ok()) return;
+          }
+        };
+      }
+      results[r] = RunTrainer(o, *data);
+    });
+  }
+  for (auto& t : threads) t.join();
+  ASSERT_TRUE(seats.ok()) << seats;
+  ASSERT_TRUE(results[0].ok()) << results[0].status();
+  ASSERT_TRUE(results[1].ok()) << results[1].status();
+  EXPECT_EQ(results[0]->samples, (6 + 5) * 16) << "rank 0 covers rank 2 from step 1";
+  EXPECT_EQ(results[1]->samples, 6 * 16);
+  for (size_t i = 0; i < results[0]->parameters.size(); ++i) {
+    EXPECT_TRUE(at::equal(results[0]->parameters[i].second, results[1]->parameters[i].second));
   }
 }
 

@@ -111,6 +111,7 @@ class PsExchange : public GradientExchange {
     if (!stager_->on_host()) {
       for (const auto& p : options_.params) host_grads_.push_back(HostBufferFor(p, options_.device));
     }
+    held_.resize(buckets_.size());
   }
   bool processes_reduced() const override { return false; }
   std::vector<uint32_t> VacantRanks() const override { return options_.ps->vacant_ranks(); }
@@ -122,23 +123,33 @@ class PsExchange : public GradientExchange {
     ready_[i] = stager_->on_host() ? grad.contiguous() : stager_->Copy(grad, host_grads_[i]);
     const size_t b = bucket_of_[i];
     if (--missing_[b] > 0) return;
-    std::vector<at::Tensor> grads;
-    for (size_t p : buckets_[b]) grads.push_back(ready_[p]);
-    // On an accelerator the push starts when the bucket's copies landed,
-    // from the stager's thread; backward goes on meanwhile.
-    stager_->Then([this, b, grads = std::move(grads)]() mutable { PushPull(b, std::move(grads)); });
+    for (size_t p : buckets_[b]) held_[b].push_back(ready_[p]);
+    // Buckets go out in one order on every worker, bucket 0 (backward's
+    // first) first: a shard's requests take turns (requests_in_flight), and
+    // under SYNC a request is answered only once every worker sent it, so
+    // a worker offering after backward (covering, clipping, fp16) and one
+    // whose hooks offer during it must not queue them differently. With
+    // hooks, buckets complete in this order already.
+    for (; next_ < buckets_.size() && !held_[next_].empty(); ++next_) {
+      // On an accelerator the push starts when the bucket's copies landed,
+      // from the stager's thread; backward goes on meanwhile.
+      stager_->Then([this, b = next_, grads = std::move(held_[next_])]() mutable { PushPull(b, std::move(grads)); });
+      held_[next_].clear();
+    }
   }
 
   absl::Status Finish() override {
     stager_->Drain();
     absl::Status s = barrier_.Wait();
     if (s.ok()) UploadStaging();
+    Reset();
     return s;
   }
 
   void Abandon() override {
     stager_->Drain();
     (void)barrier_.Wait();
+    Reset();
   }
 
  private:
@@ -152,8 +163,16 @@ class PsExchange : public GradientExchange {
                                [this](absl::Status s) { barrier_.Done(s); });
   }
 
+  // The next step starts with bucket 0 and nothing held.
+  void Reset() {
+    next_ = 0;
+    for (auto& h : held_) h.clear();
+  }
+
   StepBarrier barrier_;
   std::vector<at::Tensor> host_grads_;  // accelerator: pinned copies of the gradients
+  std::vector<std::vector<at::Tensor>> held_;  // per bucket: complete, waiting for its turn
+  size_t next_ = 0;                            // the bucket whose push goes out next
 };
 
 class AllReduceExchange : public GradientExchange {

@@ -31,6 +31,7 @@ PsClient::PsClient(PsClientOptions options, std::vector<ParameterStore*> shards)
     const ChunkSpec& c = options_.plan.chunks[i];
     param_chunks_[c.param][c.shard].push_back(i);
   }
+  for (size_t s = 0; s < shards_.size(); ++s) turns_.push_back(std::make_unique<ShardTurns>());
   if (options_.error_feedback && IsNarrowFloat(options_.wire_dtype)) {
     residual_.resize(options_.plan.chunks.size());
     for (size_t i = 0; i < residual_.size(); ++i) residual_[i].assign(options_.plan.chunks[i].numel, 0.0f);
@@ -371,6 +372,7 @@ void PsClient::PushPullAsync(int64_t step, const std::vector<size_t>& params,
     const absl::Time start = absl::Now();
     if (activity != nullptr) activity->ShardCallStarted(static_cast<int>(s));
     auto finish = [this, state, k, s, activity, start](absl::Status st) {
+      Release(s);
       if (activity != nullptr) activity->ShardCallEnded(static_cast<int>(s), absl::Now() - start, state->bytes[k]);
       if (st.ok() && state->parts[k].has_view) RecordView(state->responses[k].vacant_ranks());
       bool last;
@@ -391,15 +393,47 @@ void PsClient::PushPullAsync(int64_t step, const std::vector<size_t>& params,
       return intos[position[p]];
     });
     if (!grad_views.ok() || !dest.ok()) {
-      finish(grad_views.ok() ? dest.status() : grad_views.status());
+      Admit(s, [finish, st = grad_views.ok() ? dest.status() : grad_views.status()] { finish(st); });
       continue;
     }
     state->values[k] = std::move(*dest);
     for (const TensorBuffer& b : *grad_views) state->bytes[k] += 2 * static_cast<int64_t>(b.nbytes);
-    PushPullRequest& req = AddressedPush(state->requests[k], part.ids, step, lr);
+    AddressedPush(state->requests[k], part.ids, step, lr);
     // The shard writes into the destination views (the `intos` tensors).
-    shards_[s]->PushPull(req, std::move(*grad_views), &state->responses[k], &state->values[k], opts, finish);
+    Admit(s, [this, s, state, k, opts, finish, views = std::make_shared<std::vector<TensorBuffer>>(
+                                                std::move(*grad_views))]() mutable {
+      shards_[s]->PushPull(state->requests[k], std::move(*views), &state->responses[k], &state->values[k], opts,
+                           finish);
+    });
   }
+}
+
+void PsClient::Admit(size_t s, std::function<void()> issue) {
+  ShardTurns& t = *turns_[s];
+  {
+    std::lock_guard<std::mutex> lock(t.mu);
+    if (options_.max_in_flight_per_shard > 0 && t.in_flight >= options_.max_in_flight_per_shard) {
+      t.waiting.push_back(std::move(issue));
+      return;
+    }
+    ++t.in_flight;
+  }
+  issue();
+}
+
+void PsClient::Release(size_t s) {
+  ShardTurns& t = *turns_[s];
+  std::function<void()> next;
+  {
+    std::lock_guard<std::mutex> lock(t.mu);
+    if (t.waiting.empty()) {
+      --t.in_flight;
+      return;
+    }
+    next = std::move(t.waiting.front());  // its turn: the slot passes on
+    t.waiting.pop_front();
+  }
+  next();
 }
 
 }  // namespace pstrain

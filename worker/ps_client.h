@@ -11,7 +11,9 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <deque>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -42,7 +44,13 @@ struct PsClientOptions {
   // PushPullAsync cuts a shard's part of a bucket into requests of at most
   // this many value bytes (whole chunks; at least one), so values of the
   // first come back while the later still go out.
-  size_t max_request_bytes = 4 << 20;
+  size_t max_request_bytes = 1 << 20;
+  // PushPullAsync's requests in flight to one shard at a time (0: no
+  // limit); the rest wait their turn, in order. On one HTTP/2 connection
+  // concurrent requests share the link frame by frame and all finish
+  // together; taking turns, the first part's values come back while the
+  // next part goes out.
+  int max_in_flight_per_shard = 0;
   // Told of every shard call's start and end (not owned; may be null).
   Activity* activity = nullptr;
 };
@@ -118,6 +126,11 @@ class PsClient {
   std::vector<RequestPart> SplitRequests(const std::vector<size_t>& params) const;
   // Runs call(shard, done) for every shard at once and waits for all.
   absl::Status ForEachShard(const std::function<void(int, StatusCallback)>& call);
+  // Starts `issue` (one PushPull to shard s) now, or when one of the
+  // shard's requests in flight ends (max_in_flight_per_shard); Release
+  // ends one.
+  void Admit(size_t s, std::function<void()> issue);
+  void Release(size_t s);
 
   const PsClientOptions options_;
   std::vector<ParameterStore*> shards_;
@@ -126,6 +139,12 @@ class PsClient {
   // Error feedback: per chunk, what rounding lost (chunks of one bucket are
   // narrowed by one thread at a time).
   std::vector<std::vector<float>> residual_;
+  struct ShardTurns {
+    std::mutex mu;
+    int in_flight = 0;
+    std::deque<std::function<void()>> waiting;
+  };
+  std::vector<std::unique_ptr<ShardTurns>> turns_;  // per shard
   uint32_t extra_batches_ = 0;
   bool empty_ = false;
   mutable absl::Mutex view_mu_;

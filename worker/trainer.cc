@@ -179,6 +179,7 @@ absl::Status Trainer::BuildExchange() {
                   : spec_.wire_dtype == WireDtype::kFp16 ? DT_FLOAT16
                                                          : DT_FLOAT32;
   po.error_feedback = spec_.wire_error_feedback;
+  po.max_in_flight_per_shard = allreduce ? 0 : spec_.requests_in_flight;
   po.plan = *plan;
   auto ps = PsClient::Create(po, options_.shards);
   if (!ps.ok()) return ps.status();

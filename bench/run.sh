@@ -23,7 +23,8 @@
 #                                  CUDA LibTorch (tools/gpu/run.sh runs it there);
 #                                  GPU_PRECISION=bf16|fp16 trains both sides under
 #                                  autocast (fp16: loss scaling on both); GPU_WIRE=bf16
-#                                  halves pstrain's bytes to and from the shards (ps)
+#                                  halves pstrain's bytes to and from the shards (ps);
+#                                  GPU_REQUESTS_IN_FLIGHT (default 2; 0: no limit)
 #
 # Prints a readable table and, as its last line, one JSON object.
 set -euo pipefail
@@ -579,6 +580,7 @@ mode: $mode
 device: cuda
 precision: ${GPU_PRECISION:-fp32}
 wire_dtype: $([ "$mode" = ps ] && echo "${GPU_WIRE:-fp32}" || echo fp32)
+requests_in_flight: ${GPU_REQUESTS_IN_FLIGHT:-2}
 backend: nccl
 consistency: $([ "$mode" = ps ] && echo async || echo sync)
 workers: $workers

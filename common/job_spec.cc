@@ -354,6 +354,25 @@ absl::StatusOr<JobSpec> ParseJobSpecOrThrow(const std::string& yaml, const std::
 
 }  // namespace
 
+absl::StatusOr<std::string> WithDefaultField(const std::string& yaml, const std::string& field, int64_t value,
+                                             bool* added) {
+  *added = false;
+  try {
+    YAML::Node root = yaml.empty() ? YAML::Node(YAML::NodeType::Map) : YAML::Load(yaml);
+    if (root.IsNull()) root = YAML::Node(YAML::NodeType::Map);
+    if (!root.IsMap()) return absl::InvalidArgumentError("job spec: the top level must be a mapping of fields");
+    if (root[field]) return yaml;
+    root[field] = value;
+    YAML::Emitter out;
+    out << root;
+    if (!out.good()) return absl::InvalidArgumentError(absl::StrCat("job spec: ", out.GetLastError()));
+    *added = true;
+    return std::string(out.c_str()) + "\n";
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("job spec: ", e.what()));
+  }
+}
+
 absl::StatusOr<JobSpec> LoadJobSpec(const std::string& path) {
   absl::StatusOr<std::string> text = ReadFile(path);
   if (!text.ok()) return absl::NotFoundError(absl::StrCat("cannot read job spec ", path));

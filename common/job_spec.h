@@ -127,6 +127,13 @@ struct JobSpec {
 absl::StatusOr<JobSpec> ParseJobSpec(const std::string& yaml, const std::string& origin = "job spec");
 absl::StatusOr<JobSpec> LoadJobSpec(const std::string& path);
 
+// `yaml` with a top-level `field: value` where it does not set the field
+// (re-emitted: comments are dropped); unchanged, *added false, where it
+// does. A restore takes the checkpoint's chunk_bytes this way when the spec
+// leaves it to the default (which changed from 4 MiB to 1 MiB).
+absl::StatusOr<std::string> WithDefaultField(const std::string& yaml, const std::string& field, int64_t value,
+                                             bool* added);
+
 // The learning rate for `epoch` (0-based) and this worker's optimizer `step`
 // (0-based) under the spec's schedule and warm-up.
 double LearningRate(const JobSpec& spec, int epoch, int64_t step = -1);

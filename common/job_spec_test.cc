@@ -58,6 +58,38 @@ TEST(JobSpecTest, WireDtypeIsParsed) {
   EXPECT_EQ(ParseJobSpec("name: x\n")->wire_dtype, WireDtype::kFp32);
 }
 
+// A restore's spec that leaves chunk_bytes to the default takes the
+// checkpoint's; one that sets it keeps it (and the coordinator refuses a
+// mismatch).
+TEST(JobSpecTest, AFieldIsAddedOnlyWhereTheSpecLeavesItToTheDefault) {
+  bool added = false;
+  auto yaml = WithDefaultField("name: x\nworkers: 2  # two\n", "chunk_bytes", 4 << 20, &added);
+  ASSERT_TRUE(yaml.ok()) << yaml.status();
+  EXPECT_TRUE(added);
+  auto spec = ParseJobSpec(*yaml);
+  ASSERT_TRUE(spec.ok()) << spec.status() << "\n" << *yaml;
+  EXPECT_EQ(spec->chunk_bytes, 4 << 20);
+  EXPECT_EQ(spec->workers, 2);
+  EXPECT_EQ(spec->name, "x");
+  // Flow style, and an empty spec.
+  yaml = WithDefaultField("{name: y, shards: 3}", "chunk_bytes", 4096, &added);
+  ASSERT_TRUE(yaml.ok() && added);
+  EXPECT_EQ(ParseJobSpec(*yaml)->chunk_bytes, 4096);
+  EXPECT_EQ(ParseJobSpec(*yaml)->shards, 3);
+  yaml = WithDefaultField("", "chunk_bytes", 4096, &added);
+  ASSERT_TRUE(yaml.ok() && added);
+  EXPECT_EQ(ParseJobSpec(*yaml)->chunk_bytes, 4096);
+  // Set: unchanged.
+  const std::string set = "chunk_bytes: 2048\n";
+  yaml = WithDefaultField(set, "chunk_bytes", 4096, &added);
+  ASSERT_TRUE(yaml.ok());
+  EXPECT_FALSE(added);
+  EXPECT_EQ(*yaml, set);
+  // Not a mapping, or not YAML: refused.
+  EXPECT_FALSE(WithDefaultField("- a\n- b\n", "chunk_bytes", 1, &added).ok());
+  EXPECT_FALSE(WithDefaultField("{unclosed", "chunk_bytes", 1, &added).ok());
+}
+
 TEST(JobSpecTest, CosineScheduleEndsNearMin) {
   auto spec = ParseJobSpec("epochs: 10\nlr_schedule: {kind: cosine, min_lr: 0.001}\noptimizer: {lr: 0.1}");
   ASSERT_TRUE(spec.ok()) << spec.status();

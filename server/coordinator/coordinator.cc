@@ -261,9 +261,19 @@ absl::StatusOr<std::string> Coordinator::SubmitJob(const SubmitJobRequest& reque
   auto spec = ParseJobSpec(spec_yaml, "job spec");
   if (!spec.ok()) return spec.status();
   if (!resume_dir.empty() && spec->chunk_bytes != manifest.chunk_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat("chunk_bytes is ", spec->chunk_bytes,
-                                                   " but the checkpoint was cut in chunks of ", manifest.chunk_bytes,
-                                                   ": use the same chunk_bytes"));
+    // A spec that leaves chunk_bytes to the default takes the checkpoint's
+    // (checkpoints from before the default became 1 MiB are 4 MiB).
+    bool added = false;
+    auto adopted = WithDefaultField(spec_yaml, "chunk_bytes", manifest.chunk_bytes, &added);
+    if (!adopted.ok()) return adopted.status();
+    if (!added) {
+      return absl::InvalidArgumentError(absl::StrCat("chunk_bytes is ", spec->chunk_bytes,
+                                                     " but the checkpoint was cut in chunks of ",
+                                                     manifest.chunk_bytes, ": use the same chunk_bytes"));
+    }
+    spec_yaml = *std::move(adopted);
+    spec = ParseJobSpec(spec_yaml, "job spec");
+    if (!spec.ok()) return spec.status();
   }
   JobStatus status;
   status.set_name(spec->name);

@@ -210,6 +210,20 @@ absl::Status Await(Call call) {
   return done.get_future().get();
 }
 
+// The coordinator's view of the job's ranks, on every shard: seat r active
+// when active[r] (generation 0).
+absl::Status SetSeats(Shards& shards, const std::string& job, const std::vector<bool>& active) {
+  for (auto& store : shards.stores) {
+    SetWorkersRequest req;
+    req.set_job(job);
+    for (bool a : active) req.add_seats()->set_active(a);
+    SetWorkersResponse resp;
+    absl::Status s = Await([&](StatusCallback cb) { store->SetWorkers(req, &resp, {}, cb); });
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
 // A worker covering a vacant rank (SYNC) finishes each rank's batch on its
 // own -- clipped, and with loss scaling unscaled, as that rank's worker
 // would -- before summing, so covering trains exactly like the two workers.
@@ -269,14 +283,9 @@ TEST(TrainerTest, ACoveringWorkerClipsEachRanksBatchOnItsOwn) {
             if (t.pushes_applied() >= 3 * t.num_chunks()) break;
             std::this_thread::sleep_for(std::chrono::milliseconds(1));
           }
-          SetWorkersRequest req;
-          req.set_job(spec.name);
-          req.add_seats()->set_active(true);
-          req.add_seats()->set_active(false);
-          SetWorkersResponse resp;
-          seats = Await([&](StatusCallback cb) { store->SetWorkers(req, &resp, {}, cb); });
           if (!seats.ok()) return;
         }
+        seats = SetSeats(shards, spec.name, {true, false});
       };
     });
     ASSERT_TRUE(seats.ok()) << seats;
@@ -312,36 +321,14 @@ TEST(TrainerTest, ACoveringWorkerAndAHookWorkerSendTheirBucketsInOneOrder) {
   spec.requests_in_flight = 1;
   spec.max_steps = 6;
   Shards shards(2);
-  std::vector<absl::StatusOr<TrainResult>> results(2, absl::UnknownError("not run"));
   absl::Status seats = absl::UnknownError("rank 0 never reached step 0");
-  std::vector<std::thread> threads;
-  for (int r = 0; r < 2; ++r) {
-    threads.emplace_back([&, r] {
-      TrainerOptions o;
-      o.spec = spec;
-      o.rank = r;
-      o.world_size = 3;
-      o.shards = shards.ptrs;
-      o.write_weights = false;
-      if (r == 0) {
-        o.at_step_boundary = [&](const StepBoundary& at) {
-          if (at.step != 0) return;
-          for (auto& store : shards.stores) {
-            SetWorkersRequest req;
-            req.set_job(spec.name);
-            req.add_seats()->set_active(true);
-            req.add_seats()->set_active(true);
-            req.add_seats()->set_active(false);
-            SetWorkersResponse resp;
-            seats = Await([&](StatusCallback cb) { store->SetWorkers(req, &resp, {}, cb); });
-            if (!seats.ok()) return;
-          }
-        };
-      }
-      results[r] = RunTrainer(o, *data);
-    });
-  }
-  for (auto& t : threads) t.join();
+  auto results = RunTwoWorkers(spec, *data, shards.ptrs, [&](TrainerOptions& o) {
+    o.world_size = 3;
+    if (o.rank != 0) return;
+    o.at_step_boundary = [&](const StepBoundary& at) {
+      if (at.step == 0) seats = SetSeats(shards, spec.name, {true, true, false});
+    };
+  });
   ASSERT_TRUE(seats.ok()) << seats;
   ASSERT_TRUE(results[0].ok()) << results[0].status();
   ASSERT_TRUE(results[1].ok()) << results[1].status();

@@ -331,6 +331,7 @@ void PsClient::PushPullAsync(int64_t step, const std::vector<size_t>& params,
     std::vector<PushPullResponse> responses;
     std::vector<std::vector<TensorBuffer>> values;
     std::vector<int64_t> bytes;  // per part: the gradients' wire bytes, and as many back
+    std::vector<absl::Time> sent;  // per part: when it went out (after its turn came)
     StatusCallback done;
   };
   if (grads.size() != params.size() || intos.size() != params.size()) {
@@ -362,6 +363,7 @@ void PsClient::PushPullAsync(int64_t step, const std::vector<size_t>& params,
   state->responses.resize(n);
   state->values.resize(n);
   state->bytes.assign(n, 0);
+  state->sent.resize(n);
   state->pending = static_cast<int>(n);
   if (n == 0) return state->done(absl::OkStatus());
   const CallOptions opts = NewCallOptions();
@@ -369,11 +371,17 @@ void PsClient::PushPullAsync(int64_t step, const std::vector<size_t>& params,
     const Part& part = state->parts[k];
     const size_t s = part.shard;
     Activity* activity = options_.activity;
-    const absl::Time start = absl::Now();
-    if (activity != nullptr) activity->ShardCallStarted(static_cast<int>(s));
-    auto finish = [this, state, k, s, activity, start](absl::Status st) {
+    // A part's call is timed from when its turn came, not while it waited
+    // for one (shard_<i>/call_ms is the shard's latency, as seen here).
+    auto sent = [state, k, s, activity] {
+      state->sent[k] = absl::Now();
+      if (activity != nullptr) activity->ShardCallStarted(static_cast<int>(s));
+    };
+    auto finish = [this, state, k, s, activity](absl::Status st) {
       Release(s);
-      if (activity != nullptr) activity->ShardCallEnded(static_cast<int>(s), absl::Now() - start, state->bytes[k]);
+      if (activity != nullptr) {
+        activity->ShardCallEnded(static_cast<int>(s), absl::Now() - state->sent[k], state->bytes[k]);
+      }
       if (st.ok() && state->parts[k].has_view) RecordView(state->responses[k].vacant_ranks());
       bool last;
       {
@@ -393,15 +401,19 @@ void PsClient::PushPullAsync(int64_t step, const std::vector<size_t>& params,
       return intos[position[p]];
     });
     if (!grad_views.ok() || !dest.ok()) {
-      Admit(s, [finish, st = grad_views.ok() ? dest.status() : grad_views.status()] { finish(st); });
+      Admit(s, [sent, finish, st = grad_views.ok() ? dest.status() : grad_views.status()] {
+        sent();
+        finish(st);
+      });
       continue;
     }
     state->values[k] = std::move(*dest);
     for (const TensorBuffer& b : *grad_views) state->bytes[k] += 2 * static_cast<int64_t>(b.nbytes);
     AddressedPush(state->requests[k], part.ids, step, lr);
     // The shard writes into the destination views (the `intos` tensors).
-    Admit(s, [this, s, state, k, opts, finish, views = std::make_shared<std::vector<TensorBuffer>>(
-                                                std::move(*grad_views))]() mutable {
+    Admit(s, [this, s, state, k, opts, sent, finish, views = std::make_shared<std::vector<TensorBuffer>>(
+                                                      std::move(*grad_views))]() mutable {
+      sent();
       shards_[s]->PushPull(state->requests[k], std::move(*views), &state->responses[k], &state->values[k], opts,
                            finish);
     });

@@ -19,6 +19,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/notification.h"
 #include "common/malloc_tuning.h"
 #include "rpc/grpc_remote_shard.h"
 #include "rpc/local_credentials.h"
@@ -37,6 +38,11 @@ ABSL_FLAG(int, num_workers, 1, "Workers in the run.");
 ABSL_FLAG(int64_t, start_at_ms, 0, "Unix time (ms) at which the timed phase starts.");
 ABSL_FLAG(double, seconds, 8, "Length of the timed phase.");
 ABSL_FLAG(std::string, wire_dtype, "fp32", "fp32 | bf16 | fp16: what gradients and values travel as.");
+ABSL_FLAG(std::string, requests, "training",
+          "training: push-pull as the trainer does it with a job spec's defaults (1 MiB chunks, PushPullAsync "
+          "cutting requests at 1 MiB, 2 in flight per shard); whole: one PushPull request per shard (4 MiB chunks).");
+ABSL_FLAG(int64_t, chunk_bytes, 0, "The partition plan's chunk size (0: as --requests says).");
+ABSL_FLAG(int, requests_in_flight, 2, "--requests=training: requests in flight per shard (0: no limit).");
 
 namespace pstrain {
 namespace {
@@ -73,7 +79,15 @@ int RunWorker() {
   std::vector<ParameterSpec> specs;
   const auto shapes = ModelShapes(model);
   for (size_t i = 0; i < shapes.size(); ++i) specs.push_back({"t" + std::to_string(i), shapes[i], DT_FLOAT32});
-  auto plan = MakePartitionPlan(specs, static_cast<int>(targets.size()));
+  const std::string requests = absl::GetFlag(FLAGS_requests);
+  if (requests != "training" && requests != "whole") {
+    std::fprintf(stderr, "--requests=%s: training | whole\n", requests.c_str());
+    return 1;
+  }
+  const bool split = requests == "training";
+  int64_t chunk_bytes = absl::GetFlag(FLAGS_chunk_bytes);
+  if (chunk_bytes <= 0) chunk_bytes = split ? 1 << 20 : static_cast<int64_t>(kDefaultChunkBytes);
+  auto plan = MakePartitionPlan(specs, static_cast<int>(targets.size()), static_cast<size_t>(chunk_bytes));
   if (!plan.ok()) {
     std::fprintf(stderr, "%s\n", plan.status().ToString().c_str());
     return 1;
@@ -92,6 +106,7 @@ int RunWorker() {
   o.plan = *plan;
   const std::string wire = absl::GetFlag(FLAGS_wire_dtype);
   o.wire_dtype = wire == "bf16" ? DT_BFLOAT16 : wire == "fp16" ? DT_FLOAT16 : DT_FLOAT32;
+  o.max_in_flight_per_shard = absl::GetFlag(FLAGS_requests_in_flight);
   auto client = PsClient::Create(o, stores);
   if (!client.ok()) {
     std::fprintf(stderr, "%s\n", client.status().ToString().c_str());
@@ -115,9 +130,22 @@ int RunWorker() {
     std::fprintf(stderr, "InitTables: %s\n", s.ToString().c_str());
     return 1;
   }
+  std::vector<size_t> all(params.size());
+  for (size_t k = 0; k < all.size(); ++k) all[k] = k;
+  auto push_pull = [&](int64_t at) {
+    if (!split) return (*client)->PushPull(at, grads, params);
+    absl::Notification finished;
+    absl::Status result;
+    (*client)->PushPullAsync(at, all, grads, params, 0, [&](absl::Status st) {
+      result = st;
+      finished.Notify();
+    });
+    finished.WaitForNotification();
+    return result;
+  };
   int64_t step = 0;
   for (int i = 0; i < 3; ++i) {  // warm-up: connections, allocator
-    s = (*client)->PushPull(step++, grads, params);
+    s = push_pull(step++);
     if (!s.ok()) {
       std::fprintf(stderr, "PushPull: %s\n", s.ToString().c_str());
       return 1;
@@ -131,7 +159,7 @@ int RunWorker() {
   double elapsed = 0;
   while (elapsed < limit) {
     const auto a = std::chrono::steady_clock::now();
-    s = (*client)->PushPull(step++, grads, params);
+    s = push_pull(step++);
     const auto b = std::chrono::steady_clock::now();
     if (!s.ok()) {
       std::fprintf(stderr, "PushPull: %s\n", s.ToString().c_str());
@@ -144,9 +172,9 @@ int RunWorker() {
   // dtype), so fp32 and bf16 runs compare as parameters per second.
   const double gbps = static_cast<double>(bytes_per_step) * latencies_ms.size() / elapsed / 1e9;
   std::printf(
-      "{\"model\": \"%s\", \"wire_dtype\": \"%s\", \"worker\": %d, \"steps\": %zu, \"seconds\": %.3f, "
+      "{\"model\": \"%s\", \"requests\": \"%s\", \"wire_dtype\": \"%s\", \"worker\": %d, \"steps\": %zu, \"seconds\": %.3f, "
       "\"bytes_per_step\": %lld, \"gb_per_s\": %.4f, \"params_per_s\": %.4g, \"p50_ms\": %.3f, \"p99_ms\": %.3f}\n",
-      model.c_str(), wire.c_str(), absl::GetFlag(FLAGS_worker), latencies_ms.size(), elapsed,
+      model.c_str(), requests.c_str(), wire.c_str(), absl::GetFlag(FLAGS_worker), latencies_ms.size(), elapsed,
       static_cast<long long>(bytes_per_step), gbps, gbps * 1e9 / 4, Percentile(latencies_ms, 0.5),
       Percentile(latencies_ms, 0.99));
   return 0;

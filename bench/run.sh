@@ -62,8 +62,9 @@ ours_once() {  # ours_once MODEL SECONDS [tls] -> prints "gb_per_s p50 p99"
   local model=$1 secs=$2 run=$WORK/run.$RANDOM
   mkdir -p "$run"
   local server_sec=() client_sec=()
-  local wire=fp32
+  local wire=fp32 requests=training
   [ "${3:-}" = bf16 ] && wire=bf16
+  [ "${3:-}" = whole ] && requests=whole
   if [ "${3:-}" = tls ]; then
     local c=$WORK/credentials
     [ -s "$c/ca.pem" ] || $BIN/bench/pushpull_bench --role=credentials --out="$c"
@@ -83,7 +84,7 @@ ours_once() {  # ours_once MODEL SECONDS [tls] -> prints "gb_per_s p50 p99"
   local wpids=()
   for w in 0 1; do
     $BIN/bench/pushpull_bench --role=worker --shards="$shards" --model="$model" --worker=$w \
-      --num_workers=2 --start_at_ms=$start --seconds="$secs" --wire_dtype=$wire "${client_sec[@]}" \
+      --num_workers=2 --start_at_ms=$start --seconds="$secs" --wire_dtype=$wire --requests=$requests "${client_sec[@]}" \
       >"$run/w$w.json" 2>"$run/w$w.log" &
     wpids+=($!)
   done
@@ -97,8 +98,8 @@ print(sum(r["gb_per_s"] for r in rows), sorted(r["p50_ms"] for r in rows)[0], ma
 PYEOF
 }
 
-torch_once() {  # torch_once MODEL TRANSPORT SECONDS -> "gb_per_s p50 p99"
-  $PY bench/torch_rpc_ps.py --model "$1" --transport "$2" --seconds "$3" 2>"$WORK/torch.log" \
+torch_once() {  # torch_once MODEL TRANSPORT SECONDS [ARGS...] -> "gb_per_s p50 p99"
+  $PY bench/torch_rpc_ps.py --model "$1" --transport "$2" --seconds "$3" "${@:4}" 2>"$WORK/torch.log" \
     | tail -1 | $PY -c 'import json,sys; r=json.loads(sys.stdin.read()); print(r["gb_per_s"], r["p50_ms"], r["p99_ms"])'
 }
 
@@ -120,6 +121,8 @@ pushpull() {
     for model in flat mixed; do
       log "rep $r/$reps: pstrain $model"
       runs[ours_$model]+="$(ours_once "$model" "$secs")"$'\n'
+      log "rep $r/$reps: pstrain $model, one request per shard"
+      runs[ours_whole_$model]+="$(ours_once "$model" "$secs" whole)"$'\n'
       log "rep $r/$reps: pstrain $model over TLS with tokens"
       runs[ours_tls_$model]+="$(ours_once "$model" "$secs" tls)"$'\n'
       log "rep $r/$reps: pstrain $model, bf16 wire"
@@ -128,6 +131,9 @@ pushpull() {
         log "rep $r/$reps: torch.distributed.rpc ($tr) $model"
         runs[torch_${tr}_$model]+="$(torch_once "$model" "$tr" "$secs")"$'\n'
       done
+      log "rep $r/$reps: torch.distributed.rpc (tcp) $model, one request per chunk, 2 in flight per shard"
+      runs[torch_tcp_turns_$model]+="$(torch_once "$model" tcp "$secs" --in-flight 2)"$'\n'
+
     done
     log "rep $r/$reps: iperf3 loopback"
     runs[iperf]+="$(iperf_once)"$'\n'
@@ -136,7 +142,7 @@ pushpull() {
   codec=$($BIN/bench/pushpull_bench --role=codec | tail -1)
 
   col() { printf '%s' "${runs[$1]}" | awk -v c="$2" 'NF {print $c}' | median; }
-  local keys=(ours_flat ours_mixed ours_tls_flat ours_tls_mixed ours_bf16_flat ours_bf16_mixed torch_tcp_flat torch_tcp_mixed torch_default_flat torch_default_mixed)
+  local keys=(ours_flat ours_mixed ours_whole_flat ours_whole_mixed ours_tls_flat ours_tls_mixed ours_bf16_flat ours_bf16_mixed torch_tcp_flat torch_tcp_mixed torch_tcp_turns_flat torch_tcp_turns_mixed torch_default_flat torch_default_mixed)
   printf '\n%-24s %10s %10s %10s   (medians of %s runs, 2 shards + 2 workers, 10M float32; GB/s of float32 parameters, also for bf16)\n' \
     "push+pull" "GB/s" "p50 ms" "p99 ms" "$reps" >&2
   for k in "${keys[@]}"; do
@@ -150,27 +156,34 @@ import json, sys
 codec = json.loads(sys.argv[1])
 ours_flat, ours_mixed = $(col ours_flat 1), $(col ours_mixed 1)
 tcp_flat, tcp_mixed = $(col torch_tcp_flat 1), $(col torch_tcp_mixed 1)
+turns_flat, turns_mixed = $(col torch_tcp_turns_flat 1), $(col torch_tcp_turns_mixed 1)
+whole_flat, whole_mixed = $(col ours_whole_flat 1), $(col ours_whole_mixed 1)
 dflt_flat, dflt_mixed = $(col torch_default_flat 1), $(col torch_default_mixed 1)
 iperf = $(col iperf 1)
 out = {
     "bench": "pushpull", "reps": $reps, "seconds_per_run": $secs,
-    "setup": "2 shards + 2 workers on 127.0.0.1, 10M float32, PushPull every step",
+    "setup": "2 shards + 2 workers on 127.0.0.1, 10M float32, a push-pull of the whole model every step",
     "ours_gb_per_s": {"flat": ours_flat, "mixed": ours_mixed},
+    "ours_one_request_per_shard_gb_per_s": {"flat": whole_flat, "mixed": whole_mixed},
     "ours_p50_ms": {"flat": $(col ours_flat 2), "mixed": $(col ours_mixed 2)},
     "ours_p99_ms": {"flat": $(col ours_flat 3), "mixed": $(col ours_mixed 3)},
     "ours_tls_gb_per_s": {"flat": $(col ours_tls_flat 1), "mixed": $(col ours_tls_mixed 1)},
     "ours_params_per_s": {"fp32": ours_flat * 1e9 / 4, "bf16": $(col ours_bf16_flat 1) * 1e9 / 4,
                           "fp32_mixed": ours_mixed * 1e9 / 4, "bf16_mixed": $(col ours_bf16_mixed 1) * 1e9 / 4},
     "torch_rpc_tcp_gb_per_s": {"flat": tcp_flat, "mixed": tcp_mixed},
+    "torch_rpc_tcp_turns_gb_per_s": {"flat": turns_flat, "mixed": turns_mixed},
     "torch_rpc_default_gb_per_s": {"flat": dflt_flat, "mixed": dflt_mixed},
     "iperf3_loopback_gb_per_s": iperf,
     "codec_encode_gb_per_s": codec["encode_gb_per_s"],
     "codec_decode_gb_per_s": codec["decode_gb_per_s"],
     "ratios": {
         "vs_torch_rpc_tcp": round(ours_flat / tcp_flat, 3),
+        "vs_torch_rpc_tcp_best": round(ours_flat / max(tcp_flat, turns_flat), 3),
+        "one_request_per_shard_vs_torch_rpc_tcp": round(whole_flat / tcp_flat, 3),
         "vs_torch_rpc_default": round(ours_flat / dflt_flat, 3),
         "vs_loopback_tcp": round(ours_flat / iperf, 3),
         "mixed_vs_torch_rpc_tcp": round(ours_mixed / tcp_mixed, 3),
+        "mixed_vs_torch_rpc_tcp_best": round(ours_mixed / max(tcp_mixed, turns_mixed), 3),
         "mixed_vs_torch_rpc_default": round(ours_mixed / dflt_mixed, 3),
         "tls_vs_plain": round($(col ours_tls_flat 1) / ours_flat, 3),
         "mixed_tls_vs_plain": round($(col ours_tls_mixed 1) / ours_mixed, 3),

@@ -36,12 +36,12 @@ def model_shapes(model):
     return shapes + [(10_000_000 - total,)]
 
 
-def split(model, shards):
-    """Chunks of at most 4 MiB, largest first onto the least-loaded shard (as pstrain's plan)."""
+def split(model, shards, chunk_bytes=4 << 20):
+    """Chunks of at most chunk_bytes, largest first onto the least-loaded shard (as pstrain's plan)."""
     chunks = []
     for i, s in enumerate(model_shapes(model)):
         n = torch.Size(s).numel()
-        per = 1 << 20  # 4 MiB of float32
+        per = chunk_bytes // 4  # float32 elements
         pieces = (n + per - 1) // per
         base, extra = divmod(n, pieces)
         off = 0
@@ -64,10 +64,12 @@ def init_shard(values):
         _state["values"] = values
 
 
-def push_pull(grads):
+def push_pull(grads, idx=None):
+    """SGD on the shard's chunks (those at `idx` of its list, or all), the new values back."""
     with _lock:
         out = []
-        for v, g in zip(_state["values"], grads):
+        values = _state["values"] if idx is None else [_state["values"][j] for j in idx]
+        for v, g in zip(values, grads):
             v.sub_(g, alpha=LR)
             out.append(v.clone())
         return out
@@ -90,7 +92,7 @@ def run(rank, args, port, start_at, results):
         torch.manual_seed(0)
         params = [torch.randn(s) for s in model_shapes(args.model)]
         grads = [torch.randn(s) * 1e-4 for s in model_shapes(args.model)]
-        plan = split(args.model, shards)
+        plan = split(args.model, shards, args.chunk_bytes)
         flat_p = [p.view(-1) for p in params]
         flat_g = [g.view(-1) for g in grads]
         if w == 0:
@@ -99,13 +101,34 @@ def run(rank, args, port, start_at, results):
                              args=([flat_p[i][o:o + n].clone() for i, o, n in plan[s]],))
         step_bytes = 2 * sum(p.numel() * 4 for p in params)
 
+        # --in-flight 0: one request per shard carrying all its chunks.
+        # Otherwise as pstrain's training path: one request per chunk, at
+        # most that many in flight per shard, the next sent as one returns.
+        def send(s, idx):
+            return rpc.rpc_async(f"ps{s}", push_pull,
+                                 args=([flat_g[i][o:o + n] for i, o, n in (plan[s][j] for j in idx)], idx))
+
         def step():
-            futs = [rpc.rpc_async(f"ps{s}", push_pull,
-                                  args=([flat_g[i][o:o + n] for i, o, n in plan[s]],))
-                    for s in range(shards)]
-            for s, f in enumerate(futs):
-                for (i, o, n), v in zip(plan[s], f.wait()):
-                    flat_p[i][o:o + n].copy_(v)
+            if not args.in_flight:
+                futs = [rpc.rpc_async(f"ps{s}", push_pull, args=([flat_g[i][o:o + n] for i, o, n in plan[s]],))
+                        for s in range(shards)]
+                for s, f in enumerate(futs):
+                    for (i, o, n), v in zip(plan[s], f.wait()):
+                        flat_p[i][o:o + n].copy_(v)
+                return
+            queued = [list(range(len(plan[s]))) for s in range(shards)]
+            inflight = []
+            for s in range(shards):
+                for _ in range(min(args.in_flight, len(queued[s]))):
+                    j = queued[s].pop(0)
+                    inflight.append((s, j, send(s, [j])))
+            while inflight:
+                s, j, f = inflight.pop(0)
+                (i, o, n), = [plan[s][j]]
+                flat_p[i][o:o + n].copy_(f.wait()[0])
+                if queued[s]:
+                    j2 = queued[s].pop(0)
+                    inflight.append((s, j2, send(s, [j2])))
 
         time.sleep(max(0.0, start_at - 2.0 - time.time()))
         for _ in range(3):
@@ -132,6 +155,9 @@ def main():
     p.add_argument("--shards", type=int, default=2)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--seconds", type=float, default=8)
+    p.add_argument("--chunk-bytes", type=int, default=4 << 20)
+    p.add_argument("--in-flight", type=int, default=0,
+                   help="0: one request per shard; N: one per chunk, N in flight per shard")
     args = p.parse_args()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -148,14 +148,44 @@ class SliceReader {
     return true;
   }
 
-  // If the next n bytes lie in one slice, returns a pointer to them and the
-  // slice (to hold a reference); otherwise nullptr.
-  const uint8_t* Contiguous(size_t n, const grpc::Slice** slice) {
+  // If the next n bytes lie in one slice, returns a reference to that slice
+  // and sets *offset to where they start in it; otherwise nullptr. Point
+  // into the returned slice's bytes, not this reader's: a slice of a few
+  // bytes holds them inline, inside the grpc::Slice object, so a copy of
+  // the slice has them at another address.
+  std::shared_ptr<grpc::Slice> Contiguous(size_t n, size_t* offset) {
     if (n > size_ - pos_ || n == 0) return nullptr;
     Normalize();
     if (slices_[slice_].size() - offset_ < n) return nullptr;
-    *slice = &slices_[slice_];
-    return slices_[slice_].begin() + offset_;
+    *offset = offset_;
+    return std::make_shared<grpc::Slice>(slices_[slice_]);
+  }
+
+  // The next n bytes as spans of the slices they lie in, with a reference
+  // to each of those slices; false (and nothing read) if they are not all
+  // there or lie in more than max_spans slices.
+  bool Pieces(size_t n, size_t max_spans, BytePieces* out, std::vector<grpc::Slice>* refs) {
+    if (n > size_ - pos_) return false;
+    Normalize();
+    size_t spans = 0;
+    for (size_t k = slice_, off = offset_, left = n; left > 0; ++k, off = 0) {
+      const size_t take = std::min(left, slices_[k].size() - off);
+      if (take > 0 && ++spans > max_spans) return false;
+      left -= take;
+    }
+    out->spans.reserve(spans);
+    refs->reserve(spans);
+    while (n > 0) {
+      Normalize();
+      const size_t take = std::min(n, slices_[slice_].size() - offset_);
+      // Into the reference's bytes, not ours: a small slice keeps its bytes
+      // inline, in the grpc::Slice object itself (see Contiguous).
+      refs->push_back(slices_[slice_]);
+      out->spans.push_back({refs->back().begin() + offset_, take});
+      Advance(take);
+      n -= take;
+    }
+    return true;
   }
 
   bool Skip(size_t n) {
@@ -196,10 +226,27 @@ absl::Status Malformed(const std::string& what) {
   return absl::InvalidArgumentError(absl::StrCat("malformed message: ", what));
 }
 
+// Float dtypes, whose readers (the shards' push path) take pieces.
+bool Pieceable(DataType dtype) {
+  return dtype == DT_FLOAT32 || dtype == DT_FLOAT64 || IsNarrowFloat(dtype);
+}
+
+// Pieces are worth it when they are large: at most one span per 4 KiB on
+// average (gRPC's reads make 64 KiB slices; a sender trickling bytes makes
+// tiny ones, whose spans would cost more memory than a copy).
+constexpr size_t kMinBytesPerPiece = 4096;
+
+// What keeps a tensor's pieces valid: references to the slices they lie in.
+struct PieceOwner {
+  std::vector<grpc::Slice> slices;
+  BytePieces pieces;
+};
+
 // Parses one TensorProto of `len` bytes at the reader's position.
 // With `dest`, the bytes are copied into dest's buffer, which must have
-// exactly the received size.
-absl::Status ReadTensor(SliceReader* r, size_t len, size_t index, const TensorBuffer* dest,
+// exactly the received size. With `pieces`, float bytes spread over
+// several slices are left there (TensorBuffer.pieces).
+absl::Status ReadTensor(SliceReader* r, size_t len, size_t index, const TensorBuffer* dest, bool pieces,
                         TensorBuffer* t) {
   const size_t end = r->pos() + len;
   const std::string what = absl::StrCat("tensor ", index);
@@ -242,10 +289,12 @@ absl::Status ReadTensor(SliceReader* r, size_t len, size_t index, const TensorBu
       // Protobuf semantics: the last occurrence wins.
       have_data = true;
       t->known_finite = false;
+      t->pieces.reset();
       // Resolve the bytes now, while the reader is here.
       size_t elem = DataTypeSize(t->dtype);
-      const grpc::Slice* slice = nullptr;
-      const uint8_t* p = dest != nullptr ? nullptr : r->Contiguous(n, &slice);
+      size_t offset = 0;
+      std::shared_ptr<grpc::Slice> slice = dest != nullptr ? nullptr : r->Contiguous(n, &offset);
+      const uint8_t* p = slice != nullptr ? slice->begin() + offset : nullptr;
       // Narrow values (a job's wire_dtype) for a float32 destination are
       // widened as they are copied in.
       const bool widen = dest != nullptr && IsNarrowFloat(t->dtype) && dest->dtype == DT_FLOAT32 &&
@@ -273,8 +322,18 @@ absl::Status ReadTensor(SliceReader* r, size_t len, size_t index, const TensorBu
       } else if (p != nullptr && elem != 0 && reinterpret_cast<uintptr_t>(p) % elem == 0) {
         t->data = p;
         t->nbytes = n;
-        t->owner = std::make_shared<grpc::Slice>(*slice);  // a reference, not a copy
+        t->owner = std::move(slice);  // a reference, not a copy
         r->Skip(n);
+      } else if (pieces && p == nullptr && Pieceable(t->dtype) &&
+                 [&] {
+                   auto owner = std::make_shared<PieceOwner>();
+                   if (!r->Pieces(n, n / kMinBytesPerPiece, &owner->pieces, &owner->slices)) return false;
+                   t->pieces = std::shared_ptr<const BytePieces>(owner, &owner->pieces);
+                   t->owner = std::move(owner);
+                   return true;
+                 }()) {
+        t->data = nullptr;
+        t->nbytes = n;
       } else {
         absl::StatusOr<TensorBuffer> buffer = TensorBuffer::TryAllocate(DT_UINT8, {static_cast<int64_t>(n)});
         if (!buffer.ok()) return buffer.status();
@@ -316,6 +375,11 @@ absl::Status ReadTensor(SliceReader* r, size_t len, size_t index, const TensorBu
   }
   // Decided only now that the whole record is parsed.
   if (t->known_finite && t->dtype != checked_as) t->known_finite = false;
+  if (t->pieces != nullptr && !Pieceable(t->dtype)) {  // a dtype field after the data
+    absl::StatusOr<TensorBuffer> whole = Contiguous(*t);
+    if (!whole.ok()) return whole.status();
+    *t = std::move(*whole);
+  }
   if (dest != nullptr && (t->dtype != dest->dtype || (!have_data && dest->nbytes != 0))) {
     return Malformed(absl::StrCat(what, " is ", DataTypeName(t->dtype), " of ", t->nbytes,
                                   " bytes where ", DataTypeName(dest->dtype), " of ",
@@ -363,6 +427,18 @@ absl::Status EncodeTensorMessage(const google::protobuf::MessageLite& header,
 absl::Status DecodeTensorMessage(const grpc::ByteBuffer& in, google::protobuf::MessageLite* header,
                                  std::vector<TensorBuffer>* tensors,
                                  const std::vector<TensorBuffer>* destinations, int tensor_field) {
+  return DecodeTensorMessage(in, header, tensors, destinations, tensor_field, DecodeOptions{});
+}
+
+absl::Status DecodeTensorMessage(const grpc::ByteBuffer& in, google::protobuf::MessageLite* header,
+                                 std::vector<TensorBuffer>* tensors, const DecodeOptions& options) {
+  return DecodeTensorMessage(in, header, tensors, nullptr, kTensorField, options);
+}
+
+absl::Status DecodeTensorMessage(const grpc::ByteBuffer& in, google::protobuf::MessageLite* header,
+                                 std::vector<TensorBuffer>* tensors,
+                                 const std::vector<TensorBuffer>* destinations, int tensor_field,
+                                 const DecodeOptions& options) {
   std::vector<grpc::Slice> slices;
   if (in.Valid()) {
     grpc::Status dumped = in.Dump(&slices);
@@ -391,7 +467,7 @@ absl::Status DecodeTensorMessage(const grpc::ByteBuffer& in, google::protobuf::M
         }
         dest = &(*destinations)[out.size()];
       }
-      absl::Status s = ReadTensor(&r, len, out.size(), dest, &t);
+      absl::Status s = ReadTensor(&r, len, out.size(), dest, options.pieces && dest == nullptr, &t);
       if (!s.ok()) return s;
       out.push_back(std::move(t));
       continue;

@@ -55,6 +55,22 @@ absl::Status DecodeTensorMessage(const grpc::ByteBuffer& in, google::protobuf::M
                                  const std::vector<TensorBuffer>* destinations = nullptr,
                                  int tensor_field = kTensorField);
 
+struct DecodeOptions {
+  // Float tensors whose bytes span several received slices are left in
+  // them (TensorBuffer.pieces, read with ForEachRun) instead of copied into
+  // one buffer: for a reader that reads each byte once anyway (a shard
+  // applying a gradient), the copy would be a second pass over memory.
+  // Few large slices only (at least 4 KiB each on average); otherwise, and
+  // for other dtypes, the bytes are copied as without this option.
+  bool pieces = false;
+};
+absl::Status DecodeTensorMessage(const grpc::ByteBuffer& in, google::protobuf::MessageLite* header,
+                                 std::vector<TensorBuffer>* tensors, const DecodeOptions& options);
+absl::Status DecodeTensorMessage(const grpc::ByteBuffer& in, google::protobuf::MessageLite* header,
+                                 std::vector<TensorBuffer>* tensors,
+                                 const std::vector<TensorBuffer>* destinations, int tensor_field,
+                                 const DecodeOptions& options);
+
 }  // namespace pstrain
 
 #endif  // PSTRAIN_RPC_GRPC_TENSOR_CODING_H_

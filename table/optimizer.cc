@@ -1,6 +1,7 @@
 #include "table/optimizer.h"
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "absl/strings/str_cat.h"
@@ -68,11 +69,24 @@ inline unsigned Finite(T x) {
   return std::fabs(x) <= std::numeric_limits<T>::max() ? 1u : 0u;
 }
 
+// Element i of an array of T at any address (memcpy: an unaligned load,
+// which vectorizes like an aligned one).
+template <typename T>
+struct Unaligned {
+  const uint8_t* p;
+  T operator[](size_t i) const {
+    T x;
+    std::memcpy(&x, p + i * sizeof(T), sizeof(T));
+    return x;
+  }
+};
+
 }  // namespace
 
 template <typename T>
-bool ApplyOptimizer(const OptimizerConfig& c, int64_t step, const T* param, T* out, const T* g,
+bool ApplyOptimizer(const OptimizerConfig& c, int64_t step, const T* param, T* out, const void* grad,
                     T* const* state, size_t n, double grad_scale) {
+  const Unaligned<T> g{static_cast<const uint8_t*>(grad)};
   unsigned ok = 1;
   const T scale = static_cast<T>(grad_scale);
   const T lr = static_cast<T>(c.lr());
@@ -165,8 +179,8 @@ bool ApplyOptimizer(const OptimizerConfig& c, int64_t step, const T* param, T* o
 }
 
 template bool ApplyOptimizer<float>(const OptimizerConfig&, int64_t, const float*, float*,
-                                    const float*, float* const*, size_t, double);
+                                    const void*, float* const*, size_t, double);
 template bool ApplyOptimizer<double>(const OptimizerConfig&, int64_t, const double*, double*,
-                                     const double*, double* const*, size_t, double);
+                                     const void*, double* const*, size_t, double);
 
 }  // namespace pstrain

@@ -32,9 +32,11 @@ int OptimizerStateSlots(OptimizerConfig::Kind kind);
 // momentum buffer, Adam's second moment, Adagrad's sum) is finite, checked
 // in the same pass; when false the caller must not use `out`, and `state`
 // may hold non-finite values (reset it).
+// `grad` holds n elements of T at any address (a gradient read where it
+// arrived, in a received slice, need not be aligned).
 template <typename T>
 bool ApplyOptimizer(const OptimizerConfig& config, int64_t step, const T* param, T* out,
-                    const T* grad, T* const* state, size_t n, double grad_scale);
+                    const void* grad, T* const* state, size_t n, double grad_scale);
 
 }  // namespace pstrain
 

@@ -43,7 +43,7 @@ absl::Status WidenNarrowGradients(std::vector<TensorBuffer>& grads) {
 }
 
 bool IsFinite(const TensorBuffer& t) {
-  return t.known_finite || AllFinite(t.dtype, t.data, t.nbytes);
+  return t.known_finite || AllFinite(t);
 }
 
 absl::StatusOr<TensorBuffer> Zeros(DataType dtype, const std::vector<int64_t>& shape) {
@@ -76,21 +76,32 @@ absl::StatusOr<std::vector<TensorBuffer>> NewStateSet(const OptimizerConfig& opt
   return set;
 }
 
-bool ComputeUpdate(const OptimizerConfig& config, int64_t step, const TensorBuffer& value, const uint8_t* grad,
+namespace {
+
+template <typename T>
+bool ComputeUpdateOf(const OptimizerConfig& config, int64_t step, const TensorBuffer& value, const TensorBuffer& grad,
+                     const std::vector<TensorBuffer>& state, double scale, TensorBuffer* out) {
+  const T* param = reinterpret_cast<const T*>(value.data);
+  T* next = reinterpret_cast<T*>(out->MutableData());
+  std::vector<T*> base, at;
+  for (const TensorBuffer& b : state) base.push_back(reinterpret_cast<T*>(b.MutableData()));
+  at.resize(base.size());
+  bool ok = true;
+  // Elementwise, so run by run (the gradient may be in pieces) it is the
+  // same arithmetic as in one pass.
+  ForEachRun(grad, sizeof(T), [&](size_t first, const uint8_t* g, size_t n) {
+    for (size_t k = 0; k < base.size(); ++k) at[k] = base[k] + first;
+    ok = ApplyOptimizer<T>(config, step, param + first, next + first, g, at.data(), n, scale) && ok;
+  });
+  return ok;
+}
+
+}  // namespace
+
+bool ComputeUpdate(const OptimizerConfig& config, int64_t step, const TensorBuffer& value, const TensorBuffer& grad,
                    const std::vector<TensorBuffer>& state, double scale, TensorBuffer* out) {
-  const size_t n = static_cast<size_t>(value.NumElements());
-  if (value.dtype == DT_FLOAT32) {
-    std::vector<float*> s;
-    for (const TensorBuffer& b : state) s.push_back(reinterpret_cast<float*>(b.MutableData()));
-    return ApplyOptimizer<float>(config, step, reinterpret_cast<const float*>(value.data),
-                                 reinterpret_cast<float*>(out->MutableData()), reinterpret_cast<const float*>(grad),
-                                 s.data(), n, scale);
-  }
-  std::vector<double*> s;
-  for (const TensorBuffer& b : state) s.push_back(reinterpret_cast<double*>(b.MutableData()));
-  return ApplyOptimizer<double>(config, step, reinterpret_cast<const double*>(value.data),
-                                reinterpret_cast<double*>(out->MutableData()), reinterpret_cast<const double*>(grad),
-                                s.data(), n, scale);
+  if (value.dtype == DT_FLOAT32) return ComputeUpdateOf<float>(config, step, value, grad, state, scale, out);
+  return ComputeUpdateOf<double>(config, step, value, grad, state, scale, out);
 }
 
 void ResetStateSet(const OptimizerConfig& optimizer, std::vector<TensorBuffer>& set) {
@@ -158,7 +169,7 @@ void CompleteSyncStep(ShardStore::Table& table, ShardStore::Chunk& c, TensorBuff
   // nothing to apply: the values stay and the step still completes.
   if (c.batches == 0) {
     c.spare = std::move(value);
-  } else if (ComputeUpdate(optimizer, c.optimizer_step[0] + 1, c.value, c.accum.data, c.state[0],
+  } else if (ComputeUpdate(optimizer, c.optimizer_step[0] + 1, c.value, c.accum, c.state[0],
                            1.0 / c.batches, &value)) {
     TensorBuffer old = std::move(c.value);
     c.value = std::move(value);

@@ -136,11 +136,17 @@ absl::Status CheckValueDtype(DataType dtype);
 // anything else looks at them: the table keeps float32 values and state.
 absl::Status WidenNarrowGradients(std::vector<TensorBuffer>& grads);
 
+// dst (numel elements of T) += src, which may be in pieces.
 template <typename T>
-void AddInto(uint8_t* dst, const uint8_t* src, size_t numel) {
-  T* d = reinterpret_cast<T*>(dst);
-  const T* s = reinterpret_cast<const T*>(src);
-  for (size_t i = 0; i < numel; ++i) d[i] += s[i];
+void AddInto(uint8_t* dst, const TensorBuffer& src) {
+  ForEachRun(src, sizeof(T), [dst](size_t first, const uint8_t* p, size_t n) {
+    T* d = reinterpret_cast<T*>(dst) + first;
+    for (size_t i = 0; i < n; ++i) {
+      T s;  // p may be unaligned
+      std::memcpy(&s, p + i * sizeof(T), sizeof(T));
+      d[i] += s;
+    }
+  });
 }
 
 absl::StatusOr<TensorBuffer> Zeros(DataType dtype, const std::vector<int64_t>& shape);
@@ -152,7 +158,8 @@ absl::StatusOr<std::vector<TensorBuffer>> NewStateSet(const OptimizerConfig& opt
 // holds), the optimizer state in place. Returns whether the new value and
 // state are finite (checked in the same pass); if not, `out` must not be
 // installed and the state must be reset (ResetStateSet).
-bool ComputeUpdate(const OptimizerConfig& config, int64_t step, const TensorBuffer& value, const uint8_t* grad,
+// `grad` may be in pieces.
+bool ComputeUpdate(const OptimizerConfig& config, int64_t step, const TensorBuffer& value, const TensorBuffer& grad,
                    const std::vector<TensorBuffer>& state, double scale, TensorBuffer* out);
 // Back to the state of a fresh table (zeros; Adagrad's initial accumulator).
 void ResetStateSet(const OptimizerConfig& optimizer, std::vector<TensorBuffer>& set);

@@ -209,7 +209,7 @@ absl::Status ShardStore::PushTransaction::ComputeUpdates() {
   for (size_t i = 0; i < chunks_.size() && !sync_; ++i) {
     if (action_[i] != Action::kUpdate) continue;
     Chunk& c = chunk(i);
-    if (ComputeUpdate(optimizer_, c.optimizer_step[set_] + 1, c.value, (*in_.grads)[i].data, c.state[set_], 1.0,
+    if (ComputeUpdate(optimizer_, c.optimizer_step[set_] + 1, c.value, (*in_.grads)[i], c.state[set_], 1.0,
                       &new_value_[i])) {
       continue;
     }
@@ -255,9 +255,9 @@ void ShardStore::PushTransaction::Commit(PushResponse* response) {
           ++skipped;  // counts as this worker's (empty) contribution
         } else {
           if (c.dtype == DT_FLOAT32) {
-            shard_internal::AddInto<float>(c.accum.MutableData(), g.data, c.numel);
+            shard_internal::AddInto<float>(c.accum.MutableData(), g);
           } else {
-            shard_internal::AddInto<double>(c.accum.MutableData(), g.data, c.numel);
+            shard_internal::AddInto<double>(c.accum.MutableData(), g);
           }
           c.batches += 1 + in_.extra_batches;
           ++applied;

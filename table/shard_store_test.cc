@@ -6,6 +6,8 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <limits>
+#include <random>
 #include <thread>
 
 namespace pstrain {
@@ -464,6 +466,78 @@ TEST(ShardStoreWireTest, NarrowGradientsAreWidenedAndValuesNarrowedOnRequest) {
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
     wide.Shutdown();
     narrow.Shutdown();
+  }
+}
+
+// Gradients left in the pieces they arrived in (what the gRPC service hands
+// over: DecodeOptions.pieces) update a table exactly as the same bytes in
+// one buffer do -- every optimizer, every consistency, narrow wires -- and
+// meet the non-finite policy the same way.
+TEST(ShardStorePiecesTest, GradientsInPiecesUpdateExactlyAsContiguousOnes) {
+  std::mt19937 rng(11);
+  const int n = 10'007;
+  std::vector<float> start(n);
+  for (int i = 0; i < n; ++i) start[i] = std::sin(0.01f * i);
+  auto sgd = Config(ASYNC, 2, 0.1);
+  sgd.mutable_optimizer()->set_momentum(0.9);
+  sgd.mutable_optimizer()->set_nesterov(true);
+  sgd.mutable_optimizer()->set_weight_decay(1e-3);
+  auto adam = Config(ASYNC, 2, 0.01);
+  adam.mutable_optimizer()->set_kind(OptimizerConfig::ADAM);
+  auto adagrad = Config(SSP, 2, 0.1);
+  adagrad.mutable_optimizer()->set_kind(OptimizerConfig::ADAGRAD);
+  adagrad.set_staleness(3);
+  auto sync = Config(SYNC, 2, 0.1);
+  sync.mutable_optimizer()->set_momentum(0.9);
+  for (const TableConfig& config : {sgd, adam, adagrad, sync}) {
+    for (DataType wire : {DT_FLOAT32, DT_BFLOAT16}) {
+      ShardStore whole{ShardStoreOptions{}}, pieces{ShardStoreOptions{}};
+      ASSERT_TRUE(Init(whole, config, 0, start).ok());
+      ASSERT_TRUE(Init(pieces, config, 0, start).ok());
+      for (int step = 0; step < 4; ++step) {
+        for (uint32_t worker = 0; worker < 2; ++worker) {
+          std::vector<float> g(n);
+          for (int i = 0; i < n; ++i) g[i] = std::cos(0.003f * i * (step + 1) + worker);
+          TensorBuffer grad = Floats(g);
+          if (wire != DT_FLOAT32) grad = *NarrowFloat32(grad, wire);
+          ASSERT_TRUE(Push(whole, 0, worker, step, grad).ok());
+          absl::Status s = Push(pieces, 0, worker, step, InPieces(grad, rng, 9000));
+          ASSERT_TRUE(s.ok()) << s;
+        }
+        absl::StatusOr<std::vector<float>> a = Pull(whole, 0), b = Pull(pieces, 0);
+        ASSERT_TRUE(a.ok() && b.ok());
+        ASSERT_NE(*a, start);
+        ASSERT_EQ(std::memcmp(a->data(), b->data(), n * sizeof(float)), 0)
+            << config.ShortDebugString() << " wire " << DataTypeName(wire) << " step " << step;
+      }
+      whole.Shutdown();
+      pieces.Shutdown();
+    }
+  }
+}
+
+TEST(ShardStorePiecesTest, NonFiniteGradientsInPiecesMeetThePolicy) {
+  std::mt19937 rng(13);
+  const int n = 4096;
+  for (NonFinitePolicy policy : {NONFINITE_REJECT, NONFINITE_SKIP}) {
+    for (int trial = 0; trial < 20; ++trial) {
+      ShardStore store{ShardStoreOptions{}};
+      TableConfig config = Config(ASYNC, 1, 0.1);
+      config.set_nonfinite(policy);
+      ASSERT_TRUE(Init(store, config, 0, std::vector<float>(n, 1.0f)).ok());
+      std::vector<float> g(n, 0.5f);
+      g[std::uniform_int_distribution<int>(0, n - 1)(rng)] = std::numeric_limits<float>::quiet_NaN();
+      PushResponse resp;
+      absl::Status s = Push(store, 0, 0, 0, InPieces(Floats(g), rng, 301), &resp);
+      if (policy == NONFINITE_REJECT) {
+        EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+      } else {
+        ASSERT_TRUE(s.ok()) << s;
+        EXPECT_EQ(resp.skipped_nonfinite(), 1u);
+      }
+      EXPECT_EQ(*Pull(store, 0), std::vector<float>(n, 1.0f));
+      store.Shutdown();
+    }
   }
 }
 

@@ -4,6 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include <cstring>
+#include <memory>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -12,6 +15,36 @@
 
 namespace pstrain {
 namespace testing_util {
+
+// `whole` cut at random places into pieces of 1..max_piece bytes, each
+// copied to its own allocation at a random offset (so most are not aligned
+// for the element type), as gRPC's read slices are.
+inline TensorBuffer InPieces(const TensorBuffer& whole, std::mt19937& rng, size_t max_piece) {
+  auto storage = std::make_shared<std::vector<std::vector<uint8_t>>>();
+  auto pieces = std::make_shared<BytePieces>();
+  std::uniform_int_distribution<size_t> len(1, max_piece), shift(0, 7);
+  std::vector<size_t> offsets;
+  for (size_t at = 0; at < whole.nbytes;) {
+    const size_t n = std::min(len(rng), whole.nbytes - at);
+    offsets.push_back(shift(rng));
+    storage->emplace_back(offsets.back() + n);
+    std::memcpy(storage->back().data() + offsets.back(), whole.data + at, n);
+    at += n;
+  }
+  // Pointers only once the vector no longer grows.
+  for (size_t k = 0; k < storage->size(); ++k) {
+    auto& s = (*storage)[k];
+    pieces->spans.push_back({s.data() + offsets[k], s.size() - offsets[k]});
+  }
+  TensorBuffer t;
+  t.dtype = whole.dtype;
+  t.shape = whole.shape;
+  t.nbytes = whole.nbytes;
+  t.pieces = pieces;
+  t.owner = storage;
+  return t;
+}
+
 
 inline TensorBuffer Floats(const std::vector<float>& v, std::vector<int64_t> shape = {}) {
   if (shape.empty()) shape = {static_cast<int64_t>(v.size())};

@@ -1,5 +1,6 @@
 #include "table/tensor_buffer.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -94,10 +95,81 @@ absl::Status ValidateTensorBuffer(const TensorBuffer& t, const std::string& what
         absl::StrCat(what, ": ", t.nbytes, " bytes of data, but shape ", t.ShapeString(), " of ",
                      DataTypeName(t.dtype), " needs ", *expected));
   }
+  if (t.pieces != nullptr) {
+    size_t sum = 0;
+    for (const BytePieces::Span& s : t.pieces->spans) {
+      if (s.data == nullptr || s.nbytes == 0) return absl::InvalidArgumentError(absl::StrCat(what, ": an empty piece"));
+      sum += s.nbytes;
+    }
+    if (t.data != nullptr || sum != t.nbytes) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": pieces of ", sum, " bytes for ", t.nbytes));
+    }
+    return absl::OkStatus();
+  }
   if (t.nbytes > 0 && t.data == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": no data"));
   }
   return absl::OkStatus();
+}
+
+void ForEachRun(const TensorBuffer& t, size_t elem_size,
+                absl::FunctionRef<void(size_t first, const uint8_t* p, size_t n)> f) {
+  if (elem_size == 0) return;
+  if (t.pieces == nullptr) {
+    if (t.nbytes >= elem_size) f(0, t.data, t.nbytes / elem_size);
+    return;
+  }
+  // An element split between two pieces is put together here.
+  alignas(16) uint8_t stage[16];
+  if (elem_size > sizeof(stage)) return;
+  size_t staged = 0;  // bytes of the split element so far
+  size_t done = 0;    // elements handed to f
+  for (const BytePieces::Span& span : t.pieces->spans) {
+    const uint8_t* p = span.data;
+    size_t left = span.nbytes;
+    if (staged > 0) {
+      const size_t take = std::min(left, elem_size - staged);
+      std::memcpy(stage + staged, p, take);
+      staged += take;
+      p += take;
+      left -= take;
+      if (staged < elem_size) continue;
+      f(done++, stage, 1);
+      staged = 0;
+    }
+    const size_t n = left / elem_size;
+    if (n > 0) f(done, p, n);
+    done += n;
+    p += n * elem_size;
+    left -= n * elem_size;
+    std::memcpy(stage, p, left);
+    staged = left;
+  }
+}
+
+bool AllFinite(const TensorBuffer& t) {
+  if (t.pieces == nullptr) return AllFinite(t.dtype, t.data, t.nbytes);
+  const size_t elem = DataTypeSize(t.dtype);
+  if (t.dtype != DT_FLOAT32 && t.dtype != DT_FLOAT64) return true;
+  bool ok = true;
+  ForEachRun(t, elem, [&](size_t, const uint8_t* p, size_t n) { ok = ok && AllFinite(t.dtype, p, n * elem); });
+  return ok;
+}
+
+absl::StatusOr<TensorBuffer> Contiguous(const TensorBuffer& t) {
+  if (t.pieces == nullptr) return t;
+  absl::StatusOr<TensorBuffer> out = TensorBuffer::TryAllocate(DT_UINT8, {static_cast<int64_t>(t.nbytes)});
+  if (!out.ok()) return out.status();
+  out->dtype = t.dtype;
+  out->shape = t.shape;
+  size_t at = 0;
+  for (const BytePieces::Span& s : t.pieces->spans) {
+    if (at + s.nbytes > t.nbytes) break;
+    std::memcpy(out->MutableData() + at, s.data, s.nbytes);
+    at += s.nbytes;
+  }
+  out->known_finite = t.known_finite;
+  return out;
 }
 
 namespace {
@@ -153,19 +225,25 @@ uint32_t HalfToFloat(uint16_t h) {
 bool IsNarrowFloat(DataType dtype) { return dtype == DT_BFLOAT16 || dtype == DT_FLOAT16; }
 
 bool WidenElements(DataType from, const uint8_t* src_bytes, size_t n, float* dst_float) {
-  const uint16_t* src = reinterpret_cast<const uint16_t*>(src_bytes);
+  // src at any address (a received slice): unaligned loads.
+  auto src = [src_bytes](size_t i) {
+    uint16_t v;
+    std::memcpy(&v, src_bytes + 2 * i, 2);
+    return v;
+  };
   uint32_t* dst = reinterpret_cast<uint32_t*>(dst_float);
   uint32_t all_ones_exponent = 0;  // any element with an Inf/NaN exponent
   if (from == DT_BFLOAT16) {
     for (size_t i = 0; i < n; ++i) {
-      const uint32_t v = static_cast<uint32_t>(src[i]) << 16;
+      const uint32_t v = static_cast<uint32_t>(src(i)) << 16;
       dst[i] = v;
       all_ones_exponent |= static_cast<uint32_t>((v & 0x7f800000u) == 0x7f800000u);
     }
   } else {
     for (size_t i = 0; i < n; ++i) {
-      all_ones_exponent |= static_cast<uint32_t>((src[i] & 0x7c00u) == 0x7c00u);
-      dst[i] = HalfToFloat(src[i]);
+      const uint16_t h = src(i);
+      all_ones_exponent |= static_cast<uint32_t>((h & 0x7c00u) == 0x7c00u);
+      dst[i] = HalfToFloat(h);
     }
   }
   return all_ones_exponent == 0;
@@ -216,7 +294,12 @@ absl::StatusOr<TensorBuffer> WidenToFloat32(const TensorBuffer& t) {
   }
   absl::StatusOr<TensorBuffer> out = TensorBuffer::TryAllocate(DT_FLOAT32, t.shape);
   if (!out.ok()) return out.status();
-  out->known_finite = WidenElements(t.dtype, t.data, t.nbytes / 2, reinterpret_cast<float*>(out->MutableData()));
+  float* dst = reinterpret_cast<float*>(out->MutableData());
+  bool finite = true;
+  ForEachRun(t, 2, [&](size_t first, const uint8_t* p, size_t n) {
+    finite = WidenElements(t.dtype, p, n, dst + first) && finite;
+  });
+  out->known_finite = finite;
   return out;
 }
 

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/dtype.h"
@@ -18,15 +19,32 @@
 
 namespace pstrain {
 
+// A tensor's bytes left in the pieces they arrived in (gRPC reads a socket
+// into 64 KiB slices): spans, in order, adding up to the tensor's nbytes.
+// A span may end inside an element and start at any address.
+struct BytePieces {
+  struct Span {
+    const uint8_t* data;
+    size_t nbytes;
+  };
+  std::vector<Span> spans;
+};
+
 // An immutable view of tensor bytes. Copying a TensorBuffer copies the view,
 // not the bytes; `owner` keeps `data` valid for as long as any copy lives.
 // Thread-safe to read from many threads.
+//
+// The bytes are either contiguous at `data`, or -- only where a reader asked
+// for it (the shards' push path: DecodeOptions.pieces) -- in `pieces`, with
+// `data` null; ForEachRun reads both.
 struct TensorBuffer {
   DataType dtype = DT_INVALID;
   std::vector<int64_t> shape;
   const uint8_t* data = nullptr;
   size_t nbytes = 0;
   std::shared_ptr<const void> owner;
+  // Set instead of `data` for bytes left in pieces (kept alive by `owner`).
+  std::shared_ptr<const BytePieces> pieces;
   // Set by whoever produced the bytes and already checked them (the decoder
   // does, while copying): every element is finite. False means "not known".
   bool known_finite = false;
@@ -52,6 +70,18 @@ struct TensorBuffer {
 // True if no element of a float32/float64 buffer is NaN or Inf (always true
 // for other dtypes). `nbytes` is rounded down to whole elements.
 bool AllFinite(DataType dtype, const uint8_t* data, size_t nbytes);
+// AllFinite of a buffer's bytes, contiguous or in pieces.
+bool AllFinite(const TensorBuffer& t);
+
+// Visits a buffer's whole elements of `elem_size` bytes in order, as runs:
+// f(first, p, n) for elements [first, first + n) at p. Contiguous bytes are
+// one run; pieces are read where they lie, so p may be at any address (read
+// elements with memcpy); an element split between two pieces is put
+// together on the stack and visited on its own.
+void ForEachRun(const TensorBuffer& t, size_t elem_size,
+                absl::FunctionRef<void(size_t first, const uint8_t* p, size_t n)> f);
+// A contiguous copy of a buffer in pieces (anything else: unchanged).
+absl::StatusOr<TensorBuffer> Contiguous(const TensorBuffer& t);
 
 // Checks that dtype is known, no dimension is negative, the element count does
 // not overflow, and nbytes == elements x element size. The message names
@@ -67,8 +97,8 @@ absl::StatusOr<TensorBuffer> WidenToFloat32(const TensorBuffer& t);
 // A bfloat16 or float16 copy of a float32 buffer, rounded to nearest even
 // (as LibTorch's .to() rounds): values beyond float16's range become Inf.
 absl::StatusOr<TensorBuffer> NarrowFloat32(const TensorBuffer& t, DataType to);
-// The element loops: `n` elements of `from` (bf16/fp16) into float32, and
-// returns whether all were finite; float32 into `to`, optionally with error
+// The element loops: `n` elements of `from` (bf16/fp16, at any address)
+// into float32, and returns whether all were finite; float32 into `to`, optionally with error
 // feedback: `residual` (n floats, or null) is added to src first and left
 // holding what the rounding lost.
 bool WidenElements(DataType from, const uint8_t* src, size_t n, float* dst);

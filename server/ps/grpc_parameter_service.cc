@@ -1,6 +1,7 @@
 #include "server/ps/grpc_parameter_service.h"
 
 #include <memory>
+#include <type_traits>
 
 #include "rpc/grpc_tensor_coding.h"
 #include "rpc/status_util.h"
@@ -57,7 +58,11 @@ grpc::ServerUnaryReactor* Serve(const char* method, ParameterServiceMetrics* met
     reactor->Finish(ToGrpcStatus(s));
   };
   auto state = std::make_shared<CallState<Request, Response>>();
-  absl::Status decoded = DecodeTensorMessage(*request, &state->request, &state->in_tensors);
+  // A push's gradients are read once, by the optimizer, which takes them in
+  // the pieces they arrived in: no copy into one buffer first.
+  DecodeOptions decode;
+  decode.pieces = std::is_same_v<Request, PushRequest> || std::is_same_v<Request, PushPullRequest>;
+  absl::Status decoded = DecodeTensorMessage(*request, &state->request, &state->in_tensors, decode);
   if (!decoded.ok()) {
     finish(decoded);
     return reactor;

@@ -13,9 +13,12 @@
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
-  // The first byte picks the slice size (1..256): decoding must not depend
-  // on how the bytes arrived.
-  const size_t piece = 1 + data[0];
+  // The first byte picks the slice size (1..128, or 4 KiB..512 KiB with the
+  // bytes left in pieces as the shards take them): decoding must not
+  // depend on how the bytes arrived.
+  pstrain::DecodeOptions options;
+  options.pieces = data[0] >= 128;
+  const size_t piece = options.pieces ? (data[0] - 127u) * 4096 : 1 + data[0];
   std::vector<grpc::Slice> slices;
   for (size_t i = 1; i < size; i += piece) {
     slices.emplace_back(data + i, std::min(piece, size - i));
@@ -24,10 +27,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   grpc::ByteBuffer buffer(slices.data(), slices.size());
   pstrain::PushPullRequest header;
   std::vector<pstrain::TensorBuffer> tensors;
-  if (!pstrain::DecodeTensorMessage(buffer, &header, &tensors).ok()) return 0;
+  if (!pstrain::DecodeTensorMessage(buffer, &header, &tensors, options).ok()) return 0;
   for (const auto& t : tensors) {
     if (!pstrain::ValidateTensorBuffer(t, "t").ok()) std::abort();
-    if (t.known_finite && !pstrain::AllFinite(t.dtype, t.data, t.nbytes)) std::abort();
+    if (t.known_finite && !pstrain::AllFinite(t)) std::abort();
+    if (!pstrain::Contiguous(t).ok()) std::abort();
   }
   return 0;
 }

@@ -19,6 +19,15 @@ PY=/usr/bin/python3
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/pstrain-ab.XXXXXX")
 trap 'rm -rf "$WORK"' EXIT
 wait_file() { local d=$((SECONDS + $2)); until [ -s "$1" ]; do [ $SECONDS -lt $d ] || return 1; sleep 0.05; done; }
+# Both sides send a step the same way: as training does where both
+# benchmarks know --requests, else one request per shard (what a benchmark
+# from before --requests does).
+knows_requests() { "$1/bench/pushpull_bench" --helpfull 2>&1 | grep -q -- '-requests'; }
+requests_flag() {  # requests_flag BIN
+  if knows_requests "$old" && knows_requests "$new"; then echo --requests=training
+  elif knows_requests "$1"; then echo --requests=whole
+  fi
+}
 once() {  # once BIN MODEL -> GB/s of both workers together
   local bin=$1 model=$2 run=$WORK/run.$RANDOM sp=() wp=()
   mkdir -p "$run"
@@ -33,7 +42,7 @@ once() {  # once BIN MODEL -> GB/s of both workers together
   start=$(( $(date +%s%3N) + 3000 ))
   for w in 0 1; do
     "$bin/bench/pushpull_bench" --role=worker --shards="$shards" --model="$model" --worker=$w --num_workers=2 \
-      --start_at_ms=$start --seconds=6 >"$run/w$w.json" 2>"$run/w$w.log" </dev/null &
+      --start_at_ms=$start --seconds=6 $(requests_flag "$bin") >"$run/w$w.json" 2>"$run/w$w.log" </dev/null &
     wp+=($!)
   done
   wait "${wp[@]}"

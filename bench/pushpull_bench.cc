@@ -19,6 +19,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "common/malloc_tuning.h"
 #include "rpc/grpc_remote_shard.h"
@@ -232,6 +233,8 @@ int RunCodec() {
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   pstrain::KeepBulkBuffersMapped();
+  // As the server binaries (common/binary_setup.cc).
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   const std::string role = absl::GetFlag(FLAGS_role);
   int code = 2;
   if (role == "credentials") {

@@ -6,6 +6,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/synchronization/mutex.h"
 #include "common/env_flags.h"
 #include "common/quote.h"
 #include "spdlog/spdlog.h"
@@ -29,6 +30,13 @@ void StartBinary(const char* name, int argc, char** argv) {
     std::exit(2);
   }
   spdlog::set_level(parsed);
+  // Debian's Abseil is built without NDEBUG, so absl::Mutex looks for
+  // lock-order cycles on every Lock, recording each lock in one
+  // process-wide graph under one global lock (GraphCycles: 0.7-1.3% of a
+  // process's cycles in `bench/run.sh pushpull`, and a point every thread
+  // meets). The binaries do without; the tests keep it, which is where a
+  // lock-order mistake shows.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
 }
 
 }  // namespace pstrain

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 
 #include "absl/strings/str_cat.h"
 
@@ -84,8 +85,9 @@ struct Unaligned {
 }  // namespace
 
 template <typename T>
-bool ApplyOptimizer(const OptimizerConfig& c, int64_t step, const T* param, T* out, const void* grad,
-                    T* const* state, size_t n, double grad_scale) {
+__attribute__((always_inline)) inline bool ApplyOptimizerImpl(const OptimizerConfig& c, int64_t step, const T* param,
+                                                              T* out, const void* grad, T* const* state, size_t n,
+                                                              double grad_scale) {
   const Unaligned<T> g{static_cast<const uint8_t*>(grad)};
   unsigned ok = 1;
   const T scale = static_cast<T>(grad_scale);
@@ -176,6 +178,43 @@ bool ApplyOptimizer(const OptimizerConfig& c, int64_t step, const T* param, T* o
       break;
   }
   return ok != 0;
+}
+
+namespace optimizer_internal {
+
+// The float32 loops run over every pushed gradient: AVX2 where the CPU has
+// it, chosen once (the build targets any x86-64). Not FMA: the two
+// versions give bit-identical results (optimizer_test checks), so a job's
+// values do not depend on the machine, which SYNC training's determinism
+// relies on.
+bool ApplyFloatPortable(const OptimizerConfig& c, int64_t step, const float* param, float* out, const void* grad,
+                        float* const* state, size_t n, double grad_scale) {
+  return ApplyOptimizerImpl<float>(c, step, param, out, grad, state, n, grad_scale);
+}
+
+__attribute__((target("avx2"))) bool ApplyFloatAvx2(const OptimizerConfig& c, int64_t step, const float* param,
+                                                    float* out, const void* grad, float* const* state, size_t n,
+                                                    double grad_scale) {
+  return ApplyOptimizerImpl<float>(c, step, param, out, grad, state, n, grad_scale);
+}
+
+bool HasAvx2() {
+  static const bool has = __builtin_cpu_supports("avx2");
+  return has;
+}
+
+}  // namespace optimizer_internal
+
+template <typename T>
+bool ApplyOptimizer(const OptimizerConfig& c, int64_t step, const T* param, T* out, const void* grad,
+                    T* const* state, size_t n, double grad_scale) {
+  if constexpr (std::is_same_v<T, float>) {
+    return optimizer_internal::HasAvx2()
+               ? optimizer_internal::ApplyFloatAvx2(c, step, param, out, grad, state, n, grad_scale)
+               : optimizer_internal::ApplyFloatPortable(c, step, param, out, grad, state, n, grad_scale);
+  } else {
+    return ApplyOptimizerImpl<T>(c, step, param, out, grad, state, n, grad_scale);
+  }
 }
 
 template bool ApplyOptimizer<float>(const OptimizerConfig&, int64_t, const float*, float*,

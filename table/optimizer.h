@@ -38,6 +38,16 @@ template <typename T>
 bool ApplyOptimizer(const OptimizerConfig& config, int64_t step, const T* param, T* out,
                     const void* grad, T* const* state, size_t n, double grad_scale);
 
+namespace optimizer_internal {
+// ApplyOptimizer<float>'s two builds (for tests: they must agree bit for
+// bit); ApplyOptimizer picks the AVX2 one where HasAvx2().
+bool ApplyFloatPortable(const OptimizerConfig& config, int64_t step, const float* param, float* out,
+                        const void* grad, float* const* state, size_t n, double grad_scale);
+bool ApplyFloatAvx2(const OptimizerConfig& config, int64_t step, const float* param, float* out, const void* grad,
+                    float* const* state, size_t n, double grad_scale);
+bool HasAvx2();
+}  // namespace optimizer_internal
+
 }  // namespace pstrain
 
 #endif  // PSTRAIN_TABLE_OPTIMIZER_H_

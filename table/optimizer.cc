@@ -192,6 +192,7 @@ bool ApplyFloatPortable(const OptimizerConfig& c, int64_t step, const float* par
   return ApplyOptimizerImpl<float>(c, step, param, out, grad, state, n, grad_scale);
 }
 
+#if defined(__x86_64__)
 __attribute__((target("avx2"))) bool ApplyFloatAvx2(const OptimizerConfig& c, int64_t step, const float* param,
                                                     float* out, const void* grad, float* const* state, size_t n,
                                                     double grad_scale) {
@@ -202,6 +203,14 @@ bool HasAvx2() {
   static const bool has = __builtin_cpu_supports("avx2");
   return has;
 }
+#else
+bool ApplyFloatAvx2(const OptimizerConfig& c, int64_t step, const float* param, float* out, const void* grad,
+                    float* const* state, size_t n, double grad_scale) {
+  return ApplyFloatPortable(c, step, param, out, grad, state, n, grad_scale);
+}
+
+bool HasAvx2() { return false; }
+#endif
 
 }  // namespace optimizer_internal
 

@@ -77,7 +77,10 @@ bool NoneAllOnesExponent(const uint8_t* data, size_t n) {
 
 // The float32 scan runs over every pushed gradient: AVX2 where the CPU has
 // it (chosen when the program loads; the build targets any x86-64).
-__attribute__((target_clones("avx2", "default"))) bool NoneAllOnesExponent32(const uint8_t* data, size_t n) {
+#if defined(__x86_64__)
+__attribute__((target_clones("avx2", "default")))
+#endif
+bool NoneAllOnesExponent32(const uint8_t* data, size_t n) {
   return NoneAllOnesExponent<uint32_t, 0x7f800000u>(data, n);
 }
 }  // namespace

@@ -242,6 +242,18 @@ struct PieceOwner {
   BytePieces pieces;
 };
 
+// The next n bytes as t's pieces (data null), if they lie in few enough
+// slices; false (nothing read, t unchanged) otherwise.
+bool TakePieces(SliceReader* r, size_t n, TensorBuffer* t) {
+  auto owner = std::make_shared<PieceOwner>();
+  if (!r->Pieces(n, n / kMinBytesPerPiece, &owner->pieces, &owner->slices)) return false;
+  t->pieces = std::shared_ptr<const BytePieces>(owner, &owner->pieces);
+  t->owner = std::move(owner);
+  t->data = nullptr;
+  t->nbytes = n;
+  return true;
+}
+
 // Parses one TensorProto of `len` bytes at the reader's position.
 // With `dest`, the bytes are copied into dest's buffer, which must have
 // exactly the received size. With `pieces`, float bytes spread over
@@ -324,16 +336,8 @@ absl::Status ReadTensor(SliceReader* r, size_t len, size_t index, const TensorBu
         t->nbytes = n;
         t->owner = std::move(slice);  // a reference, not a copy
         r->Skip(n);
-      } else if (pieces && p == nullptr && Pieceable(t->dtype) &&
-                 [&] {
-                   auto owner = std::make_shared<PieceOwner>();
-                   if (!r->Pieces(n, n / kMinBytesPerPiece, &owner->pieces, &owner->slices)) return false;
-                   t->pieces = std::shared_ptr<const BytePieces>(owner, &owner->pieces);
-                   t->owner = std::move(owner);
-                   return true;
-                 }()) {
-        t->data = nullptr;
-        t->nbytes = n;
+      } else if (pieces && p == nullptr && Pieceable(t->dtype) && TakePieces(r, n, t)) {
+        // Left in the slices they arrived in.
       } else {
         absl::StatusOr<TensorBuffer> buffer = TensorBuffer::TryAllocate(DT_UINT8, {static_cast<int64_t>(n)});
         if (!buffer.ok()) return buffer.status();

@@ -128,9 +128,10 @@ void ForEachRun(const TensorBuffer& t, size_t elem_size,
     if (t.nbytes >= elem_size) f(0, t.data, t.nbytes / elem_size);
     return;
   }
-  // An element split between two pieces is put together here.
+  // An element split between two pieces is put together here (every
+  // DataType is at most 8 bytes; the contract says elem_size <= 16).
   alignas(16) uint8_t stage[16];
-  if (elem_size > sizeof(stage)) return;
+  if (elem_size > sizeof(stage)) std::abort();
   size_t staged = 0;  // bytes of the split element so far
   size_t done = 0;    // elements handed to f
   for (const BytePieces::Span& span : t.pieces->spans) {

@@ -77,7 +77,8 @@ bool AllFinite(const TensorBuffer& t);
 // f(first, p, n) for elements [first, first + n) at p. Contiguous bytes are
 // one run; pieces are read where they lie, so p may be at any address (read
 // elements with memcpy); an element split between two pieces is put
-// together on the stack and visited on its own.
+// together on the stack and visited on its own. elem_size: 1..16 (any
+// DataType's size).
 void ForEachRun(const TensorBuffer& t, size_t elem_size,
                 absl::FunctionRef<void(size_t first, const uint8_t* p, size_t n)> f);
 // A contiguous copy of a buffer in pieces (anything else: unchanged).

@@ -51,8 +51,15 @@ class CollectiveWork {
  public:
   virtual ~CollectiveWork() = default;
   // Blocks until the operation completed on this rank (its output tensors
-  // hold the result), or failed.
+  // hold the result), or failed. May be called again: the same outcome.
   virtual absl::Status Wait() = 0;
+  // Orders work queued next on the compute stream (the device's current
+  // stream) after this operation without blocking the host, where the
+  // backend can (NCCL: the compute stream waits on the operation's event);
+  // elsewhere it waits as Wait() does. An error here is the operation's;
+  // OK means only "ordered": Wait() still tells how it ended, and enforces
+  // the timeout (aborting the communicator of a lost peer).
+  virtual absl::Status OrderComputeAfter() { return Wait(); }
 };
 
 enum class ReduceOp { kSum, kMin, kMax };

@@ -149,7 +149,7 @@ class GlooCollective : public Collective {
     // threads: transfers of one part overlap the reduction of another
     // (measured: 5-20% more bus bandwidth at 16-256 MB, bench/README.md).
     const int64_t split = options_.gloo_split_parts;
-    if (split > 1 && tensor.nbytes() >= options_.gloo_split_bytes && tensor.is_contiguous()) {
+    if (split > 1 && static_cast<int64_t>(tensor.nbytes()) >= options_.gloo_split_bytes && tensor.is_contiguous()) {
       at::Tensor flat = tensor.view({-1});
       const int64_t n = flat.numel();
       std::vector<std::unique_ptr<CollectiveWork>> parts;

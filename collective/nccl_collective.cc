@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <memory>
 #include <mutex>
 
 #include "absl/strings/escaping.h"
@@ -43,11 +44,62 @@ absl::Status CheckTensor(const at::Tensor& t) {
   return NcclType(t).status();
 }
 
+// The group's communicator, shared by the group and its pending works:
+// whoever finds a peer gone aborts it (once; ncclCommAbort frees it, so it
+// is never destroyed after), and every later operation fails at once.
+class Communicator {
+ public:
+  explicit Communicator(ncclComm_t comm) : comm_(comm) {}
+  ~Communicator() {
+    if (!aborted_) ncclCommDestroy(comm_);
+  }
+  // Queues `op(comm)` (NCCL calls on the communicator), unless it was
+  // aborted: never at the same time as an abort frees it.
+  template <typename Op>
+  absl::Status Call(const char* what, Op op) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (aborted_) return abort_reason_;
+    ncclResult_t r = op(comm_);
+    if (r != ncclSuccess) return PeerError(what, ncclGetErrorString(r));
+    return absl::OkStatus();
+  }
+  // The communicator's asynchronous error (a peer gone, a network error);
+  // after an abort, the reason it was aborted.
+  absl::Status AsyncError(const char* what) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (aborted_) return abort_reason_;
+    ncclResult_t async = ncclSuccess;
+    ncclCommGetAsyncError(comm_, &async);
+    if (async != ncclSuccess) return PeerError(what, ncclGetErrorString(async));
+    return absl::OkStatus();
+  }
+  // Unblocks every NCCL kernel of this communicator still waiting for a
+  // peer (their streams go on; their outputs are garbage).
+  void Abort(absl::Status reason) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (aborted_) return;
+    ncclCommAbort(comm_);
+    aborted_ = true;
+    abort_reason_ = absl::UnavailableError(
+        absl::StrCat("the NCCL communicator was aborted after an earlier failure: ", reason.message()));
+  }
+  absl::Status Aborted() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return aborted_ ? abort_reason_ : absl::OkStatus();
+  }
+
+ private:
+  std::mutex mu_;
+  const ncclComm_t comm_;
+  bool aborted_ = false;
+  absl::Status abort_reason_;
+};
+
 // Completion of the work queued on the group's stream so far.
 class NcclWork : public CollectiveWork {
  public:
-  NcclWork(cudaEvent_t event, ncclComm_t comm, absl::Duration timeout, const char* what)
-      : event_(event), comm_(comm), timeout_(timeout), what_(what) {}
+  NcclWork(cudaEvent_t event, std::shared_ptr<Communicator> comm, int device, absl::Duration timeout, const char* what)
+      : event_(event), comm_(std::move(comm)), device_(device), timeout_(timeout), what_(what) {}
   explicit NcclWork(absl::Status error) : error_(std::move(error)) {}
   ~NcclWork() override {
     if (event_ != nullptr) cudaEventDestroy(event_);
@@ -57,23 +109,37 @@ class NcclWork : public CollectiveWork {
     const absl::Time deadline = absl::Now() + timeout_;
     while (true) {
       cudaError_t e = cudaEventQuery(event_);
-      if (e == cudaSuccess) return absl::OkStatus();
+      if (e == cudaSuccess) {
+        // An aborted communicator lets its kernels finish with garbage.
+        return comm_->Aborted();
+      }
       if (e != cudaErrorNotReady) return CudaError(what_, e);
-      ncclResult_t async = ncclSuccess;
-      ncclCommGetAsyncError(comm_, &async);
-      if (async != ncclSuccess) return PeerError(what_, ncclGetErrorString(async));
+      if (absl::Status s = comm_->AsyncError(what_); !s.ok()) {
+        comm_->Abort(s);
+        return s;
+      }
       if (absl::Now() > deadline) {
-        ncclCommAbort(comm_);  // a peer is gone: unblock the stream
-        return absl::DeadlineExceededError(
+        absl::Status s = absl::DeadlineExceededError(
             absl::StrCat(what_, " did not complete within ", absl::FormatDuration(timeout_), " (a peer left?)"));
+        comm_->Abort(s);  // a peer is gone: unblock the stream
+        return s;
       }
       absl::SleepFor(absl::Microseconds(50));
     }
   }
+  absl::Status OrderComputeAfter() override {
+    if (!error_.ok()) return error_;
+    if (cudaError_t e = cudaSetDevice(device_); e != cudaSuccess) return CudaError(what_, e);
+    // The compute stream is the device's default stream (see
+    // NcclCollective::OrderAfterCompute).
+    if (cudaError_t e = cudaStreamWaitEvent(cudaStreamLegacy, event_, 0); e != cudaSuccess) return CudaError(what_, e);
+    return absl::OkStatus();
+  }
 
  private:
   cudaEvent_t event_ = nullptr;
-  ncclComm_t comm_ = nullptr;
+  std::shared_ptr<Communicator> comm_;
+  int device_ = 0;
   absl::Duration timeout_;
   const char* what_ = "";
   absl::Status error_;
@@ -82,10 +148,17 @@ class NcclWork : public CollectiveWork {
 class NcclCollective : public Collective {
  public:
   NcclCollective(ncclComm_t comm, cudaStream_t stream, int rank, int size, int device, absl::Duration timeout)
-      : comm_(comm), stream_(stream), rank_(rank), size_(size), device_(device), timeout_(timeout) {}
+      : comm_(std::make_shared<Communicator>(comm)),
+        stream_(stream),
+        rank_(rank),
+        size_(size),
+        device_(device),
+        timeout_(timeout) {}
   ~NcclCollective() override {
     if (produced_ != nullptr) cudaEventDestroy(produced_);
-    ncclCommDestroy(comm_);
+    // Works still held elsewhere keep the communicator; the stream goes
+    // once its queued work is done (cudaStreamDestroy does not wait).
+    comm_.reset();
     cudaStreamDestroy(stream_);
   }
   int rank() const override { return rank_; }
@@ -95,13 +168,15 @@ class NcclCollective : public Collective {
   std::unique_ptr<CollectiveWork> AllReduce(at::Tensor t, ReduceOp op) override {
     if (absl::Status s = CheckTensor(t); !s.ok()) return Fail(s);
     const ncclRedOp_t nop = op == ReduceOp::kMin ? ncclMin : op == ReduceOp::kMax ? ncclMax : ncclSum;
-    return Enqueue("all-reduce",
-                   [&] { return ncclAllReduce(t.data_ptr(), t.data_ptr(), t.numel(), *NcclType(t), nop, comm_, stream_); });
+    return Enqueue("all-reduce", [&](ncclComm_t c) {
+      return ncclAllReduce(t.data_ptr(), t.data_ptr(), t.numel(), *NcclType(t), nop, c, stream_);
+    });
   }
   std::unique_ptr<CollectiveWork> Broadcast(at::Tensor t, int root) override {
     if (absl::Status s = CheckTensor(t); !s.ok()) return Fail(s);
-    return Enqueue("broadcast",
-                   [&] { return ncclBroadcast(t.data_ptr(), t.data_ptr(), t.numel(), *NcclType(t), root, comm_, stream_); });
+    return Enqueue("broadcast", [&](ncclComm_t c) {
+      return ncclBroadcast(t.data_ptr(), t.data_ptr(), t.numel(), *NcclType(t), root, c, stream_);
+    });
   }
   std::unique_ptr<CollectiveWork> AllGather(std::vector<at::Tensor> outputs, at::Tensor input) override {
     if (absl::Status s = CheckTensor(input); !s.ok()) return Fail(s);
@@ -114,8 +189,10 @@ class NcclCollective : public Collective {
     if (cudaError_t e = cudaMallocAsync(&buffer, bytes * size_, stream_); e != cudaSuccess) {
       return Fail(CudaError("all-gather", e));
     }
-    ncclResult_t r = ncclAllGather(input.data_ptr(), buffer, input.numel(), *NcclType(input), comm_, stream_);
-    for (int i = 0; r == ncclSuccess && i < size_; ++i) {
+    absl::Status r = comm_->Call("all-gather", [&](ncclComm_t c) {
+      return ncclAllGather(input.data_ptr(), buffer, input.numel(), *NcclType(input), c, stream_);
+    });
+    for (int i = 0; r.ok() && i < size_; ++i) {
       cudaMemcpyAsync(outputs[i].data_ptr(), static_cast<char*>(buffer) + i * bytes, bytes, cudaMemcpyDeviceToDevice,
                       stream_);
     }
@@ -128,21 +205,24 @@ class NcclCollective : public Collective {
     if (barrier_ == nullptr && cudaMallocAsync(&barrier_, sizeof(float), stream_) != cudaSuccess) {
       return Fail(absl::FailedPreconditionError("barrier: cannot allocate"));
     }
-    return Record("barrier", ncclAllReduce(barrier_, barrier_, 1, ncclFloat32, ncclSum, comm_, stream_));
+    return Record("barrier", comm_->Call("barrier", [&](ncclComm_t c) {
+      return ncclAllReduce(barrier_, barrier_, 1, ncclFloat32, ncclSum, c, stream_);
+    }));
   }
 
  private:
   static std::unique_ptr<CollectiveWork> Fail(absl::Status s) { return std::make_unique<NcclWork>(std::move(s)); }
-  // Runs `op` (which queues NCCL work on stream_) after everything LibTorch
+  // Runs `op(comm)` (which queues NCCL work on stream_) after everything LibTorch
   // queued so far on the device's default stream, where the trainer
   // computes: an event orders the two streams, nothing blocks the host.
   template <typename Op>
   std::unique_ptr<CollectiveWork> Enqueue(const char* what, Op op) {
     std::lock_guard<std::mutex> lock(mu_);
     if (absl::Status s = OrderAfterCompute(what); !s.ok()) return Fail(s);
-    return Record(what, op());
+    return Record(what, comm_->Call(what, op));
   }
   absl::Status OrderAfterCompute(const char* what) {
+    if (absl::Status s = comm_->Aborted(); !s.ok()) return s;
     if (cudaError_t e = cudaSetDevice(device_); e != cudaSuccess) return CudaError(what, e);
     if (produced_ == nullptr) {
       if (cudaError_t e = cudaEventCreateWithFlags(&produced_, cudaEventDisableTiming); e != cudaSuccess) {
@@ -153,18 +233,19 @@ class NcclCollective : public Collective {
     if (cudaError_t e = cudaStreamWaitEvent(stream_, produced_, 0); e != cudaSuccess) return CudaError(what, e);
     return absl::OkStatus();
   }
-  std::unique_ptr<CollectiveWork> Record(const char* what, ncclResult_t r) {
-    if (r != ncclSuccess) return Fail(PeerError(what, ncclGetErrorString(r)));
+  // `queued`: how queueing the operation went.
+  std::unique_ptr<CollectiveWork> Record(const char* what, absl::Status queued) {
+    if (!queued.ok()) return Fail(std::move(queued));
     cudaEvent_t event = nullptr;
     if (cudaError_t e = cudaEventCreateWithFlags(&event, cudaEventDisableTiming); e != cudaSuccess) {
       return Fail(CudaError(what, e));
     }
     cudaEventRecord(event, stream_);
-    return std::make_unique<NcclWork>(event, comm_, timeout_, what);
+    return std::make_unique<NcclWork>(event, comm_, device_, timeout_, what);
   }
 
   std::mutex mu_;
-  ncclComm_t comm_;
+  std::shared_ptr<Communicator> comm_;
   cudaStream_t stream_;
   int rank_, size_, device_;
   absl::Duration timeout_;

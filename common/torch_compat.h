@@ -5,6 +5,7 @@
 #define PSTRAIN_COMMON_TORCH_COMPAT_H_
 
 #include <ATen/autocast_mode.h>
+#include <ATen/core/Tensor.h>
 #include <c10/core/DeviceType.h>
 #include <c10/core/ScalarType.h>
 #include <torch/csrc/api/include/torch/version.h>
@@ -16,6 +17,17 @@
 #define PSTRAIN_C10D_STORE_HAS_CLONE 1
 #else
 #define PSTRAIN_C10D_STORE_HAS_CLONE 0
+#endif
+
+// at::_fused_sgd_: SGD for a list of tensors in one multi-tensor kernel,
+// which skips the whole update on the device when its found_inf is 1. CUDA
+// from 2.2, the CPU from 2.4 (pytorch#123629): used from 2.4 on, so the CPU
+// tests run the code the GPUs run.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+#define PSTRAIN_HAS_FUSED_SGD 1
+#include <ATen/ops/_fused_sgd.h>
+#else
+#define PSTRAIN_HAS_FUSED_SGD 0
 #endif
 
 namespace pstrain {
@@ -52,6 +64,27 @@ inline constexpr bool kCpuAutocastHasFp16 = false;
 // a libuv server that a LibTorch built without libuv (Debian's 2.6) refuses
 // at start: the classic server is plenty for a rendezvous. Detected by the
 // member, not the version, so either kind of build works.
+inline constexpr bool kHasFusedSgd = PSTRAIN_HAS_FUSED_SGD;
+
+// One SGD step of `params` (one dtype, one device, contiguous) unless
+// `found_inf` (a float32 scalar on their device) is 1, decided on the
+// device: PyTorch's SGD arithmetic (momentum, dampening, Nesterov, weight
+// decay; `bufs` empty when momentum is 0). Returns false, having done
+// nothing, where this LibTorch has no fused SGD.
+inline bool FusedSgdUnlessFound(at::TensorList params, at::TensorList grads, at::TensorList bufs, double weight_decay,
+                                double momentum, double lr, double dampening, bool nesterov, bool first_step,
+                                const at::Tensor& found_inf) {
+#if PSTRAIN_HAS_FUSED_SGD
+  at::_fused_sgd_(params, grads, bufs, weight_decay, momentum, lr, dampening, nesterov, /*maximize=*/false, first_step,
+                  /*grad_scale=*/{}, found_inf);
+  return true;
+#else
+  (void)params, (void)grads, (void)bufs, (void)weight_decay, (void)momentum, (void)lr, (void)dampening,
+      (void)nesterov, (void)first_step, (void)found_inf;
+  return false;
+#endif
+}
+
 template <typename Options>
 auto UseClassicTcpStore(Options& o, int) -> decltype(o.useLibUV = false, void()) {
   o.useLibUV = false;

@@ -114,6 +114,39 @@ void DeviceStager::Drain() {
 
 void DeviceStager::Upload(const at::Tensor& src, const at::Tensor& dst) { dst.copy_(src, /*non_blocking=*/true); }
 
+namespace {
+
+// c10::Event has no blocking wait in every LibTorch version: poll it (what
+// is waited for takes tens of microseconds to milliseconds).
+void WaitFor(const c10::Event& event) {
+  for (int spins = 0; !event.query(); ++spins) {
+    if (spins < 64) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
+  }
+}
+
+}  // namespace
+
+DeferredScalar::DeferredScalar(const at::Tensor& value) {
+  if (value.device().is_cpu()) {
+    host_ = value;
+    return;
+  }
+  host_ = at::empty({}, value.options().device(c10::kCPU).pinned_memory(true));
+  host_.copy_(value.reshape({}), /*non_blocking=*/true);
+  c10::impl::VirtualGuardImpl impl(value.device().type());
+  copied_ = std::make_shared<c10::Event>(value.device().type());
+  copied_->record(impl.getStream(value.device()));
+}
+
+double DeferredScalar::Value() const {
+  if (copied_ != nullptr) WaitFor(*copied_);
+  return host_.item<double>();
+}
+
 void DeviceStager::Loop() {
   std::unique_lock<std::mutex> lock(mu_);
   while (true) {
@@ -123,15 +156,7 @@ void DeviceStager::Loop() {
     queue_.pop_front();
     ++running_;
     lock.unlock();
-    // c10::Event has no blocking wait in every LibTorch version: poll it
-    // (a bucket's copy takes tens of microseconds to milliseconds).
-    for (int spins = 0; !item.first->query(); ++spins) {
-      if (spins < 64) {
-        std::this_thread::yield();
-      } else {
-        std::this_thread::sleep_for(std::chrono::microseconds(20));
-      }
-    }
+    WaitFor(*item.first);
     item.second();
     lock.lock();
     --running_;

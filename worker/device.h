@@ -47,6 +47,23 @@ absl::StatusOr<c10::Device> ResolveDevice(DeviceChoice spec_device, const std::s
 // accelerator (so copies to and from it can be asynchronous).
 at::Tensor HostBufferFor(const at::Tensor& like, const c10::Device& device);
 
+// A scalar the device computes and the host reads later, without waiting
+// for everything the device has queued (as Tensor::item would): the copy to
+// pinned host memory is queued on the compute stream with an event after
+// it, and Value() waits for that event only -- long past when read a step
+// later. On the CPU the value is simply kept.
+class DeferredScalar {
+ public:
+  DeferredScalar() = default;
+  explicit DeferredScalar(const at::Tensor& value);  // a one-element tensor
+  bool defined() const { return host_.defined(); }
+  double Value() const;
+
+ private:
+  at::Tensor host_;
+  std::shared_ptr<c10::Event> copied_;  // null on the CPU
+};
+
 // Device -> host copies on a side stream, and continuations run when they
 // have landed. On the CPU there is nothing to copy: Copy returns the source
 // and Then runs its continuation at once.

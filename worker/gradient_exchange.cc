@@ -2,6 +2,7 @@
 
 #include <ATen/ops/empty.h>
 #include <ATen/ops/isfinite.h>
+#include <ATen/ops/linalg_vector_norm.h>
 #include <c10/core/GradMode.h>
 
 #include <cmath>
@@ -252,9 +253,22 @@ class AllReduceExchange : public GradientExchange {
 
   absl::Status Finish() override {
     stager_->Drain();
-    absl::Status first;
+    // What the previous step left for the host to check, first: so a lost
+    // peer or a rejected step stops the job before this step changes
+    // anything.
+    absl::Status first = Settle();
     for (auto& r : reductions_) {
-      absl::Status st = r != nullptr ? r->Wait() : absl::InternalError("a bucket was never reduced");
+      absl::Status st;
+      if (r == nullptr) {
+        st = absl::InternalError("a bucket was never reduced");
+      } else if (on_device_) {
+        // NCCL: the device waits for the reduction, the host goes on; it
+        // checks the outcome in the next Settle (next step, Pull, Flush).
+        st = r->OrderComputeAfter();
+        if (st.ok()) unverified_.push_back(std::move(r));
+      } else {
+        st = r->Wait();
+      }
       if (!st.ok() && first.ok()) first = st;
       r.reset();
     }
@@ -279,14 +293,7 @@ class AllReduceExchange : public GradientExchange {
       absl::Status s = scaler->Update(finite);
       if (!s.ok() || !finite) return s;
     }
-    if (options_.clip_grad_norm > 0) {
-      double sq = 0;
-      for (auto& f : flats_) sq += f.to(at::kDouble).pow(2).sum().item<double>();
-      const double coef = options_.clip_grad_norm / (std::sqrt(sq) + 1e-6);
-      if (coef < 1) {
-        for (auto& f : flats_) f.mul_(coef);
-      }
-    }
+    if (options_.clip_grad_norm > 0) ClipOnDevice();
     return ApplyLocally();
   }
 
@@ -296,6 +303,14 @@ class AllReduceExchange : public GradientExchange {
       if (r != nullptr) (void)r->Wait();
       r.reset();
     }
+    for (auto& r : unverified_) (void)r->Wait();
+    unverified_.clear();
+    pending_check_ = DeferredScalar();
+  }
+
+  ~AllReduceExchange() override {
+    // NCCL may still be writing the buffers (reductions only ordered).
+    Abandon();
   }
 
   absl::Status InitTables(const TableConfig& config) override {
@@ -323,10 +338,12 @@ class AllReduceExchange : public GradientExchange {
     return absl::OkStatus();
   }
 
-  // After InitTables the parameters are the current values: nothing to pull.
-  absl::Status Pull(int64_t, int64_t) override { return absl::OkStatus(); }
+  // After InitTables the parameters are the current values: nothing to
+  // pull, only what the last step left to check.
+  absl::Status Pull(int64_t, int64_t) override { return Settle(); }
 
   absl::Status Flush(int64_t steps) override {
+    if (absl::Status s = Settle(); !s.ok()) return s;
     c10::NoGradGuard no_grad;
     for (size_t i = 0; i < options_.params.size(); ++i) {
       staging_[i].copy_(options_.params[i]);
@@ -353,25 +370,62 @@ class AllReduceExchange : public GradientExchange {
     return out;
   }
 
+  // What earlier steps left for the host to check: NCCL reductions only
+  // ordered on the device (waited for here, within the collective's
+  // timeout -- a lost peer fails the job here, its communicator aborted),
+  // and a step applied only if its gradients were finite, whose verdict
+  // is read here (REJECT fails the job naming that step; nothing of it, or
+  // of any later step, was applied).
+  absl::Status Settle() {
+    if (!settle_error_.ok()) return settle_error_;  // whoever asks next hears it too
+    absl::Status first;
+    for (auto& r : unverified_) {
+      absl::Status st = r->Wait();
+      if (!st.ok() && first.ok()) first = st;
+    }
+    unverified_.clear();
+    DeferredScalar check = std::move(pending_check_);
+    pending_check_ = DeferredScalar();
+    if (first.ok() && check.defined() && check.Value() != 0) first = NonFiniteError(pending_step_);
+    settle_error_ = first;
+    return first;
+  }
+
+  absl::Status NonFiniteError(int64_t step) const {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the averaged gradients of step ", step,
+        " have NaN or Inf; nothing was applied (lower the learning rate, clip gradients, or set the table's nonfinite "
+        "policy to SKIP)"));
+  }
+
+  // Clips the averaged gradients to clip_grad_norm, computed and applied on
+  // their device (the host never waits for the norm). A non-finite norm
+  // leaves them non-finite, for the check that follows.
+  void ClipOnDevice() {
+    at::Tensor sq;
+    for (const auto& f : flats_) {
+      at::Tensor n = at::linalg_vector_norm(f, 2, c10::nullopt, false, at::kDouble);
+      sq = sq.defined() ? sq.add(n.square()) : n.square();
+    }
+    at::Tensor coef = sq.sqrt().add(1e-6).reciprocal().mul(options_.clip_grad_norm).clamp_max(1.0);
+    for (auto& f : flats_) f.mul_(coef.to(f.scalar_type()));
+  }
+
+  // 1 (float32, on the gradients' device) where any averaged gradient is
+  // NaN or Inf, else 0.
+  at::Tensor FoundNonFinite() const {
+    at::Tensor all_finite;
+    for (const auto& f : flats_) {
+      at::Tensor ok = at::isfinite(f).all();
+      all_finite = all_finite.defined() ? all_finite.logical_and(ok) : ok;
+    }
+    return all_finite.logical_not().to(at::kFloat);
+  }
+
   // The averaged gradients update the parameters where they are, with the
   // shards' arithmetic and their policy for NaN and Inf.
   absl::Status ApplyLocally() {
     c10::NoGradGuard no_grad;
-    at::Tensor finite;
-    // (fp16: the scaler checked them already.)
-    for (size_t b = 0; b < flats_.size() && options_.loss_scaler == nullptr; ++b) {
-      at::Tensor ok = at::isfinite(flats_[b]).all();
-      finite = finite.defined() ? finite.logical_and(ok) : ok;
-    }
-    if (finite.defined() && !finite.item<bool>()) {
-      if (config_.nonfinite() == NONFINITE_REJECT) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("the averaged gradients of step ", step_,
-                         " have NaN or Inf; nothing was applied (lower the learning rate, clip gradients, or set "
-                         "the table's nonfinite policy to SKIP)"));
-      }
-      return absl::OkStatus();  // SKIP: this step changes nothing
-    }
     std::vector<at::Tensor> grads(options_.params.size());
     for (size_t b = 0; b < buckets_.size(); ++b) {
       at::Tensor flat = flats_[b];
@@ -389,6 +443,26 @@ class AllReduceExchange : public GradientExchange {
         offset += param.numel();
       }
     }
+    // fp16: the scaler checked them already.
+    if (options_.loss_scaler != nullptr) {
+      optimizer_->Step(grads, lr_);
+      return absl::OkStatus();
+    }
+    at::Tensor found = FoundNonFinite();
+    if (optimizer_->CanStepUnlessFound() && found.device() == options_.device) {
+      // Decided on the device: a non-finite step changes nothing, and the
+      // host learns it (REJECT) in the next Settle, without waiting now.
+      optimizer_->StepUnlessFound(grads, lr_, found);
+      if (config_.nonfinite() == NONFINITE_REJECT) {
+        pending_check_ = DeferredScalar(found);
+        pending_step_ = step_;
+      }
+      return absl::OkStatus();
+    }
+    if (found.item<float>() != 0) {
+      if (config_.nonfinite() == NONFINITE_REJECT) return settle_error_ = NonFiniteError(step_);
+      return absl::OkStatus();  // SKIP: this step changes nothing
+    }
     optimizer_->Step(grads, lr_);
     return absl::OkStatus();
   }
@@ -405,6 +479,13 @@ class AllReduceExchange : public GradientExchange {
   std::vector<at::Tensor> wire_flats_;  // per bucket: the narrow buffer reduced (undefined: flats_ is)
   at::ScalarType wire_ = at::kFloat;
   std::vector<std::unique_ptr<CollectiveWork>> reductions_;
+  // NCCL: earlier steps' reductions the device waits for and the host has
+  // not checked yet (see Settle).
+  std::vector<std::unique_ptr<CollectiveWork>> unverified_;
+  // REJECT with a device-decided step: step pending_step_'s verdict.
+  DeferredScalar pending_check_;
+  int64_t pending_step_ = 0;
+  absl::Status settle_error_;  // sticky: a failed Settle fails every later one
 };
 
 }  // namespace

@@ -17,7 +17,11 @@
 // ordered after the compute stream by an event, and the new values come back
 // with non_blocking copies on the compute stream, so nothing synchronises
 // the whole device. NCCL reduces device buffers in place; Gloo reduces host
-// copies (it reduces CUDA tensors only through host staging anyway).
+// copies (it reduces CUDA tensors only through host staging anyway). With
+// NCCL the host never waits for a step: the compute stream waits for the
+// reductions, clipping and the NaN/Inf check run on the device (and, with
+// fused SGD, decide there whether the update applies), and the host checks
+// the reductions and the verdict one step later (Finish, Pull, Flush).
 //
 // Buckets follow backward's order (the parameters reversed), up to
 // bucket_bytes each, one dtype per bucket.

@@ -7,6 +7,7 @@
 
 #include <cmath>
 
+#include "common/torch_compat.h"
 #include "table/optimizer.h"
 
 namespace pstrain {
@@ -20,6 +21,34 @@ TensorOptimizer::TensorOptimizer(const OptimizerConfig& config, std::vector<at::
     if (config_.kind() == OptimizerConfig::ADAGRAD && slots_ > 0) set[0].fill_(config_.initial_accumulator_value());
     state_.push_back(std::move(set));
   }
+}
+
+bool TensorOptimizer::CanStepUnlessFound() const {
+  if (!kHasFusedSgd || config_.kind() != OptimizerConfig::SGD || step_ < 1 || params_.empty()) return false;
+  for (const at::Tensor& p : params_) {
+    if (p.scalar_type() != params_[0].scalar_type() || p.device() != params_[0].device() || !p.is_contiguous()) {
+      return false;
+    }
+  }
+  return true;
+}
+
+void TensorOptimizer::StepUnlessFound(const std::vector<at::Tensor>& grads, double lr_override,
+                                      const at::Tensor& found_nonfinite) {
+  c10::NoGradGuard no_grad;
+  const double mom = config_.momentum();
+  std::vector<at::Tensor> bufs;
+  if (mom != 0) {
+    for (auto& set : state_) bufs.push_back(set[0]);
+  }
+  const double lr = lr_override > 0 ? lr_override : config_.lr();
+  // The kernel wants each gradient laid out like its parameter.
+  std::vector<at::Tensor> g;
+  for (const at::Tensor& t : grads) g.push_back(t.contiguous());
+  const bool done = FusedSgdUnlessFound(params_, g, bufs, config_.weight_decay(), mom, lr, config_.dampening(),
+                                        config_.nesterov(), /*first_step=*/false, found_nonfinite);
+  TORCH_CHECK(done, "StepUnlessFound without fused SGD (check CanStepUnlessFound)");
+  ++step_;
 }
 
 void TensorOptimizer::Step(const std::vector<at::Tensor>& grads, double lr_override) {

@@ -31,6 +31,17 @@ class TensorOptimizer {
   // One update: params[i] -= f(grads[i]); `lr` > 0 overrides the config's.
   void Step(const std::vector<at::Tensor>& grads, double lr);
 
+  // Whether StepUnlessFound can run: SGD past its first update (which sets
+  // the momentum buffers), parameters of one dtype, contiguous, on one
+  // device, and a LibTorch with fused SGD (kHasFusedSgd).
+  bool CanStepUnlessFound() const;
+  // One update as Step, but nothing changes (values, state) where
+  // `found_nonfinite` -- a float32 scalar on the parameters' device -- is 1:
+  // decided on the device, so the host never waits to learn it. The step
+  // counts either way (SGD's arithmetic does not depend on the count past
+  // the first update).
+  void StepUnlessFound(const std::vector<at::Tensor>& grads, double lr, const at::Tensor& found_nonfinite);
+
  private:
   OptimizerConfig config_;
   std::vector<at::Tensor> params_;

@@ -8,6 +8,9 @@
 #include <ATen/ops/randn.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
+
+#include "common/torch_compat.h"
 #include "table/optimizer.h"
 
 namespace pstrain {
@@ -60,6 +63,54 @@ TEST(TensorOptimizer, EqualsTheShardsArithmetic) {
     }
     EXPECT_EQ(opt.step(), 5);
   }
+}
+
+// The all-reduce exchange's step on a device that never tells the host
+// whether the gradients were finite: with found 0 it is Step, with found 1
+// nothing changes, bit for bit.
+TEST(TensorOptimizer, StepUnlessFoundSkipsOnTheDeviceAndOtherwiseIsStep) {
+  if (!kHasFusedSgd) {
+    GTEST_SKIP() << "this LibTorch (" << TORCH_VERSION << ") has no fused SGD (2.4 on): the all-reduce exchange "
+                 << "checks the gradients on the host instead (make test-torch2 runs this)";
+  }
+  for (bool nesterov : {false, true}) {
+    const OptimizerConfig config = Config(OptimizerConfig::SGD, 0.01, 0.9, nesterov);
+    at::manual_seed(5);
+    std::vector<at::Tensor> a{at::randn({3, 5}, at::kDouble), at::randn({7}, at::kDouble)};
+    std::vector<at::Tensor> b{a[0].clone(), a[1].clone()};
+    TensorOptimizer fused(config, a), plain(config, b);
+    EXPECT_FALSE(fused.CanStepUnlessFound()) << "the first update sets the momentum buffers on the host's path";
+    std::vector<at::Tensor> g{at::randn({3, 5}, at::kDouble), at::randn({7}, at::kDouble)};
+    fused.Step(g, 0);
+    plain.Step(g, 0);
+    ASSERT_TRUE(fused.CanStepUnlessFound());
+    const at::Tensor no = at::zeros({}, at::kFloat), yes = at::ones({}, at::kFloat);
+    for (int step = 2; step <= 5; ++step) {
+      g = {at::randn({3, 5}, at::kDouble), at::randn({7}, at::kDouble)};
+      fused.StepUnlessFound(g, step == 3 ? 0.02 : 0, no);
+      plain.Step(g, step == 3 ? 0.02 : 0);
+      // A non-finite step in between, flagged: nothing may move.
+      std::vector<at::Tensor> before{a[0].clone(), a[1].clone(), fused.state(0)[0].clone(), fused.state(1)[0].clone()};
+      std::vector<at::Tensor> bad{at::full({3, 5}, NAN, at::kDouble), at::full({7}, INFINITY, at::kDouble)};
+      fused.StepUnlessFound(bad, 0, yes);
+      EXPECT_TRUE(at::equal(a[0], before[0]) && at::equal(a[1], before[1])) << "a flagged step changed the values";
+      EXPECT_TRUE(at::equal(fused.state(0)[0], before[2]) && at::equal(fused.state(1)[0], before[3]))
+          << "a flagged step changed the momentum";
+    }
+    for (size_t i = 0; i < a.size(); ++i) {
+      EXPECT_TRUE(at::allclose(a[i], b[i], 1e-12, 1e-12)) << "nesterov " << nesterov << " param " << i << " differs by "
+                                                          << a[i].sub(b[i]).abs().max().item<double>();
+      EXPECT_TRUE(at::allclose(fused.state(i)[0], plain.state(i)[0], 1e-12, 1e-12));
+    }
+  }
+  // Mixed dtypes cannot go through one fused kernel: the host's path.
+  TensorOptimizer mixed(Config(OptimizerConfig::SGD, 0, 0.9, false), {at::zeros({2}), at::zeros({2}, at::kDouble)});
+  mixed.Step({at::ones({2}), at::ones({2}, at::kDouble)}, 0);
+  EXPECT_FALSE(mixed.CanStepUnlessFound());
+  // Adam has no device-decided skip here.
+  TensorOptimizer adam(Config(OptimizerConfig::ADAM, 0, 0, false), {at::zeros({2})});
+  adam.Step({at::ones({2})}, 0);
+  EXPECT_FALSE(adam.CanStepUnlessFound());
 }
 
 }  // namespace

@@ -21,6 +21,7 @@
 #include "table/shard_store.h"
 #include "worker/activity.h"
 #include "worker/batch_loader.h"
+#include "worker/device.h"
 #include "worker/evaluation.h"
 #include "worker/gradient_exchange.h"
 #include "worker/loss_scaler.h"
@@ -63,7 +64,7 @@ class Trainer {
  private:
   struct UnreadLoss {
     int64_t step;
-    at::Tensor loss;  // on the device
+    DeferredScalar loss;  // copied from the device as soon as it is computed
     int64_t samples;
     double seconds, wait_seconds, data_seconds, lr;
     double grad_norm;  // -1: not computed
@@ -131,8 +132,8 @@ class Trainer {
   Clock::time_point start_, window_start_;
   Window window_;
   // A step's loss is read one step later (or when a progress event needs
-  // it): by then the device computed it long ago, so the host never waits
-  // for the device just to read a number.
+  // it): by then the device computed it long ago, and reading it waits for
+  // nothing else the device has queued since (DeferredScalar).
   std::deque<UnreadLoss> unread_;
   // The loader's thread reads the sampler: declared after it, so stopped
   // before it goes.
@@ -363,6 +364,8 @@ absl::Status Trainer::Step(int epoch, int64_t first, int64_t last) {
     return absl::InternalError(absl::StrCat("training step ", step_, ": ", e.what_without_backtrace()));
   }
   const auto compute_end = Clock::now();
+  // Queued now, the copy lands once backward is done.
+  const DeferredScalar loss_read = loss_sum.defined() ? DeferredScalar(loss_sum) : DeferredScalar();
   // Everything the hooks did not offer: all of it without hooks, and any
   // parameter that got no gradient (the shards expect every chunk).
   for (size_t i = 0; i < params_.size(); ++i) {
@@ -374,7 +377,7 @@ absl::Status Trainer::Step(int epoch, int64_t first, int64_t last) {
   absl::Status s = exchange_->Finish();
   if (!s.ok()) return absl::Status(s.code(), absl::StrCat("step ", step_, ": ", s.message()));
   const auto now = Clock::now();
-  unread_.push_back({step_ + 1, loss_sum, samples, Seconds(step_start, now), Seconds(compute_end, now), data_seconds,
+  unread_.push_back({step_ + 1, loss_read, samples, Seconds(step_start, now), Seconds(compute_end, now), data_seconds,
                      lr, grad_norm});
   ++step_;
   result_.samples += samples;
@@ -413,7 +416,7 @@ void Trainer::ReadLosses(bool all) {
   while (unread_.size() > (all ? 0u : 1u)) {
     const UnreadLoss& u = unread_.front();
     // Undefined: a step that trained no batch (see StepBatches.own).
-    const double loss = u.loss.defined() ? u.loss.item<double>() : 0.0;
+    const double loss = u.loss.defined() ? u.loss.Value() : 0.0;
     if (options_.on_step) options_.on_step(u.step, loss, u.samples, u.seconds, u.wait_seconds);
     if (u.loss.defined()) {
       window_.loss += loss;

@@ -1,0 +1,170 @@
+// The all-reduce exchange's handling of what the host no longer waits for
+// (see AllReduceExchange::Settle): NaN and Inf in the averaged gradients
+// under either policy, and clipping computed where the gradients are. A
+// one-rank Gloo group over a real socket and the in-process store, as an
+// all-reduce worker runs them. With a LibTorch that has fused SGD (2.4 on:
+// make test-torch2) the step is decided on the device and a REJECT shows at
+// the next Finish, Pull or Flush; with 1.13 the host checks at once. Both
+// must keep the same promises, which is what these tests hold them to.
+#include "worker/gradient_exchange.h"
+
+#include <ATen/Functions.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "absl/strings/match.h"
+#include "collective/collective.h"
+#include "common/partition_plan.h"
+#include "common/torch_compat.h"
+#include "table/shard_store.h"
+#include "worker/ps_client.h"
+
+namespace pstrain {
+namespace {
+
+constexpr double kLr = 0.1;
+
+class OneRank {
+ public:
+  OneRank(NonFinitePolicy policy, double clip = 0) {
+    CollectiveOptions co;
+    co.store = NewInMemoryStore();
+    co.hostname = "127.0.0.1";
+    auto c = CreateCollective("gloo", co);
+    EXPECT_TRUE(c.ok()) << c.status();
+    collective_ = std::move(*c);
+    ShardStoreOptions so;
+    store_ = std::make_unique<ShardStore>(so);
+    at::manual_seed(11);
+    params_ = {at::randn({4, 3}), at::randn({5})};
+    std::vector<ParameterSpec> specs = {{"w", {4, 3}, DT_FLOAT32}, {"b", {5}, DT_FLOAT32}};
+    auto plan = MakePartitionPlan(specs, 1, 16);
+    EXPECT_TRUE(plan.ok()) << plan.status();
+    PsClientOptions po;
+    po.job = "exchange-test";
+    po.plan = *plan;
+    auto ps = PsClient::Create(po, {store_.get()});
+    EXPECT_TRUE(ps.ok()) << ps.status();
+    ps_ = std::move(*ps);
+    ExchangeOptions eo;
+    eo.ps = ps_.get();
+    eo.params = params_;
+    eo.bucket_bytes = 20;  // a bucket per parameter
+    eo.collective = collective_.get();
+    eo.clip_grad_norm = clip;
+    eo.local_store = store_.get();
+    eo.job = po.job;
+    auto e = MakeAllReduceExchange(eo);
+    EXPECT_TRUE(e.ok()) << e.status();
+    exchange_ = std::move(*e);
+    TableConfig config;
+    config.mutable_optimizer()->set_kind(OptimizerConfig::SGD);
+    config.mutable_optimizer()->set_lr(kLr);
+    config.mutable_optimizer()->set_momentum(0.9);
+    config.set_consistency(SYNC);
+    config.set_num_workers(1);
+    config.set_nonfinite(policy);
+    absl::Status s = exchange_->InitTables(config);
+    EXPECT_TRUE(s.ok()) << s;
+  }
+
+  absl::Status Step(int64_t step, const std::vector<at::Tensor>& grads) {
+    exchange_->BeginStep(step, kLr);
+    for (size_t i = 0; i < grads.size(); ++i) exchange_->Offer(i, grads[i]);
+    return exchange_->Finish();
+  }
+  std::vector<at::Tensor> Values() const { return {params_[0].clone(), params_[1].clone()}; }
+  GradientExchange& exchange() { return *exchange_; }
+
+ private:
+  std::unique_ptr<Collective> collective_;
+  std::unique_ptr<ShardStore> store_;
+  std::unique_ptr<PsClient> ps_;
+  std::vector<at::Tensor> params_;
+  std::unique_ptr<GradientExchange> exchange_;
+};
+
+std::vector<at::Tensor> Grads(int seed) {
+  at::manual_seed(seed);
+  return {at::randn({4, 3}), at::randn({5})};
+}
+
+std::vector<at::Tensor> NonFinite() {
+  std::vector<at::Tensor> g = Grads(99);
+  g[0][1][2] = NAN;
+  g[1][4] = INFINITY;
+  return g;
+}
+
+bool Equal(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b) {
+  return at::equal(a[0], b[0]) && at::equal(a[1], b[1]);
+}
+
+// SKIP: the non-finite step changes nothing (values, momentum): training
+// goes on exactly as if it had never been.
+TEST(AllReduceExchangeTest, SkippedNonFiniteStepChangesNothing) {
+  OneRank run(NONFINITE_SKIP), ref(NONFINITE_SKIP);
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(run.Step(2 * i, Grads(i)).ok());
+    const std::vector<at::Tensor> before = run.Values();
+    ASSERT_TRUE(run.Step(2 * i + 1, NonFinite()).ok());
+    EXPECT_TRUE(Equal(run.Values(), before)) << "the skipped step " << 2 * i + 1 << " changed the values";
+    ASSERT_TRUE(ref.Step(i, Grads(i)).ok());
+  }
+  ASSERT_TRUE(run.exchange().Pull().ok());
+  EXPECT_TRUE(Equal(run.Values(), ref.Values())) << "a skipped step changed the momentum";
+}
+
+// REJECT: the job fails naming the step, at that step's Finish or, where
+// the device decided, at the next call that settles (Finish, Pull, Flush);
+// nothing of that step or any later one was applied, and every later call
+// fails the same way.
+TEST(AllReduceExchangeTest, RejectedNonFiniteStepFailsTheJobAndAppliesNothing) {
+  for (int probe = 0; probe < 3; ++probe) {
+    OneRank run(NONFINITE_REJECT);
+    ASSERT_TRUE(run.Step(0, Grads(1)).ok());
+    const std::vector<at::Tensor> before = run.Values();
+    absl::Status s = run.Step(1, NonFinite());
+    // Which path runs: the device's decides without telling the host now.
+    EXPECT_EQ(s.ok(), kHasFusedSgd) << s;
+    if (s.ok()) {
+      // Decided on the device: the next settling call tells.
+      if (probe == 0) s = run.Step(2, Grads(2));
+      if (probe == 1) s = run.exchange().Pull();
+      if (probe == 2) s = run.exchange().Flush(2);
+    }
+    ASSERT_FALSE(s.ok()) << "probe " << probe << ": a NaN step went unreported";
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_TRUE(absl::StrContains(s.message(), "step 1 have NaN or Inf")) << s;
+    EXPECT_TRUE(Equal(run.Values(), before)) << "probe " << probe << ": something was applied after the NaN step";
+    EXPECT_FALSE(run.exchange().Pull().ok()) << "the failure must stick";
+  }
+}
+
+// Clipping on the gradients' device: the first SGD step moves each value by
+// lr times the gradient scaled to the clip norm.
+TEST(AllReduceExchangeTest, ClipsTheAveragedGradientsToTheNorm) {
+  OneRank run(NONFINITE_REJECT, /*clip=*/0.5);
+  const std::vector<at::Tensor> start = run.Values();
+  const std::vector<at::Tensor> g = Grads(3);
+  const double norm = std::sqrt(g[0].to(at::kDouble).square().sum().item<double>() +
+                                g[1].to(at::kDouble).square().sum().item<double>());
+  ASSERT_GT(norm, 0.5);
+  ASSERT_TRUE(run.Step(0, g).ok());
+  const double coef = 0.5 / (norm + 1e-6);
+  const std::vector<at::Tensor> now = run.Values();
+  for (size_t i = 0; i < g.size(); ++i) {
+    at::Tensor expected = start[i].sub(g[i], kLr * coef);
+    EXPECT_TRUE(at::allclose(now[i], expected, 1e-5, 1e-6)) << "parameter " << i << " differs by "
+                                                            << now[i].sub(expected).abs().max().item<double>();
+  }
+  // A norm below the clip leaves the gradient alone.
+  OneRank small(NONFINITE_REJECT, /*clip=*/10 * norm);
+  const std::vector<at::Tensor> s0 = small.Values();
+  ASSERT_TRUE(small.Step(0, g).ok());
+  for (size_t i = 0; i < g.size(); ++i) EXPECT_TRUE(at::allclose(small.Values()[i], s0[i].sub(g[i], kLr), 1e-6, 1e-7));
+}
+
+}  // namespace
+}  // namespace pstrain

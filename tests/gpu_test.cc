@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "collective/collective.h"
 #include "tests/trainer_testing.h"
 #include "worker/device.h"
@@ -160,6 +161,28 @@ TEST(GpuTest, AllReduceNcclOneRankEqualsOneWorker) {
     EXPECT_TRUE(at::allclose(a, b, 1e-9, 1e-11))
         << ref[0]->parameters[i].first << " differs by " << a.sub(b).abs().max().item<double>();
   }
+}
+
+// A NaN step with NCCL: the host never waits for a step, so the verdict
+// comes from the device (fused SGD skipped the update) a step later; the job
+// fails naming the step.
+TEST(GpuTest, AllReduceNcclNaNStepFailsNamingIt) {
+  REQUIRE_CUDA();
+  if (!NcclBuilt()) GTEST_SKIP() << "this build has no NCCL backend (libpstrain_nccl.so)";
+  auto clean = LoadData(SyntheticSpec("x", "lenet").data, 7);
+  ASSERT_TRUE(clean.ok());
+  JobSpec one = SyntheticSpec("gpu-nccl-nan", "lenet");
+  one.mode = TrainMode::kAllReduce;
+  one.consistency = SYNC;
+  one.workers = 1;
+  one.shards = 0;
+  one.batch_size = 32;
+  one.max_steps = 8;
+  auto results = TrainAllReduce(one, WithNaNInBatch(*clean, one, 1, /*micro=*/3), 1, "nccl");
+  ASSERT_FALSE(results[0].ok()) << "trained through a NaN step";
+  EXPECT_EQ(results[0].status().code(), absl::StatusCode::kInvalidArgument) << results[0].status();
+  EXPECT_TRUE(absl::StrContains(results[0].status().message(), "gradients of step 3 have NaN or Inf"))
+      << results[0].status();
 }
 
 // Gloo reduces host copies of CUDA gradients: two ranks on one GPU train

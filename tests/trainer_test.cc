@@ -11,6 +11,7 @@
 #include <map>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "collective/collective.h"
 #include "tests/trainer_testing.h"
 #include "worker/model.h"
@@ -57,6 +58,30 @@ TEST(TrainerTest, AllReduceTwoWorkersEqualOneWorkerOnTheConcatenatedBatch) {
   two.clip_grad_norm = 5.0;    // applied to the averaged gradients
   auto results = RunTwoAllReduceWorkers(two, *data);
   ExpectLikeOneWorkerOnTheConcatenatedBatch(two, *data, results);
+}
+
+// NaN in one rank's batch: every rank's averaged gradient is NaN, and the
+// job (the table's default policy, REJECT) fails on every rank naming that
+// step -- at once where the host checks (LibTorch 1.13), at the next step
+// where the device decided (fused SGD, 2.4+) -- with nothing applied.
+TEST(TrainerTest, AllReduceNaNStepFailsEveryRankNamingIt) {
+  auto clean = LoadData(SyntheticSpec("x", "lenet").data, 7);
+  ASSERT_TRUE(clean.ok());
+  JobSpec two = SyntheticSpec("ar-nan", "lenet");
+  two.mode = TrainMode::kAllReduce;
+  two.consistency = SYNC;
+  two.workers = 2;
+  two.shards = 0;
+  two.batch_size = 16;
+  two.max_steps = 8;
+  const TrainTest data = WithNaNInBatch(*clean, two, 2, /*micro=*/3);
+  auto results = RunTwoAllReduceWorkers(two, data);
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_FALSE(results[r].ok()) << "rank " << r << " trained through a NaN step";
+    EXPECT_EQ(results[r].status().code(), absl::StatusCode::kInvalidArgument) << results[r].status();
+    EXPECT_TRUE(absl::StrContains(results[r].status().message(), "gradients of step 3 have NaN or Inf"))
+        << results[r].status();
+  }
 }
 
 std::vector<double> Losses(const std::vector<WorkerEvent>& events) {

@@ -7,6 +7,7 @@
 #include <ATen/ops/allclose.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -20,6 +21,7 @@
 #include "collective/collective.h"
 #include "table/shard_store.h"
 #include "worker/model.h"
+#include "worker/sampler.h"
 #include "worker/trainer.h"
 
 namespace pstrain {
@@ -134,6 +136,17 @@ inline std::string FashionMnistDir() {
   const char* env = std::getenv("PSTRAIN_FASHION_MNIST");
   const std::string dir = env != nullptr ? env : "/usr/share/datasets/fashion-mnist";
   return std::filesystem::exists(dir + "/train-images-idx3-ubyte.gz") ? dir : "";
+}
+
+// `data` with one NaN in the first example of rank 0's micro-batch `micro`
+// in epoch 0, for `world` ranks of `spec`: that step's gradients (and, in
+// all-reduce mode, every rank's averaged ones) are NaN.
+inline TrainTest WithNaNInBatch(const TrainTest& data, const JobSpec& spec, int world, int64_t micro) {
+  TrainTest out = data;
+  out.train.inputs = data.train.inputs.clone();
+  const std::vector<int64_t> order = DistributedSampler(data.train.size(), 0, world, spec.seed).Indices(0);
+  out.train.inputs[order.at(static_cast<size_t>(micro * spec.batch_size))].fill_(NAN);
+  return out;
 }
 
 // `two` trained by two workers gave `results`: both succeeded, agree exactly,

@@ -582,7 +582,7 @@ PYEOF
 gpu_ours_once() {  # gpu_ours_once ps|allreduce MODEL -> samples/s (all workers)
   local mode=$1 model=$2 run=$WORK/gpu.$RANDOM steps=${GPU_STEPS:-200} batch=${GPU_BATCH:-256}
   mkdir -p "$run"
-  local workers=2 shards=2
+  local workers=2 shards=${GPU_SHARDS:-2}
   [ "$mode" = allreduce ] && { workers=1; shards=0; }
   cat >"$run/job.yaml" <<YAML
 name: gpu-$mode
@@ -660,6 +660,7 @@ gpu() {
 import json
 ps, ar, torch1, ddp = $(col ps), $(col ar), $(col torch), $(col ddp)
 print(json.dumps({"bench": "gpu", "reps": $reps, "precision": "${GPU_PRECISION:-fp32}", "wire_dtype": "${GPU_WIRE:-fp32}",
+                  "ps_shards": ${GPU_SHARDS:-2},
                   "setup": "ResNet-18 (11.2M params), synthetic 1x28x28, batch ${GPU_BATCH:-256}, SGD momentum, one GPU",
                   "samples_per_s": {"pstrain_ps_2_workers": round(ps), "pstrain_allreduce_nccl_1": round(ar),
                                     "torch_one_process": round(torch1), "torch_ddp_nccl_1": round(ddp)},

@@ -257,13 +257,19 @@ class AllReduceExchange : public GradientExchange {
     // peer or a rejected step stops the job before this step changes
     // anything.
     absl::Status first = Settle();
+    // NCCL: the device waits for the reductions and the host goes on,
+    // checking them in the next Settle (next step, Pull, Flush) -- unless
+    // this step reads something on the host before its update (the fp16
+    // scaler's verdict; the finiteness check where the device cannot decide
+    // the step): a host read behind a reduction that never ends would hang
+    // past the collective's timeout, so then the host waits for them here.
+    const bool defer = on_device_ && options_.loss_scaler == nullptr && optimizer_ != nullptr &&
+                       optimizer_->CanStepUnlessFound();
     for (auto& r : reductions_) {
       absl::Status st;
       if (r == nullptr) {
         st = absl::InternalError("a bucket was never reduced");
-      } else if (on_device_) {
-        // NCCL: the device waits for the reduction, the host goes on; it
-        // checks the outcome in the next Settle (next step, Pull, Flush).
+      } else if (defer) {
         st = r->OrderComputeAfter();
         if (st.ok()) unverified_.push_back(std::move(r));
       } else {

@@ -42,6 +42,29 @@ inline JobSpec SyntheticSpec(const std::string& name, const std::string& model) 
   return spec;
 }
 
+// `workers` all-reduce workers of `model` on synthetic data (no shards),
+// `batch_size` each, `max_steps` steps.
+inline JobSpec AllReduceSpec(const std::string& name, const std::string& model, int workers, int64_t batch_size,
+                             int64_t max_steps) {
+  JobSpec spec = SyntheticSpec(name, model);
+  spec.mode = TrainMode::kAllReduce;
+  spec.consistency = SYNC;
+  spec.workers = workers;
+  spec.shards = 0;
+  spec.batch_size = batch_size;
+  spec.max_steps = max_steps;
+  return spec;
+}
+
+// A run that must have failed on a NaN step: INVALID_ARGUMENT naming `step`.
+inline void ExpectFailedOnNaNStep(const absl::StatusOr<TrainResult>& result, int64_t step) {
+  ASSERT_FALSE(result.ok()) << "trained through a NaN step";
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kInvalidArgument) << result.status();
+  EXPECT_NE(result.status().message().find("gradients of step " + std::to_string(step) + " have NaN or Inf"),
+            std::string::npos)
+      << result.status();
+}
+
 // Two SYNC workers of a LeNet on synthetic data, batch 16; ps mode on two
 // shards with several chunks and buckets, or all-reduce.
 inline JobSpec TwoWorkerSyncSpec(const std::string& name, TrainMode mode = TrainMode::kParameterServer) {

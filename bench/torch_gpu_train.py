@@ -83,7 +83,7 @@ def train(args):
         idx = order[(i * args.batch) % (args.examples - args.batch):][: args.batch]
         x = x_all.index_select(0, idx).pin_memory().to(device, non_blocking=True)
         y = y_all.index_select(0, idx).pin_memory().to(device, non_blocking=True)
-        opt.zero_grad(set_to_none=False)
+        opt.zero_grad()  # PyTorch's default: set_to_none=True (2.0 on), as pstrain's workers do
         if amp is None:
             loss = F.cross_entropy(model(x), y)
         else:

@@ -60,31 +60,31 @@ inline constexpr bool kCpuAutocastHasFp16 = true;
 inline constexpr bool kCpuAutocastHasFp16 = false;
 #endif
 
-// c10d::TCPStoreOptions::useLibUV (2.2 on; true by default from 2.4) picks
-// a libuv server that a LibTorch built without libuv (Debian's 2.6) refuses
-// at start: the classic server is plenty for a rendezvous. Detected by the
-// member, not the version, so either kind of build works.
 inline constexpr bool kHasFusedSgd = PSTRAIN_HAS_FUSED_SGD;
 
 // One SGD step of `params` (one dtype, one device, contiguous) unless
 // `found_inf` (a float32 scalar on their device) is 1, decided on the
 // device: PyTorch's SGD arithmetic (momentum, dampening, Nesterov, weight
-// decay; `bufs` empty when momentum is 0). Returns false, having done
-// nothing, where this LibTorch has no fused SGD.
+// decay; `bufs` empty when momentum is 0, else past their first update).
+// Returns false, having done nothing, where this LibTorch has no fused SGD.
 inline bool FusedSgdUnlessFound(at::TensorList params, at::TensorList grads, at::TensorList bufs, double weight_decay,
-                                double momentum, double lr, double dampening, bool nesterov, bool first_step,
+                                double momentum, double lr, double dampening, bool nesterov,
                                 const at::Tensor& found_inf) {
 #if PSTRAIN_HAS_FUSED_SGD
-  at::_fused_sgd_(params, grads, bufs, weight_decay, momentum, lr, dampening, nesterov, /*maximize=*/false, first_step,
-                  /*grad_scale=*/{}, found_inf);
+  at::_fused_sgd_(params, grads, bufs, weight_decay, momentum, lr, dampening, nesterov, /*maximize=*/false,
+                  /*is_first_step=*/false, /*grad_scale=*/{}, found_inf);
   return true;
 #else
   (void)params, (void)grads, (void)bufs, (void)weight_decay, (void)momentum, (void)lr, (void)dampening,
-      (void)nesterov, (void)first_step, (void)found_inf;
+      (void)nesterov, (void)found_inf;
   return false;
 #endif
 }
 
+// c10d::TCPStoreOptions::useLibUV (2.2 on; true by default from 2.4) picks
+// a libuv server that a LibTorch built without libuv (Debian's 2.6) refuses
+// at start: the classic server is plenty for a rendezvous. Detected by the
+// member, not the version, so either kind of build works.
 template <typename Options>
 auto UseClassicTcpStore(Options& o, int) -> decltype(o.useLibUV = false, void()) {
   o.useLibUV = false;

@@ -46,7 +46,7 @@ void TensorOptimizer::StepUnlessFound(const std::vector<at::Tensor>& grads, doub
   std::vector<at::Tensor> g;
   for (const at::Tensor& t : grads) g.push_back(t.contiguous());
   const bool done = FusedSgdUnlessFound(params_, g, bufs, config_.weight_decay(), mom, lr, config_.dampening(),
-                                        config_.nesterov(), /*first_step=*/false, found_nonfinite);
+                                        config_.nesterov(), found_nonfinite);
   TORCH_CHECK(done, "StepUnlessFound without fused SGD (check CanStepUnlessFound)");
   ++step_;
 }

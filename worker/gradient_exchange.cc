@@ -257,14 +257,16 @@ class AllReduceExchange : public GradientExchange {
     // peer or a rejected step stops the job before this step changes
     // anything.
     absl::Status first = Settle();
-    // NCCL: the device waits for the reductions and the host goes on,
-    // checking them in the next Settle (next step, Pull, Flush) -- unless
-    // this step reads something on the host before its update (the fp16
-    // scaler's verdict; the finiteness check where the device cannot decide
-    // the step): a host read behind a reduction that never ends would hang
-    // past the collective's timeout, so then the host waits for them here.
-    const bool defer = on_device_ && options_.loss_scaler == nullptr && optimizer_ != nullptr &&
-                       optimizer_->CanStepUnlessFound();
+    // Whether the device decides this step's update by itself (fused SGD
+    // where the averaged gradients lie, no fp16 verdict to read first).
+    const bool device_decides = options_.loss_scaler == nullptr && optimizer_ != nullptr &&
+                                optimizer_->CanStepUnlessFound() && (on_device_ || stager_->on_host());
+    // NCCL: then the device waits for the reductions and the host goes on,
+    // checking them in the next Settle (next step, Pull, Flush). Otherwise
+    // the host reads something before the update, and a read behind a
+    // reduction that never ends would hang past the collective's timeout:
+    // so the host waits for them here.
+    const bool defer = on_device_ && device_decides;
     for (auto& r : reductions_) {
       absl::Status st;
       if (r == nullptr) {
@@ -300,7 +302,7 @@ class AllReduceExchange : public GradientExchange {
       if (!s.ok() || !finite) return s;
     }
     if (options_.clip_grad_norm > 0) ClipOnDevice();
-    return ApplyLocally();
+    return ApplyLocally(device_decides);
   }
 
   void Abandon() override {
@@ -429,8 +431,9 @@ class AllReduceExchange : public GradientExchange {
   }
 
   // The averaged gradients update the parameters where they are, with the
-  // shards' arithmetic and their policy for NaN and Inf.
-  absl::Status ApplyLocally() {
+  // shards' arithmetic and their policy for NaN and Inf, decided on the
+  // device or (otherwise) read by the host first.
+  absl::Status ApplyLocally(bool device_decides) {
     c10::NoGradGuard no_grad;
     std::vector<at::Tensor> grads(options_.params.size());
     for (size_t b = 0; b < buckets_.size(); ++b) {
@@ -455,7 +458,7 @@ class AllReduceExchange : public GradientExchange {
       return absl::OkStatus();
     }
     at::Tensor found = FoundNonFinite();
-    if (optimizer_->CanStepUnlessFound() && found.device() == options_.device) {
+    if (device_decides) {
       // Decided on the device: a non-finite step changes nothing, and the
       // host learns it (REJECT) in the next Settle, without waiting now.
       optimizer_->StepUnlessFound(grads, lr_, found);

@@ -4,7 +4,7 @@
 # alternation cancels the drift). For checking that a change to the shard
 # or the codec costs nothing.
 #
-#   bench/ab_pushpull.sh OLD_BAZEL_BIN NEW_BAZEL_BIN [REPS]
+#   [AB_WIRE=bf16|fp16] bench/ab_pushpull.sh OLD_BAZEL_BIN NEW_BAZEL_BIN [REPS]
 #   e.g. git worktree add /tmp/old HEAD~3 && (cd /tmp/old && bazel build //server/ps:pstrain-ps //bench:pushpull_bench)
 #        bench/ab_pushpull.sh /tmp/old/bazel-bin bazel-bin 5
 #
@@ -42,7 +42,7 @@ once() {  # once BIN MODEL -> GB/s of both workers together
   start=$(( $(date +%s%3N) + 3000 ))
   for w in 0 1; do
     "$bin/bench/pushpull_bench" --role=worker --shards="$shards" --model="$model" --worker=$w --num_workers=2 \
-      --start_at_ms=$start --seconds=6 $(requests_flag "$bin") >"$run/w$w.json" 2>"$run/w$w.log" </dev/null &
+      --start_at_ms=$start --seconds=6 $(requests_flag "$bin") --wire_dtype="${AB_WIRE:-fp32}" >"$run/w$w.json" 2>"$run/w$w.log" </dev/null &
     wp+=($!)
   done
   wait "${wp[@]}"

@@ -184,49 +184,57 @@ absl::StatusOr<TensorBuffer> Contiguous(const TensorBuffer& t) {
 
 namespace {
 
-uint16_t FloatToBf16(uint32_t x) {
-  if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((x >> 16) | 0x40u);  // quiet NaN
-  x += 0x7fffu + ((x >> 16) & 1u);
-  return static_cast<uint16_t>(x >> 16);
+// The conversions are written without branches (each case computed, one
+// selected by a mask) so that the element loops below vectorize: they run
+// over every gradient a worker sends and every value a shard answers with
+// when the wire dtype is narrow. (A ternary leaves control flow that GCC
+// 12's vectorizer refuses in the float16 loops.)
+inline uint32_t Select(bool c, uint32_t if_true, uint32_t if_false) {
+  const uint32_t mask = 0u - static_cast<uint32_t>(c);
+  return (if_true & mask) | (if_false & ~mask);
+}
+
+inline uint16_t FloatToBf16(uint32_t x) {
+  const uint32_t rounded = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;
+  const uint32_t quiet_nan = (x >> 16) | 0x40u;
+  // Signed compares: AVX2 has no unsigned ones, and |x| fits.
+  return static_cast<uint16_t>(Select(static_cast<int32_t>(x & 0x7fffffffu) > 0x7f800000, quiet_nan, rounded));
 }
 
 // F. Giesen's round-to-nearest-even float -> half, no tables.
-uint16_t FloatToHalf(uint32_t x) {
+inline uint16_t FloatToHalf(uint32_t x) {
   const uint32_t sign = x & 0x80000000u;
   x ^= sign;
-  uint16_t o;
-  if (x >= 0x47800000u) {  // >= 65520: Inf (NaN stays NaN)
-    o = x > 0x7f800000u ? 0x7e00 : 0x7c00;
-  } else if (x < 0x38800000u) {  // a float16 subnormal or zero
-    float f;
-    std::memcpy(&f, &x, 4);
-    f += 0.5f;
-    uint32_t b;
-    std::memcpy(&b, &f, 4);
-    o = static_cast<uint16_t>(b - 0x3f000000u);
-  } else {
-    const uint32_t mant_odd = (x >> 13) & 1u;
-    x += (static_cast<uint32_t>(15 - 127) << 23) + 0xfffu;
-    x += mant_odd;
-    o = static_cast<uint16_t>(x >> 13);
-  }
-  return static_cast<uint16_t>(o | (sign >> 16));
+  const int32_t magnitude = static_cast<int32_t>(x);
+  // >= 65520: Inf (NaN stays NaN).
+  const uint32_t inf_nan = Select(magnitude > 0x7f800000, 0x7e00u, 0x7c00u);
+  // A float16 subnormal or zero: the float adder rounds.
+  float f;
+  std::memcpy(&f, &x, 4);
+  f += 0.5f;
+  uint32_t b;
+  std::memcpy(&b, &f, 4);
+  const uint32_t subnormal = b - 0x3f000000u;
+  // Normal: rebias the exponent, round the 13 bits dropped to nearest even.
+  const uint32_t normal = (x + (static_cast<uint32_t>(15 - 127) << 23) + 0xfffu + ((x >> 13) & 1u)) >> 13;
+  const uint32_t o = Select(magnitude >= 0x47800000, inf_nan, Select(magnitude < 0x38800000, subnormal, normal));
+  return static_cast<uint16_t>((o & 0xffffu) | (sign >> 16));
 }
 
-uint32_t HalfToFloat(uint16_t h) {
+inline uint32_t HalfToFloat(uint16_t h) {
   constexpr uint32_t kShiftedExp = 0x7c00u << 13;
-  uint32_t o = (h & 0x7fffu) << 13;
-  const uint32_t exp = kShiftedExp & o;
-  o += static_cast<uint32_t>(127 - 15) << 23;
-  if (exp == kShiftedExp) {
-    o += static_cast<uint32_t>(128 - 16) << 23;  // Inf, NaN
-  } else if (exp == 0) {                          // zero, subnormal
-    o += 1u << 23;
-    float f;
-    std::memcpy(&f, &o, 4);
-    f -= 6.103515625e-05f;  // 2^-14
-    std::memcpy(&o, &f, 4);
-  }
+  const uint32_t shifted = (static_cast<uint32_t>(h) & 0x7fffu) << 13;
+  const uint32_t exp = kShiftedExp & shifted;
+  const uint32_t normal = shifted + (static_cast<uint32_t>(127 - 15) << 23);
+  const uint32_t inf_nan = normal + (static_cast<uint32_t>(128 - 16) << 23);
+  // Zero and subnormals: let the float unit renormalise.
+  const uint32_t biased = normal + (1u << 23);
+  float f;
+  std::memcpy(&f, &biased, 4);
+  f -= 6.103515625e-05f;  // 2^-14
+  uint32_t subnormal;
+  std::memcpy(&subnormal, &f, 4);
+  const uint32_t o = Select(exp == kShiftedExp, inf_nan, Select(exp == 0, subnormal, normal));
   return o | (static_cast<uint32_t>(h & 0x8000u) << 16);
 }
 
@@ -234,6 +242,18 @@ uint32_t HalfToFloat(uint16_t h) {
 
 bool IsNarrowFloat(DataType dtype) { return dtype == DT_BFLOAT16 || dtype == DT_FLOAT16; }
 
+// The element loops run over every byte a narrow wire dtype carries, on both
+// ends: AVX2 where the CPU has it (chosen when the program loads; the build
+// targets any x86-64). Integer arithmetic and one float add or subtract per
+// element, no FMA: both builds give the same bits (wire_dtype_test checks
+// them against LibTorch's conversions).
+#if defined(__x86_64__)
+#define PSTRAIN_AVX2_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define PSTRAIN_AVX2_CLONES
+#endif
+
+PSTRAIN_AVX2_CLONES
 bool WidenElements(DataType from, const uint8_t* src_bytes, size_t n, float* dst_float) {
   // src at any address (a received slice): unaligned loads.
   auto src = [src_bytes](size_t i) {
@@ -259,6 +279,7 @@ bool WidenElements(DataType from, const uint8_t* src_bytes, size_t n, float* dst
   return all_ones_exponent == 0;
 }
 
+PSTRAIN_AVX2_CLONES
 void NarrowElements(DataType to, const float* src_float, float* residual, size_t n, uint8_t* dst_bytes) {
   const uint32_t* src = reinterpret_cast<const uint32_t*>(src_float);
   uint16_t* dst = reinterpret_cast<uint16_t*>(dst_bytes);
@@ -271,23 +292,34 @@ void NarrowElements(DataType to, const float* src_float, float* residual, size_t
     }
     return;
   }
-  for (size_t i = 0; i < n; ++i) {
-    const float want = src_float[i] + residual[i];
-    uint32_t bits;
-    std::memcpy(&bits, &want, 4);
-    const uint16_t narrow = bf16 ? FloatToBf16(bits) : FloatToHalf(bits);
-    const uint32_t back = bf16 ? static_cast<uint32_t>(narrow) << 16 : HalfToFloat(narrow);
-    float sent;
-    std::memcpy(&sent, &back, 4);
-    dst[i] = narrow;
-    // An Inf or NaN sent leaves no residual to carry (it would poison every
-    // later step); the shard's non-finite policy deals with the step.
-    const float lost = want - sent;
-    residual[i] = lost - lost == 0.0f ? lost : 0.0f;
+  // One loop per dtype, so each is a straight line the vectorizer takes.
+  auto with_feedback = [&](auto narrow, auto widen) {
+    for (size_t i = 0; i < n; ++i) {
+      const float want = src_float[i] + residual[i];
+      uint32_t bits;
+      std::memcpy(&bits, &want, 4);
+      const uint16_t narrowed = narrow(bits);
+      const uint32_t back = widen(narrowed);
+      float sent;
+      std::memcpy(&sent, &back, 4);
+      dst[i] = narrowed;
+      // An Inf or NaN sent leaves no residual to carry (it would poison every
+      // later step); the shard's non-finite policy deals with the step.
+      const float lost = want - sent;
+      uint32_t lost_bits;
+      std::memcpy(&lost_bits, &lost, 4);
+      lost_bits = Select(lost - lost == 0.0f, lost_bits, 0u);
+      std::memcpy(&residual[i], &lost_bits, 4);
+    }
+  };
+  if (bf16) {
+    with_feedback(FloatToBf16, [](uint16_t h) { return static_cast<uint32_t>(h) << 16; });
+  } else {
+    with_feedback(FloatToHalf, HalfToFloat);
   }
-  (void)src;
 }
 
+PSTRAIN_AVX2_CLONES
 void RoundThrough(DataType narrow, const float* src_float, size_t n, float* dst_float) {
   const uint32_t* src = reinterpret_cast<const uint32_t*>(src_float);
   uint32_t* dst = reinterpret_cast<uint32_t*>(dst_float);
@@ -297,6 +329,8 @@ void RoundThrough(DataType narrow, const float* src_float, size_t n, float* dst_
     for (size_t i = 0; i < n; ++i) dst[i] = HalfToFloat(FloatToHalf(src[i]));
   }
 }
+
+#undef PSTRAIN_AVX2_CLONES
 
 absl::StatusOr<TensorBuffer> WidenToFloat32(const TensorBuffer& t) {
   if (!IsNarrowFloat(t.dtype)) {

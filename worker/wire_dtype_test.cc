@@ -54,6 +54,20 @@ TEST(WireDtypeTest, NarrowingMatchesLibTorchBitForBit) {
                       << Bits(v[i]) << "): ours 0x" << ours[i] << ", LibTorch 0x" << t[i];
       }
     }
+    // With error feedback (residuals zero, as on the first step) the same
+    // bits go out -- but for -0, which plus the residual +0 goes as +0 --
+    // and each residual is exactly what the rounding lost (none where what
+    // went out is not finite).
+    std::vector<uint16_t> fed(v.size());
+    std::vector<float> residual(v.size(), 0.0f);
+    NarrowElements(dtype, v.data(), residual.data(), v.size(), reinterpret_cast<uint8_t*>(fed.data()));
+    for (size_t i = 0; i < v.size(); ++i) {
+      const uint16_t expect = Bits(v[i]) == 0x80000000u ? 0 : ours[i];
+      ASSERT_EQ(fed[i], expect) << "with feedback, element " << i << " (" << v[i] << ")";
+    }
+    const at::Tensor lost = src - theirs.to(at::kFloat);
+    const at::Tensor expect_residual = at::where(at::isfinite(lost), lost, at::zeros_like(lost)).contiguous();
+    EXPECT_EQ(std::memcmp(residual.data(), expect_residual.data_ptr<float>(), v.size() * 4), 0);
     // Widening: exact, as LibTorch's.
     std::vector<float> back(v.size());
     const bool finite = WidenElements(dtype, reinterpret_cast<const uint8_t*>(ours.data()), v.size(), back.data());

@@ -396,7 +396,6 @@ void PsClient::PushPullAsync(int64_t step, const std::vector<size_t>& params,
     auto grad_views = ChunkViewsOf(options_.plan, part.ids, [&](size_t p) -> const at::Tensor& {
       return grads[position[p]];
     });
-    if (grad_views.ok()) grad_views = ForWire(std::move(*grad_views), part.ids);
     auto dest = ChunkViewsOf(options_.plan, part.ids, [&](size_t p) -> const at::Tensor& {
       return intos[position[p]];
     });
@@ -408,13 +407,21 @@ void PsClient::PushPullAsync(int64_t step, const std::vector<size_t>& params,
       continue;
     }
     state->values[k] = std::move(*dest);
-    for (const TensorBuffer& b : *grad_views) state->bytes[k] += 2 * static_cast<int64_t>(b.nbytes);
     AddressedPush(state->requests[k], part.ids, step, lr);
+    // A narrow wire dtype: the part's gradients are narrowed when its turn
+    // comes, on the thread that sends it (a gRPC thread for all but the
+    // first parts), so the first request goes out after one part's
+    // narrowing, not the whole bucket's, and the parts' narrowing overlaps
+    // the requests in flight. Each chunk is in one part, so its error
+    // feedback residual is touched by one thread per step.
     // The shard writes into the destination views (the `intos` tensors).
     Admit(s, [this, s, state, k, opts, sent, finish, views = std::make_shared<std::vector<TensorBuffer>>(
                                                       std::move(*grad_views))]() mutable {
+      absl::StatusOr<std::vector<TensorBuffer>> wire = ForWire(std::move(*views), state->parts[k].ids);
       sent();
-      shards_[s]->PushPull(state->requests[k], std::move(*views), &state->responses[k], &state->values[k], opts,
+      if (!wire.ok()) return finish(wire.status());
+      for (const TensorBuffer& b : *wire) state->bytes[k] += 2 * static_cast<int64_t>(b.nbytes);
+      shards_[s]->PushPull(state->requests[k], std::move(*wire), &state->responses[k], &state->values[k], opts,
                            finish);
     });
   }

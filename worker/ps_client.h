@@ -136,8 +136,8 @@ class PsClient {
   std::vector<ParameterStore*> shards_;
   // param_chunks_[p][s]: chunk indices of parameter p on shard s.
   std::vector<std::vector<std::vector<size_t>>> param_chunks_;
-  // Error feedback: per chunk, what rounding lost (chunks of one bucket are
-  // narrowed by one thread at a time).
+  // Error feedback: per chunk, what rounding lost (a chunk is in one
+  // request of a step, narrowed by the thread that sends it).
   std::vector<std::vector<float>> residual_;
   struct ShardTurns {
     std::mutex mu;

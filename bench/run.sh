@@ -642,16 +642,18 @@ gpu_torch_once() {  # gpu_torch_once DDP(0|1) MODEL -> samples/s
 }
 
 gpu() {
-  local reps=${1:-3} model=$WORK/resnet18.pt
+  local reps=${1:-3} model=$WORK/resnet18.pt lines=" ${GPU_LINES:-ps ar torch ddp} "
   $PY bench/torch_gpu_train.py model "$model"
   declare -A runs
   for r in $(seq "$reps"); do
-    log "rep $r/$reps: pstrain ps (2 workers, 1 GPU)"; runs[ps]+="$(gpu_ours_once ps "$model")"$'\n'
-    log "rep $r/$reps: pstrain all-reduce (nccl, 1 rank)"; runs[ar]+="$(gpu_ours_once allreduce "$model")"$'\n'
-    log "rep $r/$reps: torch (one process)"; runs[torch]+="$(gpu_torch_once 0 "$model")"$'\n'
-    log "rep $r/$reps: torch DDP (nccl, 1 rank)"; runs[ddp]+="$(gpu_torch_once 1 "$model")"$'\n'
+    [[ $lines == *" ps "* ]] && { log "rep $r/$reps: pstrain ps (2 workers, 1 GPU)"; runs[ps]+="$(gpu_ours_once ps "$model")"$'\n'; }
+    [[ $lines == *" ar "* ]] && { log "rep $r/$reps: pstrain all-reduce (nccl, 1 rank)"; runs[ar]+="$(gpu_ours_once allreduce "$model")"$'\n'; }
+    [[ $lines == *" torch "* ]] && { log "rep $r/$reps: torch (one process)"; runs[torch]+="$(gpu_torch_once 0 "$model")"$'\n'; }
+    [[ $lines == *" ddp "* ]] && { log "rep $r/$reps: torch DDP (nccl, 1 rank)"; runs[ddp]+="$(gpu_torch_once 1 "$model")"$'\n'; }
   done
-  col() { printf '%s' "${runs[$1]}" | awk 'NF {print $1}' | median; }
+  # A line left out (GPU_LINES) is 0 (the median of nothing), and so are
+  # the ratios it is part of.
+  col() { printf '%s' "${runs[$1]:-}" | awk 'NF {print $1}' | median; }
   printf '\n%-36s %12s   (ResNet-18, 1x28x28, batch %s, %s, medians of %s runs)\n' "GPU training" "samples/s" \
     "${GPU_BATCH:-256}" "${GPU_PRECISION:-fp32}" "$reps" >&2
   printf '%-36s %12.0f\n' "pstrain ps, 2 workers" "$(col ps)" "pstrain all-reduce, nccl, 1 rank" "$(col ar)" \
@@ -659,12 +661,13 @@ gpu() {
   $PY - <<PYEOF
 import json
 ps, ar, torch1, ddp = $(col ps), $(col ar), $(col torch), $(col ddp)
+ratio = lambda a, b: round(a / b, 3) if a and b else 0
 print(json.dumps({"bench": "gpu", "reps": $reps, "precision": "${GPU_PRECISION:-fp32}", "wire_dtype": "${GPU_WIRE:-fp32}",
-                  "ps_shards": ${GPU_SHARDS:-2},
+                  "ps_shards": ${GPU_SHARDS:-2}, "ps_requests_in_flight": ${GPU_REQUESTS_IN_FLIGHT:-2},
                   "setup": "ResNet-18 (11.2M params), synthetic 1x28x28, batch ${GPU_BATCH:-256}, SGD momentum, one GPU",
                   "samples_per_s": {"pstrain_ps_2_workers": round(ps), "pstrain_allreduce_nccl_1": round(ar),
                                     "torch_one_process": round(torch1), "torch_ddp_nccl_1": round(ddp)},
-                  "ratios": {"allreduce_vs_torch_ddp": round(ar / ddp, 3), "ps_vs_torch_one_process": round(ps / torch1, 3)}}))
+                  "ratios": {"allreduce_vs_torch_ddp": ratio(ar, ddp), "ps_vs_torch_one_process": ratio(ps, torch1)}}))
 PYEOF
 }
 

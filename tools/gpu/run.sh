@@ -9,6 +9,9 @@
 #           collective, all-reduce exchange and device optimizer tests, against
 #           this LibTorch
 #   bench   bench/run.sh gpu REPS (GPU_PRECISION=bf16|fp16 for mixed precision)
+#   sweep   the ps line only, REPS runs of each setting: wire fp32|bf16 x
+#           2|4 shard processes x 2|unlimited requests in flight per shard,
+#           then torch in one process, in the same call (default REPS 2)
 #
 # Settings: PSTRAIN_LIBTORCH (default: the torch of $PSTRAIN_PY, python3),
 # PSTRAIN_GPU_WORK (build and prefix, default /tmp/pstrain-gpu), OUT (if
@@ -74,6 +77,17 @@ while [ $i -lt ${#ACTIONS[@]} ]; do
       if [[ "${ACTIONS[$((i + 1))]:-}" =~ ^[0-9]+$ ]]; then i=$((i + 1)); reps=${ACTIONS[$i]}; fi
       PSTRAIN_PY=$PY PSTRAIN_BIN=$BIN bench/run.sh gpu "$reps" 2>&1 | tee "$LOGS/bench.log"
       SUMMARY+=("bench: $(tail -1 "$LOGS/bench.log")") ;;
+    sweep)
+      reps=2
+      if [[ "${ACTIONS[$((i + 1))]:-}" =~ ^[0-9]+$ ]]; then i=$((i + 1)); reps=${ACTIONS[$i]}; fi
+      for wire in fp32 bf16; do for shards in 2 4; do for inflight in 2 0; do
+        line=$(GPU_LINES=ps GPU_WIRE=$wire GPU_SHARDS=$shards GPU_REQUESTS_IN_FLIGHT=$inflight PSTRAIN_PY=$PY \
+          PSTRAIN_BIN=$BIN bench/run.sh gpu "$reps" 2>>"$LOGS/sweep.log" | tail -1)
+        echo "$line" >>"$LOGS/sweep.log"
+        SUMMARY+=("ps wire $wire, $shards shards, in flight $inflight: $($PY -c 'import json,sys; print(json.loads(sys.argv[1])["samples_per_s"]["pstrain_ps_2_workers"])' "$line") samples/s")
+      done; done; done
+      line=$(GPU_LINES=torch PSTRAIN_PY=$PY PSTRAIN_BIN=$BIN bench/run.sh gpu "$reps" 2>>"$LOGS/sweep.log" | tail -1)
+      SUMMARY+=("torch, one process: $($PY -c 'import json,sys; print(json.loads(sys.argv[1])["samples_per_s"]["torch_one_process"])' "$line") samples/s") ;;
     *) say "unknown action ${ACTIONS[$i]}"; exit 2 ;;
   esac
   i=$((i + 1))

@@ -228,6 +228,9 @@ absl::Status CheckValues(const JobSpec& spec, const MappingReader& r) {
     return r.Error("replacement_timeout_s", "must be in 0..86400");
   }
   if (spec.log_every_steps < 1) return r.Error("log_every_steps", "must be >= 1");
+  if (spec.eval_every_epochs < 0 || spec.eval_every_epochs > 1000000) {
+    return r.Error("eval_every_epochs", "must be in 0..1000000 (0: only at the end)");
+  }
   return absl::OkStatus();
 }
 
@@ -336,6 +339,7 @@ absl::StatusOr<JobSpec> ParseJobSpecOrThrow(const std::string& yaml, const std::
   RETURN_IF_ERROR(r.Read("min_workers", &spec.min_workers));
   RETURN_IF_ERROR(r.Read("replacement_timeout_s", &spec.replacement_timeout_s));
   RETURN_IF_ERROR(r.Read("log_every_steps", &spec.log_every_steps));
+  RETURN_IF_ERROR(r.Read("eval_every_epochs", &spec.eval_every_epochs));
   RETURN_IF_ERROR(r.Check());
 
   if (consistency == "async") {

@@ -121,6 +121,9 @@ struct JobSpec {
   int min_workers = -1;  // -1: workers
   int replacement_timeout_s = 0;
   int log_every_steps = 20;
+  // Rank 0 evaluates on the test set after every this many epochs while
+  // training (the others go on); 0: only once, at the end.
+  int eval_every_epochs = 1;
 };
 
 // Parses YAML text. `origin` (a file name) prefixes error messages.

@@ -130,6 +130,8 @@ TEST(JobSpecTest, RefusesUnknownFieldsAndBadValuesNamingTheField) {
       {"min_workers: 0", "min_workers"},
       {"mode: allreduce\nworkers: 3\nmin_workers: 2", "min_workers"},
       {"replacement_timeout_s: -1", "replacement_timeout_s"},
+      {"eval_every_epochs: -1", "eval_every_epochs"},
+      {"eval_every_epochs: 2000000", "eval_every_epochs"},
       {"data: {format: csv}", "data.train_csv"},
       {"epochs: [1, 2]", "epochs"},
       {"data: 3", "data"},
@@ -163,6 +165,10 @@ TEST(JobSpecTest, RefusesUnknownFieldsAndBadValuesNamingTheField) {
   ASSERT_TRUE(elastic.ok()) << elastic.status();
   EXPECT_EQ(elastic->min_workers, 2);
   EXPECT_EQ(elastic->replacement_timeout_s, 30);
+  EXPECT_EQ(elastic->eval_every_epochs, 1);
+  auto end_only = ParseJobSpec("eval_every_epochs: 0\n");
+  ASSERT_TRUE(end_only.ok()) << end_only.status();
+  EXPECT_EQ(end_only->eval_every_epochs, 0);
   EXPECT_EQ(LoadJobSpec("/nonexistent.yaml").status().code(), absl::StatusCode::kNotFound);
 }
 

@@ -107,6 +107,40 @@ TEST(TrainerTest, TorchScriptModuleWrittenInPythonTrains) {
   EXPECT_EQ(result->parameters.front().first, "conv.weight");
 }
 
+// eval_every_epochs: rank 0 evaluates after every N epochs while training
+// (never after the last: the final evaluation follows it), or only at the
+// end with 0.
+TEST(TrainerTest, EvaluatesEveryNEpochsOrOnlyAtTheEnd) {
+  JobSpec spec = SyntheticSpec("eval-every", "mlp");
+  spec.batch_size = 256;  // 8 steps an epoch
+  spec.epochs = 6;
+  auto data = LoadData(spec.data, spec.seed);
+  ASSERT_TRUE(data.ok());
+  for (auto [every, expect] : {std::pair{1, std::vector<int>{1, 2, 3, 4, 5}}, std::pair{2, std::vector<int>{2, 4}},
+                               std::pair{4, std::vector<int>{4}}, std::pair{0, std::vector<int>{}}}) {
+    spec.eval_every_epochs = every;
+    Shards shards(1);
+    TrainerOptions o;
+    o.spec = spec;
+    o.shards = shards.ptrs;
+    o.write_weights = false;
+    std::vector<int> mid_run;
+    int finals = 0;
+    o.emit = [&](const WorkerEvent& e) {
+      if (!e.has_eval()) return;
+      if (e.eval().final()) {
+        ++finals;
+      } else {
+        mid_run.push_back(e.eval().epoch());
+      }
+    };
+    auto result = RunTrainer(o, *data);
+    ASSERT_TRUE(result.ok()) << result.status();
+    EXPECT_EQ(mid_run, expect) << "eval_every_epochs " << every;
+    EXPECT_EQ(finals, 1) << "eval_every_epochs " << every;
+  }
+}
+
 // bf16 autocast on the CPU (what CI can run): forward and backward in bf16,
 // the parameters and the shard's optimizer in fp32. It must really change
 // the arithmetic (the parameters differ from fp32's) and still train as

@@ -576,7 +576,8 @@ absl::StatusOr<TrainResult> Trainer::Run() {
       ReadLosses(/*all=*/log_now);
       if (log_now) EmitProgress(epoch);
     }
-    if (options_.rank == 0 && data_.test.size() > 0 && epoch + 1 < spec_.epochs && step_ < total_steps_) {
+    if (options_.rank == 0 && data_.test.size() > 0 && epoch + 1 < spec_.epochs && step_ < total_steps_ &&
+        spec_.eval_every_epochs > 0 && (epoch + 1) % spec_.eval_every_epochs == 0) {
       // Mid-run evaluation with the current values (others keep training).
       activity_.Enter(WorkerActivity::EVALUATING, step_);
       s = exchange_->Pull();

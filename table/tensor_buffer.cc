@@ -245,8 +245,8 @@ bool IsNarrowFloat(DataType dtype) { return dtype == DT_BFLOAT16 || dtype == DT_
 // The element loops run over every byte a narrow wire dtype carries, on both
 // ends: AVX2 where the CPU has it (chosen when the program loads; the build
 // targets any x86-64). Integer arithmetic and one float add or subtract per
-// element, no FMA: both builds give the same bits (wire_dtype_test checks
-// them against LibTorch's conversions).
+// element, no FMA, so both builds compute the same bits; wire_dtype_test
+// checks the one the machine picks against LibTorch's conversions.
 #if defined(__x86_64__)
 #define PSTRAIN_AVX2_CLONES __attribute__((target_clones("avx2", "default")))
 #else

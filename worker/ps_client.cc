@@ -409,11 +409,11 @@ void PsClient::PushPullAsync(int64_t step, const std::vector<size_t>& params,
     state->values[k] = std::move(*dest);
     AddressedPush(state->requests[k], part.ids, step, lr);
     // A narrow wire dtype: the part's gradients are narrowed when its turn
-    // comes, on the thread that sends it (a gRPC thread for all but the
-    // first parts), so the first request goes out after one part's
-    // narrowing, not the whole bucket's, and the parts' narrowing overlaps
-    // the requests in flight. Each chunk is in one part, so its error
-    // feedback residual is touched by one thread per step.
+    // comes, on the thread that sends it (a gRPC thread once the shard's
+    // requests_in_flight are taken), so the first request goes out after
+    // one part's narrowing, not the whole bucket's, and the parts'
+    // narrowing overlaps the requests in flight. Each chunk is in one part,
+    // so its error feedback residual is touched by one thread per step.
     // The shard writes into the destination views (the `intos` tensors).
     Admit(s, [this, s, state, k, opts, sent, finish, views = std::make_shared<std::vector<TensorBuffer>>(
                                                       std::move(*grad_views))]() mutable {

@@ -27,12 +27,26 @@ constexpr double kLr = 0.1;
 
 class OneRank {
  public:
-  OneRank(NonFinitePolicy policy, double clip = 0) {
+  // A constructor cannot ASSERT: a test asserts status() first.
+  OneRank(NonFinitePolicy policy, double clip = 0) { status_ = Init(policy, clip); }
+  const absl::Status& status() const { return status_; }
+
+  absl::Status Step(int64_t step, const std::vector<at::Tensor>& grads) {
+    if (!status_.ok()) return status_;
+    exchange_->BeginStep(step, kLr);
+    for (size_t i = 0; i < grads.size(); ++i) exchange_->Offer(i, grads[i]);
+    return exchange_->Finish();
+  }
+  std::vector<at::Tensor> Values() const { return {params_[0].clone(), params_[1].clone()}; }
+  GradientExchange& exchange() { return *exchange_; }
+
+ private:
+  absl::Status Init(NonFinitePolicy policy, double clip) {
     CollectiveOptions co;
     co.store = NewInMemoryStore();
     co.hostname = "127.0.0.1";
     auto c = CreateCollective("gloo", co);
-    EXPECT_TRUE(c.ok()) << c.status();
+    if (!c.ok()) return c.status();
     collective_ = std::move(*c);
     ShardStoreOptions so;
     store_ = std::make_unique<ShardStore>(so);
@@ -40,12 +54,12 @@ class OneRank {
     params_ = {at::randn({4, 3}), at::randn({5})};
     std::vector<ParameterSpec> specs = {{"w", {4, 3}, DT_FLOAT32}, {"b", {5}, DT_FLOAT32}};
     auto plan = MakePartitionPlan(specs, 1, 16);
-    EXPECT_TRUE(plan.ok()) << plan.status();
+    if (!plan.ok()) return plan.status();
     PsClientOptions po;
     po.job = "exchange-test";
     po.plan = *plan;
     auto ps = PsClient::Create(po, {store_.get()});
-    EXPECT_TRUE(ps.ok()) << ps.status();
+    if (!ps.ok()) return ps.status();
     ps_ = std::move(*ps);
     ExchangeOptions eo;
     eo.ps = ps_.get();
@@ -56,7 +70,7 @@ class OneRank {
     eo.local_store = store_.get();
     eo.job = po.job;
     auto e = MakeAllReduceExchange(eo);
-    EXPECT_TRUE(e.ok()) << e.status();
+    if (!e.ok()) return e.status();
     exchange_ = std::move(*e);
     TableConfig config;
     config.mutable_optimizer()->set_kind(OptimizerConfig::SGD);
@@ -65,19 +79,10 @@ class OneRank {
     config.set_consistency(SYNC);
     config.set_num_workers(1);
     config.set_nonfinite(policy);
-    absl::Status s = exchange_->InitTables(config);
-    EXPECT_TRUE(s.ok()) << s;
+    return exchange_->InitTables(config);
   }
 
-  absl::Status Step(int64_t step, const std::vector<at::Tensor>& grads) {
-    exchange_->BeginStep(step, kLr);
-    for (size_t i = 0; i < grads.size(); ++i) exchange_->Offer(i, grads[i]);
-    return exchange_->Finish();
-  }
-  std::vector<at::Tensor> Values() const { return {params_[0].clone(), params_[1].clone()}; }
-  GradientExchange& exchange() { return *exchange_; }
-
- private:
+  absl::Status status_;
   std::unique_ptr<Collective> collective_;
   std::unique_ptr<ShardStore> store_;
   std::unique_ptr<PsClient> ps_;
@@ -105,6 +110,8 @@ bool Equal(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b) {
 // goes on exactly as if it had never been.
 TEST(AllReduceExchangeTest, SkippedNonFiniteStepChangesNothing) {
   OneRank run(NONFINITE_SKIP), ref(NONFINITE_SKIP);
+  ASSERT_TRUE(run.status().ok()) << run.status();
+  ASSERT_TRUE(ref.status().ok()) << ref.status();
   for (int i = 0; i < 3; ++i) {
     ASSERT_TRUE(run.Step(2 * i, Grads(i)).ok());
     const std::vector<at::Tensor> before = run.Values();
@@ -123,6 +130,7 @@ TEST(AllReduceExchangeTest, SkippedNonFiniteStepChangesNothing) {
 TEST(AllReduceExchangeTest, RejectedNonFiniteStepFailsTheJobAndAppliesNothing) {
   for (int probe = 0; probe < 3; ++probe) {
     OneRank run(NONFINITE_REJECT);
+    ASSERT_TRUE(run.status().ok()) << run.status();
     ASSERT_TRUE(run.Step(0, Grads(1)).ok());
     const std::vector<at::Tensor> before = run.Values();
     absl::Status s = run.Step(1, NonFinite());
@@ -146,6 +154,7 @@ TEST(AllReduceExchangeTest, RejectedNonFiniteStepFailsTheJobAndAppliesNothing) {
 // lr times the gradient scaled to the clip norm.
 TEST(AllReduceExchangeTest, ClipsTheAveragedGradientsToTheNorm) {
   OneRank run(NONFINITE_REJECT, /*clip=*/0.5);
+  ASSERT_TRUE(run.status().ok()) << run.status();
   const std::vector<at::Tensor> start = run.Values();
   const std::vector<at::Tensor> g = Grads(3);
   const double norm = std::sqrt(g[0].to(at::kDouble).square().sum().item<double>() +
@@ -161,6 +170,7 @@ TEST(AllReduceExchangeTest, ClipsTheAveragedGradientsToTheNorm) {
   }
   // A norm below the clip leaves the gradient alone.
   OneRank small(NONFINITE_REJECT, /*clip=*/10 * norm);
+  ASSERT_TRUE(small.status().ok()) << small.status();
   const std::vector<at::Tensor> s0 = small.Values();
   ASSERT_TRUE(small.Step(0, g).ok());
   for (size_t i = 0; i < g.size(); ++i) EXPECT_TRUE(at::allclose(small.Values()[i], s0[i].sub(g[i], kLr), 1e-6, 1e-7));

@@ -208,6 +208,14 @@ TEST(TensorCodingTest, NarrowValuesAreWidenedIntoFloat32Destinations) {
       EXPECT_TRUE(out[0].known_finite);
       EXPECT_TRUE(at::equal(into, values.to(at::kFloat))) << "piece " << piece;
     }
+    // A destination of the wire dtype (a worker that widens on its GPU)
+    // receives the bytes as they are.
+    at::Tensor narrow_into = at::randn({70001}).zero_().to(torch_dtype);
+    std::vector<TensorBuffer> narrow_dest = {*TensorToBuffer(narrow_into)}, narrow_out;
+    PullResponse nh;
+    ASSERT_TRUE(DecodeTensorMessage(FromString(bytes, 4097), &nh, &narrow_out, &narrow_dest).ok());
+    EXPECT_EQ(narrow_out[0].data, narrow_into.data_ptr());
+    EXPECT_TRUE(at::equal(narrow_into, values));
     // A float32 destination of another size: refused.
     at::Tensor small = at::randn({70000}).zero_();
     std::vector<TensorBuffer> wrong = {*TensorToBuffer(small)}, out;

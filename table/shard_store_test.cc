@@ -460,6 +460,16 @@ TEST(ShardStoreWireTest, NarrowGradientsAreWidenedAndValuesNarrowedOnRequest) {
     std::vector<TensorBuffer> dest = {Floats({0, 0, 0})};
     ASSERT_TRUE(WaitFor([&](StatusCallback d) { narrow.Pull(pull, &pulled, &dest, {}, d); }).ok());
     EXPECT_EQ(ToFloats(dest[0]), rounded);
+    // ... and with destinations of the wire dtype (a worker that widens on
+    // its GPU), the narrowed values written into them.
+    TensorBuffer narrow_dest = Narrow({0, 0, 0}, dtype);
+    const uint8_t* narrow_at = narrow_dest.data;
+    std::vector<TensorBuffer> narrow_dests = {narrow_dest};
+    ASSERT_TRUE(WaitFor([&](StatusCallback d) { narrow.Pull(pull, &pulled, &narrow_dests, {}, d); }).ok());
+    ASSERT_EQ(narrow_dests[0].data, narrow_at) << "not written into the destination";
+    std::vector<float> widened(3);
+    WidenElements(dtype, narrow_at, 3, widened.data());
+    EXPECT_EQ(widened, rounded);
     // Not a wire dtype: refused.
     pull.set_value_dtype(DT_INT64);
     absl::Status s = WaitFor([&](StatusCallback d) { narrow.Pull(pull, &pulled, &dest, {}, d); });

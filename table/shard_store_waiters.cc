@@ -120,12 +120,16 @@ void ShardStore::Snapshot(Table& table, const std::vector<size_t>& chunks, DataT
   // With caller-provided destinations that fit, the values are copied in.
   // Narrowed for the wire (value_dtype), each reader gets its own copy,
   // made outside the chunk's lock from the shared buffer; a destination
-  // (an in-process reader) gets the values as the wire would deliver them.
+  // (an in-process reader) gets the values as the wire would deliver them:
+  // narrowed into a destination of the wire dtype, rounded through it into
+  // a float32 one.
   const bool narrow = IsNarrowFloat(value_dtype);
   bool use_destinations = !values->empty() && values->size() == chunks.size();
   for (size_t i = 0; use_destinations && i < chunks.size(); ++i) {
     const Chunk& c = *table.chunks[chunks[i]];
-    use_destinations = (*values)[i].dtype == c.dtype && (*values)[i].nbytes == c.value.nbytes;
+    const TensorBuffer& d = (*values)[i];
+    use_destinations = (d.dtype == c.dtype && d.nbytes == c.value.nbytes) ||
+                       (narrow && c.dtype == DT_FLOAT32 && d.dtype == value_dtype && d.nbytes * 2 == c.value.nbytes);
   }
   if (!use_destinations) values->assign(chunks.size(), TensorBuffer());
   uint64_t bytes = 0;
@@ -134,7 +138,10 @@ void ShardStore::Snapshot(Table& table, const std::vector<size_t>& chunks, DataT
     TensorBuffer& out = (*values)[i];
     {
       std::lock_guard<std::mutex> lock(c.mu);
-      if (use_destinations && narrow && c.dtype == DT_FLOAT32) {
+      if (use_destinations && narrow && c.dtype == DT_FLOAT32 && out.dtype == value_dtype) {
+        NarrowElements(value_dtype, reinterpret_cast<const float*>(c.value.data), nullptr, out.nbytes / 2,
+                       out.MutableData());
+      } else if (use_destinations && narrow && c.dtype == DT_FLOAT32) {
         RoundThrough(value_dtype, reinterpret_cast<const float*>(c.value.data), out.nbytes / 4,
                      reinterpret_cast<float*>(out.MutableData()));
       } else if (use_destinations) {

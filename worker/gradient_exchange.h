@@ -54,12 +54,21 @@ struct ExchangeOptions {
   // are clipped to (0: off).
   Collective* collective = nullptr;
   double clip_grad_norm = 0;
-  // All-reduce: the dtype buckets are reduced in (the job's wire_dtype):
-  // at::kFloat, or kHalf/kBFloat16 -- each bucket divided by the group size,
-  // narrowed, summed, widened, as DDP's fp16_compress_hook does. Where the
-  // backend cannot sum the dtype (Gloo in LibTorch 1.13 has no bfloat16),
-  // buckets stay float32 and a warning says so.
+  // The job's wire_dtype: at::kFloat, or kHalf/kBFloat16.
+  // All-reduce: the dtype buckets are reduced in -- each bucket divided by
+  // the group size, narrowed, summed, widened, as DDP's fp16_compress_hook
+  // does. Where the backend cannot sum the dtype (Gloo in LibTorch 1.13 has
+  // no bfloat16), buckets stay float32 and a warning says so.
+  // Parameter server, with narrow_on_device: the float32 buckets' gradients
+  // are narrowed (with error_feedback: what rounding lost is added to the
+  // next step's, as the PsClient does on the host) where the parameters
+  // live, and their pulled values widened there, so the host copies half
+  // the bytes and converts none. The trainer sets it on an accelerator;
+  // otherwise the PsClient narrows and widens on the host, request by
+  // request. Both give the same bits.
   at::ScalarType wire_dtype = at::kFloat;
+  bool narrow_on_device = false;
+  bool error_feedback = false;
   // All-reduce: the in-process store holding the whole model (not owned).
   // The exchange applies the optimizer itself, where the parameters live
   // (TensorOptimizer); the store is the checkpoint format and the source of
@@ -109,11 +118,15 @@ class GradientExchange {
   // After a failed step: waits for whatever is in flight (it uses this
   // step's buffers). Idempotent.
   virtual void Abandon();
+  // Whether gradients are narrowed for the wire before they leave the
+  // parameters' device (see ExchangeOptions::narrow_on_device).
+  virtual bool narrows_on_device() const { return false; }
 
  protected:
   explicit GradientExchange(ExchangeOptions options);
-  // staging_ into the parameters, asynchronously on the compute stream.
-  void UploadStaging();
+  // staging_ into the parameters, asynchronously on the compute stream
+  // (all of them, or those `skip` leaves).
+  void UploadStaging(const std::vector<bool>* skip = nullptr);
 
   const ExchangeOptions options_;
   std::vector<std::vector<size_t>> buckets_;

@@ -18,6 +18,7 @@
 #include "common/partition_plan.h"
 #include "common/torch_compat.h"
 #include "table/shard_store.h"
+#include "worker/device.h"
 #include "worker/ps_client.h"
 
 namespace pstrain {
@@ -174,6 +175,164 @@ TEST(AllReduceExchangeTest, ClipsTheAveragedGradientsToTheNorm) {
   const std::vector<at::Tensor> s0 = small.Values();
   ASSERT_TRUE(small.Step(0, g).ok());
   for (size_t i = 0; i < g.size(); ++i) EXPECT_TRUE(at::allclose(small.Values()[i], s0[i].sub(g[i], kLr), 1e-6, 1e-7));
+}
+
+// A parameter server worker's exchange against two in-process shards, its
+// gradients narrowed for a bf16/fp16 wire by the PsClient on the host, or by
+// the exchange where the parameters live (narrow_on_device: what a GPU
+// worker does, run here on the CPU with the same tensor operations).
+class PsRank {
+ public:
+  PsRank(DataType wire, bool error_feedback, bool narrow_on_device, c10::Device device = c10::Device(c10::kCPU))
+      : device_(device) {
+    status_ = Init(wire, error_feedback, narrow_on_device);
+  }
+  const absl::Status& status() const { return status_; }
+  absl::Status Step(int64_t step, const std::vector<at::Tensor>& grads) {
+    if (!status_.ok()) return status_;
+    exchange_->BeginStep(step, kLr);
+    for (size_t i = 0; i < grads.size(); ++i) exchange_->Offer(i, grads[i].to(device_));
+    return exchange_->Finish();
+  }
+  std::vector<at::Tensor> Values() const {
+    std::vector<at::Tensor> out;
+    for (const auto& p : params_) out.push_back(p.to(c10::kCPU, /*non_blocking=*/false, /*copy=*/true));
+    return out;
+  }
+  GradientExchange& exchange() { return *exchange_; }
+  ~PsRank() {
+    for (auto& s : shards_) s->Shutdown();
+  }
+
+ private:
+  absl::Status Init(DataType wire, bool error_feedback, bool narrow_on_device) {
+    at::manual_seed(5);
+    params_ = {at::randn({4, 3}).to(device_), at::randn({5}).to(device_), at::randn({6}).to(device_)};
+    std::vector<ParameterSpec> specs = {
+        {"w", {4, 3}, DT_FLOAT32}, {"b", {5}, DT_FLOAT32}, {"c", {6}, DT_FLOAT32}};
+    auto plan = MakePartitionPlan(specs, 2, 16);  // chunks of 4 values over 2 shards
+    if (!plan.ok()) return plan.status();
+    for (int i = 0; i < 2; ++i) shards_.push_back(std::make_unique<ShardStore>(ShardStoreOptions{}));
+    PsClientOptions po;
+    po.job = "ps-exchange-test";
+    po.plan = *plan;
+    po.wire_dtype = wire;
+    po.error_feedback = error_feedback;
+    po.max_request_bytes = 20;  // several requests per shard and bucket
+    po.max_in_flight_per_shard = 1;
+    auto ps = PsClient::Create(po, {shards_[0].get(), shards_[1].get()});
+    if (!ps.ok()) return ps.status();
+    ps_ = std::move(*ps);
+    ExchangeOptions eo;
+    eo.ps = ps_.get();
+    eo.params = params_;
+    eo.device = device_;
+    eo.bucket_bytes = 40;  // buckets {c, b} and {w}
+    eo.wire_dtype = wire == DT_BFLOAT16 ? at::kBFloat16 : wire == DT_FLOAT16 ? at::kHalf : at::kFloat;
+    eo.narrow_on_device = narrow_on_device;
+    eo.error_feedback = error_feedback;
+    eo.job = po.job;
+    exchange_ = MakePsExchange(eo);
+    TableConfig config;
+    config.mutable_optimizer()->set_kind(OptimizerConfig::SGD);
+    config.mutable_optimizer()->set_lr(kLr);
+    config.mutable_optimizer()->set_momentum(0.9);
+    config.set_consistency(ASYNC);
+    config.set_num_workers(1);
+    config.set_nonfinite(NONFINITE_SKIP);
+    return exchange_->InitTables(config);
+  }
+
+  const c10::Device device_;
+  absl::Status status_;
+  std::vector<std::unique_ptr<ShardStore>> shards_;
+  std::unique_ptr<PsClient> ps_;
+  std::vector<at::Tensor> params_;
+  std::unique_ptr<GradientExchange> exchange_;
+};
+
+// Gradients at several scales (so rounding loses something different each
+// step), and at step 3 values beyond float16's range (Inf on an fp16 wire:
+// the shards skip that step, and no residual may be carried from it).
+std::vector<at::Tensor> PsGrads(int step) {
+  at::manual_seed(100 + step);
+  const double scale = std::pow(10.0, step % 5 - 2);
+  std::vector<at::Tensor> g = {at::randn({4, 3}).mul(scale), at::randn({5}).mul(scale), at::randn({6}).mul(scale)};
+  if (step == 3) {
+    g[0][2][1] = 7e4;
+    g[2][5] = -1e5;
+  }
+  return g;
+}
+
+bool AllEqual(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b) {
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (!at::equal(a[i], b[i])) return false;
+  }
+  return true;
+}
+
+// Narrowing on the device (here the CPU) and narrowing on the host reach
+// the same bits after every step, with and without error feedback, for
+// both wire dtypes -- and a narrow wire does change the result, so the
+// comparison is not between two runs that never narrowed.
+TEST(PsExchangeTest, NarrowingOnTheDeviceGivesTheHostsBits) {
+  for (DataType wire : {DT_BFLOAT16, DT_FLOAT16}) {
+    for (bool feedback : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << DataTypeName(wire) << (feedback ? " with" : " without")
+                                        << " error feedback");
+      PsRank host(wire, feedback, /*narrow_on_device=*/false);
+      PsRank device(wire, feedback, /*narrow_on_device=*/true);
+      PsRank wide(DT_FLOAT32, false, /*narrow_on_device=*/true);
+      ASSERT_TRUE(host.status().ok()) << host.status();
+      ASSERT_TRUE(device.status().ok()) << device.status();
+      ASSERT_TRUE(wide.status().ok()) << wide.status();
+      EXPECT_FALSE(host.exchange().narrows_on_device());
+      EXPECT_TRUE(device.exchange().narrows_on_device());
+      EXPECT_FALSE(wide.exchange().narrows_on_device()) << "nothing to narrow on a float32 wire";
+      ASSERT_TRUE(AllEqual(host.Values(), device.Values())) << "the initial pull differs";
+      for (int step = 0; step < 8; ++step) {
+        const std::vector<at::Tensor> g = PsGrads(step);
+        ASSERT_TRUE(host.Step(step, g).ok());
+        ASSERT_TRUE(device.Step(step, g).ok());
+        ASSERT_TRUE(wide.Step(step, g).ok());
+        ASSERT_TRUE(AllEqual(host.Values(), device.Values())) << "after step " << step;
+      }
+      EXPECT_FALSE(AllEqual(host.Values(), wide.Values())) << "the narrow wire changed nothing";
+      // Pull (fp32 staging) agrees with what the steps left.
+      const std::vector<at::Tensor> before = device.Values();
+      ASSERT_TRUE(device.exchange().Pull().ok());
+      EXPECT_TRUE(AllEqual(device.Values(), before));
+    }
+  }
+}
+
+// The same on a GPU: narrowed on the device (its rounding, its streams,
+// pinned buffers, the values widened there) against the host's narrowing of
+// the same gradients -- the same bits.
+TEST(PsExchangeTest, NarrowingOnTheGpuGivesTheHostsBits) {
+  if (CudaDevices() == 0) {
+    GTEST_SKIP() << "no CUDA device: this LibTorch has no CUDA (Debian's 1.13 is CPU-only) or the machine no GPU "
+                    "or driver; tools/gpu/run.sh runs this test on a GPU machine";
+  }
+  for (DataType wire : {DT_BFLOAT16, DT_FLOAT16}) {
+    for (bool feedback : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << DataTypeName(wire) << (feedback ? " with" : " without")
+                                        << " error feedback");
+      PsRank host(wire, feedback, /*narrow_on_device=*/false);
+      PsRank gpu(wire, feedback, /*narrow_on_device=*/true, c10::Device(c10::kCUDA, 0));
+      ASSERT_TRUE(host.status().ok()) << host.status();
+      ASSERT_TRUE(gpu.status().ok()) << gpu.status();
+      EXPECT_TRUE(gpu.exchange().narrows_on_device());
+      ASSERT_TRUE(AllEqual(host.Values(), gpu.Values())) << "the initial pull differs";
+      for (int step = 0; step < 8; ++step) {
+        const std::vector<at::Tensor> g = PsGrads(step);
+        ASSERT_TRUE(host.Step(step, g).ok());
+        ASSERT_TRUE(gpu.Step(step, g).ok());
+        ASSERT_TRUE(AllEqual(host.Values(), gpu.Values())) << "after step " << step;
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -32,10 +32,16 @@ PsClient::PsClient(PsClientOptions options, std::vector<ParameterStore*> shards)
     param_chunks_[c.param][c.shard].push_back(i);
   }
   for (size_t s = 0; s < shards_.size(); ++s) turns_.push_back(std::make_unique<ShardTurns>());
-  if (options_.error_feedback && IsNarrowFloat(options_.wire_dtype)) {
-    residual_.resize(options_.plan.chunks.size());
-    for (size_t i = 0; i < residual_.size(); ++i) residual_[i].assign(options_.plan.chunks[i].numel, 0.0f);
-  }
+  // Allocated at a chunk's first narrowing (ForWire): gradients that come
+  // narrowed already (an exchange narrowing on the device) need none.
+  if (options_.error_feedback && IsNarrowFloat(options_.wire_dtype)) residual_.resize(options_.plan.chunks.size());
+}
+
+bool PsClient::TravelsAs(const ParameterSpec& spec, const at::Tensor& t) const {
+  absl::StatusOr<DataType> dtype = ToDataType(t.scalar_type());
+  if (!dtype.ok()) return false;
+  return *dtype == spec.dtype ||
+         (spec.dtype == DT_FLOAT32 && IsNarrowFloat(options_.wire_dtype) && *dtype == options_.wire_dtype);
 }
 
 absl::StatusOr<std::vector<TensorBuffer>> PsClient::ForWire(std::vector<TensorBuffer> views,
@@ -46,7 +52,12 @@ absl::StatusOr<std::vector<TensorBuffer>> PsClient::ForWire(std::vector<TensorBu
     if (v.dtype != DT_FLOAT32) continue;  // only float32 parameters travel narrow
     absl::StatusOr<TensorBuffer> narrow = TensorBuffer::TryAllocate(options_.wire_dtype, v.shape);
     if (!narrow.ok()) return narrow.status();
-    float* residual = residual_.empty() ? nullptr : residual_[ids[k]].data();
+    float* residual = nullptr;
+    if (!residual_.empty()) {
+      std::vector<float>& r = residual_[ids[k]];
+      if (r.empty()) r.assign(options_.plan.chunks[ids[k]].numel, 0.0f);
+      residual = r.data();
+    }
     NarrowElements(options_.wire_dtype, reinterpret_cast<const float*>(v.data), residual, v.nbytes / 4,
                    narrow->MutableData());
     v = std::move(*narrow);
@@ -345,13 +356,14 @@ void PsClient::PushPullAsync(int64_t step, const std::vector<size_t>& params,
       return done(absl::InvalidArgumentError("unknown or repeated parameter index"));
     }
     position[p] = static_cast<int>(k);
-    const std::vector<int64_t>& shape = options_.plan.params[p].shape;
+    const ParameterSpec& spec = options_.plan.params[p];
     for (const at::Tensor* t : {&grads[k], &intos[k]}) {
       if (!t->defined() || !t->is_contiguous() || !t->device().is_cpu() ||
-          std::vector<int64_t>(t->sizes().begin(), t->sizes().end()) != shape) {
+          std::vector<int64_t>(t->sizes().begin(), t->sizes().end()) != spec.shape || !TravelsAs(spec, *t)) {
         return done(absl::InvalidArgumentError(absl::StrCat(
-            "parameter ", options_.plan.params[p].name,
-            ": gradient and destination must be contiguous CPU tensors of the planned shape")));
+            "parameter ", spec.name,
+            ": gradient and destination must be contiguous CPU tensors of the planned shape and dtype (or, "
+            "float32 under a narrow wire dtype, of the wire's)")));
       }
     }
   }

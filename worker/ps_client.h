@@ -79,7 +79,10 @@ class PsClient {
   // shape; may be the parameter itself if nothing reads it meanwhile). `done`
   // runs once, on a gRPC thread, when every shard involved has answered. Lets
   // a worker push gradients as soon as autograd produces them. The tensors
-  // must stay alive until `done`.
+  // must stay alive until `done`. Under a narrow wire dtype a float32
+  // parameter's gradient and destination may be in the wire dtype already
+  // (narrowed, and to be widened, by the caller -- on a GPU, say): they
+  // travel as they are, with no error feedback of the client's.
   void PushPullAsync(int64_t step, const std::vector<size_t>& params,
                      const std::vector<at::Tensor>& grads, const std::vector<at::Tensor>& intos,
                      double lr, StatusCallback done);
@@ -98,6 +101,9 @@ class PsClient {
  private:
   PsClient(PsClientOptions options, std::vector<ParameterStore*> shards);
 
+  // Whether `t` may stand for parameter `spec` in PushPullAsync: its dtype,
+  // or the wire's for a float32 parameter under a narrow wire dtype.
+  bool TravelsAs(const ParameterSpec& spec, const at::Tensor& t) const;
   absl::Status CheckTensors(const std::vector<at::Tensor>& tensors, const char* what) const;
   // One operation's options: its deadline, the job's secret.
   CallOptions NewCallOptions() const;
@@ -137,7 +143,8 @@ class PsClient {
   // param_chunks_[p][s]: chunk indices of parameter p on shard s.
   std::vector<std::vector<std::vector<size_t>>> param_chunks_;
   // Error feedback: per chunk, what rounding lost (a chunk is in one
-  // request of a step, narrowed by the thread that sends it).
+  // request of a step, narrowed by the thread that sends it); empty until
+  // the chunk's first narrowing.
   std::vector<std::vector<float>> residual_;
   struct ShardTurns {
     std::mutex mu;

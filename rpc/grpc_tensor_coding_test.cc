@@ -420,9 +420,13 @@ TEST(TensorCodingTest, MutatedMessagesAreRefusedOrDecodedConsistently) {
     ASSERT_EQ(outp.size(), out.size());
     for (size_t i = 0; i < out.size(); ++i) {
       ASSERT_TRUE(ValidateTensorBuffer(out[i], "t").ok());
-      if (out[i].known_finite) ASSERT_TRUE(AllFinite(out[i].dtype, out[i].data, out[i].nbytes));
+      if (out[i].known_finite) {
+        ASSERT_TRUE(AllFinite(out[i].dtype, out[i].data, out[i].nbytes));
+      }
       ASSERT_TRUE(ValidateTensorBuffer(outp[i], "t").ok());
-      if (outp[i].known_finite) ASSERT_TRUE(AllFinite(outp[i]));
+      if (outp[i].known_finite) {
+        ASSERT_TRUE(AllFinite(outp[i]));
+      }
       absl::StatusOr<TensorBuffer> whole = Contiguous(outp[i]);
       ASSERT_TRUE(whole.ok());
       ASSERT_EQ(whole->dtype, out[i].dtype);

@@ -196,9 +196,9 @@ TEST(GpuTest, Fp16AutocastWithLossScalingTrainsWithinOnePointOfFp32) {
 }
 
 // The demo's job (LeNet, Fashion-MNIST, 2 async workers, 2 CPU shards, 3
-// epochs) with both workers on one GPU reaches the demo's accuracy.
-TEST(GpuTest, PsTwoWorkersOnOneGpuReachTheDemosAccuracy) {
-  REQUIRE_CUDA();
+// epochs) with both workers on one GPU reaches the demo's accuracy; `wire`
+// bf16 narrows gradients and widens values on the GPU (narrow_on_device).
+void ExpectPsDemoOnOneGpu(WireDtype wire) {
   const char* env = std::getenv("PSTRAIN_FASHION_MNIST");
   const std::string dir = env != nullptr ? env : "/usr/share/datasets/fashion-mnist";
   if (!std::filesystem::exists(dir + "/train-images-idx3-ubyte.gz")) {
@@ -218,6 +218,8 @@ TEST(GpuTest, PsTwoWorkersOnOneGpuReachTheDemosAccuracy) {
   spec.epochs = 3;
   spec.batch_size = 64;
   spec.seed = 42;
+  spec.wire_dtype = wire;
+  spec.wire_error_feedback = wire != WireDtype::kFp32;
   auto data = LoadData(spec.data, spec.seed);
   ASSERT_TRUE(data.ok()) << data.status();
   Shards shards(2);
@@ -227,9 +229,21 @@ TEST(GpuTest, PsTwoWorkersOnOneGpuReachTheDemosAccuracy) {
   });
   ASSERT_TRUE(results[0].ok()) << results[0].status();
   ASSERT_TRUE(results[1].ok()) << results[1].status();
-  std::printf("gpu demo: final accuracy %.4f, %.0f samples/s per worker\n", results[0]->final_accuracy,
+  std::printf("gpu demo (wire %s): final accuracy %.4f, %.0f samples/s per worker\n",
+              wire == WireDtype::kFp32 ? "fp32" : "bf16", results[0]->final_accuracy,
               results[0]->samples / std::max(1e-9, results[0]->seconds));
   EXPECT_GE(results[0]->final_accuracy, 0.87);
+}
+
+TEST(GpuTest, PsTwoWorkersOnOneGpuReachTheDemosAccuracy) {
+  REQUIRE_CUDA();
+  ExpectPsDemoOnOneGpu(WireDtype::kFp32);
+}
+
+// The same over a bf16 wire with error feedback, narrowed on the GPU.
+TEST(GpuTest, PsTwoWorkersOnOneGpuOverABf16WireReachTheDemosAccuracy) {
+  REQUIRE_CUDA();
+  ExpectPsDemoOnOneGpu(WireDtype::kBf16);
 }
 
 }  // namespace

@@ -1,7 +1,11 @@
 #include "worker/tensor_optimizer.h"
 
 #include <ATen/ops/_foreach_add.h>
+#include <ATen/ops/_foreach_addcdiv.h>
+#include <ATen/ops/_foreach_addcmul.h>
+#include <ATen/ops/_foreach_div.h>
 #include <ATen/ops/_foreach_mul.h>
+#include <ATen/ops/_foreach_sqrt.h>
 #include <ATen/ops/zeros_like.h>
 #include <c10/core/GradMode.h>
 
@@ -56,76 +60,64 @@ void TensorOptimizer::Step(const std::vector<at::Tensor>& grads, double lr_overr
   ++step_;
   const double lr = lr_override > 0 ? lr_override : config_.lr();
   const double wd = config_.weight_decay();
-  if (config_.kind() == OptimizerConfig::SGD && step_ > 1) {
-    // The common case in multi-tensor kernels: a handful of launches for the
-    // whole model instead of several per parameter.
-    const std::vector<at::Tensor> d = wd != 0 ? at::_foreach_add(grads, params_, wd) : grads;
-    const double mom = config_.momentum();
-    if (mom == 0) {
-      at::_foreach_add_(params_, d, -lr);
-      return;
-    }
-    std::vector<at::Tensor> bufs;
-    for (auto& set : state_) bufs.push_back(set[0]);
-    at::_foreach_mul_(bufs, mom);
-    at::_foreach_add_(bufs, d, 1.0 - config_.dampening());
-    at::_foreach_add_(params_, config_.nesterov() ? at::_foreach_add(d, bufs, mom) : bufs, -lr);
-    return;
+  // Multi-tensor kernels: on a GPU a handful of launches per step for the
+  // whole model instead of several per parameter; on the CPU the same
+  // per-tensor operations, in the same order.
+  std::vector<at::Tensor> slot0, slot1;
+  for (auto& set : state_) {
+    if (slots_ > 0) slot0.push_back(set[0]);
+    if (slots_ > 1) slot1.push_back(set[1]);
   }
-  for (size_t i = 0; i < params_.size(); ++i) {
-    at::Tensor& p = params_[i];
-    const at::Tensor& g = grads[i];
-    switch (config_.kind()) {
-      case OptimizerConfig::SGD: {
-        const double mom = config_.momentum();
-        at::Tensor d = wd != 0 ? g.add(p, wd) : g;
-        if (mom == 0) {
-          p.sub_(d, lr);
-          break;
-        }
-        at::Tensor& buf = state_[i][0];
-        if (step_ == 1) {
-          buf.copy_(d);  // PyTorch starts the momentum buffer as the first gradient
-        } else {
-          buf.mul_(mom).add_(d, 1.0 - config_.dampening());
-        }
-        if (config_.nesterov()) {
-          p.sub_(d.add(buf, mom), lr);
-        } else {
-          p.sub_(buf, lr);
-        }
+  switch (config_.kind()) {
+    case OptimizerConfig::SGD: {
+      const std::vector<at::Tensor> d = wd != 0 ? at::_foreach_add(grads, params_, wd) : grads;
+      const double mom = config_.momentum();
+      if (mom == 0) {
+        at::_foreach_add_(params_, d, -lr);
         break;
       }
-      case OptimizerConfig::ADAM:
-      case OptimizerConfig::ADAMW: {
-        const double b1 = config_.beta1(), b2 = config_.beta2();
-        const double bc1 = 1.0 - std::pow(b1, static_cast<double>(step_));
-        const double bc2_sqrt = std::sqrt(1.0 - std::pow(b2, static_cast<double>(step_)));
-        at::Tensor d = g;
-        if (config_.kind() == OptimizerConfig::ADAMW) {
-          p.mul_(1.0 - lr * wd);
-        } else if (wd != 0) {
-          d = g.add(p, wd);
-        }
-        at::Tensor& m = state_[i][0];
-        at::Tensor& v = state_[i][1];
-        m.mul_(b1).add_(d, 1.0 - b1);
-        v.mul_(b2).addcmul_(d, d, 1.0 - b2);
-        at::Tensor denom = v.sqrt().div_(bc2_sqrt).add_(config_.eps());
-        p.addcdiv_(m, denom, -lr / bc1);
-        break;
+      if (step_ == 1) {
+        // PyTorch starts the momentum buffer as the first gradient.
+        for (size_t i = 0; i < params_.size(); ++i) slot0[i].copy_(d[i]);
+      } else {
+        at::_foreach_mul_(slot0, mom);
+        at::_foreach_add_(slot0, d, 1.0 - config_.dampening());
       }
-      case OptimizerConfig::ADAGRAD: {
-        const double clr = lr / (1.0 + static_cast<double>(step_ - 1) * config_.lr_decay());
-        at::Tensor d = wd != 0 ? g.add(p, wd) : g;
-        at::Tensor& sum = state_[i][0];
-        sum.addcmul_(d, d, 1.0);
-        p.addcdiv_(d, sum.sqrt().add_(config_.eps()), -clr);
-        break;
-      }
-      default:
-        break;
+      at::_foreach_add_(params_, config_.nesterov() ? at::_foreach_add(d, slot0, mom) : slot0, -lr);
+      break;
     }
+    case OptimizerConfig::ADAM:
+    case OptimizerConfig::ADAMW: {
+      const double b1 = config_.beta1(), b2 = config_.beta2();
+      const double bc1 = 1.0 - std::pow(b1, static_cast<double>(step_));
+      const double bc2_sqrt = std::sqrt(1.0 - std::pow(b2, static_cast<double>(step_)));
+      std::vector<at::Tensor> d = grads;
+      if (config_.kind() == OptimizerConfig::ADAMW) {
+        at::_foreach_mul_(params_, 1.0 - lr * wd);
+      } else if (wd != 0) {
+        d = at::_foreach_add(grads, params_, wd);
+      }
+      at::_foreach_mul_(slot0, b1);
+      at::_foreach_add_(slot0, d, 1.0 - b1);
+      at::_foreach_mul_(slot1, b2);
+      at::_foreach_addcmul_(slot1, d, d, 1.0 - b2);
+      std::vector<at::Tensor> denom = at::_foreach_sqrt(slot1);
+      at::_foreach_div_(denom, bc2_sqrt);
+      at::_foreach_add_(denom, config_.eps());
+      at::_foreach_addcdiv_(params_, slot0, denom, -lr / bc1);
+      break;
+    }
+    case OptimizerConfig::ADAGRAD: {
+      const double clr = lr / (1.0 + static_cast<double>(step_ - 1) * config_.lr_decay());
+      const std::vector<at::Tensor> d = wd != 0 ? at::_foreach_add(grads, params_, wd) : grads;
+      at::_foreach_addcmul_(slot0, d, d, 1.0);
+      std::vector<at::Tensor> denom = at::_foreach_sqrt(slot0);
+      at::_foreach_add_(denom, config_.eps());
+      at::_foreach_addcdiv_(params_, d, denom, -clr);
+      break;
+    }
+    default:
+      break;
   }
 }
 

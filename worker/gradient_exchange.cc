@@ -2,10 +2,10 @@
 
 #include <ATen/ops/_foreach_add.h>
 #include <ATen/ops/empty.h>
-#include <ATen/ops/nan_to_num.h>
-#include <ATen/ops/zeros.h>
 #include <ATen/ops/isfinite.h>
 #include <ATen/ops/linalg_vector_norm.h>
+#include <ATen/ops/nan_to_num.h>
+#include <ATen/ops/zeros.h>
 #include <c10/core/GradMode.h>
 
 #include <algorithm>

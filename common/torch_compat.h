@@ -30,6 +30,17 @@
 #define PSTRAIN_HAS_FUSED_SGD 0
 #endif
 
+// at::_fused_adam_ / _fused_adamw_: the same for Adam and AdamW, counting
+// steps in float32 tensors. CUDA from 2.0, the CPU from 2.4: used from 2.4
+// on, as fused SGD.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+#define PSTRAIN_HAS_FUSED_ADAM 1
+#include <ATen/ops/_fused_adam.h>
+#include <ATen/ops/_fused_adamw.h>
+#else
+#define PSTRAIN_HAS_FUSED_ADAM 0
+#endif
+
 namespace pstrain {
 
 // Autocast (mixed precision) for one device type, on this thread: 2.4 gave
@@ -77,6 +88,34 @@ inline bool FusedSgdUnlessFound(at::TensorList params, at::TensorList grads, at:
 #else
   (void)params, (void)grads, (void)bufs, (void)weight_decay, (void)momentum, (void)lr, (void)dampening,
       (void)nesterov, (void)found_inf;
+  return false;
+#endif
+}
+
+inline constexpr bool kHasFusedAdam = PSTRAIN_HAS_FUSED_ADAM;
+
+// One Adam (or, `decoupled`, AdamW) step of `params` (one dtype, one device,
+// contiguous) unless `found_inf` (a float32 scalar on their device) is 1:
+// PyTorch's arithmetic (L2 weight decay for Adam, decoupled for AdamW; no
+// amsgrad). `steps[i]` is parameter i's update count, this one included (a
+// float32 scalar on the device; the kernel reads it, the caller counts).
+// Returns false, having done nothing, where this LibTorch has no fused Adam.
+inline bool FusedAdamUnlessFound(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
+                                 at::TensorList exp_avg_sqs, at::TensorList steps, double lr, double beta1,
+                                 double beta2, double weight_decay, double eps, bool decoupled,
+                                 const at::Tensor& found_inf) {
+#if PSTRAIN_HAS_FUSED_ADAM
+  if (decoupled) {
+    at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, /*max_exp_avg_sqs=*/{}, steps, lr, beta1, beta2,
+                      weight_decay, eps, /*amsgrad=*/false, /*maximize=*/false, /*grad_scale=*/{}, found_inf);
+  } else {
+    at::_fused_adam_(params, grads, exp_avgs, exp_avg_sqs, /*max_exp_avg_sqs=*/{}, steps, lr, beta1, beta2,
+                     weight_decay, eps, /*amsgrad=*/false, /*maximize=*/false, /*grad_scale=*/{}, found_inf);
+  }
+  return true;
+#else
+  (void)params, (void)grads, (void)exp_avgs, (void)exp_avg_sqs, (void)steps, (void)lr, (void)beta1, (void)beta2,
+      (void)weight_decay, (void)eps, (void)decoupled, (void)found_inf;
   return false;
 #endif
 }

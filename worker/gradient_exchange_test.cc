@@ -2,10 +2,11 @@
 // (see AllReduceExchange::Settle): NaN and Inf in the averaged gradients
 // under either policy, and clipping computed where the gradients are. A
 // one-rank Gloo group over a real socket and the in-process store, as an
-// all-reduce worker runs them. With a LibTorch that has fused SGD (2.4 on:
-// make test-torch2) the step is decided on the device and a REJECT shows at
-// the next Finish, Pull or Flush; with 1.13 the host checks at once. Both
-// must keep the same promises, which is what these tests hold them to.
+// all-reduce worker runs them. With a LibTorch that has fused SGD and Adam
+// (2.4 on: make test-torch2) the step is decided on the device and a REJECT
+// shows at the next Finish, Pull or Flush; with 1.13 the host checks at
+// once. Both must keep the same promises, which is what these tests hold
+// them to. Then the parameter server's exchange narrowing on the device.
 #include "worker/gradient_exchange.h"
 
 #include <ATen/Functions.h>
@@ -29,7 +30,9 @@ constexpr double kLr = 0.1;
 class OneRank {
  public:
   // A constructor cannot ASSERT: a test asserts status() first.
-  OneRank(NonFinitePolicy policy, double clip = 0) { status_ = Init(policy, clip); }
+  OneRank(NonFinitePolicy policy, double clip = 0, OptimizerConfig::Kind kind = OptimizerConfig::SGD) {
+    status_ = Init(policy, clip, kind);
+  }
   const absl::Status& status() const { return status_; }
 
   absl::Status Step(int64_t step, const std::vector<at::Tensor>& grads) {
@@ -42,7 +45,7 @@ class OneRank {
   GradientExchange& exchange() { return *exchange_; }
 
  private:
-  absl::Status Init(NonFinitePolicy policy, double clip) {
+  absl::Status Init(NonFinitePolicy policy, double clip, OptimizerConfig::Kind kind) {
     CollectiveOptions co;
     co.store = NewInMemoryStore();
     co.hostname = "127.0.0.1";
@@ -74,9 +77,9 @@ class OneRank {
     if (!e.ok()) return e.status();
     exchange_ = std::move(*e);
     TableConfig config;
-    config.mutable_optimizer()->set_kind(OptimizerConfig::SGD);
+    config.mutable_optimizer()->set_kind(kind);
     config.mutable_optimizer()->set_lr(kLr);
-    config.mutable_optimizer()->set_momentum(0.9);
+    if (kind == OptimizerConfig::SGD) config.mutable_optimizer()->set_momentum(0.9);
     config.set_consistency(SYNC);
     config.set_num_workers(1);
     config.set_nonfinite(policy);
@@ -107,21 +110,25 @@ bool Equal(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b) {
   return at::equal(a[0], b[0]) && at::equal(a[1], b[1]);
 }
 
-// SKIP: the non-finite step changes nothing (values, momentum): training
-// goes on exactly as if it had never been.
+// SKIP: the non-finite step changes nothing (values, momentum, Adam's
+// moments and step count): training goes on exactly as if it had never
+// been.
 TEST(AllReduceExchangeTest, SkippedNonFiniteStepChangesNothing) {
-  OneRank run(NONFINITE_SKIP), ref(NONFINITE_SKIP);
-  ASSERT_TRUE(run.status().ok()) << run.status();
-  ASSERT_TRUE(ref.status().ok()) << ref.status();
-  for (int i = 0; i < 3; ++i) {
-    ASSERT_TRUE(run.Step(2 * i, Grads(i)).ok());
-    const std::vector<at::Tensor> before = run.Values();
-    ASSERT_TRUE(run.Step(2 * i + 1, NonFinite()).ok());
-    EXPECT_TRUE(Equal(run.Values(), before)) << "the skipped step " << 2 * i + 1 << " changed the values";
-    ASSERT_TRUE(ref.Step(i, Grads(i)).ok());
+  for (OptimizerConfig::Kind kind : {OptimizerConfig::SGD, OptimizerConfig::ADAM}) {
+    SCOPED_TRACE(OptimizerConfig::Kind_Name(kind));
+    OneRank run(NONFINITE_SKIP, 0, kind), ref(NONFINITE_SKIP, 0, kind);
+    ASSERT_TRUE(run.status().ok()) << run.status();
+    ASSERT_TRUE(ref.status().ok()) << ref.status();
+    for (int i = 0; i < 3; ++i) {
+      ASSERT_TRUE(run.Step(2 * i, Grads(i)).ok());
+      const std::vector<at::Tensor> before = run.Values();
+      ASSERT_TRUE(run.Step(2 * i + 1, NonFinite()).ok());
+      EXPECT_TRUE(Equal(run.Values(), before)) << "the skipped step " << 2 * i + 1 << " changed the values";
+      ASSERT_TRUE(ref.Step(i, Grads(i)).ok());
+    }
+    ASSERT_TRUE(run.exchange().Pull().ok());
+    EXPECT_TRUE(Equal(run.Values(), ref.Values())) << "a skipped step changed the optimizer's state";
   }
-  ASSERT_TRUE(run.exchange().Pull().ok());
-  EXPECT_TRUE(Equal(run.Values(), ref.Values())) << "a skipped step changed the momentum";
 }
 
 // REJECT: the job fails naming the step, at that step's Finish or, where
@@ -129,19 +136,20 @@ TEST(AllReduceExchangeTest, SkippedNonFiniteStepChangesNothing) {
 // nothing of that step or any later one was applied, and every later call
 // fails the same way.
 TEST(AllReduceExchangeTest, RejectedNonFiniteStepFailsTheJobAndAppliesNothing) {
-  for (int probe = 0; probe < 3; ++probe) {
-    OneRank run(NONFINITE_REJECT);
+  for (int probe = 0; probe < 6; ++probe) {
+    const OptimizerConfig::Kind kind = probe < 3 ? OptimizerConfig::SGD : OptimizerConfig::ADAMW;
+    OneRank run(NONFINITE_REJECT, 0, kind);
     ASSERT_TRUE(run.status().ok()) << run.status();
     ASSERT_TRUE(run.Step(0, Grads(1)).ok());
     const std::vector<at::Tensor> before = run.Values();
     absl::Status s = run.Step(1, NonFinite());
     // Which path runs: the device's decides without telling the host now.
-    EXPECT_EQ(s.ok(), kHasFusedSgd) << s;
+    EXPECT_EQ(s.ok(), kind == OptimizerConfig::SGD ? kHasFusedSgd : kHasFusedAdam) << s;
     if (s.ok()) {
       // Decided on the device: the next settling call tells.
-      if (probe == 0) s = run.Step(2, Grads(2));
-      if (probe == 1) s = run.exchange().Pull();
-      if (probe == 2) s = run.exchange().Flush(2);
+      if (probe % 3 == 0) s = run.Step(2, Grads(2));
+      if (probe % 3 == 1) s = run.exchange().Pull();
+      if (probe % 3 == 2) s = run.exchange().Flush(2);
     }
     ASSERT_FALSE(s.ok()) << "probe " << probe << ": a NaN step went unreported";
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;

@@ -6,6 +6,7 @@
 #include <ATen/ops/_foreach_div.h>
 #include <ATen/ops/_foreach_mul.h>
 #include <ATen/ops/_foreach_sqrt.h>
+#include <ATen/ops/full.h>
 #include <ATen/ops/zeros_like.h>
 #include <c10/core/GradMode.h>
 
@@ -27,8 +28,29 @@ TensorOptimizer::TensorOptimizer(const OptimizerConfig& config, std::vector<at::
   }
 }
 
+int64_t TensorOptimizer::step() const {
+  return device_step_.defined() ? static_cast<int64_t>(device_step_.item<float>()) : step_;
+}
+
+void TensorOptimizer::set_step(int64_t step) {
+  step_ = step;
+  device_step_ = at::Tensor();
+}
+
 bool TensorOptimizer::CanStepUnlessFound() const {
-  if (!kHasFusedSgd || config_.kind() != OptimizerConfig::SGD || step_ < 1 || params_.empty()) return false;
+  if (params_.empty()) return false;
+  switch (config_.kind()) {
+    case OptimizerConfig::SGD:
+      if (!kHasFusedSgd || step_ < 1) return false;
+      break;
+    case OptimizerConfig::ADAM:
+    case OptimizerConfig::ADAMW:
+      // Counted in float32 on the device: exact below 2^24.
+      if (!kHasFusedAdam || step_ >= (int64_t{1} << 24) - 1) return false;
+      break;
+    default:
+      return false;
+  }
   for (const at::Tensor& p : params_) {
     if (p.scalar_type() != params_[0].scalar_type() || p.device() != params_[0].device() || !p.is_contiguous()) {
       return false;
@@ -40,23 +62,38 @@ bool TensorOptimizer::CanStepUnlessFound() const {
 void TensorOptimizer::StepUnlessFound(const std::vector<at::Tensor>& grads, double lr_override,
                                       const at::Tensor& found_nonfinite) {
   c10::NoGradGuard no_grad;
-  const double mom = config_.momentum();
-  std::vector<at::Tensor> bufs;
-  if (mom != 0) {
-    for (auto& set : state_) bufs.push_back(set[0]);
-  }
   const double lr = lr_override > 0 ? lr_override : config_.lr();
-  // The kernel wants each gradient laid out like its parameter.
+  // The kernels want each gradient laid out like its parameter.
   std::vector<at::Tensor> g;
   for (const at::Tensor& t : grads) g.push_back(t.contiguous());
-  const bool done = FusedSgdUnlessFound(params_, g, bufs, config_.weight_decay(), mom, lr, config_.dampening(),
-                                        config_.nesterov(), found_nonfinite);
-  TORCH_CHECK(done, "StepUnlessFound without fused SGD (check CanStepUnlessFound)");
+  std::vector<at::Tensor> slot0, slot1;
+  for (auto& set : state_) {
+    if (slots_ > 0) slot0.push_back(set[0]);
+    if (slots_ > 1) slot1.push_back(set[1]);
+  }
+  bool done = false;
+  if (config_.kind() == OptimizerConfig::SGD) {
+    const double mom = config_.momentum();
+    done = FusedSgdUnlessFound(params_, g, mom != 0 ? slot0 : std::vector<at::Tensor>{}, config_.weight_decay(), mom,
+                               lr, config_.dampening(), config_.nesterov(), found_nonfinite);
+  } else {
+    if (!device_step_.defined()) {
+      device_step_ = at::full({}, static_cast<double>(step_), params_[0].options().dtype(at::kFloat));
+    }
+    device_step_.add_(1);
+    const std::vector<at::Tensor> steps(params_.size(), device_step_);
+    done = FusedAdamUnlessFound(params_, g, slot0, slot1, steps, lr, config_.beta1(), config_.beta2(),
+                                config_.weight_decay(), config_.eps(), config_.kind() == OptimizerConfig::ADAMW,
+                                found_nonfinite);
+    device_step_.sub_(found_nonfinite);
+  }
+  TORCH_CHECK(done, "StepUnlessFound without a fused kernel (check CanStepUnlessFound)");
   ++step_;
 }
 
 void TensorOptimizer::Step(const std::vector<at::Tensor>& grads, double lr_override) {
   c10::NoGradGuard no_grad;
+  if (device_step_.defined()) set_step(step());  // the count, back from the device
   ++step_;
   const double lr = lr_override > 0 ? lr_override : config_.lr();
   const double wd = config_.weight_decay();

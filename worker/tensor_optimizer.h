@@ -24,22 +24,25 @@ class TensorOptimizer {
   int slots() const { return slots_; }
   // state(i)[k]: slot k of parameter i, shaped like it, on its device.
   std::vector<at::Tensor>& state(size_t i) { return state_[i]; }
-  // Updates applied so far (the shards' optimizer_step).
-  int64_t step() const { return step_; }
-  void set_step(int64_t step) { step_ = step; }
+  // Updates applied so far (the shards' optimizer_step). While the device
+  // counts them (Adam's device-decided steps), a read of the device.
+  int64_t step() const;
+  void set_step(int64_t step);
 
   // One update: params[i] -= f(grads[i]); `lr` > 0 overrides the config's.
   void Step(const std::vector<at::Tensor>& grads, double lr);
 
   // Whether StepUnlessFound can run: SGD past its first update (which sets
-  // the momentum buffers), parameters of one dtype, contiguous, on one
-  // device, and a LibTorch with fused SGD (kHasFusedSgd).
+  // the momentum buffers) or Adam/AdamW, parameters of one dtype,
+  // contiguous, on one device, and a LibTorch with the fused kernel
+  // (kHasFusedSgd, kHasFusedAdam).
   bool CanStepUnlessFound() const;
   // One update as Step, but nothing changes (values, state) where
   // `found_nonfinite` -- a float32 scalar on the parameters' device -- is 1:
-  // decided on the device, so the host never waits to learn it. The step
-  // counts either way (SGD's arithmetic does not depend on the count past
-  // the first update).
+  // decided on the device, so the host never waits to learn it. SGD's step
+  // counts either way (its arithmetic does not depend on the count past the
+  // first update); Adam's bias corrections do, so Adam counts on the device,
+  // a skipped step not (step() reads the count; Step takes it back).
   void StepUnlessFound(const std::vector<at::Tensor>& grads, double lr, const at::Tensor& found_nonfinite);
 
  private:
@@ -47,7 +50,13 @@ class TensorOptimizer {
   std::vector<at::Tensor> params_;
   std::vector<std::vector<at::Tensor>> state_;
   int slots_ = 0;
+  // The update count, or (while device_step_ is defined) the updates tried,
+  // which bounds it.
   int64_t step_ = 0;
+  // Adam's device-decided steps: the count, a float32 scalar on the
+  // parameters' device (what the fused kernel reads); undefined while step_
+  // is the count.
+  at::Tensor device_step_;
 };
 
 }  // namespace pstrain

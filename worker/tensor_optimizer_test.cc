@@ -107,10 +107,65 @@ TEST(TensorOptimizer, StepUnlessFoundSkipsOnTheDeviceAndOtherwiseIsStep) {
   TensorOptimizer mixed(Config(OptimizerConfig::SGD, 0, 0.9, false), {at::zeros({2}), at::zeros({2}, at::kDouble)});
   mixed.Step({at::ones({2}), at::ones({2}, at::kDouble)}, 0);
   EXPECT_FALSE(mixed.CanStepUnlessFound());
-  // Adam has no device-decided skip here.
-  TensorOptimizer adam(Config(OptimizerConfig::ADAM, 0, 0, false), {at::zeros({2})});
-  adam.Step({at::ones({2})}, 0);
-  EXPECT_FALSE(adam.CanStepUnlessFound());
+  // Adagrad has no device-decided skip (LibTorch's fused Adagrad is the
+  // CPU's only).
+  TensorOptimizer adagrad(Config(OptimizerConfig::ADAGRAD, 0, 0, false), {at::zeros({2})});
+  adagrad.Step({at::ones({2})}, 0);
+  EXPECT_FALSE(adagrad.CanStepUnlessFound());
+}
+
+// Adam and AdamW decided on the device: with found 0 as Step (to rounding:
+// the fused kernel's order of operations), with found 1 nothing changes and
+// the step does not count (the bias corrections depend on the count); Step
+// afterwards goes on from the device's count.
+TEST(TensorOptimizer, AdamStepUnlessFoundSkipsOnTheDeviceAndCountsWhatItApplied) {
+  if (!kHasFusedAdam) {
+    GTEST_SKIP() << "this LibTorch (" << TORCH_VERSION << ") has no fused Adam (2.4 on): the all-reduce exchange "
+                 << "checks the gradients on the host instead (make test-torch2 runs this)";
+  }
+  for (OptimizerConfig::Kind kind : {OptimizerConfig::ADAM, OptimizerConfig::ADAMW}) {
+    for (double wd : {0.0, 0.01}) {
+      SCOPED_TRACE(::testing::Message() << OptimizerConfig::Kind_Name(kind) << " weight decay " << wd);
+      const OptimizerConfig config = Config(kind, wd, 0, false);
+      at::manual_seed(6);
+      std::vector<at::Tensor> a{at::randn({3, 5}, at::kDouble), at::randn({7}, at::kDouble)};
+      std::vector<at::Tensor> b{a[0].clone(), a[1].clone()};
+      TensorOptimizer fused(config, a), plain(config, b);
+      ASSERT_TRUE(fused.CanStepUnlessFound()) << "Adam needs no first update on the host";
+      const at::Tensor no = at::zeros({}, at::kFloat), yes = at::ones({}, at::kFloat);
+      for (int step = 1; step <= 4; ++step) {
+        std::vector<at::Tensor> g{at::randn({3, 5}, at::kDouble), at::randn({7}, at::kDouble)};
+        fused.StepUnlessFound(g, step == 2 ? 0.02 : 0, no);
+        plain.Step(g, step == 2 ? 0.02 : 0);
+        std::vector<at::Tensor> before{a[0].clone(), a[1].clone()};
+        for (int i = 0; i < 2; ++i) {
+          for (int k = 0; k < 2; ++k) before.push_back(fused.state(i)[k].clone());
+        }
+        std::vector<at::Tensor> bad{at::full({3, 5}, NAN, at::kDouble), at::full({7}, INFINITY, at::kDouble)};
+        fused.StepUnlessFound(bad, 0, yes);
+        EXPECT_TRUE(at::equal(a[0], before[0]) && at::equal(a[1], before[1])) << "a flagged step changed the values";
+        for (int i = 0; i < 2; ++i) {
+          for (int k = 0; k < 2; ++k) {
+            EXPECT_TRUE(at::equal(fused.state(i)[k], before[2 + 2 * i + k])) << "a flagged step changed slot " << k;
+          }
+        }
+        EXPECT_EQ(fused.step(), step) << "a flagged step counted";
+      }
+      // The host's path after the device's goes on from the device's count.
+      std::vector<at::Tensor> g{at::randn({3, 5}, at::kDouble), at::randn({7}, at::kDouble)};
+      fused.Step(g, 0);
+      plain.Step(g, 0);
+      EXPECT_EQ(fused.step(), 5);
+      for (size_t i = 0; i < a.size(); ++i) {
+        EXPECT_TRUE(at::allclose(a[i], b[i], 1e-12, 1e-12))
+            << "param " << i << " differs by " << a[i].sub(b[i]).abs().max().item<double>();
+        for (int k = 0; k < 2; ++k) EXPECT_TRUE(at::allclose(fused.state(i)[k], plain.state(i)[k], 1e-12, 1e-12));
+      }
+      // Where the count would leave float32's exact integers: the host's path.
+      fused.set_step((int64_t{1} << 24) - 1);
+      EXPECT_FALSE(fused.CanStepUnlessFound());
+    }
+  }
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <ATen/ops/_foreach_div.h>
 #include <ATen/ops/_foreach_mul.h>
 #include <ATen/ops/_foreach_sqrt.h>
+#include <ATen/ops/_foreach_sub.h>
 #include <ATen/ops/full.h>
 #include <ATen/ops/zeros_like.h>
 #include <c10/core/GradMode.h>
@@ -29,12 +30,12 @@ TensorOptimizer::TensorOptimizer(const OptimizerConfig& config, std::vector<at::
 }
 
 int64_t TensorOptimizer::step() const {
-  return device_step_.defined() ? static_cast<int64_t>(device_step_.item<float>()) : step_;
+  return device_steps_.empty() ? step_ : static_cast<int64_t>(device_steps_.front().item<float>());
 }
 
 void TensorOptimizer::set_step(int64_t step) {
   step_ = step;
-  device_step_ = at::Tensor();
+  device_steps_.clear();
 }
 
 bool TensorOptimizer::CanStepUnlessFound() const {
@@ -77,15 +78,18 @@ void TensorOptimizer::StepUnlessFound(const std::vector<at::Tensor>& grads, doub
     done = FusedSgdUnlessFound(params_, g, mom != 0 ? slot0 : std::vector<at::Tensor>{}, config_.weight_decay(), mom,
                                lr, config_.dampening(), config_.nesterov(), found_nonfinite);
   } else {
-    if (!device_step_.defined()) {
-      device_step_ = at::full({}, static_cast<double>(step_), params_[0].options().dtype(at::kFloat));
+    // One count per parameter, as PyTorch's fused Adam keeps them (and
+    // counts: one more before the kernel, one less after it where it
+    // skipped).
+    if (device_steps_.empty()) {
+      const at::Tensor count = at::full({}, static_cast<double>(step_), params_[0].options().dtype(at::kFloat));
+      for (size_t i = 0; i < params_.size(); ++i) device_steps_.push_back(count.clone());
     }
-    device_step_.add_(1);
-    const std::vector<at::Tensor> steps(params_.size(), device_step_);
-    done = FusedAdamUnlessFound(params_, g, slot0, slot1, steps, lr, config_.beta1(), config_.beta2(),
+    at::_foreach_add_(device_steps_, 1.0);
+    done = FusedAdamUnlessFound(params_, g, slot0, slot1, device_steps_, lr, config_.beta1(), config_.beta2(),
                                 config_.weight_decay(), config_.eps(), config_.kind() == OptimizerConfig::ADAMW,
                                 found_nonfinite);
-    device_step_.sub_(found_nonfinite);
+    at::_foreach_sub_(device_steps_, std::vector<at::Tensor>(device_steps_.size(), found_nonfinite));
   }
   TORCH_CHECK(done, "StepUnlessFound without a fused kernel (check CanStepUnlessFound)");
   ++step_;
@@ -93,7 +97,7 @@ void TensorOptimizer::StepUnlessFound(const std::vector<at::Tensor>& grads, doub
 
 void TensorOptimizer::Step(const std::vector<at::Tensor>& grads, double lr_override) {
   c10::NoGradGuard no_grad;
-  if (device_step_.defined()) set_step(step());  // the count, back from the device
+  if (!device_steps_.empty()) set_step(step());  // the count, back from the device
   ++step_;
   const double lr = lr_override > 0 ? lr_override : config_.lr();
   const double wd = config_.weight_decay();

@@ -50,13 +50,13 @@ class TensorOptimizer {
   std::vector<at::Tensor> params_;
   std::vector<std::vector<at::Tensor>> state_;
   int slots_ = 0;
-  // The update count, or (while device_step_ is defined) the updates tried,
+  // The update count, or (while device_steps_ hold it) the updates tried,
   // which bounds it.
   int64_t step_ = 0;
-  // Adam's device-decided steps: the count, a float32 scalar on the
-  // parameters' device (what the fused kernel reads); undefined while step_
-  // is the count.
-  at::Tensor device_step_;
+  // Adam's device-decided steps: the count, per parameter a float32 scalar
+  // on its device (what the fused kernel reads); empty while step_ is the
+  // count.
+  std::vector<at::Tensor> device_steps_;
 };
 
 }  // namespace pstrain

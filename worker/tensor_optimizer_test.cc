@@ -12,6 +12,7 @@
 
 #include "common/torch_compat.h"
 #include "table/optimizer.h"
+#include "worker/device.h"
 
 namespace pstrain {
 namespace {
@@ -118,30 +119,27 @@ TEST(TensorOptimizer, StepUnlessFoundSkipsOnTheDeviceAndOtherwiseIsStep) {
 // the fused kernel's order of operations), with found 1 nothing changes and
 // the step does not count (the bias corrections depend on the count); Step
 // afterwards goes on from the device's count.
-TEST(TensorOptimizer, AdamStepUnlessFoundSkipsOnTheDeviceAndCountsWhatItApplied) {
-  if (!kHasFusedAdam) {
-    GTEST_SKIP() << "this LibTorch (" << TORCH_VERSION << ") has no fused Adam (2.4 on): the all-reduce exchange "
-                 << "checks the gradients on the host instead (make test-torch2 runs this)";
-  }
+void ExpectAdamStepUnlessFoundSkipsAndCountsWhatItApplied(const c10::Device& device) {
+  const auto on = at::TensorOptions().dtype(at::kDouble).device(device);
   for (OptimizerConfig::Kind kind : {OptimizerConfig::ADAM, OptimizerConfig::ADAMW}) {
     for (double wd : {0.0, 0.01}) {
       SCOPED_TRACE(::testing::Message() << OptimizerConfig::Kind_Name(kind) << " weight decay " << wd);
       const OptimizerConfig config = Config(kind, wd, 0, false);
       at::manual_seed(6);
-      std::vector<at::Tensor> a{at::randn({3, 5}, at::kDouble), at::randn({7}, at::kDouble)};
+      std::vector<at::Tensor> a{at::randn({3, 5}, on), at::randn({7}, on)};
       std::vector<at::Tensor> b{a[0].clone(), a[1].clone()};
       TensorOptimizer fused(config, a), plain(config, b);
       ASSERT_TRUE(fused.CanStepUnlessFound()) << "Adam needs no first update on the host";
-      const at::Tensor no = at::zeros({}, at::kFloat), yes = at::ones({}, at::kFloat);
+      const at::Tensor no = at::zeros({}, on.dtype(at::kFloat)), yes = at::ones({}, on.dtype(at::kFloat));
       for (int step = 1; step <= 4; ++step) {
-        std::vector<at::Tensor> g{at::randn({3, 5}, at::kDouble), at::randn({7}, at::kDouble)};
+        std::vector<at::Tensor> g{at::randn({3, 5}, on), at::randn({7}, on)};
         fused.StepUnlessFound(g, step == 2 ? 0.02 : 0, no);
         plain.Step(g, step == 2 ? 0.02 : 0);
         std::vector<at::Tensor> before{a[0].clone(), a[1].clone()};
         for (int i = 0; i < 2; ++i) {
           for (int k = 0; k < 2; ++k) before.push_back(fused.state(i)[k].clone());
         }
-        std::vector<at::Tensor> bad{at::full({3, 5}, NAN, at::kDouble), at::full({7}, INFINITY, at::kDouble)};
+        std::vector<at::Tensor> bad{at::full({3, 5}, NAN, on), at::full({7}, INFINITY, on)};
         fused.StepUnlessFound(bad, 0, yes);
         EXPECT_TRUE(at::equal(a[0], before[0]) && at::equal(a[1], before[1])) << "a flagged step changed the values";
         for (int i = 0; i < 2; ++i) {
@@ -152,7 +150,7 @@ TEST(TensorOptimizer, AdamStepUnlessFoundSkipsOnTheDeviceAndCountsWhatItApplied)
         EXPECT_EQ(fused.step(), step) << "a flagged step counted";
       }
       // The host's path after the device's goes on from the device's count.
-      std::vector<at::Tensor> g{at::randn({3, 5}, at::kDouble), at::randn({7}, at::kDouble)};
+      std::vector<at::Tensor> g{at::randn({3, 5}, on), at::randn({7}, on)};
       fused.Step(g, 0);
       plain.Step(g, 0);
       EXPECT_EQ(fused.step(), 5);
@@ -166,6 +164,23 @@ TEST(TensorOptimizer, AdamStepUnlessFoundSkipsOnTheDeviceAndCountsWhatItApplied)
       EXPECT_FALSE(fused.CanStepUnlessFound());
     }
   }
+}
+
+TEST(TensorOptimizer, AdamStepUnlessFoundSkipsOnTheDeviceAndCountsWhatItApplied) {
+  if (!kHasFusedAdam) {
+    GTEST_SKIP() << "this LibTorch (" << TORCH_VERSION << ") has no fused Adam (2.4 on): the all-reduce exchange "
+                 << "checks the gradients on the host instead (make test-torch2 runs this)";
+  }
+  ExpectAdamStepUnlessFoundSkipsAndCountsWhatItApplied(c10::Device(c10::kCPU));
+}
+
+// The same with CUDA's fused kernels.
+TEST(TensorOptimizer, AdamStepUnlessFoundOnTheGpu) {
+  if (!kHasFusedAdam || CudaDevices() == 0) {
+    GTEST_SKIP() << "no CUDA device: this LibTorch has no CUDA (Debian's 1.13 is CPU-only) or the machine no GPU "
+                    "or driver; tools/gpu/run.sh runs this test on a GPU machine";
+  }
+  ExpectAdamStepUnlessFoundSkipsAndCountsWhatItApplied(c10::Device(c10::kCUDA, 0));
 }
 
 }  // namespace

@@ -183,7 +183,9 @@ TEST(LossScalingTest, TheScaleIsGivenAtEveryStepBoundaryAndResumedFrom) {
       o.start_loss_scale = 256;
     }
     std::vector<std::optional<double>> seen;
-    o.at_step_boundary = [&](const StepBoundary& at) { seen.push_back(at.loss_scale); };
+    o.at_step_boundary = [&](const StepBoundary& at) {
+      seen.push_back(at.loss_scale ? std::optional<double>(at.loss_scale()) : std::nullopt);
+    };
     double reported = -1;
     o.emit = [&](const WorkerEvent& e) {
       if (e.has_progress() && e.progress().has_loss_scale()) reported = e.progress().loss_scale();

@@ -372,10 +372,14 @@ class AllReduceExchange : public GradientExchange {
     // peer or a rejected step stops the job before this step changes
     // anything.
     absl::Status first = Settle();
-    // Whether the device decides this step's update by itself (fused SGD
-    // where the averaged gradients lie, no fp16 verdict to read first).
-    const bool device_decides = options_.loss_scaler == nullptr && optimizer_ != nullptr &&
-                                optimizer_->CanStepUnlessFound() && (on_device_ || stager_->on_host());
+    // Whether the device decides this step's update by itself (a fused
+    // optimizer where the averaged gradients lie; fp16's scaler with it,
+    // where its scale fits float32).
+    LossScaler* scaler = options_.loss_scaler;
+    const bool can_decide =
+        optimizer_ != nullptr && optimizer_->CanStepUnlessFound() && (on_device_ || stager_->on_host());
+    if (scaler != nullptr && !(can_decide && scaler->MoveToDevice(options_.device))) scaler->MoveToHost();
+    const bool device_decides = can_decide && (scaler == nullptr || scaler->on_device());
     // NCCL: then the device waits for the reductions and the host goes on,
     // checking them in the next Settle (next step, Pull, Flush). Otherwise
     // the host reads something before the update, and a read behind a
@@ -397,7 +401,6 @@ class AllReduceExchange : public GradientExchange {
     }
     if (!first.ok()) return first;
     c10::NoGradGuard no_grad;
-    LossScaler* scaler = options_.loss_scaler;
     const double size = static_cast<double>(collective_->size());
     for (size_t b = 0; b < flats_.size(); ++b) {
       if (wire_flats_[b].defined()) {
@@ -406,18 +409,23 @@ class AllReduceExchange : public GradientExchange {
         flats_[b].div_(size);
       }
     }
+    at::Tensor overflow;  // fp16 on the device: the scaler's verdict there
     if (scaler != nullptr) {
       // The mean and the unscale in one pass (the narrow buckets were
       // averaged before the wire); an overflow skips the step on every rank.
       std::vector<at::Tensor> sums, means;
       for (size_t b = 0; b < flats_.size(); ++b) (wire_flats_[b].defined() ? means : sums).push_back(flats_[b]);
-      const bool sums_finite = scaler->UnscaleAndCheck(sums, size);
-      const bool finite = scaler->UnscaleAndCheck(means) && sums_finite;
-      absl::Status s = scaler->Update(finite);
-      if (!s.ok() || !finite) return s;
+      if (scaler->on_device()) {
+        overflow = scaler->UnscaleCheckAndUpdateOnDevice(sums, size, means);
+      } else {
+        const bool sums_finite = scaler->UnscaleAndCheck(sums, size);
+        const bool finite = scaler->UnscaleAndCheck(means) && sums_finite;
+        absl::Status s = scaler->Update(finite);
+        if (!s.ok() || !finite) return s;
+      }
     }
     if (options_.clip_grad_norm > 0) ClipOnDevice();
-    return ApplyLocally(device_decides);
+    return ApplyLocally(device_decides, overflow);
   }
 
   void Abandon() override {
@@ -507,6 +515,12 @@ class AllReduceExchange : public GradientExchange {
       if (!st.ok() && first.ok()) first = st;
     }
     unverified_.clear();
+    // fp16 on the device: the verdicts of the steps since (skipped steps, a
+    // run of overflows that fails the job).
+    if (options_.loss_scaler != nullptr) {
+      absl::Status s = options_.loss_scaler->Settle();
+      if (!s.ok() && first.ok()) first = s;
+    }
     DeferredScalar check = std::move(pending_check_);
     pending_check_ = DeferredScalar();
     if (first.ok() && check.defined() && check.Value() != 0) first = NonFiniteError(pending_step_);
@@ -547,8 +561,9 @@ class AllReduceExchange : public GradientExchange {
 
   // The averaged gradients update the parameters where they are, with the
   // shards' arithmetic and their policy for NaN and Inf, decided on the
-  // device or (otherwise) read by the host first.
-  absl::Status ApplyLocally(bool device_decides) {
+  // device or (otherwise) read by the host first. fp16: the scaler checked
+  // them already, on the host, or on the device (`overflow`).
+  absl::Status ApplyLocally(bool device_decides, const at::Tensor& overflow) {
     c10::NoGradGuard no_grad;
     std::vector<at::Tensor> grads(options_.params.size());
     for (size_t b = 0; b < buckets_.size(); ++b) {
@@ -567,9 +582,12 @@ class AllReduceExchange : public GradientExchange {
         offset += param.numel();
       }
     }
-    // fp16: the scaler checked them already.
     if (options_.loss_scaler != nullptr) {
-      optimizer_->Step(grads, lr_);
+      if (overflow.defined()) {
+        optimizer_->StepUnlessFound(grads, lr_, overflow);
+      } else {
+        optimizer_->Step(grads, lr_);
+      }
       return absl::OkStatus();
     }
     at::Tensor found = FoundNonFinite();

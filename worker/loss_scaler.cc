@@ -1,6 +1,8 @@
 #include "worker/loss_scaler.h"
 
+#include <ATen/TensorOperators.h>
 #include <ATen/ops/_amp_foreach_non_finite_check_and_unscale.h>
+#include <ATen/ops/_amp_update_scale.h>
 #include <ATen/ops/full.h>
 #include <ATen/ops/isfinite.h>
 #include <ATen/ops/zeros.h>
@@ -58,9 +60,13 @@ absl::Status LossScaler::Update(bool finite) {
     }
     return absl::OkStatus();
   }
-  ++skipped_;
   clean_ = 0;
   scale_ *= options_.backoff_factor;
+  return CountSkip();
+}
+
+absl::Status LossScaler::CountSkip() {
+  ++skipped_;
   if (++consecutive_ >= options_.max_consecutive_skips) {
     return absl::FailedPreconditionError(absl::StrFormat(
         "fp16: %d steps in a row had NaN or Inf gradients, down to a loss scale of %g: the model diverged (or the "
@@ -68,6 +74,67 @@ absl::Status LossScaler::Update(bool finite) {
         consecutive_, scale_));
   }
   return absl::OkStatus();
+}
+
+at::Tensor LossScaler::ScaleLoss(const at::Tensor& loss, double factor) const {
+  if (!on_device()) return loss * (factor * scale_);
+  return loss.mul(factor).mul(scale_on_device_);
+}
+
+bool LossScaler::MoveToDevice(const c10::Device& device) {
+  if (on_device()) return true;
+  // float32's normal range: GradScaler's scale is a float32 tensor.
+  if (!(scale_ >= 0x1p-126 && scale_ <= 0x1p127)) return false;
+  const auto on = at::TensorOptions().device(device);
+  scale_on_device_ = at::full({}, scale_, on.dtype(at::kFloat));
+  clean_on_device_ = at::full({}, clean_, on.dtype(at::kInt));
+  return true;
+}
+
+void LossScaler::MoveToHost() {
+  if (!on_device()) return;
+  (void)Settle();  // a run of overflows stays sticky
+  scale_ = scale_on_device_.item<double>();
+  clean_ = clean_on_device_.item<int>();
+  scale_on_device_ = clean_on_device_ = at::Tensor();
+}
+
+at::Tensor LossScaler::UnscaleCheckAndUpdateOnDevice(const std::vector<at::Tensor>& sums, double divisor,
+                                                     const std::vector<at::Tensor>& means) {
+  c10::NoGradGuard no_grad;
+  at::Tensor found = at::zeros({}, scale_on_device_.options());
+  // GradScaler's kernels: the unscale and the check in one pass over each
+  // list, then the scale's update from the verdict -- nothing read.
+  if (!sums.empty()) {
+    // 1/scale first: scale * divisor may overflow float32 where the scale is
+    // near its top (2^127 x 2 ranks is Inf, and its reciprocal 0).
+    at::_amp_foreach_non_finite_check_and_unscale_(sums, found, scale_on_device_.reciprocal().div(divisor));
+  }
+  if (!means.empty()) at::_amp_foreach_non_finite_check_and_unscale_(means, found, scale_on_device_.reciprocal());
+  at::_amp_update_scale_(scale_on_device_, clean_on_device_, found, options_.growth_factor, options_.backoff_factor,
+                         options_.growth_interval);
+  unsettled_.emplace_back(DeferredScalar(found), DeferredScalar(scale_on_device_.clone()));
+  return found;
+}
+
+absl::Status LossScaler::Settle() {
+  while (!unsettled_.empty() && error_.ok()) {
+    const bool finite = unsettled_.front().first.Value() == 0;
+    scale_ = unsettled_.front().second.Value();
+    unsettled_.pop_front();
+    if (finite) {
+      consecutive_ = 0;
+    } else {
+      error_ = CountSkip();
+    }
+  }
+  return error_;
+}
+
+double LossScaler::CurrentScale() {
+  if (!on_device()) return scale_;
+  (void)Settle();
+  return scale_on_device_.item<double>();
 }
 
 }  // namespace pstrain

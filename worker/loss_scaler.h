@@ -12,15 +12,25 @@
 // all-reduce exchange unscales the reduced gradients, which every rank
 // holds identically, so every rank skips the same steps and their scales
 // never diverge (as DDP with GradScaler).
+//
+// Where the all-reduce exchange's optimizer decides its steps on the device
+// (fused SGD/Adam, LibTorch 2.4+), the scaler moves there too, as GradScaler
+// with a fused optimizer: the scale and the count of clean steps become
+// tensors on the device, each step's unscale, check and update run there,
+// and the host learns the verdicts -- skipped steps, the scale, a run of
+// overflows -- a step later (Settle), without ever waiting for a step.
 #ifndef PSTRAIN_WORKER_LOSS_SCALER_H_
 #define PSTRAIN_WORKER_LOSS_SCALER_H_
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
 
 #include <cstdint>
+#include <deque>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "worker/device.h"
 
 namespace pstrain {
 
@@ -40,8 +50,11 @@ class LossScaler {
  public:
   explicit LossScaler(LossScalerOptions options = {});
 
-  // What the loss is multiplied by before backward.
+  // What the loss is multiplied by before backward; on the device, the
+  // scale as of the last Settle.
   double scale() const { return scale_; }
+  // loss * factor * the scale (the device's, there).
+  at::Tensor ScaleLoss(const at::Tensor& loss, double factor) const;
   // grads *= 1 / (scale * divisor) in place (undefined entries are passed
   // over); whether every element of every gradient is finite. One read of
   // the device per call (the step's decision needs it on the host).
@@ -51,14 +64,45 @@ class LossScaler {
   // max_consecutive_skips overflows in a row.
   absl::Status Update(bool finite);
 
+  // On the device: as of the last Settle.
   int64_t skipped_steps() const { return skipped_; }
 
+  // Moves the scale and the count of clean steps to `device`, where a scale
+  // within float32's normal range can go (GradScaler keeps it in float32);
+  // returns whether they are there. Idempotent.
+  bool MoveToDevice(const c10::Device& device);
+  // Back to the host (after a Settle). Idempotent.
+  void MoveToHost();
+  bool on_device() const { return scale_on_device_.defined(); }
+  // On the device, in place and without a read: `sums` times 1/(scale *
+  // divisor), `means` times 1/scale, the scale updated by the verdict. Returns
+  // the verdict, a float32 scalar on the device: 1 where any element was
+  // NaN or Inf (the step must change nothing).
+  at::Tensor UnscaleCheckAndUpdateOnDevice(const std::vector<at::Tensor>& sums, double divisor,
+                                           const std::vector<at::Tensor>& means);
+  // Counts the verdicts of the steps since the last call (skipped_steps,
+  // scale): FAILED_PRECONDITION, and so from then on, once
+  // max_consecutive_skips overflows came in a row. Nothing to do on the host.
+  absl::Status Settle();
+  // The scale the next step uses: on the device, a read of it (to keep with
+  // a checkpoint).
+  double CurrentScale();
+
  private:
+  // One more overflow in a row: the error once there were too many.
+  absl::Status CountSkip();
+
   const LossScalerOptions options_;
   double scale_;
-  int clean_ = 0;        // clean steps since the last change of scale
+  int clean_ = 0;        // clean steps since the last change of scale (the host's)
   int consecutive_ = 0;  // skipped steps in a row
   int64_t skipped_ = 0;
+  // On the device: the scale (float32) and the clean steps (int32), as
+  // GradScaler keeps them, and per step since the last Settle its verdict
+  // and the scale after it, on their way to the host.
+  at::Tensor scale_on_device_, clean_on_device_;
+  std::deque<std::pair<DeferredScalar, DeferredScalar>> unsettled_;
+  absl::Status error_;  // sticky: a run of overflows fails every later Settle
 };
 
 }  // namespace pstrain

@@ -8,7 +8,10 @@
 #include <ATen/ops/randn.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <limits>
+
+#include "common/torch_compat.h"
 
 namespace pstrain {
 namespace {
@@ -88,6 +91,81 @@ TEST(LossScalerTest, ARunOfOverflowsFailsWithAnActionableMessage) {
   EXPECT_NE(s.message().find("5 steps in a row"), std::string::npos) << s;
   EXPECT_NE(s.message().find("bf16"), std::string::npos) << s;
   EXPECT_EQ(scaler.skipped_steps(), 9);
+}
+
+// On the device (here the CPU's kernels, LibTorch 2.4+): the same unscale,
+// the same scale after every step and the same counts as the host's, learnt
+// at Settle; a run of overflows fails there and stays failed; the scale
+// moves only where float32 holds it, and back with its count of clean
+// steps.
+TEST(LossScalerTest, OnTheDeviceFollowsTheHostsRulesAndTellsAtSettle) {
+  if (!kHasFusedSgd) {
+    GTEST_SKIP() << "this LibTorch (" << TORCH_VERSION << ") has no fused optimizer (2.4 on), so the scaler never "
+                 << "moves to the device (make test-torch2 runs this)";
+  }
+  LossScalerOptions o;
+  o.init_scale = 1024;
+  o.growth_interval = 3;
+  o.max_consecutive_skips = 4;
+  LossScaler host(o), device(o);
+  ASSERT_TRUE(device.MoveToDevice(c10::Device(c10::kCPU)));
+  EXPECT_TRUE(device.on_device());
+  // clean x2, overflow, clean x3 (grows), overflow x2, clean
+  const std::vector<bool> finite = {true, true, false, true, true, true, false, false, true};
+  for (size_t i = 0; i < finite.size(); ++i) {
+    SCOPED_TRACE(i);
+    at::manual_seed(static_cast<int>(i));
+    at::Tensor g = at::randn({100}), m = at::randn({10});
+    if (!finite[i]) g[7] = INFINITY;
+    std::vector<at::Tensor> hs{g.mul(host.scale() * 2)}, hm{m.mul(host.scale())};
+    std::vector<at::Tensor> ds{g.mul(device.CurrentScale() * 2)}, dm{m.mul(device.CurrentScale())};
+    const bool host_finite = host.UnscaleAndCheck(hs, 2.0) && host.UnscaleAndCheck(hm);
+    ASSERT_EQ(host_finite, finite[i]);
+    ASSERT_TRUE(host.Update(host_finite).ok());
+    at::Tensor found = device.UnscaleCheckAndUpdateOnDevice(ds, 2.0, dm);
+    EXPECT_EQ(found.item<float>(), finite[i] ? 0.0f : 1.0f);
+    if (finite[i]) {
+      EXPECT_TRUE(at::equal(ds[0], hs[0]) && at::equal(dm[0], hm[0])) << "unscaled differently";
+    }
+    ASSERT_TRUE(device.Settle().ok());
+    EXPECT_EQ(device.scale(), host.scale());
+    EXPECT_EQ(device.skipped_steps(), host.skipped_steps());
+  }
+  EXPECT_EQ(host.skipped_steps(), 3);
+  // Back to the host with its count of clean steps: the same next growth.
+  device.MoveToHost();
+  EXPECT_FALSE(device.on_device());
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(host.Update(true).ok());
+    ASSERT_TRUE(device.Update(true).ok());
+    EXPECT_EQ(device.scale(), host.scale()) << i;
+  }
+  // At the top of float32's range, with a divisor: scale x divisor is Inf in
+  // float32, the unscale must not be by its reciprocal (0).
+  o.init_scale = 0x1p127;
+  LossScaler top(o);
+  ASSERT_TRUE(top.MoveToDevice(c10::Device(c10::kCPU)));
+  at::Tensor g = at::randn({50}).clamp(-1, 1);  // g x 2^127 stays finite
+  std::vector<at::Tensor> sums{g.mul(0x1p127)};
+  EXPECT_EQ(top.UnscaleCheckAndUpdateOnDevice(sums, 2.0, {}).item<float>(), 0.0f);
+  EXPECT_TRUE(at::allclose(sums[0], g.div(2.0))) << "unscaled by " << sums[0].div(g).mean().item<double>();
+  o.init_scale = 1024;
+  // A run of overflows: told at Settle, and from then on.
+  LossScaler diverging(o);
+  ASSERT_TRUE(diverging.MoveToDevice(c10::Device(c10::kCPU)));
+  for (int i = 0; i < 4; ++i) {
+    std::vector<at::Tensor> bad{at::full({3}, NAN)};
+    diverging.UnscaleCheckAndUpdateOnDevice(bad, 1.0, {});
+  }
+  absl::Status s = diverging.Settle();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("4 steps in a row"), std::string::npos) << s;
+  EXPECT_EQ(diverging.Settle().code(), absl::StatusCode::kFailedPrecondition) << "the failure must stick";
+  // A scale float32 cannot hold stays on the host.
+  o.init_scale = 0x1p135;
+  LossScaler huge(o);
+  EXPECT_FALSE(huge.MoveToDevice(c10::Device(c10::kCPU)));
+  EXPECT_FALSE(huge.on_device());
 }
 
 }  // namespace

@@ -246,7 +246,7 @@ absl::Status RunJobOrThrow(pstrain::JobSpec spec, int rank, int world_size, cons
       paused.mutable_paused()->set_epoch(at.epoch);
       paused.mutable_paused()->set_epoch_step(at.epoch_step);
       paused.mutable_paused()->set_pause_id(id);
-      if (at.loss_scale.has_value()) paused.mutable_paused()->set_loss_scale(*at.loss_scale);
+      if (at.loss_scale) paused.mutable_paused()->set_loss_scale(at.loss_scale());
       emit(paused);
       activity->Enter(pstrain::WorkerActivity::PAUSED, step);
       bool saved = saver == nullptr;

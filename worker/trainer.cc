@@ -276,7 +276,7 @@ void Trainer::TrainMicro(const BatchLoader::Batch& batch, double scale, bool arm
   at::Tensor part = loss.detach() * scale;
   *loss_sum = loss_sum->defined() ? *loss_sum + part : part;
   armed_ = arm;
-  (loss * (scale * (scaler_ != nullptr ? scaler_->scale() : 1.0))).backward();
+  (scaler_ != nullptr ? scaler_->ScaleLoss(loss, scale) : loss * scale).backward();
   armed_ = false;
 }
 
@@ -463,6 +463,10 @@ void Trainer::EmitProgress(int epoch) {
   if (window_.grad_norms > 0) p->set_grad_norm(window_.grad_norm / window_.grad_norms);
   for (ShardCalls& c : activity_.TakeShardWindow()) *p->add_shards() = std::move(c);
   if (scaler_ != nullptr) {
+    // Where the scaler is on the device, its verdicts up to this step (the
+    // loss was just read, so the host waits little longer); a run of
+    // overflows it finds fails the next step.
+    (void)scaler_->Settle();
     p->set_loss_scale(scaler_->scale());
     p->set_skipped_steps(scaler_->skipped_steps());
   }
@@ -476,12 +480,13 @@ absl::Status Trainer::Finish() {
   activity_.Enter(WorkerActivity::FINISHING, step_);
   result_.steps = step_;
   result_.seconds = Seconds(start_, Clock::now());
-  result_.skipped_steps = scaler_ != nullptr ? scaler_->skipped_steps() : 0;
   // Final values: wait until every rank's every step has landed (under SYNC
   // the version is the step; otherwise each active rank's last step counts,
   // whoever holds the rank now), then evaluate.
   absl::Status s = spec_.consistency == SYNC ? exchange_->Pull(step_) : exchange_->Pull(0, step_);
   if (!s.ok()) return s;
+  // After the pull, which settles what the device decided last.
+  result_.skipped_steps = scaler_ != nullptr ? scaler_->skipped_steps() : 0;
   if (options_.rank == 0 && data_.test.size() > 0) {
     EvalResult ev = Evaluate(*model_, data_.test, device_, spec_.precision);
     result_.final_accuracy = ev.accuracy;
@@ -567,7 +572,7 @@ absl::StatusOr<TrainResult> Trainer::Run() {
         at.epoch = epoch;
         at.epoch_step = es;
         at.flush = [this, step = step_] { return exchange_->Flush(step); };
-        if (scaler_ != nullptr) at.loss_scale = scaler_->scale();
+        if (scaler_ != nullptr) at.loss_scale = [this] { return scaler_->CurrentScale(); };
         options_.at_step_boundary(at);
       }
       if (options_.stop != nullptr && options_.stop->load()) {

@@ -54,8 +54,9 @@ struct StepBoundary {
   // the worker's device): call it before saving the store.
   std::function<absl::Status()> flush;
   // fp16: the loss scale the step will use (a checkpoint keeps it with the
-  // rank's place); unset without loss scaling.
-  std::optional<double> loss_scale;
+  // rank's place); empty without loss scaling. A function: where the scale
+  // lives on the device, asking reads it.
+  std::function<double()> loss_scale;
 };
 
 struct TrainerOptions {

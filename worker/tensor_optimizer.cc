@@ -29,6 +29,13 @@ TensorOptimizer::TensorOptimizer(const OptimizerConfig& config, std::vector<at::
   }
 }
 
+std::vector<at::Tensor> TensorOptimizer::Slot(int k) const {
+  std::vector<at::Tensor> out;
+  if (k >= slots_) return out;
+  for (const auto& set : state_) out.push_back(set[k]);
+  return out;
+}
+
 int64_t TensorOptimizer::step() const {
   return device_steps_.empty() ? step_ : static_cast<int64_t>(device_steps_.front().item<float>());
 }
@@ -67,11 +74,7 @@ void TensorOptimizer::StepUnlessFound(const std::vector<at::Tensor>& grads, doub
   // The kernels want each gradient laid out like its parameter.
   std::vector<at::Tensor> g;
   for (const at::Tensor& t : grads) g.push_back(t.contiguous());
-  std::vector<at::Tensor> slot0, slot1;
-  for (auto& set : state_) {
-    if (slots_ > 0) slot0.push_back(set[0]);
-    if (slots_ > 1) slot1.push_back(set[1]);
-  }
+  const std::vector<at::Tensor> slot0 = Slot(0), slot1 = Slot(1);
   bool done = false;
   if (config_.kind() == OptimizerConfig::SGD) {
     const double mom = config_.momentum();
@@ -104,11 +107,7 @@ void TensorOptimizer::Step(const std::vector<at::Tensor>& grads, double lr_overr
   // Multi-tensor kernels: on a GPU a handful of launches per step for the
   // whole model instead of several per parameter; on the CPU the same
   // per-tensor operations, in the same order.
-  std::vector<at::Tensor> slot0, slot1;
-  for (auto& set : state_) {
-    if (slots_ > 0) slot0.push_back(set[0]);
-    if (slots_ > 1) slot1.push_back(set[1]);
-  }
+  const std::vector<at::Tensor> slot0 = Slot(0), slot1 = Slot(1);
   switch (config_.kind()) {
     case OptimizerConfig::SGD: {
       const std::vector<at::Tensor> d = wd != 0 ? at::_foreach_add(grads, params_, wd) : grads;

@@ -46,6 +46,9 @@ class TensorOptimizer {
   void StepUnlessFound(const std::vector<at::Tensor>& grads, double lr, const at::Tensor& found_nonfinite);
 
  private:
+  // Slot k of every parameter (empty where the optimizer has no slot k).
+  std::vector<at::Tensor> Slot(int k) const;
+
   OptimizerConfig config_;
   std::vector<at::Tensor> params_;
   std::vector<std::vector<at::Tensor>> state_;

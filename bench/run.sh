@@ -581,7 +581,12 @@ PYEOF
 # allocations excluded, as the peer's warm-up steps are). No evaluation
 # while training (the peer does none; with one, rank 0 stopped to pull and
 # evaluate after each of the 3 to 6 epochs the 200 steps span).
-gpu_ours_once() {  # gpu_ours_once ps|allreduce MODEL -> samples/s (all workers)
+#
+# Each run also gives the workers' own account of a step, from the same
+# windows (milliseconds, mean over workers): the step as the host lived it,
+# the part it waited for the exchange after backward, and for data. Where
+# the device keeps the host waiting, it shows there.
+gpu_ours_once() {  # gpu_ours_once ps|allreduce MODEL -> "samples/s step_ms wait_ms data_ms"
   local mode=$1 model=$2 run=$WORK/gpu.$RANDOM steps=${GPU_STEPS:-200} batch=${GPU_BATCH:-256}
   mkdir -p "$run"
   local workers=2 shards=${GPU_SHARDS:-2}
@@ -592,18 +597,18 @@ model: torchscript:$model
 data: {format: synthetic, synthetic_train: 16384, synthetic_test: 256}
 optimizer: {kind: sgd, lr: 0.05, momentum: 0.9}
 mode: $mode
-device: cuda
+device: ${GPU_DEVICE:-cuda}
 precision: ${GPU_PRECISION:-fp32}
 wire_dtype: $([ "$mode" = ps ] && echo "${GPU_WIRE:-fp32}" || echo fp32)
 requests_in_flight: ${GPU_REQUESTS_IN_FLIGHT:-2}
-backend: nccl
+backend: $([ "${GPU_DEVICE:-cuda}" = cpu ] && echo gloo || echo nccl)
 consistency: $([ "$mode" = ps ] && echo async || echo sync)
 workers: $workers
 shards: $shards
 epochs: 100
 max_steps: $steps
 batch_size: $batch
-threads_per_worker: 4
+threads_per_worker: ${GPU_THREADS:-4}
 log_every_steps: 20
 eval_every_epochs: 0
 output_dir: $run/out
@@ -628,48 +633,59 @@ YAML
   wait "${pids[@]}" 2>/dev/null || true
   $PY - "$batch" "$run"/w*.jsonl <<'PYEOF'
 import json, sys
-batch, total = int(sys.argv[1]), 0.0
+batch, total, host = int(sys.argv[1]), 0.0, [0.0, 0.0, 0.0]
 for path in sys.argv[2:]:
     rows = [json.loads(l)["progress"] for l in open(path) if '"progress"' in l]
     first, last = rows[0], rows[-1]
     total += (int(last["step"]) - int(first["step"])) * batch / (last["elapsed_s"] - first["elapsed_s"])
-print(total)
+    for k, key in enumerate(("step_time_s", "exchange_wait_s", "data_wait_s")):
+        host[k] += sum(r.get(key, 0) for r in rows[1:]) / max(1, len(rows) - 1) * 1e3 / (len(sys.argv) - 2)
+print(total, *(round(h, 3) for h in host))
 PYEOF
 }
 
 gpu_torch_once() {  # gpu_torch_once DDP(0|1) MODEL -> samples/s
   $PY bench/torch_gpu_train.py train --model "$2" --ddp "$1" --port "$(free_port)" \
-    --steps "${GPU_STEPS:-200}" --batch "${GPU_BATCH:-256}" --precision "${GPU_PRECISION:-fp32}" 2>"$WORK/torch_gpu.log" \
+    --steps "${GPU_STEPS:-200}" --batch "${GPU_BATCH:-256}" --precision "${GPU_PRECISION:-fp32}" \
+    --device "${GPU_DEVICE:-cuda}" --threads "${GPU_THREADS:-4}" 2>"$WORK/torch_gpu.log" \
     | tail -1 | $PY -c 'import json,sys; print(json.loads(sys.stdin.read())["samples_per_s"])' \
     || { cat "$WORK/torch_gpu.log" >&2; exit 1; }
 }
 
 gpu() {
-  local reps=${1:-3} model=$WORK/resnet18.pt lines=" ${GPU_LINES:-ps ar torch ddp} "
+  local reps=${1:-3} model=$WORK/resnet18.pt lines=" ${GPU_LINES:-ps ar torch ddp} " be=nccl
+  [ "${GPU_DEVICE:-cuda}" = cpu ] && be=gloo  # the CPU's analogue (GPU_DEVICE=cpu): gloo both sides
   $PY bench/torch_gpu_train.py model "$model"
   declare -A runs
   for r in $(seq "$reps"); do
     [[ $lines == *" ps "* ]] && { log "rep $r/$reps: pstrain ps (2 workers, 1 GPU)"; runs[ps]+="$(gpu_ours_once ps "$model")"$'\n'; }
-    [[ $lines == *" ar "* ]] && { log "rep $r/$reps: pstrain all-reduce (nccl, 1 rank)"; runs[ar]+="$(gpu_ours_once allreduce "$model")"$'\n'; }
+    [[ $lines == *" ar "* ]] && { log "rep $r/$reps: pstrain all-reduce ($be, 1 rank)"; runs[ar]+="$(gpu_ours_once allreduce "$model")"$'\n'; }
     [[ $lines == *" torch "* ]] && { log "rep $r/$reps: torch (one process)"; runs[torch]+="$(gpu_torch_once 0 "$model")"$'\n'; }
-    [[ $lines == *" ddp "* ]] && { log "rep $r/$reps: torch DDP (nccl, 1 rank)"; runs[ddp]+="$(gpu_torch_once 1 "$model")"$'\n'; }
+    [[ $lines == *" ddp "* ]] && { log "rep $r/$reps: torch DDP ($be, 1 rank)"; runs[ddp]+="$(gpu_torch_once 1 "$model")"$'\n'; }
   done
   # A line left out (GPU_LINES) is 0 (the median of nothing), and so are
   # the ratios it is part of.
-  col() { printf '%s' "${runs[$1]:-}" | awk 'NF {print $1}' | median; }
-  printf '\n%-36s %12s   (ResNet-18, 1x28x28, batch %s, %s, medians of %s runs)\n' "GPU training" "samples/s" \
-    "${GPU_BATCH:-256}" "${GPU_PRECISION:-fp32}" "$reps" >&2
-  printf '%-36s %12.0f\n' "pstrain ps, 2 workers" "$(col ps)" "pstrain all-reduce, nccl, 1 rank" "$(col ar)" \
-    "torch, one process" "$(col torch)" "torch DDP, nccl, 1 rank" "$(col ddp)" >&2
+  col() { printf '%s' "${runs[$1]:-}" | awk -v f="${2:-1}" 'NF {print $f}' | median; }
+  printf '\n%-36s %12s   (ResNet-18, 1x28x28, batch %s, %s, %s, medians of %s runs)\n' "GPU training" "samples/s" \
+    "${GPU_BATCH:-256}" "${GPU_PRECISION:-fp32}" "${GPU_DEVICE:-cuda}" "$reps" >&2
+  printf '%-36s %12.0f\n' "pstrain ps, 2 workers" "$(col ps)" "pstrain all-reduce, $be, 1 rank" "$(col ar)" \
+    "torch, one process" "$(col torch)" "torch DDP, $be, 1 rank" "$(col ddp)" >&2
+  printf '%-36s %12s %12s %12s\n' "pstrain, per step (host)" "step ms" "exchange ms" "data ms" >&2
+  printf '%-36s %12.3f %12.3f %12.3f\n' "ps (each worker)" "$(col ps 2)" "$(col ps 3)" "$(col ps 4)" \
+    "all-reduce" "$(col ar 2)" "$(col ar 3)" "$(col ar 4)" >&2
   $PY - <<PYEOF
 import json
 ps, ar, torch1, ddp = $(col ps), $(col ar), $(col torch), $(col ddp)
 ratio = lambda a, b: round(a / b, 3) if a and b else 0
 print(json.dumps({"bench": "gpu", "reps": $reps, "precision": "${GPU_PRECISION:-fp32}", "wire_dtype": "${GPU_WIRE:-fp32}",
                   "ps_shards": ${GPU_SHARDS:-2}, "ps_requests_in_flight": ${GPU_REQUESTS_IN_FLIGHT:-2},
-                  "setup": "ResNet-18 (11.2M params), synthetic 1x28x28, batch ${GPU_BATCH:-256}, SGD momentum, one GPU",
-                  "samples_per_s": {"pstrain_ps_2_workers": round(ps), "pstrain_allreduce_nccl_1": round(ar),
-                                    "torch_one_process": round(torch1), "torch_ddp_nccl_1": round(ddp)},
+                  "device": "${GPU_DEVICE:-cuda}",
+                  "setup": "ResNet-18 (11.2M params), synthetic 1x28x28, batch ${GPU_BATCH:-256}, SGD momentum, one ${GPU_DEVICE:-cuda} device",
+                  "samples_per_s": {"pstrain_ps_2_workers": round(ps), "pstrain_allreduce_${be}_1": round(ar),
+                                    "torch_one_process": round(torch1), "torch_ddp_${be}_1": round(ddp)},
+                  "host_ms_per_step": {line: dict(zip(("step", "exchange_wait", "data_wait"), vals)) for line, vals in
+                                       (("ps", ($(col ps 2), $(col ps 3), $(col ps 4))),
+                                        ("allreduce", ($(col ar 2), $(col ar 3), $(col ar 4))))},
                   "ratios": {"allreduce_vs_torch_ddp": ratio(ar, ddp), "ps_vs_torch_one_process": ratio(ps, torch1)}}))
 PYEOF
 }

@@ -59,13 +59,14 @@ class ResNet18(nn.Module):
 def train(args):
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.threads)
-    device = torch.device("cuda", 0)
+    cuda = args.device == "cuda"
+    device = torch.device("cuda", 0) if cuda else torch.device("cpu")
     model = torch.jit.load(args.model).to(device)
     if args.ddp:
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(args.port))
-        torch.distributed.init_process_group("nccl", rank=0, world_size=1)
-        model = nn.parallel.DistributedDataParallel(model, device_ids=[0])
+        torch.distributed.init_process_group("nccl" if cuda else "gloo", rank=0, world_size=1)
+        model = nn.parallel.DistributedDataParallel(model, device_ids=[0] if cuda else None)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     amp = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.precision)
     scaler = None
@@ -81,13 +82,15 @@ def train(args):
 
     def step(i):
         idx = order[(i * args.batch) % (args.examples - args.batch):][: args.batch]
-        x = x_all.index_select(0, idx).pin_memory().to(device, non_blocking=True)
-        y = y_all.index_select(0, idx).pin_memory().to(device, non_blocking=True)
+        x, y = x_all.index_select(0, idx), y_all.index_select(0, idx)
+        if cuda:
+            x = x.pin_memory().to(device, non_blocking=True)
+            y = y.pin_memory().to(device, non_blocking=True)
         opt.zero_grad()  # PyTorch's default: set_to_none=True (2.0 on), as pstrain's workers do
         if amp is None:
             loss = F.cross_entropy(model(x), y)
         else:
-            with torch.autocast("cuda", dtype=amp):
+            with torch.autocast(args.device, dtype=amp):
                 logits = model(x)
             loss = F.cross_entropy(logits.float(), y)
         if scaler is None:
@@ -101,12 +104,13 @@ def train(args):
 
     for i in range(args.warmup):
         step(i)
-    torch.cuda.synchronize()
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    sync()
     start = time.perf_counter()
     for i in range(args.steps):
         loss = step(i)
     final = loss.item()
-    torch.cuda.synchronize()
+    sync()
     secs = time.perf_counter() - start
     print(json.dumps({"samples_per_s": args.steps * args.batch / secs, "loss": final, "ddp": bool(args.ddp),
                       "precision": args.precision}))
@@ -130,6 +134,7 @@ def main():
     t.add_argument("--lr", type=float, default=0.05)
     t.add_argument("--threads", type=int, default=4)
     t.add_argument("--seed", type=int, default=42)
+    t.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     t.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="fp32")
     args = p.parse_args()
     if args.cmd == "model":

@@ -1,6 +1,7 @@
 #include "worker/device.h"
 
 #include <ATen/ops/empty.h>
+#include <ATen/ops/isfinite.h>
 #include <c10/core/StreamGuard.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <torch/cuda.h>
@@ -11,6 +12,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/quote.h"
+#include "table/tensor_buffer.h"
 
 namespace pstrain {
 
@@ -51,6 +53,16 @@ absl::StatusOr<c10::Device> ResolveDevice(DeviceChoice spec_device, const std::s
     index = i;
   }
   return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(index));
+}
+
+bool HostAllFinite(const at::Tensor& t) {
+  TORCH_CHECK(t.device().is_cpu(), "HostAllFinite: a tensor on ", t.device().str());
+  if (t.is_contiguous() && (t.scalar_type() == at::kFloat || t.scalar_type() == at::kDouble)) {
+    return AllFinite(t.scalar_type() == at::kFloat ? DT_FLOAT32 : DT_FLOAT64,
+                     static_cast<const uint8_t*>(t.data_ptr()), t.nbytes());
+  }
+  if (!at::isFloatingType(t.scalar_type())) return true;
+  return at::isfinite(t).all().item<bool>();
 }
 
 at::Tensor HostBufferFor(const at::Tensor& like, const c10::Device& device) {

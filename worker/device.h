@@ -47,6 +47,13 @@ absl::StatusOr<c10::Device> ResolveDevice(DeviceChoice spec_device, const std::s
 // accelerator (so copies to and from it can be asynchronous).
 at::Tensor HostBufferFor(const at::Tensor& like, const c10::Device& device);
 
+// Whether every element of `t` (on the host) is finite. Float32 and float64
+// are scanned where they lie, in one vectorized read that allocates nothing
+// (table/tensor_buffer's AllFinite, which the shards run over every push);
+// LibTorch's isfinite builds four temporaries on the way (60 ms for
+// ResNet-18's 11.2M gradients on one core with 1.13, against 4 ms).
+bool HostAllFinite(const at::Tensor& t);
+
 // A scalar the device computes and the host reads later, without waiting
 // for everything the device has queued (as Tensor::item would): the copy to
 // pinned host memory is queued on the compute stream with an event after

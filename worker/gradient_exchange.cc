@@ -5,6 +5,7 @@
 #include <ATen/ops/isfinite.h>
 #include <ATen/ops/linalg_vector_norm.h>
 #include <ATen/ops/nan_to_num.h>
+#include <ATen/ops/scalar_tensor.h>
 #include <ATen/ops/zeros.h>
 #include <c10/core/GradMode.h>
 
@@ -549,8 +550,13 @@ class AllReduceExchange : public GradientExchange {
   }
 
   // 1 (float32, on the gradients' device) where any averaged gradient is
-  // NaN or Inf, else 0.
+  // NaN or Inf, else 0. Host buffers are scanned where they lie.
   at::Tensor FoundNonFinite() const {
+    if (flats_.front().device().is_cpu()) {
+      bool finite = true;
+      for (const auto& f : flats_) finite = finite && HostAllFinite(f);
+      return at::scalar_tensor(finite ? 0.0 : 1.0, at::kFloat);
+    }
     at::Tensor all_finite;
     for (const auto& f : flats_) {
       at::Tensor ok = at::isfinite(f).all();

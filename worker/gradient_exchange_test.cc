@@ -110,6 +110,40 @@ bool Equal(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b) {
   return at::equal(a[0], b[0]) && at::equal(a[1], b[1]);
 }
 
+// The host's scan, which all-reduce on the CPU runs over the averaged
+// gradients every step (and fp16's scaler over each gradient), tells what
+// LibTorch's isfinite tells: every length around the vector width, the bad
+// value first, in the middle and last (in the scalar tail), the extremes
+// that are finite, other dtypes and layouts.
+TEST(HostAllFiniteTest, AgreesWithLibTorchsIsfinite) {
+  for (at::ScalarType dtype : {at::kFloat, at::kDouble, at::kBFloat16, at::kHalf}) {
+    for (int64_t n : {0, 1, 7, 8, 9, 15, 16, 17, 31, 33, 64, 1000, 4099}) {
+      const at::Tensor clean = at::randn({n}).to(dtype);
+      EXPECT_TRUE(HostAllFinite(clean)) << dtype << " n=" << n;
+      for (double bad : {double(NAN), double(INFINITY), -double(INFINITY)}) {
+        for (int64_t at : {int64_t{0}, n / 2, n - 1}) {
+          if (n == 0) continue;
+          at::Tensor t = clean.clone();
+          t[at] = bad;
+          ASSERT_FALSE(at::isfinite(t).all().item<bool>());
+          EXPECT_FALSE(HostAllFinite(t)) << dtype << " n=" << n << " " << bad << " at " << at;
+        }
+      }
+    }
+  }
+  // The largest finite values, the smallest subnormals, signed zeros.
+  at::Tensor edges32 = at::tensor({3.4028235e38f, -3.4028235e38f, 1.4e-45f, -1.4e-45f, 0.0f, -0.0f});
+  EXPECT_TRUE(HostAllFinite(edges32));
+  EXPECT_TRUE(HostAllFinite(edges32.to(at::kDouble)));
+  EXPECT_TRUE(HostAllFinite(at::tensor({1.7976931348623157e308, -4.9e-324})));
+  // Not contiguous (a transposed view), and integers (always finite).
+  at::Tensor m = at::randn({33, 17});
+  m[32][0] = NAN;
+  EXPECT_FALSE(HostAllFinite(m.t()));
+  EXPECT_TRUE(HostAllFinite(at::randn({33, 17}).t()));
+  EXPECT_TRUE(HostAllFinite(at::arange(100)));
+}
+
 // SKIP: the non-finite step changes nothing (values, momentum, Adam's
 // moments and step count): training goes on exactly as if it had never
 // been.

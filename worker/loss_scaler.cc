@@ -14,6 +14,7 @@
 #include <utility>
 
 #include "absl/strings/str_format.h"
+#include "worker/device.h"
 
 namespace pstrain {
 
@@ -24,10 +25,11 @@ bool LossScaler::UnscaleAndCheck(const std::vector<at::Tensor>& grads, double di
   const double inv = 1.0 / (scale_ * divisor);
   // CUDA has GradScaler's fused kernel (one launch per list, no read of the
   // device); LibTorch 1.13 has it for CUDA only, so elsewhere: multiply,
-  // then one flag per gradient, all read at once.
-  // (GradScaler groups by device and dtype too.)
+  // then scan on the host (other devices: one flag per gradient, all read
+  // at once). (GradScaler groups by device and dtype too.)
   std::map<std::pair<std::string, at::ScalarType>, std::vector<at::Tensor>> cuda;
-  at::Tensor bad;  // on the host: any non-finite element
+  bool finite = true;
+  at::Tensor bad;  // elsewhere: any non-finite element
   for (const at::Tensor& g : grads) {
     if (!g.defined()) continue;
     if (g.is_cuda() && g.scalar_type() != at::kDouble) {
@@ -35,10 +37,14 @@ bool LossScaler::UnscaleAndCheck(const std::vector<at::Tensor>& grads, double di
       continue;
     }
     g.mul_(inv);
+    if (g.device().is_cpu()) {
+      finite = finite && HostAllFinite(g);
+      continue;
+    }
     at::Tensor b = at::isfinite(g).logical_not_().any();
     bad = bad.defined() ? bad.logical_or_(b) : b;
   }
-  bool finite = !bad.defined() || !bad.item<bool>();
+  finite = finite && (!bad.defined() || !bad.item<bool>());
   for (auto& [key, list] : cuda) {
     const c10::Device device = list.front().device();
     at::Tensor found = at::zeros({1}, at::TensorOptions().device(device).dtype(at::kFloat));

@@ -609,6 +609,7 @@ epochs: 100
 max_steps: $steps
 batch_size: $batch
 threads_per_worker: ${GPU_THREADS:-4}
+clip_grad_norm: ${GPU_CLIP:-0}
 log_every_steps: 20
 eval_every_epochs: 0
 output_dir: $run/out

@@ -538,11 +538,15 @@ class AllReduceExchange : public GradientExchange {
 
   // Clips the averaged gradients to clip_grad_norm, computed and applied on
   // their device (the host never waits for the norm). A non-finite norm
-  // leaves them non-finite, for the check that follows.
+  // leaves them non-finite, for the check that follows. The norms in the
+  // gradients' dtype, as torch::nn::utils::clip_grad_norm_ (and so a
+  // parameter server's worker) computes them: asking for float64 made a
+  // float64 copy of each bucket on the CPU first (57 ms a step for
+  // ResNet-18's 11.2M gradients on one core, against 2).
   void ClipOnDevice() {
     at::Tensor sq;
     for (const auto& f : flats_) {
-      at::Tensor n = at::linalg_vector_norm(f, 2, c10::nullopt, false, at::kDouble);
+      at::Tensor n = at::linalg_vector_norm(f, 2);
       sq = sq.defined() ? sq.add(n.square()) : n.square();
     }
     at::Tensor coef = sq.sqrt().add(1e-6).reciprocal().mul(options_.clip_grad_norm).clamp_max(1.0);

@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <mutex>
 #include <string>
 
 #include "absl/flags/flag.h"
@@ -9,11 +10,77 @@
 #include "absl/synchronization/mutex.h"
 #include "common/env_flags.h"
 #include "common/quote.h"
+#include "google/protobuf/stubs/logging.h"
 #include "spdlog/spdlog.h"
 
 ABSL_FLAG(std::string, log_level, "info", "Least severe log messages printed: trace, debug, info, warn, error or off.");
 
 namespace pstrain {
+namespace {
+
+struct ProtobufLogLimit {
+  std::mutex mu;
+  int burst = 10;
+  absl::Duration window = absl::Minutes(1);
+  absl::Time window_start = absl::InfinitePast();
+  int in_window = 0;
+  int64_t dropped = 0;  // since the last message that went out
+};
+
+ProtobufLogLimit& Limit() {
+  static ProtobufLogLimit* limit = new ProtobufLogLimit;  // used until exit, by any thread
+  return *limit;
+}
+
+void ProtobufLog(google::protobuf::LogLevel level, const char* file, int line, const std::string& message) {
+  // Protobuf's messages name types and fields, not the bytes of the input;
+  // bounded all the same.
+  const std::string text = Quote(message, 300);
+  if (level == google::protobuf::LOGLEVEL_FATAL) {
+    spdlog::critical("protobuf ({}:{}): {}", file, line, text);
+    return;
+  }
+  int64_t dropped = 0;
+  {
+    ProtobufLogLimit& l = Limit();
+    std::lock_guard<std::mutex> lock(l.mu);
+    const absl::Time now = absl::Now();
+    if (now - l.window_start >= l.window) {
+      l.window_start = now;
+      l.in_window = 0;
+    }
+    if (l.in_window >= l.burst) {
+      ++l.dropped;
+      return;
+    }
+    ++l.in_window;
+    dropped = l.dropped;
+    l.dropped = 0;
+  }
+  const spdlog::level::level_enum to = level == google::protobuf::LOGLEVEL_INFO ? spdlog::level::info
+                                                                                : spdlog::level::warn;
+  if (dropped > 0) {
+    spdlog::log(to, "protobuf: {} (and {} more such messages dropped before this one: at most {} per {})", text,
+                dropped, Limit().burst, absl::FormatDuration(Limit().window));
+  } else {
+    spdlog::log(to, "protobuf: {}", text);
+  }
+}
+
+}  // namespace
+
+void LimitProtobufLogs(int burst, absl::Duration window) {
+  {
+    ProtobufLogLimit& l = Limit();
+    std::lock_guard<std::mutex> lock(l.mu);
+    l.burst = burst;
+    l.window = window;
+    l.window_start = absl::InfinitePast();
+    l.in_window = 0;
+    l.dropped = 0;
+  }
+  google::protobuf::SetLogHandler(&ProtobufLog);
+}
 
 void StartBinary(const char* name, int argc, char** argv) {
   if (absl::Status env = ApplyEnvironmentToFlags(); !env.ok()) {
@@ -37,6 +104,7 @@ void StartBinary(const char* name, int argc, char** argv) {
   // meets). The binaries do without; the tests keep it, which is where a
   // lock-order mistake shows.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  LimitProtobufLogs();
 }
 
 }  // namespace pstrain

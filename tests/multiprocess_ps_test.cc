@@ -9,11 +9,13 @@
 #include <signal.h>
 #include <torch/optim/sgd.h>
 
+#include <fstream>
 #include <future>
 #include <thread>
 
 #include "rpc/grpc_remote_shard.h"
 #include "tests/child_process.h"
+#include "tests/raw_call.h"
 #include "worker/ps_client.h"
 
 namespace pstrain {
@@ -39,6 +41,7 @@ class ShardCluster {
       EXPECT_TRUE(addr.ok()) << addr.status();
       RemoteShardOptions ro;
       ro.target = addr.ok() ? *addr : "127.0.0.1:1";
+      addresses_.push_back(ro.target);
       ro.default_timeout = absl::Seconds(30);
       ro.max_attempts = 4;
       ro.initial_backoff = absl::Milliseconds(20);
@@ -51,11 +54,14 @@ class ShardCluster {
     return out;
   }
   ChildProcess& child(int i) { return *children_[i]; }
+  const std::string& address(int i) const { return addresses_[i]; }
+  std::string log_path(int i) const { return dir_ + "/shard" + std::to_string(i) + ".log"; }
   GrpcRemoteShard& remote(int i) { return *remotes_[i]; }
 
  private:
   std::string dir_;
   std::vector<std::unique_ptr<ChildProcess>> children_;
+  std::vector<std::string> addresses_;
   std::vector<std::unique_ptr<GrpcRemoteShard>> remotes_;
 };
 
@@ -249,6 +255,30 @@ TEST(MultiProcessPsTest, SigtermDrainsWaitingCallsAndExitsZero) {
   EXPECT_EQ(cluster.child(0).Wait(), 0);
   t.join();
   EXPECT_EQ(waiting.code(), absl::StatusCode::kUnavailable) << waiting;
+}
+
+// Bytes any client can send -- a request whose string field is not UTF-8,
+// which protobuf logs a line about on every parse -- are refused, request
+// after request, and the shard's log keeps a bounded few lines about them
+// (LimitProtobufLogs), not one per request.
+TEST(MultiProcessPsTest, AFloodOfNonUtf8RequestsIsRefusedWithoutFloodingTheLog) {
+  ShardCluster cluster(1);
+  const std::string not_utf8("\x0a\x02\xff\xfe", 4);  // field 1 (job): two bytes that are not UTF-8
+  for (int i = 0; i < 200; ++i) {
+    const char* method = i % 2 == 0 ? "/pstrain.ParameterService/PushPull" : "/pstrain.ParameterService/Pull";
+    grpc::Status s = RawCall(cluster.address(0), method, not_utf8);
+    ASSERT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << i << ": " << s.error_message();
+  }
+  StatsResponse stats;
+  ASSERT_TRUE(WaitFor([&](StatusCallback done) { cluster.remote(0).Stats({}, &stats, {}, done); }).ok());
+  std::ifstream log(cluster.log_path(0));
+  int protobuf_lines = 0, lines = 0;
+  for (std::string line; std::getline(log, line); ++lines) {
+    if (line.find("protobuf") != std::string::npos) ++protobuf_lines;
+  }
+  EXPECT_GE(protobuf_lines, 1) << "the first of them is logged";
+  EXPECT_LE(protobuf_lines, 10) << "one line per hostile request";
+  EXPECT_LE(lines, 20);
 }
 
 }  // namespace

@@ -1,7 +1,7 @@
 // Every RPC of every pstrain service, called as a hostile or buggy client
 // would, over real gRPC on 127.0.0.1 (in-process servers):
 //   - bytes that are not the request message,
-//   - every string field of the request 1 MiB long,
+//   - every string field of the request 1 MiB long, and not UTF-8,
 //   - the method's own hostile cases (the table below),
 // each answered with a fitting code and a message a person can read
 // (non-empty, bounded: client strings are quoted as prefixes), and the
@@ -32,21 +32,23 @@
 namespace pstrain {
 namespace {
 
-// `message` with every string field (top level) set to 1 MiB.
-std::string WithHugeStrings(google::protobuf::Message* message) {
+// `message` with every string field (top level) set to `value`; empty when
+// it has none.
+std::string WithStrings(google::protobuf::Message* message, const std::string& value) {
   const google::protobuf::Descriptor* d = message->GetDescriptor();
   const google::protobuf::Reflection* r = message->GetReflection();
+  bool any = false;
   for (int i = 0; i < d->field_count(); ++i) {
     const google::protobuf::FieldDescriptor* f = d->field(i);
     if (f->type() != google::protobuf::FieldDescriptor::TYPE_STRING) continue;
-    const std::string huge(1 << 20, 'x');
+    any = true;
     if (f->is_repeated()) {
-      r->AddString(message, f, huge);
+      r->AddString(message, f, value);
     } else {
-      r->SetString(message, f, huge);
+      r->SetString(message, f, value);
     }
   }
-  return message->SerializeAsString();
+  return any ? message->SerializeAsString() : std::string();
 }
 
 struct Case {
@@ -292,8 +294,17 @@ TEST_F(GrpcHostileTest, HostileRequestsGetFittingCodesAndBoundedMessages) {
     const google::protobuf::MethodDescriptor* md = service->FindMethodByName(method.substr(method.rfind('/') + 1));
     std::unique_ptr<google::protobuf::Message> request(
         google::protobuf::MessageFactory::generated_factory()->GetPrototype(md->input_type())->New());
-    s = RawCall(target, method, WithHugeStrings(request.get()));
+    s = RawCall(target, method, WithStrings(request.get(), std::string(1 << 20, 'x')));
     EXPECT_LT(s.error_message().size(), 2048u) << method << ": " << s.error_message().substr(0, 200);
+    // Every string field not UTF-8 (which protobuf will not parse): refused
+    // as malformed, like any bytes that are not the message.
+    request.reset(request->New());
+    const std::string not_utf8 = WithStrings(request.get(), std::string("\xff\xfe", 2));
+    if (!not_utf8.empty()) {
+      s = RawCall(target, method, not_utf8);
+      EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << method << " (not UTF-8): " << s.error_message();
+      EXPECT_FALSE(s.error_message().empty()) << method;
+    }
     for (const Case& c : cases) {
       s = RawCall(target, method, c.bytes);
       EXPECT_EQ(s.error_code(), c.code) << method << " (" << c.name << "): " << s.error_message();

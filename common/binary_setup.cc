@@ -41,6 +41,8 @@ void ProtobufLog(google::protobuf::LogLevel level, const char* file, int line, c
     return;
   }
   int64_t dropped = 0;
+  int burst = 0;
+  absl::Duration window;
   {
     ProtobufLogLimit& l = Limit();
     std::lock_guard<std::mutex> lock(l.mu);
@@ -56,12 +58,14 @@ void ProtobufLog(google::protobuf::LogLevel level, const char* file, int line, c
     ++l.in_window;
     dropped = l.dropped;
     l.dropped = 0;
+    burst = l.burst;
+    window = l.window;
   }
   const spdlog::level::level_enum to = level == google::protobuf::LOGLEVEL_INFO ? spdlog::level::info
                                                                                 : spdlog::level::warn;
   if (dropped > 0) {
     spdlog::log(to, "protobuf: {} (and {} more such messages dropped before this one: at most {} per {})", text,
-                dropped, Limit().burst, absl::FormatDuration(Limit().window));
+                dropped, burst, absl::FormatDuration(window));
   } else {
     spdlog::log(to, "protobuf: {}", text);
   }

@@ -24,7 +24,8 @@
 #                                  GPU_PRECISION=bf16|fp16 trains both sides under
 #                                  autocast (fp16: loss scaling on both); GPU_WIRE=bf16
 #                                  halves pstrain's bytes to and from the shards (ps);
-#                                  GPU_REQUESTS_IN_FLIGHT (default 2; 0: no limit)
+#                                  GPU_REQUESTS_IN_FLIGHT (default 2; 0: no limit);
+#                                  GPU_DEVICE=cpu runs it all on the CPU (Gloo)
 #
 # Prints a readable table and, as its last line, one JSON object.
 set -euo pipefail

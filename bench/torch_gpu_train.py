@@ -2,6 +2,7 @@
 
   torch_gpu_train.py model PATH          writes the benchmark's TorchScript model
   torch_gpu_train.py train --ddp 0|1 ... trains it on the GPU, prints samples/s
+                                         (--device cpu: on the CPU, DDP over Gloo)
 
 The model: ResNet-18 (torchvision's layout, written out here so no torchvision
 is needed) for 1x28x28 inputs, 10 classes, 11.2M parameters. The data path is

@@ -20,6 +20,7 @@ import torch.multiprocessing as mp
 def run(rank, args, queue):
     torch.set_num_threads(1)
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+    os.environ.setdefault("USE_LIBUV", "0")  # Debian's PyTorch 2.x has no libuv store
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.port}", rank=rank, world_size=args.world)
     sizes, seconds = [], []
     for nbytes in args.sizes:

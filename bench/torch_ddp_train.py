@@ -84,6 +84,7 @@ def train(rank, args, port, results):
     torch.set_num_threads(args.threads)
     os.environ["MASTER_ADDR"] = args.master_addr
     os.environ["MASTER_PORT"] = str(port)
+    os.environ.setdefault("USE_LIBUV", "0")  # Debian's PyTorch 2.x has no libuv store
     dist.init_process_group("gloo", rank=rank, world_size=args.workers)
     x, y = load("train")
     if args.limit_train > 0:

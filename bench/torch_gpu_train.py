@@ -66,6 +66,9 @@ def train(args):
     if args.ddp:
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(args.port))
+        # The rendezvous store only: Debian's PyTorch 2.x is built without
+        # libuv, whose store is the default from 2.4 (1.13 ignores this).
+        os.environ.setdefault("USE_LIBUV", "0")
         torch.distributed.init_process_group("nccl" if cuda else "gloo", rank=0, world_size=1)
         model = nn.parallel.DistributedDataParallel(model, device_ids=[0] if cuda else None)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)

@@ -541,8 +541,8 @@ class AllReduceExchange : public GradientExchange {
   // leaves them non-finite, for the check that follows. The norms in the
   // gradients' dtype, as torch::nn::utils::clip_grad_norm_ (and so a
   // parameter server's worker) computes them: asking for float64 made a
-  // float64 copy of each bucket on the CPU first (57 ms a step for
-  // ResNet-18's 11.2M gradients on one core, against 2).
+  // float64 copy of each bucket on the CPU first (57 ms for ResNet-18's
+  // 11.2M gradients on one core, against 2).
   void ClipOnDevice() {
     at::Tensor sq;
     for (const auto& f : flats_) {

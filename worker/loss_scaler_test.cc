@@ -12,6 +12,7 @@
 #include <limits>
 
 #include "common/torch_compat.h"
+#include "worker/device.h"
 
 namespace pstrain {
 namespace {
@@ -93,22 +94,18 @@ TEST(LossScalerTest, ARunOfOverflowsFailsWithAnActionableMessage) {
   EXPECT_EQ(scaler.skipped_steps(), 9);
 }
 
-// On the device (here the CPU's kernels, LibTorch 2.4+): the same unscale,
-// the same scale after every step and the same counts as the host's, learnt
-// at Settle; a run of overflows fails there and stays failed; the scale
-// moves only where float32 holds it, and back with its count of clean
-// steps.
-TEST(LossScalerTest, OnTheDeviceFollowsTheHostsRulesAndTellsAtSettle) {
-  if (!kHasFusedSgd) {
-    GTEST_SKIP() << "this LibTorch (" << TORCH_VERSION << ") has no fused optimizer (2.4 on), so the scaler never "
-                 << "moves to the device (make test-torch2 runs this)";
-  }
+// On the device (LibTorch 2.4+): the same unscale, the same scale after
+// every step and the same counts as the host's, learnt at Settle; a run of
+// overflows fails there and stays failed; the scale moves only where
+// float32 holds it, and back with its count of clean steps. The host's
+// rules run on the CPU as the reference.
+void ExpectTheDeviceFollowsTheHostsRules(const c10::Device& d) {
   LossScalerOptions o;
   o.init_scale = 1024;
   o.growth_interval = 3;
   o.max_consecutive_skips = 4;
   LossScaler host(o), device(o);
-  ASSERT_TRUE(device.MoveToDevice(c10::Device(c10::kCPU)));
+  ASSERT_TRUE(device.MoveToDevice(d));
   EXPECT_TRUE(device.on_device());
   // clean x2, overflow, clean x3 (grows), overflow x2, clean
   const std::vector<bool> finite = {true, true, false, true, true, true, false, false, true};
@@ -118,14 +115,15 @@ TEST(LossScalerTest, OnTheDeviceFollowsTheHostsRulesAndTellsAtSettle) {
     at::Tensor g = at::randn({100}), m = at::randn({10});
     if (!finite[i]) g[7] = INFINITY;
     std::vector<at::Tensor> hs{g.mul(host.scale() * 2)}, hm{m.mul(host.scale())};
-    std::vector<at::Tensor> ds{g.mul(device.CurrentScale() * 2)}, dm{m.mul(device.CurrentScale())};
+    std::vector<at::Tensor> ds{g.mul(device.CurrentScale() * 2).to(d)}, dm{m.mul(device.CurrentScale()).to(d)};
     const bool host_finite = host.UnscaleAndCheck(hs, 2.0) && host.UnscaleAndCheck(hm);
     ASSERT_EQ(host_finite, finite[i]);
     ASSERT_TRUE(host.Update(host_finite).ok());
     at::Tensor found = device.UnscaleCheckAndUpdateOnDevice(ds, 2.0, dm);
+    EXPECT_EQ(found.device(), d);
     EXPECT_EQ(found.item<float>(), finite[i] ? 0.0f : 1.0f);
     if (finite[i]) {
-      EXPECT_TRUE(at::equal(ds[0], hs[0]) && at::equal(dm[0], hm[0])) << "unscaled differently";
+      EXPECT_TRUE(at::equal(ds[0].cpu(), hs[0]) && at::equal(dm[0].cpu(), hm[0])) << "unscaled differently";
     }
     ASSERT_TRUE(device.Settle().ok());
     EXPECT_EQ(device.scale(), host.scale());
@@ -144,17 +142,17 @@ TEST(LossScalerTest, OnTheDeviceFollowsTheHostsRulesAndTellsAtSettle) {
   // float32, the unscale must not be by its reciprocal (0).
   o.init_scale = 0x1p127;
   LossScaler top(o);
-  ASSERT_TRUE(top.MoveToDevice(c10::Device(c10::kCPU)));
+  ASSERT_TRUE(top.MoveToDevice(d));
   at::Tensor g = at::randn({50}).clamp(-1, 1);  // g x 2^127 stays finite
-  std::vector<at::Tensor> sums{g.mul(0x1p127)};
+  std::vector<at::Tensor> sums{g.mul(0x1p127).to(d)};
   EXPECT_EQ(top.UnscaleCheckAndUpdateOnDevice(sums, 2.0, {}).item<float>(), 0.0f);
-  EXPECT_TRUE(at::allclose(sums[0], g.div(2.0))) << "unscaled by " << sums[0].div(g).mean().item<double>();
+  EXPECT_TRUE(at::allclose(sums[0].cpu(), g.div(2.0))) << "unscaled by " << sums[0].cpu().div(g).mean().item<double>();
   o.init_scale = 1024;
   // A run of overflows: told at Settle, and from then on.
   LossScaler diverging(o);
-  ASSERT_TRUE(diverging.MoveToDevice(c10::Device(c10::kCPU)));
+  ASSERT_TRUE(diverging.MoveToDevice(d));
   for (int i = 0; i < 4; ++i) {
-    std::vector<at::Tensor> bad{at::full({3}, NAN)};
+    std::vector<at::Tensor> bad{at::full({3}, NAN, at::TensorOptions().device(d))};
     diverging.UnscaleCheckAndUpdateOnDevice(bad, 1.0, {});
   }
   absl::Status s = diverging.Settle();
@@ -164,8 +162,26 @@ TEST(LossScalerTest, OnTheDeviceFollowsTheHostsRulesAndTellsAtSettle) {
   // A scale float32 cannot hold stays on the host.
   o.init_scale = 0x1p135;
   LossScaler huge(o);
-  EXPECT_FALSE(huge.MoveToDevice(c10::Device(c10::kCPU)));
+  EXPECT_FALSE(huge.MoveToDevice(d));
   EXPECT_FALSE(huge.on_device());
+}
+
+TEST(LossScalerTest, OnTheDeviceFollowsTheHostsRulesAndTellsAtSettle) {
+  if (!kHasFusedSgd) {
+    GTEST_SKIP() << "this LibTorch (" << TORCH_VERSION << ") has no fused optimizer (2.4 on), so the scaler never "
+                 << "moves to the device (make test-torch2 runs this)";
+  }
+  ExpectTheDeviceFollowsTheHostsRules(c10::Device(c10::kCPU));  // the CPU's kernels as the device
+}
+
+// The same on CUDA: GradScaler's kernels there (_amp_update_scale_ on a
+// 0-dim scale, the fused unscale-and-check).
+TEST(LossScalerTest, OnTheGpuFollowsTheHostsRulesAndTellsAtSettle) {
+  if (!kHasFusedSgd) GTEST_SKIP() << "this LibTorch (" << TORCH_VERSION << ") has no fused optimizer (2.4 on)";
+  if (CudaDevices() == 0) {
+    GTEST_SKIP() << "no CUDA device here (tools/gpu/run.sh tests runs this on a GPU machine)";
+  }
+  ExpectTheDeviceFollowsTheHostsRules(c10::Device(c10::kCUDA, 0));
 }
 
 }  // namespace

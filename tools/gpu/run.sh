@@ -6,8 +6,8 @@
 #   tools/gpu/run.sh [tests] [bench [REPS]]     (default: tests bench 3)
 #
 #   tests   the gpu-tagged tests (tests/gpu_test.cc), the trainer, loss-scaling,
-#           collective, all-reduce exchange and device optimizer tests, against
-#           this LibTorch
+#           collective, all-reduce exchange, device optimizer and loss-scaler
+#           tests, against this LibTorch
 #   bench   bench/run.sh gpu REPS (GPU_PRECISION=bf16|fp16 for mixed precision)
 #   sweep   the ps line only, REPS runs of each setting: wire fp32|bf16 x
 #           2|4 shard processes x 2|unlimited requests in flight per shard,
@@ -67,7 +67,8 @@ while [ $i -lt ${#ACTIONS[@]} ]; do
     tests)
       $PY worker/testdata/make_scripted_mlp.py worker/testdata/small_net.pt
       $PY worker/testdata/make_scripted_mlp.py worker/testdata/small_net_f64.pt --float64
-      for t in gpu_test trainer_test loss_scaling_test collective_test gradient_exchange_test tensor_optimizer_test; do
+      for t in gpu_test trainer_test loss_scaling_test collective_test gradient_exchange_test tensor_optimizer_test \
+               loss_scaler_test; do
         "$BUILD/$t" >"$LOGS/$t.log" 2>&1; rc=$?
         grep -E "^\[  (PASSED|FAILED|SKIPPED) |^\[       OK|^\[  FAILED|^gpu demo" "$LOGS/$t.log" >&2
         SUMMARY+=("$t: $([ $rc -eq 0 ] && echo passed || echo FAILED) ($(grep -c '^\[       OK' "$LOGS/$t.log") ok, $(grep -c '^\[  SKIPPED \]' "$LOGS/$t.log") skipped)")

@@ -17,6 +17,17 @@ double FinalAccuracy(const std::string& out) {
   return std::stod(m[1]);
 }
 
+// What `pstrain checkpoint` printed: "<dir> (step N)".
+struct Checkpointed {
+  std::string path;
+  int64_t step = -1;
+};
+Checkpointed ParseCheckpoint(const std::string& out) {
+  std::smatch m;
+  if (!std::regex_search(out, m, std::regex("^(\\S+) \\(step (\\d+)\\)"))) return {};
+  return {m[1], std::stoll(m[2])};
+}
+
 // Checkpoint a 2-shard job, kill every process, start a fresh cluster with 3
 // shards, restore: the job finishes with the accuracy of an uninterrupted
 // run (SYNC with 2 workers is deterministic, so it is the same up to float
@@ -136,29 +147,34 @@ TEST_F(ControlPlaneTest, AllReduceCheckpointResumesInBothModes) {
   const std::string spec = dir_ + "/ar.yaml";
   const std::string yaml = "name: ar\nmode: allreduce\nmodel: mlp\nworkers: 2\n"
                            "data: {format: synthetic, synthetic_train: 60000, synthetic_test: 512}\n"
-                           "epochs: 1\nmax_steps: 400\nbatch_size: 16\nlog_every_steps: 5\n";
+                           "epochs: 1000\nbatch_size: 16\nlog_every_steps: 5\n";
   ASSERT_TRUE(WriteFileAtomically(spec, yaml).ok());
   const std::string job = Submit(spec);
   ASSERT_NO_FATAL_FAILURE(WaitForStep(job, 30, absl::Seconds(60)));
-  CliResult ck = Cli({"checkpoint", job});
-  ASSERT_EQ(ck.code, 0) << ck.out << Cli({"status", job}).out;
-  const std::string ckpt = ck.out.substr(0, ck.out.find(' '));
-  EXPECT_TRUE(std::filesystem::exists(ckpt + "/shard-0.bin")) << ck.out;
+  CliResult out = Cli({"checkpoint", job});
+  ASSERT_EQ(out.code, 0) << out.out << Cli({"status", job}).out;
+  const Checkpointed ck = ParseCheckpoint(out.out);
+  ASSERT_GE(ck.step, 30) << out.out;
+  EXPECT_TRUE(std::filesystem::exists(ck.path + "/shard-0.bin"));
   ASSERT_EQ(Cli({"cancel", job}).code, 0);
 
-  CliResult again = Cli({"restore", "--from", ckpt, "--output_dir", dir_ + "/ar2"});
+  // The resumed jobs stop 100 steps past the checkpoint.
+  const std::string short_yaml = yaml + "max_steps: " + std::to_string(ck.step + 100) + "\n";
+  const std::string ar_spec = dir_ + "/ar-resumed.yaml";
+  ASSERT_TRUE(WriteFileAtomically(ar_spec, short_yaml).ok());
+  CliResult again = Cli({"restore", "--from", ck.path, "--spec", ar_spec, "--output_dir", dir_ + "/ar2"});
   ASSERT_EQ(again.code, 0) << again.out;
   const std::string resumed = again.out.substr(0, again.out.find('\n'));
   CliResult w = Cli({"watch", resumed});
   EXPECT_EQ(w.code, 0) << w.out << Cli({"status", resumed}).out;
   CliResult st = Cli({"status", resumed, "-o", "json"});
-  EXPECT_NE(st.out.find("loaded from " + ckpt + " by the workers"), std::string::npos) << st.out;
+  EXPECT_NE(st.out.find("loaded from " + ck.path + " by the workers"), std::string::npos) << st.out;
 
   const std::string ps_spec = dir_ + "/ps.yaml";
-  ASSERT_TRUE(WriteFileAtomically(ps_spec, absl::StrReplaceAll(yaml, {{"mode: allreduce", "mode: ps\nshards: 1\n"
-                                                                                           "consistency: sync"}}))
+  ASSERT_TRUE(WriteFileAtomically(ps_spec, absl::StrReplaceAll(short_yaml, {{"mode: allreduce", "mode: ps\nshards: 1\n"
+                                                                                                 "consistency: sync"}}))
                   .ok());
-  CliResult as_ps = Cli({"restore", "--from", ckpt, "--spec", ps_spec, "--output_dir", dir_ + "/ps"});
+  CliResult as_ps = Cli({"restore", "--from", ck.path, "--spec", ps_spec, "--output_dir", dir_ + "/ps"});
   ASSERT_EQ(as_ps.code, 0) << as_ps.out;
   const std::string ps_job = as_ps.out.substr(0, as_ps.out.find('\n'));
   CliResult w2 = Cli({"watch", ps_job});
@@ -187,16 +203,19 @@ TEST_F(ControlPlaneTest, AllReduceCheckpointPastTheLastStepIsRefusedAndTheJobEnd
 
 // A rank of a running all-reduce job dies: the other fails fast, and the
 // coordinator restarts the job from its last checkpoint once two workers
-// are free again.
+// are free again; it trains on from there.
 TEST_F(ControlPlaneTest, AllReduceJobRestartsFromItsCheckpointWhenARankDies) {
   const std::string spec = dir_ + "/ar.yaml";
   ASSERT_TRUE(WriteFileAtomically(spec, "name: ar\nmode: allreduce\nmodel: mlp\nworkers: 2\n"
                                         "data: {format: synthetic, synthetic_train: 60000, synthetic_test: 512}\n"
-                                        "epochs: 1\nmax_steps: 600\nbatch_size: 16\nlog_every_steps: 5\n"
+                                        "epochs: 1000\nbatch_size: 16\nlog_every_steps: 5\n"
                                         "collective_timeout_s: 10\n").ok());
   const std::string job = Submit(spec);
   ASSERT_NO_FATAL_FAILURE(WaitForStep(job, 30));
-  ASSERT_EQ(Cli({"checkpoint", job}).code, 0);
+  CliResult out = Cli({"checkpoint", job});
+  ASSERT_EQ(out.code, 0) << out.out << Cli({"status", job}).out;
+  const Checkpointed ck = ParseCheckpoint(out.out);
+  ASSERT_GE(ck.step, 30) << out.out;
   pool_[2]->Signal(SIGKILL);  // worker-1
   pool_[2]->Wait();
   WaitForState(job, "PENDING", absl::Seconds(30));
@@ -205,13 +224,19 @@ TEST_F(ControlPlaneTest, AllReduceJobRestartsFromItsCheckpointWhenARankDies) {
   EXPECT_NE(st.out.find("a peer left"), std::string::npos) << st.out;
   pool_.push_back(Start("worker-2", {"worker/pstrain-worker", "--coordinator=" + coordinator_, "--name=worker-2",
                                      "--gloo_hostname=127.0.0.1"}));
-  CliResult watch = Cli({"watch", job}, absl::Seconds(120));
-  EXPECT_EQ(watch.code, 0) << watch.out << Cli({"status", job}).out;
+  WaitForState(job, "RUNNING", absl::Seconds(120));
+  ASSERT_NO_FATAL_FAILURE(WaitForStep(job, ck.step + 20, absl::Seconds(120)));
   EXPECT_NE(Cli({"status", job}).out.find("restarts:   1"), std::string::npos);
+  st = Cli({"status", job, "-o", "json"});
+  EXPECT_NE(st.out.find("step " + std::to_string(ck.step) + " of " + job + " loaded from " + ck.path + " by the workers"),
+            std::string::npos)
+      << st.out;
+  EXPECT_NE(st.out.find("worker-2"), std::string::npos) << st.out;
   auto metrics_addr = WaitForAddressFile(dir_ + "/metrics.addr", absl::Seconds(10));
   ASSERT_TRUE(metrics_addr.ok());
   EXPECT_NE(Scrape(*metrics_addr).find("pstrain_job_restarts{job=\"" + job + "\",name=\"ar\"} 1"),
             std::string::npos);
+  EXPECT_EQ(Cli({"cancel", job}).code, 0);
 }
 
 TEST_F(ControlPlaneTest, CorruptCheckpointIsRefused) {

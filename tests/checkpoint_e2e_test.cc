@@ -39,7 +39,7 @@ TEST_F(ControlPlaneTest, CheckpointKillEverythingRestoreOntoThreeShardsAndFinish
   StartPool(1, 0, /*first_shard=*/1);  // shard-1 beside the fixture's shard-0
   const std::string spec = dir_ + "/fmnist.yaml";
   const std::string yaml =
-      "name: fmnist\nmodel: mlp\ndata: {format: idx, limit_train: 8000, limit_test: 2000}\n"
+      "name: fmnist\nmodel: mlp\ndata: {format: idx, limit_train: 16000, limit_test: 2000}\n"
       "consistency: sync\nworkers: 2\nshards: 2\nepochs: 2\nbatch_size: 32\nlog_every_steps: 5\n"
       "optimizer: {kind: sgd, lr: 0.05, momentum: 0.9}\n";
   ASSERT_TRUE(WriteFileAtomically(spec, yaml).ok());
@@ -100,7 +100,8 @@ TEST_F(ControlPlaneTest, RepeatedCheckpointsOfASyncJobSucceed) {
 
 // SIGTERM on a worker (a pod being deleted) drains it: the job is
 // checkpointed, the worker exits 0, the job waits for a replacement and
-// resumes from that checkpoint on it.
+// resumes from that checkpoint on it. (That a restored job trains to its
+// end is CheckpointKillEverything...'s and AllReduceCheckpoint...'s.)
 TEST_F(ControlPlaneTest, SigtermDrainsAWorkerAndTheJobResumesOnAReplacement) {
   const std::string job = Submit(DrainSpec());
   ASSERT_NO_FATAL_FAILURE(WaitForStep(job, 40, absl::Seconds(60)));
@@ -112,13 +113,11 @@ TEST_F(ControlPlaneTest, SigtermDrainsAWorkerAndTheJobResumesOnAReplacement) {
   EXPECT_NE(st.out.find("\"reason\": \"MemberLeaving\""), std::string::npos) << st.out;
   EXPECT_NE(st.out.find("\"reason\": \"CheckpointSaved\""), std::string::npos) << st.out;
   EXPECT_NE(st.out.find("\"reason\": \"MemberLeft\""), std::string::npos) << st.out;
-  // A replacement joins; the job resumes from the checkpoint and finishes.
+  // A replacement joins; the job resumes from the checkpoint and trains on.
   pool_.push_back(Start("worker-2", {"worker/pstrain-worker", "--coordinator=" + coordinator_, "--name=worker-2"}));
-  CliResult watch = Cli({"watch", job}, absl::Seconds(180));
-  EXPECT_EQ(watch.code, 0) << watch.out << Cli({"status", job}).out << Cli({"cluster"}).out << Logs();
-  st = Cli({"status", job, "-o", "json"});
-  EXPECT_NE(st.out.find("\"reason\": \"Restored\""), std::string::npos) << st.out;
-  EXPECT_NE(st.out.find("worker-2"), std::string::npos) << st.out;
+  EXPECT_GE(WaitUntilRestoredAndTraining(job), 40);
+  EXPECT_NE(Cli({"status", job}).out.find("worker-2"), std::string::npos);
+  EXPECT_EQ(Cli({"cancel", job}).code, 0);
 }
 
 // SIGTERM on the shard of a running job: the job is checkpointed while the
@@ -135,9 +134,9 @@ TEST_F(ControlPlaneTest, SigtermOnAShardCheckpointsTheJobBeforeItGoes) {
   EXPECT_NE(st.out.find("\"reason\": \"CheckpointSaved\""), std::string::npos) << st.out;
   EXPECT_NE(st.out.find("\"reason\": \"MemberLeft\""), std::string::npos) << st.out;
   StartPool(1, 0, /*first_shard=*/9);
-  CliResult watch = Cli({"watch", job}, absl::Seconds(180));
-  EXPECT_EQ(watch.code, 0) << watch.out << Cli({"status", job}).out << Cli({"cluster"}).out << Logs();
+  EXPECT_GE(WaitUntilRestoredAndTraining(job), 40);
   EXPECT_NE(Cli({"status", job}).out.find("shard-9"), std::string::npos);
+  EXPECT_EQ(Cli({"cancel", job}).code, 0);
 }
 
 // All-reduce jobs in the pool: worker 0 writes the checkpoint in the shards'

@@ -144,13 +144,34 @@ class ControlPlaneTest : public ::testing::Test {
     return m[1];
   }
 
-  // A SYNC job of 2 workers and 1 shard, long enough to be drained mid-run.
+  // A SYNC job of 2 workers and 1 shard that runs until cancelled (a job of
+  // a few hundred steps can end, at ~250 steps/s, before a drain's pause).
   std::string DrainSpec() {
     const std::string path = dir_ + "/drain.yaml";
     EXPECT_TRUE(WriteFileAtomically(path, "name: drain\nmodel: mlp\nconsistency: sync\nworkers: 2\nshards: 1\n"
-                                          "data: {format: synthetic, synthetic_train: 60000}\nepochs: 100\n"
-                                          "max_steps: 600\nbatch_size: 16\nlog_every_steps: 5\n").ok());
+                                          "data: {format: synthetic, synthetic_train: 60000}\nepochs: 1000\n"
+                                          "batch_size: 16\nlog_every_steps: 5\n").ok());
     return path;
+  }
+
+  // Until `job` runs again, restored from a checkpoint, and its slowest
+  // worker is 20 steps past the restored step; returns that step.
+  int64_t WaitUntilRestoredAndTraining(const std::string& job, absl::Duration timeout = absl::Seconds(120)) {
+    const absl::Time deadline = absl::Now() + timeout;
+    int64_t restored = -1;
+    while (restored < 0) {
+      CliResult st = Cli({"status", job, "-o", "json"});
+      std::smatch m;
+      if (State(job) == "RUNNING" && std::regex_search(st.out, m, std::regex("step (\\d+) of job-\\d+ loaded from"))) {
+        restored = std::stoll(m[1]);
+        break;
+      }
+      EXPECT_LT(absl::Now(), deadline) << st.out << Logs();
+      if (absl::Now() >= deadline) return -1;
+      absl::SleepFor(absl::Milliseconds(100));
+    }
+    WaitForStep(job, restored + 20, deadline - absl::Now());
+    return restored;
   }
 
   // The last lines of every process's log, for failure messages.

@@ -155,23 +155,25 @@ class ControlPlaneTest : public ::testing::Test {
   }
 
   // Until `job` runs again, restored from a checkpoint, and its slowest
-  // worker is 20 steps past the restored step; returns that step.
+  // worker is 20 steps past the restored step (the status's step is the
+  // checkpoint's once restored); returns that step, -1 after `timeout`.
   int64_t WaitUntilRestoredAndTraining(const std::string& job, absl::Duration timeout = absl::Seconds(120)) {
     const absl::Time deadline = absl::Now() + timeout;
-    int64_t restored = -1;
-    while (restored < 0) {
+    const std::regex restored("step (\\d+) of job-\\d+ loaded from");
+    while (true) {
       CliResult st = Cli({"status", job, "-o", "json"});
       std::smatch m;
-      if (State(job) == "RUNNING" && std::regex_search(st.out, m, std::regex("step (\\d+) of job-\\d+ loaded from"))) {
-        restored = std::stoll(m[1]);
-        break;
+      if (st.out.find("\"state\": \"RUNNING\"") != std::string::npos && std::regex_search(st.out, m, restored)) {
+        const int64_t step = std::stoll(m[1]);
+        WaitForStep(job, step + 20, deadline - absl::Now());
+        return step;
       }
-      EXPECT_LT(absl::Now(), deadline) << st.out << Logs();
-      if (absl::Now() >= deadline) return -1;
+      if (absl::Now() >= deadline) {
+        ADD_FAILURE() << "not restored and running: " << st.out << Logs();
+        return -1;
+      }
       absl::SleepFor(absl::Milliseconds(100));
     }
-    WaitForStep(job, restored + 20, deadline - absl::Now());
-    return restored;
   }
 
   // The last lines of every process's log, for failure messages.

@@ -219,6 +219,7 @@ void Coordinator::Requeue(Job& job, const std::string& reason, const std::string
   rendezvous_.Close(st.job_id());
   st.clear_members();
   st.clear_workers();
+  st.set_samples_per_s(0);  // the sum over the workers: none trains now
   st.set_resumed_from(ResumePoint(job));
   job.done_ranks.clear();
   job.joining.clear();

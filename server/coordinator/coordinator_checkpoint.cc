@@ -191,6 +191,13 @@ void Coordinator::Restore(const std::string& job_id) {
   }
   job->checkpoint.start_positions = StartPositions(*manifest, job->spec.workers);
   job->checkpoint.last_step = manifest->step;
+  // The job goes on from the checkpoint: until its workers report, its
+  // progress is the checkpoint's, not what a lost attempt had reached past it.
+  JobStatus& st = job->stored.status;
+  st.set_step(manifest->step);
+  int epoch = INT32_MAX;
+  for (const auto& w : job->checkpoint.start_positions) epoch = std::min(epoch, w.epoch);
+  if (epoch != INT32_MAX) st.set_epoch(epoch);
   Transition(*job, RUNNING, "Restored",
              absl::StrCat("step ", manifest->step, " of ", manifest->job, " loaded from ", dir,
                           spec.allreduce() ? std::string(" by the workers")

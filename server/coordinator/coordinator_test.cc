@@ -7,6 +7,7 @@
 #include <fstream>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "checkpoint/manifest.h"
 #include "server/coordinator/checkpoint_driver.h"
 #include "common/clock.h"
@@ -266,6 +267,70 @@ TEST_F(CoordinatorTest, RestoreOntoAnUnreachableShardIsRetriedThenFails) {
   EXPECT_EQ(st->conditions().rbegin()->reason(), "RestoreFailed");
   EXPECT_NE(st->conditions().rbegin()->message().find("shard 0"), std::string::npos)
       << st->conditions().rbegin()->message();
+}
+
+// A job restarted from its checkpoint reports the checkpoint's step and
+// epoch once restored, not the step its lost attempt had reached past it
+// (the status's step also decides when a periodic checkpoint is due).
+TEST_F(CoordinatorTest, ARestoredJobsProgressIsTheCheckpointsUntilItsWorkersReport) {
+  const std::string dir = ::testing::TempDir() + "/ckpt-120";
+  std::filesystem::create_directories(dir);
+  {
+    std::ofstream f(dir + "/shard-0.bin");
+    f << "0123456789";  // read by the workers, not here
+  }
+  CheckpointManifest m;
+  m.job = "job-1";
+  m.name = "t";
+  m.step = 120;
+  m.spec_yaml = "name: t\nmode: allreduce\nworkers: 2\nmax_restarts: 2\ndata: {format: synthetic}\n";
+  m.chunk_bytes = 4 << 20;
+  m.params.push_back({"w", {2}, DT_FLOAT32});
+  m.workers = {{0, 120, 2, 20, 0}, {1, 120, 2, 20, 0}};
+  m.shards.push_back({0, "shard-0.bin", 10, 0});
+  ASSERT_TRUE(WriteManifest(dir, m).ok());
+  auto c = Make();
+  const std::string w0 = Join(*c, "worker", "worker-0");
+  const std::string w1 = Join(*c, "worker", "worker-1");
+  SubmitJobRequest req;
+  req.set_resume_from(dir);
+  req.set_output_dir(::testing::TempDir() + "/out");
+  auto job = c->SubmitJob(req);
+  ASSERT_TRUE(job.ok()) << job.status();
+  auto restored = [&](uint64_t attempt) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(30);
+    while (absl::Now() < deadline) {
+      auto st = c->GetJob(*job);
+      if (st->attempt() == attempt && st->conditions().rbegin()->reason() == "Restored") return true;
+      // The workers run nothing: their heartbeats say the last attempt stopped.
+      for (const std::string& w : {w0, w1}) {
+        HeartbeatRequest hb;
+        hb.set_member_id(w);
+        EXPECT_TRUE(c->Heartbeat(hb).ok());
+      }
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    return false;
+  };
+  ASSERT_TRUE(restored(1));
+  EXPECT_EQ(c->GetJob(*job)->step(), 120);
+  for (int rank : {0, 1}) {
+    Event(*c, rank == 0 ? w0 : w1, *job,
+          absl::StrCat(R"({"rank": )", rank, R"(, "progress": {"epoch": 3, "step": 170, "steps": 1000, "samples_per_s": 900}})"));
+  }
+  ASSERT_EQ(c->GetJob(*job)->step(), 170);
+  // A rank fails with a retryable error: the job goes back to its
+  // checkpoint, on the same (now free) workers.
+  Event(*c, w1, *job, R"({"rank": 1, "error": {"message": "a peer left", "retryable": true}})");
+  auto st = c->GetJob(*job);
+  EXPECT_EQ(st->state(), PENDING);
+  EXPECT_EQ(st->samples_per_s(), 0);  // nothing trains
+  ASSERT_TRUE(restored(2)) << c->GetJob(*job)->DebugString();
+  st = c->GetJob(*job);
+  EXPECT_EQ(st->restarts(), 1);
+  EXPECT_EQ(st->step(), 120);
+  EXPECT_EQ(st->epoch(), 2);
+  EXPECT_EQ(st->samples_per_s(), 0);
 }
 
 // Where restored workers start, and with which fp16 loss scale: each

@@ -58,6 +58,35 @@ class CoordinatorTest : public ::testing::Test {
     ASSERT_TRUE(c.ReportProgress(r).ok());
   }
   JobState State(Coordinator& c, const std::string& job) { return c.GetJob(job)->state(); }
+  // A checkpoint of job-1 at `step` (one shard file of 10 bytes, which
+  // nothing here reads); returns its directory.
+  std::string WriteCheckpointAt(int64_t step, const std::string& spec_yaml,
+                                std::vector<CheckpointManifest::Worker> workers = {}) {
+    const std::string dir = ::testing::TempDir() + "/ckpt-" + std::to_string(step);
+    std::filesystem::create_directories(dir);
+    {
+      std::ofstream f(dir + "/shard-0.bin");
+      f << "0123456789";
+    }
+    CheckpointManifest m;
+    m.job = "job-1";
+    m.name = "t";
+    m.step = step;
+    m.spec_yaml = spec_yaml;
+    m.chunk_bytes = 4 << 20;
+    m.params.push_back({"w", {2}, DT_FLOAT32});
+    m.workers = std::move(workers);
+    m.shards.push_back({0, "shard-0.bin", 10, 0});
+    EXPECT_TRUE(WriteManifest(dir, m).ok());
+    return dir;
+  }
+  // A job submitted to resume from `dir`.
+  absl::StatusOr<std::string> Resume(Coordinator& c, const std::string& dir) {
+    SubmitJobRequest req;
+    req.set_resume_from(dir);
+    req.set_output_dir(::testing::TempDir() + "/out");
+    return c.SubmitJob(req);
+  }
 
   ManualClock clock_;
 };
@@ -219,28 +248,12 @@ TEST_F(CoordinatorTest, RunningJobFailsIfItsMembersDoNotComeBackAfterARestart) {
 // scheduled) is retried as a restart, at most max_restarts times, then the
 // job fails saying why.
 TEST_F(CoordinatorTest, RestoreOntoAnUnreachableShardIsRetriedThenFails) {
-  const std::string dir = ::testing::TempDir() + "/ckpt-5";
-  std::filesystem::create_directories(dir);
-  {
-    std::ofstream f(dir + "/shard-0.bin");
-    f << "0123456789";
-  }
-  CheckpointManifest m;
-  m.job = "job-1";
-  m.name = "t";
-  m.step = 5;
-  m.spec_yaml = "name: t\nworkers: 1\nshards: 1\nmax_restarts: 2\ndata: {format: synthetic}\n";
-  m.chunk_bytes = 4 << 20;
-  m.params.push_back({"w", {2}, DT_FLOAT32});
-  m.shards.push_back({0, "shard-0.bin", 10, 0});
-  ASSERT_TRUE(WriteManifest(dir, m).ok());
+  const std::string dir =
+      WriteCheckpointAt(5, "name: t\nworkers: 1\nshards: 1\nmax_restarts: 2\ndata: {format: synthetic}\n");
   auto c = Make(":memory:", /*max_conditions=*/4);
   const std::string s0 = Join(*c, "shard", "shard-0");  // at 127.0.0.1:10, where nothing listens
   const std::string w0 = Join(*c, "worker", "worker-0");
-  SubmitJobRequest req;
-  req.set_resume_from(dir);
-  req.set_output_dir(::testing::TempDir() + "/out");
-  auto job = c->SubmitJob(req);
+  auto job = Resume(*c, dir);
   ASSERT_TRUE(job.ok()) << job.status();
   const absl::Time deadline = absl::Now() + absl::Seconds(50);
   while (State(*c, *job) != FAILED && absl::Now() < deadline) {
@@ -273,29 +286,13 @@ TEST_F(CoordinatorTest, RestoreOntoAnUnreachableShardIsRetriedThenFails) {
 // epoch once restored, not the step its lost attempt had reached past it
 // (the status's step also decides when a periodic checkpoint is due).
 TEST_F(CoordinatorTest, ARestoredJobsProgressIsTheCheckpointsUntilItsWorkersReport) {
-  const std::string dir = ::testing::TempDir() + "/ckpt-120";
-  std::filesystem::create_directories(dir);
-  {
-    std::ofstream f(dir + "/shard-0.bin");
-    f << "0123456789";  // read by the workers, not here
-  }
-  CheckpointManifest m;
-  m.job = "job-1";
-  m.name = "t";
-  m.step = 120;
-  m.spec_yaml = "name: t\nmode: allreduce\nworkers: 2\nmax_restarts: 2\ndata: {format: synthetic}\n";
-  m.chunk_bytes = 4 << 20;
-  m.params.push_back({"w", {2}, DT_FLOAT32});
-  m.workers = {{0, 120, 2, 20, 0}, {1, 120, 2, 20, 0}};
-  m.shards.push_back({0, "shard-0.bin", 10, 0});
-  ASSERT_TRUE(WriteManifest(dir, m).ok());
+  const std::string dir =
+      WriteCheckpointAt(120, "name: t\nmode: allreduce\nworkers: 2\nmax_restarts: 2\ndata: {format: synthetic}\n",
+                        {{0, 120, 2, 20, 0}, {1, 120, 2, 20, 0}});
   auto c = Make();
   const std::string w0 = Join(*c, "worker", "worker-0");
   const std::string w1 = Join(*c, "worker", "worker-1");
-  SubmitJobRequest req;
-  req.set_resume_from(dir);
-  req.set_output_dir(::testing::TempDir() + "/out");
-  auto job = c->SubmitJob(req);
+  auto job = Resume(*c, dir);
   ASSERT_TRUE(job.ok()) << job.status();
   auto restored = [&](uint64_t attempt) {
     const absl::Time deadline = absl::Now() + absl::Seconds(30);

@@ -126,7 +126,7 @@ TEST_F(ControlPlaneTest, CancelStopsTheJobAndFreesItsMembersForTheNext) {
 
 // The coordinator is SIGKILLed while a job runs and restarted on the same
 // address: the job finishes. 1500 steps: it trains ~500 steps/s here, and
-// the SIGKILL must land before its end (300 steps once left ~0.6 s).
+// the SIGKILL must land before its end (300 steps last ~0.6 s at that rate).
 TEST_F(ControlPlaneTest, JobCompletesAcrossACoordinatorRestart) {
   const std::string job = Submit(Spec("survivor", 1000, 1500));
   WaitForState(job, "RUNNING", absl::Seconds(60));

@@ -197,7 +197,7 @@ void Coordinator::Restore(const std::string& job_id) {
   st.set_step(manifest->step);
   int epoch = INT32_MAX;
   for (const auto& w : job->checkpoint.start_positions) epoch = std::min(epoch, w.epoch);
-  if (epoch != INT32_MAX) st.set_epoch(epoch);
+  if (epoch != INT32_MAX) st.set_epoch(epoch + 1);  // the status's epochs count from 1, a checkpoint's from 0
   Transition(*job, RUNNING, "Restored",
              absl::StrCat("step ", manifest->step, " of ", manifest->job, " loaded from ", dir,
                           spec.allreduce() ? std::string(" by the workers")

@@ -311,9 +311,11 @@ TEST_F(CoordinatorTest, ARestoredJobsProgressIsTheCheckpointsUntilItsWorkersRepo
   };
   ASSERT_TRUE(restored(1));
   EXPECT_EQ(c->GetJob(*job)->step(), 120);
+  EXPECT_EQ(c->GetJob(*job)->epoch(), 3);
   for (int rank : {0, 1}) {
     Event(*c, rank == 0 ? w0 : w1, *job,
-          absl::StrCat(R"({"rank": )", rank, R"(, "progress": {"epoch": 3, "step": 170, "steps": 1000, "samples_per_s": 900}})"));
+          absl::StrCat(R"({"rank": )", rank,
+                       R"(, "progress": {"epoch": 4, "step": 170, "steps": 1000, "samples_per_s": 900}})"));
   }
   ASSERT_EQ(c->GetJob(*job)->step(), 170);
   // A rank fails with a retryable error: the job goes back to its
@@ -326,7 +328,7 @@ TEST_F(CoordinatorTest, ARestoredJobsProgressIsTheCheckpointsUntilItsWorkersRepo
   st = c->GetJob(*job);
   EXPECT_EQ(st->restarts(), 1);
   EXPECT_EQ(st->step(), 120);
-  EXPECT_EQ(st->epoch(), 2);
+  EXPECT_EQ(st->epoch(), 3);  // the manifest's epoch 2 counts from 0, the status's from 1
   EXPECT_EQ(st->samples_per_s(), 0);
 }
 

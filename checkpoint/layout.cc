@@ -1,10 +1,16 @@
 #include "checkpoint/layout.h"
 
+#include <fcntl.h>
+#include <stdio.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <utility>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/file_util.h"
 #include "common/quote.h"
@@ -44,14 +50,133 @@ std::string CheckpointDir(const std::string& job_dir, int64_t step) {
 
 std::string PendingCheckpointDir(const std::string& checkpoint_dir) { return checkpoint_dir + ".tmp"; }
 
+namespace {
+
+CommitCheckpointTesting& Testing() {
+  static CommitCheckpointTesting* t = new CommitCheckpointTesting();
+  return *t;
+}
+
+void AfterStep(const char* step) {
+  if (Testing().after_step) Testing().after_step(step);
+}
+
+// Beside <job_dir>/ckpt-<step> while a commit replaces it: the incoming
+// directory (.new) and, without RENAME_EXCHANGE, the outgoing one (.old).
+// Neither is a ckpt-<step> name, so retention never counts them.
+constexpr char kIncomingSuffix[] = ".new";
+constexpr char kOutgoingSuffix[] = ".old";
+
+// Swaps `a` and `b` (both exist) in one step: renameat2(RENAME_EXCHANGE).
+// EINVAL/ENOSYS/ENOTSUP: the file system cannot (then the caller falls back).
+int ExchangePaths(const std::string& a, const std::string& b) {
+  if (Testing().no_exchange) return EINVAL;
+  return ::renameat2(AT_FDCWD, a.c_str(), AT_FDCWD, b.c_str(), RENAME_EXCHANGE) == 0 ? 0 : errno;
+}
+
+// ckpt-<step><suffix>: the ckpt-<step> it belongs to, else "".
+std::string LeftoverOf(const std::filesystem::path& path, absl::string_view suffix) {
+  const std::string name = path.filename().string();
+  int64_t step = 0;
+  if (name.rfind("ckpt-", 0) != 0 || !absl::EndsWith(name, suffix) ||
+      !absl::SimpleAtoi(absl::string_view(name).substr(5, name.size() - 5 - suffix.size()), &step)) {
+    return "";
+  }
+  std::string dir = path.string();
+  dir.resize(dir.size() - suffix.size());
+  return dir;
+}
+
+}  // namespace
+
+void SetCommitCheckpointTestingForTesting(CommitCheckpointTesting testing) { Testing() = std::move(testing); }
+
+void RecoverCheckpoints(const std::string& job_dir) {
+  std::error_code ec;
+  std::vector<std::pair<std::filesystem::path, std::string>> outgoing, incoming;
+  std::filesystem::directory_iterator it(job_dir, ec), end;
+  for (; !ec && it != end; it.increment(ec)) {
+    if (std::string dir = LeftoverOf(it->path(), kOutgoingSuffix); !dir.empty()) outgoing.emplace_back(it->path(), dir);
+    if (std::string dir = LeftoverOf(it->path(), kIncomingSuffix); !dir.empty()) incoming.emplace_back(it->path(), dir);
+  }
+  bool renamed = false;
+  for (const auto& [old, dir] : outgoing) {
+    if (std::filesystem::exists(dir, ec)) {
+      std::filesystem::remove_all(old, ec);  // the new one is in: garbage
+    } else {
+      // A commit without RENAME_EXCHANGE died between moving the old
+      // directory aside and renaming the new one in: the old one comes back.
+      std::filesystem::rename(old, dir, ec);
+      renamed = true;
+    }
+  }
+  if (renamed) SyncDirectory(job_dir);
+  // A new directory that was never swapped in (the commit died first; its
+  // checkpoint was never reported), or the old one it was swapped with.
+  for (const auto& [path, dir] : incoming) {
+    if (std::filesystem::exists(dir, ec)) std::filesystem::remove_all(path, ec);
+  }
+}
+
 absl::Status CommitCheckpoint(const std::string& pending, const std::string& dir, int keep) {
   std::error_code ec;
-  // The directory appears whole or not at all.
-  std::filesystem::remove_all(dir, ec);
-  std::filesystem::rename(pending, dir, ec);
-  if (ec) return ErrnoToStatus(ec.value(), absl::StrCat("cannot rename ", pending, " to"), dir);
-  const std::filesystem::path parent = std::filesystem::path(dir).parent_path();
-  SyncDirectory(parent.string());
+  const std::string parent = std::filesystem::path(dir).parent_path().string();
+  // What an earlier commit that crashed left behind.
+  RecoverCheckpoints(parent);
+  if (!std::filesystem::exists(pending, ec)) {
+    return ErrnoToStatus(ENOENT, absl::StrCat("cannot rename ", pending, " to"), dir);
+  }
+  // The directory appears whole or not at all, and a directory of the same
+  // step (a checkpoint taken again at that step, e.g. right after a restore)
+  // is never removed before the new one has replaced it: at every instant
+  // ckpt-<step> holds one whole checkpoint, the old or the new, so a crash
+  // anywhere in here loses neither. (Removing the old one first and then
+  // renaming lost the step to a crash in between.)
+  if (!std::filesystem::exists(dir, ec)) {
+    std::filesystem::rename(pending, dir, ec);
+    if (ec) return ErrnoToStatus(ec.value(), absl::StrCat("cannot rename ", pending, " to"), dir);
+    SyncDirectory(parent);
+    AfterStep("renamed");
+  } else {
+    // The new directory first takes the incoming name, so whatever a crash
+    // leaves beside ckpt-<step> has a name RecoverCheckpoints knows; then
+    // one RENAME_EXCHANGE swaps it with the old one.
+    const std::string incoming = dir + kIncomingSuffix;
+    std::filesystem::remove_all(incoming, ec);
+    std::filesystem::rename(pending, incoming, ec);
+    if (ec) return ErrnoToStatus(ec.value(), absl::StrCat("cannot rename ", pending, " to"), incoming);
+    SyncDirectory(parent);
+    AfterStep("staged");
+    std::string old = incoming;  // after the swap
+    const int err = ExchangePaths(incoming, dir);
+    if (err == 0) {
+      SyncDirectory(parent);
+      AfterStep("exchanged");
+    } else if (err == EINVAL || err == ENOSYS || err == ENOTSUP) {
+      // No RENAME_EXCHANGE on this file system: the old directory goes
+      // aside, the new one in. A crash in between leaves no ckpt-<step>
+      // for a moment; RecoverCheckpoints (the next commit, the
+      // coordinator's start) puts the old one back.
+      old = dir + kOutgoingSuffix;
+      std::filesystem::remove_all(old, ec);
+      std::filesystem::rename(dir, old, ec);
+      if (ec) return ErrnoToStatus(ec.value(), absl::StrCat("cannot rename ", dir, " to"), old);
+      SyncDirectory(parent);
+      AfterStep("moved aside");
+      std::filesystem::rename(incoming, dir, ec);
+      if (ec) {
+        absl::Status s = ErrnoToStatus(ec.value(), absl::StrCat("cannot rename ", incoming, " to"), dir);
+        std::filesystem::rename(old, dir, ec);  // the old one stays
+        return s;
+      }
+      SyncDirectory(parent);
+      AfterStep("renamed");
+    } else {
+      return ErrnoToStatus(err, absl::StrCat("cannot swap ", incoming, " with"), dir);
+    }
+    std::filesystem::remove_all(old, ec);
+    AfterStep("removed old");
+  }
   // Retention: the newest `keep` ckpt-<step> of this job (ckpt-<step>.tmp
   // of one in progress does not parse as a step and is left alone). The
   // non-throwing iteration: nothing here may throw.

@@ -18,6 +18,7 @@
 #define PSTRAIN_CHECKPOINT_LAYOUT_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -45,11 +46,32 @@ std::string CheckpointDir(const std::string& job_dir, int64_t step);
 // The temporary directory a checkpoint is written to before the commit.
 std::string PendingCheckpointDir(const std::string& checkpoint_dir);
 
-// Renames `pending` (whose manifest is written) to `dir`, replacing an
-// older directory of that name, fsyncs the parent, then removes all but the
-// newest `keep` ckpt-<step> directories beside it (only its own job's: the
-// parent is the job's directory). Retention failures are ignored.
+// Renames `pending` (whose manifest is written) to `dir`, fsyncs the
+// parent, then removes all but the newest `keep` ckpt-<step> directories
+// beside it (only its own job's: the parent is the job's directory).
+// Retention failures are ignored. An older directory of that name is
+// replaced atomically (RENAME_EXCHANGE; where the file system has none,
+// moved aside first and put back by RecoverCheckpoints after a crash): a
+// crash at any point leaves `dir` whole, old or new. Starts with
+// RecoverCheckpoints on the parent.
 absl::Status CommitCheckpoint(const std::string& pending, const std::string& dir, int keep);
+
+// Tidies what a commit that crashed left in a job's directory: an old
+// ckpt-<step> moved aside and not replaced comes back, the rest of the
+// leftovers (ckpt-<step>.new, .old) go. Directories in progress
+// (ckpt-<step>.tmp) are left alone. Errors are ignored.
+void RecoverCheckpoints(const std::string& job_dir);
+
+// Fault injection for CommitCheckpoint's tests (a process-wide setting):
+// `after_step` runs after each step that changes the job's directory
+// ("staged", "exchanged", "moved aside", "renamed", "removed old");
+// `no_exchange` makes it take the path of a file system without
+// RENAME_EXCHANGE.
+struct CommitCheckpointTesting {
+  std::function<void(const char* step)> after_step;
+  bool no_exchange = false;
+};
+void SetCommitCheckpointTestingForTesting(CommitCheckpointTesting testing);
 
 // The LoadTable request restoring `keys` of `job` (attempt `attempt`) from
 // the checkpoint whose manifest is `manifest`; `dir_name` is the checkpoint

@@ -1,9 +1,15 @@
 #include "checkpoint/layout.h"
 
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
+#include <set>
 
+#include "checkpoint/manifest.h"
 #include "common/file_util.h"
 
 namespace pstrain {
@@ -43,6 +49,92 @@ TEST(CheckpointLayoutTest, CommitRenamesWholeAndKeepsOnlyTheNewestOfThisJob) {
   absl::Status s = CommitCheckpoint(out + "/nope.tmp", CheckpointDir(job, 50), 2);
   EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
 }
+
+// A checkpoint directory with a manifest that says `created` (to tell the
+// old one from the new).
+void WriteCheckpointDir(const std::string& dir, int64_t created) {
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/shard-0.bin") << "0123456789";
+  CheckpointManifest m;
+  m.job = "job-1";
+  m.name = "t";
+  m.step = 7;
+  m.created_unix_ms = created;
+  m.chunk_bytes = 1024;
+  m.params.push_back({"w", {2}, DT_FLOAT32});
+  m.shards.push_back({0, "shard-0.bin", 10, 0});
+  ASSERT_TRUE(WriteManifest(dir, m).ok());
+}
+
+std::set<std::string> Names(const std::string& dir) {
+  std::set<std::string> out;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) out.insert(e.path().filename().string());
+  return out;
+}
+
+// Committing a checkpoint again at a step that already has one (after a
+// restore, the first checkpoint can land on the restored step) never loses
+// that step: a process killed (SIGKILL, in a child) after each step of the
+// commit in turn leaves ckpt-<step> whole, old or new -- at once where the
+// file system has RENAME_EXCHANGE, after RecoverCheckpoints where it has
+// not -- and nothing else once recovered. (The commit used to remove the
+// old directory and then rename: a kill in between left no ckpt-<step>.)
+class CommitCrashTest : public ::testing::TestWithParam<bool> {};
+
+TEST_P(CommitCrashTest, AKillAtAnyStepLeavesTheStepWhole) {
+  const bool exchange = GetParam();
+  const std::string job = ::testing::TempDir() + (exchange ? "/crash-exchange" : "/crash-aside") + "/job-1";
+  const std::string dir = CheckpointDir(job, 7), pending = PendingCheckpointDir(dir);
+  int crashes = 0;
+  for (int kill_at = 1; kill_at < 20; ++kill_at) {
+    std::filesystem::remove_all(job);
+    WriteCheckpointDir(dir, /*created=*/1);
+    WriteCheckpointDir(pending, /*created=*/2);
+    const pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      // The child: commits, killed at its kill_at-th step.
+      int steps = 0;
+      CommitCheckpointTesting t;
+      t.no_exchange = !exchange;
+      t.after_step = [&](const char*) {
+        if (++steps == kill_at) raise(SIGKILL);
+      };
+      SetCommitCheckpointTestingForTesting(t);
+      _exit(CommitCheckpoint(pending, dir, /*keep=*/2).ok() ? 0 : 1);
+    }
+    int wstatus = 0;
+    ASSERT_EQ(waitpid(pid, &wstatus, 0), pid);
+    const bool killed = WIFSIGNALED(wstatus) && WTERMSIG(wstatus) == SIGKILL;
+    ASSERT_TRUE(killed || (WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0)) << "kill_at " << kill_at;
+    if (exchange) {
+      auto now = ReadManifest(dir);
+      EXPECT_TRUE(now.ok()) << "killed after step " << kill_at << ": " << now.status();
+    }
+    RecoverCheckpoints(job);
+    auto m = ReadManifest(dir);
+    ASSERT_TRUE(m.ok()) << "killed after step " << kill_at << " (then recovered): " << m.status();
+    EXPECT_TRUE(m->created_unix_ms == 1 || m->created_unix_ms == 2);
+    EXPECT_EQ(Names(job), std::set<std::string>{"ckpt-7"}) << "killed after step " << kill_at;
+    if (!killed) {
+      EXPECT_EQ(m->created_unix_ms, 2) << "the commit finished: the new one is in";
+      break;
+    }
+    ++crashes;
+  }
+  EXPECT_GE(crashes, exchange ? 3 : 4);  // staged, (moved aside,) swapped/renamed, removed old
+  // A commit after a crash tidies up too.
+  std::filesystem::remove_all(job);
+  WriteCheckpointDir(dir, 1);
+  std::filesystem::create_directories(dir + ".new");
+  std::filesystem::create_directories(CheckpointDir(job, 3) + ".old");  // its ckpt-3 is gone: it comes back
+  WriteCheckpointDir(CheckpointDir(job, 9) + ".tmp", 2);
+  ASSERT_TRUE(CommitCheckpoint(CheckpointDir(job, 9) + ".tmp", CheckpointDir(job, 9), 5).ok());
+  EXPECT_EQ(Names(job), (std::set<std::string>{"ckpt-3", "ckpt-7", "ckpt-9"}));
+}
+
+INSTANTIATE_TEST_SUITE_P(ExchangeOrAside, CommitCrashTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& p) { return p.param ? "Exchange" : "Aside"; });
 
 TEST(CheckpointLayoutTest, RestoreRequestNamesTheFilesRelativeToTheStoresRoot) {
   CheckpointManifest m;

@@ -129,6 +129,11 @@ TEST(LossScalingTest, TrainingRecoversAndTheScaleGrowsInEveryMode) {
     SCOPED_TRACE(spec.name);
     spec.epochs = 3;
     spec.max_steps = 150;
+    // At lr 0.01 this run converges: 0.9395 in both SYNC modes under every
+    // ATEN_CPU_CAPABILITY (default, avx2, avx512). At the helpers' 0.05 it
+    // was chaotic, and its accuracy a matter of which kernels LibTorch
+    // picked: 0.50 to 0.85 across CPUs, 0.59 on LibTorch 2.6.
+    spec.optimizer.set_lr(0.01);
     TwoRanks run = TrainTwo(spec, *data, Scaling(0x1p135, /*growth_interval=*/10));
     for (int r = 0; r < 2; ++r) {
       ASSERT_TRUE(run.results[r].ok()) << run.results[r].status();
@@ -141,10 +146,11 @@ TEST(LossScalingTest, TrainingRecoversAndTheScaleGrowsInEveryMode) {
     std::printf("%s: accuracy %.4f\n", spec.name.c_str(), run.results[0]->final_accuracy);
     for (const auto& [name, t] : run.results[0]->parameters) EXPECT_TRUE(at::isfinite(t).all().item<bool>()) << name;
     if (spec.consistency == SYNC) {
-      // Seeded and synchronous: the same figures every run. (ASYNC/SSP
-      // accuracy here is a matter of thread timing: SSP at this lr ends at
-      // chance in most runs without loss scaling too.)
-      EXPECT_GT(run.results[0]->final_accuracy, 0.6);  // 10 classes: chance is 0.1
+      // Seeded and synchronous: the same figures every run on one machine,
+      // and a bound with a wide margin across kernels (measured 0.9395
+      // everywhere; 10 classes: chance is 0.1). ASYNC/SSP accuracy is also
+      // a matter of thread timing (0.86 to 0.98 measured): not asserted.
+      EXPECT_GT(run.results[0]->final_accuracy, 0.8);
       for (size_t i = 0; i < run.results[0]->parameters.size(); ++i) {
         EXPECT_TRUE(at::equal(run.results[0]->parameters[i].second, run.results[1]->parameters[i].second));
       }

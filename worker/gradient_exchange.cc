@@ -458,10 +458,15 @@ class AllReduceExchange : public GradientExchange {
       for (int k = 0; k < optimizer_->slots(); ++k) set.push_back(HostBufferFor(options_.params[i], options_.device));
       host_state_.push_back(std::move(set));
     }
-    // A restored table's optimizer state (or the initial one) to the device.
+    // A restored table's values and optimizer state (or the initial ones)
+    // to the parameters and the device: ExportChunks writes into staging_
+    // and host_state_, and the parameters are the table's from here on. (The
+    // values once stopped in staging_: every resume trained on from the
+    // initial weights with the checkpoint's step and optimizer state.)
     std::vector<ShardStore::ChunkState> chunks = ChunkStates();
     s = options_.local_store->ExportChunks(options_.job, &chunks);
     if (!s.ok()) return s;
+    UploadStaging();
     c10::NoGradGuard no_grad;
     for (size_t i = 0; i < host_state_.size(); ++i) {
       for (int k = 0; k < optimizer_->slots(); ++k) DeviceStager::Upload(host_state_[i][k], optimizer_->state(i)[k]);

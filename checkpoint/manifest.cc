@@ -2,7 +2,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
@@ -107,6 +109,23 @@ absl::StatusOr<CheckpointManifest> ReadManifest(const std::string& dir) {
     }
   }
   return m;
+}
+
+std::vector<CheckpointManifest::Worker> StartPositions(const CheckpointManifest& manifest, int workers) {
+  if (static_cast<int>(manifest.workers.size()) == workers) return manifest.workers;
+  // Another worker count: every rank starts the epoch again at the
+  // checkpoint's step, with the smallest loss scale any rank had (a scale
+  // too high costs skipped steps, one too low only grows back).
+  int epoch = INT32_MAX;
+  double scale = 0;
+  for (const auto& w : manifest.workers) {
+    epoch = std::min(epoch, w.epoch);
+    if (w.loss_scale > 0 && (scale == 0 || w.loss_scale < scale)) scale = w.loss_scale;
+  }
+  if (epoch == INT32_MAX) epoch = 0;
+  std::vector<CheckpointManifest::Worker> out;
+  for (int r = 0; r < workers; ++r) out.push_back({r, manifest.step, epoch, 0, scale});
+  return out;
 }
 
 }  // namespace pstrain

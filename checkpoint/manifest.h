@@ -53,6 +53,12 @@ absl::Status WriteManifest(const std::string& dir, const CheckpointManifest& man
 // (the crc32 is checked by the shards when they load the files).
 absl::StatusOr<CheckpointManifest> ReadManifest(const std::string& dir);
 
+// Where each of `workers` workers starts after restoring `manifest`: where
+// it paused, when the worker count is the same; else the checkpoint's
+// epoch, at its start, on its new slice. The coordinator's assignments and
+// a standalone worker's --resume_from both start from here.
+std::vector<CheckpointManifest::Worker> StartPositions(const CheckpointManifest& manifest, int workers);
+
 }  // namespace pstrain
 
 #endif  // PSTRAIN_CHECKPOINT_MANIFEST_H_

@@ -11,23 +11,6 @@
 namespace pstrain {
 namespace {
 
-double FinalAccuracy(const std::string& out) {
-  std::smatch m;
-  if (!std::regex_search(out, m, std::regex("final test accuracy ([0-9.]+)"))) return -1;
-  return std::stod(m[1]);
-}
-
-// What `pstrain checkpoint` printed: "<dir> (step N)".
-struct Checkpointed {
-  std::string path;
-  int64_t step = -1;
-};
-Checkpointed ParseCheckpoint(const std::string& out) {
-  std::smatch m;
-  if (!std::regex_search(out, m, std::regex("^(\\S+) \\(step (\\d+)\\)"))) return {};
-  return {m[1], std::stoll(m[2])};
-}
-
 // Checkpoint a 2-shard job, kill every process, start a fresh cluster with 3
 // shards, restore: the job finishes with the accuracy of an uninterrupted
 // run (SYNC with 2 workers is deterministic, so it is the same up to float

@@ -41,6 +41,24 @@ inline std::string Scrape(const std::string& host_port) {
   return out;
 }
 
+// What `pstrain watch` printed last: "final test accuracy X" (-1: none).
+inline double FinalAccuracy(const std::string& out) {
+  std::smatch m;
+  if (!std::regex_search(out, m, std::regex("final test accuracy ([0-9.]+)"))) return -1;
+  return std::stod(m[1]);
+}
+
+// What `pstrain checkpoint` printed: "<dir> (step N)".
+struct Checkpointed {
+  std::string path;
+  int64_t step = -1;
+};
+inline Checkpointed ParseCheckpoint(const std::string& out) {
+  std::smatch m;
+  if (!std::regex_search(out, m, std::regex("^(\\S+) \\(step (\\d+)\\)"))) return {};
+  return {m[1], std::stoll(m[2])};
+}
+
 struct CliResult {
   int code;
   std::string out;

@@ -31,6 +31,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "checkpoint/manifest.h"
 #include "common/job_spec.h"
 #include "proto/events.pb.h"
 #include "common/malloc_tuning.h"
@@ -197,6 +198,19 @@ absl::Status RunJobOrThrow(pstrain::JobSpec spec, int rank, int world_size, cons
     options.generation = assignment->generation();
     options.job_secret = assignment->job_secret();
     if (assignment->replacement()) options.rejoin_step = assignment->replacement_step();
+  } else if (spec.allreduce() && !absl::GetFlag(FLAGS_resume_from).empty()) {
+    // Standalone: the checkpoint's place, as the coordinator would assign
+    // it (the values alone, from step 0, replayed the epoch's first batches
+    // and restarted the learning-rate schedule).
+    auto manifest = pstrain::ReadManifest(absl::GetFlag(FLAGS_resume_from));
+    if (!manifest.ok()) return manifest.status();
+    for (const auto& w : pstrain::StartPositions(*manifest, world_size)) {
+      if (w.rank != rank) continue;
+      options.start_step = w.step;
+      options.start_epoch = w.epoch;
+      options.start_epoch_step = w.epoch_step;
+      options.start_loss_scale = w.loss_scale;
+    }
   }
   if (member != nullptr) {
     // A checkpoint pauses every worker before one agreed step (a SYNC step

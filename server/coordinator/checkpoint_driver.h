@@ -53,11 +53,6 @@ struct CheckpointState {
 // Whether the spec's periodic checkpoint is due for a job in this state.
 bool PeriodicCheckpointDue(const JobStatus& status, const JobSpec& spec, const CheckpointState& checkpoint);
 
-// Where each of `workers` workers starts after restoring `manifest`: where
-// it paused, when the worker count is the same; else the checkpoint's
-// epoch, at its start, on its new slice.
-std::vector<CheckpointManifest::Worker> StartPositions(const CheckpointManifest& manifest, int workers);
-
 // The shards' addresses in rank order, from a job's member list.
 std::vector<std::string> ShardAddresses(const JobStatus& status);
 

@@ -5,7 +5,7 @@ BAZEL ?= bazel
 # Debian's python3 has python3-torch; the first python3 on PATH may not.
 PYTHON ?= /usr/bin/python3
 
-.PHONY: all setup build test test-deploy test-pods test-torch2 image demo bench clean
+.PHONY: all setup build test test-cpus test-deploy test-pods test-torch2 image demo bench clean
 
 all: build
 
@@ -21,6 +21,12 @@ test: setup
 	deploy/validate/run.sh || status=1; \
 	deploy/pods/test_pods.sh || status=1; \
 	exit $$status
+
+# The Bazel suite once per CPU kernel family LibTorch may dispatch to on
+# x86-64 (ATEN_CPU_CAPABILITY: default, avx2, and avx512 where this CPU has
+# it), so a figure that holds on this machine holds on any CI machine.
+test-cpus: setup
+	@tools/test_cpus.sh
 
 # The OCI image (no Docker engine): out/image/pstrain-oci.tar.
 image:

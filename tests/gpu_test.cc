@@ -169,6 +169,13 @@ TEST(GpuTest, AllReduceNcclNaNStepFailsNamingIt) {
   ExpectFailedOnNaNStep(results[0], 3);
 }
 
+// Resuming on the GPU: the restored values are uploaded to the device
+// parameters (NCCL where this build has it, else Gloo over host copies).
+TEST(GpuTest, AllReduceResumeStartsFromTheRestoredValues) {
+  REQUIRE_CUDA();
+  ExpectAllReduceResumeStartsFromTheTablesValues(kGpu, NcclBuilt() ? "nccl" : "gloo");
+}
+
 // Gloo reduces host copies of CUDA gradients: two ranks on one GPU train
 // like one worker on the concatenated batches (float64, as above).
 TEST(GpuTest, AllReduceGlooOnCudaTensorsTwoRanks) {

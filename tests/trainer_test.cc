@@ -73,6 +73,10 @@ std::vector<double> Losses(const std::vector<WorkerEvent>& events) {
   return out;
 }
 
+TEST(TrainerTest, AllReduceResumeStartsFromTheRestoredValues) {
+  ExpectAllReduceResumeStartsFromTheTablesValues(c10::Device(c10::kCPU), "gloo");
+}
+
 TEST(TrainerTest, TorchScriptModuleWrittenInPythonTrains) {
   JobSpec spec = SyntheticSpec("scripted", "torchscript:worker/testdata/small_net.pt");
   spec.batch_size = 32;

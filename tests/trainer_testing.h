@@ -5,6 +5,7 @@
 #define PSTRAIN_TESTS_TRAINER_TESTING_H_
 
 #include <ATen/ops/allclose.h>
+#include <ATen/ops/equal.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -19,6 +20,8 @@
 #include <vector>
 
 #include "collective/collective.h"
+#include "common/partition_plan.h"
+#include "rpc/tensor_codec.h"
 #include "table/shard_store.h"
 #include "worker/model.h"
 #include "worker/sampler.h"
@@ -209,6 +212,73 @@ inline void ExpectLikeOneWorkerOnTheConcatenatedBatch(const JobSpec& two, const 
   auto init = CreateModel("lenet", {1, 28, 28}, 10, two.seed);
   ASSERT_TRUE(init.ok());
   EXPECT_FALSE(at::allclose(single->parameters[0].second, (*init)->NamedParameters()[0].second.detach(), 1e-3, 1e-4));
+}
+
+// One all-reduce rank (`backend`, on `device`) resuming at step 5: its local
+// store already holds the job's table when the exchange starts -- as
+// restore_local leaves it, here the LeNet's seeded values plus 0.25 -- and
+// the parameters it trains from must be the table's, bit for bit, not the
+// model's initial ones. Stopped at the restored step: nothing trained, the
+// result's parameters are what the worker started from. (The values once
+// stopped in a host buffer: every resume began from the initial weights.)
+inline void ExpectAllReduceResumeStartsFromTheTablesValues(c10::Device device, const std::string& backend) {
+  JobSpec spec = SyntheticSpec("resume-values", "lenet");
+  spec.mode = TrainMode::kAllReduce;
+  spec.consistency = SYNC;
+  spec.workers = 1;
+  spec.shards = 0;
+  spec.max_steps = 5;
+  spec.chunk_bytes = 16 << 10;  // several chunks per large parameter
+  auto data = LoadData(spec.data, spec.seed);
+  ASSERT_TRUE(data.ok()) << data.status();
+  auto model = CreateModel("lenet", {1, 28, 28}, 10, spec.seed);
+  ASSERT_TRUE(model.ok()) << model.status();
+  std::vector<std::pair<std::string, at::Tensor>> restored;
+  std::vector<ParameterSpec> specs;
+  for (const auto& [name, t] : (*model)->NamedParameters()) {
+    restored.emplace_back(name, t.detach().add(0.25));
+    specs.push_back({name, std::vector<int64_t>(t.sizes().begin(), t.sizes().end()), DT_FLOAT32});
+  }
+  auto plan = MakePartitionPlan(specs, 1, static_cast<size_t>(spec.chunk_bytes));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  CollectiveOptions co;
+  co.store = NewInMemoryStore();
+  co.hostname = "127.0.0.1";
+  co.device = device.is_cuda() ? device.index() : 0;
+  auto collective = CreateCollective(backend, co);
+  ASSERT_TRUE(collective.ok()) << collective.status();
+  Shards local(1);
+  TrainerOptions o;
+  o.spec = spec;
+  o.device = device;
+  o.shards = local.ptrs;
+  o.collective = collective->get();
+  o.write_weights = false;
+  o.start_step = 5;
+  o.restore_local = [&](const std::vector<std::string>& keys) -> absl::Status {
+    InitTableRequest req;
+    req.set_job(spec.name);
+    *req.mutable_config() = MakeTableConfig(spec);
+    std::vector<TensorBuffer> values;
+    for (const ChunkSpec& c : plan->chunks) {
+      req.add_keys(c.key);
+      auto b = TensorToBuffer(restored[c.param].second.reshape({-1}).narrow(0, c.offset, c.numel).contiguous());
+      if (!b.ok()) return b.status();
+      values.push_back(std::move(*b));
+    }
+    EXPECT_EQ(keys.size(), plan->chunks.size());
+    InitTableResponse resp;
+    return WaitFor([&](StatusCallback done) { local.stores[0]->InitTable(req, values, &resp, {}, done); });
+  };
+  auto result = RunTrainer(o, *data);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->steps, 5);
+  ASSERT_EQ(result->parameters.size(), restored.size());
+  for (size_t i = 0; i < restored.size(); ++i) {
+    EXPECT_TRUE(at::equal(result->parameters[i].second, restored[i].second))
+        << restored[i].first << " is not the restored value: differs by "
+        << result->parameters[i].second.sub(restored[i].second).abs().max().item<double>();
+  }
 }
 
 // bf16 or fp16 autocast: forward and backward in the narrow dtype, the

@@ -95,7 +95,12 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path
                           "  id TEXT UNIQUE NOT NULL,"
                           "  spec_yaml BLOB NOT NULL,"
                           "  output_dir BLOB NOT NULL,"
-                          "  status BLOB NOT NULL)"}) {
+                          "  status BLOB NOT NULL)",
+                          // One row per counter the coordinator keeps
+                          // beside its jobs (NextIncarnation).
+                          "CREATE TABLE IF NOT EXISTS counters ("
+                          "  name TEXT PRIMARY KEY,"
+                          "  value INTEGER NOT NULL)"}) {
     absl::Status s = store->Exec(sql);
     if (!s.ok()) return s;
   }
@@ -160,6 +165,26 @@ absl::Status JobStore::Update(const JobStatus& status) {
     return absl::NotFoundError(absl::StrCat("no job ", status.job_id(), " in the job store"));
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> JobStore::NextIncarnation() {
+  std::lock_guard<std::mutex> lock(mu_);
+  absl::Status s = Exec("BEGIN IMMEDIATE");
+  if (!s.ok()) return s;
+  Statement bump(db_,
+                 "INSERT INTO counters (name, value) VALUES ('incarnation', 1) "
+                 "ON CONFLICT(name) DO UPDATE SET value = value + 1");
+  Statement read(db_, "SELECT value FROM counters WHERE name = 'incarnation'");
+  if (!bump.ok() || sqlite3_step(bump.get()) != SQLITE_DONE || !read.ok() ||
+      sqlite3_step(read.get()) != SQLITE_ROW) {
+    absl::Status e = SqlError(db_, "incarnation");
+    Exec("ROLLBACK");
+    return e;
+  }
+  const int64_t value = sqlite3_column_int64(read.get(), 0);
+  s = Exec("COMMIT");  // synchronous=FULL: on disk when this returns
+  if (!s.ok()) return s;
+  return value;
 }
 
 absl::StatusOr<StoredJob> JobStore::Get(const std::string& id) {

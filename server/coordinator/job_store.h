@@ -41,6 +41,10 @@ class JobStore {
   absl::StatusOr<StoredJob> Get(const std::string& id);
   // Every job, in submission order.
   absl::StatusOr<std::vector<StoredJob>> List();
+  // Counts the lives of the coordinator over this store: 1 the first time,
+  // then one more on each call, durably (committed before it returns), so a
+  // number drawn from it is never drawn again after a crash.
+  absl::StatusOr<int64_t> NextIncarnation();
 
  private:
   explicit JobStore(sqlite3* db) : db_(db) {}

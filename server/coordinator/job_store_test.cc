@@ -54,5 +54,19 @@ TEST(JobStoreTest, UnknownJobsAreNotFound) {
             absl::StatusCode::kFailedPrecondition);
 }
 
+// The coordinator's lives are counted durably: a reopened store goes on
+// from the last number drawn.
+TEST(JobStoreTest, IncarnationsAreNeverDrawnTwice) {
+  const std::string path = ::testing::TempDir() + "/incarnations.db";
+  std::filesystem::remove(path);
+  for (int64_t expected : {1, 2, 3}) {
+    auto store = JobStore::Open(path);
+    ASSERT_TRUE(store.ok()) << store.status();
+    auto n = (*store)->NextIncarnation();
+    ASSERT_TRUE(n.ok()) << n.status();
+    EXPECT_EQ(*n, expected);
+  }
+}
+
 }  // namespace
 }  // namespace pstrain

@@ -26,7 +26,7 @@ struct CheckpointState {
   // The workers are asked (heartbeat `pause`, with pause_id) to stop at a
   // step boundary; those that did, by rank, with where they stopped.
   bool pause_requested = false;
-  int64_t pause_id = 0;
+  int64_t pause_id = 0;  // unique across coordinator lifetimes (NextPauseId)
   std::map<int, CheckpointManifest::Worker> paused;
   int64_t last_step = 0;  // of the newest checkpoint written or restored
   // The shards load a checkpoint before the workers get to start; then
@@ -46,6 +46,7 @@ struct CheckpointState {
   void Reset() {
     EndPause();
     draining = false;
+    restoring = false;  // a late restore result finds nothing to end
     start_positions.clear();
   }
 };

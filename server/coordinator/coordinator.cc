@@ -33,8 +33,18 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(CoordinatorOpti
     options.checkpoint_root = *root;
   }
   std::unique_ptr<Coordinator> c(new Coordinator(options, std::move(store)));
+  // Drawn (and on disk) before anyone hears from this coordinator.
+  auto incarnation = c->store_->NextIncarnation();
+  if (!incarnation.ok()) return incarnation.status();
+  c->incarnation_ = *incarnation;
   auto stored = c->store_->List();
   if (!stored.ok()) return stored.status();
+  // A commit of a checkpoint that died halfway (this coordinator's
+  // predecessor was killed) is tidied before anything reads the job's
+  // checkpoints (checkpoint/layout.h).
+  for (const StoredJob& s : *stored) {
+    if (!IsTerminal(s.status.state())) RecoverCheckpoints(JobDir(s.output_dir, s.id));
+  }
   {
     absl::MutexLock lock(&c->mu_);
     for (StoredJob& s : *stored) {
@@ -43,6 +53,7 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(CoordinatorOpti
       if (!spec.ok()) return spec.status();
       job.spec = *spec;
       job.stored = std::move(s);
+      job.durable_attempt = job.stored.status.attempt();  // read from the store
       // Members of running jobs get time to notice the restart, reconnect
       // and register again: two leases, and never less than 10 s.
       job.attach_deadline = c->Now() + std::max(2 * c->lease(), absl::Seconds(10));
@@ -54,7 +65,16 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(CoordinatorOpti
         c->telemetry_.StartAttempt(job.stored.id, job.stored.status.attempt(),
                                    JobDir(job.stored.output_dir, job.stored.id), job.stored.spec_yaml);
       }
-      c->jobs_.emplace(job.stored.id, std::move(job));
+      Job& j = c->jobs_.emplace(job.stored.id, std::move(job)).first->second;
+      if (j.stored.status.state() == CHECKPOINTING) {
+        // Killed during a checkpoint: what it had (the pause, the paused
+        // workers, the claim) lived in memory only, and its directory was
+        // never committed. The checkpoint is abandoned; the job runs on
+        // (its workers, told no pause by this coordinator's heartbeats,
+        // resume) and can be checkpointed again.
+        c->Transition(j, RUNNING, "CheckpointAbandoned",
+                      "the coordinator restarted during a checkpoint; it was not committed");
+      }
     }
   }
   c->persister_ = std::thread([raw = c.get()] { raw->PersistLoop(); });
@@ -137,12 +157,47 @@ void Coordinator::PersistLoop() {
     batch.swap(dirty_);
     mu_.Unlock();
     // SQLite's fsync happens here, with the coordinator's mutex free.
+    std::map<std::string, uint64_t> written;
     for (const auto& [id, status] : batch) {
       if (options_.before_persist) options_.before_persist(id);
       absl::Status s = store_->Update(status);
-      if (!s.ok()) spdlog::error("coordinator: persisting {}: {}", id, s.ToString());
+      if (s.ok()) {
+        written[id] = status.attempt();
+      } else {
+        spdlog::error("coordinator: persisting {}: {}", id, s.ToString());
+      }
     }
     mu_.Lock();
+    for (const auto& [id, attempt] : written) {
+      Job* job = FindJob(id);
+      if (job == nullptr || attempt <= job->durable_attempt) continue;
+      // Its assignments, heartbeats and shard calls may now carry it.
+      job->durable_attempt = attempt;
+      cv_.SignalAll();
+    }
+    for (const auto& [id, status] : batch) {
+      Job* job = FindJob(id);
+      if (written.count(id) > 0 || job == nullptr || dirty_.count(id) > 0 || AttemptDurable(*job) ||
+          persist_stop_) {
+        continue;
+      }
+      // A new attempt that could not be written is not handed out until it
+      // is: the write is tried again (the disk may come back).
+      dirty_[id] = job->stored.status;
+      persist_cv_.WaitWithTimeout(&mu_, absl::Seconds(1));
+    }
+  }
+}
+
+bool Coordinator::AwaitDurableAttempt(const std::string& job_id, uint64_t attempt) {
+  while (true) {
+    Job* job = FindJob(job_id);
+    if (job == nullptr || job->stored.status.attempt() != attempt || IsTerminal(job->stored.status.state()) ||
+        shutdown_) {
+      return false;
+    }
+    if (job->durable_attempt >= attempt) return true;
+    cv_.Wait(&mu_);
   }
 }
 
@@ -411,6 +466,8 @@ void Coordinator::ExpireLeases() {
     if ((st.state() != RUNNING && st.state() != CHECKPOINTING) || now < job.attach_deadline) continue;
     const std::vector<MemberStatus> present(st.members().begin(), st.members().end());
     for (const MemberStatus& jm : present) {
+      // A vacated rank may have ended the job (the others were done).
+      if (st.state() != RUNNING && st.state() != CHECKPOINTING) break;
       if (members_.Attached(jm.name(), id)) continue;
       const std::string what = absl::StrCat(jm.role(), " ", jm.name(), " (rank ", jm.rank(), ") was lost: missed ",
                                             options_.missed_heartbeats, " heartbeats");
@@ -471,6 +528,7 @@ void Coordinator::Start(Job& job, const Placement& placement) {
   st.set_replacements(0);
   st.set_target_workers(0);
   // A new attempt: requests of the previous ones are refused from now on.
+  // It is told to nobody until the store holds it (durable_attempt).
   st.set_attempt(st.attempt() + 1);
   rendezvous_.Open(st.job_id(), st.attempt());
   telemetry_.StartAttempt(st.job_id(), st.attempt(), JobDir(job.stored.output_dir, st.job_id()),

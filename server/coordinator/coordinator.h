@@ -22,7 +22,8 @@
 //   its members re-register (they say which job, rank and attempt they are
 //   on) within two leases (10 s at least); otherwise it is requeued as above.
 // - Attempts: every scheduling of a job is a new attempt (JobStatus.attempt,
-//   persisted). Assignments carry it, and every request a member makes for
+//   persisted, and on disk before any member or shard is told of it: a
+//   restart never hands the same number out twice). Assignments carry it, and every request a member makes for
 //   the job (shard calls, KV, events, heartbeats) carries it back; requests
 //   of another attempt are refused (ABORTED) or ignored, so a member of an
 //   earlier run, cut off by a partition that heals, cannot touch the new one.
@@ -94,6 +95,12 @@ struct CoordinatorOptions {
   std::function<void(const std::string& job)> before_persist;
   // A submitted job is about to be inserted into the store.
   std::function<void()> before_create;
+  // A restore's shard calls for `attempt` returned (Restore, before it
+  // takes the lock again to act on the result).
+  std::function<void(const std::string& job, uint64_t attempt)> on_restore_loaded;
+  // A checkpoint's files were written (or failed), before RunCheckpoint
+  // takes the lock again to end it.
+  std::function<void(const std::string& job)> on_checkpoint_written;
   // TensorBoard event files and the dashboard's curves (job_telemetry.h).
   TelemetryOptions telemetry;
 };
@@ -184,6 +191,12 @@ class Coordinator {
     // after it (the shards must see the views in order).
     bool seats_in_flight = false;
     bool seats_dirty = false;
+    // The newest attempt the store is known to hold (the persister wrote a
+    // status with it). Start() hands out a new attempt in memory; nobody
+    // outside (assignments, heartbeats, shard calls) learns it before it is
+    // durable, so a coordinator killed in between cannot hand the same
+    // number to another run after its restart.
+    uint64_t durable_attempt = 0;
   };
 
   Coordinator(CoordinatorOptions options, std::unique_ptr<JobStore> store);
@@ -246,13 +259,27 @@ class Coordinator {
   void PersistLoop();
   void Background(std::function<void()> fn) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  // Checkpoints (coordinator_checkpoint.cc).
+  bool AttemptDurable(const Job& job) const { return job.durable_attempt >= job.stored.status.attempt(); }
+  // Blocks until `attempt` of the job is durable; false when the job moved
+  // to another attempt (or ended, or the coordinator shuts down) first.
+  bool AwaitDurableAttempt(const std::string& job_id, uint64_t attempt) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // Checkpoints (coordinator_checkpoint.cc). Each runs for the attempt that
+  // claimed it: the lock is dropped while the workers pause and the shards
+  // write, and a result that comes back after the job moved to another
+  // attempt (requeued, restarted) is not applied to that one.
   // Claims a checkpoint of the job for the caller; UNAVAILABLE if one runs.
-  absl::Status ClaimCheckpoint(const std::string& job_id) ABSL_LOCKS_EXCLUDED(mu_);
+  // Returns the attempt it is for.
+  absl::StatusOr<uint64_t> ClaimCheckpoint(const std::string& job_id) ABSL_LOCKS_EXCLUDED(mu_);
   // The body of Checkpoint(), for a caller that has claimed it.
-  absl::StatusOr<CheckpointResponse> RunCheckpoint(const std::string& job_id) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<CheckpointResponse> RunCheckpoint(const std::string& job_id, uint64_t attempt)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Pauses the workers and decides what the checkpoint writes.
-  absl::StatusOr<CheckpointWrite> PauseForCheckpoint(const std::string& job_id) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<CheckpointWrite> PauseForCheckpoint(const std::string& job_id, uint64_t attempt)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // A pause id no pause of any job has had, in this coordinator's life or
+  // an earlier one's (workers skip a pause whose id they already served).
+  int64_t NextPauseId() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EndCheckpoint(Job& job, const std::string& reason, const std::string& message)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Starts the periodic checkpoints that are due.
@@ -273,6 +300,10 @@ class Coordinator {
   std::map<std::string, Job> jobs_ ABSL_GUARDED_BY(mu_);
   Membership members_ ABSL_GUARDED_BY(mu_);
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
+  // This coordinator's life over its store (JobStore::NextIncarnation):
+  // the high half of its pause ids; pauses_ counts them in this life.
+  int64_t incarnation_ = 0;
+  int64_t pauses_ ABSL_GUARDED_BY(mu_) = 0;
   std::thread ticker_;
   // Background work: finished threads are joined by the next Background()
   // call, the rest by Shutdown().

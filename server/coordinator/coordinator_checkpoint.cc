@@ -11,7 +11,7 @@
 
 namespace pstrain {
 
-absl::Status Coordinator::ClaimCheckpoint(const std::string& job_id) {
+absl::StatusOr<uint64_t> Coordinator::ClaimCheckpoint(const std::string& job_id) {
   absl::MutexLock lock(&mu_);
   Job* job = FindJob(job_id);
   if (job == nullptr) return absl::NotFoundError(absl::StrCat("no job '", Quote(job_id), "'"));
@@ -25,13 +25,23 @@ absl::Status Coordinator::ClaimCheckpoint(const std::string& job_id) {
         absl::StrCat("a checkpoint of job ", job_id, " is already in progress; try again when it is done"));
   }
   job->checkpoint.claimed = true;  // atomically with the checks above
-  return absl::OkStatus();
+  return job->stored.status.attempt();
 }
 
 absl::StatusOr<CheckpointResponse> Coordinator::Checkpoint(const std::string& job_id) {
-  if (absl::Status s = ClaimCheckpoint(job_id); !s.ok()) return s;
+  absl::StatusOr<uint64_t> attempt = ClaimCheckpoint(job_id);
+  if (!attempt.ok()) return attempt.status();
   if (options_.on_checkpoint_claimed) options_.on_checkpoint_claimed(job_id);
-  return RunCheckpoint(job_id);
+  return RunCheckpoint(job_id, *attempt);
+}
+
+int64_t Coordinator::NextPauseId() {
+  // Workers remember the id of the pause they served last and ignore a
+  // request with the same id; a restarted coordinator counting from 1 again
+  // would have its first pause ignored (the workers never pause, the
+  // checkpoint times out). The high half is this coordinator's life,
+  // counted durably in the store.
+  return (incarnation_ << 32) | ++pauses_;
 }
 
 void Coordinator::EndCheckpoint(Job& job, const std::string& reason, const std::string& message) {
@@ -46,18 +56,28 @@ void Coordinator::StartPeriodicCheckpoints() {
   for (auto& [id, job] : jobs_) {
     if (!PeriodicCheckpointDue(job.stored.status, job.spec, job.checkpoint)) continue;
     job.checkpoint.claimed = true;  // RunCheckpoint() takes it from here
-    Background([this, id = id] {
-      auto r = RunCheckpoint(id);
+    Background([this, id = id, attempt = job.stored.status.attempt()] {
+      auto r = RunCheckpoint(id, attempt);
       if (!r.ok()) spdlog::warn("coordinator: periodic checkpoint of {}: {}", id, r.status().ToString());
     });
   }
 }
 
-absl::StatusOr<CheckpointWrite> Coordinator::PauseForCheckpoint(const std::string& job_id) {
+absl::StatusOr<CheckpointWrite> Coordinator::PauseForCheckpoint(const std::string& job_id, uint64_t attempt) {
   absl::MutexLock lock(&mu_);
   Job* job = FindJob(job_id);
   if (job == nullptr) return absl::NotFoundError(absl::StrCat("no job '", Quote(job_id), "'"));
   CheckpointState& c = job->checkpoint;
+  // The claim was `attempt`'s. The waits below drop the lock: once the job
+  // is requeued (its checkpoint state reset) or runs another attempt, the
+  // claim and the pause, if any, are no longer this call's to end.
+  auto moved_on = [&] {
+    return job->stored.status.attempt() != attempt || job->stored.status.state() == PENDING;
+  };
+  auto abandoned = [&] {
+    return absl::AbortedError(absl::StrCat("job ", job_id, " was restarted during the checkpoint"));
+  };
+  if (moved_on()) return abandoned();
   if (job->stored.status.state() != RUNNING) {
     c.claimed = false;
     return absl::FailedPreconditionError(absl::StrCat("job ", job_id, " is ", JobStateName(job->stored.status.state()),
@@ -66,20 +86,23 @@ absl::StatusOr<CheckpointWrite> Coordinator::PauseForCheckpoint(const std::strin
   // A job that is still starting has not reported its model yet: wait.
   const absl::Time start_deadline = absl::Now() + absl::Seconds(60);
   auto starting = [&] { return job->stored.status.params_size() == 0 || c.restoring; };
-  while (starting() && job->stored.status.state() == RUNNING && absl::Now() < start_deadline && !shutdown_) {
+  while (starting() && job->stored.status.state() == RUNNING && absl::Now() < start_deadline && !shutdown_ &&
+         !moved_on()) {
     cv_.WaitWithDeadline(&mu_, std::min(start_deadline, absl::Now() + absl::Seconds(1)));
   }
+  if (moved_on()) return abandoned();
   if (starting() || job->stored.status.state() != RUNNING) {
     c.claimed = false;
     return absl::UnavailableError(absl::StrCat("job ", job_id, " did not start training within 60 s; try again later"));
   }
   c.claimed = true;
   c.pause_requested = true;
-  ++c.pause_id;
+  c.pause_id = NextPauseId();
   c.paused.clear();
   Transition(*job, CHECKPOINTING, "CheckpointRequested", "pausing the workers at a step boundary");
   const absl::Time deadline = absl::Now() + absl::Seconds(120);
   while (true) {
+    if (moved_on()) return abandoned();
     if (IsTerminal(job->stored.status.state())) {
       c.EndPause();
       return absl::AbortedError(absl::StrCat("job ", job_id, " ended during the checkpoint"));
@@ -136,13 +159,31 @@ absl::StatusOr<CheckpointWrite> Coordinator::PauseForCheckpoint(const std::strin
   return w;
 }
 
-absl::StatusOr<CheckpointResponse> Coordinator::RunCheckpoint(const std::string& job_id) {
-  auto write = PauseForCheckpoint(job_id);
+absl::StatusOr<CheckpointResponse> Coordinator::RunCheckpoint(const std::string& job_id, uint64_t attempt) {
+  auto write = PauseForCheckpoint(job_id, attempt);
   if (!write.ok()) return write.status();
-  // The shards write their tables, all at once, outside the lock.
+  // The shards write their tables, all at once, outside the lock (for up
+  // to 10 minutes).
   absl::Status status = WriteCheckpoint(*write, options_.checkpoint_root, rendezvous_);
+  if (options_.on_checkpoint_written) options_.on_checkpoint_written(job_id);
   absl::MutexLock lock(&mu_);
   Job* job = FindJob(job_id);
+  if (job != nullptr && job->stored.status.attempt() != write->attempt) {
+    // The job was requeued meanwhile and may be in a checkpoint of its new
+    // attempt: that one's pause and claim are not ours to end.
+    if (!status.ok()) return absl::AbortedError(absl::StrCat("job ", job_id, " was restarted during the checkpoint"));
+    // Committed all the same: a whole checkpoint of the job (its workers
+    // were paused at one step). The job's status names it, since retention
+    // may have removed the one it named before.
+    if (!IsTerminal(job->stored.status.state())) {
+      job->stored.status.set_last_checkpoint(write->dir);
+      Changed(*job);
+    }
+    CheckpointResponse r;
+    r.set_path(write->dir);
+    r.set_step(write->manifest.step);
+    return r;
+  }
   if (!status.ok()) {
     if (job != nullptr) EndCheckpoint(*job, "CheckpointFailed", std::string(status.message()));
     return status;
@@ -169,16 +210,25 @@ void Coordinator::Restore(const std::string& job_id) {
     absl::MutexLock lock(&mu_);
     Job* job = FindJob(job_id);
     if (job == nullptr) return;
-    dir = job->stored.status.resumed_from();
     attempt = job->stored.status.attempt();
+    // LoadTable tells the shards the attempt: only once the store holds it.
+    if (!AwaitDurableAttempt(job_id, attempt)) return;
+    dir = job->stored.status.resumed_from();
     secret = job->stored.status.job_secret();
     spec = job->spec;
     shards = ShardAddresses(job->stored.status);
   }
   auto manifest = LoadCheckpoint(job_id, attempt, secret, dir, spec, shards, options_.checkpoint_root);
+  if (options_.on_restore_loaded) options_.on_restore_loaded(job_id, attempt);
   absl::MutexLock lock(&mu_);
   Job* job = FindJob(job_id);
-  if (job == nullptr) return;
+  // The LoadTable calls may take minutes: the job may have been requeued and
+  // restarted meanwhile, with a restore of its own in flight, which this
+  // (late) result must neither end nor fail.
+  if (job == nullptr || job->stored.status.attempt() != attempt || job->stored.status.state() != RUNNING ||
+      !job->checkpoint.restoring) {
+    return;
+  }
   job->checkpoint.restoring = false;
   if (!manifest.ok()) {
     // A shard that went away (not a bad checkpoint) is worth another try
@@ -209,9 +259,20 @@ void Coordinator::Drain(const std::string& job_id, const std::string& who) {
   // (the leaving worker keeps training until the job stops).
   const absl::Time deadline = absl::Now() + absl::Seconds(90);
   absl::Status saved = absl::DeadlineExceededError("no checkpoint within 90 s");
+  // The attempt that is draining: once the job runs another one, its end
+  // (requeue or failure) is no longer this drain's to decide.
+  uint64_t attempt = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    Job* job = FindJob(job_id);
+    if (job == nullptr) return;
+    attempt = job->stored.status.attempt();
+  }
   auto still_draining = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> Job* {
     Job* job = FindJob(job_id);
-    if (job == nullptr || !job->checkpoint.draining || shutdown_) return nullptr;
+    if (job == nullptr || !job->checkpoint.draining || shutdown_ || job->stored.status.attempt() != attempt) {
+      return nullptr;
+    }
     const JobState state = job->stored.status.state();
     return state == RUNNING || state == CHECKPOINTING ? job : nullptr;
   };

@@ -66,7 +66,9 @@ absl::StatusOr<HeartbeatResponse> Coordinator::Heartbeat(const HeartbeatRequest&
   }
   r.set_job_id(m.status.job_id());
   Job* job = m.status.job_id().empty() ? nullptr : FindJob(m.status.job_id());
-  if (job != nullptr) r.set_attempt(job->stored.status.attempt());
+  // Shards remember the attempt they hear of here (and name it when they
+  // register again after a restart): only one the store holds.
+  if (job != nullptr && AttemptDurable(*job)) r.set_attempt(job->stored.status.attempt());
   if (job != nullptr && m.role == Role::kWorker) {
     r.set_pause(job->checkpoint.pause_requested);
     r.set_pause_id(job->checkpoint.pause_id);
@@ -97,7 +99,9 @@ absl::StatusOr<Assignment> Coordinator::GetAssignment(const std::string& member_
     auto rejoin = job == nullptr ? decltype(job->joining)::iterator() : job->joining.find(m.rank());
     const bool held = job != nullptr && member->role == Role::kWorker && rejoin != job->joining.end() &&
                       !rejoin->second.admitted;
-    if (job != nullptr && !job->checkpoint.restoring && !held) {
+    // Nor before the store holds the attempt it carries (Start() bumped it
+    // in memory; the persister wakes us once it is written).
+    if (job != nullptr && !job->checkpoint.restoring && !held && AttemptDurable(*job)) {
       Assignment a;
       a.set_job_id(m.job_id());
       a.set_spec_yaml(job->stored.spec_yaml);

@@ -93,6 +93,12 @@ absl::StatusOr<JobStatus> Coordinator::ScaleJob(const std::string& job_id, int w
     if (jm.role() == "worker" && jm.rank() >= workers && job->done_ranks.count(jm.rank()) == 0) DropRank(*job, jm);
   }
   Transition(*job, st.state(), "Scaled", absl::StrCat("from ", before, " to ", workers, " workers"));
+  // The ranks left may all be done: the job is, then.
+  MaybeSucceed(*job);
+  if (IsTerminal(st.state())) {
+    RefreshMembers(*job);
+    return st;
+  }
   PushSeats(*job);
   Schedule();  // fills the ranks below the new count
   RefreshMembers(*job);
@@ -159,6 +165,10 @@ bool Coordinator::VacateRank(Job& job, const MemberStatus& lost, const std::stri
     next = absl::StrCat("; running with ", st.active_workers(), " of ", job.spec.workers, " workers");
   }
   Transition(job, st.state(), "MemberLost", what + next);
+  // The rank may have been the last one unfinished (its worker killed after
+  // its last push, the others done): nothing else would end the job.
+  MaybeSucceed(job);
+  if (IsTerminal(st.state())) return true;
   if (!await) PushSeats(job);
   if (free_worker) FillVacancies();  // at once: an awaited rank's deadline may be now
   return true;
@@ -236,6 +246,14 @@ void Coordinator::PushSeatsLoop(const std::string& job_id) {
     {
       absl::MutexLock lock(&mu_);
       Job* job = FindJob(job_id);
+      if (job == nullptr) return;
+      // SetWorkers tells the shards the attempt: only one the store holds.
+      if (!AttemptDurable(*job) && !AwaitDurableAttempt(job_id, job->stored.status.attempt()) && !shutdown_) {
+        job = FindJob(job_id);
+        const JobState state = job == nullptr ? FAILED : job->stored.status.state();
+        if (job != nullptr && !IsTerminal(state) && state != PENDING) continue;  // a newer attempt: wait for it
+      }
+      job = FindJob(job_id);
       if (job == nullptr) return;
       const JobStatus& st = job->stored.status;
       job->seats_dirty = false;

@@ -81,7 +81,7 @@ TEST(CoordinatorFencingTest, RequestsOfAnotherAttemptAreRefusedOrIgnored) {
   auto st = c->GetJob(job);
   ASSERT_EQ(st->state(), RUNNING);
   ASSERT_EQ(st->attempt(), 1u);
-  auto a = c->GetAssignment(worker, absl::Now());
+  auto a = c->GetAssignment(worker, absl::Now() + absl::Seconds(30));  // once the attempt is on disk
   EXPECT_EQ(a->attempt(), 1u);
   EXPECT_NE(a->output_dir().find("/" + job), std::string::npos) << a->output_dir();
 

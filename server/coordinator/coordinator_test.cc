@@ -101,7 +101,7 @@ TEST_F(CoordinatorTest, JobRunsWhenItsMembersAreFreeAndSucceedsWhenWorkersAreDon
   const std::string w1 = Join(*c, "worker", "worker-1");
   EXPECT_EQ(State(*c, job), RUNNING);
 
-  auto a = c->GetAssignment(w1, absl::Now());
+  auto a = c->GetAssignment(w1, absl::Now() + absl::Seconds(30));  // once the attempt is on disk
   ASSERT_TRUE(a.ok());
   EXPECT_EQ(a->job_id(), job);
   EXPECT_EQ(a->rank(), 1);

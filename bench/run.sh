@@ -326,10 +326,10 @@ train() {
   bazel build //client:pstrain >&2
   declare -A runs
   for r in $(seq "$reps"); do
-    log "rep $r/$reps: pstrain async (examples/fashion_mnist.yaml)"
-    runs[async]+="$(pstrain_once examples/fashion_mnist.yaml)"$'\n'
-    log "rep $r/$reps: pstrain sync (examples/fashion_mnist_sync.yaml)"
-    runs[sync]+="$(pstrain_once examples/fashion_mnist_sync.yaml)"$'\n'
+    log "rep $r/$reps: pstrain async (examples/fashion_mnist_async.yaml)"
+    runs[async]+="$(pstrain_once examples/fashion_mnist_async.yaml)"$'\n'
+    log "rep $r/$reps: pstrain sync (examples/fashion_mnist.yaml, the demo)"
+    runs[sync]+="$(pstrain_once examples/fashion_mnist.yaml)"$'\n'
     log "rep $r/$reps: pstrain all-reduce (examples/fashion_mnist_allreduce.yaml)"
     runs[allreduce]+="$(pstrain_once examples/fashion_mnist_allreduce.yaml)"$'\n'
     log "rep $r/$reps: PyTorch DDP (gloo)"

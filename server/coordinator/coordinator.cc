@@ -75,6 +75,7 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(CoordinatorOpti
         c->Transition(j, RUNNING, "CheckpointAbandoned",
                       "the coordinator restarted during a checkpoint; it was not committed");
       }
+      c->RestoreSeats(j);
     }
   }
   c->persister_ = std::thread([raw = c.get()] { raw->PersistLoop(); });

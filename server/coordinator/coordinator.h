@@ -242,6 +242,11 @@ class Coordinator {
   void HandOver(Job& job, int rank, Member& worker) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Ranks awaited past the job's replacement_timeout_s: restart.
   void ExpireAwaitedRanks() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // After a restart: the ranks of a running job that must be awaited
+  // (awaited lives in memory) are again, and the shards are sent the job's
+  // seats once more if they changed during the attempt -- a SetWorkers the
+  // previous coordinator had in flight when it died never arrived.
+  void RestoreSeats(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Sends the job's seats to its shards (in the background, in order).
   void PushSeats(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void PushSeatsLoop(const std::string& job_id) ABSL_LOCKS_EXCLUDED(mu_);

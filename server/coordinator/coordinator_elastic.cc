@@ -229,6 +229,29 @@ void Coordinator::ExpireAwaitedRanks() {
   }
 }
 
+void Coordinator::RestoreSeats(Job& job) {
+  JobStatus& st = job.stored.status;
+  if ((st.state() != RUNNING && st.state() != CHECKPOINTING) || job.spec.allreduce() ||
+      st.rank_generations_size() != job.spec.workers) {
+    return;
+  }
+  bool changed = st.vacant_ranks_size() > 0;
+  for (int g : st.rank_generations()) changed = changed || g > 0;
+  if (!changed) return;  // the shards' view is the one they started with
+  // As VacateRank decides, with what is known now: rank 0, and any rank
+  // while fewer than min_workers are active, is waited for -- from the end
+  // of the window in which members re-attach.
+  const int active = job.spec.workers - st.vacant_ranks_size();
+  for (int rank : st.vacant_ranks()) {
+    if (rank < TargetWorkers(job) && (rank == 0 || active < job.spec.min_workers)) {
+      job.awaited[rank] = std::max(job.attach_deadline, Now()) + absl::Seconds(job.spec.replacement_timeout_s);
+    }
+  }
+  spdlog::info("coordinator: {} sends its shards its seats again ({} vacant, {} awaited)", st.job_id(),
+               st.vacant_ranks_size(), job.awaited.size());
+  PushSeats(job);
+}
+
 void Coordinator::PushSeats(Job& job) {
   if (job.seats_in_flight) {
     job.seats_dirty = true;

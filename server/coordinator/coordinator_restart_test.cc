@@ -17,12 +17,15 @@
 #include <map>
 #include <mutex>
 
+#include <grpcpp/grpcpp.h>
+
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "checkpoint/manifest.h"
 #include "common/clock.h"
 #include "common/file_util.h"
 #include "google/protobuf/util/json_util.h"
+#include "proto/parameter.grpc.pb.h"
 #include "server/coordinator/coordinator.h"
 #include "server/coordinator/coordinator_testing.h"
 
@@ -486,6 +489,115 @@ TEST_F(LastRankVacatedTest, ShuttingDown) {
 TEST_F(LastRankVacatedTest, ScaledAway) {
   ASSERT_TRUE(c_->ScaleJob(job_, 2).ok());
   ExpectSucceeded();
+}
+
+// A shard that only answers SetWorkers: held (never answered) while
+// `hold` is set, recorded and answered once it is not.
+class SeatsShard final : public ParameterService::CallbackService {
+ public:
+  grpc::ServerUnaryReactor* SetWorkers(grpc::CallbackServerContext* context, const SetWorkersRequest* request,
+                                       SetWorkersResponse* response) override {
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    std::lock_guard<std::mutex> lock(mu_);
+    if (hold_) {
+      held_.push_back(reactor);  // the coordinator dies before it arrives
+      return reactor;
+    }
+    for (int r = 0; r < request->seats_size(); ++r) response->add_last_steps(7);
+    response->set_min_version(8);
+    received_.push_back(*request);
+    cv_.notify_all();
+    reactor->Finish(grpc::Status::OK);
+    return reactor;
+  }
+  void Hold(bool hold) {
+    std::lock_guard<std::mutex> lock(mu_);
+    hold_ = hold;
+  }
+  size_t Held() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return held_.size();
+  }
+  void FailHeld() {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto* r : held_) r->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "shard gone"));
+    held_.clear();
+  }
+  // The first request answered; nullopt if none within 30 s.
+  std::optional<SetWorkersRequest> AwaitReceived() {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!cv_.wait_for(lock, std::chrono::seconds(30), [&] { return !received_.empty(); })) return std::nullopt;
+    return received_.front();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool hold_ = false;
+  std::vector<grpc::ServerUnaryReactor*> held_;
+  std::vector<SetWorkersRequest> received_;
+};
+
+// The shards learn who holds each rank (SetWorkers) from a coordinator
+// that keeps which ranks it awaits in memory. One killed before its
+// SetWorkers arrived left the shards with the old view for good: a
+// vacated rank still active held every SYNC step back. After a restart the
+// view is sent again, rank 0 (vacant, awaited) active, the other vacant
+// rank not.
+TEST_F(CoordinatorRestartTest, SeatsAreSentAgainAfterARestart) {
+  SeatsShard shard;
+  int port = 0;
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&shard);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  ASSERT_NE(server, nullptr);
+  absl::Cleanup stop = [&] {
+    shard.FailHeld();
+    server->Shutdown();
+  };
+  const std::string db = Db("seats");
+  auto first = Make(db, Options());
+  ASSERT_NE(first, nullptr);
+  RegisterRequest r;
+  r.set_role("shard");
+  r.set_name("shard-0");
+  r.set_address(absl::StrCat("127.0.0.1:", port));
+  ASSERT_TRUE(first->Register(r).ok());
+  std::vector<std::string> w;
+  for (int rank = 0; rank < 3; ++rank) w.push_back(Join(*first, "worker", absl::StrCat("worker-", rank)));
+  const std::string job = SubmitSpec(
+      *first, "name: t\nworkers: 3\nmin_workers: 1\nreplacement_timeout_s: 60\nshards: 1\ndata: {format: synthetic}\n");
+  ASSERT_EQ(AwaitAssignment(*first, w[1]), 1u);
+  shard.Hold(true);
+  // Rank 0 leaves (awaited: it evaluates and writes the weights), then rank
+  // 2 (not awaited: one worker is enough). The shards hear of neither.
+  for (int rank : {0, 2}) {
+    ASSERT_TRUE(Event(*first, w[rank], job, 1,
+                      absl::StrCat(R"({"rank": )", rank, R"(, "draining": {"role": "worker"}})"))
+                    .ok());
+  }
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (Stored(db, job).vacant_ranks_size() < 2 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(5));
+  ASSERT_EQ(Stored(db, job).vacant_ranks_size(), 2);
+  while (shard.Held() == 0 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(5));
+  ASSERT_EQ(shard.Held(), 1u);
+  const std::string image = CrashImage(db);
+  shard.Hold(false);
+  auto second = Make(image, Options());
+  ASSERT_NE(second, nullptr);
+  std::optional<SetWorkersRequest> sent = shard.AwaitReceived();
+  ASSERT_TRUE(sent.has_value()) << "the restarted coordinator never told the shards";
+  EXPECT_EQ(sent->job(), job);
+  EXPECT_EQ(sent->attempt(), 1u);
+  ASSERT_EQ(sent->seats_size(), 3);
+  EXPECT_TRUE(sent->seats(0).active()) << "rank 0 is awaited";
+  EXPECT_TRUE(sent->seats(1).active());
+  EXPECT_FALSE(sent->seats(2).active()) << "rank 2 is vacant";
+  EXPECT_EQ(second->GetJob(job)->state(), RUNNING);
+  shard.FailHeld();
+  second->Shutdown();
+  first->Shutdown();
 }
 
 }  // namespace

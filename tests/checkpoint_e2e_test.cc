@@ -165,17 +165,30 @@ TEST_F(ControlPlaneTest, AllReduceCheckpointResumesInBothModes) {
   EXPECT_NE(st.out.find("onto 1 shard(s)"), std::string::npos) << st.out;
 }
 
+// Heartbeats of 1 s: the workers agree on a pause step four heartbeats --
+// 4 s -- of training ahead.
+class SlowHeartbeatTest : public ControlPlaneTest {
+ protected:
+  void SetUp() override {
+    heartbeat_ms_ = 1000;
+    ControlPlaneTest::SetUp();
+  }
+};
+
 // The workers agree on a pause step ahead of where they are; when the job
 // ends before it, an all-reduce job has nobody left to write the model: the
 // checkpoint is refused and the job still ends (it hung in CHECKPOINTING).
-TEST_F(ControlPlaneTest, AllReduceCheckpointPastTheLastStepIsRefusedAndTheJobEnds) {
+// 400 steps: at 100 to 400 steps/s the job lasts 1 to 4 s, so the request
+// lands while it runs, and its pause (4 s of training on) past its end. (A
+// 60-step job with 100 ms heartbeats once ended before the request came.)
+TEST_F(SlowHeartbeatTest, AllReduceCheckpointPastTheLastStepIsRefusedAndTheJobEnds) {
   const std::string spec = dir_ + "/short.yaml";
   ASSERT_TRUE(WriteFileAtomically(spec, "name: short\nmode: allreduce\nmodel: mlp\nworkers: 2\n"
                                         "data: {format: synthetic, synthetic_train: 60000, synthetic_test: 256}\n"
-                                        "epochs: 1\nmax_steps: 60\nbatch_size: 16\nlog_every_steps: 1\n").ok());
+                                        "epochs: 1\nmax_steps: 400\nbatch_size: 16\nlog_every_steps: 1\n").ok());
   const std::string job = Submit(spec);
   ASSERT_NO_FATAL_FAILURE(WaitForStep(job, 2));
-  CliResult ck = Cli({"checkpoint", job});  // the pause lands at least 20 steps ahead
+  CliResult ck = Cli({"checkpoint", job});  // the pause lands 4 s of training (and at least 20 steps) ahead
   if (ck.code != 0) {
     EXPECT_NE(ck.out.find("finished its steps before the checkpoint"), std::string::npos) << ck.out;
   }

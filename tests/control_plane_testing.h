@@ -111,7 +111,7 @@ class ControlPlaneTest : public ::testing::Test {
     std::filesystem::remove(port_file);
     coordinator_process_ = Start("coordinator", {"server/coordinator/pstrain-coordinator", "--host=127.0.0.1",
                                                  "--port=" + std::to_string(port), "--port_file=" + port_file,
-                                                 "--db=" + dir_ + "/jobs.db", "--heartbeat_ms=100",
+                                                 "--db=" + dir_ + "/jobs.db", "--heartbeat_ms=" + std::to_string(heartbeat_ms_),
                                                  "--checkpoint_root=" + dir_,
                                                  "--missed_heartbeats=" + std::to_string(missed_heartbeats_),
                                                  "--metrics_port=0",
@@ -228,6 +228,7 @@ class ControlPlaneTest : public ::testing::Test {
   }
 
   // Leases of 100 ms heartbeats: 2 s by default.
+  int heartbeat_ms_ = 100;
   int missed_heartbeats_ = 20;
   std::string dir_, coordinator_;
   std::unique_ptr<ChildProcess> coordinator_process_;

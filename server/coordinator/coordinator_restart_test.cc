@@ -167,26 +167,13 @@ class CoordinatorRestartTest : public ::testing::Test {
   }
   // A checkpoint of an all-reduce job at `step` to resume from.
   std::string WriteCheckpointAt(int64_t step, const std::string& spec_yaml, int workers) {
-    const std::string dir = ::testing::TempDir() + "/restart-ckpt-" + std::to_string(step);
-    std::filesystem::create_directories(dir);
-    std::ofstream(dir + "/shard-0.bin") << "0123456789";
-    CheckpointManifest m;
-    m.job = "job-1";
-    m.name = "t";
-    m.step = step;
-    m.spec_yaml = spec_yaml;
-    m.chunk_bytes = 4 << 20;
-    m.params.push_back({"w", {2}, DT_FLOAT32});
-    for (int r = 0; r < workers; ++r) m.workers.push_back({r, step, 1, 0, 0});
-    m.shards.push_back({0, "shard-0.bin", 10, 0});
-    EXPECT_TRUE(WriteManifest(dir, m).ok());
-    return dir;
+    std::vector<CheckpointManifest::Worker> positions;
+    for (int r = 0; r < workers; ++r) positions.push_back({r, step, 1, 0, 0});
+    return WriteFakeCheckpoint(::testing::TempDir() + "/restart-ckpt-" + std::to_string(step), step, spec_yaml,
+                               positions);
   }
   std::string Resume(Coordinator& c, const std::string& dir) {
-    SubmitJobRequest req;
-    req.set_resume_from(dir);
-    req.set_output_dir(::testing::TempDir() + "/out");
-    auto id = c.SubmitJob(req);
+    auto id = SubmitResume(c, dir);
     EXPECT_TRUE(id.ok()) << id.status();
     return id.value_or("");
   }

@@ -58,35 +58,12 @@ class CoordinatorTest : public ::testing::Test {
     ASSERT_TRUE(c.ReportProgress(r).ok());
   }
   JobState State(Coordinator& c, const std::string& job) { return c.GetJob(job)->state(); }
-  // A checkpoint of job-1 at `step` (one shard file of 10 bytes, which
-  // nothing here reads); returns its directory.
   std::string WriteCheckpointAt(int64_t step, const std::string& spec_yaml,
                                 std::vector<CheckpointManifest::Worker> workers = {}) {
-    const std::string dir = ::testing::TempDir() + "/ckpt-" + std::to_string(step);
-    std::filesystem::create_directories(dir);
-    {
-      std::ofstream f(dir + "/shard-0.bin");
-      f << "0123456789";
-    }
-    CheckpointManifest m;
-    m.job = "job-1";
-    m.name = "t";
-    m.step = step;
-    m.spec_yaml = spec_yaml;
-    m.chunk_bytes = 4 << 20;
-    m.params.push_back({"w", {2}, DT_FLOAT32});
-    m.workers = std::move(workers);
-    m.shards.push_back({0, "shard-0.bin", 10, 0});
-    EXPECT_TRUE(WriteManifest(dir, m).ok());
-    return dir;
+    return WriteFakeCheckpoint(::testing::TempDir() + "/ckpt-" + std::to_string(step), step, spec_yaml,
+                               std::move(workers));
   }
-  // A job submitted to resume from `dir`.
-  absl::StatusOr<std::string> Resume(Coordinator& c, const std::string& dir) {
-    SubmitJobRequest req;
-    req.set_resume_from(dir);
-    req.set_output_dir(::testing::TempDir() + "/out");
-    return c.SubmitJob(req);
-  }
+  absl::StatusOr<std::string> Resume(Coordinator& c, const std::string& dir) { return SubmitResume(c, dir); }
 
   ManualClock clock_;
 };

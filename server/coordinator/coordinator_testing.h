@@ -4,8 +4,12 @@
 
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <fstream>
 #include <string>
+#include <vector>
 
+#include "checkpoint/manifest.h"
 #include "server/coordinator/coordinator.h"
 
 namespace pstrain {
@@ -18,6 +22,33 @@ inline std::string SubmitSpec(Coordinator& c, const std::string& spec) {
   auto id = c.SubmitJob(req);
   EXPECT_TRUE(id.ok()) << id.status();
   return id.value_or("");
+}
+
+// A checkpoint of job-1 at `step` in `dir` (one shard file of 10 bytes,
+// which nothing in the coordinator's tests reads); returns `dir`.
+inline std::string WriteFakeCheckpoint(const std::string& dir, int64_t step, const std::string& spec_yaml,
+                                       std::vector<CheckpointManifest::Worker> workers = {}) {
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/shard-0.bin") << "0123456789";
+  CheckpointManifest m;
+  m.job = "job-1";
+  m.name = "t";
+  m.step = step;
+  m.spec_yaml = spec_yaml;
+  m.chunk_bytes = 4 << 20;
+  m.params.push_back({"w", {2}, DT_FLOAT32});
+  m.workers = std::move(workers);
+  m.shards.push_back({0, "shard-0.bin", 10, 0});
+  EXPECT_TRUE(WriteManifest(dir, m).ok());
+  return dir;
+}
+
+// A job submitted to resume from `dir`.
+inline absl::StatusOr<std::string> SubmitResume(Coordinator& c, const std::string& dir) {
+  SubmitJobRequest req;
+  req.set_resume_from(dir);
+  req.set_output_dir(::testing::TempDir() + "/out");
+  return c.SubmitJob(req);
 }
 
 }  // namespace pstrain

@@ -1,10 +1,50 @@
 #include "rpc/grpc_channel.h"
 
 #include <grpcpp/create_channel.h>
+#include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/security/credentials.h>
+#include <grpcpp/support/byte_buffer.h>
 #include <grpcpp/support/channel_arguments.h>
 
+#include <chrono>
+
+#include "absl/synchronization/notification.h"
+
 namespace pstrain {
+namespace {
+
+// gRPC 1.51 (on Linux) runs every callback-API completion of a process on
+// one completion queue and its "nexting" threads, created when the first
+// channel makes a callback call and shut down when the last such channel is
+// destroyed -- even while gRPC is still finishing a callback of a call made
+// on it. Destroying a process's last client right after its last call
+// returned (a test's or a worker's shard clients, a health check's channel)
+// then aborted the process: "ref_counted.h: assertion failed: prior > 0" in
+// grpc_cq_internal_unref on a nexting thread (multiprocess_ps_test, about 1
+// run in 60 on a loaded machine; a worker once). One channel that has made a
+// callback call and is never destroyed keeps that queue for the process's
+// life. Its one call has a deadline already past: it fails at once and
+// never needs the (unused) address it names.
+void KeepCallbackQueueForTheProcess() {
+  static const bool kept = [] {
+    auto* channel = new std::shared_ptr<grpc::Channel>(
+        grpc::CreateChannel("127.0.0.1:1", grpc::InsecureChannelCredentials()));
+    auto* stub = new grpc::GenericStub(*channel);
+    auto* context = new grpc::ClientContext();
+    context->set_deadline(std::chrono::system_clock::now());
+    grpc::Slice empty;
+    auto* request = new grpc::ByteBuffer(&empty, 1);  // an empty message (a null buffer cannot be sent)
+    auto* response = new grpc::ByteBuffer();
+    absl::Notification done;
+    stub->UnaryCall(context, "/pstrain.Anchor/Keep", grpc::StubOptions(), request, response,
+                    [&done](grpc::Status) { done.Notify(); });
+    done.WaitForNotification();
+    return true;  // all of it stays allocated: it must outlive every other channel
+  }();
+  (void)kept;
+}
+
+}  // namespace
 
 std::shared_ptr<grpc::Channel> CreateChannel(const std::string& target, int max_message_bytes) {
   return CreateChannel(target, max_message_bytes, ProcessSecurity());
@@ -12,6 +52,7 @@ std::shared_ptr<grpc::Channel> CreateChannel(const std::string& target, int max_
 
 std::shared_ptr<grpc::Channel> CreateChannel(const std::string& target, int max_message_bytes,
                                              const SecurityOptions& security) {
+  KeepCallbackQueueForTheProcess();
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(max_message_bytes);
   args.SetMaxSendMessageSize(max_message_bytes);

@@ -75,9 +75,11 @@ class GrpcRemoteShard : public ParameterStore {
 // and never destroyed (nor torn down at exit). Destroying a client while
 // gRPC's callback threads were still finishing its last calls crashed
 // processes ("assertion failed: prior > 0" in gRPC's ref_counted.h, seen in
-// a worker whose job was stopped with calls in flight); long-lived
-// processes that talk to changing shards use this instead of their own
-// short-lived clients. Keyed by target, default timeout and attempts.
+// a worker whose job was stopped with calls in flight; the cause, gRPC's
+// shared callback queue shut down with its last channel, is now held off for
+// the process's life in grpc_channel.cc); long-lived processes that talk to
+// changing shards still use this rather than a client per job. Keyed by
+// target, default timeout and attempts.
 GrpcRemoteShard* SharedRemoteShard(const RemoteShardOptions& options);
 
 }  // namespace pstrain

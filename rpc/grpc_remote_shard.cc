@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <map>
 #include <mutex>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "rpc/grpc_channel.h"
@@ -40,11 +41,13 @@ void GrpcRemoteShard::Start(const std::string& method, const google::protobuf::M
                             google::protobuf::MessageLite* response,
                             std::vector<TensorBuffer>* response_tensors,
                             const CallOptions& options, StatusCallback done) {
+  ++in_flight_;  // counted out by Finish, after `done` returns
   auto call = std::make_shared<Call>();
   call->method = absl::StrCat("/pstrain.ParameterService/", method);
+  call->done = std::move(done);
   absl::Status encoded = EncodeTensorMessage(header, tensors, &call->request);
   if (!encoded.ok()) {
-    done(encoded);
+    Finish(call, encoded);
     return;
   }
   call->response_header = response;
@@ -55,7 +58,6 @@ void GrpcRemoteShard::Start(const std::string& method, const google::protobuf::M
                        : options.deadline;
   call->backoff = options_.initial_backoff;
   call->job_secret = options.job_secret;
-  call->done = std::move(done);
   Attempt(std::move(call));
 }
 
@@ -82,14 +84,14 @@ void GrpcRemoteShard::Attempt(std::shared_ptr<Call> call) {
             if (ok) {
               Attempt(call);
             } else {
-              call->done(absl::CancelledError("client shut down while waiting to retry"));
+              Finish(call, absl::CancelledError("client shut down while waiting to retry"));
             }
           });
           return;
         }
         if (!status.ok()) {
           absl::Status s = FromGrpcStatus(status);
-          call->done(absl::Status(
+          Finish(call, absl::Status(
               s.code(), absl::StrCat(call->method, " on ", options_.target, ": ", s.message())));
           return;
         }
@@ -98,8 +100,16 @@ void GrpcRemoteShard::Attempt(std::shared_ptr<Call> call) {
             call->response, call->response_header,
             call->response_tensors != nullptr ? call->response_tensors : &scratch,
             call->destinations.empty() ? nullptr : &call->destinations);
-        call->done(decoded);
+        Finish(call, decoded);
       });
+}
+
+void GrpcRemoteShard::Finish(const std::shared_ptr<Call>& call, absl::Status status) {
+  call->done(std::move(status));
+  // Nothing of `this` is touched after this: at zero RemoteShardCache may
+  // destroy the client (the gRPC thread that runs us only unwinds; the
+  // ClientContext in `call` holds its own reference to the channel).
+  --in_flight_;
 }
 
 void GrpcRemoteShard::InitTable(const InitTableRequest& request, std::vector<TensorBuffer> values,
@@ -151,15 +161,60 @@ void GrpcRemoteShard::SetWorkers(const SetWorkersRequest& request, SetWorkersRes
   Start("SetWorkers", request, {}, response, nullptr, options, std::move(done));
 }
 
-GrpcRemoteShard* SharedRemoteShard(const RemoteShardOptions& options) {
-  static std::mutex mu;
-  static auto* clients = new std::map<std::string, std::unique_ptr<GrpcRemoteShard>>();
+std::shared_ptr<GrpcRemoteShard> RemoteShardCache::Get(const RemoteShardOptions& options) {
   const std::string key = absl::StrCat(options.target, "|", absl::FormatDuration(options.default_timeout), "|",
                                        options.max_attempts, "|", options.max_message_bytes);
-  std::lock_guard<std::mutex> lock(mu);
-  auto& client = (*clients)[key];
-  if (client == nullptr) client = std::make_unique<GrpcRemoteShard>(options);
-  return client.get();
+  // Destroyed after the lock is released: a client's destructor joins its
+  // retry thread and releases its channel.
+  std::vector<std::shared_ptr<GrpcRemoteShard>> evicted;
+  std::shared_ptr<GrpcRemoteShard> found;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const absl::Time now = options_.now();
+    for (auto it = clients_.begin(); it != clients_.end();) {
+      Entry& e = it->second;
+      if (!Idle(e)) {
+        // In use now counts as used now: the idle time starts when the last
+        // holder lets go (as seen by a lookup).
+        e.last_used = now;
+      } else if (now - e.last_used > options_.idle_timeout && it->first != key) {
+        evicted.push_back(std::move(e.client));
+        it = clients_.erase(it);
+        continue;
+      }
+      ++it;
+    }
+    auto it = clients_.find(key);
+    if (it == clients_.end()) {
+      if (clients_.size() >= options_.max_clients) {
+        auto lru = clients_.end();
+        for (auto c = clients_.begin(); c != clients_.end(); ++c) {
+          if (Idle(c->second) && (lru == clients_.end() || c->second.last_used < lru->second.last_used)) lru = c;
+        }
+        if (lru != clients_.end()) {
+          evicted.push_back(std::move(lru->second.client));
+          clients_.erase(lru);
+        } else {
+          spdlog::warn("{} shard clients, all in use (the bound is {}): adding one for {}", clients_.size(),
+                       options_.max_clients, options.target);
+        }
+      }
+      it = clients_.emplace(key, Entry{std::make_shared<GrpcRemoteShard>(options), now}).first;
+    }
+    it->second.last_used = now;
+    found = it->second.client;
+  }
+  return found;
+}
+
+size_t RemoteShardCache::size() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return clients_.size();
+}
+
+std::shared_ptr<GrpcRemoteShard> SharedRemoteShard(const RemoteShardOptions& options) {
+  static auto* cache = new RemoteShardCache();
+  return cache->Get(options);
 }
 
 }  // namespace pstrain

@@ -10,7 +10,11 @@
 
 #include <grpcpp/generic/generic_stub.h>
 
+#include <atomic>
+#include <functional>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "rpc/grpc_server.h"
@@ -35,6 +39,9 @@ class GrpcRemoteShard : public ParameterStore {
   ~GrpcRemoteShard() override;
 
   const std::string& target() const { return options_.target; }
+  // Calls started and whose done callback has not yet returned (retry
+  // waits included). RemoteShardCache destroys only a client at zero.
+  int in_flight() const { return in_flight_.load(); }
 
   void InitTable(const InitTableRequest& request, std::vector<TensorBuffer> values,
                  InitTableResponse* response, const CallOptions& options,
@@ -64,23 +71,68 @@ class GrpcRemoteShard : public ParameterStore {
              std::vector<TensorBuffer>* response_tensors, const CallOptions& options,
              StatusCallback done);
   void Attempt(std::shared_ptr<Call> call);
+  // Runs the call's done callback, then (last touch of `this`) counts the
+  // call out.
+  void Finish(const std::shared_ptr<Call>& call, absl::Status status);
 
   const RemoteShardOptions options_;
+  std::atomic<int> in_flight_{0};
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<grpc::GenericStub> stub_;
   std::unique_ptr<RetryTimer> retry_timer_;
 };
 
-// The client for `options` that this process shares, created on first use
-// and never destroyed (nor torn down at exit). Destroying a client while
-// gRPC's callback threads were still finishing its last calls crashed
-// processes ("assertion failed: prior > 0" in gRPC's ref_counted.h, seen in
-// a worker whose job was stopped with calls in flight; the cause, gRPC's
-// shared callback queue shut down with its last channel, is now held off for
-// the process's life in grpc_channel.cc); long-lived processes that talk to
-// changing shards still use this rather than a client per job. Keyed by
-// target, default timeout and attempts.
-GrpcRemoteShard* SharedRemoteShard(const RemoteShardOptions& options);
+struct RemoteShardCacheOptions {
+  // A client nobody holds, with no call in flight, unused for this long is
+  // destroyed (at the next lookup: there is no sweeper thread).
+  absl::Duration idle_timeout = absl::Minutes(10);
+  // Past this many clients a lookup that adds one first destroys the least
+  // recently used idle client. Clients in use are never destroyed, so the
+  // map exceeds this only while more than this many are in use at once.
+  size_t max_clients = 256;
+  // The clock (tests inject one).
+  std::function<absl::Time()> now = [] { return absl::Now(); };
+};
+
+// RemoteShardCache: clients shared by key (target, default timeout, attempts,
+// message size), bounded so that a long-lived process talking to changing
+// (or hostile: every fake shard address adds a channel and a certificate
+// watcher) shards does not grow without end. The cache owns each client; a
+// caller holds a shared_ptr while it uses one. A client is destroyed only
+// when the cache holds the last reference AND it has no call in flight:
+// destroying a client while gRPC's callback threads were still finishing
+// its last calls crashed processes ("assertion failed: prior > 0" in
+// gRPC's ref_counted.h, seen in a worker whose job was stopped with calls in
+// flight; the root cause, gRPC's shared callback queue shut down with its
+// last channel, is now held off for the process's life in grpc_channel.cc,
+// but a client stays alive while its calls run regardless). Evicted clients
+// are destroyed on the looking-up thread, outside the lock. Thread-safe.
+class RemoteShardCache {
+ public:
+  explicit RemoteShardCache(RemoteShardCacheOptions options = {}) : options_(std::move(options)) {}
+
+  std::shared_ptr<GrpcRemoteShard> Get(const RemoteShardOptions& options);
+  size_t size() const;
+
+ private:
+  struct Entry {
+    std::shared_ptr<GrpcRemoteShard> client;
+    absl::Time last_used;
+  };
+  // True when nothing but the cache can reach `e.client` and it has no call
+  // in flight. Under mu_: a new reference is only made under it.
+  static bool Idle(const Entry& e) { return e.client.use_count() == 1 && e.client->in_flight() == 0; }
+
+  const RemoteShardCacheOptions options_;
+  mutable std::mutex mu_;
+  std::map<std::string, Entry> clients_;  // guarded by mu_
+};
+
+// The client for `options` that this process shares (a process-wide
+// RemoteShardCache with default limits, never destroyed nor torn down at
+// exit). Long-lived processes that talk to changing shards use this rather
+// than a client per job; hold the pointer while using the client.
+std::shared_ptr<GrpcRemoteShard> SharedRemoteShard(const RemoteShardOptions& options);
 
 }  // namespace pstrain
 

@@ -6,10 +6,12 @@
 
 #include <civetweb.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
@@ -39,12 +41,14 @@ struct Response {
   nlohmann::json json() const { return nlohmann::json::parse(body, nullptr, false); }
 };
 
-// One request; `extra` are whole header lines ("Name: value\r\n").
-Response Fetch(int port, const std::string& method, const std::string& path, const std::string& extra = "") {
+// One request to 127.0.0.1:port with `Host: <host>` (none if empty);
+// `extra` are whole header lines ("Name: value\r\n").
+Response FetchAs(const std::string& host, int port, const std::string& method, const std::string& path,
+                 const std::string& extra = "") {
   char err[256] = {};
-  mg_connection* conn =
-      mg_download("127.0.0.1", port, 0, err, sizeof(err), "%s %s HTTP/1.0\r\nHost: 127.0.0.1\r\n%s\r\n",
-                  method.c_str(), path.c_str(), extra.c_str());
+  const std::string host_line = host.empty() ? "" : "Host: " + host + "\r\n";
+  mg_connection* conn = mg_download("127.0.0.1", port, 0, err, sizeof(err), "%s %s HTTP/1.0\r\n%s%s\r\n",
+                                    method.c_str(), path.c_str(), host_line.c_str(), extra.c_str());
   Response r;
   if (conn == nullptr) {
     ADD_FAILURE() << method << " " << path << ": " << err;
@@ -59,6 +63,11 @@ Response Fetch(int port, const std::string& method, const std::string& path, con
   for (int n; (n = mg_read(conn, buf, sizeof(buf))) > 0;) r.body.append(buf, n);
   mg_close_connection(conn);
   return r;
+}
+
+// As a browser that opened http://127.0.0.1:port/.
+Response Fetch(int port, const std::string& method, const std::string& path, const std::string& extra = "") {
+  return FetchAs(absl::StrCat("127.0.0.1:", port), port, method, path, extra);
 }
 
 class DashboardTest : public ::testing::Test {
@@ -168,6 +177,70 @@ TEST_F(DashboardTest, PagesAssetsAndTheJsonApi) {
   Response ckpt = Fetch(port, "POST", "/api/jobs/" + job + "/checkpoint", "X-Pstrain-Request: 1\r\n");
   EXPECT_EQ(ckpt.code, 409) << ckpt.body;
   EXPECT_FALSE(ckpt.json()["error"].get<std::string>().empty());
+}
+
+// DNS rebinding: a web page whose name then resolves to the dashboard is
+// same-origin with it, but its requests carry its own name as Host.
+TEST_F(DashboardTest, ARequestForAnotherHostIsRefusedAndChangesNothing) {
+  StartCoordinator();
+  DashboardOptions o;  // unsecured, on 127.0.0.1
+  o.allowed_hosts = {"Dash.Example.com"};
+  auto d = Dashboard::Start(coordinator_.get(), o);
+  ASSERT_TRUE(d.ok()) << d.status();
+  dashboard_ = std::move(*d);
+  const int port = dashboard_->port();
+  const std::string job = Submit();
+  const std::string p = absl::StrCat(":", port);
+
+  for (const std::string& host : std::vector<std::string>{"evil.example" + p, "evil.example", std::string(), "127.evil.example" + p,
+                                  "localhost.evil.example" + p, "localhost" + p + ".evil.example",
+                                  "dash.example.com" + p, "[::1" + p, "localhost:", "127.0.0.1:8x"}) {
+    for (const char* path : {"/", "/api/jobs", "/static/app.js"}) {
+      Response r = FetchAs(host, port, "GET", path);
+      EXPECT_EQ(r.code, 421) << host << " " << path;
+      EXPECT_EQ(r.body.find(job), std::string::npos) << host;
+    }
+    Response cancel = FetchAs(host, port, "POST", "/api/jobs/" + job + "/cancel", "X-Pstrain-Request: 1\r\n");
+    EXPECT_EQ(cancel.code, 421) << host;
+    EXPECT_NE(cancel.body.find("--dashboard_allowed_hosts"), std::string::npos) << cancel.body;
+  }
+  EXPECT_EQ(coordinator_->GetJob(job)->state(), PENDING);
+
+  // Its own names: the bind address, loopback names (any port: a
+  // port-forward's), and the allowed list (case-insensitive).
+  for (const std::string& host : std::vector<std::string>{"127.0.0.1" + p, "localhost" + p, "LocalHost" + p, "[::1]" + p, "localhost:9999",
+                                  "127.0.0.1", "dash.example.com"}) {
+    Response r = FetchAs(host, port, "GET", "/api/jobs");
+    EXPECT_EQ(r.code, 200) << host << " " << r.body;
+  }
+  Response cancel = FetchAs("localhost" + p, port, "POST", "/api/jobs/" + job + "/cancel", "X-Pstrain-Request: 1\r\n");
+  EXPECT_EQ(cancel.code, 200) << cancel.body;
+  EXPECT_EQ(coordinator_->GetJob(job)->state(), CANCELLED);
+
+  // A list entry that is not a host: refused at start.
+  o.allowed_hosts = {"http://dash.example.com/"};
+  auto bad = Dashboard::Start(coordinator_.get(), o);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// On 0.0.0.0 the dashboard is reachable by this machine's addresses and
+// hostname too; other names are still refused.
+TEST_F(DashboardTest, AWildcardBindServesThisMachinesNames) {
+  StartCoordinator();
+  DashboardOptions o;
+  o.host = "0.0.0.0";
+  auto d = Dashboard::Start(coordinator_.get(), o);
+  ASSERT_TRUE(d.ok()) << d.status();
+  dashboard_ = std::move(*d);
+  const int port = dashboard_->port();
+  char hostname[256] = {};
+  ASSERT_EQ(gethostname(hostname, sizeof(hostname) - 1), 0);
+  for (const std::string& host : {absl::StrCat(hostname, ":", port), absl::StrCat("127.0.0.1:", port),
+                                  absl::StrCat("0.0.0.0:", port)}) {
+    EXPECT_EQ(FetchAs(host, port, "GET", "/api/jobs").code, 200) << host;
+  }
+  EXPECT_EQ(FetchAs(absl::StrCat("evil.example:", port), port, "GET", "/api/jobs").code, 421);
 }
 
 // The dashboard is plain HTTP (see dashboard.h): a secured coordinator

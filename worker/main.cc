@@ -164,11 +164,14 @@ absl::Status RunJobOrThrow(pstrain::JobSpec spec, int rank, int world_size, cons
     options.collective = allreduce->collective();
     options.restore_local = allreduce->restore_local();
   }
+  // Held for the job (the shared cache destroys no client in use; see SharedRemoteShard).
+  std::vector<std::shared_ptr<pstrain::GrpcRemoteShard>> remote_shards;
   for (const auto& t : targets) {
     pstrain::RemoteShardOptions ro;
     ro.target = t;
     ro.default_timeout = absl::Seconds(absl::GetFlag(FLAGS_rpc_timeout_s));
-    options.shards.push_back(pstrain::SharedRemoteShard(ro));  // outlives the job: see SharedRemoteShard
+    remote_shards.push_back(pstrain::SharedRemoteShard(ro));
+    options.shards.push_back(remote_shards.back().get());
   }
   options.emit = emit;
   // The heartbeat says what the loop is doing (a stuck rank included).

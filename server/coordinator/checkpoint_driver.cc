@@ -131,7 +131,7 @@ absl::StatusOr<CheckpointManifest> LoadCheckpoint(const std::string& job_id, uin
   auto plan = MakePartitionPlan(manifest->params, spec.shards, static_cast<size_t>(manifest->chunk_bytes));
   if (!plan.ok()) return plan.status();
   for (size_t i = 0; i < shards.size(); ++i) {
-    GrpcRemoteShard& client = *SharedRemoteShard(RemoteShardOptions{shards[i]});
+    std::shared_ptr<GrpcRemoteShard> client = SharedRemoteShard(RemoteShardOptions{shards[i]});
     std::vector<std::string> keys;
     for (size_t idx : plan->shard_chunks[i]) keys.push_back(plan->chunks[idx].key);
     const LoadTableRequest req =
@@ -140,7 +140,7 @@ absl::StatusOr<CheckpointManifest> LoadCheckpoint(const std::string& job_id, uin
     CallOptions opts;
     opts.deadline = absl::Now() + absl::Minutes(10);
     opts.job_secret = job_secret;
-    absl::Status s = WaitFor([&](StatusCallback done) { client.LoadTable(req, &resp, opts, done); });
+    absl::Status s = WaitFor([&](StatusCallback done) { client->LoadTable(req, &resp, opts, done); });
     if (!s.ok()) return absl::Status(s.code(), absl::StrCat("shard ", i, ": ", s.message()));
   }
   return manifest;

@@ -245,14 +245,14 @@ void Coordinator::DropTables(const JobStatus& st) {
       ro.target = a;
       ro.default_timeout = absl::Seconds(10);
       ro.max_attempts = 2;
-      GrpcRemoteShard& client = *SharedRemoteShard(ro);
+      std::shared_ptr<GrpcRemoteShard> client = SharedRemoteShard(ro);
       DropTableRequest req;
       req.set_job(id);
       req.set_attempt(attempt);
       DropTableResponse resp;
       CallOptions opts;
       opts.job_secret = secret;
-      absl::Status s = WaitFor([&](StatusCallback done) { client.DropTable(req, &resp, opts, done); });
+      absl::Status s = WaitFor([&](StatusCallback done) { client->DropTable(req, &resp, opts, done); });
       if (!s.ok()) spdlog::warn("coordinator: dropping {} on {}: {}", id, a, s.ToString());
     }
   });

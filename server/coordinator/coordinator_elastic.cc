@@ -40,11 +40,11 @@ SeatsAnswer SendSeats(const std::vector<std::string>& shards, const SetWorkersRe
     RemoteShardOptions ro;
     ro.target = shards[i];
     ro.default_timeout = absl::Seconds(10);
-    GrpcRemoteShard& client = *SharedRemoteShard(ro);
+    std::shared_ptr<GrpcRemoteShard> client = SharedRemoteShard(ro);
     SetWorkersResponse resp;
     CallOptions opts;
     opts.job_secret = job_secret;
-    absl::Status s = WaitFor([&](StatusCallback done) { client.SetWorkers(req, &resp, opts, done); });
+    absl::Status s = WaitFor([&](StatusCallback done) { client->SetWorkers(req, &resp, opts, done); });
     if (!s.ok()) {
       a.status = absl::Status(s.code(), absl::StrCat("shard ", i, ": ", s.message()));
       break;

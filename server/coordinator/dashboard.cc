@@ -1,10 +1,14 @@
 #include "server/coordinator/dashboard.h"
 
 #include <civetweb.h>
+#include <ifaddrs.h>
+#include <netdb.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <nlohmann/json.hpp>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -51,6 +55,7 @@ const char* Reason(int code) {
     case 404: return "Not Found";
     case 405: return "Method Not Allowed";
     case 409: return "Conflict";
+    case 421: return "Misdirected Request";
     case 503: return "Service Unavailable";
     case 504: return "Gateway Timeout";
     default: return "Internal Server Error";
@@ -184,6 +189,34 @@ json Detail(const JobStatus& st, const JobCurves& c, const std::optional<JobTele
   return j;
 }
 
+// "host:port" as a browser writes it (IPv6 in brackets), lower-case.
+std::string HostPort(absl::string_view host, int port) {
+  const std::string h = absl::AsciiStrToLower(host);
+  return h.find(':') != std::string::npos ? absl::StrCat("[", h, "]:", port) : absl::StrCat(h, ":", port);
+}
+
+// The names a wildcard bind is reachable as from elsewhere: this machine's
+// interface addresses and its hostname. (IP literals and our own hostname
+// are not names a web page's owner can point at us.)
+std::vector<std::string> LocalNames() {
+  std::vector<std::string> names;
+  char hostname[256] = {};
+  if (gethostname(hostname, sizeof(hostname) - 1) == 0 && hostname[0] != '\0') names.push_back(hostname);
+  ifaddrs* addrs = nullptr;
+  if (getifaddrs(&addrs) != 0) return names;
+  for (ifaddrs* a = addrs; a != nullptr; a = a->ifa_next) {
+    if (a->ifa_addr == nullptr || (a->ifa_addr->sa_family != AF_INET && a->ifa_addr->sa_family != AF_INET6)) continue;
+    char text[NI_MAXHOST] = {};
+    const socklen_t len = a->ifa_addr->sa_family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6);
+    if (getnameinfo(a->ifa_addr, len, text, sizeof(text), nullptr, 0, NI_NUMERICHOST) != 0) continue;
+    std::string name = text;
+    name = name.substr(0, name.find('%'));  // a link-local address's zone is not in a URL's host
+    names.push_back(name);
+  }
+  freeifaddrs(addrs);
+  return names;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Dashboard>> Dashboard::Start(Coordinator* coordinator, DashboardOptions options) {
@@ -195,6 +228,12 @@ absl::StatusOr<std::unique_ptr<Dashboard>> Dashboard::Start(Coordinator* coordin
         "a coordinator with TLS or tokens serves its dashboard on a loopback address only (--http_host=127.0.0.1, "
         "not ", Quote(options.host), "): the dashboard is plain HTTP, so reach it through kubectl port-forward "
         "or an ingress that terminates TLS"));
+  }
+  for (const std::string& h : options.allowed_hosts) {
+    if (h.empty() || std::any_of(h.begin(), h.end(), [](char c) { return absl::ascii_isspace(c) || c == '/'; })) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--dashboard_allowed_hosts: ", Quote(h), " is not a host or host:port"));
+    }
   }
   mg_init_library(0);
   std::unique_ptr<Dashboard> d(new Dashboard(coordinator, std::move(options)));
@@ -213,11 +252,18 @@ absl::StatusOr<std::unique_ptr<Dashboard>> Dashboard::Start(Coordinator* coordin
   if (d->ctx_ == nullptr) {
     return absl::UnavailableError(absl::StrCat("the dashboard cannot listen on ", ports, " (in use?)"));
   }
-  mg_set_request_handler(d->ctx_, "/", &Trampoline, d.get());
   mg_server_port port_info[2];
   const int n = mg_get_server_ports(d->ctx_, 2, port_info);
   if (n < 1) return absl::InternalError("the dashboard started without a port");
   d->port_ = port_info[0].port;
+  // The Host names served (see dashboard.h), fixed before the handler runs.
+  d->allowed_hosts_.insert(HostPort(d->options_.host, d->port_));
+  const std::string& bind = d->options_.host;
+  if (bind.empty() || bind == "0.0.0.0" || bind == "::" || bind == "[::]") {
+    for (const std::string& name : LocalNames()) d->allowed_hosts_.insert(HostPort(name, d->port_));
+  }
+  for (const std::string& h : d->options_.allowed_hosts) d->allowed_hosts_.insert(absl::AsciiStrToLower(h));
+  mg_set_request_handler(d->ctx_, "/", &Trampoline, d.get());
   if (!d->options_.port_file.empty()) {
     absl::Status s = WriteFileAtomically(d->options_.port_file, absl::StrCat(d->options_.host, ":", d->port_, "\n"));
     if (!s.ok()) return s;
@@ -234,8 +280,33 @@ std::string Dashboard::url() const {
   return absl::StrCat("http://", host, ":", port_, "/");
 }
 
+bool Dashboard::HostAllowed(absl::string_view header) const {
+  const std::string host = absl::AsciiStrToLower(absl::StripAsciiWhitespace(header));
+  if (host.empty()) return false;
+  if (allowed_hosts_.count(host) > 0) return true;
+  // A loopback name, any port (or none): a port-forward or local proxy may
+  // listen on another port, and no web page can make these names its own.
+  // (Exact names: IsLoopbackHost would take "127.evil.example".)
+  const size_t end = host[0] == '[' ? host.find(']') + 1 : host.find(':');
+  const std::string name = end == 0 ? host : host.substr(0, end);  // find(']') failed: npos + 1
+  const absl::string_view rest = end == 0 || end >= host.size() ? "" : absl::string_view(host).substr(end);
+  if (!rest.empty() && (rest[0] != ':' || rest.size() == 1 ||
+                        !std::all_of(rest.begin() + 1, rest.end(), absl::ascii_isdigit))) {
+    return false;
+  }
+  return name == "localhost" || name == "127.0.0.1" || name == "[::1]";
+}
+
 int Dashboard::Handle(mg_connection* conn) {
   const mg_request_info* ri = mg_get_request_info(conn);
+  // First of all, whatever the path: a request for another name may come
+  // from a page that rebound its DNS name to us (see dashboard.h).
+  const char* host = mg_get_header(conn, "Host");
+  if (host == nullptr || !HostAllowed(host)) {
+    return Send(conn, 421, "text/plain; charset=utf-8",
+                "this dashboard does not serve that Host (a missing one included); behind a proxy, add the name "
+                "the browser uses to --dashboard_allowed_hosts\n");
+  }
   const absl::string_view method = ri->request_method != nullptr ? ri->request_method : "";
   const absl::string_view path = ri->local_uri != nullptr ? ri->local_uri : "";
   const bool get = method == "GET" || method == "HEAD";

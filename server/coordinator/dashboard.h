@@ -15,6 +15,13 @@
 // only their own jobs. A POST must carry `X-Pstrain-Request: 1`, which a
 // cross-site form cannot send (no CORS is granted), so another site open in
 // the same browser cannot cancel a job on a dashboard without tokens.
+// Every request's `Host` must name this dashboard (else 421, whatever the
+// path): its bind address and port, a loopback name (localhost, 127.0.0.1,
+// [::1], any port: a port-forward may pick another local port), for a
+// wildcard bind this machine's addresses and hostname with the port, and
+// DashboardOptions::allowed_hosts. Without it, DNS rebinding (a web page
+// whose name then resolves to this address) is same-origin with an
+// unsecured dashboard and reaches its Cancel button.
 // Bounded: 4 serving threads, request headers of 16 KiB, 10 s per request.
 //
 // Plain HTTP only. Debian 12's civetweb 1.15 loads OpenSSL at run time and
@@ -27,9 +34,12 @@
 #define PSTRAIN_SERVER_COORDINATOR_DASHBOARD_H_
 
 #include <memory>
+#include <set>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 struct mg_context;
 struct mg_connection;
@@ -48,6 +58,9 @@ struct DashboardOptions {
   // The coordinator's gRPC side has TLS: the dashboard must then be on a
   // loopback address too (see above).
   bool secured = false;
+  // More `Host` values accepted besides the defaults above, as a browser
+  // sends them ("name" or "name:port"; a proxy's public name, say).
+  std::vector<std::string> allowed_hosts;
 };
 
 class Dashboard {
@@ -61,6 +74,8 @@ class Dashboard {
 
   // civetweb's callback (public for the C trampoline only).
   int Handle(mg_connection* conn);
+  // Whether a request with this `Host` header is served (see above).
+  bool HostAllowed(absl::string_view host) const;
 
  private:
   Dashboard(Coordinator* coordinator, DashboardOptions options)
@@ -70,6 +85,8 @@ class Dashboard {
   const DashboardOptions options_;
   mg_context* ctx_ = nullptr;
   int port_ = 0;
+  // Lower-case; set in Start before the handler is installed, then read only.
+  std::set<std::string> allowed_hosts_;
 };
 
 }  // namespace pstrain

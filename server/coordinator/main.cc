@@ -48,6 +48,10 @@ ABSL_FLAG(int, http_port, -1,
           "API asks for a user's token; with TLS or tokens it must be on a loopback --http_host.");
 ABSL_FLAG(std::string, http_host, "", "Address of the dashboard (default: --host).");
 ABSL_FLAG(std::string, http_port_file, "", "If set, write the dashboard's host:port here.");
+ABSL_FLAG(std::vector<std::string>, dashboard_allowed_hosts, {},
+          "Comma-separated Host values (name or name:port, as the browser sends them) the dashboard serves besides "
+          "its bind address, loopback names and, on 0.0.0.0, this machine's addresses and hostname: the name of a "
+          "proxy in front of it. Any other Host is refused (DNS rebinding).");
 ABSL_FLAG(bool, tensorboard, true,
           "Write TensorBoard event files for every job attempt under <output_dir>/<job>/tensorboard/.");
 
@@ -64,6 +68,7 @@ absl::StatusOr<std::unique_ptr<pstrain::Dashboard>> StartDashboard(pstrain::Coor
   o.port_file = absl::GetFlag(FLAGS_http_port_file);
   o.tokens = server_security.tokens;
   o.secured = security.server_tls();
+  o.allowed_hosts = absl::GetFlag(FLAGS_dashboard_allowed_hosts);
   auto d = pstrain::Dashboard::Start(coordinator, o);
   if (!d.ok()) return absl::Status(d.status().code(), absl::StrCat("--http_port: ", d.status().message()));
   if (!pstrain::IsLoopbackHost(o.host)) {

@@ -128,10 +128,14 @@ threads_per_worker: 1
   EXPECT_EQ(std::system(cmd.c_str()), 0);
   EXPECT_GT(std::filesystem::file_size(shot), 20000u) << shot;
 
-  // The page's Cancel does this (a browser's confirm() aside).
+  // The page's Cancel does this (a browser's confirm() aside; a browser
+  // always names the host, which the dashboard checks).
   char err[256] = {};
   mg_connection* c = mg_download("127.0.0.1", std::stoi(address->substr(address->rfind(':') + 1)), 0, err,
-                                 sizeof(err), "POST /api/jobs/job-000001/cancel HTTP/1.0\r\nX-Pstrain-Request: 1\r\n\r\n");
+                                 sizeof(err), "%s",
+                                 ("POST /api/jobs/job-000001/cancel HTTP/1.0\r\nHost: " + *address +
+                                  "\r\nX-Pstrain-Request: 1\r\n\r\n")
+                                     .c_str());
   ASSERT_NE(c, nullptr) << err;
   EXPECT_EQ(mg_get_response_info(c)->status_code, 200);
   mg_close_connection(c);

@@ -38,7 +38,8 @@ std::string PresentedSecret(const grpc::CallbackServerContext* context) {
 }
 
 // What a call does with the job's secret: checks it, and after success
-// records it (a table made) or forgets it (the table dropped).
+// records it (a table made) or forgets it (the table dropped; not if a
+// table-making call overlapped the drop).
 enum class SecretUse { kCheck, kRecord, kForget };
 
 // Decodes the request, checks the job secret, runs `invoke(state, done)` and
@@ -76,10 +77,16 @@ grpc::ServerUnaryReactor* Serve(const char* method, ParameterServiceMetrics* met
       return reactor;
     }
   }
+  // A table change is bracketed in `secrets` (see JobSecrets), so a drop
+  // seen after a next attempt's InitTable does not forget the new table's
+  // secret.
+  JobSecrets::DropTicket ticket;
+  if (use == SecretUse::kRecord) secrets->BeginMake(job);
+  if (use == SecretUse::kForget) ticket = secrets->BeginDrop(job);
   invoke(state, OptionsFrom(context),
-         [state, response, finish, secrets, use, secret = std::move(secret)](absl::Status s) {
-           if (s.ok() && use == SecretUse::kRecord) secrets->Record(state->request.job(), secret);
-           if (s.ok() && use == SecretUse::kForget) secrets->Forget(state->request.job());
+         [state, response, finish, secrets, use, ticket, secret = std::move(secret)](absl::Status s) {
+           if (use == SecretUse::kRecord) secrets->EndMake(state->request.job(), s.ok(), secret);
+           if (use == SecretUse::kForget) secrets->EndDrop(state->request.job(), ticket, s.ok());
            if (s.ok()) s = EncodeTensorMessage(state->response, state->out_tensors, response);
            finish(s);
          });

@@ -9,6 +9,7 @@
 #include <future>
 #include <regex>
 
+#include "absl/synchronization/notification.h"
 #include "rpc/grpc_channel.h"
 #include "rpc/grpc_remote_shard.h"
 #include "rpc/grpc_server.h"
@@ -252,6 +253,132 @@ TEST_F(GrpcParameterServiceTest, AnswersServerReflection) {
   cq.Shutdown();
   while (cq.Next(&tag, &ok)) {
   }
+}
+
+// A ShardStore whose DropTable has dropped the table but holds its `done`
+// until the test releases it: the window between the store's drop and the
+// service's secret bookkeeping after it.
+class DropHeldStore : public ParameterStore {
+ public:
+  void InitTable(const InitTableRequest& request, std::vector<TensorBuffer> values, InitTableResponse* response,
+                 const CallOptions& options, StatusCallback done) override {
+    store_.InitTable(request, std::move(values), response, options, std::move(done));
+  }
+  void Pull(const PullRequest& request, PullResponse* response, std::vector<TensorBuffer>* values,
+            const CallOptions& options, StatusCallback done) override {
+    store_.Pull(request, response, values, options, std::move(done));
+  }
+  void Push(const PushRequest& request, std::vector<TensorBuffer> grads, PushResponse* response,
+            const CallOptions& options, StatusCallback done) override {
+    store_.Push(request, std::move(grads), response, options, std::move(done));
+  }
+  void PushPull(const PushPullRequest& request, std::vector<TensorBuffer> grads, PushPullResponse* response,
+                std::vector<TensorBuffer>* values, const CallOptions& options, StatusCallback done) override {
+    store_.PushPull(request, std::move(grads), response, values, options, std::move(done));
+  }
+  void Stats(const StatsRequest& request, StatsResponse* response, const CallOptions& options,
+             StatusCallback done) override {
+    store_.Stats(request, response, options, std::move(done));
+  }
+  void SaveTable(const SaveTableRequest& request, SaveTableResponse* response, const CallOptions& options,
+                 StatusCallback done) override {
+    store_.SaveTable(request, response, options, std::move(done));
+  }
+  void LoadTable(const LoadTableRequest& request, LoadTableResponse* response, const CallOptions& options,
+                 StatusCallback done) override {
+    store_.LoadTable(request, response, options, std::move(done));
+  }
+  void DropTable(const DropTableRequest& request, DropTableResponse* response, const CallOptions& options,
+                 StatusCallback done) override {
+    store_.DropTable(request, response, options, [this, done = std::move(done)](absl::Status s) mutable {
+      held_status_ = s;
+      held_done_ = std::move(done);
+      dropped_.Notify();
+    });
+  }
+  void SetWorkers(const SetWorkersRequest& request, SetWorkersResponse* response, const CallOptions& options,
+                  StatusCallback done) override {
+    store_.SetWorkers(request, response, options, std::move(done));
+  }
+
+  // Lets the held DropTable's `done` run, on this thread (after dropped_).
+  void ReleaseDrop() {
+    held_done_(held_status_);
+    held_done_ = nullptr;
+  }
+  absl::Notification dropped_;
+
+  ShardStore store_{ShardStoreOptions{}};
+  absl::Status held_status_;
+  StatusCallback held_done_;
+};
+
+TEST(GrpcParameterServiceSecretTest, NextAttemptInitTableDuringADropKeepsItsSecret) {
+  DropHeldStore store;
+  GrpcParameterService service(&store);
+  GrpcServerOptions so;
+  so.address = "127.0.0.1:0";
+  auto server = GrpcServer::Create(so, {&service});
+  ASSERT_TRUE(server.ok()) << server.status();
+  RemoteShardOptions ro;
+  ro.target = (*server)->local_target();
+  ro.default_timeout = absl::Seconds(20);
+  GrpcRemoteShard client(ro);
+  CallOptions member;
+  member.job_secret = "the-jobs-secret";
+
+  auto init = [&](uint64_t attempt) {
+    InitTableRequest req;
+    req.set_job("job");
+    req.set_attempt(attempt);
+    req.mutable_config()->mutable_optimizer()->set_kind(OptimizerConfig::SGD);
+    req.mutable_config()->mutable_optimizer()->set_lr(1.0);
+    req.mutable_config()->set_consistency(ASYNC);
+    req.mutable_config()->set_num_workers(1);
+    req.add_keys("k0");
+    InitTableResponse resp;
+    return WaitFor([&](StatusCallback done) { client.InitTable(req, {Floats({attempt * 1.f})}, &resp, member, done); });
+  };
+  auto pull = [&](const CallOptions& options, std::vector<float>* out) {
+    PullRequest req;
+    req.set_job("job");
+    req.set_attempt(2);
+    req.add_keys("k0");
+    PullResponse resp;
+    std::vector<TensorBuffer> values;
+    absl::Status s = WaitFor([&](StatusCallback done) { client.Pull(req, &resp, &values, options, done); });
+    if (s.ok() && out != nullptr && !values.empty()) *out = ToFloats(values[0]);
+    return s;
+  };
+  ASSERT_TRUE(init(1).ok());
+
+  // Attempt 1 ends: its drop reaches the store and is held there, done.
+  DropTableRequest drop;
+  drop.set_job("job");
+  drop.set_attempt(1);
+  DropTableResponse drop_resp;
+  std::promise<absl::Status> drop_status;
+  client.DropTable(drop, &drop_resp, member, [&](absl::Status s) { drop_status.set_value(s); });
+  store.dropped_.WaitForNotification();
+  // In the window, attempt 2 makes the job's table again.
+  ASSERT_TRUE(init(2).ok());
+  store.ReleaseDrop();
+  ASSERT_TRUE(drop_status.get_future().get().ok());
+  EXPECT_TRUE(drop_resp.dropped());
+
+  // The new table still belongs to the job: refused without the secret,
+  // served with it.
+  absl::Status stranger = pull({}, nullptr);
+  EXPECT_EQ(stranger.code(), absl::StatusCode::kPermissionDenied) << stranger;
+  CallOptions wrong;
+  wrong.job_secret = "another-jobs-secret";
+  EXPECT_EQ(pull(wrong, nullptr).code(), absl::StatusCode::kPermissionDenied);
+  std::vector<float> value;
+  absl::Status s = pull(member, &value);
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(value, (std::vector<float>{2}));
+  (*server)->Shutdown();
+  store.store_.Shutdown();
 }
 
 }  // namespace

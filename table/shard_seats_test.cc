@@ -118,6 +118,38 @@ TEST(ShardSeatsTest, AReplacementTakesTheRankAndItsPredecessorIsRefused) {
   EXPECT_EQ(Seat(store, {{true, 0}}).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// The coordinator replaces rank 1's holder after the old holder's push
+// passed its first seat check but before it locked its chunks: the push is
+// refused as the replaced holder's, and changes nothing.
+TEST(ShardSeatsTest, AHolderReplacedBeforeItsPushLocksTheChunksIsRefused) {
+  ShardStoreOptions options = Options();
+  ShardStore* target = nullptr;
+  bool replaced = false;
+  options.before_push_locks = [&](const std::string&, uint32_t worker, uint32_t generation) {
+    if (replaced || worker != 1 || generation != 0) return;
+    replaced = true;
+    auto set = Seat(*target, {{true, 0}, {true, 1}});
+    EXPECT_TRUE(set.ok()) << set.status();
+  };
+  ShardStore store(options);
+  target = &store;
+  ASSERT_TRUE(Init(store, Config(ASYNC, 2, 0.5)).ok());
+  const absl::StatusOr<std::vector<float>> before = Pull(store, 0);
+  ASSERT_TRUE(before.ok()) << before.status();
+
+  absl::Status s = PushAs(store, 1, 0, 0, 1.0f);
+  ASSERT_TRUE(replaced);
+  EXPECT_EQ(s.code(), absl::StatusCode::kAborted) << s;
+  const absl::StatusOr<std::vector<float>> after = Pull(store, 0);
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_EQ(*after, *before);
+  // The rank did not advance: the new holder starts where the rank stood.
+  auto set = Seat(store, {{true, 0}, {true, 1}});
+  ASSERT_TRUE(set.ok()) << set.status();
+  EXPECT_EQ(set->last_steps(1), -1);
+  EXPECT_TRUE(PushAs(store, 1, 1, 0, 1.0f).ok());
+}
+
 TEST(ShardSeatsTest, SspAndTheFinalWaitCountActiveRanksOnly) {
   ShardStore store(Options());
   TableConfig config = Config(SSP, 2, 0.1);

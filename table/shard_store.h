@@ -5,8 +5,9 @@
 // Threading: every method may be called from many threads at once. Each chunk
 // has its own mutex; a push locks the chunks it touches in index order (so
 // it applies all of them or none), pushes to disjoint chunks proceed in
-// parallel; the table map and the waiter list have one mutex each. Lock
-// order: chunk mutexes (ascending index), then mu_, then waiters_mu_. No
+// parallel; the table map and the waiter list have one mutex each, a
+// table's seats one (seats_mu). Lock order: chunk mutexes (ascending index),
+// then seats_mu, then mu_, then waiters_mu_. No
 // callback (`done`, a waiter's `ready`) ever runs under any lock: a callback
 // may call straight back into the store.
 //
@@ -59,6 +60,11 @@ struct ShardStoreOptions {
   // before anything is looked up (a push held here is one delayed on the
   // network). Must not call back into the store.
   std::function<void(const std::string& job, uint64_t attempt, uint32_t worker, int64_t step)> before_push;
+  // Fault injection for tests: runs in every Push and PushPull after the
+  // push's checks (the pusher's seat among them) and validation, just before
+  // it locks its chunks, with no lock held: it may call back into the store
+  // (a SetWorkers that replaces the pusher in the window).
+  std::function<void(const std::string& job, uint32_t worker, uint32_t generation)> before_push_locks;
 };
 
 // Limits on what one request may ask for (the README's table says them).

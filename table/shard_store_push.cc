@@ -20,7 +20,11 @@ using shard_internal::TakeSpare;
 
 namespace {
 
-// A push is accepted from the rank's current holder only.
+// A push is accepted from the rank's current holder only. Checked once
+// before the push's validation (an early, cheap refusal) and again under its
+// chunk locks: SetWorkers changes a seat before it locks any chunk, so a
+// seat change that came before the push took its locks is seen there, and
+// a replaced holder's push never lands.
 absl::Status CheckSeat(const ShardStore::Table& table, uint32_t worker, uint32_t generation) {
   absl::MutexLock lock(&table.seats_mu);
   const ShardStore::Table::Seat& seat = table.seats[worker];
@@ -334,10 +338,13 @@ absl::Status ShardStore::ApplyPush(Table& table, const PushInput& in, std::vecto
   // all together or not at all.
   std::vector<size_t> order(*chunks);
   std::sort(order.begin(), order.end());
+  if (options_.before_push_locks) options_.before_push_locks(in.job, in.worker, in.generation);
   std::vector<std::unique_lock<std::mutex>> locks;
   locks.reserve(order.size());
   for (size_t c : order) locks.emplace_back(table.chunks[c]->mu);
-  s = push.Prepare();
+  // Lock order: the chunks, then seats_mu (in CheckSeat and Prepare).
+  s = CheckSeat(table, in.worker, in.generation);
+  if (s.ok()) s = push.Prepare();
   if (s.ok()) s = push.ComputeUpdates();
   if (!s.ok()) return s;
   push.Commit(response);  // nothing in it can fail

@@ -32,8 +32,15 @@ void Coordinator::Reattach(Member& m, const RegisterRequest& request) {
   if (request.job_id().empty()) return;
   Job* job = FindJob(request.job_id());
   // Only into the attempt it was running: a member of an earlier attempt
-  // (back from a partition) is not re-attached to the job's new run.
-  if (job == nullptr || IsTerminal(job->stored.status.state()) || request.attempt() != job->stored.status.attempt()) {
+  // (back from a partition) is not re-attached to the job's new run. A
+  // shard learns the attempt from its heartbeats only once the store holds
+  // it, so one whose coordinator died in between names none (0): it is
+  // re-attached if the current attempt names it (its tables are fenced by
+  // the attempt each call carries, not by this). Without that, a coordinator
+  // killed just after a job started lost the job ("shard ... was lost").
+  const bool attempt_unheard = request.attempt() == 0 && m.role == Role::kShard;
+  if (job == nullptr || IsTerminal(job->stored.status.state()) ||
+      (request.attempt() != job->stored.status.attempt() && !attempt_unheard)) {
     return;
   }
   for (const MemberStatus& jm : job->stored.status.members()) {

@@ -200,6 +200,44 @@ TEST_F(CoordinatorTest, RestartedCoordinatorKeepsJobsAndReattachesMembers) {
   EXPECT_EQ(State(*c, pending), RUNNING);
 }
 
+// A shard learns its job's attempt only from heartbeats, once the store
+// holds it; a coordinator killed in between (right after the job started)
+// leaves it naming the job with attempt 0. It is re-attached when the
+// current attempt names it, and the job carries on past the re-attach
+// window; a shard naming another attempt is still not (it failed the job:
+// "shard shard-0 (rank 0) was lost", make test-torch2's
+// JobCompletesAcrossACoordinatorRestart).
+TEST_F(CoordinatorTest, AShardThatNeverHeardItsAttemptIsReattachedAfterARestart) {
+  for (const uint64_t heard : {uint64_t{0}, uint64_t{2}}) {
+    SCOPED_TRACE(heard);
+    const std::string db = ::testing::TempDir() + "/coord-heard-" + std::to_string(heard) + ".db";
+    std::filesystem::remove(db);
+    std::string job;
+    {
+      auto c = Make(db);
+      Join(*c, "shard", "shard-0");
+      Join(*c, "worker", "worker-0");
+      job = Submit(*c, "name: one\nworkers: 1\nshards: 1\n");
+      ASSERT_EQ(State(*c, job), RUNNING);
+    }
+    auto c = Make(db);
+    const std::string s0 = Join(*c, "shard", "shard-0", job, 0, heard);
+    const std::string w0 = Join(*c, "worker", "worker-0", job, 0);
+    for (int i = 0; i < 300; ++i) {  // 12 s: past the re-attach window (10 s at least)
+      clock_.Advance(absl::Milliseconds(40));
+      for (const std::string& m : {s0, w0}) {
+        HeartbeatRequest hb;
+        hb.set_member_id(m);
+        if (m == w0) hb.set_running_job_id(job);
+        if (m == w0) hb.set_running_attempt(1);
+        ASSERT_TRUE(c->Heartbeat(hb).ok());
+      }
+      c->Tick();
+    }
+    EXPECT_EQ(State(*c, job), heard == 0 ? RUNNING : FAILED);
+  }
+}
+
 TEST_F(CoordinatorTest, RunningJobFailsIfItsMembersDoNotComeBackAfterARestart) {
   const std::string db = ::testing::TempDir() + "/coord2.db";
   std::filesystem::remove(db);

@@ -65,11 +65,23 @@ class ElasticTest : public ControlPlaneTest {
     return std::stod(m[1]);
   }
 
+  // The step rank `rank` last reported (-1: none yet).
+  int64_t RankStep(const std::string& job, int rank) {
+    CliResult st = Cli({"status", job, "-o", "json"});
+    std::smatch m;
+    const std::regex re("\"rank\": " + std::to_string(rank) + ",\\s*\"epoch\": \\d+,\\s*\"step\": \"(\\d+)\"");
+    return std::regex_search(st.out, m, re) ? std::stoll(m[1]) : -1;
+  }
+
   // SIGKILLs pool member `index` (1..3: worker-0..2) once the job is past
-  // `step`; returns the seconds until the job's slowest surviving worker
-  // completed another step.
-  double KillWorkerAndTimeRecovery(const std::string& job, size_t index, int64_t step) {
+  // `step` -- and, given `rank` (the rank that member holds), once that
+  // rank itself is (the job's step is its slowest *reporting* worker's: a
+  // member that joined late had trained nothing when killed); returns the
+  // seconds until the job's slowest surviving worker completed another step.
+  double KillWorkerAndTimeRecovery(const std::string& job, size_t index, int64_t step, int rank = -1) {
     WaitForStep(job, step);
+    const absl::Time ready_by = absl::Now() + absl::Seconds(60);
+    while (rank >= 0 && RankStep(job, rank) < step && absl::Now() < ready_by) absl::SleepFor(absl::Milliseconds(20));
     const int64_t before = Step(job);
     pool_[index]->Signal(SIGKILL);
     pool_[index]->Wait();
@@ -138,7 +150,7 @@ TEST_F(ElasticTest, ASpareWorkerTakesOverTheLostRank) {
     train_ = consistency == "async" ? 4 * 24576 : 24576;
     const std::string job = Submit(ElasticSpec(consistency, consistency, 2));
     const size_t victim = pool_.size() - 1;  // the newest worker holds the highest rank
-    const double recovery = KillWorkerAndTimeRecovery(job, victim, 40);
+    const double recovery = KillWorkerAndTimeRecovery(job, victim, 40, /*rank=*/2);
     absl::SleepFor(absl::Seconds(2));
     const absl::Time started = absl::Now();
     const std::string spare = "worker-spare-" + consistency;

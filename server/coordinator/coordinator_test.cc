@@ -58,6 +58,17 @@ class CoordinatorTest : public ::testing::Test {
     ASSERT_TRUE(c.ReportProgress(r).ok());
   }
   JobState State(Coordinator& c, const std::string& job) { return c.GetJob(job)->state(); }
+  // A coordinator over a fresh `db` that starts a 1-shard, 1-worker job and
+  // stops (as a restart test's first life); the job's id.
+  std::string StartJobAndStop(const std::string& db) {
+    std::filesystem::remove(db);
+    auto c = Make(db);
+    Join(*c, "shard", "shard-0");
+    Join(*c, "worker", "worker-0");
+    const std::string job = Submit(*c, "name: one\nworkers: 1\nshards: 1\n");
+    EXPECT_EQ(State(*c, job), RUNNING);
+    return job;
+  }
   std::string WriteCheckpointAt(int64_t step, const std::string& spec_yaml,
                                 std::vector<CheckpointManifest::Worker> workers = {}) {
     return WriteFakeCheckpoint(::testing::TempDir() + "/ckpt-" + std::to_string(step), step, spec_yaml,
@@ -211,15 +222,7 @@ TEST_F(CoordinatorTest, AShardThatNeverHeardItsAttemptIsReattachedAfterARestart)
   for (const uint64_t heard : {uint64_t{0}, uint64_t{2}}) {
     SCOPED_TRACE(heard);
     const std::string db = ::testing::TempDir() + "/coord-heard-" + std::to_string(heard) + ".db";
-    std::filesystem::remove(db);
-    std::string job;
-    {
-      auto c = Make(db);
-      Join(*c, "shard", "shard-0");
-      Join(*c, "worker", "worker-0");
-      job = Submit(*c, "name: one\nworkers: 1\nshards: 1\n");
-      ASSERT_EQ(State(*c, job), RUNNING);
-    }
+    const std::string job = StartJobAndStop(db);
     auto c = Make(db);
     const std::string s0 = Join(*c, "shard", "shard-0", job, 0, heard);
     const std::string w0 = Join(*c, "worker", "worker-0", job, 0);
@@ -228,8 +231,10 @@ TEST_F(CoordinatorTest, AShardThatNeverHeardItsAttemptIsReattachedAfterARestart)
       for (const std::string& m : {s0, w0}) {
         HeartbeatRequest hb;
         hb.set_member_id(m);
-        if (m == w0) hb.set_running_job_id(job);
-        if (m == w0) hb.set_running_attempt(1);
+        if (m == w0) {
+          hb.set_running_job_id(job);
+          hb.set_running_attempt(1);
+        }
         ASSERT_TRUE(c->Heartbeat(hb).ok());
       }
       c->Tick();
@@ -240,14 +245,7 @@ TEST_F(CoordinatorTest, AShardThatNeverHeardItsAttemptIsReattachedAfterARestart)
 
 TEST_F(CoordinatorTest, RunningJobFailsIfItsMembersDoNotComeBackAfterARestart) {
   const std::string db = ::testing::TempDir() + "/coord2.db";
-  std::filesystem::remove(db);
-  std::string job;
-  {
-    auto c = Make(db);
-    Join(*c, "shard", "shard-0");
-    Join(*c, "worker", "worker-0");
-    job = Submit(*c, "name: one\nworkers: 1\nshards: 1\n");
-  }
+  const std::string job = StartJobAndStop(db);
   auto c = Make(db);
   c->Tick();
   EXPECT_EQ(State(*c, job), RUNNING);  // members get time to come back

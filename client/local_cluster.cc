@@ -93,12 +93,18 @@ absl::Status LocalCluster::MakeCredentials() {
   return absl::OkStatus();
 }
 
-std::vector<std::string> LocalCluster::SecurityFlags(bool server) const {
+std::vector<std::string> LocalCluster::SecurityFlags(const std::string& role) const {
   if (!credentials_.has_value()) return {};
   const LocalCredentials& c = *credentials_;
+  const std::string& token = role == "coordinator" ? c.coordinator_token_file
+                             : role == "shard"     ? c.shard_token_file
+                                                   : c.worker_token_file;
   std::vector<std::string> flags = {"--tls_ca=" + c.ca, "--tls_cert=" + c.cert, "--tls_key=" + c.key,
-                                    "--token_file=" + c.cluster_token_file};
-  if (server) flags.push_back("--token_auth_file=" + c.token_auth_file);
+                                    "--token_file=" + token};
+  if (role != "worker") {
+    flags.push_back("--token_auth_file=" + c.token_auth_file);
+    flags.push_back("--table_grant_key_file=" + c.table_grant_key_file);
+  }
   return flags;
 }
 
@@ -111,8 +117,8 @@ absl::StatusOr<JobStatus> LocalCluster::Run(const std::function<void(const JobSt
     absl::Status made = MakeCredentials();
     if (!made.ok()) return made;
   }
-  auto with_security = [this](std::vector<std::string> argv, bool server) {
-    for (std::string& flag : SecurityFlags(server)) argv.push_back(std::move(flag));
+  auto with_security = [this](std::vector<std::string> argv, const std::string& role) {
+    for (std::string& flag : SecurityFlags(role)) argv.push_back(std::move(flag));
     return argv;
   };
   // The coordinator; members re-check it every 200 ms and are lost after 2 s.
@@ -132,7 +138,7 @@ absl::StatusOr<JobStatus> LocalCluster::Run(const std::function<void(const JobSt
     coordinator_argv.push_back(absl::StrCat("--http_port=", options_.http_port));
     coordinator_argv.push_back("--http_port_file=" + http_file);
   }
-  absl::Status s = Spawn("coordinator", with_security(std::move(coordinator_argv), true));
+  absl::Status s = Spawn("coordinator", with_security(std::move(coordinator_argv), "coordinator"));
   if (!s.ok()) return s;
   Child& coordinator_child = children_.back();
   auto address = WaitForAddress(coord_file, coordinator_child, stop_requested);
@@ -156,7 +162,7 @@ absl::StatusOr<JobStatus> LocalCluster::Run(const std::function<void(const JobSt
                              "--coordinator=" + coordinator_, absl::StrCat("--name=shard-", i),
                              absl::StrCat("--shard_index=", i), absl::StrCat("--num_shards=", spec.shards),
                              "--checkpoint_root=" + options_.output_dir},
-                            true));
+                            "shard"));
     if (!s.ok()) return s;
   }
   for (int r = 0; r < spec.workers; ++r) {
@@ -164,7 +170,7 @@ absl::StatusOr<JobStatus> LocalCluster::Run(const std::function<void(const JobSt
     s = Spawn(absl::StrCat("worker-", r),
               with_security({options_.worker_binary, "--coordinator=" + coordinator_,
                              absl::StrCat("--name=worker-", r), "--gloo_hostname=127.0.0.1"},
-                            false));
+                            "worker"));
     if (!s.ok()) return s;
   }
 

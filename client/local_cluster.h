@@ -68,9 +68,11 @@ class LocalCluster {
                                              const std::atomic<bool>& stop_requested);
   absl::Status ChildFailed(const Child& c, const std::string& what) const;
   void Reap();
-  // With `secure`: makes the credentials; the flags each process gets.
+  // With `secure`: makes the credentials; the flags each process gets
+  // (`role`: coordinator, shard or worker; each has its own token, and the
+  // coordinator and the shards the table grant key).
   absl::Status MakeCredentials();
-  std::vector<std::string> SecurityFlags(bool server) const;
+  std::vector<std::string> SecurityFlags(const std::string& role) const;
 
   LocalClusterOptions options_;
   std::vector<Child> children_;  // coordinator, shards, workers

@@ -13,7 +13,10 @@ namespace pstrain {
 
 enum class CallerRole {
   kNone,     // no valid token; never reaches a handler when auth is on
-  kCluster,  // shards and workers: ClusterService, ParameterService
+  kCluster,  // any member (pstrain:cluster): a shard, a worker or the coordinator's calls to shards
+  kShard,        // pstrain:shard: registers shards only
+  kWorker,       // pstrain:worker: registers workers, trains on the shards
+  kCoordinator,  // pstrain:coordinator: the coordinator's calls to shards
   kUser,     // people: JobService, their own jobs
   kAdmin,    // people: JobService, every job
 };
@@ -27,11 +30,20 @@ struct Caller {
 
   // Whether this caller may see or change a job submitted by `owner`.
   bool MayActOn(const std::string& owner) const { return role == CallerRole::kAdmin || user == owner; }
+  // Whether this caller speaks for the coordinator towards shards (drops,
+  // saves, loads, worker sets, the all-tables view): a coordinator token,
+  // the any-member cluster token, or anyone with authentication off.
+  bool IsCoordinator() const {
+    return role == CallerRole::kCoordinator || role == CallerRole::kCluster || role == CallerRole::kAdmin;
+  }
 };
 
 inline const char* CallerRoleName(CallerRole role) {
   switch (role) {
     case CallerRole::kCluster: return "cluster";
+    case CallerRole::kShard: return "shard";
+    case CallerRole::kWorker: return "worker";
+    case CallerRole::kCoordinator: return "coordinator";
     case CallerRole::kUser: return "user";
     case CallerRole::kAdmin: return "admin";
     case CallerRole::kNone: break;

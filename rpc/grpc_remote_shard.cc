@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <map>
 #include <mutex>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -23,6 +24,7 @@ struct GrpcRemoteShard::Call {
   std::vector<TensorBuffer> destinations;  // caller-provided output buffers
   absl::Time deadline;
   std::string job_secret;
+  std::string table_grant;
   int attempt = 0;
   absl::Duration backoff;
   StatusCallback done;
@@ -34,7 +36,13 @@ GrpcRemoteShard::GrpcRemoteShard(RemoteShardOptions options)
       stub_(std::make_unique<grpc::GenericStub>(channel_)),
       retry_timer_(std::make_unique<RetryTimer>()) {}
 
-GrpcRemoteShard::~GrpcRemoteShard() = default;
+GrpcRemoteShard::~GrpcRemoteShard() {
+  // A call's `done` may have returned (and its caller destroyed this client)
+  // while the gRPC thread that ran it has yet to count it out: wait for that
+  // last decrement, or it lands in freed memory (it did: a test's client on
+  // the stack, and a segfault in the next frame that used that stack).
+  while (in_flight_.load() > 0) std::this_thread::yield();
+}
 
 void GrpcRemoteShard::Start(const std::string& method, const google::protobuf::MessageLite& header,
                             const std::vector<TensorBuffer>& tensors,
@@ -58,6 +66,7 @@ void GrpcRemoteShard::Start(const std::string& method, const google::protobuf::M
                        : options.deadline;
   call->backoff = options_.initial_backoff;
   call->job_secret = options.job_secret;
+  call->table_grant = options.table_grant;
   Attempt(std::move(call));
 }
 
@@ -66,6 +75,7 @@ void GrpcRemoteShard::Attempt(std::shared_ptr<Call> call) {
   call->context = std::make_unique<grpc::ClientContext>();
   call->context->set_deadline(absl::ToChronoTime(call->deadline));
   if (!call->job_secret.empty()) call->context->AddMetadata(kJobSecretMetadata, call->job_secret);
+  if (!call->table_grant.empty()) call->context->AddMetadata(kTableGrantMetadata, call->table_grant);
   call->response.Clear();
   // The request ByteBuffer is kept for retries: copying it copies slice
   // references, not bytes.

@@ -28,6 +28,8 @@ namespace pstrain {
 // The metadata key that carries CallOptions::job_secret on ParameterService
 // calls.
 inline constexpr char kJobSecretMetadata[] = "x-pstrain-job-secret";
+// The coordinator's grant for making a job's table (rpc/table_grant.h).
+inline constexpr char kTableGrantMetadata[] = "x-pstrain-table-grant";
 
 // Field number that carries tensors in every message of proto/ that has them.
 constexpr int kTensorField = 15;

@@ -107,8 +107,10 @@ absl::StatusOr<LocalCredentials> WriteLocalCredentials(const std::string& dir, c
   auto member = MakeCertificate(member_key.get(), o.common_name, ca->get(), ca_key.get(), o);
   if (!member.ok()) return member.status();
 
-  LocalCredentials out{dir + "/ca.pem", dir + "/member.pem", dir + "/member-key.pem", dir + "/tokens.csv",
-                       dir + "/cluster.token", dir + "/user.token", dir + "/admin.token"};
+  LocalCredentials out{dir + "/ca.pem",       dir + "/member.pem",       dir + "/member-key.pem",
+                       dir + "/tokens.csv",   dir + "/cluster.token",    dir + "/user.token",
+                       dir + "/admin.token",  dir + "/shard.token",      dir + "/worker.token",
+                       dir + "/coordinator.token", dir + "/table-grant.key"};
   auto ca_pem = Pem([&](BIO* b) { return PEM_write_bio_X509(b, ca->get()); });
   auto cert_pem = Pem([&](BIO* b) { return PEM_write_bio_X509(b, member->get()); });
   auto key_pem = Pem([&](BIO* b) {
@@ -117,16 +119,26 @@ absl::StatusOr<LocalCredentials> WriteLocalCredentials(const std::string& dir, c
   auto cluster = RandomToken();
   auto user = RandomToken();
   auto admin = RandomToken();
-  for (const auto* s : {&ca_pem, &cert_pem, &key_pem, &cluster, &user, &admin}) {
+  auto shard = RandomToken();
+  auto worker = RandomToken();
+  auto coordinator = RandomToken();
+  auto grant_key = RandomToken();
+  for (const auto* s : {&ca_pem, &cert_pem, &key_pem, &cluster, &user, &admin, &shard, &worker, &coordinator,
+                        &grant_key}) {
     if (!s->ok()) return s->status();
   }
   const std::string table = absl::StrCat("# token,user,uid,groups (Kubernetes' static token file format)\n",
                                          *cluster, ",pstrain-cluster,1,\"pstrain:cluster\"\n", *user, ",", o.user,
-                                         ",2\n", *admin, ",admin,3,\"pstrain:admin\"\n");
+                                         ",2\n", *admin, ",admin,3,\"pstrain:admin\"\n", *shard,
+                                         ",pstrain-shard,4,\"pstrain:shard\"\n", *worker,
+                                         ",pstrain-worker,5,\"pstrain:worker\"\n", *coordinator,
+                                         ",pstrain-coordinator,6,\"pstrain:coordinator\"\n");
   const std::vector<std::tuple<std::string, std::string, mode_t>> files = {
       {out.ca, *ca_pem, 0644},          {out.cert, *cert_pem, 0644},       {out.key, *key_pem, 0600},
       {out.token_auth_file, table, 0600}, {out.cluster_token_file, *cluster + "\n", 0600},
       {out.user_token_file, *user + "\n", 0600}, {out.admin_token_file, *admin + "\n", 0600},
+      {out.shard_token_file, *shard + "\n", 0600}, {out.worker_token_file, *worker + "\n", 0600},
+      {out.coordinator_token_file, *coordinator + "\n", 0600}, {out.table_grant_key_file, *grant_key + "\n", 0600},
   };
   for (const auto& [path, contents, mode] : files) {
     absl::Status s = WritePrivate(path, contents, mode);

@@ -1,7 +1,9 @@
 // Credentials for a cluster on one machine (`pstrain local --secure`) and
 // for tests: a fresh CA, one certificate it signs for the members (server
-// and client use: SAN localhost and 127.0.0.1), and a token file with a
-// cluster token, a user token and an admin token, each random (256 bits).
+// and client use: SAN localhost and 127.0.0.1), a token file with one token
+// per member role (shard, worker, coordinator), an any-member cluster token,
+// a user token and an admin token, each random (256 bits), and a table
+// grant key for the coordinator and the shards.
 // Written into `dir` (created 0700; keys and tokens 0600). For production,
 // certificates come from your CA or cert-manager (deploy/README.md).
 #ifndef PSTRAIN_RPC_LOCAL_CREDENTIALS_H_
@@ -19,9 +21,13 @@ struct LocalCredentials {
   std::string cert;  // member certificate: --tls_cert
   std::string key;   // its key: --tls_key
   std::string token_auth_file;     // servers' --token_auth_file
-  std::string cluster_token_file;  // shards' and workers' --token_file
+  std::string cluster_token_file;  // any member's --token_file (pstrain:cluster)
   std::string user_token_file;     // the CLI's --token_file (user `user`)
   std::string admin_token_file;    // an admin's (user `admin`)
+  std::string shard_token_file;        // shards' --token_file (pstrain:shard)
+  std::string worker_token_file;       // workers' (pstrain:worker)
+  std::string coordinator_token_file;  // the coordinator's, towards the shards (pstrain:coordinator)
+  std::string table_grant_key_file;    // the coordinator's and shards' --table_grant_key_file
 };
 
 struct LocalCredentialsOptions {

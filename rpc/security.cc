@@ -133,7 +133,9 @@ std::string RolesNeeded(const AccessRule& rule) {
     if (!out.empty()) out += " or ";
     out += name;
   };
-  add(rule.cluster, "cluster");
+  add(rule.shard, "shard");
+  add(rule.worker, "worker");
+  add(rule.coordinator, "coordinator");
   add(rule.user, "user");
   add(rule.admin, "admin");
   return out;
@@ -174,7 +176,7 @@ class TokenAuthProcessor final : public grpc::AuthMetadataProcessor {
       const std::string service(method.substr(0, method.rfind('/')));
       return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
                           absl::StrCat("a ", CallerRoleName(caller->role), " token may not call ", Quote(service, 64),
-                                       rule.cluster || rule.user || rule.admin
+                                       rule.shard || rule.worker || rule.coordinator || rule.user || rule.admin
                                            ? absl::StrCat(": it takes a ", RolesNeeded(rule), " token")
                                            : std::string(": no token may")));
     }
@@ -189,7 +191,10 @@ class TokenAuthProcessor final : public grpc::AuthMetadataProcessor {
 
 bool AccessRule::Allows(CallerRole role) const {
   switch (role) {
-    case CallerRole::kCluster: return cluster;
+    case CallerRole::kCluster: return shard || worker || coordinator;
+    case CallerRole::kShard: return shard;
+    case CallerRole::kWorker: return worker;
+    case CallerRole::kCoordinator: return coordinator;
     case CallerRole::kUser: return user;
     case CallerRole::kAdmin: return admin;
     case CallerRole::kNone: break;
@@ -202,12 +207,13 @@ AccessRule AccessRuleFor(absl::string_view method) {
   if (absl::StartsWith(method, "/grpc.health.v1.Health/")) {
     rule.open = true;
   } else if (absl::StartsWith(method, "/grpc.reflection.")) {
-    rule.cluster = rule.user = rule.admin = true;  // the schema: any valid token
+    rule.shard = rule.worker = rule.coordinator = rule.user = rule.admin = true;  // the schema: any valid token
   } else if (absl::StartsWith(method, "/pstrain.JobService/")) {
     rule.user = rule.admin = true;
-  } else if (absl::StartsWith(method, "/pstrain.ClusterService/") ||
-             absl::StartsWith(method, "/pstrain.ParameterService/")) {
-    rule.cluster = true;
+  } else if (absl::StartsWith(method, "/pstrain.ClusterService/")) {
+    rule.shard = rule.worker = true;
+  } else if (absl::StartsWith(method, "/pstrain.ParameterService/")) {
+    rule.worker = rule.coordinator = true;
   }
   return rule;
 }
@@ -311,7 +317,7 @@ absl::StatusOr<ServerSecurity> ServerSecurityFor(const SecurityOptions& o) {
   return out;
 }
 
-Caller CallerOf(const grpc::ServerContext& context, TokenTable* tokens) {
+Caller CallerOf(const grpc::ServerContextBase& context, TokenTable* tokens) {
   if (tokens == nullptr) return Caller{};
   const auto& metadata = context.client_metadata();
   auto it = metadata.find(kAuthorization);

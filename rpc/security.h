@@ -72,13 +72,17 @@ SecurityOptions ProcessSecurity();
 // Channel credentials: TLS (+ the token) or plaintext.
 std::shared_ptr<grpc::ChannelCredentials> ChannelCredentialsFor(const SecurityOptions& options);
 
-// The role a full method name ("/pstrain.JobService/SubmitJob") needs:
+// The roles a full method name ("/pstrain.JobService/SubmitJob") takes:
 // health is open; reflection takes any valid token; JobService users and
-// admins; ClusterService and ParameterService the cluster. Anything else is
-// refused.
+// admins; ClusterService shards and workers; ParameterService workers and
+// the coordinator (which of its methods the coordinator alone may call,
+// the service itself checks); the any-member cluster token both. Anything
+// else is refused.
 struct AccessRule {
   bool open = false;
-  bool cluster = false;
+  bool shard = false;
+  bool worker = false;
+  bool coordinator = false;
   bool user = false;
   bool admin = false;
   bool Allows(CallerRole role) const;
@@ -95,7 +99,7 @@ absl::StatusOr<ServerSecurity> ServerSecurityFor(const SecurityOptions& options)
 
 // The caller of a call that passed the server's check: by its token, or an
 // anonymous admin when `tokens` is null (authentication off).
-Caller CallerOf(const grpc::ServerContext& context, TokenTable* tokens);
+Caller CallerOf(const grpc::ServerContextBase& context, TokenTable* tokens);
 
 // "TLS, mutual TLS, N tokens" or "plaintext, no tokens": for a server's
 // start-up line.

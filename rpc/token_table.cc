@@ -4,6 +4,8 @@
 #include <openssl/sha.h>
 #include <sys/stat.h>
 
+#include <optional>
+
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -105,11 +107,22 @@ absl::StatusOr<std::vector<TokenTable::Row>> TokenTable::Parse(absl::string_view
     }
     Row row{Digest(token), Caller{CallerRole::kUser, user}};
     if (fields->size() == 4) {
+      std::optional<CallerRole> member;
       for (absl::string_view group : absl::StrSplit((*fields)[3], ',', absl::SkipWhitespace())) {
         group = absl::StripAsciiWhitespace(group);
-        if (group == kClusterGroup && row.caller.role != CallerRole::kAdmin) row.caller.role = CallerRole::kCluster;
+        std::optional<CallerRole> role;
+        if (group == kClusterGroup) role = CallerRole::kCluster;
+        if (group == kShardGroup) role = CallerRole::kShard;
+        if (group == kWorkerGroup) role = CallerRole::kWorker;
+        if (group == kCoordinatorGroup) role = CallerRole::kCoordinator;
+        if (role.has_value() && member.has_value() && *member != *role) {
+          return absl::InvalidArgumentError(absl::StrCat(where, ": a token has one member role, this row names ",
+                                                         CallerRoleName(*member), " and ", CallerRoleName(*role)));
+        }
+        if (role.has_value()) member = role;
         if (group == kAdminGroup) row.caller.role = CallerRole::kAdmin;
       }
+      if (member.has_value() && row.caller.role != CallerRole::kAdmin) row.caller.role = *member;
     }
     for (const Row& other : rows) {
       if (CRYPTO_memcmp(other.digest.data(), row.digest.data(), row.digest.size()) == 0) {

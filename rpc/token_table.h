@@ -4,9 +4,14 @@
 //
 //   token,user,uid[,"group1,group2"]
 //
-// The group `pstrain:cluster` marks the cluster token (shards, workers, the
-// coordinator's calls to shards); `pstrain:admin` an admin; any other row is
-// a user. Blank lines and lines starting with '#' are skipped.
+// Groups give a token its one role: `pstrain:shard` registers shards,
+// `pstrain:worker` registers workers and trains on the shards,
+// `pstrain:coordinator` is the coordinator's token towards the shards;
+// `pstrain:cluster` is any of the three (one token for a whole cluster: for
+// a single machine or an upgrade; a holder can act as any member);
+// `pstrain:admin` an admin; a row with none of these is a user. A row with
+// two member roles is refused. Blank lines and lines starting with '#' are
+// skipped.
 //
 // Only SHA-256 digests of the tokens are kept in memory; a lookup compares
 // the presented token's digest with every row's in constant time
@@ -35,6 +40,9 @@
 namespace pstrain {
 
 constexpr char kClusterGroup[] = "pstrain:cluster";
+constexpr char kShardGroup[] = "pstrain:shard";
+constexpr char kWorkerGroup[] = "pstrain:worker";
+constexpr char kCoordinatorGroup[] = "pstrain:coordinator";
 constexpr char kAdminGroup[] = "pstrain:admin";
 // Shorter tokens are refused when the file is read: a guessable token is no
 // protection.

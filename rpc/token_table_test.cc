@@ -30,6 +30,24 @@ TEST(TokenTableTest, ParsesKubernetesStaticTokenFormatIntoRoles) {
   EXPECT_EQ((*rows)[2].caller.role, CallerRole::kAdmin);
 }
 
+TEST(TokenTableTest, EachMemberTokenHasOneRole) {
+  auto rows = TokenTable::Parse(
+      "shard-token-0123456789abcdef,ps,1,\"pstrain:shard\"\n"
+      "worker-token-0123456789abcdef,pool,2,\"pstrain:worker\"\n"
+      "coord-token-0123456789abcdef,coordinator,3,\"pstrain:coordinator\"\n",
+      "tokens.csv");
+  ASSERT_TRUE(rows.ok()) << rows.status();
+  ASSERT_EQ(rows->size(), 3u);
+  EXPECT_EQ((*rows)[0].caller.role, CallerRole::kShard);
+  EXPECT_EQ((*rows)[1].caller.role, CallerRole::kWorker);
+  EXPECT_EQ((*rows)[2].caller.role, CallerRole::kCoordinator);
+  // Two member roles in one row would be a master key again.
+  auto both = TokenTable::Parse("both-token-0123456789abcdef,x,1,\"pstrain:shard,pstrain:worker\"\n", "tokens.csv");
+  ASSERT_FALSE(both.ok());
+  EXPECT_NE(both.status().message().find("one member role"), std::string::npos) << both.status();
+  EXPECT_EQ(both.status().message().find("both-token"), std::string::npos) << both.status();
+}
+
 TEST(TokenTableTest, RefusesBadFilesWithoutQuotingTokens) {
   const std::string secret = "short-secret";
   for (const std::string& text :

@@ -36,6 +36,9 @@ struct CallOptions {
   // the call, and a shard serves a job's table only to callers that have it.
   // In-process stores ignore it.
   std::string job_secret;
+  // The coordinator's grant for making the job's table (InitTable,
+  // LoadTable; rpc/table_grant.h): sent as metadata by a remote store.
+  std::string table_grant;
 };
 
 class ParameterStore {

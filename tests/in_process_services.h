@@ -30,13 +30,15 @@ struct InProcessServices {
     if (!shard_root.ok()) return shard_root.status();
     so.checkpoint_root = *shard_root;
     store = std::make_unique<ShardStore>(so);
-    ps_service = std::make_unique<GrpcParameterService>(store.get(), nullptr);
+    ps_service = std::make_unique<GrpcParameterService>(
+        store.get(), GrpcParameterService::Options{nullptr, security.tokens, grant_key});
     auto ps = GrpcServer::Create(options, {ps_service.get()});
     if (!ps.ok()) return ps.status();
     ps_server = std::move(*ps);
 
     CoordinatorOptions co;
     co.background_tick = false;
+    co.table_grant_key = grant_key;
     auto coordinator_root = CanonicalRoot(dir + "/coordinator-root");
     if (!coordinator_root.ok()) return coordinator_root.status();
     co.checkpoint_root = *coordinator_root;
@@ -46,7 +48,7 @@ struct InProcessServices {
     if (!c.ok()) return c.status();
     coordinator = std::move(*c);
     jobs = std::make_unique<GrpcJobService>(coordinator.get(), security.tokens);
-    cluster = std::make_unique<GrpcClusterService>(coordinator.get());
+    cluster = std::make_unique<GrpcClusterService>(coordinator.get(), false, security.tokens);
     auto cs = GrpcServer::Create(options, {jobs.get(), cluster.get()});
     if (!cs.ok()) return cs.status();
     coordinator_server = std::move(*cs);
@@ -60,6 +62,9 @@ struct InProcessServices {
     if (coordinator_server) coordinator_server->Shutdown();
   }
 
+  // The table grant key of the shard and the coordinator (set before
+  // Start; empty: none).
+  std::string grant_key;
   std::unique_ptr<ShardStore> store;
   std::unique_ptr<GrpcParameterService> ps_service;
   std::unique_ptr<GrpcServer> ps_server;

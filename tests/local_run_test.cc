@@ -181,8 +181,11 @@ log_every_steps: 25
   ASSERT_TRUE(std::regex_search(run.output, m, std::regex("final test accuracy ([0-9.]+)"))) << run.output;
   EXPECT_GT(std::stod(m[1]), 0.5) << run.output;
   const std::string coordinator_log = ReadFile(dir + "/out/logs/coordinator.log").value_or("");
-  EXPECT_NE(coordinator_log.find("TLS, 3 tokens"), std::string::npos) << coordinator_log;
-  EXPECT_NE(ReadFile(dir + "/out/logs/shard-0.log").value_or("").find("TLS, 3 tokens"), std::string::npos);
+  EXPECT_NE(coordinator_log.find("TLS, 6 tokens"), std::string::npos) << coordinator_log;
+  const std::string shard_log = ReadFile(dir + "/out/logs/shard-0.log").value_or("");
+  EXPECT_NE(shard_log.find("TLS, 6 tokens"), std::string::npos) << shard_log;
+  // The shard made the job's table with the coordinator's grant: it has the key.
+  EXPECT_EQ(shard_log.find("no --table_grant_key_file"), std::string::npos) << shard_log;
   // Keys and tokens readable by their owner only.
   struct stat st {};
   ASSERT_EQ(stat((dir + "/out/credentials/member-key.pem").c_str(), &st), 0);
@@ -190,7 +193,8 @@ log_every_steps: 25
   ASSERT_EQ(stat((dir + "/out/credentials/tokens.csv").c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 077, 0u);
   // No token in any log.
-  for (const char* token : {"cluster.token", "user.token", "admin.token"}) {
+  for (const char* token : {"cluster.token", "user.token", "admin.token", "shard.token", "worker.token",
+                            "coordinator.token", "table-grant.key"}) {
     const std::string t(absl::StripAsciiWhitespace(ReadFile(dir + "/out/credentials/" + token).value_or("")));
     ASSERT_FALSE(t.empty());
     for (const auto& entry : std::filesystem::directory_iterator(dir + "/out/logs")) {

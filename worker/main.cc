@@ -200,6 +200,7 @@ absl::Status RunJobOrThrow(pstrain::JobSpec spec, int rank, int world_size, cons
     options.start_loss_scale = assignment->start_loss_scale();
     options.generation = assignment->generation();
     options.job_secret = assignment->job_secret();
+    options.table_grant = assignment->table_grant();
     if (assignment->replacement()) options.rejoin_step = assignment->replacement_step();
   } else if (spec.allreduce() && !absl::GetFlag(FLAGS_resume_from).empty()) {
     // Standalone: the checkpoint's place, as the coordinator would assign

@@ -214,7 +214,8 @@ absl::Status PsClient::ForEachShard(const std::function<void(int, StatusCallback
 absl::Status PsClient::InitTables(const std::vector<at::Tensor>& params, const TableConfig& config) {
   absl::Status s = CheckTensors(params, "parameters");
   if (!s.ok()) return s;
-  const CallOptions opts = NewCallOptions();
+  CallOptions opts = NewCallOptions();
+  opts.table_grant = options_.table_grant;
   std::vector<InitTableRequest> requests(shards_.size());
   std::vector<InitTableResponse> responses(shards_.size());
   return ForEachShard([&](int shard, StatusCallback done) {

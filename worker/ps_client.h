@@ -32,6 +32,7 @@ struct PsClientOptions {
   uint32_t worker = 0;
   uint32_t generation = 0;  // this worker's hold on its rank (Assignment.generation)
   std::string job_secret;   // Assignment.job_secret, sent with every call
+  std::string table_grant;  // Assignment.table_grant, sent with InitTable
   // The job's wire_dtype: gradients go out and values come back in it
   // (DT_FLOAT32: as they are; DT_BFLOAT16/DT_FLOAT16: narrowed, the shards
   // keep float32). With error_feedback, what rounding loses from each

@@ -175,6 +175,7 @@ absl::Status Trainer::BuildExchange() {
   po.worker = allreduce ? 0 : static_cast<uint32_t>(options_.rank);
   po.generation = allreduce ? 0 : options_.generation;
   po.job_secret = options_.job_secret;
+  po.table_grant = options_.table_grant;
   po.activity = &activity_;
   po.wire_dtype = spec_.wire_dtype == WireDtype::kBf16   ? DT_BFLOAT16
                   : spec_.wire_dtype == WireDtype::kFp16 ? DT_FLOAT16

@@ -100,6 +100,8 @@ struct TrainerOptions {
   uint32_t generation = 0;
   // Assignment.job_secret: the shards serve the job's table only with it.
   std::string job_secret;
+  // Assignment.table_grant: the coordinator's leave to make the job's table.
+  std::string table_grant;
   int64_t rejoin_step = -1;
   // Told what the loop is doing and of every shard call (the heartbeat
   // reads it; not owned; null: the trainer keeps its own).

@@ -121,7 +121,7 @@ absl::Status WriteCheckpoint(const CheckpointWrite& w, const std::string& root, 
 }
 
 absl::StatusOr<CheckpointManifest> LoadCheckpoint(const std::string& job_id, uint64_t attempt,
-                                                  const std::string& job_secret, const std::string& dir,
+                                                  const std::string& job_secret, const std::string& table_grant, const std::string& dir,
                                                   const JobSpec& spec, const std::vector<std::string>& shards,
                                                   const std::string& root) {
   absl::Status status = PathUnderRoot(root, dir, "the checkpoint").status();
@@ -140,6 +140,7 @@ absl::StatusOr<CheckpointManifest> LoadCheckpoint(const std::string& job_id, uin
     CallOptions opts;
     opts.deadline = absl::Now() + absl::Minutes(10);
     opts.job_secret = job_secret;
+    opts.table_grant = table_grant;
     absl::Status s = WaitFor([&](StatusCallback done) { client->LoadTable(req, &resp, opts, done); });
     if (!s.ok()) return absl::Status(s.code(), absl::StrCat("shard ", i, ": ", s.message()));
   }

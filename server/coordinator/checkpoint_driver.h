@@ -80,8 +80,11 @@ absl::Status WriteCheckpoint(const CheckpointWrite& write, const std::string& ro
 // Loads the checkpoint in `dir` into a job's (new) shards, cut by a fresh
 // partition plan for their number; returns its manifest. All-reduce jobs
 // (no shards) only read the manifest: the workers load the file.
+// `table_grant`: the coordinator's grant for the job's attempt and secret
+// (empty without a grant key).
 absl::StatusOr<CheckpointManifest> LoadCheckpoint(const std::string& job_id, uint64_t attempt,
-                                                  const std::string& job_secret, const std::string& dir,
+                                                  const std::string& job_secret, const std::string& table_grant,
+                                                  const std::string& dir,
                                                   const JobSpec& spec, const std::vector<std::string>& shards,
                                                   const std::string& root);
 

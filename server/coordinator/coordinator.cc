@@ -20,7 +20,7 @@ Coordinator::Coordinator(CoordinatorOptions options, std::unique_ptr<JobStore> s
       store_(std::move(store)),
       rendezvous_(RendezvousLimits{options.max_kv_keys, options.max_kv_value_bytes, options.max_kv_bytes}),
       telemetry_(options.telemetry),
-      members_(options.max_members, options.forget_after_leases * lease()) {}
+      members_(options.max_members, options.forget_after_leases * lease(), options.max_members_per_principal) {}
 
 absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(CoordinatorOptions options,
                                                                   std::unique_ptr<JobStore> store) {
@@ -215,7 +215,7 @@ void Coordinator::Changed(Job& job) {
 }
 
 void Coordinator::RefreshMembers(Job& job) {
-  for (MemberStatus& m : *job.stored.status.mutable_members()) members_.Refresh(m);
+  for (MemberStatus& m : *job.stored.status.mutable_members()) members_.Refresh(m, job.stored.id);
 }
 
 void Coordinator::Transition(Job& job, JobState state, const std::string& reason, const std::string& message) {

@@ -82,6 +82,13 @@ struct CoordinatorOptions {
   std::string checkpoint_root;
   // Bounds on what clients can make the coordinator hold.
   size_t max_members = 10000;
+  // Members one principal (a token's role and user) may register: a
+  // compromised worker cannot fill the table, nor most of a pool.
+  size_t max_members_per_principal = 1024;
+  // The key of the table grants (common/table_grant.h) this coordinator
+  // gives workers and sends shards; empty: none (shards that check grants
+  // refuse the job's tables).
+  std::string table_grant_key;
   size_t max_conditions = 100;       // per job: the first and the newest
   size_t max_kv_keys = 10000;        // per job
   size_t max_kv_value_bytes = 1 << 20;
@@ -138,7 +145,9 @@ class Coordinator {
                                     absl::Time deadline);
 
   // ClusterService.
-  absl::StatusOr<RegisterResponse> Register(const RegisterRequest& request);
+  // `caller`: who sent it (a shard token registers shards only, a worker
+  // token workers only).
+  absl::StatusOr<RegisterResponse> Register(const RegisterRequest& request, const Caller& caller = Caller());
   absl::StatusOr<HeartbeatResponse> Heartbeat(const HeartbeatRequest& request);
   absl::StatusOr<Assignment> GetAssignment(const std::string& member_id, absl::Time deadline);
   absl::StatusOr<ReportProgressResponse> ReportProgress(const ReportProgressRequest& request);
@@ -257,7 +266,11 @@ class Coordinator {
   void TickLoop();
   // Re-attaches a member that says it was on `job_id` (after a restart on
   // either side), if that attempt is still the job's.
-  void Reattach(Member& m, const RegisterRequest& request) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The seat (rank) a registration may take back in a job that survived a
+  // coordinator restart: the job's attempt it was running, the same name
+  // and role, and the member id the job's stored status gives that seat.
+  // Null otherwise.
+  const MemberStatus* SeatToReattach(const RegisterRequest& request) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // One event from `member` (its rank in the job) about `job`.
   absl::Status ApplyEvent(Job& job, Member& member, const WorkerEvent& event) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MaybeSucceed(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

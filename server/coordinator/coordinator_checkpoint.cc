@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "checkpoint/layout.h"
 #include "common/quote.h"
+#include "rpc/table_grant.h"
 #include "server/coordinator/coordinator.h"
 #include "spdlog/spdlog.h"
 
@@ -218,7 +219,9 @@ void Coordinator::Restore(const std::string& job_id) {
     spec = job->spec;
     shards = ShardAddresses(job->stored.status);
   }
-  auto manifest = LoadCheckpoint(job_id, attempt, secret, dir, spec, shards, options_.checkpoint_root);
+  const std::string grant =
+      options_.table_grant_key.empty() ? std::string() : TableGrant(options_.table_grant_key, job_id, attempt, secret);
+  auto manifest = LoadCheckpoint(job_id, attempt, secret, grant, dir, spec, shards, options_.checkpoint_root);
   if (options_.on_restore_loaded) options_.on_restore_loaded(job_id, attempt);
   absl::MutexLock lock(&mu_);
   Job* job = FindJob(job_id);

@@ -6,18 +6,34 @@
 #include "checkpoint/layout.h"
 #include "checkpoint/manifest.h"
 #include "common/quote.h"
+#include "rpc/table_grant.h"
 #include "server/coordinator/coordinator.h"
 #include "spdlog/spdlog.h"
 
 namespace pstrain {
 
-absl::StatusOr<RegisterResponse> Coordinator::Register(const RegisterRequest& request) {
+absl::StatusOr<RegisterResponse> Coordinator::Register(const RegisterRequest& request, const Caller& caller) {
   if (absl::Status s = Membership::Validate(request); !s.ok()) return s;
+  // A member token has one role: a compromised worker cannot serve as a
+  // shard (and be sent parameters and job secrets).
+  const bool shard = request.role() == RoleName(Role::kShard);
+  if ((caller.role == CallerRole::kShard && !shard) || (caller.role == CallerRole::kWorker && shard) ||
+      caller.role == CallerRole::kCoordinator || caller.role == CallerRole::kUser || caller.role == CallerRole::kNone) {
+    return absl::PermissionDeniedError(absl::StrCat("a ", CallerRoleName(caller.role), " token cannot register a ",
+                                                    request.role(), ": give the process a token of group pstrain:",
+                                                    request.role()));
+  }
+  const std::string principal =
+      caller.role == CallerRole::kAdmin ? std::string() : absl::StrCat(CallerRoleName(caller.role), ":", caller.user);
   absl::MutexLock lock(&mu_);
-  auto added = members_.Add(request, Now());
+  const MemberStatus* seat = SeatToReattach(request);
+  auto added = members_.Add(request, Now(), principal, seat == nullptr ? std::string() : seat->member_id());
   if (!added.ok()) return added.status();
   Member& m = **added;
-  Reattach(m, request);
+  if (seat != nullptr) {
+    m.status.set_job_id(request.job_id());
+    m.status.set_rank(seat->rank());
+  }
   spdlog::info("coordinator: {} {} registered{}", request.role(), Quote(m.status.name()),
                m.status.job_id().empty() ? "" : absl::StrCat(" (on ", m.status.job_id(), ")"));
   cv_.SignalAll();
@@ -28,8 +44,8 @@ absl::StatusOr<RegisterResponse> Coordinator::Register(const RegisterRequest& re
   return r;
 }
 
-void Coordinator::Reattach(Member& m, const RegisterRequest& request) {
-  if (request.job_id().empty()) return;
+const MemberStatus* Coordinator::SeatToReattach(const RegisterRequest& request) {
+  if (request.job_id().empty() || request.previous_member_id().empty()) return nullptr;
   Job* job = FindJob(request.job_id());
   // Only into the attempt it was running: a member of an earlier attempt
   // (back from a partition) is not re-attached to the job's new run. A
@@ -38,17 +54,20 @@ void Coordinator::Reattach(Member& m, const RegisterRequest& request) {
   // re-attached if the current attempt names it (its tables are fenced by
   // the attempt each call carries, not by this). Without that, a coordinator
   // killed just after a job started lost the job ("shard ... was lost").
-  const bool attempt_unheard = request.attempt() == 0 && m.role == Role::kShard;
+  const bool attempt_unheard = request.attempt() == 0 && request.role() == RoleName(Role::kShard);
   if (job == nullptr || IsTerminal(job->stored.status.state()) ||
       (request.attempt() != job->stored.status.attempt() && !attempt_unheard)) {
-    return;
+    return nullptr;
   }
+  // The seat's member id (which the store holds) is the proof: a name and
+  // a role are no credential, and a process that registers them first
+  // after a restart must not take the seat, its assignment and job secret.
   for (const MemberStatus& jm : job->stored.status.members()) {
-    if (jm.name() == m.status.name() && jm.role() == m.status.role()) {
-      m.status.set_job_id(request.job_id());
-      m.status.set_rank(jm.rank());
+    if (jm.name() == request.name() && jm.role() == request.role() && jm.member_id() == request.previous_member_id()) {
+      return &jm;
     }
   }
+  return nullptr;
 }
 
 absl::StatusOr<HeartbeatResponse> Coordinator::Heartbeat(const HeartbeatRequest& request) {
@@ -116,6 +135,9 @@ absl::StatusOr<Assignment> Coordinator::GetAssignment(const std::string& member_
       a.set_output_dir(JobDir(job->stored.output_dir, m.job_id()));
       a.set_attempt(job->stored.status.attempt());
       a.set_job_secret(job->stored.status.job_secret());
+      if (!options_.table_grant_key.empty()) {
+        a.set_table_grant(TableGrant(options_.table_grant_key, m.job_id(), a.attempt(), a.job_secret()));
+      }
       a.set_rank(m.rank());
       a.set_world_size(member->role == Role::kWorker ? job->spec.workers : job->spec.shards);
       for (const std::string& address : ShardAddresses(job->stored.status)) a.add_shard_addresses(address);

@@ -120,10 +120,13 @@ class CoordinatorRestartTest : public ::testing::Test {
     if (role == "shard") r.set_address("127.0.0.1:1" + name.substr(name.size() - 1));
     r.set_job_id(job);
     r.set_attempt(attempt);
+    // As a member does: it names the id it had (its credential for its seat).
+    r.set_previous_member_id(ids_[name]);
     auto resp = c.Register(r);
     EXPECT_TRUE(resp.ok()) << resp.status();
-    return resp.ok() ? resp->member_id() : "";
+    return ids_[name] = resp.ok() ? resp->member_id() : "";
   }
+  std::map<std::string, std::string> ids_;  // member name -> the id Join got last
   absl::Status Event(Coordinator& c, const std::string& member, const std::string& job, uint64_t attempt,
                      const std::string& json) {
     ReportProgressRequest r;
@@ -316,9 +319,13 @@ class LateResultTest : public CoordinatorRestartTest {
   void Start(CoordinatorOptions o) {
     dir_ = WriteCheckpointAt(120, kAllReduce2, 2);
     c_ = Make(":memory:", o);
-    w0_ = Join(*c_, "worker", "worker-0");
-    w1_ = Join(*c_, "worker", "worker-1");
+    Join(*c_, "worker", "worker-0");
+    Join(*c_, "worker", "worker-1");
     job_ = Resume(*c_, dir_);
+    const std::vector<std::string> w = WorkersByRank(*c_, job_);
+    ASSERT_EQ(w.size(), 2u);
+    w0_ = w[0];
+    w1_ = w[1];
   }
   // Attempt `attempt` fails (a retryable error from worker 1), the workers
   // stop, and the job is scheduled again as attempt + 1.
@@ -441,6 +448,8 @@ class LastRankVacatedTest : public CoordinatorRestartTest {
     for (int r = 0; r < 3; ++r) w_.push_back(Join(*c_, "worker", absl::StrCat("worker-", r)));
     job_ = SubmitSpec(*c_, "name: t\nworkers: 3\nmin_workers: 1\nshards: 1\ndata: {format: synthetic}\n");
     ASSERT_EQ(c_->GetJob(job_)->state(), RUNNING);
+    w_ = WorkersByRank(*c_, job_);
+    ASSERT_EQ(w_.size(), 3u);
     for (int r = 0; r < 2; ++r) {
       ASSERT_TRUE(Event(*c_, w_[r], job_, 1, absl::StrCat(R"({"rank": )", r, R"(, "done": {"samples": 10}})")).ok());
     }
@@ -555,6 +564,8 @@ TEST_F(CoordinatorRestartTest, SeatsAreSentAgainAfterARestart) {
   for (int rank = 0; rank < 3; ++rank) w.push_back(Join(*first, "worker", absl::StrCat("worker-", rank)));
   const std::string job = SubmitSpec(
       *first, "name: t\nworkers: 3\nmin_workers: 1\nreplacement_timeout_s: 60\nshards: 1\ndata: {format: synthetic}\n");
+  w = WorkersByRank(*first, job);
+  ASSERT_EQ(w.size(), 3u);
   ASSERT_EQ(AwaitAssignment(*first, w[1]), 1u);
   shard.Hold(true);
   // Rank 0 leaves (awaited: it evaluates and writes the weights), then rank

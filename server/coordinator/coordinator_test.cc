@@ -3,6 +3,8 @@
 
 #include <gtest/gtest.h>
 
+#include <map>
+
 #include <filesystem>
 #include <fstream>
 #include <thread>
@@ -44,9 +46,11 @@ class CoordinatorTest : public ::testing::Test {
     r.set_job_id(job);
     r.set_rank(rank);
     r.set_attempt(job.empty() ? 0 : attempt);
+    // As a member does: it names the id it had (its credential for its seat).
+    r.set_previous_member_id(ids_[name]);
     auto resp = c.Register(r);
     EXPECT_TRUE(resp.ok()) << resp.status();
-    return resp->member_id();
+    return ids_[name] = resp->member_id();
   }
   std::string Submit(Coordinator& c, const std::string& spec = kSpec) { return SubmitSpec(c, spec); }
   void Event(Coordinator& c, const std::string& member, const std::string& job, const std::string& json) {
@@ -77,6 +81,7 @@ class CoordinatorTest : public ::testing::Test {
   absl::StatusOr<std::string> Resume(Coordinator& c, const std::string& dir) { return SubmitResume(c, dir); }
 
   ManualClock clock_;
+  std::map<std::string, std::string> ids_;  // member name -> the id Join got last
 };
 
 TEST_F(CoordinatorTest, JobRunsWhenItsMembersAreFreeAndSucceedsWhenWorkersAreDone) {
@@ -84,15 +89,21 @@ TEST_F(CoordinatorTest, JobRunsWhenItsMembersAreFreeAndSucceedsWhenWorkersAreDon
   const std::string job = Submit(*c);
   EXPECT_EQ(State(*c, job), PENDING);
   const std::string s0 = Join(*c, "shard", "shard-0");
-  const std::string w0 = Join(*c, "worker", "worker-0");
+  std::string w0 = Join(*c, "worker", "worker-0");
   EXPECT_EQ(State(*c, job), PENDING);  // all or nothing: needs 2 workers
-  const std::string w1 = Join(*c, "worker", "worker-1");
+  std::string w1 = Join(*c, "worker", "worker-1");
   EXPECT_EQ(State(*c, job), RUNNING);
 
   auto a = c->GetAssignment(w1, absl::Now() + absl::Seconds(30));  // once the attempt is on disk
   ASSERT_TRUE(a.ok());
   EXPECT_EQ(a->job_id(), job);
-  EXPECT_EQ(a->rank(), 1);
+  // Ranks follow the members' random order (no name puts a member first):
+  // w0 and w1 below are the holders of ranks 0 and 1.
+  ASSERT_TRUE(a->rank() == 0 || a->rank() == 1) << a->rank();
+  auto other = c->GetAssignment(w0, absl::Now() + absl::Seconds(30));
+  ASSERT_TRUE(other.ok());
+  EXPECT_EQ(other->rank(), 1 - a->rank());
+  if (a->rank() == 0) std::swap(w0, w1);
   EXPECT_EQ(a->world_size(), 2);
   ASSERT_EQ(a->shard_addresses_size(), 1);
   EXPECT_EQ(a->shard_addresses(0), "127.0.0.1:10");

@@ -43,6 +43,21 @@ inline std::string WriteFakeCheckpoint(const std::string& dir, int64_t step, con
   return dir;
 }
 
+// The member ids of `job`'s workers in rank order: ranks follow the
+// members' random order (scheduler.h), not their names or when they joined.
+inline std::vector<std::string> WorkersByRank(Coordinator& c, const std::string& job) {
+  std::vector<std::string> out;
+  auto st = c.GetJob(job);
+  EXPECT_TRUE(st.ok()) << st.status();
+  if (!st.ok()) return out;
+  for (const MemberStatus& m : st->members()) {
+    if (m.role() != "worker" || m.rank() < 0) continue;
+    if (out.size() <= static_cast<size_t>(m.rank())) out.resize(m.rank() + 1);
+    out[m.rank()] = m.member_id();
+  }
+  return out;
+}
+
 // A job submitted to resume from `dir`.
 inline absl::StatusOr<std::string> SubmitResume(Coordinator& c, const std::string& dir) {
   SubmitJobRequest req;

@@ -85,8 +85,9 @@ GrpcJobService::GrpcJobService(Coordinator* coordinator, std::shared_ptr<TokenTa
   PSTRAIN_UNARY(JobService, ListMembers, ListMembersRequest, ListMembersResponse);
 }
 
-GrpcClusterService::GrpcClusterService(Coordinator* coordinator, bool names_from_certificates)
-    : coordinator_(coordinator), names_from_certificates_(names_from_certificates) {
+GrpcClusterService::GrpcClusterService(Coordinator* coordinator, bool names_from_certificates,
+                                       std::shared_ptr<TokenTable> tokens)
+    : coordinator_(coordinator), names_from_certificates_(names_from_certificates), tokens_(std::move(tokens)) {
   PSTRAIN_UNARY(ClusterService, Register, RegisterRequest, RegisterResponse);
   PSTRAIN_UNARY(ClusterService, Heartbeat, HeartbeatRequest, HeartbeatResponse);
   PSTRAIN_UNARY(ClusterService, GetAssignment, GetAssignmentRequest, Assignment);
@@ -190,7 +191,7 @@ grpc::Status GrpcClusterService::Register(grpc::ServerContext* ctx, const Regist
                                      " is not one the client certificate carries (its common name or a DNS "
                                      "subject alternative name): register under the name the certificate names"));
   }
-  return Fill(coordinator_->Register(req), resp);
+  return Fill(coordinator_->Register(req, CallerOf(*ctx, tokens_.get())), resp);
 }
 
 grpc::Status GrpcClusterService::Heartbeat(grpc::ServerContext*, const HeartbeatRequest& req,

@@ -50,7 +50,10 @@ class GrpcJobService final : public ParsingService {
 // the key. Without it, names are bound by member ids (see Membership).
 class GrpcClusterService final : public ParsingService {
  public:
-  explicit GrpcClusterService(Coordinator* coordinator, bool names_from_certificates = false);
+  // `tokens`: the server's table (null with authentication off), for the
+  // role a registering member's token carries.
+  explicit GrpcClusterService(Coordinator* coordinator, bool names_from_certificates = false,
+                              std::shared_ptr<TokenTable> tokens = nullptr);
 
  private:
   grpc::Status Register(grpc::ServerContext*, const RegisterRequest&, RegisterResponse*);
@@ -63,6 +66,7 @@ class GrpcClusterService final : public ParsingService {
 
   Coordinator* const coordinator_;
   const bool names_from_certificates_;
+  const std::shared_ptr<TokenTable> tokens_;
 };
 
 }  // namespace pstrain

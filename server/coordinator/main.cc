@@ -22,6 +22,7 @@
 #include "rpc/grpc_server.h"
 #include "rpc/security.h"
 #include "rpc/security_flags.h"
+#include "rpc/table_grant.h"
 #include "server/coordinator/grpc_coordinator_service.h"
 #include "spdlog/spdlog.h"
 
@@ -52,6 +53,12 @@ ABSL_FLAG(std::vector<std::string>, dashboard_allowed_hosts, {},
           "Comma-separated Host values (name or name:port, as the browser sends them) the dashboard serves besides "
           "its bind address, loopback names and, on 0.0.0.0, this machine's addresses and hostname: the name of a "
           "proxy in front of it. Any other Host is refused (DNS rebinding).");
+ABSL_FLAG(std::string, table_grant_key_file, "",
+          "File with the key (32+ bytes) this coordinator signs table grants with (the shards' "
+          "--table_grant_key_file: the same key). Shards that have it make a job's table only with the grant "
+          "this coordinator gives the job's workers.");
+ABSL_FLAG(int, max_members_per_principal, 1024,
+          "Most shards and workers one principal (a token's role and user) may register at a time.");
 ABSL_FLAG(bool, tensorboard, true,
           "Write TensorBoard event files for every job attempt under <output_dir>/<job>/tensorboard/.");
 
@@ -116,6 +123,19 @@ int main(int argc, char** argv) {
   }
   options.checkpoint_root = *root;
   options.telemetry.tensorboard = absl::GetFlag(FLAGS_tensorboard);
+  if (absl::GetFlag(FLAGS_max_members_per_principal) < 1) {
+    spdlog::error("pstrain-coordinator: need --max_members_per_principal >= 1");
+    return 2;
+  }
+  options.max_members_per_principal = static_cast<size_t>(absl::GetFlag(FLAGS_max_members_per_principal));
+  if (!absl::GetFlag(FLAGS_table_grant_key_file).empty()) {
+    auto key = pstrain::LoadTableGrantKey(absl::GetFlag(FLAGS_table_grant_key_file), "--table_grant_key_file");
+    if (!key.ok()) {
+      spdlog::error("pstrain-coordinator: {}", std::string(key.status().message()));
+      return 2;
+    }
+    options.table_grant_key = std::move(*key);
+  }
   auto coordinator = pstrain::Coordinator::Create(options, std::move(*store));
   if (!coordinator.ok()) {
     spdlog::error("pstrain-coordinator: {}", coordinator.status().ToString());
@@ -132,7 +152,7 @@ int main(int argc, char** argv) {
     spdlog::error("pstrain-coordinator: --member_names_from_certificates needs --tls_client_auth=require");
     return 2;
   }
-  pstrain::GrpcClusterService cluster(coordinator->get(), names_from_certificates);
+  pstrain::GrpcClusterService cluster(coordinator->get(), names_from_certificates, server_security->tokens);
   // Before the gRPC port file appears: whoever waits for that finds the
   // dashboard's too (`pstrain local`).
   auto dashboard = StartDashboard(coordinator->get(), security, *server_security);

@@ -30,21 +30,31 @@ absl::Status Membership::Validate(const RegisterRequest& request) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<Member*> Membership::Add(const RegisterRequest& request, absl::Time now) {
-  if (members_.size() >= max_members_) {
-    bool replaces = false;
-    for (const auto& [id, m] : members_) replaces = replaces || m.status.name() == request.name();
-    if (!replaces) {
-      return absl::ResourceExhaustedError(absl::StrCat("the coordinator already has ", members_.size(),
-                                                       " members, its limit; dead ones are forgotten after ",
-                                                       absl::FormatDuration(forget_after_), " without a heartbeat"));
-    }
-  }
+absl::StatusOr<Member*> Membership::Add(const RegisterRequest& request, absl::Time now, const std::string& principal,
+                                        const std::string& seat_id) {
   const std::string name = request.name().empty() ? absl::StrCat(request.role(), "-", next_id_) : request.name();
-  // A live member's name goes only to the holder of its member id (the same
-  // process registering again); anyone else waits until its lease ends.
+  size_t principals = 0;
+  bool replaces = false;
   for (const auto& [id, m] : members_) {
-    if (m.status.name() == name && m.status.alive() && id != request.previous_member_id()) {
+    replaces = replaces || m.status.name() == name;
+    principals += !principal.empty() && m.principal == principal && m.status.name() != name ? 1 : 0;
+  }
+  if (members_.size() >= max_members_ && !replaces) {
+    return absl::ResourceExhaustedError(absl::StrCat("the coordinator already has ", members_.size(),
+                                                     " members, its limit; dead ones are forgotten after ",
+                                                     absl::FormatDuration(forget_after_), " without a heartbeat"));
+  }
+  if (principals >= max_per_principal_) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        Quote(principal, 64), " already has ", principals, " members registered, the limit for one principal "
+        "(pstrain-coordinator --max_members_per_principal); dead ones are forgotten after ",
+        absl::FormatDuration(forget_after_), " without a heartbeat"));
+  }
+  // A live member's name goes only to the holder of its member id (the same
+  // process registering again) or of its seat in a running job; anyone else
+  // waits until its lease ends.
+  for (const auto& [id, m] : members_) {
+    if (m.status.name() == name && m.status.alive() && id != request.previous_member_id() && seat_id.empty()) {
       return absl::AlreadyExistsError(absl::StrCat(
           "member name ", Quote(name), " is held by a live member: another process cannot take it over; it is "
           "free once that member misses its heartbeats"));
@@ -55,8 +65,11 @@ absl::StatusOr<Member*> Membership::Add(const RegisterRequest& request, absl::Ti
   }
   Member m;
   m.role = *ParseRole(request.role());
-  // Unguessable: the id is the member's credential for its later calls.
-  const std::string id = absl::StrCat(name, "#", RandomHex(16));
+  m.principal = principal;
+  m.order = order_();
+  // Unguessable: the id is the member's credential for its later calls. A
+  // member back in its seat keeps the id the job's stored status names.
+  const std::string id = seat_id.empty() ? absl::StrCat(name, "#", RandomHex(16)) : seat_id;
   ++next_id_;
   m.status.set_member_id(id);
   m.status.set_role(RoleName(m.role));
@@ -121,10 +134,10 @@ bool Membership::Attached(const std::string& name, const std::string& job_id) co
   return false;
 }
 
-void Membership::Refresh(MemberStatus& m) const {
+void Membership::Refresh(MemberStatus& m, const std::string& job_id) const {
   bool found = false;
   for (const auto& [id, member] : members_) {
-    if (member.status.name() == m.name() && member.status.role() == m.role()) {
+    if (member.status.name() == m.name() && member.status.role() == m.role() && member.Holds(job_id)) {
       m.set_alive(member.status.alive());
       m.set_last_heartbeat_unix_ms(member.status.last_heartbeat_unix_ms());
       *m.mutable_activity() = member.status.activity();
@@ -168,7 +181,9 @@ int Membership::Stopping(const std::string& job_id) const {
 std::vector<FreeMember> Membership::FreeMembers() const {
   std::vector<FreeMember> out;
   for (const auto& [id, m] : members_) {
-    if (m.status.alive() && m.status.job_id().empty() && !m.leaving) out.push_back({id, m.status.name(), m.role});
+    if (m.status.alive() && m.status.job_id().empty() && !m.leaving) {
+      out.push_back({id, m.status.name(), m.role, m.order});
+    }
   }
   return out;
 }

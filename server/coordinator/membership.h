@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <map>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,13 @@ struct Member {
   bool releasing = false;
   // It is shutting down (SIGTERM): never given a job again.
   bool leaving = false;
+  // Who registered it ("<token role>:<user>"; empty with authentication
+  // off): one principal holds at most max_per_principal members.
+  std::string principal;
+  // Its place among free members when jobs are placed: drawn at random at
+  // registration, so no name (nor anything else a member chooses) puts it
+  // first in line for the next jobs and every vacant rank.
+  uint64_t order = 0;
 
   bool Holds(const std::string& job_id) const { return !job_id.empty() && status.job_id() == job_id; }
   void Free() {
@@ -43,17 +51,24 @@ struct Member {
 class Membership {
  public:
   // Members silent for longer than `forget_after` are forgotten, as long
-  // as they hold no job.
-  Membership(size_t max_members, absl::Duration forget_after)
-      : max_members_(max_members), forget_after_(forget_after) {}
+  // as they hold no job. One principal registers at most
+  // `max_per_principal` members.
+  Membership(size_t max_members, absl::Duration forget_after, size_t max_per_principal = SIZE_MAX)
+      : max_members_(max_members), max_per_principal_(max_per_principal), forget_after_(forget_after) {}
 
   // The request's own fields (role, lengths, name characters); no state.
   static absl::Status Validate(const RegisterRequest& request);
-  // Adds a validated registration; one with the name of an earlier member
-  // replaces it (a restart on either side) -- of a live one only when it
-  // gives that member's id (previous_member_id), else ALREADY_EXISTS.
-  // RESOURCE_EXHAUSTED when the table is full.
-  absl::StatusOr<Member*> Add(const RegisterRequest& request, absl::Time now);
+  // Adds a validated registration by `principal`; one with the name of an
+  // earlier member replaces it (a restart on either side) -- of a live one
+  // only when it gives that member's id (previous_member_id), or
+  // `seat_id` is not empty (the coordinator found previous_member_id to be
+  // the id a running job's stored status gives this name: the member comes
+  // back to its seat after a coordinator restart, keeping that id, and an
+  // impostor that registered the name first is replaced), else
+  // ALREADY_EXISTS. RESOURCE_EXHAUSTED when the table is full or the
+  // principal holds its limit.
+  absl::StatusOr<Member*> Add(const RegisterRequest& request, absl::Time now, const std::string& principal = "",
+                              const std::string& seat_id = "");
   Member* Find(const std::string& member_id);
   // What a worker's loop reported doing with its heartbeat (bounded; see
   // WorkerActivity).
@@ -71,8 +86,10 @@ class Membership {
   // Whether the member called `name` is alive and on `job_id`.
   bool Attached(const std::string& name, const std::string& job_id) const;
   // Copies the live view (alive, last beat, id, address) of the member
-  // with m's name and role into m; not alive if there is none.
-  void Refresh(MemberStatus& m) const;
+  // with m's name and role that holds `job_id` into m; not alive if there
+  // is none. A member that merely took the name (not scheduled into the
+  // job, not re-attached with the seat's id) never changes m.
+  void Refresh(MemberStatus& m, const std::string& job_id) const;
   // The job ended: all its members are free.
   void FreeAll(const std::string& job_id);
   // The member called `name`, if it holds `job_id`, loses its rank (lost,
@@ -91,9 +108,11 @@ class Membership {
 
  private:
   const size_t max_members_;
+  const size_t max_per_principal_;
   const absl::Duration forget_after_;
   std::map<std::string, Member> members_;  // by member id
   uint64_t next_id_ = 1;
+  std::mt19937_64 order_{std::random_device{}()};
 };
 
 }  // namespace pstrain

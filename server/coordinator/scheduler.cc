@@ -1,14 +1,16 @@
 #include "server/coordinator/scheduler.h"
 
 #include <algorithm>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 
 namespace pstrain {
 
 SchedulePlan PlanSchedule(const std::vector<SchedulerJob>& fifo, std::vector<FreeMember> free) {
-  std::sort(free.begin(), free.end(), [](const FreeMember& a, const FreeMember& b) { return a.name < b.name; });
-  std::vector<std::string> shards, workers;  // free member ids, in name order
+  std::sort(free.begin(), free.end(),
+            [](const FreeMember& a, const FreeMember& b) { return std::tie(a.order, a.id) < std::tie(b.order, b.id); });
+  std::vector<std::string> shards, workers;  // free member ids, in `order`
   for (const FreeMember& m : free) (m.role == Role::kShard ? shards : workers).push_back(m.id);
   SchedulePlan plan;
   // The head of the queue cannot start: it says why, every job behind it

@@ -5,10 +5,12 @@
 // Policy: strict FIFO, all or nothing. The oldest pending job starts only
 // when all the shards and workers it asks for are free (so two half-started
 // jobs can never hold each other's members); nothing overtakes it. Members
-// are taken in name order, so ranks are stable across identical clusters.
+// are taken in the order of their `order` key (drawn at random when they
+// registered: no member can choose to be first in line).
 #ifndef PSTRAIN_SERVER_COORDINATOR_SCHEDULER_H_
 #define PSTRAIN_SERVER_COORDINATOR_SCHEDULER_H_
 
+#include <cstdint>
 #include <map>
 #include <string>
 #include <vector>
@@ -31,6 +33,7 @@ struct FreeMember {
   std::string id;
   std::string name;
   Role role = Role::kWorker;
+  uint64_t order = 0;
 };
 
 struct Placement {

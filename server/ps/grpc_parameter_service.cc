@@ -3,8 +3,13 @@
 #include <memory>
 #include <type_traits>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/quote.h"
 #include "rpc/grpc_tensor_coding.h"
+#include "rpc/security.h"
 #include "rpc/status_util.h"
+#include "rpc/table_grant.h"
 
 namespace pstrain {
 namespace {
@@ -42,12 +47,27 @@ std::string PresentedSecret(const grpc::CallbackServerContext* context) {
 // table-making call overlapped the drop).
 enum class SecretUse { kCheck, kRecord, kForget };
 
-// Decodes the request, checks the job secret, runs `invoke(state, done)` and
-// finishes the call with the encoded response or the error.
-template <typename Request, typename Response, typename Invoke>
+// Metadata value `key` of the call (empty if none).
+std::string MetadataOf(const grpc::CallbackServerContext* context, const char* key) {
+  const auto& metadata = context->client_metadata();
+  auto it = metadata.find(key);
+  return it == metadata.end() ? std::string() : std::string(it->second.data(), it->second.size());
+}
+
+// No admission check besides the job secret.
+template <typename Request>
+absl::Status Anyone(const Request&) {
+  return absl::OkStatus();
+}
+
+// Decodes the request, asks `admit(request)` whether the caller may make
+// it, checks the job secret, runs `invoke(state, done)` and finishes the
+// call with the encoded response or the error.
+template <typename Request, typename Response, typename Admit, typename Invoke>
 grpc::ServerUnaryReactor* Serve(const char* method, ParameterServiceMetrics* metrics, JobSecrets* secrets,
                                 SecretUse use, grpc::CallbackServerContext* context,
-                                const grpc::ByteBuffer* request, grpc::ByteBuffer* response, Invoke invoke) {
+                                const grpc::ByteBuffer* request, grpc::ByteBuffer* response, Admit admit,
+                                Invoke invoke) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   const absl::Time start = absl::Now();
   const size_t bytes_in = request->Length();
@@ -66,6 +86,10 @@ grpc::ServerUnaryReactor* Serve(const char* method, ParameterServiceMetrics* met
   absl::Status decoded = DecodeTensorMessage(*request, &state->request, &state->in_tensors, decode);
   if (!decoded.ok()) {
     finish(decoded);
+    return reactor;
+  }
+  if (absl::Status admitted = admit(state->request); !admitted.ok()) {
+    finish(admitted);
     return reactor;
   }
   std::string secret = PresentedSecret(context);
@@ -93,13 +117,48 @@ grpc::ServerUnaryReactor* Serve(const char* method, ParameterServiceMetrics* met
   return reactor;
 }
 
+// Whether `path` (relative to the checkpoint root) lies in a directory
+// named `job`: the job's own <output_dir>/<job>/.
+bool InJobDirectory(const std::string& path, const std::string& job) {
+  if (job.empty()) return true;  // standalone runs name no job
+  std::vector<absl::string_view> parts = absl::StrSplit(path, '/');
+  parts.pop_back();  // the file
+  for (absl::string_view part : parts) {
+    if (part == job) return true;
+  }
+  return false;
+}
+
 }  // namespace
+
+absl::Status GrpcParameterService::CoordinatorOnly(const grpc::CallbackServerContext* context,
+                                                   const char* method) const {
+  const Caller caller = CallerOf(*context, options_.tokens.get());
+  if (caller.IsCoordinator()) return absl::OkStatus();
+  return absl::PermissionDeniedError(absl::StrCat(method, " is the coordinator's to call, and this is a ",
+                                                  CallerRoleName(caller.role),
+                                                  " token (it takes one of group pstrain:coordinator)"));
+}
+
+absl::Status GrpcParameterService::Granted(const grpc::CallbackServerContext* context, const std::string& job,
+                                           uint64_t attempt, const char* method) const {
+  if (options_.grant_key.empty()) return absl::OkStatus();
+  const std::string grant = MetadataOf(context, kTableGrantMetadata);
+  if (TableGrantValid(options_.grant_key, job, attempt, PresentedSecret(context), grant)) return absl::OkStatus();
+  return absl::PermissionDeniedError(absl::StrCat(
+      method, " of job ", Quote(job, 64), " attempt ", attempt, ": ",
+      grant.empty() ? "the call carries no table grant" : "the table grant is not the coordinator's for this job, "
+                                                          "attempt and secret",
+      " (this shard makes a table only with the grant its coordinator gives the job's workers; is the "
+      "coordinator's --table_grant_key_file the same key as this shard's?)"));
+}
 
 grpc::ServerUnaryReactor* GrpcParameterService::InitTable(grpc::CallbackServerContext* context,
                                                           const grpc::ByteBuffer* request,
                                                           grpc::ByteBuffer* response) {
   return Serve<InitTableRequest, InitTableResponse>(
       "InitTable", metrics_, &secrets_, SecretUse::kRecord, context, request, response,
+      [this, context](const InitTableRequest& r) { return Granted(context, r.job(), r.attempt(), "InitTable"); },
       [this](auto state, const CallOptions& options, auto done) {
         store_->InitTable(state->request, std::move(state->in_tensors), &state->response, options,
                           std::move(done));
@@ -111,6 +170,7 @@ grpc::ServerUnaryReactor* GrpcParameterService::Pull(grpc::CallbackServerContext
                                                      grpc::ByteBuffer* response) {
   return Serve<PullRequest, PullResponse>(
       "Pull", metrics_, &secrets_, SecretUse::kCheck, context, request, response,
+      Anyone<PullRequest>,
       [this](auto state, const CallOptions& options, auto done) {
         store_->Pull(state->request, &state->response, &state->out_tensors, options,
                      std::move(done));
@@ -122,6 +182,7 @@ grpc::ServerUnaryReactor* GrpcParameterService::Push(grpc::CallbackServerContext
                                                      grpc::ByteBuffer* response) {
   return Serve<PushRequest, PushResponse>(
       "Push", metrics_, &secrets_, SecretUse::kCheck, context, request, response,
+      Anyone<PushRequest>,
       [this](auto state, const CallOptions& options, auto done) {
         store_->Push(state->request, std::move(state->in_tensors), &state->response, options,
                      std::move(done));
@@ -133,6 +194,7 @@ grpc::ServerUnaryReactor* GrpcParameterService::PushPull(grpc::CallbackServerCon
                                                          grpc::ByteBuffer* response) {
   return Serve<PushPullRequest, PushPullResponse>(
       "PushPull", metrics_, &secrets_, SecretUse::kCheck, context, request, response,
+      Anyone<PushPullRequest>,
       [this](auto state, const CallOptions& options, auto done) {
         store_->PushPull(state->request, std::move(state->in_tensors), &state->response,
                          &state->out_tensors, options, std::move(done));
@@ -144,6 +206,10 @@ grpc::ServerUnaryReactor* GrpcParameterService::Stats(grpc::CallbackServerContex
                                                       grpc::ByteBuffer* response) {
   return Serve<StatsRequest, StatsResponse>(
       "Stats", metrics_, &secrets_, SecretUse::kCheck, context, request, response,
+      [this, context](const StatsRequest& r) {
+        // Every table's name and config: the coordinator's view only.
+        return r.job().empty() ? CoordinatorOnly(context, "Stats of every table") : absl::OkStatus();
+      },
       [this](auto state, const CallOptions& options, auto done) {
         store_->Stats(state->request, &state->response, options, std::move(done));
       });
@@ -154,6 +220,15 @@ grpc::ServerUnaryReactor* GrpcParameterService::SaveTable(grpc::CallbackServerCo
                                                           grpc::ByteBuffer* response) {
   return Serve<SaveTableRequest, SaveTableResponse>(
       "SaveTable", metrics_, &secrets_, SecretUse::kCheck, context, request, response,
+      [this, context](const SaveTableRequest& r) {
+        absl::Status s = CoordinatorOnly(context, "SaveTable");
+        if (s.ok() && !InJobDirectory(r.path(), r.job())) {
+          s = absl::PermissionDeniedError(absl::StrCat("SaveTable of job ", Quote(r.job(), 64), ": ",
+                                                       Quote(r.path(), 128), " is not in a directory named after "
+                                                       "the job (its <output_dir>/<job>/)"));
+        }
+        return s;
+      },
       [this](auto state, const CallOptions& options, auto done) {
         store_->SaveTable(state->request, &state->response, options, std::move(done));
       });
@@ -164,6 +239,10 @@ grpc::ServerUnaryReactor* GrpcParameterService::LoadTable(grpc::CallbackServerCo
                                                           grpc::ByteBuffer* response) {
   return Serve<LoadTableRequest, LoadTableResponse>(
       "LoadTable", metrics_, &secrets_, SecretUse::kRecord, context, request, response,
+      [this, context](const LoadTableRequest& r) {
+        absl::Status s = CoordinatorOnly(context, "LoadTable");
+        return s.ok() ? Granted(context, r.job(), r.attempt(), "LoadTable") : s;
+      },
       [this](auto state, const CallOptions& options, auto done) {
         store_->LoadTable(state->request, &state->response, options, std::move(done));
       });
@@ -174,6 +253,7 @@ grpc::ServerUnaryReactor* GrpcParameterService::DropTable(grpc::CallbackServerCo
                                                           grpc::ByteBuffer* response) {
   return Serve<DropTableRequest, DropTableResponse>(
       "DropTable", metrics_, &secrets_, SecretUse::kForget, context, request, response,
+      [this, context](const DropTableRequest&) { return CoordinatorOnly(context, "DropTable"); },
       [this](auto state, const CallOptions& options, auto done) {
         store_->DropTable(state->request, &state->response, options, std::move(done));
       });
@@ -184,6 +264,7 @@ grpc::ServerUnaryReactor* GrpcParameterService::SetWorkers(grpc::CallbackServerC
                                                            grpc::ByteBuffer* response) {
   return Serve<SetWorkersRequest, SetWorkersResponse>(
       "SetWorkers", metrics_, &secrets_, SecretUse::kCheck, context, request, response,
+      [this, context](const SetWorkersRequest&) { return CoordinatorOnly(context, "SetWorkers"); },
       [this](auto state, const CallOptions& options, auto done) {
         store_->SetWorkers(state->request, &state->response, options, std::move(done));
       });

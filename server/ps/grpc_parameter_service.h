@@ -2,12 +2,27 @@
 // ParameterStore. It only decodes (tensor bytes referenced, not copied),
 // calls the store, encodes (value bytes sent from the snapshot buffers, not
 // copied again) and maps the status. Uses gRPC's callback API, so a call that
-// waits (a SYNC PushPull for the slowest worker) holds no thread. A job's
-// table is served only to callers with the job's secret (JobSecrets).
+// waits (a SYNC PushPull for the slowest worker) holds no thread.
+//
+// Who may do what (with tokens; with authentication off, everyone may):
+// - a job's table is served only to callers with the job's secret
+//   (JobSecrets);
+// - with a grant key, a table is made (InitTable, LoadTable) only with the
+//   coordinator's grant for its job, attempt and secret (rpc/table_grant.h);
+// - the coordinator's own calls -- DropTable, SaveTable, LoadTable,
+//   SetWorkers and Stats of every table -- take a coordinator token (or the
+//   any-member cluster token): a worker cannot drop, overwrite or list
+//   tables;
+// - SaveTable writes only under a directory named after the job (its
+//   <output_dir>/<job>/), never over another job's checkpoint.
 #ifndef PSTRAIN_SERVER_PS_GRPC_PARAMETER_SERVICE_H_
 #define PSTRAIN_SERVER_PS_GRPC_PARAMETER_SERVICE_H_
 
+#include <memory>
+#include <string>
+
 #include "proto/parameter.grpc.pb.h"
+#include "rpc/token_table.h"
 #include "table/parameter_store.h"
 #include "server/ps/job_secrets.h"
 #include "server/ps/parameter_service_metrics.h"
@@ -25,10 +40,20 @@ class GrpcParameterService final
                   ParameterService::WithRawCallbackMethod_PushPull<
                       ParameterService::WithRawCallbackMethod_Stats<ParameterService::Service>>>>>>>>> {
  public:
-  // `store` (and `metrics`, if given) are not owned and must outlive the
+  struct Options {
+    ParameterServiceMetrics* metrics = nullptr;  // not owned; may be null
+    // The server's token table (null: authentication off, every caller
+    // may do everything).
+    std::shared_ptr<TokenTable> tokens;
+    // The table grant key (empty: tables are made without grants).
+    std::string grant_key;
+  };
+  // `store` (and options.metrics) are not owned and must outlive the
   // service.
   explicit GrpcParameterService(ParameterStore* store, ParameterServiceMetrics* metrics = nullptr)
-      : store_(store), metrics_(metrics) {}
+      : GrpcParameterService(store, Options{metrics, nullptr, ""}) {}
+  GrpcParameterService(ParameterStore* store, Options options)
+      : store_(store), metrics_(options.metrics), options_(std::move(options)) {}
 
   grpc::ServerUnaryReactor* InitTable(grpc::CallbackServerContext* context,
                                       const grpc::ByteBuffer* request,
@@ -58,8 +83,15 @@ class GrpcParameterService final
                                        grpc::ByteBuffer* response) override;
 
  private:
+  // What a call needs besides the job secret: the coordinator's token,
+  // its grant, a path in the job's directory. OK or PERMISSION_DENIED.
+  absl::Status CoordinatorOnly(const grpc::CallbackServerContext* context, const char* method) const;
+  absl::Status Granted(const grpc::CallbackServerContext* context, const std::string& job, uint64_t attempt,
+                       const char* method) const;
+
   ParameterStore* const store_;
   ParameterServiceMetrics* const metrics_;
+  const Options options_;
   JobSecrets secrets_;
 };
 

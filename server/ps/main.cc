@@ -26,6 +26,7 @@
 #include "rpc/cluster_member.h"
 #include "rpc/grpc_server.h"
 #include "rpc/security_flags.h"
+#include "rpc/table_grant.h"
 #include "server/ps/grpc_parameter_service.h"
 #include "table/shard_store.h"
 #include "spdlog/spdlog.h"
@@ -57,6 +58,10 @@ ABSL_FLAG(std::string, checkpoint_root, "out",
           "shared volume.");
 ABSL_FLAG(int64_t, max_memory_mb, 0,
           "Memory that tables (values, optimizer state) may reserve, in MiB; 0: 80% of physical memory.");
+ABSL_FLAG(std::string, table_grant_key_file, "",
+          "File with the key (32+ bytes) the coordinator signs table grants with: with it, this shard makes a "
+          "job's table (InitTable, LoadTable) only with the coordinator's grant for the job, its attempt and "
+          "secret. The coordinator's --table_grant_key_file must hold the same key; workers never see it.");
 ABSL_FLAG(std::string, advertise_host, "",
           "Host name or address other processes reach this shard at (default: the hostname).");
 
@@ -183,13 +188,27 @@ int main(int argc, char** argv) {
     service_metrics = std::make_unique<pstrain::ParameterServiceMetrics>(metrics->registry(), shard_index);
     spdlog::info("pstrain-ps: Prometheus metrics on port {}", metrics->port());
   }
-  pstrain::GrpcParameterService service(&store, service_metrics.get());
-
   auto server_security = pstrain::ServerSecurityFor(security);
   if (!server_security.ok()) {
     spdlog::error("pstrain-ps: {}", server_security.status().ToString());
     return 2;
   }
+  pstrain::GrpcParameterService::Options service_options;
+  service_options.metrics = service_metrics.get();
+  service_options.tokens = server_security->tokens;
+  if (!absl::GetFlag(FLAGS_table_grant_key_file).empty()) {
+    auto key = pstrain::LoadTableGrantKey(absl::GetFlag(FLAGS_table_grant_key_file), "--table_grant_key_file");
+    if (!key.ok()) {
+      spdlog::error("pstrain-ps: {}", std::string(key.status().message()));
+      return 2;
+    }
+    service_options.grant_key = std::move(*key);
+  } else if (security.server_tls()) {
+    spdlog::warn("pstrain-ps: no --table_grant_key_file: any member that reaches this shard can make a job's table "
+                 "first (for a job not yet started, under its own secret); give the shards and the coordinator the "
+                 "same key");
+  }
+  pstrain::GrpcParameterService service(&store, std::move(service_options));
   pstrain::GrpcServerOptions server_options;
   server_options.security = *server_security;
   server_options.health_port = absl::GetFlag(FLAGS_health_port);

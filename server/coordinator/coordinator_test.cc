@@ -254,6 +254,62 @@ TEST_F(CoordinatorTest, AShardThatNeverHeardItsAttemptIsReattachedAfterARestart)
   }
 }
 
+// After a coordinator restart, a name and a role are no credential. A
+// process that registers a running job's shard name first -- naming the
+// job, its attempt and any id but the seat's -- is not re-attached: no
+// assignment (job secret, spec), and its address never reaches the job's
+// status (where SaveTable and SetWorkers would be sent). The real shard,
+// naming the member id the store holds, takes its seat back even though
+// the impostor is live, and the job carries on past the re-attach window.
+TEST_F(CoordinatorTest, AnImpostorRegisteringFirstAfterARestartGetsNoSeat) {
+  const std::string db = ::testing::TempDir() + "/coord-impostor.db";
+  const std::string job = StartJobAndStop(db);
+  const std::string seat_id = ids_["shard-0"];
+  auto c = Make(db);
+  RegisterRequest fake;
+  fake.set_role("shard");
+  fake.set_name("shard-0");
+  fake.set_address("10.66.0.1:1");
+  fake.set_job_id(job);
+  fake.set_attempt(1);
+  fake.set_previous_member_id("shard-0#" + std::string(32, '0'));
+  auto impostor = c->Register(fake);
+  ASSERT_TRUE(impostor.ok()) << impostor.status();  // the name was free
+  EXPECT_NE(impostor->member_id(), seat_id);
+  auto a = c->GetAssignment(impostor->member_id(), absl::Now() + absl::Milliseconds(200));
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(a->job_id(), "");
+  EXPECT_EQ(a->job_secret(), "");
+  c->Tick();
+  {
+    const JobStatus st = c->GetJob(job).value();
+    for (const MemberStatus& m : st.members()) EXPECT_NE(m.address(), "10.66.0.1:1") << m.name();
+  }
+  // The real members come back with their ids.
+  const std::string s0 = Join(*c, "shard", "shard-0", job, 0);
+  EXPECT_EQ(s0, seat_id);
+  const std::string w0 = Join(*c, "worker", "worker-0", job, 0);
+  HeartbeatRequest gone;
+  gone.set_member_id(impostor->member_id());
+  EXPECT_EQ(c->Heartbeat(gone).status().code(), absl::StatusCode::kNotFound);
+  for (int i = 0; i < 300; ++i) {  // 12 s: past the re-attach window (10 s at least)
+    clock_.Advance(absl::Milliseconds(40));
+    for (const std::string& m : {s0, w0}) {
+      HeartbeatRequest hb;
+      hb.set_member_id(m);
+      hb.set_running_job_id(job);
+      hb.set_running_attempt(1);
+      ASSERT_TRUE(c->Heartbeat(hb).ok());
+    }
+    c->Tick();
+  }
+  EXPECT_EQ(State(*c, job), RUNNING);
+  {
+    const JobStatus st = c->GetJob(job).value();
+    for (const MemberStatus& m : st.members()) EXPECT_NE(m.address(), "10.66.0.1:1") << m.name();
+  }
+}
+
 TEST_F(CoordinatorTest, RunningJobFailsIfItsMembersDoNotComeBackAfterARestart) {
   const std::string db = ::testing::TempDir() + "/coord2.db";
   const std::string job = StartJobAndStop(db);

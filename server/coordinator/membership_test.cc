@@ -2,6 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <set>
+
 namespace pstrain {
 namespace {
 
@@ -82,6 +85,74 @@ TEST(MembershipTest, ReRegisteringReplacesAndTheTableIsBounded) {
   holder.set_previous_member_id(third);
   EXPECT_TRUE(m.Add(holder, kT0).ok());  // a replacement still fits
   EXPECT_EQ(m.Statuses().size(), 2u);
+}
+
+// One principal (a worker token shared by a pool, or a compromised pod's)
+// cannot fill the table: it holds at most max_per_principal members;
+// re-registering a name it holds still fits; other principals are not
+// counted against it.
+TEST(MembershipTest, APrincipalHoldsABoundedNumberOfMembers) {
+  Membership m(100, absl::Seconds(60), /*max_per_principal=*/2);
+  ASSERT_TRUE(m.Add(Req("worker", "a"), kT0, "worker:pool").ok());
+  ASSERT_TRUE(m.Add(Req("worker", "b"), kT0, "worker:pool").ok());
+  absl::Status third = m.Add(Req("worker", "c"), kT0, "worker:pool").status();
+  EXPECT_EQ(third.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(third.message().find("--max_members_per_principal"), std::string::npos) << third;
+  EXPECT_TRUE(m.Add(Req("worker", "d"), kT0, "worker:other").ok());
+  // Its own name again (a restarted process, the old one lost): fits.
+  for (const MemberStatus& st : m.Statuses()) {
+    if (st.name() == "b") m.Find(st.member_id())->status.set_alive(false);
+  }
+  EXPECT_TRUE(m.Add(Req("worker", "b"), kT0, "worker:pool").ok());
+  // Without authentication (no principal), no per-principal bound.
+  Membership open(100, absl::Seconds(60), 2);
+  for (const char* name : {"x", "y", "z"}) EXPECT_TRUE(open.Add(Req("worker", name), kT0).ok());
+}
+
+// Names do not steer placement: free members come in the random order
+// drawn when they registered, not in name order ("!" sorted first).
+TEST(MembershipTest, FreeMembersAreOrderedByAKeyDrawnAtRandomNotByName) {
+  Membership m(100, absl::Seconds(60));
+  std::vector<std::string> names;
+  for (char c = 'a'; c <= 'z'; ++c) names.push_back(std::string(1, c));
+  names.push_back("!");
+  for (const std::string& name : names) ASSERT_TRUE(m.Add(Req("worker", name), kT0).ok());
+  std::vector<FreeMember> free = m.FreeMembers();
+  std::sort(free.begin(), free.end(), [](const FreeMember& a, const FreeMember& b) { return a.order < b.order; });
+  std::vector<std::string> placed;
+  for (const FreeMember& f : free) placed.push_back(f.name);
+  std::vector<std::string> by_name = names;
+  std::sort(by_name.begin(), by_name.end());
+  // 27! orders: one is name order.
+  EXPECT_NE(placed, by_name);
+  EXPECT_EQ(std::set<std::string>(placed.begin(), placed.end()).size(), names.size());
+}
+
+// The job's view of a member comes only from the member that holds the
+// job: one that merely took the name (after a coordinator restart, before
+// the real one came back) never puts its address into the job's status.
+TEST(MembershipTest, RefreshReadsOnlyTheMemberThatHoldsTheJob) {
+  Membership m(100, absl::Seconds(60));
+  RegisterRequest impostor = Req("shard", "s0");
+  impostor.set_address("10.0.0.66:1");
+  ASSERT_TRUE(m.Add(impostor, kT0).ok());
+  MemberStatus seat;
+  seat.set_name("s0");
+  seat.set_role("shard");
+  seat.set_address("10.0.0.1:1");
+  seat.set_alive(true);
+  m.Refresh(seat, "job-1");
+  EXPECT_EQ(seat.address(), "10.0.0.1:1");
+  EXPECT_FALSE(seat.alive());  // its holder is not back
+  // The real one, back in its seat (re-attached: it holds the job).
+  RegisterRequest real = Req("shard", "s0");
+  real.set_address("10.0.0.1:1");
+  Member* back = *m.Add(real, kT0, "", "s0#seat");
+  back->status.set_job_id("job-1");
+  m.Refresh(seat, "job-1");
+  EXPECT_TRUE(seat.alive());
+  EXPECT_EQ(seat.member_id(), "s0#seat");
+  EXPECT_EQ(seat.address(), "10.0.0.1:1");
 }
 
 TEST(MembershipTest, ReleaseStopsLiveWorkersAndFreesTheRest) {

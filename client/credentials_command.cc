@@ -44,9 +44,9 @@ int RunCredentials(const CredentialsArgs& a) {
               c.cert.c_str(), c.key.c_str(), c.ca.c_str(), c.token_auth_file.c_str(), c.coordinator_token_file.c_str(),
               c.table_grant_key_file.c_str());
   std::printf("shards: --tls_cert=%s --tls_key=%s --tls_ca=%s --token_auth_file=%s --token_file=%s "
-              "--table_grant_key_file=%s\n",
+              "--table_grant_public_key_file=%s\n",
               c.cert.c_str(), c.key.c_str(), c.ca.c_str(), c.token_auth_file.c_str(), c.shard_token_file.c_str(),
-              c.table_grant_key_file.c_str());
+              c.table_grant_public_key_file.c_str());
   std::printf("workers: --tls_cert=%s --tls_key=%s --tls_ca=%s --token_file=%s\n", c.cert.c_str(), c.key.c_str(),
               c.ca.c_str(), c.worker_token_file.c_str());
   std::printf("pstrain (user %s): --tls_ca=%s --token_file=%s   (admin: --token_file=%s)\n", a.user.c_str(),

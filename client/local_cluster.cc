@@ -101,10 +101,9 @@ std::vector<std::string> LocalCluster::SecurityFlags(const std::string& role) co
                                                    : c.worker_token_file;
   std::vector<std::string> flags = {"--tls_ca=" + c.ca, "--tls_cert=" + c.cert, "--tls_key=" + c.key,
                                     "--token_file=" + token};
-  if (role != "worker") {
-    flags.push_back("--token_auth_file=" + c.token_auth_file);
-    flags.push_back("--table_grant_key_file=" + c.table_grant_key_file);
-  }
+  if (role != "worker") flags.push_back("--token_auth_file=" + c.token_auth_file);
+  if (role == "coordinator") flags.push_back("--table_grant_key_file=" + c.table_grant_key_file);
+  if (role == "shard") flags.push_back("--table_grant_public_key_file=" + c.table_grant_public_key_file);
   return flags;
 }
 

@@ -1,5 +1,7 @@
 #include "rpc/local_credentials.h"
 
+#include "rpc/table_grant.h"
+
 #include <openssl/bio.h>
 #include <openssl/bn.h>
 #include <openssl/evp.h>
@@ -110,7 +112,7 @@ absl::StatusOr<LocalCredentials> WriteLocalCredentials(const std::string& dir, c
   LocalCredentials out{dir + "/ca.pem",       dir + "/member.pem",       dir + "/member-key.pem",
                        dir + "/tokens.csv",   dir + "/cluster.token",    dir + "/user.token",
                        dir + "/admin.token",  dir + "/shard.token",      dir + "/worker.token",
-                       dir + "/coordinator.token", dir + "/table-grant.key"};
+                       dir + "/coordinator.token", dir + "/table-grant.key", dir + "/table-grant.pub"};
   auto ca_pem = Pem([&](BIO* b) { return PEM_write_bio_X509(b, ca->get()); });
   auto cert_pem = Pem([&](BIO* b) { return PEM_write_bio_X509(b, member->get()); });
   auto key_pem = Pem([&](BIO* b) {
@@ -122,9 +124,10 @@ absl::StatusOr<LocalCredentials> WriteLocalCredentials(const std::string& dir, c
   auto shard = RandomToken();
   auto worker = RandomToken();
   auto coordinator = RandomToken();
-  auto grant_key = RandomToken();
-  for (const auto* s : {&ca_pem, &cert_pem, &key_pem, &cluster, &user, &admin, &shard, &worker, &coordinator,
-                        &grant_key}) {
+  const std::shared_ptr<const TableGrantSigner> grants = TableGrantSigner::Generate();
+  const std::string grant_key = grants->PrivateKeyPem(), grant_public = grants->PublicKeyPem();
+  if (grant_key.empty() || grant_public.empty()) return OpenSslError("make the table grant key");
+  for (const auto* s : {&ca_pem, &cert_pem, &key_pem, &cluster, &user, &admin, &shard, &worker, &coordinator}) {
     if (!s->ok()) return s->status();
   }
   const std::string table = absl::StrCat("# token,user,uid,groups (Kubernetes' static token file format)\n",
@@ -138,7 +141,8 @@ absl::StatusOr<LocalCredentials> WriteLocalCredentials(const std::string& dir, c
       {out.token_auth_file, table, 0600}, {out.cluster_token_file, *cluster + "\n", 0600},
       {out.user_token_file, *user + "\n", 0600}, {out.admin_token_file, *admin + "\n", 0600},
       {out.shard_token_file, *shard + "\n", 0600}, {out.worker_token_file, *worker + "\n", 0600},
-      {out.coordinator_token_file, *coordinator + "\n", 0600}, {out.table_grant_key_file, *grant_key + "\n", 0600},
+      {out.coordinator_token_file, *coordinator + "\n", 0600}, {out.table_grant_key_file, grant_key, 0600},
+      {out.table_grant_public_key_file, grant_public, 0644},
   };
   for (const auto& [path, contents, mode] : files) {
     absl::Status s = WritePrivate(path, contents, mode);

@@ -2,8 +2,8 @@
 // for tests: a fresh CA, one certificate it signs for the members (server
 // and client use: SAN localhost and 127.0.0.1), a token file with one token
 // per member role (shard, worker, coordinator), an any-member cluster token,
-// a user token and an admin token, each random (256 bits), and a table
-// grant key for the coordinator and the shards.
+// a user token and an admin token, each random (256 bits), and the
+// coordinator's table grant key (Ed25519; the shards get its public key).
 // Written into `dir` (created 0700; keys and tokens 0600). For production,
 // certificates come from your CA or cert-manager (deploy/README.md).
 #ifndef PSTRAIN_RPC_LOCAL_CREDENTIALS_H_
@@ -27,7 +27,8 @@ struct LocalCredentials {
   std::string shard_token_file;        // shards' --token_file (pstrain:shard)
   std::string worker_token_file;       // workers' (pstrain:worker)
   std::string coordinator_token_file;  // the coordinator's, towards the shards (pstrain:coordinator)
-  std::string table_grant_key_file;    // the coordinator's and shards' --table_grant_key_file
+  std::string table_grant_key_file;         // the coordinator's --table_grant_key_file (private)
+  std::string table_grant_public_key_file;  // the shards' --table_grant_public_key_file
 };
 
 struct LocalCredentialsOptions {

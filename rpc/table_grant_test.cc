@@ -10,36 +10,46 @@
 namespace pstrain {
 namespace {
 
-constexpr char kKey[] = "0123456789abcdef0123456789abcdef";
-
-TEST(TableGrantTest, BindsJobAttemptAndSecretToTheKey) {
-  const std::string grant = TableGrant(kKey, "job-000001", 3, "s3cret");
-  EXPECT_EQ(grant.size(), 64u);
-  EXPECT_TRUE(TableGrantValid(kKey, "job-000001", 3, "s3cret", grant));
-  // Any other job, attempt, secret or key: not valid.
-  EXPECT_FALSE(TableGrantValid(kKey, "job-000002", 3, "s3cret", grant));
-  EXPECT_FALSE(TableGrantValid(kKey, "job-000001", 4, "s3cret", grant));
-  EXPECT_FALSE(TableGrantValid(kKey, "job-000001", 3, "other", grant));
-  EXPECT_FALSE(TableGrantValid("another-key-0123456789abcdef0123", "job-000001", 3, "s3cret", grant));
+TEST(TableGrantTest, BindsJobAttemptAndSecretToTheCoordinatorsKey) {
+  auto signer = TableGrantSigner::Generate();
+  auto verifier = TableGrantVerifier::FromPem(signer->PublicKeyPem(), "test");
+  ASSERT_TRUE(verifier.ok()) << verifier.status();
+  const std::string grant = signer->Sign("job-000001", 3, "s3cret");
+  EXPECT_EQ(grant.size(), 128u);
+  EXPECT_TRUE((*verifier)->Valid("job-000001", 3, "s3cret", grant));
+  // Any other job, attempt or secret: not valid.
+  EXPECT_FALSE((*verifier)->Valid("job-000002", 3, "s3cret", grant));
+  EXPECT_FALSE((*verifier)->Valid("job-000001", 4, "s3cret", grant));
+  EXPECT_FALSE((*verifier)->Valid("job-000001", 3, "other", grant));
   // The fields are separated: "job-1" + "1" is not "job-11" + "".
-  EXPECT_NE(TableGrant(kKey, "job-1", 1, "1"), TableGrant(kKey, "job-11", 1, ""));
-  EXPECT_FALSE(TableGrantValid(kKey, "job-000001", 3, "s3cret", ""));
-  EXPECT_FALSE(TableGrantValid(kKey, "job-000001", 3, "s3cret", grant.substr(0, 63)));
+  EXPECT_FALSE((*verifier)->Valid("job-11", 1, "", signer->Sign("job-1", 1, "1")));
+  // Another key's signature, a cut one, one not hex, none.
+  EXPECT_FALSE((*verifier)->Valid("job-000001", 3, "s3cret", TableGrantSigner::Generate()->Sign("job-000001", 3, "s3cret")));
+  EXPECT_FALSE((*verifier)->Valid("job-000001", 3, "s3cret", grant.substr(0, 126)));
+  EXPECT_FALSE((*verifier)->Valid("job-000001", 3, "s3cret", std::string(128, 'z')));
+  EXPECT_FALSE((*verifier)->Valid("job-000001", 3, "s3cret", ""));
 }
 
-TEST(TableGrantTest, KeysAreReadFromRegularFilesAndMustBeLong) {
+TEST(TableGrantTest, KeysAreEd25519PemFiles) {
   const std::string dir = std::string(std::getenv("TEST_TMPDIR"));
-  ASSERT_TRUE(WriteFileAtomically(dir + "/good.key", std::string(kKey) + "\n").ok());
-  auto key = LoadTableGrantKey(dir + "/good.key", "--table_grant_key_file");
-  ASSERT_TRUE(key.ok()) << key.status();
-  EXPECT_EQ(*key, kKey);
-  ASSERT_TRUE(WriteFileAtomically(dir + "/short.key", "too-short\n").ok());
-  auto short_key = LoadTableGrantKey(dir + "/short.key", "--table_grant_key_file");
-  ASSERT_FALSE(short_key.ok());
-  EXPECT_NE(short_key.status().message().find("--table_grant_key_file"), std::string::npos);
-  EXPECT_EQ(short_key.status().message().find("too-short"), std::string::npos) << "the key is never quoted";
-  EXPECT_FALSE(LoadTableGrantKey(dir + "/missing.key", "--table_grant_key_file").ok());
-  EXPECT_FALSE(LoadTableGrantKey("/dev/zero", "--table_grant_key_file").ok());
+  auto signer = TableGrantSigner::Generate();
+  ASSERT_TRUE(WriteFileAtomically(dir + "/grant.key", signer->PrivateKeyPem()).ok());
+  ASSERT_TRUE(WriteFileAtomically(dir + "/grant.pub", signer->PublicKeyPem()).ok());
+  auto loaded = TableGrantSigner::Load(dir + "/grant.key", "--table_grant_key_file");
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  auto verifier = TableGrantVerifier::Load(dir + "/grant.pub", "--table_grant_public_key_file");
+  ASSERT_TRUE(verifier.ok()) << verifier.status();
+  EXPECT_TRUE((*verifier)->Valid("j", 1, "s", (*loaded)->Sign("j", 1, "s")));
+  // The public key signs nothing; the private key is not a public key file.
+  EXPECT_FALSE(TableGrantSigner::Load(dir + "/grant.pub", "--table_grant_key_file").ok());
+  auto wrong = TableGrantVerifier::Load(dir + "/grant.key", "--table_grant_public_key_file");
+  ASSERT_FALSE(wrong.ok());
+  EXPECT_NE(wrong.status().message().find("--table_grant_public_key_file"), std::string::npos) << wrong.status();
+  EXPECT_EQ(wrong.status().message().find("PRIVATE KEY-----\nMC"), std::string::npos) << "the key is never quoted";
+  ASSERT_TRUE(WriteFileAtomically(dir + "/junk.key", "not a key\n").ok());
+  EXPECT_FALSE(TableGrantSigner::Load(dir + "/junk.key", "--table_grant_key_file").ok());
+  EXPECT_FALSE(TableGrantSigner::Load(dir + "/missing.key", "--table_grant_key_file").ok());
+  EXPECT_FALSE(TableGrantVerifier::Load("/dev/zero", "--table_grant_public_key_file").ok());
 }
 
 }  // namespace

@@ -8,6 +8,8 @@
 #include <unordered_set>
 
 #include "common/file_util.h"
+#include "common/quote.h"
+#include "spdlog/spdlog.h"
 #include "table/shard_store_internal.h"
 
 namespace pstrain {
@@ -139,15 +141,20 @@ absl::Status ReadWantedChunks(const LoadTableRequest& request, const std::vector
     const std::string name = Quote(f.path(), 256);
     absl::StatusOr<std::string> bytes = ReadRegularFile(paths[i], f.bytes());
     if (!bytes.ok()) return absl::DataLossError(absl::StrCat("checkpoint file ", name, ": ", bytes.status().message()));
+    // The file's real size and crc32 go to this shard's log, not into the
+    // error: the request names the file, and its answer must not tell the
+    // caller anything about a file it was not given.
     if (bytes->size() != f.bytes()) {
-      return absl::DataLossError(absl::StrCat("checkpoint file ", name, " has ", bytes->size(),
-                                              " bytes, the manifest says ", f.bytes(), " (truncated?)"));
+      spdlog::warn("LoadTable: checkpoint file {} has {} bytes, the manifest says {}", name, bytes->size(), f.bytes());
+      return absl::DataLossError(absl::StrCat("checkpoint file ", name,
+                                              " is not the size the manifest says (truncated or replaced?)"));
     }
     const uint32_t crc = static_cast<uint32_t>(
         crc32(0L, reinterpret_cast<const Bytef*>(bytes->data()), static_cast<uInt>(bytes->size())));
     if (crc != f.crc32()) {
-      return absl::DataLossError(absl::StrCat("checkpoint file ", name, " is corrupt (crc32 ", crc,
-                                              ", the manifest says ", f.crc32(), ")"));
+      spdlog::warn("LoadTable: checkpoint file {} has crc32 {}, the manifest says {}", name, crc, f.crc32());
+      return absl::DataLossError(absl::StrCat("checkpoint file ", name,
+                                              " is corrupt (its crc32 is not the manifest's)"));
     }
     TableSnapshot snap;
     if (!snap.ParseFromString(*bytes)) {

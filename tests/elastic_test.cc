@@ -78,6 +78,17 @@ class ElasticTest : public ControlPlaneTest {
   // rank itself is (the job's step is its slowest *reporting* worker's: a
   // member that joined late had trained nothing when killed); returns the
   // seconds until the job's slowest surviving worker completed another step.
+  // The index in pool_ (one shard, then worker-0, worker-1, ...) of the
+  // worker that holds `rank` of `job`: ranks follow the coordinator's random
+  // member order, not names.
+  size_t PoolIndexOfRank(const std::string& job, int rank) {
+    CliResult st = Cli({"status", job, "-o", "json"});
+    std::smatch m;
+    const std::regex re("\"name\": \"worker-(\\d+)\"[^{}]*\"rank\": " + std::to_string(rank) + "\\b");
+    EXPECT_TRUE(std::regex_search(st.out, m, re)) << st.out;
+    return m.empty() ? pool_.size() - 1 : 1 + std::stoul(m[1]);
+  }
+
   double KillWorkerAndTimeRecovery(const std::string& job, size_t index, int64_t step, int rank = -1) {
     WaitForStep(job, step);
     const absl::Time ready_by = absl::Now() + absl::Seconds(60);
@@ -149,8 +160,8 @@ TEST_F(ElasticTest, ASpareWorkerTakesOverTheLostRank) {
     // ~700 samples/s, and 4x as much ran past the 180 s the test allows.
     train_ = consistency == "async" ? 4 * 24576 : 24576;
     const std::string job = Submit(ElasticSpec(consistency, consistency, 2));
-    const size_t victim = pool_.size() - 1;  // the newest worker holds the highest rank
-    const double recovery = KillWorkerAndTimeRecovery(job, victim, 40, /*rank=*/2);
+    WaitForStep(job, 1);
+    const double recovery = KillWorkerAndTimeRecovery(job, PoolIndexOfRank(job, 2), 40, /*rank=*/2);
     absl::SleepFor(absl::Seconds(2));
     const absl::Time started = absl::Now();
     const std::string spare = "worker-spare-" + consistency;

@@ -131,7 +131,7 @@ class GrpcHostileTest : public ::testing::Test {
         r.set_path(path);
         add(ps + "SaveTable", "path " + Quote(path), r, grpc::StatusCode::INVALID_ARGUMENT);
       }
-      r.set_path("ok.bin");
+      r.set_path("job/ok.bin");  // in the job's directory: what stops it is the attempt
       r.set_attempt(1);
       add(ps + "SaveTable", "earlier attempt", r, grpc::StatusCode::ABORTED);
     }

@@ -13,6 +13,7 @@
 #include "rpc/grpc_server.h"
 #include "server/coordinator/grpc_coordinator_service.h"
 #include "server/ps/grpc_parameter_service.h"
+#include "rpc/table_grant.h"
 #include "table/shard_store.h"
 
 namespace pstrain {
@@ -31,14 +32,14 @@ struct InProcessServices {
     so.checkpoint_root = *shard_root;
     store = std::make_unique<ShardStore>(so);
     ps_service = std::make_unique<GrpcParameterService>(
-        store.get(), GrpcParameterService::Options{nullptr, security.tokens, grant_key});
+        store.get(), GrpcParameterService::Options{nullptr, security.tokens, grant_verifier});
     auto ps = GrpcServer::Create(options, {ps_service.get()});
     if (!ps.ok()) return ps.status();
     ps_server = std::move(*ps);
 
     CoordinatorOptions co;
     co.background_tick = false;
-    co.table_grant_key = grant_key;
+    co.table_grant_signer = grant_signer;
     auto coordinator_root = CanonicalRoot(dir + "/coordinator-root");
     if (!coordinator_root.ok()) return coordinator_root.status();
     co.checkpoint_root = *coordinator_root;
@@ -62,9 +63,10 @@ struct InProcessServices {
     if (coordinator_server) coordinator_server->Shutdown();
   }
 
-  // The table grant key of the shard and the coordinator (set before
-  // Start; empty: none).
-  std::string grant_key;
+  // The coordinator's table grant key and the shard's check of it (set
+  // before Start; null: none).
+  std::shared_ptr<const TableGrantSigner> grant_signer;
+  std::shared_ptr<const TableGrantVerifier> grant_verifier;
   std::unique_ptr<ShardStore> store;
   std::unique_ptr<GrpcParameterService> ps_service;
   std::unique_ptr<GrpcServer> ps_server;

@@ -184,8 +184,8 @@ log_every_steps: 25
   EXPECT_NE(coordinator_log.find("TLS, 6 tokens"), std::string::npos) << coordinator_log;
   const std::string shard_log = ReadFile(dir + "/out/logs/shard-0.log").value_or("");
   EXPECT_NE(shard_log.find("TLS, 6 tokens"), std::string::npos) << shard_log;
-  // The shard made the job's table with the coordinator's grant: it has the key.
-  EXPECT_EQ(shard_log.find("no --table_grant_key_file"), std::string::npos) << shard_log;
+  // The shard checks the coordinator's grants: it has the public key.
+  EXPECT_EQ(shard_log.find("no --table_grant_public_key_file"), std::string::npos) << shard_log;
   // Keys and tokens readable by their owner only.
   struct stat st {};
   ASSERT_EQ(stat((dir + "/out/credentials/member-key.pem").c_str(), &st), 0);
@@ -194,7 +194,7 @@ log_every_steps: 25
   EXPECT_EQ(st.st_mode & 077, 0u);
   // No token in any log.
   for (const char* token : {"cluster.token", "user.token", "admin.token", "shard.token", "worker.token",
-                            "coordinator.token", "table-grant.key"}) {
+                            "coordinator.token"}) {
     const std::string t(absl::StripAsciiWhitespace(ReadFile(dir + "/out/credentials/" + token).value_or("")));
     ASSERT_FALSE(t.empty());
     for (const auto& entry : std::filesystem::directory_iterator(dir + "/out/logs")) {

@@ -74,7 +74,7 @@ class SecurityTest : public ::testing::Test {
     ASSERT_TRUE(WriteFileAtomically(stranger_token_file_, *RandomToken() + "\n").ok());
     for (const std::string& f : {creds_.cluster_token_file, creds_.user_token_file, creds_.admin_token_file,
                                  creds_.shard_token_file, creds_.worker_token_file, creds_.coordinator_token_file,
-                                 creds_.table_grant_key_file, bob_token_file_, stranger_token_file_}) {
+                                 bob_token_file_, stranger_token_file_}) {
       tokens_.push_back(Token(f));
     }
 
@@ -88,9 +88,12 @@ class SecurityTest : public ::testing::Test {
     process.token_auth_file.clear();
     process.token_file = creds_.coordinator_token_file;
     SetProcessSecurity(process);
-    auto key = LoadTableGrantKey(creds_.table_grant_key_file, "--table_grant_key_file");
-    ASSERT_TRUE(key.ok()) << key.status();
-    s_.grant_key = *key;
+    auto signer = TableGrantSigner::Load(creds_.table_grant_key_file, "--table_grant_key_file");
+    ASSERT_TRUE(signer.ok()) << signer.status();
+    auto verifier = TableGrantVerifier::Load(creds_.table_grant_public_key_file, "--table_grant_public_key_file");
+    ASSERT_TRUE(verifier.ok()) << verifier.status();
+    s_.grant_signer = *signer;
+    s_.grant_verifier = *verifier;
     StartServers(server);
   }
 
@@ -358,7 +361,7 @@ TEST_F(SecurityTest, AJobsTableServesOnlyCallersWithItsSecret) {
     CallOptions opts;
     opts.deadline = absl::Now() + absl::Seconds(20);
     opts.job_secret = secret;
-    opts.table_grant = TableGrant(s_.grant_key, "job-b", 1, secret);
+    opts.table_grant = s_.grant_signer->Sign("job-b", 1, secret);
     return WaitFor([&](StatusCallback done) { fn(opts, std::move(done)); });
   };
   InitTableRequest init;
@@ -468,11 +471,11 @@ TEST_F(SecurityTest, NoMemberMakesATableWithoutTheCoordinatorsGrant) {
   const InitTableRequest future = SmallTable("job-000001", 1);
   EXPECT_EQ(init(future, With(mine, "")), absl::StatusCode::kPermissionDenied);
   EXPECT_EQ(init(future, With(mine, std::string(64, '0'))), absl::StatusCode::kPermissionDenied);
-  // A grant is for one job, attempt and secret; a member's own key signs
+  // A grant is for one job, attempt and secret; a key of its own signs
   // nothing the shard accepts.
-  const std::string own_key = *RandomToken();
-  EXPECT_EQ(init(future, With(mine, TableGrant(own_key, "job-000001", 1, mine))), absl::StatusCode::kPermissionDenied);
-  EXPECT_EQ(init(SmallTable("job-000001", UINT64_MAX), With(mine, TableGrant(s_.grant_key, "job-000001", 1, mine))),
+  EXPECT_EQ(init(future, With(mine, TableGrantSigner::Generate()->Sign("job-000001", 1, mine))),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(init(SmallTable("job-000001", UINT64_MAX), With(mine, s_.grant_signer->Sign("job-000001", 1, mine))),
             absl::StatusCode::kPermissionDenied);
   // LoadTable, too, is the coordinator's (and needs its grant).
   LoadTableRequest load;
@@ -503,7 +506,7 @@ TEST_F(SecurityTest, NoMemberMakesATableWithoutTheCoordinatorsGrant) {
   auto a = s_.coordinator->GetAssignment(worker->member_id(), absl::Now() + absl::Seconds(20));
   ASSERT_TRUE(a.ok()) << a.status();
   ASSERT_EQ(a->job_id(), *id);
-  ASSERT_EQ(a->table_grant().size(), 64u);
+  ASSERT_EQ(a->table_grant().size(), 128u);
   // The grant with another secret (the squatter's) is still refused.
   EXPECT_EQ(init(SmallTable(*id, a->attempt()), With(mine, a->table_grant())), absl::StatusCode::kPermissionDenied);
   EXPECT_EQ(init(SmallTable(*id, a->attempt() + 1), With(a->job_secret(), a->table_grant())),
@@ -516,7 +519,7 @@ TEST_F(SecurityTest, NoMemberMakesATableWithoutTheCoordinatorsGrant) {
 // table; a save never leaves the job's own directory.
 TEST_F(SecurityTest, TheShardsManagementCallsAreTheCoordinators) {
   const std::string secret = *RandomToken();
-  const CallOptions granted = With(secret, TableGrant(s_.grant_key, "job-c", 1, secret));
+  const CallOptions granted = With(secret, s_.grant_signer->Sign("job-c", 1, secret));
   SaveTableRequest save;
   save.set_job("job-c");
   save.set_attempt(1);

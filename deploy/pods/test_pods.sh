@@ -15,10 +15,11 @@
 #
 # Secured as the manifests secure it: every gRPC connection is mutual TLS
 # (one CA, a certificate for the Service names, made by `pstrain
-# credentials`), every call carries a token (the members the cluster token,
-# the CLI a user's), the probes use the plaintext health port. The test
-# also checks that a client without a certificate, a token, or with the
-# wrong token is refused.
+# credentials`), every call carries a token (each member its role's token,
+# the CLI a user's; shards make tables only with the coordinator's signed
+# grants), the probes use the plaintext health port. The test also checks that
+# a client without a certificate, a token, or with the wrong token is
+# refused.
 #
 # Needs root (ip netns, veth, bridge) and the built binaries (bazel-bin).
 # usage: deploy/pods/test_pods.sh
@@ -120,21 +121,26 @@ C=$WORK/credentials
 # reached at <pod>.pstrain-ps.<namespace>.svc, as in the manifests.)
 "$BIN/client/pstrain" credentials --out "$C" --dns 'pstrain-coordinator,*.pstrain-ps.pstrain.svc' --ip '' \
   --user alice >/dev/null
-SEC=(PSTRAIN_TLS_CA="$C/ca.pem" PSTRAIN_TLS_CERT="$C/member.pem" PSTRAIN_TLS_KEY="$C/member-key.pem"
-     PSTRAIN_TOKEN_FILE="$C/cluster.token")
-SERVER_SEC=("${SEC[@]}" PSTRAIN_TOKEN_AUTH_FILE="$C/tokens.csv" PSTRAIN_TLS_CLIENT_AUTH=require)
+# As the manifests mount them: each pod its own role's token; the shards
+# accept the workers' and the coordinator's tokens only; the coordinator
+# signs table grants with its key, the shards check them with its public key.
+grep -E '"pstrain:(worker|coordinator)"' "$C/tokens.csv" >"$C/shard-tokens.csv"
+SEC=(PSTRAIN_TLS_CA="$C/ca.pem" PSTRAIN_TLS_CERT="$C/member.pem" PSTRAIN_TLS_KEY="$C/member-key.pem")
 COMMON=(GRPC_DNS_RESOLVER=native PSTRAIN_COORDINATOR=pstrain-coordinator:7000 PSTRAIN_METRICS_PORT=9100)
 start_pod pstrain-coordinator server/coordinator/pstrain-coordinator GRPC_DNS_RESOLVER=native PSTRAIN_HOST=0.0.0.0 PSTRAIN_PORT=7000 \
   PSTRAIN_DB="$WORK/jobs.db" PSTRAIN_HEARTBEAT_MS=200 PSTRAIN_MISSED_HEARTBEATS=10 PSTRAIN_METRICS_PORT=9100 \
-  PSTRAIN_HEALTH_PORT=7001 "${SERVER_SEC[@]}"
+  PSTRAIN_HEALTH_PORT=7001 "${SEC[@]}" PSTRAIN_TLS_CLIENT_AUTH=require PSTRAIN_TOKEN_FILE="$C/coordinator.token" \
+  PSTRAIN_TOKEN_AUTH_FILE="$C/tokens.csv" PSTRAIN_TABLE_GRANT_KEY_FILE="$C/table-grant.key"
 for s in 0 1; do
   start_pod "pstrain-ps-$s" server/ps/pstrain-ps "${COMMON[@]}" PSTRAIN_NAME="pstrain-ps-$s" \
     PSTRAIN_ADVERTISE_HOST="pstrain-ps-$s.pstrain-ps.pstrain.svc" PSTRAIN_HOST=0.0.0.0 PSTRAIN_PORT=7070 \
-    PSTRAIN_HEALTH_PORT=7071 "${SERVER_SEC[@]}"
+    PSTRAIN_HEALTH_PORT=7071 "${SEC[@]}" PSTRAIN_TLS_CLIENT_AUTH=require PSTRAIN_TOKEN_FILE="$C/shard.token" \
+    PSTRAIN_TOKEN_AUTH_FILE="$C/shard-tokens.csv" PSTRAIN_TABLE_GRANT_PUBLIC_KEY_FILE="$C/table-grant.pub"
 done
 for w in 0 1; do
   start_pod "pstrain-worker-$w" worker/pstrain-worker "${COMMON[@]}" PSTRAIN_NAME="pstrain-worker-$w" \
-    PSTRAIN_GLOO_HOSTNAME="pstrain-worker-$w.pstrain-worker" PSTRAIN_DRAIN_TIMEOUT_S=30 "${SEC[@]}"
+    PSTRAIN_GLOO_HOSTNAME="pstrain-worker-$w.pstrain-worker" PSTRAIN_DRAIN_TIMEOUT_S=30 "${SEC[@]}" \
+    PSTRAIN_TOKEN_FILE="$C/worker.token"
 done
 
 # The CLI from the host reaches the coordinator by address: the name to
@@ -177,11 +183,13 @@ refused "cannot reach\|unavailable\|socket closed\|handshake" "${PLAIN_CLI[@]}" 
   --tls_server_name pstrain-coordinator --token_file "$C/user.token" list
 refused "bearer token" "${PLAIN_CLI[@]}" --tls_ca "$C/ca.pem" --tls_server_name pstrain-coordinator \
   --tls_cert "$C/member.pem" --tls_key "$C/member-key.pem" list
-refused "may not call" "${PLAIN_CLI[@]}" --tls_ca "$C/ca.pem" --tls_server_name pstrain-coordinator \
-  --tls_cert "$C/member.pem" --tls_key "$C/member-key.pem" --token_file "$C/cluster.token" list
+for member in worker shard coordinator; do
+  refused "may not call" "${PLAIN_CLI[@]}" --tls_ca "$C/ca.pem" --tls_server_name pstrain-coordinator \
+    --tls_cert "$C/member.pem" --tls_key "$C/member-key.pem" --token_file "$C/$member.token" list
+done
 "$BIN/client/pstrain" health "$NET.2:7001" >/dev/null
 "$BIN/client/pstrain" health "$NET.3:7071" >/dev/null
-log "mutual TLS and tokens: plaintext, certificate-less, token-less and cluster-token clients refused; health open"
+log "mutual TLS and tokens: plaintext, certificate-less, token-less and member-token clients refused; health open"
 
 # 1. A job from the host namespace, through the coordinator's address.
 cat >"$WORK/job.yaml" <<YAML

@@ -68,6 +68,8 @@
 
 namespace pstrain {
 
+class TableGrantSigner;
+
 struct CoordinatorOptions {
   absl::Duration heartbeat_interval = absl::Seconds(1);
   int missed_heartbeats = 5;
@@ -85,10 +87,10 @@ struct CoordinatorOptions {
   // Members one principal (a token's role and user) may register: a
   // compromised worker cannot fill the table, nor most of a pool.
   size_t max_members_per_principal = 1024;
-  // The key of the table grants (common/table_grant.h) this coordinator
-  // gives workers and sends shards; empty: none (shards that check grants
-  // refuse the job's tables).
-  std::string table_grant_key;
+  // Signs the table grants (rpc/table_grant.h) this coordinator gives
+  // workers and sends shards; null: none (shards that check grants refuse
+  // the job's tables).
+  std::shared_ptr<const TableGrantSigner> table_grant_signer;
   size_t max_conditions = 100;       // per job: the first and the newest
   size_t max_kv_keys = 10000;        // per job
   size_t max_kv_value_bytes = 1 << 20;

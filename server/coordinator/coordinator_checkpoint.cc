@@ -219,8 +219,9 @@ void Coordinator::Restore(const std::string& job_id) {
     spec = job->spec;
     shards = ShardAddresses(job->stored.status);
   }
-  const std::string grant =
-      options_.table_grant_key.empty() ? std::string() : TableGrant(options_.table_grant_key, job_id, attempt, secret);
+  const std::string grant = options_.table_grant_signer == nullptr
+                                ? std::string()
+                                : options_.table_grant_signer->Sign(job_id, attempt, secret);
   auto manifest = LoadCheckpoint(job_id, attempt, secret, grant, dir, spec, shards, options_.checkpoint_root);
   if (options_.on_restore_loaded) options_.on_restore_loaded(job_id, attempt);
   absl::MutexLock lock(&mu_);

@@ -135,8 +135,8 @@ absl::StatusOr<Assignment> Coordinator::GetAssignment(const std::string& member_
       a.set_output_dir(JobDir(job->stored.output_dir, m.job_id()));
       a.set_attempt(job->stored.status.attempt());
       a.set_job_secret(job->stored.status.job_secret());
-      if (!options_.table_grant_key.empty()) {
-        a.set_table_grant(TableGrant(options_.table_grant_key, m.job_id(), a.attempt(), a.job_secret()));
+      if (options_.table_grant_signer != nullptr) {
+        a.set_table_grant(options_.table_grant_signer->Sign(m.job_id(), a.attempt(), a.job_secret()));
       }
       a.set_rank(m.rank());
       a.set_world_size(member->role == Role::kWorker ? job->spec.workers : job->spec.shards);

@@ -54,8 +54,8 @@ ABSL_FLAG(std::vector<std::string>, dashboard_allowed_hosts, {},
           "its bind address, loopback names and, on 0.0.0.0, this machine's addresses and hostname: the name of a "
           "proxy in front of it. Any other Host is refused (DNS rebinding).");
 ABSL_FLAG(std::string, table_grant_key_file, "",
-          "File with the key (32+ bytes) this coordinator signs table grants with (the shards' "
-          "--table_grant_key_file: the same key). Shards that have it make a job's table only with the grant "
+          "The Ed25519 private key (PEM) this coordinator signs table grants with; the shards' "
+          "--table_grant_public_key_file holds its public key, and they make a job's table only with the grant "
           "this coordinator gives the job's workers.");
 ABSL_FLAG(int, max_members_per_principal, 1024,
           "Most shards and workers one principal (a token's role and user) may register at a time.");
@@ -129,12 +129,12 @@ int main(int argc, char** argv) {
   }
   options.max_members_per_principal = static_cast<size_t>(absl::GetFlag(FLAGS_max_members_per_principal));
   if (!absl::GetFlag(FLAGS_table_grant_key_file).empty()) {
-    auto key = pstrain::LoadTableGrantKey(absl::GetFlag(FLAGS_table_grant_key_file), "--table_grant_key_file");
-    if (!key.ok()) {
-      spdlog::error("pstrain-coordinator: {}", std::string(key.status().message()));
+    auto signer = pstrain::TableGrantSigner::Load(absl::GetFlag(FLAGS_table_grant_key_file), "--table_grant_key_file");
+    if (!signer.ok()) {
+      spdlog::error("pstrain-coordinator: {}", std::string(signer.status().message()));
       return 2;
     }
-    options.table_grant_key = std::move(*key);
+    options.table_grant_signer = std::move(*signer);
   }
   auto coordinator = pstrain::Coordinator::Create(options, std::move(*store));
   if (!coordinator.ok()) {

@@ -119,9 +119,15 @@ grpc::ServerUnaryReactor* Serve(const char* method, ParameterServiceMetrics* met
 
 // Whether `path` (relative to the checkpoint root) lies in a directory
 // named `job`: the job's own <output_dir>/<job>/.
+// A path the store refuses anyway (empty, absolute, "..", NUL: its
+// INVALID_ARGUMENT says what is wrong) passes here.
 bool InJobDirectory(const std::string& path, const std::string& job) {
   if (job.empty()) return true;  // standalone runs name no job
+  if (path.empty() || path[0] == '/' || path.find('\0') != std::string::npos) return true;
   std::vector<absl::string_view> parts = absl::StrSplit(path, '/');
+  for (absl::string_view part : parts) {
+    if (part == "..") return true;
+  }
   parts.pop_back();  // the file
   for (absl::string_view part : parts) {
     if (part == job) return true;
@@ -142,15 +148,15 @@ absl::Status GrpcParameterService::CoordinatorOnly(const grpc::CallbackServerCon
 
 absl::Status GrpcParameterService::Granted(const grpc::CallbackServerContext* context, const std::string& job,
                                            uint64_t attempt, const char* method) const {
-  if (options_.grant_key.empty()) return absl::OkStatus();
+  if (options_.grants == nullptr) return absl::OkStatus();
   const std::string grant = MetadataOf(context, kTableGrantMetadata);
-  if (TableGrantValid(options_.grant_key, job, attempt, PresentedSecret(context), grant)) return absl::OkStatus();
+  if (options_.grants->Valid(job, attempt, PresentedSecret(context), grant)) return absl::OkStatus();
   return absl::PermissionDeniedError(absl::StrCat(
       method, " of job ", Quote(job, 64), " attempt ", attempt, ": ",
       grant.empty() ? "the call carries no table grant" : "the table grant is not the coordinator's for this job, "
                                                           "attempt and secret",
-      " (this shard makes a table only with the grant its coordinator gives the job's workers; is the "
-      "coordinator's --table_grant_key_file the same key as this shard's?)"));
+      " (this shard makes a table only with the grant its coordinator gives the job's workers; is this "
+      "shard's --table_grant_public_key_file the public key of the coordinator's --table_grant_key_file?)"));
 }
 
 grpc::ServerUnaryReactor* GrpcParameterService::InitTable(grpc::CallbackServerContext* context,

@@ -22,6 +22,7 @@
 #include <string>
 
 #include "proto/parameter.grpc.pb.h"
+#include "rpc/table_grant.h"
 #include "rpc/token_table.h"
 #include "table/parameter_store.h"
 #include "server/ps/job_secrets.h"
@@ -45,13 +46,13 @@ class GrpcParameterService final
     // The server's token table (null: authentication off, every caller
     // may do everything).
     std::shared_ptr<TokenTable> tokens;
-    // The table grant key (empty: tables are made without grants).
-    std::string grant_key;
+    // Checks the coordinator's table grants (null: tables are made without).
+    std::shared_ptr<const TableGrantVerifier> grants;
   };
   // `store` (and options.metrics) are not owned and must outlive the
   // service.
   explicit GrpcParameterService(ParameterStore* store, ParameterServiceMetrics* metrics = nullptr)
-      : GrpcParameterService(store, Options{metrics, nullptr, ""}) {}
+      : GrpcParameterService(store, Options{metrics, nullptr, nullptr}) {}
   GrpcParameterService(ParameterStore* store, Options options)
       : store_(store), metrics_(options.metrics), options_(std::move(options)) {}
 

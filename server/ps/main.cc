@@ -58,10 +58,9 @@ ABSL_FLAG(std::string, checkpoint_root, "out",
           "shared volume.");
 ABSL_FLAG(int64_t, max_memory_mb, 0,
           "Memory that tables (values, optimizer state) may reserve, in MiB; 0: 80% of physical memory.");
-ABSL_FLAG(std::string, table_grant_key_file, "",
-          "File with the key (32+ bytes) the coordinator signs table grants with: with it, this shard makes a "
-          "job's table (InitTable, LoadTable) only with the coordinator's grant for the job, its attempt and "
-          "secret. The coordinator's --table_grant_key_file must hold the same key; workers never see it.");
+ABSL_FLAG(std::string, table_grant_public_key_file, "",
+          "The coordinator's Ed25519 public key (PEM) for table grants: with it, this shard makes a job's table "
+          "(InitTable, LoadTable) only with the coordinator's grant for the job, its attempt and secret.");
 ABSL_FLAG(std::string, advertise_host, "",
           "Host name or address other processes reach this shard at (default: the hostname).");
 
@@ -196,17 +195,18 @@ int main(int argc, char** argv) {
   pstrain::GrpcParameterService::Options service_options;
   service_options.metrics = service_metrics.get();
   service_options.tokens = server_security->tokens;
-  if (!absl::GetFlag(FLAGS_table_grant_key_file).empty()) {
-    auto key = pstrain::LoadTableGrantKey(absl::GetFlag(FLAGS_table_grant_key_file), "--table_grant_key_file");
-    if (!key.ok()) {
-      spdlog::error("pstrain-ps: {}", std::string(key.status().message()));
+  if (!absl::GetFlag(FLAGS_table_grant_public_key_file).empty()) {
+    auto grants = pstrain::TableGrantVerifier::Load(absl::GetFlag(FLAGS_table_grant_public_key_file),
+                                                    "--table_grant_public_key_file");
+    if (!grants.ok()) {
+      spdlog::error("pstrain-ps: {}", std::string(grants.status().message()));
       return 2;
     }
-    service_options.grant_key = std::move(*key);
+    service_options.grants = std::move(*grants);
   } else if (security.server_tls()) {
-    spdlog::warn("pstrain-ps: no --table_grant_key_file: any member that reaches this shard can make a job's table "
-                 "first (for a job not yet started, under its own secret); give the shards and the coordinator the "
-                 "same key");
+    spdlog::warn("pstrain-ps: no --table_grant_public_key_file: any member that reaches this shard can make a "
+                 "job's table first (for a job not yet started, under its own secret); give the shards the public "
+                 "key of the coordinator's --table_grant_key_file");
   }
   pstrain::GrpcParameterService service(&store, std::move(service_options));
   pstrain::GrpcServerOptions server_options;

@@ -4,6 +4,7 @@
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/health_check_service_interface.h>
+#include <grpcpp/resource_quota.h>
 
 #include "absl/strings/str_cat.h"
 #include "spdlog/spdlog.h"
@@ -24,6 +25,7 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Create(
   if (options.max_message_bytes <= 0) {
     return absl::InvalidArgumentError("max_message_bytes must be positive");
   }
+  if (options.max_threads < 0) return absl::InvalidArgumentError("max_threads must not be negative");
   // Both are process-wide switches that must be set before the builder runs.
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -44,6 +46,11 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Create(
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   builder.SetMaxSendMessageSize(options.max_message_bytes);
   for (const auto& [key, value] : BulkTransferChannelArgs()) builder.AddChannelArgument(key, value);
+  if (options.max_threads > 0) {
+    grpc::ResourceQuota quota("pstrain-server");
+    quota.SetMaxThreads(options.max_threads);
+    builder.SetResourceQuota(quota);
+  }
   for (grpc::Service* service : services) builder.RegisterService(service);
   s->server_ = builder.BuildAndStart();
   if (s->server_ == nullptr || s->port_ == 0) {

@@ -46,6 +46,12 @@ struct GrpcServerOptions {
   // same host (0 picks one): for Kubernetes' gRPC probes, which cannot speak
   // TLS. It reports the main server's status and nothing else.
   int health_port = -1;
+  // > 0: at most this many threads serve calls (grpc::ResourceQuota). A
+  // synchronous server holds one per call in progress; past the bound a
+  // call is refused RESOURCE_EXHAUSTED ("Server Threadpool Exhausted")
+  // instead of the process running out of threads. 0: gRPC's default, no
+  // bound.
+  int max_threads = 0;
 };
 
 class GrpcServer {

@@ -1,6 +1,7 @@
 #include "server/coordinator/coordinator.h"
 
 #include <algorithm>
+#include <system_error>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -20,6 +21,7 @@ Coordinator::Coordinator(CoordinatorOptions options, std::unique_ptr<JobStore> s
       store_(std::move(store)),
       rendezvous_(RendezvousLimits{options.max_kv_keys, options.max_kv_value_bytes, options.max_kv_bytes}),
       telemetry_(options.telemetry),
+      waits_(WaitLimitsOptions{options.max_waiting_calls, options.max_watches_per_user}),
       members_(options.max_members, options.forget_after_leases * lease(), options.max_members_per_principal) {}
 
 absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(CoordinatorOptions options,
@@ -66,6 +68,16 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(CoordinatorOpti
                                    JobDir(job.stored.output_dir, job.stored.id), job.stored.spec_yaml);
       }
       Job& j = c->jobs_.emplace(job.stored.id, std::move(job)).first->second;
+      const JobStatus& st = j.stored.status;
+      if (IsTerminal(st.state())) {
+        // Ended when its last transition was recorded.
+        const int64_t ended_ms = st.conditions_size() > 0 ? st.conditions(st.conditions_size() - 1).time_unix_ms()
+                                                          : st.created_unix_ms();
+        c->ended_.emplace(absl::FromUnixMillis(ended_ms), j.stored.seq, j.stored.id);
+        j.stored.spec_yaml = std::string();  // the store keeps it; nothing here reads it again
+      } else {
+        c->active_.insert(j.stored.id);
+      }
       if (j.stored.status.state() == CHECKPOINTING) {
         // Killed during a checkpoint: what it had (the pause, the paused
         // workers, the claim) lived in memory only, and its directory was
@@ -77,6 +89,9 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(CoordinatorOpti
       }
       c->RestoreSeats(j);
     }
+    // The same retention as before the restart (or a new one, if the flags
+    // changed): what is past it goes now.
+    c->PruneEndedJobs();
   }
   c->persister_ = std::thread([raw = c.get()] { raw->PersistLoop(); });
   if (options.background_tick) c->ticker_ = std::thread([raw = c.get()] { raw->TickLoop(); });
@@ -101,10 +116,12 @@ void Coordinator::TickLoop() {
       members_.ExtendLeases(late);
       spdlog::warn("coordinator: paused for {}; leases extended by as much", absl::FormatDuration(late));
     }
+    StartDeferred();
     ExpireLeases();
     ExpireAwaitedRanks();
     Schedule();
     StartPeriodicCheckpoints();
+    PruneEndedJobs();
   }
 }
 
@@ -142,20 +159,65 @@ void Coordinator::Background(std::function<void()> fn) {
     }
   }
   auto finished = std::make_shared<std::atomic<bool>>(false);
-  background_.push_back(BackgroundThread{std::thread([fn = std::move(fn), finished] {
-                                           fn();
-                                           finished->store(true);
-                                         }),
-                                         finished});
+  // std::thread throws when the process is out of threads (or memory):
+  // here that would cross the tick thread or a request under mu_ and end
+  // the coordinator. The work waits for the next tick instead.
+  try {
+    if (options_.before_thread_start) options_.before_thread_start();
+    std::thread thread([fn, finished] {
+      fn();
+      finished->store(true);
+    });
+    background_.push_back(BackgroundThread{std::move(thread), finished});
+  } catch (const std::system_error& e) {
+    spdlog::error("coordinator: cannot start a background thread ({}); {} task(s) will be tried again on the next tick",
+                  e.what(), deferred_.size() + 1);
+    deferred_.push_back(std::move(fn));
+  }
+}
+
+void Coordinator::StartDeferred() {
+  std::vector<std::function<void()>> deferred;
+  deferred.swap(deferred_);
+  // Those that fail again go back to deferred_, in order.
+  for (auto& fn : deferred) Background(std::move(fn));
+}
+
+std::vector<Coordinator::Job*> Coordinator::ActiveJobs() {
+  std::vector<Job*> out;
+  out.reserve(active_.size());
+  for (const std::string& id : active_) out.push_back(&jobs_.at(id));
+  return out;
+}
+
+void Coordinator::PruneEndedJobs() {
+  const absl::Time cutoff =
+      options_.job_retention_age > absl::ZeroDuration() ? Now() - options_.job_retention_age : absl::InfinitePast();
+  size_t pruned = 0;
+  while (!ended_.empty() &&
+         (ended_.size() > options_.job_retention || std::get<0>(*ended_.begin()) < cutoff)) {
+    const std::string id = std::get<2>(*ended_.begin());
+    ended_.erase(ended_.begin());
+    jobs_.erase(id);
+    dirty_.erase(id);  // a write still waiting would only fail
+    doomed_.push_back(id);
+    ++pruned;
+  }
+  if (pruned == 0) return;
+  spdlog::info("coordinator: {} ended job(s) past the retention ({} kept, none older than {}) deleted", pruned,
+               options_.job_retention, absl::FormatDuration(options_.job_retention_age));
+  persist_cv_.SignalAll();
 }
 
 void Coordinator::PersistLoop() {
   absl::MutexLock lock(&mu_);
   while (true) {
-    while (!persist_stop_ && dirty_.empty()) persist_cv_.Wait(&mu_);
-    if (dirty_.empty() && persist_stop_) return;
+    while (!persist_stop_ && dirty_.empty() && doomed_.empty()) persist_cv_.Wait(&mu_);
+    if (dirty_.empty() && doomed_.empty() && persist_stop_) return;
     std::map<std::string, JobStatus> batch;
     batch.swap(dirty_);
+    std::vector<std::string> doomed;
+    doomed.swap(doomed_);
     mu_.Unlock();
     // SQLite's fsync happens here, with the coordinator's mutex free.
     std::map<std::string, uint64_t> written;
@@ -167,6 +229,11 @@ void Coordinator::PersistLoop() {
       } else {
         spdlog::error("coordinator: persisting {}: {}", id, s.ToString());
       }
+    }
+    // After the writes: a pruned job's last status may be among them.
+    // Not deleted (a failing disk): the next start prunes it again.
+    if (absl::Status s = store_->Delete(doomed); !s.ok()) {
+      spdlog::error("coordinator: deleting {} ended job(s): {}", doomed.size(), s.ToString());
     }
     mu_.Lock();
     for (const auto& [id, attempt] : written) {
@@ -230,6 +297,13 @@ void Coordinator::Transition(Job& job, JobState state, const std::string& reason
     members_.FreeAll(st.job_id());
     telemetry_.EndAttempt(st.job_id());
     rendezvous_.Close(st.job_id());
+    if (active_.erase(st.job_id()) > 0) {
+      ended_.emplace(Now(), job.stored.seq, st.job_id());
+      // Up to 1 MiB the ended job no longer needs (the store keeps it).
+      job.stored.spec_yaml = std::string();
+    }
+  } else {
+    active_.insert(st.job_id());
   }
   Changed(job);
 }
@@ -360,14 +434,28 @@ absl::StatusOr<std::string> Coordinator::SubmitJob(const SubmitJobRequest& reque
   {
     absl::MutexLock lock(&mu_);
     if (shutdown_) return absl::UnavailableError("coordinator is shutting down");
+    // Submissions in flight count too: two at once cannot both take the
+    // last place.
+    size_t queued = submitting_[caller.user];
+    for (const Job* j : ActiveJobs()) {
+      if (j->stored.status.state() == PENDING && j->stored.status.owner() == caller.user) ++queued;
+    }
+    if (options_.max_queued_jobs_per_user > 0 && queued >= options_.max_queued_jobs_per_user) {
+      if (submitting_[caller.user] == 0) submitting_.erase(caller.user);
+      return absl::ResourceExhaustedError(
+          absl::StrCat("user ", Quote(caller.user), " has ", queued, " jobs queued, the limit per user ",
+                       "(--max_queued_jobs_per_user): wait for some to start, or cancel some"));
+    }
+    ++submitting_[caller.user];
   }
   // The insert (an fsync: synchronous=FULL) runs off the coordinator's lock,
   // so heartbeats and other calls never wait for the disk; the store has a
   // lock of its own and gives the job its id.
   if (options_.before_create) options_.before_create();
   auto stored = store_->Create(spec_yaml, *output_dir, status);
-  if (!stored.ok()) return stored.status();
   absl::MutexLock lock(&mu_);
+  if (--submitting_[caller.user] == 0) submitting_.erase(caller.user);
+  if (!stored.ok()) return stored.status();
   Job job;
   job.spec = *spec;
   job.stored = std::move(*stored);
@@ -432,6 +520,10 @@ absl::StatusOr<JobState> Coordinator::CancelJob(const std::string& job_id) {
   return CANCELLED;
 }
 
+absl::StatusOr<WaitLimits::Slot> Coordinator::OpenWatch(const Caller& caller) {
+  return waits_.AcquireWatch(caller.user);
+}
+
 absl::StatusOr<JobStatus> Coordinator::WaitJob(const std::string& job_id, uint64_t* version, absl::Time deadline) {
   absl::MutexLock lock(&mu_);
   while (true) {
@@ -462,7 +554,9 @@ void Coordinator::ExpireLeases() {
   const absl::Time now = Now();
   members_.Expire(now, lease());
   // A running job needs every one of its members, alive and attached.
-  for (auto& [id, job] : jobs_) {
+  for (Job* active : ActiveJobs()) {
+    Job& job = *active;
+    const std::string& id = job.stored.id;
     const JobStatus& st = job.stored.status;
     if ((st.state() != RUNNING && st.state() != CHECKPOINTING) || now < job.attach_deadline) continue;
     const std::vector<MemberStatus> present(st.members().begin(), st.members().end());
@@ -482,17 +576,26 @@ void Coordinator::ExpireLeases() {
 void Coordinator::Schedule() {
   // Running jobs first: a vacant rank is filled before new jobs start.
   FillVacancies();
+  // Not ended jobs only: ended ones (up to job_retention of them) are
+  // never walked here.
   std::vector<Job*> pending;
-  for (auto& [id, job] : jobs_) {
-    if (job.stored.status.state() == PENDING) pending.push_back(&job);
+  ScheduleLimits limits;
+  limits.max_running_per_owner = options_.max_running_jobs_per_user;
+  for (Job* job : ActiveJobs()) {
+    if (job->stored.status.state() == PENDING) {
+      pending.push_back(job);
+    } else {
+      ++limits.running_by_owner[job->stored.status.owner()];
+    }
   }
   if (pending.empty()) return;
   std::sort(pending.begin(), pending.end(), [](const Job* a, const Job* b) { return a->stored.seq < b->stored.seq; });
   std::vector<SchedulerJob> fifo;
   for (const Job* job : pending) {
-    fifo.push_back({job->stored.id, job->spec.shards, job->spec.workers, members_.Stopping(job->stored.id)});
+    fifo.push_back({job->stored.id, job->spec.shards, job->spec.workers, members_.Stopping(job->stored.id),
+                    job->stored.status.owner()});
   }
-  const SchedulePlan plan = PlanSchedule(fifo, members_.FreeMembers());
+  const SchedulePlan plan = PlanSchedule(fifo, members_.FreeMembers(), limits);
   for (Job* job : pending) {
     auto reason = plan.pending_reasons.find(job->stored.id);
     if (reason != plan.pending_reasons.end() && job->stored.status.pending_reason() != reason->second) {
@@ -544,9 +647,11 @@ void Coordinator::Start(Job& job, const Placement& placement) {
 
 void Coordinator::Tick() {
   absl::MutexLock lock(&mu_);
+  StartDeferred();
   ExpireLeases();
   ExpireAwaitedRanks();
   Schedule();
+  PruneEndedJobs();
 }
 
 std::vector<MemberStatus> Coordinator::Members() {

@@ -27,6 +27,16 @@
 //   the job (shard calls, KV, events, heartbeats) carries it back; requests
 //   of another attempt are refused (ABORTED) or ignored, so a member of an
 //   earlier run, cut off by a partition that heals, cannot touch the new one.
+// - Quotas (issue 31): per user (by the caller's user name), jobs queued
+//   (refused at submission past the limit) and running (the scheduler passes
+//   over a user at the limit), and open watches; and all callers together,
+//   the calls that wait (wait_limits.h). Past a limit: RESOURCE_EXHAUSTED
+//   naming it and its flag.
+// - Retention: ended jobs past job_retention (count) or job_retention_age
+//   are deleted from memory and the store (by the tick thread, and at
+//   start, so a restart prunes the same way); an ended job keeps its status
+//   in memory but not its spec (the store has it until it goes). Loops
+//   that run on every tick walk the jobs not ended only.
 // - Files: a job's checkpoints and weights live in <output_dir>/<job_id>/,
 //   and output_dir must lie under the checkpoint root (the shared volume),
 //   whose relative names the shards are given.
@@ -49,6 +59,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -65,6 +76,7 @@
 #include "server/coordinator/job_telemetry.h"
 #include "server/coordinator/membership.h"
 #include "server/coordinator/rendezvous.h"
+#include "server/coordinator/wait_limits.h"
 
 namespace pstrain {
 
@@ -95,6 +107,20 @@ struct CoordinatorOptions {
   size_t max_kv_keys = 10000;        // per job
   size_t max_kv_value_bytes = 1 << 20;
   size_t max_kv_bytes = 64 << 20;    // per job, keys and values
+  // Per-user quotas, by the caller's user name (admins count like anyone;
+  // without authentication every caller is the one user ""). 0: no bound.
+  size_t max_queued_jobs_per_user = 100;  // PENDING: refused at submission
+  int max_running_jobs_per_user = 32;     // scheduled: the scheduler passes over
+  size_t max_watches_per_user = 16;
+  // Calls that hold a server thread while they wait (WatchJob, KvGet and
+  // GetAssignment with a wait), every caller together: keep it below the
+  // gRPC server's thread bound (--grpc_max_threads). 0: no bound.
+  size_t max_waiting_calls = 512;
+  // Ended jobs kept, in memory and in the store: the job_retention that
+  // ended last (0: none), and none that ended longer than
+  // job_retention_age ago (zero or less: no age limit).
+  size_t job_retention = 1000;
+  absl::Duration job_retention_age = absl::Hours(24 * 30);
   // A member without a heartbeat for this many leases is forgotten.
   int forget_after_leases = 20;
   // Fault-injection points for tests (called without the coordinator's
@@ -110,6 +136,10 @@ struct CoordinatorOptions {
   // A checkpoint's files were written (or failed), before RunCheckpoint
   // takes the lock again to end it.
   std::function<void(const std::string& job)> on_checkpoint_written;
+  // A background thread is about to be created; may throw
+  // std::system_error as std::thread's constructor does when the process
+  // is out of threads.
+  std::function<void()> before_thread_start;
   // TensorBoard event files and the dashboard's curves (job_telemetry.h).
   TelemetryOptions telemetry;
 };
@@ -141,6 +171,9 @@ class Coordinator {
   // renames the directory to ckpt-<step>/ and resumes the workers. Blocks
   // until done. UNAVAILABLE when another checkpoint of the job is running.
   absl::StatusOr<CheckpointResponse> Checkpoint(const std::string& job_id);
+  // A place for one WatchJob stream of `caller`, held while it streams:
+  // RESOURCE_EXHAUSTED past max_watches_per_user or max_waiting_calls.
+  absl::StatusOr<WaitLimits::Slot> OpenWatch(const Caller& caller);
   // Returns the job's status once its version is above *version (or at the
   // deadline, whatever it is), and updates *version.
   absl::StatusOr<JobStatus> WaitJob(const std::string& job_id, uint64_t* version,
@@ -151,6 +184,9 @@ class Coordinator {
   // token workers only).
   absl::StatusOr<RegisterResponse> Register(const RegisterRequest& request, const Caller& caller = Caller());
   absl::StatusOr<HeartbeatResponse> Heartbeat(const HeartbeatRequest& request);
+  // A call that would wait counts against max_waiting_calls; refused a
+  // place, it still returns an assignment that is ready, else
+  // RESOURCE_EXHAUSTED (as KvGet).
   absl::StatusOr<Assignment> GetAssignment(const std::string& member_id, absl::Time deadline);
   absl::StatusOr<ReportProgressResponse> ReportProgress(const ReportProgressRequest& request);
   // The job's rendezvous store, for the members assigned to the job
@@ -215,6 +251,16 @@ class Coordinator {
   absl::Duration lease() const { return options_.heartbeat_interval * options_.missed_heartbeats; }
   absl::Time Now() const { return clock_->Now(); }
   Job* FindJob(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The jobs not ended, in id (submission) order: a snapshot, so that the
+  // caller may end some of them as it goes.
+  std::vector<Job*> ActiveJobs() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Deletes the ended jobs past the retention (from the store: by the
+  // persister).
+  void PruneEndedJobs() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Background work whose thread could not be created: tried again.
+  void StartDeferred() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<Assignment> WaitAssignment(const std::string& member_id, absl::Time deadline)
+      ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status MayResume(const std::string& checkpoint_job, const Caller& caller) ABSL_LOCKS_EXCLUDED(mu_);
   // OK when `member_id` is registered and assigned to `job_id`.
   absl::Status CheckJobMember(const std::string& member_id, const std::string& job_id) ABSL_LOCKS_EXCLUDED(mu_);
@@ -314,10 +360,17 @@ class Coordinator {
   std::unique_ptr<JobStore> store_;
   Rendezvous rendezvous_;
   JobTelemetry telemetry_;  // thread-safe; only enqueues
+  WaitLimits waits_;        // thread-safe
 
   absl::Mutex mu_;
   absl::CondVar cv_;  // any change: assignment, job status
   std::map<std::string, Job> jobs_ ABSL_GUARDED_BY(mu_);
+  // The ids of the jobs not ended; the ended ones by when they ended (then
+  // submission order), oldest first.
+  std::set<std::string> active_ ABSL_GUARDED_BY(mu_);
+  std::set<std::tuple<absl::Time, int64_t, std::string>> ended_ ABSL_GUARDED_BY(mu_);
+  // Submissions between the quota check and the insert, by user.
+  std::map<std::string, size_t> submitting_ ABSL_GUARDED_BY(mu_);
   Membership members_ ABSL_GUARDED_BY(mu_);
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
   // This coordinator's life over its store (JobStore::NextIncarnation):
@@ -332,8 +385,16 @@ class Coordinator {
     std::shared_ptr<std::atomic<bool>> finished;
   };
   std::vector<BackgroundThread> background_ ABSL_GUARDED_BY(mu_);
+  // Work whose thread could not be created (the process is out of
+  // threads): started again on the next tick rather than lost, and never
+  // an exception out of Background() -- it runs under mu_ on the tick
+  // thread and request threads.
+  std::vector<std::function<void()>> deferred_ ABSL_GUARDED_BY(mu_);
   // Statuses changed since they were last written (the newest of each job).
   std::map<std::string, JobStatus> dirty_ ABSL_GUARDED_BY(mu_);
+  // Pruned jobs the persister deletes from the store (after any write of
+  // theirs it has in flight).
+  std::vector<std::string> doomed_ ABSL_GUARDED_BY(mu_);
   absl::CondVar persist_cv_;
   bool persist_stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread persister_;

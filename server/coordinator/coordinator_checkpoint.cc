@@ -54,7 +54,9 @@ void Coordinator::EndCheckpoint(Job& job, const std::string& reason, const std::
 }
 
 void Coordinator::StartPeriodicCheckpoints() {
-  for (auto& [id, job] : jobs_) {
+  for (Job* active : ActiveJobs()) {
+    Job& job = *active;
+    const std::string& id = job.stored.id;
     if (!PeriodicCheckpointDue(job.stored.status, job.spec, job.checkpoint)) continue;
     job.checkpoint.claimed = true;  // RunCheckpoint() takes it from here
     Background([this, id = id, attempt = job.stored.status.attempt()] {
@@ -78,6 +80,11 @@ absl::StatusOr<CheckpointWrite> Coordinator::PauseForCheckpoint(const std::strin
   auto abandoned = [&] {
     return absl::AbortedError(absl::StrCat("job ", job_id, " was restarted during the checkpoint"));
   };
+  // An ended job past the retention is deleted (PruneEndedJobs): after a
+  // wait, it is looked up again before `job` is used.
+  auto deleted = [&] {
+    return absl::AbortedError(absl::StrCat("job ", job_id, " ended (and was deleted) during the checkpoint"));
+  };
   if (moved_on()) return abandoned();
   if (job->stored.status.state() != RUNNING) {
     c.claimed = false;
@@ -90,6 +97,7 @@ absl::StatusOr<CheckpointWrite> Coordinator::PauseForCheckpoint(const std::strin
   while (starting() && job->stored.status.state() == RUNNING && absl::Now() < start_deadline && !shutdown_ &&
          !moved_on()) {
     cv_.WaitWithDeadline(&mu_, std::min(start_deadline, absl::Now() + absl::Seconds(1)));
+    if (FindJob(job_id) == nullptr) return deleted();  // `job` is gone with it
   }
   if (moved_on()) return abandoned();
   if (starting() || job->stored.status.state() != RUNNING) {
@@ -119,6 +127,7 @@ absl::StatusOr<CheckpointWrite> Coordinator::PauseForCheckpoint(const std::strin
       return absl::DeadlineExceededError(absl::StrCat("job ", job_id, ": the workers did not pause in time"));
     }
     cv_.WaitWithDeadline(&mu_, std::min(deadline, absl::Now() + absl::Seconds(1)));
+    if (FindJob(job_id) == nullptr) return deleted();
   }
   const bool allreduce = job->spec.allreduce();
   if (allreduce && c.paused.count(0) == 0) {

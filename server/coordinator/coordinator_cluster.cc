@@ -110,6 +110,16 @@ absl::StatusOr<HeartbeatResponse> Coordinator::Heartbeat(const HeartbeatRequest&
 }
 
 absl::StatusOr<Assignment> Coordinator::GetAssignment(const std::string& member_id, absl::Time deadline) {
+  if (deadline <= absl::Now()) return WaitAssignment(member_id, deadline);
+  auto slot = waits_.AcquireWait("GetAssignment wait");
+  if (slot.ok()) return WaitAssignment(member_id, deadline);
+  // No place to wait in: an assignment that is ready is still handed out.
+  auto ready = WaitAssignment(member_id, absl::InfinitePast());
+  if (!ready.ok() || !ready->job_id().empty()) return ready;
+  return slot.status();
+}
+
+absl::StatusOr<Assignment> Coordinator::WaitAssignment(const std::string& member_id, absl::Time deadline) {
   absl::MutexLock lock(&mu_);
   while (true) {
     Member* member = members_.Find(member_id);
@@ -317,7 +327,13 @@ absl::Status Coordinator::KvSet(const std::string& member_id, const std::string&
 absl::StatusOr<std::string> Coordinator::KvGet(const std::string& member_id, const std::string& job_id,
                                                uint64_t attempt, const std::string& key, absl::Time deadline) {
   if (absl::Status s = CheckJobMember(member_id, job_id); !s.ok()) return s;
-  return rendezvous_.Get(job_id, attempt, key, deadline);
+  if (deadline <= absl::Now()) return rendezvous_.Get(job_id, attempt, key, deadline);
+  auto slot = waits_.AcquireWait("KvGet wait");
+  if (slot.ok()) return rendezvous_.Get(job_id, attempt, key, deadline);
+  // No place to wait in: a key that is there is still returned.
+  auto present = rendezvous_.Get(job_id, attempt, key, absl::InfinitePast());
+  if (present.status().code() != absl::StatusCode::kNotFound) return present;
+  return slot.status();
 }
 
 absl::StatusOr<int64_t> Coordinator::KvAdd(const std::string& member_id, const std::string& job_id,

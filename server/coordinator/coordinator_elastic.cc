@@ -175,7 +175,8 @@ bool Coordinator::VacateRank(Job& job, const MemberStatus& lost, const std::stri
 }
 
 void Coordinator::FillVacancies() {
-  for (auto& [id, job] : jobs_) {
+  for (Job* active : ActiveJobs()) {
+    Job& job = *active;
     JobStatus& st = job.stored.status;
     if (st.state() != RUNNING || st.vacant_ranks_size() == 0 || job.checkpoint.restoring ||
         st.rank_generations_size() != job.spec.workers) {
@@ -216,7 +217,8 @@ void Coordinator::HandOver(Job& job, int rank, Member& worker) {
 
 void Coordinator::ExpireAwaitedRanks() {
   const absl::Time now = Now();
-  for (auto& [id, job] : jobs_) {
+  for (Job* active : ActiveJobs()) {
+    Job& job = *active;
     const JobState state = job.stored.status.state();
     if (state != RUNNING && state != CHECKPOINTING) continue;
     for (const auto& [rank, deadline] : job.awaited) {

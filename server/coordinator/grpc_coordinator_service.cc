@@ -132,8 +132,12 @@ grpc::Status GrpcJobService::ListJobs(grpc::ServerContext* ctx, const ListJobsRe
 
 grpc::Status GrpcJobService::WatchJob(grpc::ServerContext* ctx, const WatchJobRequest& req,
                                       const std::function<bool(const JobStatus&)>& write) {
-  grpc::Status allowed = Authorize(*ctx, req.job_id());
+  const Caller caller = CallerOf(*ctx, tokens_.get());
+  grpc::Status allowed = ToGrpcStatus(coordinator_->Authorize(req.job_id(), caller));
   if (!allowed.ok()) return allowed;
+  // This call holds a server thread for as long as it streams: counted.
+  auto watch = coordinator_->OpenWatch(caller);
+  if (!watch.ok()) return ToGrpcStatus(watch.status());
   uint64_t version = 0;
   while (!ctx->IsCancelled()) {
     // Wake up at least every second to notice a client that went away.

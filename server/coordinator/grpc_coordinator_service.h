@@ -3,7 +3,9 @@
 // Requests are parsed by ParsingService, so bytes that are not the method's
 // message get INVALID_ARGUMENT with a message, not gRPC's empty INTERNAL.
 // Waiting calls (WatchJob, GetAssignment, KvGet) wait at most until the
-// call's deadline, in steps, and stop early when the client goes away.
+// call's deadline, in steps, and stop early when the client goes away; how
+// many may wait at once is bounded (Coordinator::OpenWatch and
+// wait_limits.h), so that they never take the server's last threads.
 #ifndef PSTRAIN_SERVER_COORDINATOR_GRPC_COORDINATOR_SERVICE_H_
 #define PSTRAIN_SERVER_COORDINATOR_GRPC_COORDINATOR_SERVICE_H_
 

@@ -167,6 +167,23 @@ absl::Status JobStore::Update(const JobStatus& status) {
   return absl::OkStatus();
 }
 
+absl::Status JobStore::Delete(const std::vector<std::string>& ids) {
+  if (ids.empty()) return absl::OkStatus();
+  std::lock_guard<std::mutex> lock(mu_);
+  absl::Status s = Exec("BEGIN IMMEDIATE");
+  if (!s.ok()) return s;
+  for (const std::string& id : ids) {
+    Statement st(db_, "DELETE FROM jobs WHERE id = ?");
+    st.BindText(1, id);
+    if (!st.ok() || sqlite3_step(st.get()) != SQLITE_DONE) {
+      absl::Status e = SqlError(db_, "delete");
+      Exec("ROLLBACK");
+      return e;
+    }
+  }
+  return Exec("COMMIT");
+}
+
 absl::StatusOr<int64_t> JobStore::NextIncarnation() {
   std::lock_guard<std::mutex> lock(mu_);
   absl::Status s = Exec("BEGIN IMMEDIATE");

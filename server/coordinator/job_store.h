@@ -39,6 +39,9 @@ class JobStore {
                                    JobStatus status);
   absl::Status Update(const JobStatus& status);
   absl::StatusOr<StoredJob> Get(const std::string& id);
+  // Removes the jobs (ended ones past the coordinator's retention) in one
+  // transaction; ids not in the store are skipped.
+  absl::Status Delete(const std::vector<std::string>& ids);
   // Every job, in submission order.
   absl::StatusOr<std::vector<StoredJob>> List();
   // Counts the lives of the coordinator over this store: 1 the first time,

@@ -68,5 +68,24 @@ TEST(JobStoreTest, IncarnationsAreNeverDrawnTwice) {
   }
 }
 
+// Ended jobs past the retention go for good; ids are still never reused.
+TEST(JobStoreTest, DeletedJobsAreGoneAndTheirIdsNotReused) {
+  const std::string path = ::testing::TempDir() + "/deleted.db";
+  std::filesystem::remove(path);
+  {
+    auto store = JobStore::Open(path);
+    ASSERT_TRUE(store.ok());
+    for (int i = 0; i < 3; ++i) ASSERT_TRUE((*store)->Create("x", "", JobStatus()).ok());
+    ASSERT_TRUE((*store)->Delete({"job-000001", "job-000003", "job-000042"}).ok());
+    EXPECT_EQ((*store)->Get("job-000001").status().code(), absl::StatusCode::kNotFound);
+  }
+  auto store = JobStore::Open(path);
+  auto all = (*store)->List();
+  ASSERT_TRUE(all.ok());
+  ASSERT_EQ(all->size(), 1u);
+  EXPECT_EQ((*all)[0].id, "job-000002");
+  EXPECT_EQ((*store)->Create("x", "", JobStatus())->id, "job-000004");
+}
+
 }  // namespace
 }  // namespace pstrain

@@ -61,6 +61,25 @@ ABSL_FLAG(int, max_members_per_principal, 1024,
           "Most shards and workers one principal (a token's role and user) may register at a time.");
 ABSL_FLAG(bool, tensorboard, true,
           "Write TensorBoard event files for every job attempt under <output_dir>/<job>/tensorboard/.");
+// Quotas and bounds (issue 31): what one user, or the cluster, can make the
+// coordinator hold. 0 turns a bound off.
+ABSL_FLAG(int, max_queued_jobs_per_user, 100,
+          "A user's pending jobs at most; a submission past it is refused (RESOURCE_EXHAUSTED). Admins count like "
+          "anyone; without --token_auth_file every caller is one user.");
+ABSL_FLAG(int, max_running_jobs_per_user, 32,
+          "A user's scheduled jobs at most; their further jobs wait (passed over, not blocking other users').");
+ABSL_FLAG(int, max_watches_per_user, 16, "A user's open WatchJob streams (pstrain watch/run) at most.");
+ABSL_FLAG(int, max_waiting_calls, 512,
+          "Calls that wait (WatchJob, KvGet and GetAssignment waits), every caller together, at most; must be "
+          "below --grpc_max_threads. Size it above shards + workers + watchers.");
+ABSL_FLAG(int, grpc_max_threads, 640,
+          "Threads serving gRPC calls at most (one per call in progress); past it a call is refused, and the "
+          "process never runs out of threads.");
+ABSL_FLAG(int, job_retention, 1000,
+          "Ended jobs kept (the last to end) in memory and --db; older ones are deleted (pstrain list/status no "
+          "longer know them). 0 keeps none.");
+ABSL_FLAG(absl::Duration, job_retention_age, absl::Hours(24 * 30),
+          "Ended jobs are deleted this long after they ended (e.g. 720h); 0: no age limit.");
 
 namespace {
 
@@ -96,6 +115,23 @@ int main(int argc, char** argv) {
   if (port < 0 || port > 65535 || absl::GetFlag(FLAGS_heartbeat_ms) < 10 ||
       absl::GetFlag(FLAGS_missed_heartbeats) < 1) {
     spdlog::error("pstrain-coordinator: need 0 <= --port <= 65535, --heartbeat_ms >= 10, --missed_heartbeats >= 1");
+    return 2;
+  }
+  for (const auto* flag : {&FLAGS_max_queued_jobs_per_user, &FLAGS_max_running_jobs_per_user,
+                           &FLAGS_max_watches_per_user, &FLAGS_max_waiting_calls, &FLAGS_grpc_max_threads,
+                           &FLAGS_job_retention}) {
+    if (absl::GetFlag(*flag) < 0) {
+      spdlog::error("pstrain-coordinator: --{} must not be negative", std::string(absl::GetFlagReflectionHandle(*flag).Name()));
+      return 2;
+    }
+  }
+  // Waiting calls each hold a server thread: the others need some left.
+  const int max_threads = absl::GetFlag(FLAGS_grpc_max_threads);
+  const int max_waiting = absl::GetFlag(FLAGS_max_waiting_calls);
+  if (max_threads > 0 && (max_waiting == 0 || max_waiting + 16 > max_threads)) {
+    spdlog::error("pstrain-coordinator: --max_waiting_calls ({}) must be set and at least 16 below --grpc_max_threads "
+                  "({}), or waiting calls can take every thread",
+                  max_waiting, max_threads);
     return 2;
   }
   sigset_t stop;
@@ -136,6 +172,12 @@ int main(int argc, char** argv) {
     }
     options.table_grant_signer = std::move(*signer);
   }
+  options.max_queued_jobs_per_user = absl::GetFlag(FLAGS_max_queued_jobs_per_user);
+  options.max_running_jobs_per_user = absl::GetFlag(FLAGS_max_running_jobs_per_user);
+  options.max_watches_per_user = absl::GetFlag(FLAGS_max_watches_per_user);
+  options.max_waiting_calls = max_waiting;
+  options.job_retention = absl::GetFlag(FLAGS_job_retention);
+  options.job_retention_age = absl::GetFlag(FLAGS_job_retention_age);
   auto coordinator = pstrain::Coordinator::Create(options, std::move(*store));
   if (!coordinator.ok()) {
     spdlog::error("pstrain-coordinator: {}", coordinator.status().ToString());
@@ -166,6 +208,7 @@ int main(int argc, char** argv) {
   server_options.address = absl::StrCat(absl::GetFlag(FLAGS_host), ":", port);
   server_options.max_message_bytes = 64 << 20;
   server_options.port_file = absl::GetFlag(FLAGS_port_file);
+  server_options.max_threads = max_threads;
   auto server = pstrain::GrpcServer::Create(server_options, {&jobs, &cluster});
   if (!server.ok()) {
     spdlog::error("pstrain-coordinator: {}", server.status().ToString());

@@ -7,6 +7,11 @@
 // jobs can never hold each other's members); nothing overtakes it. Members
 // are taken in the order of their `order` key (drawn at random when they
 // registered: no member can choose to be first in line).
+//
+// One exception to FIFO: a job whose owner already runs
+// `max_running_per_owner` jobs is passed over (it stays pending, saying
+// why) and does not hold up the jobs behind it, so one user at the limit
+// cannot stall the others.
 #ifndef PSTRAIN_SERVER_COORDINATOR_SCHEDULER_H_
 #define PSTRAIN_SERVER_COORDINATOR_SCHEDULER_H_
 
@@ -26,6 +31,15 @@ struct SchedulerJob {
   // Workers of the job's previous attempt that have not stopped yet: the
   // shards must not reload under them.
   int stopping_workers = 0;
+  // The submitting user ("" without authentication).
+  std::string owner;
+};
+
+struct ScheduleLimits {
+  // 0: no bound.
+  int max_running_per_owner = 0;
+  // Jobs running now (not pending, not ended), by owner.
+  std::map<std::string, int> running_by_owner;
 };
 
 // A member that is alive, holds no job and is not leaving.
@@ -48,7 +62,8 @@ struct SchedulePlan {
   std::map<std::string, std::string> pending_reasons;
 };
 
-SchedulePlan PlanSchedule(const std::vector<SchedulerJob>& fifo, std::vector<FreeMember> free);
+SchedulePlan PlanSchedule(const std::vector<SchedulerJob>& fifo, std::vector<FreeMember> free,
+                          const ScheduleLimits& limits = {});
 
 }  // namespace pstrain
 

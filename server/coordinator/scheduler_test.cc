@@ -81,5 +81,27 @@ TEST(SchedulerTest, NegativeCountsAreHeldNotPlaced) {
   EXPECT_EQ(plan.pending_reasons.count("bad"), 1u);
 }
 
+// A user at --max_running_jobs_per_user is passed over: their next job
+// waits, saying why, and other users' jobs behind it start.
+TEST(SchedulerTest, AnOwnerAtTheRunningLimitIsPassedOver) {
+  ScheduleLimits limits;
+  limits.max_running_per_owner = 2;
+  limits.running_by_owner = {{"alice", 1}};
+  std::vector<SchedulerJob> fifo = {{"a1", 0, 1, 0, "alice"}, {"a2", 0, 1, 0, "alice"}, {"b1", 0, 1, 0, "bob"},
+                                    {"big", 0, 9, 0, "bob"}, {"a3", 0, 1, 0, "alice"}, {"b2", 0, 1, 0, "bob"}};
+  const SchedulePlan plan = PlanSchedule(fifo, Members(0, 4), limits);
+  std::vector<std::string> placed;
+  for (const Placement& p : plan.placements) placed.push_back(p.job_id);
+  EXPECT_EQ(placed, (std::vector<std::string>{"a1", "b1"}));
+  const std::string held = "Held: its owner runs 2 jobs, the limit per user (--max_running_jobs_per_user)";
+  EXPECT_EQ(plan.pending_reasons.at("a2"), held);
+  EXPECT_EQ(plan.pending_reasons.at("a3"), held);  // behind the head, but held for its own reason
+  EXPECT_EQ(plan.pending_reasons.at("b2"), "Queued behind big");
+  // No limit: plain FIFO.
+  const SchedulePlan fifo_plan = PlanSchedule(fifo, Members(0, 4));
+  ASSERT_EQ(fifo_plan.placements.size(), 3u);
+  EXPECT_EQ(fifo_plan.placements[1].job_id, "a2");
+}
+
 }  // namespace
 }  // namespace pstrain

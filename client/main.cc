@@ -148,6 +148,8 @@ absl::StatusOr<std::string> ReadSpec(const std::string& path, pstrain::JobSpec* 
   if (!text.ok()) return absl::InvalidArgumentError(absl::StrCat("cannot read job spec ", path));
   auto parsed = pstrain::ParseJobSpec(*text, path);
   if (!parsed.ok()) return parsed.status();
+  absl::Status names = pstrain::CheckDataFileNames(*parsed, path);
+  if (!names.ok()) return names;
   *spec = *parsed;
   return *text;
 }

@@ -29,6 +29,22 @@
 
 namespace pstrain {
 
+// A data root for tests' torchscript:worker/testdata/<file>.pt models: a
+// temporary directory with copies of them (Bazel's runfiles are symbolic
+// links out of the tree, which a data root refuses to follow).
+inline DataRoot TestModelsRoot() {
+  namespace fs = std::filesystem;
+  const fs::path root = fs::path(::testing::TempDir()) / "models_root";
+  std::error_code ec;
+  fs::create_directories(root / "worker/testdata", ec);
+  for (const char* name : {"small_net.pt", "small_net_f64.pt"}) {
+    const fs::path from = fs::path("worker/testdata") / name;
+    if (fs::exists(from) && !fs::exists(root / from)) fs::copy_file(from, root / from, ec);
+  }
+  return DataRoot{root.string()};
+}
+
+
 inline JobSpec SyntheticSpec(const std::string& name, const std::string& model) {
   JobSpec spec;
   spec.name = name;
@@ -164,21 +180,6 @@ inline std::string FashionMnistDir() {
   const char* env = std::getenv("PSTRAIN_FASHION_MNIST");
   const std::string dir = env != nullptr ? env : "/usr/share/datasets/fashion-mnist";
   return std::filesystem::exists(dir + "/train-images-idx3-ubyte.gz") ? dir : "";
-}
-
-// A data root for tests' torchscript:worker/testdata/<file>.pt models: a
-// temporary directory with copies of them (Bazel's runfiles are symbolic
-// links out of the tree, which a data root refuses to follow).
-inline DataRoot TestModelsRoot() {
-  namespace fs = std::filesystem;
-  const fs::path root = fs::path(::testing::TempDir()) / "models_root";
-  std::error_code ec;
-  fs::create_directories(root / "worker/testdata", ec);
-  for (const char* name : {"small_net.pt", "small_net_f64.pt"}) {
-    const fs::path from = fs::path("worker/testdata") / name;
-    if (fs::exists(from) && !fs::exists(root / from)) fs::copy_file(from, root / from, ec);
-  }
-  return DataRoot{root.string()};
 }
 
 // Points `spec` at the idx files in `dir` as a worker reads them: data.dir

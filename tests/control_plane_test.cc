@@ -195,7 +195,7 @@ class DataRootTest : public ControlPlaneTest {
 TEST_F(DataRootTest, FilesOutsideTheRootAreRefusedAndUnreadableOnesFailTheJobNotTheWorker) {
   // `train_images: zero` in /dev read to the end of /dev/zero and took the
   // pool worker down, again on every requeue: now refused at submission.
-  CliResult outside = Cli({"submit", IdxSpec("dev", "dir: /dev, train_images: zero")});
+  CliResult outside = Cli({"submit", IdxSpec("dev", "dir: /dev, train_images: zero"), "--output_dir", dir_ + "/out"});
   EXPECT_EQ(outside.code, 2) << outside.out;
   EXPECT_NE(outside.out.find("--data_root"), std::string::npos) << outside.out;
   // Names that pass (they could lie under a root) but lead to no regular file.

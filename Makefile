@@ -52,7 +52,7 @@ test-deploy: build
 # Fashion-MNIST, with live progress and the final test accuracy.
 demo: setup
 	$(BAZEL) build //client:pstrain
-	bazel-bin/client/pstrain local examples/fashion_mnist.yaml
+	bazel-bin/client/pstrain local examples/fashion_mnist.yaml --data_root /usr/share/datasets
 
 # Every benchmark, each against its peer in the same run (bench/README.md).
 bench: build

@@ -33,6 +33,8 @@ cd "$(dirname "$0")/.."
 
 PY=${PSTRAIN_PY:-/usr/bin/python3}   # Debian's, with python3-torch
 BIN=${PSTRAIN_BIN:-bazel-bin}         # where the binaries are, laid out as Bazel's
+# The workers' --data_root: the specs' data.dir (fashion-mnist) lies under it.
+DATA_ROOT=${PSTRAIN_DATA_ROOT:-/usr/share/datasets}
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/pstrain-bench.XXXXXX")
 PIDS=()
 cleanup() {
@@ -198,7 +200,7 @@ PYEOF
 # One `pstrain local` run -> "samples_per_s accuracy seconds".
 pstrain_once() {  # pstrain_once SPEC
   local out=$WORK/train.$RANDOM
-  bazel-bin/client/pstrain local "$1" --output_dir "$out" >"$out.log" 2>&1 || { cat "$out.log" >&2; exit 1; }
+  bazel-bin/client/pstrain local "$1" --output_dir "$out" --data_root "$DATA_ROOT" >"$out.log" 2>&1 || { cat "$out.log" >&2; exit 1; }
   sed -n 's/^done: \([0-9.]*\) s, \([0-9.]*\) samples\/s, final test accuracy \([0-9.]*\).*/\2 \3 \1/p' "$out.log"
 }
 
@@ -415,7 +417,8 @@ commhosts() {
     NS_PIDS+=($!)
   done
   for w in 0 1; do
-    inns "w$w" "$bin/worker/pstrain-worker" --coordinator="$coord" --name="worker-$w" >"$WORK/w$w.log" 2>&1 &
+    inns "w$w" "$bin/worker/pstrain-worker" --coordinator="$coord" --name="worker-$w" --data_root="$DATA_ROOT" \
+      >"$WORK/w$w.log" 2>&1 &
     NS_PIDS+=($!)
   done
   local cli=("$bin/client/pstrain" --coordinator "$coord")
@@ -594,7 +597,7 @@ gpu_ours_once() {  # gpu_ours_once ps|allreduce MODEL -> "samples/s step_ms wait
   [ "$mode" = allreduce ] && { workers=1; shards=0; }
   cat >"$run/job.yaml" <<YAML
 name: gpu-$mode
-model: torchscript:$model
+model: torchscript:$(basename "$model")
 data: {format: synthetic, synthetic_train: 16384, synthetic_test: 256}
 optimizer: {kind: sgd, lr: 0.05, momentum: 0.9}
 mode: $mode
@@ -627,6 +630,7 @@ YAML
   for w in $(seq 0 $((workers - 1))); do
     RANK=$w WORLD_SIZE=$workers LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
       $BIN/worker/pstrain-worker --spec="$run/job.yaml" --rank=$w --world_size=$workers --shards="$targets" \
+        --data_root="$(dirname "$model")" \
       >"$run/w$w.jsonl" 2>"$run/w$w.log" &
     wpids+=($!)
   done

@@ -166,10 +166,10 @@ absl::StatusOr<JobStatus> LocalCluster::Run(const std::function<void(const JobSt
   }
   for (int r = 0; r < spec.workers; ++r) {
     // All on this machine: gloo peers meet on the loopback interface.
-    s = Spawn(absl::StrCat("worker-", r),
-              with_security({options_.worker_binary, "--coordinator=" + coordinator_,
-                             absl::StrCat("--name=worker-", r), "--gloo_hostname=127.0.0.1"},
-                            "worker"));
+    std::vector<std::string> worker_argv = {options_.worker_binary, "--coordinator=" + coordinator_,
+                                            absl::StrCat("--name=worker-", r), "--gloo_hostname=127.0.0.1"};
+    if (!options_.data_root.empty()) worker_argv.push_back("--data_root=" + options_.data_root);
+    s = Spawn(absl::StrCat("worker-", r), with_security(std::move(worker_argv), "worker"));
     if (!s.ok()) return s;
   }
 

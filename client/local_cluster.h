@@ -34,6 +34,10 @@ struct LocalClusterOptions {
   std::string ps_binary;
   std::string worker_binary;
   std::string output_dir;
+  // The workers' --data_root (the directory a spec's data files and
+  // TorchScript models are named relative to); empty: the workers' default,
+  // data/ in the working directory.
+  std::string data_root;
   // TLS and tokens between every process (`pstrain local --secure`): a CA,
   // certificates and tokens made for this run in <output_dir>/credentials.
   bool secure = false;

@@ -1,6 +1,6 @@
 // pstrain: the command-line client.
 //
-//   pstrain local JOB.yaml [--output_dir DIR]   a whole cluster on this machine
+//   pstrain local JOB.yaml [--output_dir DIR] [--data_root DIR]   a whole cluster on this machine
 //   pstrain submit JOB.yaml [--output_dir DIR]  prints the job id
 //   pstrain status JOB | list | watch JOB | cancel JOB | scale JOB --workers N | cluster
 //
@@ -139,6 +139,7 @@ struct Args {
   int workers = 0;
   bool secure = false;
   int http_port = 0;
+  std::string data_root;
 };
 
 
@@ -148,6 +149,8 @@ absl::StatusOr<std::string> ReadSpec(const std::string& path, pstrain::JobSpec* 
   if (!text.ok()) return absl::InvalidArgumentError(absl::StrCat("cannot read job spec ", path));
   auto parsed = pstrain::ParseJobSpec(*text, path);
   if (!parsed.ok()) return parsed.status();
+  absl::Status names = pstrain::CheckDataFileNames(*parsed, path);
+  if (!names.ok()) return names;
   *spec = *parsed;
   return *text;
 }
@@ -163,6 +166,7 @@ int RunLocal(const Args& a) {
   o.spec_yaml = *yaml;
   o.spec = spec;
   o.output_dir = std::filesystem::absolute(a.output_dir.empty() ? spec.output_dir : a.output_dir).string();
+  if (!a.data_root.empty()) o.data_root = std::filesystem::absolute(a.data_root).string();
   o.secure = a.secure;
   o.http_port = a.http_port;
   o.on_dashboard = [](const std::string& url) {
@@ -369,6 +373,9 @@ int Main(int argc, char** argv) {
   local->add_option("--output_dir", a.output_dir, "overrides the spec's output_dir");
   local->add_flag("--secure", a.secure, "TLS and tokens between every process (credentials made for the run)");
   local->add_option("--http_port", a.http_port, "the dashboard's port on 127.0.0.1 (0 picks one, -1 off)");
+  local->add_option("--data_root", a.data_root,
+                    "the workers' --data_root: the spec's data files and torchscript: models are named relative "
+                    "to it (default: data/ in the working directory; make demo uses /usr/share/datasets)");
   CLI::App* submit = with_client(app.add_subcommand("submit", "submit a job; prints its id"), RunSubmit);
   submit->add_option("spec", a.spec_path, "job spec (YAML)")->required();
   submit->add_option("--output_dir", a.output_dir, "overrides the spec's output_dir");

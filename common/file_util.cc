@@ -166,7 +166,7 @@ absl::StatusOr<std::string> CanonicalRoot(const std::string& dir) {
   return canonical.string();
 }
 
-absl::StatusOr<std::string> ResolveUnderRoot(const std::string& root, absl::string_view name) {
+absl::Status CheckRelativeName(absl::string_view name, absl::string_view root_name) {
   constexpr size_t kMaxName = 1024;
   if (name.empty()) return absl::InvalidArgumentError("the file name is empty");
   if (name.size() > kMaxName) {
@@ -180,14 +180,22 @@ absl::StatusOr<std::string> ResolveUnderRoot(const std::string& root, absl::stri
   }
   if (name.front() == '/') {
     return absl::InvalidArgumentError(absl::StrCat("the file name ", Quote(name),
-                                                   " is absolute: give it relative to the checkpoint root"));
+                                                   " is absolute: give it relative to ", root_name));
   }
   for (absl::string_view part : absl::StrSplit(name, '/')) {
     if (part == ".." || part == ".") {
-      return absl::InvalidArgumentError(absl::StrCat("the file name ", Quote(name),
-                                                     " has a '", part, "' component"));
+      return absl::InvalidArgumentError(absl::StrCat("the file name ", Quote(name), " has a '", part,
+                                                     "' component: give it relative to ", root_name,
+                                                     ", inside it"));
     }
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> ResolveUnderRoot(const std::string& root, absl::string_view name,
+                                             absl::string_view root_name) {
+  absl::Status checked = CheckRelativeName(name, root_name);
+  if (!checked.ok()) return checked;
   const std::string full = root == "/" ? absl::StrCat("/", name) : absl::StrCat(root, "/", name);
   // The longest existing prefix must resolve inside root: a symbolic link
   // planted in the tree cannot lead out of it.
@@ -199,7 +207,7 @@ absl::StatusOr<std::string> ResolveUnderRoot(const std::string& root, absl::stri
   const std::string r = resolved.string();
   if (root != "/" && r != root && r.rfind(root + "/", 0) != 0) {
     return absl::PermissionDeniedError(absl::StrCat("the file name ", Quote(name),
-                                                    " leads outside the checkpoint root"));
+                                                    " leads (through a symbolic link) outside ", root_name));
   }
   return full;
 }

@@ -34,13 +34,20 @@ absl::StatusOr<std::string> ReadRegularFile(const std::string& path, uint64_t ma
 // fsyncs a directory, so a rename inside it is durable.
 void SyncDirectory(const std::string& dir);
 
+// `name`, a path relative to some root that a client sent, checked by its
+// letters alone: refused (INVALID_ARGUMENT) when it is empty, holds a NUL or
+// a control character, is absolute, has a ".." or "." component, or is
+// longer than 1024 bytes. `root_name` says in the message what it must be
+// relative to ("the checkpoint root", "the worker's --data_root").
+absl::Status CheckRelativeName(absl::string_view name, absl::string_view root_name = "the checkpoint root");
+
 // `name`, a path relative to `root` that a client sent, resolved to an
-// absolute path inside root: refused (INVALID_ARGUMENT, PERMISSION_DENIED
-// for an escape) when it is empty, holds a NUL or a control character, is
-// absolute, has a ".." or "." component, is longer than 1024 bytes, or when
-// its existing part resolves (through symbolic links) outside root. `root`
-// must be absolute and normalized (see CanonicalRoot).
-absl::StatusOr<std::string> ResolveUnderRoot(const std::string& root, absl::string_view name);
+// absolute path inside root: refused as CheckRelativeName does, and
+// (PERMISSION_DENIED) when its existing part resolves (through symbolic
+// links) outside root. The last component is not resolved: open it with
+// O_NOFOLLOW. `root` must be absolute and normalized (see CanonicalRoot).
+absl::StatusOr<std::string> ResolveUnderRoot(const std::string& root, absl::string_view name,
+                                             absl::string_view root_name = "the checkpoint root");
 // The absolute, symlink-free form of a root directory, created if missing.
 absl::StatusOr<std::string> CanonicalRoot(const std::string& dir);
 

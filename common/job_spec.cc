@@ -377,6 +377,28 @@ absl::StatusOr<std::string> WithDefaultField(const std::string& yaml, const std:
   }
 }
 
+absl::Status CheckDataFileNames(const JobSpec& spec, const std::string& origin) {
+  auto relative = [&origin](const char* field, const std::string& name) {
+    absl::Status s = CheckRelativeName(name, "the worker's --data_root (the directory that holds the jobs' data)");
+    if (s.ok()) return s;
+    return absl::InvalidArgumentError(absl::StrCat(origin, ": ", field, " (", s.message(), ")"));
+  };
+  if (spec.model.rfind("torchscript:", 0) == 0) RETURN_IF_ERROR(relative("model", spec.model.substr(12)));
+  const DataSpec& d = spec.data;
+  if (d.format == "csv") {
+    RETURN_IF_ERROR(relative("data.train_csv", d.train_csv));
+    RETURN_IF_ERROR(relative("data.test_csv", d.test_csv));
+  }
+  if (d.format == "idx") {
+    if (d.dir != ".") RETURN_IF_ERROR(relative("data.dir", d.dir));
+    RETURN_IF_ERROR(relative("data.train_images", d.train_images));
+    RETURN_IF_ERROR(relative("data.train_labels", d.train_labels));
+    RETURN_IF_ERROR(relative("data.test_images", d.test_images));
+    RETURN_IF_ERROR(relative("data.test_labels", d.test_labels));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<JobSpec> LoadJobSpec(const std::string& path) {
   absl::StatusOr<std::string> text = ReadFile(path);
   if (!text.ok()) return absl::NotFoundError(absl::StrCat("cannot read job spec ", path));

@@ -15,8 +15,12 @@ namespace pstrain {
 
 struct DataSpec {
   std::string format = "idx";  // idx | csv | synthetic
-  // idx: a directory with the four MNIST-format files (gzip or raw).
-  std::string dir = "/usr/share/datasets/fashion-mnist";
+  // Every file below is named relative to the worker's --data_root (no
+  // absolute names, no "." or ".." components): a job reads only what the
+  // worker's operator put there.
+  // idx: a directory under the data root ("." for the root itself) with the
+  // four MNIST-format files (gzip or raw), named relative to it.
+  std::string dir = "fashion-mnist";
   std::string train_images = "train-images-idx3-ubyte.gz";
   std::string train_labels = "train-labels-idx1-ubyte.gz";
   std::string test_images = "t10k-images-idx3-ubyte.gz";
@@ -82,7 +86,8 @@ struct JobSpec {
   WireDtype wire_dtype = WireDtype::kFp32;
   bool wire_error_feedback = false;
   bool allreduce() const { return mode == TrainMode::kAllReduce; }
-  std::string model = "lenet";  // mlp | lenet | torchscript:<path>
+  // mlp | lenet | torchscript:<path>, <path> relative to the worker's --data_root.
+  std::string model = "lenet";
   DataSpec data;
   OptimizerConfig optimizer;    // kind SGD, lr 0.05 unless set
   LrScheduleSpec lr_schedule;
@@ -129,6 +134,15 @@ struct JobSpec {
 // Parses YAML text. `origin` (a file name) prefixes error messages.
 absl::StatusOr<JobSpec> ParseJobSpec(const std::string& yaml, const std::string& origin = "job spec");
 absl::StatusOr<JobSpec> LoadJobSpec(const std::string& path);
+
+// INVALID_ARGUMENT when a file the workers would read (data.dir and the idx
+// files, data.train_csv and data.test_csv, torchscript:<path>; only those
+// the data format uses) is named in a way that cannot lie under a worker's
+// --data_root: absolute, with a "." or ".." component, a NUL or a control
+// byte (data.dir may be "." itself). Apart from ParseJobSpec so that the
+// specs of jobs stored before this rule still load (their workers refuse
+// such names when they read them); submissions are checked with it.
+absl::Status CheckDataFileNames(const JobSpec& spec, const std::string& origin = "job spec");
 
 // `yaml` with a top-level `field: value` where it does not set the field
 // (re-emitted: comments are dropped); unchanged, *added false, where it

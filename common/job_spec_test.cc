@@ -33,7 +33,8 @@ lr_schedule:
   EXPECT_EQ(spec->consistency, SYNC);
   EXPECT_EQ(spec->shards, 3);
   EXPECT_EQ(spec->data.limit_train, 100);
-  EXPECT_EQ(spec->data.dir, "/usr/share/datasets/fashion-mnist");
+  EXPECT_EQ(spec->data.dir, "fashion-mnist");  // under the worker's --data_root
+  EXPECT_TRUE(CheckDataFileNames(*spec).ok());
   EXPECT_DOUBLE_EQ(spec->optimizer.momentum(), 0.9);
   EXPECT_DOUBLE_EQ(LearningRate(*spec, 0), 0.05);
   EXPECT_DOUBLE_EQ(LearningRate(*spec, 2), 0.025);
@@ -88,6 +89,35 @@ TEST(JobSpecTest, AFieldIsAddedOnlyWhereTheSpecLeavesItToTheDefault) {
   // Not a mapping, or not YAML: refused.
   EXPECT_FALSE(WithDefaultField("- a\n- b\n", "chunk_bytes", 1, &added).ok());
   EXPECT_FALSE(WithDefaultField("{unclosed", "chunk_bytes", 1, &added).ok());
+}
+
+TEST(JobSpecTest, FilesTheWorkersReadMustBeNamedUnderTheirDataRoot) {
+  for (const char* yaml : {"data: {dir: /usr/share/datasets/fashion-mnist}", "data: {dir: ../x}",
+                           "data: {dir: a/../../x}", "data: {train_images: /dev/zero}",
+                           "data: {test_labels: ../t10k-labels-idx1-ubyte.gz}",
+                           "data: {format: csv, train_csv: /etc/passwd, test_csv: t.csv}",
+                           "data: {format: csv, train_csv: t.csv, test_csv: x/../../t.csv}",
+                           "model: torchscript:/var/run/secrets/token", "model: torchscript:../m.pt",
+                           "data: {dir: \"a\\x01b\"}"}) {
+    auto spec = ParseJobSpec(yaml, "j.yaml");
+    ASSERT_TRUE(spec.ok()) << yaml << ": " << spec.status();  // stored jobs still load
+    absl::Status s = CheckDataFileNames(*spec, "j.yaml");
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << yaml;
+    if (std::string(yaml).find("x01") == std::string::npos) {
+      EXPECT_NE(s.message().find("--data_root"), absl::string_view::npos) << s;
+    }
+  }
+  EXPECT_NE(CheckDataFileNames(*ParseJobSpec("data: {dir: /d}", "j.yaml"), "j.yaml").message().find("data.dir"),
+            absl::string_view::npos);
+  for (const char* yaml : {"data: {dir: fashion-mnist}", "data: {dir: ., train_images: a/b.gz}",
+                           "data: {format: csv, train_csv: a/t.csv, test_csv: t.csv}",
+                           "model: torchscript:models/net.pt",
+                           // Fields the format does not use are not read.
+                           "data: {format: synthetic, dir: /usr/share/datasets/fashion-mnist}"}) {
+    auto spec = ParseJobSpec(yaml, "j.yaml");
+    ASSERT_TRUE(spec.ok()) << yaml << ": " << spec.status();
+    EXPECT_TRUE(CheckDataFileNames(*spec, "j.yaml").ok()) << yaml;
+  }
 }
 
 TEST(JobSpecTest, CosineScheduleEndsNearMin) {

@@ -1,7 +1,9 @@
 // The control plane with real processes: a coordinator, a pool of shards and
 // workers registered with it, and the pstrain CLI talking to it.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
+#include <filesystem>
 #include <regex>
 #include <set>
 
@@ -156,6 +158,56 @@ TEST_F(ControlPlaneTest, JobCompletesAcrossACoordinatorRestart) {
   size_t losses = 0;
   for (const EventFile& f : files) losses += f.scalars.count("rank_0/loss") ? f.scalars.at("rank_0/loss").size() : 0;
   EXPECT_GE(losses, 20u);  // 1500 steps, a report every 5
+}
+
+// Pool workers whose --data_root holds a FIFO and a link to /dev/zero: a
+// job's files come from under the root only, and one that names something
+// there that cannot be read fails the job, not the worker.
+class DataRootTest : public ControlPlaneTest {
+ protected:
+  void SetUp() override {
+    dir_ = MakeTempDir("data-root");
+    root_ = dir_ + "/root";
+    std::filesystem::create_directories(root_ + "/d");
+    ASSERT_EQ(::mkfifo((root_ + "/d/fifo").c_str(), 0600), 0);
+    std::filesystem::create_symlink("/dev/zero", root_ + "/d/zero");
+    StartCoordinator(0);
+    StartPool(1, 0);
+    for (const std::string name : {"worker-0", "worker-1"}) {
+      pool_.push_back(Start(name, {"worker/pstrain-worker", "--coordinator=" + coordinator_, "--name=" + name,
+                                   "--gloo_hostname=127.0.0.1", "--data_root=" + root_}));
+    }
+    const absl::Time deadline = absl::Now() + absl::Seconds(60);
+    while (Cli({"cluster"}).out.find("worker-1") == std::string::npos) {
+      ASSERT_LT(absl::Now(), deadline) << Cli({"cluster"}).out;
+      absl::SleepFor(absl::Milliseconds(100));
+    }
+  }
+  std::string IdxSpec(const std::string& name, const std::string& data) {
+    const std::string path = dir_ + "/" + name + ".yaml";
+    EXPECT_TRUE(WriteFileAtomically(path, "name: " + name + "\nmodel: mlp\nworkers: 2\nshards: 1\nmax_restarts: 0\n"
+                                          "data: {format: idx, " + data + "}\n").ok());
+    return path;
+  }
+  std::string root_;
+};
+
+TEST_F(DataRootTest, FilesOutsideTheRootAreRefusedAndUnreadableOnesFailTheJobNotTheWorker) {
+  // `train_images: zero` in /dev read to the end of /dev/zero and took the
+  // pool worker down, again on every requeue: now refused at submission.
+  CliResult outside = Cli({"submit", IdxSpec("dev", "dir: /dev, train_images: zero"), "--output_dir", dir_ + "/out"});
+  EXPECT_EQ(outside.code, 2) << outside.out;
+  EXPECT_NE(outside.out.find("--data_root"), std::string::npos) << outside.out;
+  // Names that pass (they could lie under a root) but lead to no regular file.
+  for (const std::string& file : {"zero", "fifo"}) {
+    const std::string job = Submit(IdxSpec("bad-" + file, "dir: d, train_images: " + file));
+    WaitForState(job, "FAILED", absl::Seconds(60));
+    CliResult st = Cli({"status", job});
+    EXPECT_NE(st.out.find("d/" + file), std::string::npos) << st.out;
+  }
+  // The workers are still there and train the next job.
+  EXPECT_EQ(Cli({"cluster"}).out.find("LOST"), std::string::npos) << Cli({"cluster"}).out;
+  EXPECT_EQ(Cli({"watch", Submit(Spec("after", 1, 10))}).code, 0);
 }
 
 TEST_F(ControlPlaneTest, ClearErrorsAndExitCodes) {

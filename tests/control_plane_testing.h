@@ -10,6 +10,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <regex>
 
@@ -63,6 +64,10 @@ struct CliResult {
   int code;
   std::string out;
 };
+
+// Where the workers of these tests read data: Debian's datasets, so that a
+// spec's default data.dir (fashion-mnist) is Debian's dataset-fashion-mnist.
+inline constexpr char kTestDataRoot[] = "/usr/share/datasets";
 
 class ControlPlaneTest : public ::testing::Test {
  protected:
@@ -121,7 +126,13 @@ class ControlPlaneTest : public ::testing::Test {
     coordinator_ = *addr;
   }
 
-  std::unique_ptr<ChildProcess> Start(const std::string& name, const std::vector<std::string>& argv) {
+  // A worker reads its jobs' data under kTestDataRoot unless argv names
+  // another --data_root.
+  std::unique_ptr<ChildProcess> Start(const std::string& name, std::vector<std::string> argv) {
+    if (!argv.empty() && argv[0] == "worker/pstrain-worker" &&
+        std::none_of(argv.begin(), argv.end(), [](const std::string& a) { return a.rfind("--data_root", 0) == 0; })) {
+      argv.push_back(std::string("--data_root=") + kTestDataRoot);
+    }
     auto child = ChildProcess::Start(argv, dir_ + "/" + name + ".log");
     EXPECT_TRUE(child.ok());
     return std::move(*child);

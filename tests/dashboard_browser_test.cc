@@ -81,7 +81,9 @@ batch_size: 32
 log_every_steps: 5
 threads_per_worker: 1
 )").ok());
-  auto run = ChildProcess::Start({"client/pstrain", "local", spec, "--output_dir", dir + "/out"}, dir + "/local.out");
+  auto run = ChildProcess::Start(
+      {"client/pstrain", "local", spec, "--output_dir", dir + "/out", "--data_root", "/usr/share/datasets"},
+      dir + "/local.out");
   ASSERT_TRUE(run.ok()) << run.status();
   auto address = WaitForAddressFile(dir + "/out/logs/dashboard.addr", absl::Seconds(60));
   ASSERT_TRUE(address.ok()) << address.status() << ReadFile(dir + "/local.out").value_or("");

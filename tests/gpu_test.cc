@@ -48,6 +48,7 @@ std::vector<absl::StatusOr<TrainResult>> TrainRanks(const JobSpec& spec, const T
       o.rank = r;
       o.world_size = ranks;
       o.device = kGpu;
+      o.data_root = TestModelsRoot();  // torchscript:worker/testdata/...
       o.write_weights = false;
       absl::Status s = setup(r, o);
       results[r] = s.ok() ? RunTrainer(o, data) : absl::StatusOr<TrainResult>(s);
@@ -214,8 +215,7 @@ void ExpectPsDemoOnOneGpu(WireDtype wire) {
   JobSpec spec;
   spec.name = "gpu-demo";
   spec.model = "lenet";
-  spec.data.format = "idx";
-  spec.data.dir = dir;
+  const DataRoot root = UseIdxDir(dir, &spec);
   spec.optimizer.set_kind(OptimizerConfig::SGD);
   spec.optimizer.set_lr(0.05);
   spec.optimizer.set_momentum(0.9);
@@ -227,7 +227,7 @@ void ExpectPsDemoOnOneGpu(WireDtype wire) {
   spec.seed = 42;
   spec.wire_dtype = wire;
   spec.wire_error_feedback = wire != WireDtype::kFp32;
-  auto data = LoadData(spec.data, spec.seed);
+  auto data = LoadData(spec.data, spec.seed, root);
   ASSERT_TRUE(data.ok()) << data.status();
   Shards shards(2);
   auto results = TrainRanks(spec, *data, 2, [&](int, TrainerOptions& o) {

@@ -19,6 +19,9 @@ namespace pstrain {
 namespace {
 
 const char kPstrain[] = "client/pstrain";
+// The workers' --data_root: Debian's datasets (the spec's default data.dir,
+// fashion-mnist, is dataset-fashion-mnist).
+const char kDataRoot[] = "/usr/share/datasets";
 
 bool HaveFashionMnist() {
   return std::filesystem::exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz");
@@ -120,7 +123,7 @@ epochs: 2
 batch_size: 32
 log_every_steps: 25
 )");
-  RunOutput run = RunPstrain({"local", spec, "--output_dir", dir + "/out"}, dir);
+  RunOutput run = RunPstrain({"local", spec, "--output_dir", dir + "/out", "--data_root", kDataRoot}, dir);
   ASSERT_EQ(run.exit_code, 0) << run.output;
   // Plain progress lines (stdout is not a terminal): the loss falls.
   std::regex loss_re("step (\\d+)/(\\d+)  loss ([0-9.]+)");
@@ -175,7 +178,8 @@ epochs: 1
 batch_size: 32
 log_every_steps: 25
 )");
-  RunOutput run = RunPstrain({"local", "--secure", spec, "--output_dir", dir + "/out"}, dir);
+  RunOutput run =
+      RunPstrain({"local", "--secure", spec, "--output_dir", dir + "/out", "--data_root", kDataRoot}, dir);
   ASSERT_EQ(run.exit_code, 0) << run.output;
   std::smatch m;
   ASSERT_TRUE(std::regex_search(run.output, m, std::regex("final test accuracy ([0-9.]+)"))) << run.output;
@@ -208,7 +212,8 @@ log_every_steps: 25
 TEST(LocalRunTest, AllReduceExampleReachesItsAccuracyAndCheckpoints) {
   if (!HaveFashionMnist()) GTEST_SKIP() << "dataset-fashion-mnist is not installed (make setup installs it)";
   const std::string dir = MakeTempDir("local-allreduce");
-  RunOutput run = RunPstrain({"local", "examples/fashion_mnist_allreduce.yaml", "--output_dir", dir + "/out"}, dir);
+  RunOutput run = RunPstrain(
+      {"local", "examples/fashion_mnist_allreduce.yaml", "--output_dir", dir + "/out", "--data_root", kDataRoot}, dir);
   ASSERT_EQ(run.exit_code, 0) << run.output;
   std::smatch m;
   ASSERT_TRUE(std::regex_search(run.output, m, std::regex("final test accuracy ([0-9.]+)"))) << run.output;
@@ -318,15 +323,16 @@ TEST(LocalRunTest, AFailingWorkerStopsTheJobAndShowsItsLog) {
   const std::string dir = MakeTempDir("local-fail");
   const std::string spec = WriteSpec(dir, R"(
 name: broken
-model: "torchscript:/nonexistent/model.pt"
+model: "torchscript:nonexistent/model.pt"
 data: {format: synthetic}
 workers: 2
 shards: 1
 )");
-  RunOutput run = RunPstrain({"local", spec, "--output_dir", dir + "/out"}, dir);
+  RunOutput run = RunPstrain({"local", spec, "--output_dir", dir + "/out", "--data_root", dir}, dir);
   EXPECT_EQ(run.exit_code, 1) << run.output;
   EXPECT_NE(run.output.find("worker-"), std::string::npos) << run.output;
-  EXPECT_NE(run.output.find("/nonexistent/model.pt"), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("nonexistent/model.pt"), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("--data_root"), std::string::npos) << run.output;
   EXPECT_EQ(CountProcessesMentioning(dir), 0);
 }
 
@@ -337,6 +343,21 @@ TEST(LocalRunTest, BadSpecIsRefusedBeforeAnythingStarts) {
   EXPECT_EQ(run.exit_code, 2);
   EXPECT_NE(run.output.find("batchsize"), std::string::npos) << run.output;
   EXPECT_FALSE(std::filesystem::exists(dir + "/out/logs"));
+}
+
+// A spec naming a file no worker may read (absolute, or out of the data
+// root with ..) is refused before anything starts, saying what to do.
+TEST(LocalRunTest, FilesOutsideTheDataRootAreRefusedBeforeAnythingStarts) {
+  const std::string dir = MakeTempDir("local-outside");
+  for (const char* yaml : {"data: {format: idx, dir: /usr/share/datasets/fashion-mnist}\n",
+                           "data: {format: idx, train_images: ../../etc/passwd}\n",
+                           "model: torchscript:/var/run/secrets/pstrain/token\ndata: {format: synthetic}\n"}) {
+    const std::string spec = WriteSpec(dir, yaml);
+    RunOutput run = RunPstrain({"local", spec, "--output_dir", dir + "/out"}, dir);
+    EXPECT_EQ(run.exit_code, 2) << yaml << run.output;
+    EXPECT_NE(run.output.find("--data_root"), std::string::npos) << run.output;
+    EXPECT_FALSE(std::filesystem::exists(dir + "/out/logs"));
+  }
 }
 
 }  // namespace

@@ -88,6 +88,7 @@ TEST(TrainerTest, TorchScriptModuleWrittenInPythonTrains) {
   std::vector<WorkerEvent> events;
   TrainerOptions o;
   o.spec = spec;
+  o.data_root = TestModelsRoot();
   o.shards = shards.ptrs;
   o.write_weights = false;
   o.emit = [&](const WorkerEvent& e) { events.push_back(e); };
@@ -162,8 +163,7 @@ TEST(TrainerTest, NarrowWireTrainsLikeFp32) {
   const std::string dir = FashionMnistDir();
   if (dir.empty()) GTEST_SKIP() << "no Fashion-MNIST (make setup installs dataset-fashion-mnist)";
   JobSpec spec = SyntheticSpec("wire", "mlp");
-  spec.data.format = "idx";
-  spec.data.dir = dir;
+  const DataRoot root = UseIdxDir(dir, &spec);
   spec.data.limit_train = 12000;
   spec.data.limit_test = 2000;
   spec.consistency = SYNC;
@@ -172,7 +172,7 @@ TEST(TrainerTest, NarrowWireTrainsLikeFp32) {
   spec.batch_size = 32;
   spec.epochs = 2;
   spec.chunk_bytes = 64 << 10;
-  auto data = LoadData(spec.data, spec.seed);
+  auto data = LoadData(spec.data, spec.seed, root);
   ASSERT_TRUE(data.ok());
   struct Variant {
     const char* name;
@@ -216,14 +216,13 @@ TEST(TrainerTest, AllReduceFp16WireTrainsLikeFp32AndBf16FallsBack) {
   spec.shards = 0;
   spec.consistency = SYNC;
   spec.workers = 2;
-  spec.data.format = "idx";
-  spec.data.dir = dir;
+  const DataRoot root = UseIdxDir(dir, &spec);
   spec.data.limit_train = 12000;
   spec.data.limit_test = 2000;
   spec.batch_size = 32;
   spec.epochs = 2;
   spec.bucket_bytes = 256 << 10;  // several buckets
-  auto data = LoadData(spec.data, spec.seed);
+  auto data = LoadData(spec.data, spec.seed, root);
   ASSERT_TRUE(data.ok());
   std::map<std::string, TrainResult> results;
   for (WireDtype wire : {WireDtype::kFp32, WireDtype::kFp16, WireDtype::kBf16}) {
@@ -384,15 +383,34 @@ TEST(TrainerTest, ACoveringWorkerAndAHookWorkerSendTheirBucketsInOneOrder) {
 }
 
 TEST(TrainerTest, MissingTorchScriptFileIsAClearError) {
-  JobSpec spec = SyntheticSpec("missing", "torchscript:/nonexistent/net.pt");
+  JobSpec spec = SyntheticSpec("missing", "torchscript:nonexistent/net.pt");
   Shards shards(1);
   auto data = LoadData(spec.data, spec.seed);
   TrainerOptions o;
   o.spec = spec;
   o.shards = shards.ptrs;
+  o.data_root = TestModelsRoot();
   auto result = RunTrainer(o, *data);
-  EXPECT_EQ(result.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(result.status().message().find("/nonexistent/net.pt"), absl::string_view::npos);
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kNotFound) << result.status();
+  EXPECT_NE(result.status().message().find("nonexistent/net.pt"), absl::string_view::npos);
+  EXPECT_NE(result.status().message().find("--data_root"), absl::string_view::npos);
+}
+
+// A model is code (aten::from_file reads files): only one the worker's
+// operator put under --data_root is loaded.
+TEST(TrainerTest, TorchScriptOutsideTheDataRootIsRefused) {
+  Shards shards(1);
+  auto data = LoadData(SyntheticSpec("x", "lenet").data, 7);
+  const std::string outside = std::filesystem::absolute("worker/testdata/small_net.pt").string();
+  for (const std::string& model : {"torchscript:" + outside, std::string("torchscript:../small_net.pt")}) {
+    TrainerOptions o;
+    o.spec = SyntheticSpec("outside", model);
+    o.shards = shards.ptrs;
+    std::filesystem::create_directories(::testing::TempDir() + "/empty_root");
+    o.data_root = DataRoot{::testing::TempDir() + "/empty_root"};
+    auto result = RunTrainer(o, *data);
+    EXPECT_EQ(result.status().code(), absl::StatusCode::kInvalidArgument) << model << ": " << result.status();
+  }
 }
 
 }  // namespace

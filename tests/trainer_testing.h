@@ -29,6 +29,22 @@
 
 namespace pstrain {
 
+// A data root for tests' torchscript:worker/testdata/<file>.pt models: a
+// temporary directory with copies of them (Bazel's runfiles are symbolic
+// links out of the tree, which a data root refuses to follow).
+inline DataRoot TestModelsRoot() {
+  namespace fs = std::filesystem;
+  const fs::path root = fs::path(::testing::TempDir()) / "models_root";
+  std::error_code ec;
+  fs::create_directories(root / "worker/testdata", ec);
+  for (const char* name : {"small_net.pt", "small_net_f64.pt"}) {
+    const fs::path from = fs::path("worker/testdata") / name;
+    if (fs::exists(from) && !fs::exists(root / from)) fs::copy_file(from, root / from, ec);
+  }
+  return DataRoot{root.string()};
+}
+
+
 inline JobSpec SyntheticSpec(const std::string& name, const std::string& model) {
   JobSpec spec;
   spec.name = name;
@@ -109,6 +125,7 @@ inline std::vector<absl::StatusOr<TrainResult>> RunTwoWorkers(const JobSpec& spe
     threads.emplace_back([&, r] {
       TrainerOptions o;
       o.spec = spec;
+      o.data_root = TestModelsRoot();
       o.rank = r;
       o.world_size = 2;
       o.shards = shards;
@@ -143,6 +160,7 @@ inline std::vector<absl::StatusOr<TrainResult>> RunTwoAllReduceWorkers(const Job
       Shards local(1);
       TrainerOptions o;
       o.spec = spec;
+      o.data_root = TestModelsRoot();
       o.rank = r;
       o.world_size = 2;
       o.shards = local.ptrs;
@@ -162,6 +180,15 @@ inline std::string FashionMnistDir() {
   const char* env = std::getenv("PSTRAIN_FASHION_MNIST");
   const std::string dir = env != nullptr ? env : "/usr/share/datasets/fashion-mnist";
   return std::filesystem::exists(dir + "/train-images-idx3-ubyte.gz") ? dir : "";
+}
+
+// Points `spec` at the idx files in `dir` as a worker reads them: data.dir
+// relative to a data root (the directory above `dir`), which is returned.
+inline DataRoot UseIdxDir(const std::string& dir, JobSpec* spec) {
+  const std::filesystem::path path(dir);
+  spec->data.format = "idx";
+  spec->data.dir = path.filename().string();
+  return DataRoot{path.parent_path().string()};
 }
 
 // `data` with one NaN in the first example of rank 0's micro-batch `micro`
@@ -195,6 +222,7 @@ inline void ExpectLikeOneWorkerOnTheConcatenatedBatch(const JobSpec& two, const 
   Shards shards1(1);
   TrainerOptions o;
   o.spec = one;
+  o.data_root = TestModelsRoot();
   o.device = device;
   o.shards = shards1.ptrs;
   o.write_weights = false;
@@ -250,6 +278,7 @@ inline void ExpectAllReduceResumeStartsFromTheTablesValues(c10::Device device, c
   Shards local(1);
   TrainerOptions o;
   o.spec = spec;
+  o.data_root = TestModelsRoot();
   o.device = device;
   o.shards = local.ptrs;
   o.collective = collective->get();
@@ -290,12 +319,11 @@ inline void ExpectAutocastWithinOnePointOfFp32(const c10::Device& device, Precis
   const std::string dir = FashionMnistDir();
   if (dir.empty()) GTEST_SKIP() << "no Fashion-MNIST (make setup installs dataset-fashion-mnist)";
   JobSpec spec = SyntheticSpec("bf16", "lenet");
-  spec.data.format = "idx";
-  spec.data.dir = dir;
+  const DataRoot root = UseIdxDir(dir, &spec);
   spec.batch_size = 64;
   spec.epochs = 2;
   spec.lr_schedule.kind = "cosine";  // 0.05, then 0.025: the second epoch settles
-  auto data = LoadData(spec.data, spec.seed);
+  auto data = LoadData(spec.data, spec.seed, root);
   ASSERT_TRUE(data.ok()) << data.status();
   std::map<std::string, TrainResult> results;
   for (const Precision p : {Precision::kFp32, narrow}) {
@@ -303,6 +331,7 @@ inline void ExpectAutocastWithinOnePointOfFp32(const c10::Device& device, Precis
     Shards shards(1);
     TrainerOptions o;
     o.spec = spec;
+    o.data_root = TestModelsRoot();
     o.spec.precision = p;
     o.device = device;
     o.shards = shards.ptrs;

@@ -4,46 +4,18 @@
 #include <ATen/ops/from_blob.h>
 #include <ATen/ops/arange.h>
 #include <ATen/ops/randn.h>
-#include <zlib.h>
 
 #include <cstring>
-#include <fstream>
 #include <sstream>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/file_util.h"
 
 namespace pstrain {
 namespace {
-
-// Reads a whole file, gunzipping it if it is gzip (zlib reads raw files
-// through the same calls).
-absl::StatusOr<std::string> ReadMaybeGzip(const std::string& path) {
-  gzFile f = gzopen(path.c_str(), "rb");
-  if (f == nullptr) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
-  std::string out;
-  char buf[1 << 16];
-  while (true) {
-    int n = gzread(f, buf, sizeof(buf));
-    if (n < 0) {
-      int err = 0;
-      std::string msg = gzerror(f, &err);
-      gzclose(f);
-      return absl::DataLossError(absl::StrCat(path, ": corrupt gzip data (", msg, ")"));
-    }
-    if (n == 0) break;
-    out.append(buf, n);
-  }
-  // gzclose reports a stream that ended early (a truncated .gz file).
-  int rc = gzclose(f);
-  if (rc == Z_BUF_ERROR) {
-    return absl::DataLossError(absl::StrCat(path, ": truncated gzip file (the stream ends early)"));
-  }
-  if (rc != Z_OK) return absl::DataLossError(absl::StrCat(path, ": cannot read (zlib error ", rc, ")"));
-  return out;
-}
 
 uint32_t BigEndian32(const std::string& s, size_t off) {
   const auto* p = reinterpret_cast<const unsigned char*>(s.data() + off);
@@ -98,11 +70,12 @@ at::Tensor Dataset::Normalize(const at::Tensor& rows) const {
   return rows.to(at::kFloat).div_(255.0).sub_(mean).div_(std);
 }
 
-absl::StatusOr<Dataset> LoadIdx(const std::string& images_path, const std::string& labels_path,
-                                double mean, double std, int64_t limit, int64_t num_classes) {
-  absl::StatusOr<std::string> images = ReadMaybeGzip(images_path);
+absl::StatusOr<Dataset> LoadIdx(const DataRoot& root, const std::string& images_path,
+                                const std::string& labels_path, double mean, double std, int64_t limit,
+                                int64_t num_classes) {
+  absl::StatusOr<std::string> images = ReadDataFile(root, images_path, /*maybe_gzip=*/true);
   if (!images.ok()) return images.status();
-  absl::StatusOr<std::string> labels = ReadMaybeGzip(labels_path);
+  absl::StatusOr<std::string> labels = ReadDataFile(root, labels_path, /*maybe_gzip=*/true);
   if (!labels.ok()) return labels.status();
   auto idims = IdxDims(*images, images_path, 3);
   if (!idims.ok()) return idims.status();
@@ -129,10 +102,11 @@ absl::StatusOr<Dataset> LoadIdx(const std::string& images_path, const std::strin
   return Limit(std::move(d), limit);
 }
 
-absl::StatusOr<Dataset> LoadCsv(const std::string& path, double mean, double std, int64_t limit,
-                                int64_t num_classes) {
-  std::ifstream in(path);
-  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
+absl::StatusOr<Dataset> LoadCsv(const DataRoot& root, const std::string& path, double mean, double std,
+                                int64_t limit, int64_t num_classes) {
+  absl::StatusOr<std::string> text = ReadDataFile(root, path, /*maybe_gzip=*/true);
+  if (!text.ok()) return text.status();
+  std::istringstream in(std::move(*text));
   std::vector<float> values;
   std::vector<int64_t> labels;
   size_t columns = 0;
@@ -191,7 +165,7 @@ Dataset MakeSynthetic(int64_t n, int64_t classes, uint64_t seed) {
   return d;
 }
 
-absl::StatusOr<TrainTest> LoadData(const DataSpec& spec, uint64_t seed) {
+absl::StatusOr<TrainTest> LoadData(const DataSpec& spec, uint64_t seed, const DataRoot& root) {
   TrainTest out;
   if (spec.format == "synthetic") {
     // Train and test come from the same class prototypes (same seed), with
@@ -204,9 +178,9 @@ absl::StatusOr<TrainTest> LoadData(const DataSpec& spec, uint64_t seed) {
     return out;
   }
   if (spec.format == "csv") {
-    auto train = LoadCsv(spec.train_csv, spec.mean, spec.std, spec.limit_train, spec.num_classes);
+    auto train = LoadCsv(root, spec.train_csv, spec.mean, spec.std, spec.limit_train, spec.num_classes);
     if (!train.ok()) return train.status();
-    auto test = LoadCsv(spec.test_csv, spec.mean, spec.std, spec.limit_test, spec.num_classes);
+    auto test = LoadCsv(root, spec.test_csv, spec.mean, spec.std, spec.limit_test, spec.num_classes);
     if (!test.ok()) return test.status();
     if (train->inputs.size(1) != test->inputs.size(1)) {
       return absl::InvalidArgumentError(absl::StrCat(spec.test_csv, " has ", test->inputs.size(1),
@@ -217,11 +191,22 @@ absl::StatusOr<TrainTest> LoadData(const DataSpec& spec, uint64_t seed) {
     out.test = std::move(*test);
     return out;
   }
-  auto path = [&](const std::string& f) { return f.rfind('/', 0) == 0 ? f : spec.dir + "/" + f; };
-  auto train = LoadIdx(path(spec.train_images), path(spec.train_labels), spec.mean, spec.std,
+  // data.dir relative to the root ("." the root itself), the files in it,
+  // each checked before they are joined ("dir" + "/abs" is no absolute name).
+  for (const auto& [field, name] : {std::pair<const char*, const std::string&>{"data.dir", spec.dir},
+                                    {"data.train_images", spec.train_images},
+                                    {"data.train_labels", spec.train_labels},
+                                    {"data.test_images", spec.test_images},
+                                    {"data.test_labels", spec.test_labels}}) {
+    if (name == "." && std::string(field) == "data.dir") continue;
+    absl::Status s = CheckRelativeName(name, kDataRootName);
+    if (!s.ok()) return absl::InvalidArgumentError(absl::StrCat(field, ": ", s.message()));
+  }
+  auto path = [&](const std::string& f) { return spec.dir == "." ? f : spec.dir + "/" + f; };
+  auto train = LoadIdx(root, path(spec.train_images), path(spec.train_labels), spec.mean, spec.std,
                        spec.limit_train, spec.num_classes);
   if (!train.ok()) return train.status();
-  auto test = LoadIdx(path(spec.test_images), path(spec.test_labels), spec.mean, spec.std,
+  auto test = LoadIdx(root, path(spec.test_images), path(spec.test_labels), spec.mean, spec.std,
                       spec.limit_test, spec.num_classes);
   if (!test.ok()) return test.status();
   out.train = std::move(*train);

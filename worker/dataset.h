@@ -14,6 +14,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/job_spec.h"
+#include "worker/data_root.h"
 
 namespace pstrain {
 
@@ -27,16 +28,20 @@ struct Dataset {
   at::Tensor Normalize(const at::Tensor& rows) const;
 };
 
+// Files are named relative to `root` and read by ReadDataFile's rules
+// (worker/data_root.h), gunzipped when they are gzip.
+//
 // Reads an IDX images file (magic 0x00000803, ubyte, N x rows x cols) and an
 // IDX labels file (0x00000801, ubyte, N). `limit` > 0 keeps the first N.
-absl::StatusOr<Dataset> LoadIdx(const std::string& images_path, const std::string& labels_path,
-                                double mean, double std, int64_t limit, int64_t num_classes);
+absl::StatusOr<Dataset> LoadIdx(const DataRoot& root, const std::string& images_path,
+                                const std::string& labels_path, double mean, double std, int64_t limit,
+                                int64_t num_classes);
 
 // Numeric CSV: every row the same number of columns, the last one the label
 // (an integer in [0, num_classes)). A first row that is not numeric is taken
 // as a header and skipped.
-absl::StatusOr<Dataset> LoadCsv(const std::string& path, double mean, double std, int64_t limit,
-                                int64_t num_classes);
+absl::StatusOr<Dataset> LoadCsv(const DataRoot& root, const std::string& path, double mean, double std,
+                                int64_t limit, int64_t num_classes);
 
 // `n` 28x28 images in `classes` classes: a fixed random prototype per class
 // plus noise, deterministic in `seed`.
@@ -46,7 +51,10 @@ struct TrainTest {
   Dataset train;
   Dataset test;
 };
-absl::StatusOr<TrainTest> LoadData(const DataSpec& spec, uint64_t seed);
+// idx: <data.dir>/<file> under `root` ("." for data.dir: the root itself);
+// csv: data.train_csv and data.test_csv under `root`; synthetic reads no
+// file (the default root, with no directory, refuses every file).
+absl::StatusOr<TrainTest> LoadData(const DataSpec& spec, uint64_t seed, const DataRoot& root = DataRoot{});
 
 }  // namespace pstrain
 

@@ -57,6 +57,12 @@ ABSL_FLAG(int, rank, -1,
 ABSL_FLAG(int, world_size, 0, "Number of workers (default: the spec's `workers`).");
 ABSL_FLAG(std::string, shards, "", "Comma-separated host:port of shard 0, 1, ... (standalone).");
 ABSL_FLAG(std::string, output_dir, "", "Overrides the spec's output_dir.");
+ABSL_FLAG(std::string, data_root, "data",
+          "The directory a job's data files (data.dir, data.train_csv, ...) and TorchScript models "
+          "(model: torchscript:<path>) are named relative to; nothing outside it is read for a job "
+          "(default: data/ in the working directory).");
+ABSL_FLAG(uint64_t, max_data_file_bytes, uint64_t{4} << 30,
+          "The most bytes read of one data file or TorchScript model, on disk and decompressed (gzip).");
 ABSL_FLAG(int, rpc_timeout_s, 120, "Deadline of each call to the shards, in seconds.");
 ABSL_FLAG(std::string, coordinator, "", "host:port of pstrain-coordinator: run as a pool member.");
 ABSL_FLAG(std::string, name, "", "Member name (default: <hostname>-<pid>).");
@@ -142,6 +148,8 @@ absl::Status RunJobOrThrow(pstrain::JobSpec spec, int rank, int world_size, cons
   options.rank = rank;
   options.world_size = world_size;
   options.device = *device;
+  options.data_root.dir = absl::GetFlag(FLAGS_data_root);
+  options.data_root.max_file_bytes = absl::GetFlag(FLAGS_max_data_file_bytes);
   std::unique_ptr<pstrain::AllReduceSetup> allreduce;
   if (spec.allreduce()) {
     pstrain::AllReduceOptions ao;
@@ -286,7 +294,7 @@ absl::Status RunJobOrThrow(pstrain::JobSpec spec, int rank, int world_size, cons
   }
   spdlog::info("pstrain-worker rank {}/{} of {}: loading data ({})", rank, world_size, spec.name,
                spec.data.format);
-  auto data = pstrain::LoadData(spec.data, spec.seed);
+  auto data = pstrain::LoadData(spec.data, spec.seed, options.data_root);
   if (!data.ok()) return data.status();
   auto result = pstrain::RunTrainer(options, *data);
   return result.status();

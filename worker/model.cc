@@ -73,8 +73,9 @@ struct LeNet : torch::nn::Module {
 
 absl::StatusOr<std::unique_ptr<Model>> CreateModel(const std::string& name,
                                                    const std::vector<int64_t>& input_shape,
-                                                   int64_t num_classes, uint64_t seed) {
-  if (name.rfind("torchscript:", 0) == 0) return LoadTorchScriptModel(name.substr(12));
+                                                   int64_t num_classes, uint64_t seed,
+                                                   const DataRoot& root) {
+  if (name.rfind("torchscript:", 0) == 0) return LoadTorchScriptModel(root, name.substr(12));
   try {
     // One seed for every worker: identical initial weights everywhere. The
     // generator is process-wide, so seeding and drawing must not interleave

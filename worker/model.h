@@ -3,6 +3,21 @@
 // written in Python and saved with torch.jit.script(...).save(path). Initial
 // weights come from the job's seed (built-in models) or from the saved module,
 // so every worker starts from the same values.
+//
+// TorchScript models are code. <path> is relative to the worker's
+// --data_root and read by its rules (worker/data_root.h: no name leading
+// out, a regular file, at most --max_data_file_bytes), so a job spec can
+// only pick a model that whoever fills the data root put there; it cannot
+// bring its own. What a model may do once loaded is not confined: its
+// methods run in the worker's process with the worker's rights, and
+// TorchScript has operators that read files (aten::from_file, which maps or
+// reads any path into a tensor; torch.load-like ops in custom builds). A
+// model can therefore read anything the worker can -- its cluster token
+// (--token_file), its TLS key, the job secrets in its memory -- and put it
+// into the weights it trains, which the job's owner can export. Only put
+// models you would trust with the worker's credentials under --data_root,
+// and keep the data root writable only by such people (README.md,
+// "Confined files").
 #ifndef PSTRAIN_WORKER_MODEL_H_
 #define PSTRAIN_WORKER_MODEL_H_
 
@@ -14,6 +29,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "worker/data_root.h"
 
 namespace pstrain {
 
@@ -31,12 +47,16 @@ class Model {
 };
 
 // `input_shape` is one example's shape, e.g. {1, 28, 28} or {F}.
+// "torchscript:<path>" reads <path> under `root` (the default root refuses
+// every file).
 absl::StatusOr<std::unique_ptr<Model>> CreateModel(const std::string& name,
                                                    const std::vector<int64_t>& input_shape,
-                                                   int64_t num_classes, uint64_t seed);
+                                                   int64_t num_classes, uint64_t seed,
+                                                   const DataRoot& root = DataRoot{});
 
 // Implemented in torchscript_model.cc (the only file with torch/script.h).
-absl::StatusOr<std::unique_ptr<Model>> LoadTorchScriptModel(const std::string& path);
+// The module is read into memory by ReadDataFile and loaded from there.
+absl::StatusOr<std::unique_ptr<Model>> LoadTorchScriptModel(const DataRoot& root, const std::string& path);
 
 }  // namespace pstrain
 

@@ -1,7 +1,10 @@
 // TorchScript models: a module scripted and saved in Python, trained here.
 #include <torch/script.h>
 
+#include <sstream>
+
 #include "absl/strings/str_cat.h"
+#include "common/quote.h"
 #include "worker/model.h"
 
 namespace pstrain {
@@ -29,9 +32,18 @@ class TorchScriptModel : public Model {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Model>> LoadTorchScriptModel(const std::string& path) {
+absl::StatusOr<std::unique_ptr<Model>> LoadTorchScriptModel(const DataRoot& root, const std::string& name) {
+  // Read by the data root's rules, then loaded from memory: torch::jit::load
+  // never sees a name, so it cannot open anything but these bytes.
+  absl::StatusOr<std::string> bytes = ReadDataFile(root, name, /*maybe_gzip=*/false);
+  if (!bytes.ok()) {
+    return absl::Status(bytes.status().code(), absl::StrCat("model torchscript:", Quote(name, 200), ": ",
+                                                            bytes.status().message()));
+  }
+  const std::string path = Quote(name, 200);  // for messages
   try {
-    torch::jit::Module module = torch::jit::load(path);
+    std::istringstream in(std::move(*bytes));
+    torch::jit::Module module = torch::jit::load(in);
     module.train(true);
     auto model = std::make_unique<TorchScriptModel>(std::move(module));
     if (model->NamedParameters().empty()) {

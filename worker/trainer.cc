@@ -145,7 +145,7 @@ class Trainer {
 
 absl::Status Trainer::BuildModel() {
   std::vector<int64_t> input_shape(data_.train.inputs.sizes().begin() + 1, data_.train.inputs.sizes().end());
-  auto model = CreateModel(spec_.model, input_shape, spec_.data.num_classes, spec_.seed);
+  auto model = CreateModel(spec_.model, input_shape, spec_.data.num_classes, spec_.seed, options_.data_root);
   if (!model.ok()) return model.status();
   model_ = std::move(*model);
   model_->To(device_);

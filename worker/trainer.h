@@ -67,6 +67,8 @@ struct TrainerOptions {
   // Where the model, the batches and the gradient buckets live (see
   // ResolveDevice); the shards and the local store stay on the host.
   c10::Device device = c10::Device(c10::kCPU);
+  // Where a torchscript:<path> model is read from (the worker's --data_root).
+  DataRoot data_root;
   std::vector<ParameterStore*> shards;  // not owned; shard i of the plan
   // All-reduce mode: the group of workers (not owned); `shards` is then one
   // local store for the whole model.

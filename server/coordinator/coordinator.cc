@@ -391,6 +391,8 @@ absl::StatusOr<std::string> Coordinator::SubmitJob(const SubmitJobRequest& reque
   }
   auto spec = ParseJobSpec(spec_yaml, "job spec");
   if (!spec.ok()) return spec.status();
+  absl::Status names = CheckDataFileNames(*spec, "job spec");
+  if (!names.ok()) return names;
   if (!resume_dir.empty() && spec->chunk_bytes != manifest.chunk_bytes) {
     // A spec that leaves chunk_bytes to the default takes the checkpoint's
     // (checkpoints from before the default became 1 MiB are 4 MiB).

@@ -12,12 +12,12 @@
 #   gen/    the protobuf and gRPC sources generated here by Debian's protoc
 #           (the same version as the libprotobuf in debs/), and the
 #           dashboard's assets as C++ (Bazel's genrule);
-#   data/   Fashion-MNIST, for the demo-accuracy test.
+#   data/   the workers' --data_root: fashion-mnist/ in it, for the demo-accuracy test.
 # Then, with a GPU machine:  tools/gpu/run.sh   (there, from the repo root).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=.gpu
-rm -rf "$OUT" && mkdir -p "$OUT/debs" "$OUT/gen/proto" "$OUT/data"
+rm -rf "$OUT" && mkdir -p "$OUT/debs" "$OUT/gen/proto" "$OUT/data/fashion-mnist"
 exclude=$(git rev-parse --git-path info/exclude)
 mkdir -p "$(dirname "$exclude")"
 grep -qx '/.gpu/' "$exclude" 2>/dev/null || echo '/.gpu/' >> "$exclude"
@@ -48,6 +48,6 @@ mkdir -p "$OUT/gen/server/coordinator"
 cp bazel-bin/server/coordinator/dashboard_assets.h bazel-bin/server/coordinator/dashboard_assets.cc \
   "$OUT/gen/server/coordinator/"
 
-cp /usr/share/datasets/fashion-mnist/*.gz "$OUT/data/"
+cp /usr/share/datasets/fashion-mnist/*.gz "$OUT/data/fashion-mnist/"
 du -sh "$OUT"/* | sed 's/^/prepare: /'
 echo "prepare: done; on the GPU machine run tools/gpu/run.sh (carry .gpu)"

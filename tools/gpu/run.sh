@@ -59,7 +59,10 @@ ln -sfn "$BUILD/pstrain" "$BIN/client/pstrain"
 # RUNPATH covers a binary's own libraries, not theirs (libgrpc's libupb).
 export LD_LIBRARY_PATH=$LIB:$TORCH/lib:$NCCL/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export PSTRAIN_NCCL_PLUGIN=$BUILD/libpstrain_nccl.so
-export PSTRAIN_FASHION_MNIST=$PWD/.gpu/data
+# The workers' --data_root (the specs' data.dir fashion-mnist lies in it).
+export PSTRAIN_DATA_ROOT=$PWD/.gpu/data
+export PSTRAIN_FASHION_MNIST=$PSTRAIN_DATA_ROOT/fashion-mnist
+[ -d "$PSTRAIN_FASHION_MNIST" ] || { echo "no .gpu/data/fashion-mnist: run tools/gpu/prepare.sh again" >&2; exit 2; }
 
 i=0
 while [ $i -lt ${#ACTIONS[@]} ]; do

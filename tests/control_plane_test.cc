@@ -3,10 +3,14 @@
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
+#include <atomic>
 #include <filesystem>
 #include <regex>
 #include <set>
+#include <thread>
 
+#include "proto/control.grpc.pb.h"
+#include "rpc/grpc_channel.h"
 #include "tests/control_plane_testing.h"
 #include "tests/tensorboard_files.h"
 
@@ -124,6 +128,63 @@ TEST_F(ControlPlaneTest, CancelStopsTheJobAndFreesItsMembersForTheNext) {
   EXPECT_EQ(watch.code, 0) << watch.out;
   // The cancelled job's watch exits non-zero.
   EXPECT_EQ(Cli({"watch", long_job}).code, 1);
+}
+
+// A name and a role are no credential after a coordinator restart: the
+// coordinator is SIGKILLed while a job runs and restarted, and another
+// process registers the job's shard's name -- naming the job and its
+// attempt, not the member id the store holds for the seat -- in a tight
+// loop from the moment the new coordinator listens, before the real shard
+// is back (it re-registers within a heartbeat or two). The impostor never
+// gets a seat (no assignment: no job secret, no spec) and its address
+// never reaches the job; the real shard takes its seat back and the job
+// finishes.
+TEST_F(ControlPlaneTest, AnImpostorRacingARestartedCoordinatorGetsNoSeat) {
+  const std::string job = Submit(Spec("raced", 1000, 1500));
+  WaitForState(job, "RUNNING", absl::Seconds(60));
+  const int port = std::stoi(coordinator_.substr(coordinator_.rfind(':') + 1));
+  // The real shard (pool_[0]) is held still until the impostor has
+  // registered, so the impostor is first every time.
+  pool_[0]->Signal(SIGSTOP);
+  coordinator_process_->Signal(SIGKILL);
+  coordinator_process_->Wait();
+  StartCoordinator(port);
+  auto stub = ClusterService::NewStub(CreateChannel(coordinator_, 1 << 20, SecurityOptions{}));
+  std::atomic<int> registered{0}, seated{0};
+  std::atomic<bool> stop{false};
+  std::thread impostor([&] {
+    while (!stop.load()) {
+      RegisterRequest r;
+      r.set_role("shard");
+      r.set_name("shard-0");
+      r.set_address("127.0.0.1:9");
+      r.set_job_id(job);
+      r.set_attempt(1);
+      r.set_previous_member_id("shard-0#00000000000000000000000000000000");
+      RegisterResponse resp;
+      grpc::ClientContext ctx;
+      ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+      if (!stub->Register(&ctx, r, &resp).ok()) continue;
+      ++registered;
+      GetAssignmentRequest g;
+      g.set_member_id(resp.member_id());
+      Assignment a;
+      grpc::ClientContext actx;
+      actx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+      if (stub->GetAssignment(&actx, g, &a).ok() && !a.job_id().empty()) ++seated;
+    }
+  });
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (registered.load() == 0 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(5));
+  pool_[0]->Signal(SIGCONT);
+  CliResult watch = Cli({"watch", job}, absl::Seconds(180));
+  stop = true;
+  impostor.join();
+  EXPECT_EQ(watch.code, 0) << watch.out << ReadFile(dir_ + "/coordinator.log").value_or("");
+  EXPECT_EQ(State(job), "SUCCEEDED");
+  EXPECT_GT(registered.load(), 0) << "the impostor never registered: the race was not run";
+  EXPECT_EQ(seated.load(), 0);
+  EXPECT_EQ(Cli({"status", job, "-o", "json"}).out.find("127.0.0.1:9\""), std::string::npos);
 }
 
 // The coordinator is SIGKILLed while a job runs and restarted on the same

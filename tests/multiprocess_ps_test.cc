@@ -13,7 +13,9 @@
 #include <future>
 #include <thread>
 
+#include "common/file_util.h"
 #include "rpc/grpc_remote_shard.h"
+#include "rpc/table_grant.h"
 #include "tests/child_process.h"
 #include "tests/raw_call.h"
 #include "worker/ps_client.h"
@@ -27,14 +29,16 @@ const std::vector<std::vector<int64_t>> kShapes = {
 
 class ShardCluster {
  public:
-  explicit ShardCluster(int num_shards) {
+  // `flags`: more for every shard.
+  explicit ShardCluster(int num_shards, const std::vector<std::string>& flags = {}) {
     dir_ = MakeTempDir("shards");
     for (int i = 0; i < num_shards; ++i) {
       const std::string port_file = dir_ + "/shard" + std::to_string(i) + ".addr";
-      auto child = ChildProcess::Start(
-          {"server/ps/pstrain-ps", "--host=127.0.0.1", "--port=0", "--port_file=" + port_file,
-           "--shard_index=" + std::to_string(i), "--num_shards=" + std::to_string(num_shards)},
-          dir_ + "/shard" + std::to_string(i) + ".log");
+      std::vector<std::string> argv = {"server/ps/pstrain-ps", "--host=127.0.0.1", "--port=0",
+                                       "--port_file=" + port_file, "--shard_index=" + std::to_string(i),
+                                       "--num_shards=" + std::to_string(num_shards)};
+      argv.insert(argv.end(), flags.begin(), flags.end());
+      auto child = ChildProcess::Start(argv, dir_ + "/shard" + std::to_string(i) + ".log");
       EXPECT_TRUE(child.ok());
       children_.push_back(std::move(*child));
       auto addr = WaitForAddressFile(port_file, absl::Seconds(30));
@@ -214,6 +218,42 @@ TEST(MultiProcessPsTest, SyncWithTwoWorkersAppliesTheMeanGradientOncePerStep) {
     ExpectClose(params[0], ref);
     ExpectClose(params[1], ref);
   }
+}
+
+// A real shard process with the coordinator's public key: a member that
+// reaches it (a worker process, its own secret) cannot make a table for a
+// job -- one not yet started, or at an attempt above the coordinator's --
+// without the coordinator's grant; with it, the job's table is made.
+TEST(MultiProcessPsTest, ASquatterCannotMakeATableOnARealShardWithoutTheCoordinatorsGrant) {
+  const auto coordinator = TableGrantSigner::Generate();
+  const std::string pub = MakeTempDir("grant") + "/table-grant.pub";
+  ASSERT_TRUE(WriteFileAtomically(pub, coordinator->PublicKeyPem()).ok());
+  ShardCluster cluster(1, {"--table_grant_public_key_file=" + pub});
+  const std::vector<at::Tensor> params = RandomParams(5);
+  auto init = [&](uint64_t attempt, const std::string& secret, const std::string& grant) {
+    PsClientOptions o;
+    o.job = "job-000002";
+    o.attempt = attempt;
+    o.job_secret = secret;
+    o.table_grant = grant;
+    o.plan = Plan(1);
+    o.timeout = absl::Seconds(20);
+    auto client = PsClient::Create(o, cluster.stores());
+    EXPECT_TRUE(client.ok()) << client.status();
+    return client.ok() ? (*client)->InitTables(params, SgdConfig(ASYNC, 1)) : client.status();
+  };
+  const std::string secret = "the-jobs-secret-0123456789abcdef", mine = "the-squatters-0123456789abcdef";
+  for (const auto& [attempt, grant] : std::vector<std::pair<uint64_t, std::string>>{
+           {1, ""},                                                             // none
+           {1, TableGrantSigner::Generate()->Sign("job-000002", 1, mine)},      // its own key
+           {1, coordinator->Sign("job-000002", 1, secret)},                    // another secret's
+           {UINT64_MAX, coordinator->Sign("job-000002", 1, mine)}}) {          // another attempt's
+    absl::Status s = init(attempt, mine, grant);
+    EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
+  }
+  const absl::Status made = init(1, secret, coordinator->Sign("job-000002", 1, secret));
+  EXPECT_TRUE(made.ok()) << made;
+  EXPECT_EQ(cluster.child(0).Wait(absl::Milliseconds(1)), -1) << "the shard is still serving";
 }
 
 TEST(MultiProcessPsTest, KilledShardGivesUnavailableQuicklyNotAHang) {

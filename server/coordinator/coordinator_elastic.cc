@@ -6,6 +6,7 @@
 // then restarts from its checkpoint as before. All-reduce jobs always
 // restart: a collective group cannot shrink.
 #include <algorithm>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "common/quote.h"
@@ -185,7 +186,10 @@ void Coordinator::FillVacancies() {
     std::vector<int> vacant(st.vacant_ranks().begin(), st.vacant_ranks().end());
     std::sort(vacant.begin(), vacant.end());  // rank 0 first: the job needs it to finish
     std::vector<FreeMember> free = members_.FreeMembers();
-    std::sort(free.begin(), free.end(), [](const FreeMember& a, const FreeMember& b) { return a.name < b.name; });
+    // In the members' random order, as the scheduler (no name puts a member
+    // first in line for every vacant rank).
+    std::sort(free.begin(), free.end(),
+              [](const FreeMember& a, const FreeMember& b) { return std::tie(a.order, a.id) < std::tie(b.order, b.id); });
     size_t next = 0;
     for (int rank : vacant) {
       if (rank >= TargetWorkers(job)) break;  // scaled down: stays vacant

@@ -2,14 +2,21 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdint>
+
 namespace pstrain {
 namespace {
 
 std::vector<FreeMember> Members(int shards, int workers) {
   std::vector<FreeMember> out;
-  // Listed out of name order: the scheduler sorts.
-  for (int i = workers - 1; i >= 0; --i) out.push_back({"w" + std::to_string(i) + "#1", "worker-" + std::to_string(i), Role::kWorker});
-  for (int i = shards - 1; i >= 0; --i) out.push_back({"s" + std::to_string(i) + "#1", "shard-" + std::to_string(i), Role::kShard});
+  // Listed in name order, their order keys (drawn at random by the
+  // coordinator) the other way round: the scheduler goes by the keys.
+  for (int i = 0; i < workers; ++i) {
+    out.push_back({"w" + std::to_string(i) + "#1", "worker-" + std::to_string(i), Role::kWorker, uint64_t(100 - i)});
+  }
+  for (int i = 0; i < shards; ++i) {
+    out.push_back({"s" + std::to_string(i) + "#1", "shard-" + std::to_string(i), Role::kShard, uint64_t(100 - i)});
+  }
   return out;
 }
 
@@ -64,13 +71,17 @@ TEST(SchedulerTest, FifoAllOrNothing) {
   }
 }
 
-TEST(SchedulerTest, RanksFollowNamesAndNoMemberIsGivenTwice) {
-  const SchedulePlan plan = PlanSchedule({{"a", 2, 2, 0}, {"b", 1, 1, 0}}, Members(3, 3));
+// Names do not steer placement ("!" sorts first): ranks follow the
+// members' order keys.
+TEST(SchedulerTest, RanksFollowTheOrderKeysNotNamesAndNoMemberIsGivenTwice) {
+  std::vector<FreeMember> members = Members(3, 3);
+  members.push_back({"bang#1", "!", Role::kWorker, 1000});
+  const SchedulePlan plan = PlanSchedule({{"a", 2, 2, 0}, {"b", 1, 1, 0}}, members);
   ASSERT_EQ(plan.placements.size(), 2u);
-  EXPECT_EQ(plan.placements[0].shard_ids, (std::vector<std::string>{"s0#1", "s1#1"}));
-  EXPECT_EQ(plan.placements[0].worker_ids, (std::vector<std::string>{"w0#1", "w1#1"}));
-  EXPECT_EQ(plan.placements[1].shard_ids, (std::vector<std::string>{"s2#1"}));
-  EXPECT_EQ(plan.placements[1].worker_ids, (std::vector<std::string>{"w2#1"}));
+  EXPECT_EQ(plan.placements[0].shard_ids, (std::vector<std::string>{"s2#1", "s1#1"}));
+  EXPECT_EQ(plan.placements[0].worker_ids, (std::vector<std::string>{"w2#1", "w1#1"}));
+  EXPECT_EQ(plan.placements[1].shard_ids, (std::vector<std::string>{"s0#1"}));
+  EXPECT_EQ(plan.placements[1].worker_ids, (std::vector<std::string>{"w0#1"}));
   EXPECT_TRUE(plan.pending_reasons.empty());
 }
 

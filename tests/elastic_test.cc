@@ -20,7 +20,15 @@ class ElasticTest : public ControlPlaneTest {
     missed_heartbeats_ = 5;  // a lease of 0.5 s
     StartCoordinator(0);
     StartPool(1, 3);
+    pool_names_ = {"shard-0", "worker-0", "worker-1", "worker-2"};  // pool_'s order
   }
+
+  // A worker started by the test, at the end of the pool.
+  void StartSpare(const std::string& name) {
+    pool_.push_back(Start(name, {"worker/pstrain-worker", "--coordinator=" + coordinator_, "--name=" + name}));
+    pool_names_.push_back(name);
+  }
+  std::vector<std::string> pool_names_;
 
   // `fashion`: the first 24,576 Fashion-MNIST images (where installed), so
   // accuracies say something, scored on the whole test set (on the first
@@ -78,15 +86,17 @@ class ElasticTest : public ControlPlaneTest {
   // rank itself is (the job's step is its slowest *reporting* worker's: a
   // member that joined late had trained nothing when killed); returns the
   // seconds until the job's slowest surviving worker completed another step.
-  // The index in pool_ (one shard, then worker-0, worker-1, ...) of the
-  // worker that holds `rank` of `job`: ranks follow the coordinator's random
-  // member order, not names.
+  // The index in pool_ of the worker that holds `rank` of `job`: ranks
+  // follow the coordinator's random member order, not names.
   size_t PoolIndexOfRank(const std::string& job, int rank) {
     CliResult st = Cli({"status", job, "-o", "json"});
     std::smatch m;
-    const std::regex re("\"name\": \"worker-(\\d+)\"[^{}]*\"rank\": " + std::to_string(rank) + "\\b");
+    const std::regex re("\"role\": \"worker\",\\s*\"name\": \"([^\"]+)\"[^{}]*\"rank\": " +
+                        std::to_string(rank) + "\\b");
     EXPECT_TRUE(std::regex_search(st.out, m, re)) << st.out;
-    return m.empty() ? pool_.size() - 1 : 1 + std::stoul(m[1]);
+    auto it = std::find(pool_names_.begin(), pool_names_.end(), m.empty() ? "" : std::string(m[1]));
+    EXPECT_NE(it, pool_names_.end()) << "rank " << rank << " is held by " << (m.empty() ? "nobody" : m[1].str());
+    return it == pool_names_.end() ? pool_.size() - 1 : static_cast<size_t>(it - pool_names_.begin());
   }
 
   double KillWorkerAndTimeRecovery(const std::string& job, size_t index, int64_t step, int rank = -1) {
@@ -169,7 +179,7 @@ TEST_F(ElasticTest, ASpareWorkerTakesOverTheLostRank) {
     const double recovery = KillWorkerAndTimeRecovery(job, PoolIndexOfRank(job, 2), 40, /*rank=*/2);
     const absl::Time started = absl::Now();
     const std::string spare = "worker-spare-" + consistency;
-    pool_.push_back(Start(spare, {"worker/pstrain-worker", "--coordinator=" + coordinator_, "--name=" + spare}));
+    StartSpare(spare);
     // The replacement's first step: the job's replacements counter, then
     // its rank's progress moving.
     while (Field(job, "replacements") < 1 && absl::Now() < started + absl::Seconds(60)) {
@@ -249,7 +259,7 @@ TEST_F(ElasticTest, TodaysRestartFromACheckpointForComparison) {
   pool_[3]->Wait();
   const absl::Time killed = absl::Now();
   absl::SleepFor(absl::Seconds(2));
-  pool_.push_back(Start("spare", {"worker/pstrain-worker", "--coordinator=" + coordinator_, "--name=spare"}));
+  StartSpare("spare");
   while (!(State(job) == "RUNNING" && Step(job) > before + 5) && absl::Now() < killed + absl::Seconds(120)) {
     absl::SleepFor(absl::Milliseconds(20));
   }

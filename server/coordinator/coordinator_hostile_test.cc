@@ -22,22 +22,9 @@ namespace {
 
 const char kSpec[] = "name: t\nworkers: 1\nshards: 1\ndata: {format: synthetic}\n";
 
-CoordinatorOptions Options() {
-  CoordinatorOptions o;
-  o.heartbeat_interval = absl::Milliseconds(50);
-  o.missed_heartbeats = 3;
-  o.background_tick = false;
-  o.checkpoint_root = *CanonicalRoot(::testing::TempDir());
-  return o;
-}
+CoordinatorOptions Options() { return TestCoordinatorOptions(); }
 
-std::unique_ptr<Coordinator> Make(CoordinatorOptions o = Options()) {
-  auto store = JobStore::Open(":memory:");
-  EXPECT_TRUE(store.ok());
-  auto c = Coordinator::Create(o, std::move(*store));
-  EXPECT_TRUE(c.ok()) << c.status();
-  return std::move(*c);
-}
+std::unique_ptr<Coordinator> Make(const CoordinatorOptions& o = Options()) { return MakeTestCoordinator(o); }
 
 absl::StatusOr<RegisterResponse> Join(Coordinator& c, const std::string& role, const std::string& name,
                                       const std::string& job = "", uint64_t attempt = 0) {

@@ -17,21 +17,10 @@ namespace {
 
 const char kSpec[] = "name: t\nworkers: 1\nshards: 1\ndata: {format: synthetic}\n";
 
-CoordinatorOptions Options() {
-  CoordinatorOptions o;
-  o.heartbeat_interval = absl::Milliseconds(50);
-  o.missed_heartbeats = 3;
-  o.background_tick = false;
-  o.checkpoint_root = *CanonicalRoot(::testing::TempDir());
-  return o;
-}
+CoordinatorOptions Options() { return TestCoordinatorOptions(); }
 
-std::unique_ptr<Coordinator> Make(CoordinatorOptions o, const std::string& db = ":memory:") {
-  auto store = JobStore::Open(db);
-  EXPECT_TRUE(store.ok()) << store.status();
-  auto c = Coordinator::Create(o, std::move(*store));
-  EXPECT_TRUE(c.ok()) << c.status();
-  return c.ok() ? std::move(*c) : nullptr;
+std::unique_ptr<Coordinator> Make(const CoordinatorOptions& o, const std::string& db = ":memory:") {
+  return MakeTestCoordinator(o, db);
 }
 
 Caller User(const std::string& name) { return Caller{CallerRole::kUser, name}; }

@@ -53,6 +53,23 @@ class CoordinatorTest : public ::testing::Test {
     return ids_[name] = resp->member_id();
   }
   std::string Submit(Coordinator& c, const std::string& spec = kSpec) { return SubmitSpec(c, spec); }
+  // `rounds` heartbeats 40 ms apart from each of `members`, all running
+  // attempt 1 of `job`, a Tick after each round; none is told to stop.
+  void KeepRunning(Coordinator& c, const std::vector<std::string>& members, const std::string& job, int rounds) {
+    for (int i = 0; i < rounds; ++i) {
+      clock_.Advance(absl::Milliseconds(40));
+      for (const std::string& m : members) {
+        HeartbeatRequest hb;
+        hb.set_member_id(m);
+        hb.set_running_job_id(job);
+        hb.set_running_attempt(1);
+        auto r = c.Heartbeat(hb);
+        ASSERT_TRUE(r.ok()) << r.status();
+        EXPECT_FALSE(r->cancel_job());
+      }
+      c.Tick();
+    }
+  }
   void Event(Coordinator& c, const std::string& member, const std::string& job, const std::string& json) {
     ReportProgressRequest r;
     r.set_member_id(member);
@@ -202,19 +219,7 @@ TEST_F(CoordinatorTest, RestartedCoordinatorKeepsJobsAndReattachesMembers) {
   // the job carries on past the re-attach window and then completes.
   const std::string s0 = Join(*c, "shard", "shard-0", job, 0);
   const std::string w0 = Join(*c, "worker", "worker-0", job, 0);
-  for (int i = 0; i < 6; ++i) {
-    clock_.Advance(absl::Milliseconds(40));
-    for (const std::string& m : {s0, w0}) {
-      HeartbeatRequest hb;
-      hb.set_member_id(m);
-      hb.set_running_job_id(job);
-      hb.set_running_attempt(1);
-      auto r = c->Heartbeat(hb);
-      ASSERT_TRUE(r.ok());
-      EXPECT_FALSE(r->cancel_job());
-    }
-    c->Tick();
-  }
+  KeepRunning(*c, {s0, w0}, job, 6);
   EXPECT_EQ(State(*c, job), RUNNING);
   EXPECT_EQ(State(*c, pending), PENDING);
   Event(*c, w0, job, R"({"rank": 0, "done": {}})");
@@ -292,17 +297,7 @@ TEST_F(CoordinatorTest, AnImpostorRegisteringFirstAfterARestartGetsNoSeat) {
   HeartbeatRequest gone;
   gone.set_member_id(impostor->member_id());
   EXPECT_EQ(c->Heartbeat(gone).status().code(), absl::StatusCode::kNotFound);
-  for (int i = 0; i < 300; ++i) {  // 12 s: past the re-attach window (10 s at least)
-    clock_.Advance(absl::Milliseconds(40));
-    for (const std::string& m : {s0, w0}) {
-      HeartbeatRequest hb;
-      hb.set_member_id(m);
-      hb.set_running_job_id(job);
-      hb.set_running_attempt(1);
-      ASSERT_TRUE(c->Heartbeat(hb).ok());
-    }
-    c->Tick();
-  }
+  KeepRunning(*c, {s0, w0}, job, 300);  // 12 s: past the re-attach window (10 s at least)
   EXPECT_EQ(State(*c, job), RUNNING);
   {
     const JobStatus st = c->GetJob(job).value();

@@ -10,9 +10,33 @@
 #include <vector>
 
 #include "checkpoint/manifest.h"
+#include "common/file_util.h"
 #include "server/coordinator/coordinator.h"
 
 namespace pstrain {
+
+// A coordinator for tests: 50 ms heartbeats, 3 missed ones lose a member,
+// no background tick (the test calls Tick()), the test's temporary
+// directory as the checkpoint root.
+inline CoordinatorOptions TestCoordinatorOptions() {
+  CoordinatorOptions o;
+  o.heartbeat_interval = absl::Milliseconds(50);
+  o.missed_heartbeats = 3;
+  o.background_tick = false;
+  o.checkpoint_root = *CanonicalRoot(::testing::TempDir());
+  return o;
+}
+
+// A coordinator over the job store `db` (":memory:" or a file).
+inline std::unique_ptr<Coordinator> MakeTestCoordinator(const CoordinatorOptions& o = TestCoordinatorOptions(),
+                                                        const std::string& db = ":memory:") {
+  auto store = JobStore::Open(db);
+  EXPECT_TRUE(store.ok()) << store.status();
+  if (!store.ok()) return nullptr;
+  auto c = Coordinator::Create(o, std::move(*store));
+  EXPECT_TRUE(c.ok()) << c.status();
+  return c.ok() ? std::move(*c) : nullptr;
+}
 
 // Submits `spec` (output under the test's temporary directory); its id.
 inline std::string SubmitSpec(Coordinator& c, const std::string& spec) {

@@ -210,21 +210,26 @@ grep "final test accuracy" "$WORK/watch1.log" | sed 's/^/    /'
 status_has '^state: *Succeeded'
 log "$job succeeded across 5 network namespaces"
 
-# 2. Cut a worker's link mid-run.
+# holder_of RANK: the worker pod that holds RANK of $job (ranks follow the
+# coordinator's random member order, not the pods' names).
+holder_of() { "${CLI[@]}" status "$job" | awk -v r="$1" '$1 == "worker" && $2 == r {print $3; exit}'; }
+
+# 2. Cut a worker's link mid-run (rank 1's: rank 0 evaluates and is awaited).
 sed -e 's/epochs: 2/epochs: 100/' -e 's/^name: pods/name: cut/' "$WORK/job.yaml" >"$WORK/long.yaml"
 printf 'max_steps: 600\ncheckpoint_every_steps: 50\n' >>"$WORK/long.yaml"
 job=$("${CLI[@]}" submit "$WORK/long.yaml" --output_dir out/cut | grep -o 'job-[0-9]*')
 wait_for 60 "checkpoint" status_has '^checkpoint: '
-log "$job running with a checkpoint; cutting pstrain-worker-1's link"
-ip link set "${VETH[pstrain-worker-1]}" down
+victim=$(holder_of 1)
+log "$job running with a checkpoint; cutting $victim's link (rank 1)"
+ip link set "${VETH[$victim]}" down
 wait_for 30 "requeue after the cut" status_has '^state: *Pending'
 "${CLI[@]}" status "$job" >"$WORK/status-cut.txt"
 grep -q "MemberLost" "$WORK/status-cut.txt" || { cat "$WORK/status-cut.txt"; exit 1; }
-grep -q "pstrain-worker-1 (rank 1) was lost" "$WORK/status-cut.txt" || { cat "$WORK/status-cut.txt"; exit 1; }
-cluster_has "pstrain-worker-1 .*LOST"
+grep -q "$victim (rank 1) was lost" "$WORK/status-cut.txt" || { cat "$WORK/status-cut.txt"; exit 1; }
+cluster_has "$victim .*LOST"
 log "status reports the lost member and the job waits, requeued from its checkpoint:"
 grep -E "state:|waiting:|MemberLost" "$WORK/status-cut.txt" | sed 's/^/    /'
-ip link set "${VETH[pstrain-worker-1]}" up
+ip link set "${VETH[$victim]}" up
 log "link restored"
 "${CLI[@]}" watch "$job" >"$WORK/watch2.log" 2>&1 || { cat "$WORK/watch2.log"; "${CLI[@]}" status "$job"; exit 1; }
 status_has ' Restored '
@@ -235,12 +240,13 @@ sed -e 's/epochs: 2/epochs: 100/' -e 's/^name: pods/name: elastic/' "$WORK/job.y
 printf 'max_steps: 2000\nmin_workers: 1\n' >>"$WORK/elastic.yaml"
 job=$("${CLI[@]}" submit "$WORK/elastic.yaml" --output_dir out/elastic | grep -o 'job-[0-9]*')
 wait_for 60 "100 steps" status_has 'step [1-9][0-9][0-9]/'
-log "$job training; cutting pstrain-worker-1's link"
-ip link set "${VETH[pstrain-worker-1]}" down
+victim=$(holder_of 1)
+log "$job training; cutting $victim's link (rank 1)"
+ip link set "${VETH[$victim]}" down
 wait_for 30 "the job going on without it" status_has 'running with 1 of 2 workers'
 status_has '^state: *Running' || { cat "$WORK/status.txt"; exit 1; }
 grep -E "state:|workers:|MemberLost" "$WORK/status.txt" | sed 's/^/    /'
-ip link set "${VETH[pstrain-worker-1]}" up
+ip link set "${VETH[$victim]}" up
 log "link restored"
 wait_for 60 "the returning worker taking its rank back" status_has 'WorkerReplaced'
 grep -E "WorkerReplaced" "$WORK/status.txt" | sed 's/^/    /'

@@ -6,7 +6,8 @@
 // The whole exchange (the coordinator drives it: server/coordinator/
 // coordinator_checkpoint.cc, with checkpoint_driver.h for the file work):
 //   1. the coordinator pauses every worker at one agreed step (heartbeat
-//      `pause`, the job's KV store, the workers' `paused` events);
+//      `pause`, the job's KV store, the workers' `paused` events; the
+//      worker's side is worker/pause_protocol.h, the keys pause_keys.h);
 //   2. each shard (or, all-reduce, worker 0's local store) writes its table
 //      with SaveTable into <output_dir>/<job_id>/ckpt-<step>.tmp/;
 //   3. the coordinator writes manifest.json there and CommitCheckpoint

@@ -5,7 +5,6 @@
 #include "absl/strings/str_cat.h"
 #include "checkpoint/layout.h"
 #include "checkpoint/manifest.h"
-#include "nlohmann/json.hpp"
 
 namespace pstrain {
 namespace {
@@ -109,21 +108,16 @@ std::function<absl::Status(const std::vector<std::string>& keys)> AllReduceSetup
   };
 }
 
-std::string AllReduceSetup::SaveTable(const std::string& path, const std::function<absl::Status()>& flush) {
+absl::StatusOr<SaveTableResponse> AllReduceSetup::SaveTable(const std::string& path,
+                                                            const std::function<absl::Status()>& flush) {
   SaveTableRequest req;
   req.set_job(options_.spec.name);
   req.set_path(RelativeToFilesystemRoot(path));
   SaveTableResponse resp;
   absl::Status s = flush();
   if (s.ok()) s = WaitFor([&](StatusCallback done) { local_->SaveTable(req, &resp, {}, done); });
-  nlohmann::json out;
-  if (s.ok()) {
-    out["bytes"] = resp.bytes();
-    out["crc32"] = resp.crc32();
-  } else {
-    out["error"] = s.ToString();
-  }
-  return out.dump();
+  if (!s.ok()) return s;
+  return resp;
 }
 
 }  // namespace pstrain

@@ -45,10 +45,11 @@ class AllReduceSetup {
   ParameterStore* local_store() { return local_.get(); }
   // For TrainerOptions::restore_local; empty when not resuming.
   std::function<absl::Status(const std::vector<std::string>& keys)> restore_local();
-  // Writes the local store's table to `path` (a checkpoint's shard file);
-  // returns {"bytes": N, "crc32": C} or {"error": "..."} for the coordinator.
-  // `flush` first makes the local store current (StepBoundary::flush).
-  std::string SaveTable(const std::string& path, const std::function<absl::Status()>& flush);
+  // Writes the local store's table to `path` (a checkpoint's shard file)
+  // and returns what SaveTable says of it (its size and crc32 go to the
+  // coordinator: worker/pause_protocol.h). `flush` first makes the local
+  // store current (StepBoundary::flush).
+  absl::StatusOr<SaveTableResponse> SaveTable(const std::string& path, const std::function<absl::Status()>& flush);
 
  private:
   AllReduceOptions options_;

@@ -47,6 +47,7 @@
 #include "worker/allreduce_setup.h"
 #include "worker/device.h"
 #include "worker/launch_env.h"
+#include "worker/pause_protocol.h"
 #include "worker/trainer.h"
 #include "worker/worker_metrics.h"
 
@@ -224,73 +225,18 @@ absl::Status RunJobOrThrow(pstrain::JobSpec spec, int rank, int world_size, cons
       options.start_loss_scale = w.loss_scale;
     }
   }
+  // A checkpoint pauses every worker before one agreed step
+  // (worker/pause_protocol.h); all-reduce worker 0 writes the model then.
+  std::unique_ptr<pstrain::CheckpointPause> pause;
   if (member != nullptr) {
-    // A checkpoint pauses every worker before one agreed step (a SYNC step
-    // needs all workers, so they must stop at the same one). The first worker
-    // to see the request picks a step far enough ahead that every other
-    // worker learns of it (through its heartbeat) before getting there --
-    // four heartbeat intervals of training, at least 20 steps -- and
-    // publishes it in the job's KV store; every worker runs up to that step,
-    // reports where it is, and waits until the coordinator has saved the
-    // shards.
-    struct PauseState {
-      int64_t id = 0, step = 0, done_id = 0;
-      absl::Time last = absl::InfinitePast();
-      double step_seconds = 0.01;  // moving average
-    };
-    auto pause = std::make_shared<PauseState>();
-    // All-reduce: worker 0 writes the model (its local store) for the
-    // coordinator while everyone is paused.
-    pstrain::AllReduceSetup* saver = rank == 0 ? allreduce.get() : nullptr;
-    options.at_step_boundary = [member, stop, rank, &emit, pause, saver, activity](const pstrain::StepBoundary& at) {
-      const int64_t step = at.step;
-      const absl::Time now = absl::Now();
-      if (pause->last != absl::InfinitePast()) {
-        pause->step_seconds = 0.9 * pause->step_seconds + 0.1 * absl::ToDoubleSeconds(now - pause->last);
-      }
-      pause->last = now;
-      if (!member->pause_requested()) return;
-      const int64_t id = member->pause_id();
-      if (id == pause->done_id) return;  // already paused for this one (stale flag)
-      if (pause->id != id) {
-        const std::string prefix = absl::StrCat("pause/", id, "/");
-        const int64_t margin = std::max<int64_t>(
-            20, static_cast<int64_t>(4 * absl::ToDoubleSeconds(member->heartbeat_interval()) /
-                                     std::max(1e-4, pause->step_seconds)));
-        auto votes = member->KvAdd(prefix + "votes", 1);
-        if (votes.ok() && *votes == 1) (void)member->KvSet(prefix + "step", std::to_string(step + margin));
-        auto at = member->KvGet(prefix + "step", absl::Seconds(30));
-        int64_t p = step;
-        if (!at.ok() || !absl::SimpleAtoi(*at, &p)) p = step;  // no agreement: pause here
-        pause->id = id;
-        pause->step = p;
-      }
-      if (step < pause->step) return;
-      pstrain::WorkerEvent paused;
-      paused.set_rank(rank);
-      paused.mutable_paused()->set_step(step);
-      paused.mutable_paused()->set_epoch(at.epoch);
-      paused.mutable_paused()->set_epoch_step(at.epoch_step);
-      paused.mutable_paused()->set_pause_id(id);
-      if (at.loss_scale) paused.mutable_paused()->set_loss_scale(at.loss_scale());
-      emit(paused);
-      activity->Enter(pstrain::WorkerActivity::PAUSED, step);
-      bool saved = saver == nullptr;
-      while (member->pause_requested() && member->pause_id() == id && !(stop != nullptr && stop->load())) {
-        if (!saved) {
-          const std::string prefix = absl::StrCat("ckpt/", id, "/");
-          auto path = member->KvGet(prefix + "path", absl::Milliseconds(200));
-          if (path.ok()) {
-            (void)member->KvSet(prefix + "saved", saver->SaveTable(*path, at.flush));
-            saved = true;
-          }
-          continue;
-        }
-        absl::SleepFor(absl::Milliseconds(10));
-      }
-      pause->done_id = id;
-      pause->last = absl::Now();
-    };
+    pstrain::CheckpointPause::SaveTableFn save;
+    if (rank == 0 && allreduce != nullptr) {
+      save = [saver = allreduce.get()](const std::string& path, const std::function<absl::Status()>& flush) {
+        return saver->SaveTable(path, flush);
+      };
+    }
+    pause = std::make_unique<pstrain::CheckpointPause>(member, rank, emit, activity.get(), stop, std::move(save));
+    options.at_step_boundary = [p = pause.get()](const pstrain::StepBoundary& at) { p->AtStepBoundary(at); };
   }
   spdlog::info("pstrain-worker rank {}/{} of {}: loading data ({})", rank, world_size, spec.name,
                spec.data.format);

@@ -1,7 +1,5 @@
 #include "server/coordinator/checkpoint_driver.h"
 
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
 #include <condition_variable>
 #include <filesystem>
@@ -9,9 +7,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "checkpoint/layout.h"
+#include "checkpoint/pause_keys.h"
 #include "common/file_util.h"
 #include "common/partition_plan.h"
 #include "common/quote.h"
+#include "proto/checkpoint.pb.h"
 #include "rpc/grpc_remote_shard.h"
 
 namespace pstrain {
@@ -19,27 +19,21 @@ namespace {
 
 // Worker 0 of an all-reduce job writes its store to <pending>/shard-0.bin
 // while the workers are paused; the path goes to it, and its answer (the
-// file's size and crc32, or an error) comes back, through the rendezvous.
+// file's size and crc32, or an error) comes back, through the rendezvous
+// (worker/pause_protocol.h has the worker's side).
 absl::Status SaveOnWorker0(const CheckpointWrite& w, const std::string& pending, Rendezvous& rendezvous,
                            SaveTableResponse* saved) {
-  const std::string prefix = absl::StrCat("ckpt/", w.pause_id, "/");
-  absl::Status status = rendezvous.Set(w.job_id, w.attempt, prefix + "path", absl::StrCat(pending, "/shard-0.bin"));
+  absl::Status status =
+      rendezvous.Set(w.job_id, w.attempt, CheckpointPathKey(w.pause_id), absl::StrCat(pending, "/shard-0.bin"));
   if (!status.ok()) return status;
   absl::StatusOr<std::string> result =
-      rendezvous.Get(w.job_id, w.attempt, prefix + "saved", absl::Now() + absl::Minutes(10));
+      rendezvous.Get(w.job_id, w.attempt, CheckpointSavedKey(w.pause_id), absl::Now() + w.save_timeout);
   if (!result.ok()) {
     return absl::Status(result.status().code(), absl::StrCat("worker 0 did not save: ", result.status().message()));
   }
-  const nlohmann::json r = nlohmann::json::parse(*result, nullptr, false);
-  if (!r.is_object() || r.contains("error") || !r.contains("bytes") || !r["bytes"].is_number_unsigned() ||
-      !r.contains("crc32") || !r["crc32"].is_number_unsigned()) {
-    // Not a saved file's size and crc32 (checked by type: nlohmann's
-    // value() throws on a mismatch).
-    const bool said = r.is_object() && r.contains("error") && r["error"].is_string();
-    return absl::InternalError(absl::StrCat("worker 0: ", Quote(said ? r["error"].get<std::string>() : *result, 1024)));
-  }
-  saved->set_bytes(r["bytes"].get<uint64_t>());
-  saved->set_crc32(static_cast<uint32_t>(r["crc32"].get<uint64_t>()));
+  auto report = ParseWorkerSaveReport(*result);
+  if (!report.ok()) return report.status();
+  *saved = *std::move(report);
   return absl::OkStatus();
 }
 
@@ -58,7 +52,7 @@ absl::Status SaveOnShards(const CheckpointWrite& w, const std::string& pending_n
     req.set_path(absl::StrCat(pending_name, "/shard-", i, ".bin"));
     req.set_attempt(w.attempt);
     CallOptions opts;
-    opts.deadline = absl::Now() + absl::Minutes(10);
+    opts.deadline = absl::Now() + w.save_timeout;
     opts.job_secret = w.job_secret;
     SharedRemoteShard(ro)->SaveTable(req, &saved[i], opts, [&, i](absl::Status s) {
       std::lock_guard<std::mutex> l(mu);
@@ -72,6 +66,25 @@ absl::Status SaveOnShards(const CheckpointWrite& w, const std::string& pending_n
 }
 
 }  // namespace
+
+absl::StatusOr<SaveTableResponse> ParseWorkerSaveReport(const std::string& value) {
+  WorkerSaveReport report;
+  // Any bytes parse or fail cleanly; a worker (or whoever wrote the key)
+  // cannot make the coordinator throw or abort.
+  if (!report.ParseFromString(value)) {
+    return absl::InternalError(absl::StrCat("worker 0: not a saved-file report (", value.size(),
+                                            " bytes): ", Quote(value, 1024)));
+  }
+  switch (report.result_case()) {
+    case WorkerSaveReport::kSaved:
+      return std::move(*report.mutable_saved());
+    case WorkerSaveReport::kError:
+      return absl::InternalError(absl::StrCat("worker 0: ", Quote(report.error(), 1024)));
+    case WorkerSaveReport::RESULT_NOT_SET:
+      break;
+  }
+  return absl::InternalError("worker 0: the saved-file report names neither a file nor an error");
+}
 
 bool PeriodicCheckpointDue(const JobStatus& st, const JobSpec& spec, const CheckpointState& c) {
   if (st.state() != RUNNING || c.claimed || c.restoring || spec.checkpoint_every_steps <= 0 ||
@@ -123,7 +136,7 @@ absl::Status WriteCheckpoint(const CheckpointWrite& w, const std::string& root, 
 absl::StatusOr<CheckpointManifest> LoadCheckpoint(const std::string& job_id, uint64_t attempt,
                                                   const std::string& job_secret, const std::string& table_grant, const std::string& dir,
                                                   const JobSpec& spec, const std::vector<std::string>& shards,
-                                                  const std::string& root) {
+                                                  const std::string& root, absl::Duration timeout) {
   absl::Status status = PathUnderRoot(root, dir, "the checkpoint").status();
   if (!status.ok()) return status;
   auto manifest = ReadManifest(dir);
@@ -138,7 +151,7 @@ absl::StatusOr<CheckpointManifest> LoadCheckpoint(const std::string& job_id, uin
         RestoreRequest(*manifest, RelativeToRoot(root, dir), job_id, attempt, MakeTableConfig(spec), keys);
     LoadTableResponse resp;
     CallOptions opts;
-    opts.deadline = absl::Now() + absl::Minutes(10);
+    opts.deadline = absl::Now() + timeout;
     opts.job_secret = job_secret;
     opts.table_grant = table_grant;
     absl::Status s = WaitFor([&](StatusCallback done) { client->LoadTable(req, &resp, opts, done); });

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "checkpoint/manifest.h"
 #include "common/job_spec.h"
 #include "proto/control.pb.h"
@@ -70,7 +71,16 @@ struct CheckpointWrite {
   std::string dir;                  // ckpt-<step>, absolute, under the root
   int keep = 1;                     // newest checkpoints kept
   CheckpointManifest manifest;      // all but the shards' files
+  // How long the shards (or worker 0) may take to write their tables
+  // (CoordinatorOptions::checkpoint_save_timeout).
+  absl::Duration save_timeout = absl::Minutes(10);
 };
+
+// All-reduce worker 0's answer under ckpt/<id>/saved (checkpoint/
+// pause_keys.h): a WorkerSaveReport in binary form. The file it saved, or
+// INTERNAL saying why not: the error it reported, or that the value is no
+// such report (any bytes give a status, never a crash).
+absl::StatusOr<SaveTableResponse> ParseWorkerSaveReport(const std::string& value);
 
 // Has every shard (or worker 0) write its table into the pending
 // directory, writes the manifest, and commits the directory whole (older
@@ -81,12 +91,13 @@ absl::Status WriteCheckpoint(const CheckpointWrite& write, const std::string& ro
 // partition plan for their number; returns its manifest. All-reduce jobs
 // (no shards) only read the manifest: the workers load the file.
 // `table_grant`: the coordinator's grant for the job's attempt and secret
-// (empty without a grant key).
+// (empty without a grant key). `timeout`: each shard's LoadTable call
+// (CoordinatorOptions::checkpoint_load_timeout).
 absl::StatusOr<CheckpointManifest> LoadCheckpoint(const std::string& job_id, uint64_t attempt,
                                                   const std::string& job_secret, const std::string& table_grant,
                                                   const std::string& dir,
                                                   const JobSpec& spec, const std::vector<std::string>& shards,
-                                                  const std::string& root);
+                                                  const std::string& root, absl::Duration timeout);
 
 }  // namespace pstrain
 

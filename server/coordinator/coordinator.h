@@ -123,6 +123,19 @@ struct CoordinatorOptions {
   absl::Duration job_retention_age = absl::Hours(24 * 30);
   // A member without a heartbeat for this many leases is forgotten.
   int forget_after_leases = 20;
+  // A checkpoint's waits (coordinator_checkpoint.cc, checkpoint_driver.h):
+  // for a job still starting to report its model (else UNAVAILABLE, try
+  // again later); for every worker to pause at the agreed step (else the
+  // checkpoint fails, DEADLINE_EXCEEDED, and training goes on); for the
+  // shards, or all-reduce worker 0, to write their tables; for each shard
+  // to load one on a restore; and for a draining member's job to be
+  // checkpointed, one in progress and retries included, before it is
+  // requeued without one.
+  absl::Duration checkpoint_start_timeout = absl::Seconds(60);
+  absl::Duration checkpoint_pause_timeout = absl::Seconds(120);
+  absl::Duration checkpoint_save_timeout = absl::Minutes(10);
+  absl::Duration checkpoint_load_timeout = absl::Minutes(10);
+  absl::Duration drain_checkpoint_timeout = absl::Seconds(90);
   // Fault-injection points for tests (called without the coordinator's
   // mutex): a checkpoint of `job` was claimed; a job's status is about to
   // be written to the store.

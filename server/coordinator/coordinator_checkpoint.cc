@@ -92,7 +92,7 @@ absl::StatusOr<CheckpointWrite> Coordinator::PauseForCheckpoint(const std::strin
                                                       ": only a running job can be checkpointed"));
   }
   // A job that is still starting has not reported its model yet: wait.
-  const absl::Time start_deadline = absl::Now() + absl::Seconds(60);
+  const absl::Time start_deadline = absl::Now() + options_.checkpoint_start_timeout;
   auto starting = [&] { return job->stored.status.params_size() == 0 || c.restoring; };
   while (starting() && job->stored.status.state() == RUNNING && absl::Now() < start_deadline && !shutdown_ &&
          !moved_on()) {
@@ -102,14 +102,16 @@ absl::StatusOr<CheckpointWrite> Coordinator::PauseForCheckpoint(const std::strin
   if (moved_on()) return abandoned();
   if (starting() || job->stored.status.state() != RUNNING) {
     c.claimed = false;
-    return absl::UnavailableError(absl::StrCat("job ", job_id, " did not start training within 60 s; try again later"));
+    return absl::UnavailableError(absl::StrCat("job ", job_id, " did not start training within ",
+                                               absl::ToInt64Seconds(options_.checkpoint_start_timeout),
+                                               " s; try again later"));
   }
   c.claimed = true;
   c.pause_requested = true;
   c.pause_id = NextPauseId();
   c.paused.clear();
   Transition(*job, CHECKPOINTING, "CheckpointRequested", "pausing the workers at a step boundary");
-  const absl::Time deadline = absl::Now() + absl::Seconds(120);
+  const absl::Time deadline = absl::Now() + options_.checkpoint_pause_timeout;
   while (true) {
     if (moved_on()) return abandoned();
     if (IsTerminal(job->stored.status.state())) {
@@ -123,7 +125,9 @@ absl::StatusOr<CheckpointWrite> Coordinator::PauseForCheckpoint(const std::strin
     for (int r : job->stored.status.vacant_ranks()) ready += c.paused.count(r) == 0 && !job->done_ranks.count(r);
     if (ready >= job->spec.workers) break;
     if (absl::Now() > deadline || shutdown_) {
-      EndCheckpoint(*job, "CheckpointFailed", "the workers did not pause within 120 s");
+      EndCheckpoint(*job, "CheckpointFailed",
+                    absl::StrCat("the workers did not pause within ",
+                                 absl::ToInt64Seconds(options_.checkpoint_pause_timeout), " s"));
       return absl::DeadlineExceededError(absl::StrCat("job ", job_id, ": the workers did not pause in time"));
     }
     cv_.WaitWithDeadline(&mu_, std::min(deadline, absl::Now() + absl::Seconds(1)));
@@ -166,6 +170,7 @@ absl::StatusOr<CheckpointWrite> Coordinator::PauseForCheckpoint(const std::strin
   // other's checkpoints.
   w.dir = CheckpointDir(JobDir(job->stored.output_dir, job_id), manifest.step);
   w.keep = job->spec.checkpoint_keep;
+  w.save_timeout = options_.checkpoint_save_timeout;
   return w;
 }
 
@@ -173,7 +178,7 @@ absl::StatusOr<CheckpointResponse> Coordinator::RunCheckpoint(const std::string&
   auto write = PauseForCheckpoint(job_id, attempt);
   if (!write.ok()) return write.status();
   // The shards write their tables, all at once, outside the lock (for up
-  // to 10 minutes).
+  // to checkpoint_save_timeout).
   absl::Status status = WriteCheckpoint(*write, options_.checkpoint_root, rendezvous_);
   if (options_.on_checkpoint_written) options_.on_checkpoint_written(job_id);
   absl::MutexLock lock(&mu_);
@@ -231,7 +236,8 @@ void Coordinator::Restore(const std::string& job_id) {
   const std::string grant = options_.table_grant_signer == nullptr
                                 ? std::string()
                                 : options_.table_grant_signer->Sign(job_id, attempt, secret);
-  auto manifest = LoadCheckpoint(job_id, attempt, secret, grant, dir, spec, shards, options_.checkpoint_root);
+  auto manifest = LoadCheckpoint(job_id, attempt, secret, grant, dir, spec, shards, options_.checkpoint_root,
+                                 options_.checkpoint_load_timeout);
   if (options_.on_restore_loaded) options_.on_restore_loaded(job_id, attempt);
   absl::MutexLock lock(&mu_);
   Job* job = FindJob(job_id);
@@ -270,8 +276,9 @@ void Coordinator::Restore(const std::string& job_id) {
 void Coordinator::Drain(const std::string& job_id, const std::string& who) {
   // A checkpoint already in progress is waited for, then a fresh one taken
   // (the leaving worker keeps training until the job stops).
-  const absl::Time deadline = absl::Now() + absl::Seconds(90);
-  absl::Status saved = absl::DeadlineExceededError("no checkpoint within 90 s");
+  const absl::Time deadline = absl::Now() + options_.drain_checkpoint_timeout;
+  absl::Status saved = absl::DeadlineExceededError(
+      absl::StrCat("no checkpoint within ", absl::ToInt64Seconds(options_.drain_checkpoint_timeout), " s"));
   // The attempt that is draining: once the job runs another one, its end
   // (requeue or failure) is no longer this drain's to decide.
   uint64_t attempt = 0;

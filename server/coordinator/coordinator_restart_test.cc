@@ -22,6 +22,7 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "checkpoint/manifest.h"
+#include "checkpoint/pause_keys.h"
 #include "common/clock.h"
 #include "common/file_util.h"
 #include "google/protobuf/util/json_util.h"
@@ -212,7 +213,7 @@ class KilledInACheckpointTest : public CoordinatorRestartTest {
                       absl::StrCat(R"({"rank": 0, "paused": {"step": 10, "pause_id": )", pause_id_, "}}"))
                     .ok());
     // The coordinator has asked worker 0 to write the model: mid-checkpoint.
-    auto path = first_->KvGet(w0_, job_, 1, absl::StrCat("ckpt/", pause_id_, "/path"), absl::Now() + absl::Seconds(30));
+    auto path = first_->KvGet(w0_, job_, 1, CheckpointPathKey(pause_id_), absl::Now() + absl::Seconds(30));
     ASSERT_TRUE(path.ok()) << path.status();
     ASSERT_TRUE(AwaitStored(db_, job_, CHECKPOINTING));
     image_ = CrashImage(db_);
@@ -394,7 +395,7 @@ TEST_F(LateResultTest, ALateCheckpointResultLeavesTheNextAttemptsCheckpointAlone
                       absl::StrCat(R"({"rank": )", rank, R"(, "paused": {"step": 130, "pause_id": )", pause1, "}}"))
                     .ok());
   }
-  ASSERT_TRUE(c_->KvGet(w0_, job_, 1, absl::StrCat("ckpt/", pause1, "/path"), absl::Now() + absl::Seconds(30)).ok());
+  ASSERT_TRUE(c_->KvGet(w0_, job_, 1, CheckpointPathKey(pause1), absl::Now() + absl::Seconds(30)).ok());
   // Attempt 1 fails while worker 0 writes: its write fails, and the result
   // is held back until attempt 2 is in a checkpoint of its own.
   Restart(1);

@@ -1,0 +1,12 @@
+#include "checkpoint/pause_keys.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace pstrain {
+
+std::string PauseVotesKey(int64_t pause_id) { return absl::StrCat("pause/", pause_id, "/votes"); }
+std::string PauseStepKey(int64_t pause_id) { return absl::StrCat("pause/", pause_id, "/step"); }
+std::string CheckpointPathKey(int64_t pause_id) { return absl::StrCat("ckpt/", pause_id, "/path"); }
+std::string CheckpointSavedKey(int64_t pause_id) { return absl::StrCat("ckpt/", pause_id, "/saved"); }
+
+}  // namespace pstrain

@@ -1,0 +1,30 @@
+// The keys of a checkpoint's pause in the job's KV store (the coordinator's
+// rendezvous, reached by the workers with ClusterMember::KvGet/KvSet/KvAdd),
+// spelled once for both sides. `pause_id` is the coordinator's, sent to the
+// workers with the heartbeat's `pause`; it is unique across coordinator
+// lifetimes, so one pause's keys never meet another's.
+//
+// Who writes and who reads (worker/pause_protocol.h has the exchange):
+//   pause/<id>/votes  every worker adds 1 when it first sees the pause; the
+//                     first (the one that reads 1) picks the step
+//   pause/<id>/step   the step every worker stops before (decimal)
+//   ckpt/<id>/path    all-reduce: the coordinator names the file worker 0
+//                     writes its table to
+//   ckpt/<id>/saved   all-reduce: worker 0's answer, a WorkerSaveReport
+//                     (proto/checkpoint.proto) in binary form
+#ifndef PSTRAIN_CHECKPOINT_PAUSE_KEYS_H_
+#define PSTRAIN_CHECKPOINT_PAUSE_KEYS_H_
+
+#include <cstdint>
+#include <string>
+
+namespace pstrain {
+
+std::string PauseVotesKey(int64_t pause_id);
+std::string PauseStepKey(int64_t pause_id);
+std::string CheckpointPathKey(int64_t pause_id);
+std::string CheckpointSavedKey(int64_t pause_id);
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_CHECKPOINT_PAUSE_KEYS_H_

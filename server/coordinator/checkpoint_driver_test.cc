@@ -1,0 +1,115 @@
+#include "server/coordinator/checkpoint_driver.h"
+
+#include <filesystem>
+#include <random>
+
+#include "checkpoint/layout.h"
+#include "checkpoint/pause_keys.h"
+#include "gtest/gtest.h"
+#include "proto/checkpoint.pb.h"
+
+namespace pstrain {
+namespace {
+
+std::string Report(uint64_t bytes, uint32_t crc32) {
+  WorkerSaveReport r;
+  r.mutable_saved()->set_bytes(bytes);
+  r.mutable_saved()->set_crc32(crc32);
+  return r.SerializeAsString();
+}
+
+TEST(ParseWorkerSaveReportTest, ASavedFile) {
+  auto saved = ParseWorkerSaveReport(Report(1234, 0xdeadbeef));
+  ASSERT_TRUE(saved.ok()) << saved.status();
+  EXPECT_EQ(saved->bytes(), 1234u);
+  EXPECT_EQ(saved->crc32(), 0xdeadbeefu);
+}
+
+TEST(ParseWorkerSaveReportTest, TheWorkersErrorIsPassedOn) {
+  WorkerSaveReport r;
+  r.set_error("disk full");
+  auto saved = ParseWorkerSaveReport(r.SerializeAsString());
+  EXPECT_EQ(saved.status().code(), absl::StatusCode::kInternal);
+  EXPECT_NE(saved.status().message().find("worker 0: "), std::string::npos) << saved.status();
+  EXPECT_NE(saved.status().message().find("disk full"), std::string::npos) << saved.status();
+}
+
+TEST(ParseWorkerSaveReportTest, NeitherFileNorError) {
+  for (const std::string& value : {std::string(), WorkerSaveReport().SerializeAsString()}) {
+    auto saved = ParseWorkerSaveReport(value);
+    EXPECT_EQ(saved.status().code(), absl::StatusCode::kInternal);
+    EXPECT_NE(saved.status().message().find("neither"), std::string::npos) << saved.status();
+  }
+}
+
+TEST(ParseWorkerSaveReportTest, NotAReport) {
+  // The old JSON form, a truncated report, a field of the wrong wire type.
+  const std::string full = Report(1234, 5);
+  for (const std::string& value : {std::string(R"({"bytes": 1, "crc32": 2})"), full.substr(0, full.size() - 1),
+                                   std::string("\x0b\x01", 2), std::string("\xff\xff\xff\xff\xff", 5)}) {
+    auto saved = ParseWorkerSaveReport(value);
+    EXPECT_EQ(saved.status().code(), absl::StatusCode::kInternal) << saved.status();
+    EXPECT_NE(saved.status().message().find("worker 0: "), std::string::npos) << saved.status();
+  }
+}
+
+TEST(ParseWorkerSaveReportTest, AnyBytesGiveAStatus) {
+  std::mt19937 rng(32);
+  for (int i = 0; i < 20000; ++i) {
+    std::string value(rng() % 64, '\0');
+    for (char& c : value) c = static_cast<char>(rng());
+    auto saved = ParseWorkerSaveReport(value);
+    if (!saved.ok()) {
+      EXPECT_EQ(saved.status().code(), absl::StatusCode::kInternal);
+    }
+  }
+}
+
+// A hostile or corrupt answer fails the checkpoint cleanly: an error that
+// says so, and no directory left behind.
+TEST(WriteCheckpointTest, AllReduceWorkerWithACorruptReport) {
+  const std::string root = std::filesystem::canonical(testing::TempDir()).string() + "/corrupt_report";
+  std::filesystem::remove_all(root);
+  std::filesystem::create_directories(root);
+  Rendezvous rendezvous(RendezvousLimits{});
+  rendezvous.Open("job", 1);
+  CheckpointWrite w;
+  w.job_id = "job";
+  w.attempt = 1;
+  w.pause_id = 42;
+  w.allreduce = true;
+  w.dir = root + "/job/ckpt-7";
+  w.save_timeout = absl::Seconds(5);
+  ASSERT_TRUE(rendezvous.Set("job", 1, CheckpointSavedKey(42), "{\"bytes\": 1}").ok());
+  absl::Status s = WriteCheckpoint(w, root, rendezvous);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInternal) << s;
+  EXPECT_NE(s.message().find("not a saved-file report"), std::string::npos) << s;
+  EXPECT_FALSE(std::filesystem::exists(w.dir));
+  EXPECT_FALSE(std::filesystem::exists(PendingCheckpointDir(w.dir)));
+  // The path went to worker 0 under the shared key name.
+  auto path = rendezvous.Get("job", 1, CheckpointPathKey(42), absl::Now());
+  ASSERT_TRUE(path.ok()) << path.status();
+  EXPECT_EQ(*path, PendingCheckpointDir(w.dir) + "/shard-0.bin");
+}
+
+TEST(WriteCheckpointTest, AllReduceWorkerThatNeverAnswers) {
+  const std::string root = std::filesystem::canonical(testing::TempDir()).string() + "/no_report";
+  std::filesystem::remove_all(root);
+  std::filesystem::create_directories(root);
+  Rendezvous rendezvous(RendezvousLimits{});
+  rendezvous.Open("job", 1);
+  CheckpointWrite w;
+  w.job_id = "job";
+  w.attempt = 1;
+  w.pause_id = 43;
+  w.allreduce = true;
+  w.dir = root + "/job/ckpt-7";
+  w.save_timeout = absl::Milliseconds(100);
+  absl::Status s = WriteCheckpoint(w, root, rendezvous);
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
+  EXPECT_NE(s.message().find("worker 0 did not save"), std::string::npos) << s;
+  EXPECT_FALSE(std::filesystem::exists(PendingCheckpointDir(w.dir)));
+}
+
+}  // namespace
+}  // namespace pstrain

@@ -1,0 +1,84 @@
+#include "worker/pause_protocol.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "checkpoint/pause_keys.h"
+#include "proto/checkpoint.pb.h"
+
+namespace pstrain {
+
+CheckpointPause::CheckpointPause(ClusterMember* member, int rank, std::function<void(const WorkerEvent&)> emit,
+                                 Activity* activity, const std::atomic<bool>* stop, SaveTableFn save)
+    : member_(member),
+      rank_(rank),
+      emit_(std::move(emit)),
+      activity_(activity),
+      stop_(stop),
+      save_(std::move(save)) {}
+
+void CheckpointPause::AtStepBoundary(const StepBoundary& at) {
+  const absl::Time now = absl::Now();
+  if (last_ != absl::InfinitePast()) step_seconds_ = 0.9 * step_seconds_ + 0.1 * absl::ToDoubleSeconds(now - last_);
+  last_ = now;
+  if (!member_->pause_requested()) return;
+  const int64_t id = member_->pause_id();
+  if (id == done_id_) return;  // already paused for this one (stale flag)
+  if (id_ != id) {
+    step_ = AgreeOnStep(id, at.step);
+    id_ = id;
+  }
+  if (at.step < step_) return;
+  Pause(id, at);
+  done_id_ = id;
+  last_ = absl::Now();
+}
+
+int64_t CheckpointPause::AgreeOnStep(int64_t id, int64_t step) {
+  const int64_t margin = std::max<int64_t>(
+      20, static_cast<int64_t>(4 * absl::ToDoubleSeconds(member_->heartbeat_interval()) /
+                               std::max(1e-4, step_seconds_)));
+  auto votes = member_->KvAdd(PauseVotesKey(id), 1);
+  if (votes.ok() && *votes == 1) (void)member_->KvSet(PauseStepKey(id), std::to_string(step + margin));
+  auto agreed = member_->KvGet(PauseStepKey(id), absl::Seconds(30));
+  int64_t p = step;
+  if (!agreed.ok() || !absl::SimpleAtoi(*agreed, &p)) p = step;  // no agreement: pause here
+  return p;
+}
+
+void CheckpointPause::Pause(int64_t id, const StepBoundary& at) {
+  WorkerEvent paused;
+  paused.set_rank(rank_);
+  paused.mutable_paused()->set_step(at.step);
+  paused.mutable_paused()->set_epoch(at.epoch);
+  paused.mutable_paused()->set_epoch_step(at.epoch_step);
+  paused.mutable_paused()->set_pause_id(id);
+  if (at.loss_scale) paused.mutable_paused()->set_loss_scale(at.loss_scale());
+  emit_(paused);
+  activity_->Enter(WorkerActivity::PAUSED, at.step);
+  bool saved = !save_;
+  while (member_->pause_requested() && member_->pause_id() == id && !(stop_ != nullptr && stop_->load())) {
+    if (!saved) {
+      auto path = member_->KvGet(CheckpointPathKey(id), absl::Milliseconds(200));
+      if (path.ok()) {
+        auto result = save_(*path, at.flush);
+        WorkerSaveReport report;
+        if (result.ok()) {
+          *report.mutable_saved() = *std::move(result);
+          // The chunk keys are the manifest's business, not the report's:
+          // a large model's would not fit in a KV value.
+          report.mutable_saved()->clear_keys();
+        } else {
+          report.set_error(result.status().ToString());
+        }
+        (void)member_->KvSet(CheckpointSavedKey(id), report.SerializeAsString());
+        saved = true;
+      }
+      continue;
+    }
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+}
+
+}  // namespace pstrain

@@ -64,12 +64,8 @@ class Gate {
 class CoordinatorRestartTest : public ::testing::Test {
  protected:
   CoordinatorOptions Options() {
-    CoordinatorOptions o;
-    o.heartbeat_interval = absl::Milliseconds(50);
-    o.missed_heartbeats = 3;
-    o.background_tick = false;
+    CoordinatorOptions o = TestCoordinatorOptions();
     o.clock = &clock_;  // leases move only when the test says
-    o.checkpoint_root = *CanonicalRoot(::testing::TempDir());
     return o;
   }
   // A fresh database file.
@@ -78,13 +74,7 @@ class CoordinatorRestartTest : public ::testing::Test {
     for (const char* suffix : {"", "-wal", "-shm"}) std::filesystem::remove(db + suffix);
     return db;
   }
-  std::unique_ptr<Coordinator> Make(const std::string& db, CoordinatorOptions o) {
-    auto store = JobStore::Open(db);
-    EXPECT_TRUE(store.ok()) << store.status();
-    auto c = Coordinator::Create(o, std::move(*store));
-    EXPECT_TRUE(c.ok()) << c.status();
-    return c.ok() ? std::move(*c) : nullptr;
-  }
+  std::unique_ptr<Coordinator> Make(const std::string& db, CoordinatorOptions o) { return MakeTestCoordinator(o, db); }
   // What a SIGKILL now leaves on disk: the database and its WAL, copied
   // (SQLite recovers the committed transactions from the WAL when the copy
   // is opened; a torn last frame is dropped, as after a crash).

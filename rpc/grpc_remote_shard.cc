@@ -122,52 +122,52 @@ void GrpcRemoteShard::Finish(const std::shared_ptr<Call>& call, absl::Status sta
   --in_flight_;
 }
 
-void GrpcRemoteShard::InitTable(const InitTableRequest& request, std::vector<TensorBuffer> values,
-                                InitTableResponse* response, const CallOptions& options,
-                                StatusCallback done) {
+void GrpcRemoteShard::InitTableAsync(const InitTableRequest& request, std::vector<TensorBuffer> values,
+                                     InitTableResponse* response, const CallOptions& options,
+                                     StatusCallback done) {
   Start("InitTable", request, values, response, nullptr, options, std::move(done));
 }
 
-void GrpcRemoteShard::Pull(const PullRequest& request, PullResponse* response,
-                           std::vector<TensorBuffer>* values, const CallOptions& options,
-                           StatusCallback done) {
+void GrpcRemoteShard::PullAsync(const PullRequest& request, PullResponse* response,
+                                std::vector<TensorBuffer>* values, const CallOptions& options,
+                                StatusCallback done) {
   Start("Pull", request, {}, response, values, options, std::move(done));
 }
 
-void GrpcRemoteShard::Push(const PushRequest& request, std::vector<TensorBuffer> grads,
-                           PushResponse* response, const CallOptions& options,
-                           StatusCallback done) {
+void GrpcRemoteShard::PushAsync(const PushRequest& request, std::vector<TensorBuffer> grads,
+                                PushResponse* response, const CallOptions& options,
+                                StatusCallback done) {
   Start("Push", request, grads, response, nullptr, options, std::move(done));
 }
 
-void GrpcRemoteShard::PushPull(const PushPullRequest& request, std::vector<TensorBuffer> grads,
-                               PushPullResponse* response, std::vector<TensorBuffer>* values,
-                               const CallOptions& options, StatusCallback done) {
+void GrpcRemoteShard::PushPullAsync(const PushPullRequest& request, std::vector<TensorBuffer> grads,
+                                    PushPullResponse* response, std::vector<TensorBuffer>* values,
+                                    const CallOptions& options, StatusCallback done) {
   Start("PushPull", request, grads, response, values, options, std::move(done));
 }
 
-void GrpcRemoteShard::Stats(const StatsRequest& request, StatsResponse* response,
-                            const CallOptions& options, StatusCallback done) {
+void GrpcRemoteShard::StatsAsync(const StatsRequest& request, StatsResponse* response,
+                                 const CallOptions& options, StatusCallback done) {
   Start("Stats", request, {}, response, nullptr, options, std::move(done));
 }
 
-void GrpcRemoteShard::SaveTable(const SaveTableRequest& request, SaveTableResponse* response,
-                                const CallOptions& options, StatusCallback done) {
+void GrpcRemoteShard::SaveTableAsync(const SaveTableRequest& request, SaveTableResponse* response,
+                                     const CallOptions& options, StatusCallback done) {
   Start("SaveTable", request, {}, response, nullptr, options, std::move(done));
 }
 
-void GrpcRemoteShard::LoadTable(const LoadTableRequest& request, LoadTableResponse* response,
-                                const CallOptions& options, StatusCallback done) {
+void GrpcRemoteShard::LoadTableAsync(const LoadTableRequest& request, LoadTableResponse* response,
+                                     const CallOptions& options, StatusCallback done) {
   Start("LoadTable", request, {}, response, nullptr, options, std::move(done));
 }
 
-void GrpcRemoteShard::DropTable(const DropTableRequest& request, DropTableResponse* response,
-                                const CallOptions& options, StatusCallback done) {
+void GrpcRemoteShard::DropTableAsync(const DropTableRequest& request, DropTableResponse* response,
+                                     const CallOptions& options, StatusCallback done) {
   Start("DropTable", request, {}, response, nullptr, options, std::move(done));
 }
 
-void GrpcRemoteShard::SetWorkers(const SetWorkersRequest& request, SetWorkersResponse* response,
-                                 const CallOptions& options, StatusCallback done) {
+void GrpcRemoteShard::SetWorkersAsync(const SetWorkersRequest& request, SetWorkersResponse* response,
+                                      const CallOptions& options, StatusCallback done) {
   Start("SetWorkers", request, {}, response, nullptr, options, std::move(done));
 }
 

@@ -43,26 +43,26 @@ class GrpcRemoteShard : public ParameterStore {
   // waits included). RemoteShardCache destroys only a client at zero.
   int in_flight() const { return in_flight_.load(); }
 
-  void InitTable(const InitTableRequest& request, std::vector<TensorBuffer> values,
-                 InitTableResponse* response, const CallOptions& options,
-                 StatusCallback done) override;
-  void Pull(const PullRequest& request, PullResponse* response, std::vector<TensorBuffer>* values,
-            const CallOptions& options, StatusCallback done) override;
-  void Push(const PushRequest& request, std::vector<TensorBuffer> grads, PushResponse* response,
-            const CallOptions& options, StatusCallback done) override;
-  void PushPull(const PushPullRequest& request, std::vector<TensorBuffer> grads,
-                PushPullResponse* response, std::vector<TensorBuffer>* values,
-                const CallOptions& options, StatusCallback done) override;
-  void Stats(const StatsRequest& request, StatsResponse* response, const CallOptions& options,
-             StatusCallback done) override;
-  void SaveTable(const SaveTableRequest& request, SaveTableResponse* response,
+  void InitTableAsync(const InitTableRequest& request, std::vector<TensorBuffer> values,
+                      InitTableResponse* response, const CallOptions& options,
+                      StatusCallback done) override;
+  void PullAsync(const PullRequest& request, PullResponse* response, std::vector<TensorBuffer>* values,
                  const CallOptions& options, StatusCallback done) override;
-  void LoadTable(const LoadTableRequest& request, LoadTableResponse* response,
+  void PushAsync(const PushRequest& request, std::vector<TensorBuffer> grads, PushResponse* response,
                  const CallOptions& options, StatusCallback done) override;
-  void DropTable(const DropTableRequest& request, DropTableResponse* response,
-                 const CallOptions& options, StatusCallback done) override;
-  void SetWorkers(const SetWorkersRequest& request, SetWorkersResponse* response, const CallOptions& options,
+  void PushPullAsync(const PushPullRequest& request, std::vector<TensorBuffer> grads,
+                     PushPullResponse* response, std::vector<TensorBuffer>* values,
+                     const CallOptions& options, StatusCallback done) override;
+  void StatsAsync(const StatsRequest& request, StatsResponse* response, const CallOptions& options,
                   StatusCallback done) override;
+  void SaveTableAsync(const SaveTableRequest& request, SaveTableResponse* response,
+                      const CallOptions& options, StatusCallback done) override;
+  void LoadTableAsync(const LoadTableRequest& request, LoadTableResponse* response,
+                      const CallOptions& options, StatusCallback done) override;
+  void DropTableAsync(const DropTableRequest& request, DropTableResponse* response,
+                      const CallOptions& options, StatusCallback done) override;
+  void SetWorkersAsync(const SetWorkersRequest& request, SetWorkersResponse* response, const CallOptions& options,
+                       StatusCallback done) override;
 
  private:
   struct Call;

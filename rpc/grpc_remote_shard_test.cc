@@ -93,7 +93,7 @@ TEST_F(RemoteShardCacheTest, AClientWithACallInFlightIsNotEvicted) {
     StatsRequest req;
     auto resp = std::make_shared<StatsResponse>();
     // The done callback holds the call in flight until the test lets go.
-    client->Stats(req, resp.get(), CallOptions{}, [&, resp](absl::Status) {
+    client->StatsAsync(req, resp.get(), CallOptions{}, [&, resp](absl::Status) {
       entered.Notify();
       release.WaitForNotification();
     });

@@ -11,9 +11,10 @@
 // passes views of its parameters, so pulled values land in place with one
 // copy). An empty vector gets freshly allocated buffers.
 //
-// Every call is asynchronous: `done` runs exactly once, on some thread of the
-// implementation, after the response and tensor outputs are filled in (on
-// error they may be partly filled). Callers keep the outputs alive until then.
+// Every call is asynchronous, as its Async suffix says: `done` runs exactly
+// once, on some thread of the implementation, after the response and tensor
+// outputs are filled in (on error they may be partly filled). Callers keep
+// the outputs alive until then; WaitFor below blocks on one call.
 #ifndef PSTRAIN_TABLE_PARAMETER_STORE_H_
 #define PSTRAIN_TABLE_PARAMETER_STORE_H_
 
@@ -36,8 +37,8 @@ struct CallOptions {
   // the call, and a shard serves a job's table only to callers that have it.
   // In-process stores ignore it.
   std::string job_secret;
-  // The coordinator's grant for making the job's table (InitTable,
-  // LoadTable; rpc/table_grant.h): sent as metadata by a remote store.
+  // The coordinator's grant for making the job's table (InitTableAsync,
+  // LoadTableAsync; rpc/table_grant.h): sent as metadata by a remote store.
   std::string table_grant;
 };
 
@@ -45,27 +46,27 @@ class ParameterStore {
  public:
   virtual ~ParameterStore() = default;
 
-  virtual void InitTable(const InitTableRequest& request, std::vector<TensorBuffer> values,
-                         InitTableResponse* response, const CallOptions& options,
+  virtual void InitTableAsync(const InitTableRequest& request, std::vector<TensorBuffer> values,
+                              InitTableResponse* response, const CallOptions& options,
+                              StatusCallback done) = 0;
+  virtual void PullAsync(const PullRequest& request, PullResponse* response,
+                         std::vector<TensorBuffer>* values, const CallOptions& options,
                          StatusCallback done) = 0;
-  virtual void Pull(const PullRequest& request, PullResponse* response,
-                    std::vector<TensorBuffer>* values, const CallOptions& options,
-                    StatusCallback done) = 0;
-  virtual void Push(const PushRequest& request, std::vector<TensorBuffer> grads,
-                    PushResponse* response, const CallOptions& options, StatusCallback done) = 0;
-  virtual void PushPull(const PushPullRequest& request, std::vector<TensorBuffer> grads,
-                        PushPullResponse* response, std::vector<TensorBuffer>* values,
-                        const CallOptions& options, StatusCallback done) = 0;
-  virtual void Stats(const StatsRequest& request, StatsResponse* response,
-                     const CallOptions& options, StatusCallback done) = 0;
-  virtual void SaveTable(const SaveTableRequest& request, SaveTableResponse* response,
-                         const CallOptions& options, StatusCallback done) = 0;
-  virtual void LoadTable(const LoadTableRequest& request, LoadTableResponse* response,
-                         const CallOptions& options, StatusCallback done) = 0;
-  virtual void DropTable(const DropTableRequest& request, DropTableResponse* response,
-                         const CallOptions& options, StatusCallback done) = 0;
-  virtual void SetWorkers(const SetWorkersRequest& request, SetWorkersResponse* response,
+  virtual void PushAsync(const PushRequest& request, std::vector<TensorBuffer> grads,
+                         PushResponse* response, const CallOptions& options, StatusCallback done) = 0;
+  virtual void PushPullAsync(const PushPullRequest& request, std::vector<TensorBuffer> grads,
+                             PushPullResponse* response, std::vector<TensorBuffer>* values,
+                             const CallOptions& options, StatusCallback done) = 0;
+  virtual void StatsAsync(const StatsRequest& request, StatsResponse* response,
                           const CallOptions& options, StatusCallback done) = 0;
+  virtual void SaveTableAsync(const SaveTableRequest& request, SaveTableResponse* response,
+                              const CallOptions& options, StatusCallback done) = 0;
+  virtual void LoadTableAsync(const LoadTableRequest& request, LoadTableResponse* response,
+                              const CallOptions& options, StatusCallback done) = 0;
+  virtual void DropTableAsync(const DropTableRequest& request, DropTableResponse* response,
+                              const CallOptions& options, StatusCallback done) = 0;
+  virtual void SetWorkersAsync(const SetWorkersRequest& request, SetWorkersResponse* response,
+                               const CallOptions& options, StatusCallback done) = 0;
 };
 
 // Runs one asynchronous call and waits for its `done`. For tests, tools and

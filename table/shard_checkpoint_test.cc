@@ -35,7 +35,7 @@ TEST(ShardCheckpointTest, SaveTwoShardsRestoreOntoThree) {
       values.push_back(Floats({float(k), float(k) + 0.5f}));
     }
     InitTableResponse ir;
-    ASSERT_TRUE(WaitFor([&](StatusCallback d) { old[s]->InitTable(init, values, &ir, {}, d); }).ok());
+    ASSERT_TRUE(WaitFor([&](StatusCallback d) { old[s]->InitTableAsync(init, values, &ir, {}, d); }).ok());
     for (int step = 0; step < 3; ++step) {
       PushRequest push;
       push.set_job("job");
@@ -46,13 +46,13 @@ TEST(ShardCheckpointTest, SaveTwoShardsRestoreOntoThree) {
         grads.push_back(Floats({1, -1}));
       }
       PushResponse pr;
-      ASSERT_TRUE(WaitFor([&](StatusCallback d) { old[s]->Push(push, grads, &pr, {}, d); }).ok());
+      ASSERT_TRUE(WaitFor([&](StatusCallback d) { old[s]->PushAsync(push, grads, &pr, {}, d); }).ok());
     }
     SaveTableRequest save;
     save.set_job("job");
     save.set_path("ckpt-1/shard-" + std::to_string(s));
     SaveTableResponse saved;
-    ASSERT_TRUE(WaitFor([&](StatusCallback d) { old[s]->SaveTable(save, &saved, {}, d); }).ok());
+    ASSERT_TRUE(WaitFor([&](StatusCallback d) { old[s]->SaveTableAsync(save, &saved, {}, d); }).ok());
     EXPECT_EQ(saved.min_version(), 3);
     LoadTableRequest::File f;
     f.set_path(saved.path());
@@ -66,7 +66,7 @@ TEST(ShardCheckpointTest, SaveTwoShardsRestoreOntoThree) {
     req.add_keys(key);
     PullResponse resp;
     std::vector<TensorBuffer> values;
-    EXPECT_TRUE(WaitFor([&](StatusCallback d) { store.Pull(req, &resp, &values, {}, d); }).ok());
+    EXPECT_TRUE(WaitFor([&](StatusCallback d) { store.PullAsync(req, &resp, &values, {}, d); }).ok());
     return values.empty() ? std::vector<float>{} : ToFloats(values[0]);
   };
   std::vector<std::unique_ptr<ShardStore>> fresh;
@@ -78,7 +78,7 @@ TEST(ShardCheckpointTest, SaveTwoShardsRestoreOntoThree) {
     for (const auto& f : files) *load.add_files() = f;
     for (size_t k = s; k < keys.size(); k += 3) load.add_keys(keys[k]);
     LoadTableResponse lr;
-    absl::Status st = WaitFor([&](StatusCallback d) { fresh[s]->LoadTable(load, &lr, {}, d); });
+    absl::Status st = WaitFor([&](StatusCallback d) { fresh[s]->LoadTableAsync(load, &lr, {}, d); });
     ASSERT_TRUE(st.ok()) << st;
     EXPECT_EQ(lr.min_version(), 3);
   }
@@ -93,7 +93,7 @@ TEST(ShardCheckpointTest, SaveTwoShardsRestoreOntoThree) {
       push.set_step(3);
       push.add_keys(keys[k]);
       PushResponse pr;
-      ASSERT_TRUE(WaitFor([&](StatusCallback d) { store->Push(push, {Floats({2, 2})}, &pr, {}, d); }).ok());
+      ASSERT_TRUE(WaitFor([&](StatusCallback d) { store->PushAsync(push, {Floats({2, 2})}, &pr, {}, d); }).ok());
       EXPECT_EQ(pr.applied(), 1u);
     }
     EXPECT_EQ(pull(before, keys[k]), pull(after, keys[k])) << keys[k];
@@ -107,12 +107,12 @@ TEST(ShardCheckpointTest, CorruptOrIncompleteCheckpointsAreRefused) {
   *init.mutable_config() = SharedConfig(ASYNC, 1);
   init.add_keys("a");
   InitTableResponse ir;
-  ASSERT_TRUE(WaitFor([&](StatusCallback d) { store.InitTable(init, {Floats({1, 2})}, &ir, {}, d); }).ok());
+  ASSERT_TRUE(WaitFor([&](StatusCallback d) { store.InitTableAsync(init, {Floats({1, 2})}, &ir, {}, d); }).ok());
   SaveTableRequest save;
   save.set_job("job");
   save.set_path("ckpt-corrupt");
   SaveTableResponse saved;
-  ASSERT_TRUE(WaitFor([&](StatusCallback d) { store.SaveTable(save, &saved, {}, d); }).ok());
+  ASSERT_TRUE(WaitFor([&](StatusCallback d) { store.SaveTableAsync(save, &saved, {}, d); }).ok());
   auto load = [&](const std::string& job, std::vector<std::string> keys, uint32_t crc) {
     ShardStore target{Rooted()};
     LoadTableRequest req;
@@ -124,7 +124,7 @@ TEST(ShardCheckpointTest, CorruptOrIncompleteCheckpointsAreRefused) {
     f->set_bytes(saved.bytes());
     for (auto& k : keys) req.add_keys(k);
     LoadTableResponse lr;
-    return WaitFor([&](StatusCallback d) { target.LoadTable(req, &lr, {}, d); });
+    return WaitFor([&](StatusCallback d) { target.LoadTableAsync(req, &lr, {}, d); });
   };
   EXPECT_TRUE(load("job", {"a"}, saved.crc32()).ok());
   absl::Status s = load("job", {"a"}, saved.crc32() ^ 1);

@@ -27,7 +27,7 @@ absl::Status PushCovering(ShardStore& store, uint32_t worker, uint32_t generatio
   req.set_extra_batches(extra);
   req.set_empty(empty);
   PushResponse resp;
-  return WaitFor([&](StatusCallback done) { store.Push(req, {Floats({g, g, g})}, &resp, {}, done); });
+  return WaitFor([&](StatusCallback done) { store.PushAsync(req, {Floats({g, g, g})}, &resp, {}, done); });
 }
 
 absl::Status PushAs(ShardStore& store, uint32_t worker, uint32_t generation, int64_t step, float g) {
@@ -44,7 +44,7 @@ absl::StatusOr<SetWorkersResponse> Seat(ShardStore& store, std::vector<std::pair
     s->set_generation(generation);
   }
   SetWorkersResponse resp;
-  absl::Status s = WaitFor([&](StatusCallback done) { store.SetWorkers(req, &resp, {}, done); });
+  absl::Status s = WaitFor([&](StatusCallback done) { store.SetWorkersAsync(req, &resp, {}, done); });
   if (!s.ok()) return s;
   return resp;
 }
@@ -59,7 +59,7 @@ std::vector<uint32_t> VacantView(ShardStore& store, int64_t min_version) {
   std::vector<TensorBuffer> values;
   CallOptions o;
   o.deadline = absl::Now() + absl::Seconds(5);
-  absl::Status s = WaitFor([&](StatusCallback done) { store.Pull(req, &resp, &values, o, done); });
+  absl::Status s = WaitFor([&](StatusCallback done) { store.PullAsync(req, &resp, &values, o, done); });
   EXPECT_TRUE(s.ok()) << s;
   return {resp.vacant_ranks().begin(), resp.vacant_ranks().end()};
 }

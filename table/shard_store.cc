@@ -239,8 +239,8 @@ absl::StatusOr<std::unique_ptr<ShardStore::Chunk>> ShardStore::NewChunk(const st
   return chunk;
 }
 
-void ShardStore::InitTable(const InitTableRequest& request, std::vector<TensorBuffer> values,
-                           InitTableResponse* response, const CallOptions& /*options*/, StatusCallback done) {
+void ShardStore::InitTableAsync(const InitTableRequest& request, std::vector<TensorBuffer> values,
+                                InitTableResponse* response, const CallOptions& /*options*/, StatusCallback done) {
   TableConfig config = request.config();
   absl::Status s = ValidateTableRequest(request.job(), request.keys(), &config);
   if (!s.ok()) return done(s);
@@ -310,8 +310,8 @@ void ShardStore::InitTable(const InitTableRequest& request, std::vector<TensorBu
   done(absl::OkStatus());
 }
 
-void ShardStore::Pull(const PullRequest& request, PullResponse* response, std::vector<TensorBuffer>* values,
-                      const CallOptions& options, StatusCallback done) {
+void ShardStore::PullAsync(const PullRequest& request, PullResponse* response, std::vector<TensorBuffer>* values,
+                           const CallOptions& options, StatusCallback done) {
   absl::StatusOr<std::shared_ptr<Table>> table = FindTable(request.job(), request.attempt());
   if (!table.ok()) return done(table.status());
   absl::StatusOr<std::vector<size_t>> chunks = ResolveKeys(**table, request.keys());
@@ -336,8 +336,8 @@ void ShardStore::Pull(const PullRequest& request, PullResponse* response, std::v
             });
 }
 
-void ShardStore::Push(const PushRequest& request, std::vector<TensorBuffer> grads, PushResponse* response,
-                      const CallOptions& /*options*/, StatusCallback done) {
+void ShardStore::PushAsync(const PushRequest& request, std::vector<TensorBuffer> grads, PushResponse* response,
+                           const CallOptions& /*options*/, StatusCallback done) {
   if (options_.before_push) options_.before_push(request.job(), request.attempt(), request.worker(), request.step());
   absl::StatusOr<std::shared_ptr<Table>> table = FindTable(request.job(), request.attempt());
   if (!table.ok()) return done(table.status());
@@ -350,9 +350,9 @@ void ShardStore::Push(const PushRequest& request, std::vector<TensorBuffer> grad
   done(s);
 }
 
-void ShardStore::PushPull(const PushPullRequest& request, std::vector<TensorBuffer> grads,
-                          PushPullResponse* response, std::vector<TensorBuffer>* values,
-                          const CallOptions& options, StatusCallback done) {
+void ShardStore::PushPullAsync(const PushPullRequest& request, std::vector<TensorBuffer> grads,
+                               PushPullResponse* response, std::vector<TensorBuffer>* values,
+                               const CallOptions& options, StatusCallback done) {
   if (options_.before_push) options_.before_push(request.job(), request.attempt(), request.worker(), request.step());
   absl::StatusOr<std::shared_ptr<Table>> table = FindTable(request.job(), request.attempt());
   if (!table.ok()) return done(table.status());
@@ -387,8 +387,8 @@ void ShardStore::PushPull(const PushPullRequest& request, std::vector<TensorBuff
             });
 }
 
-void ShardStore::Stats(const StatsRequest& request, StatsResponse* response, const CallOptions& /*options*/,
-                       StatusCallback done) {
+void ShardStore::StatsAsync(const StatsRequest& request, StatsResponse* response, const CallOptions& /*options*/,
+                            StatusCallback done) {
   std::vector<std::shared_ptr<Table>> tables;
   {
     absl::MutexLock lock(&mu_);
@@ -432,8 +432,8 @@ void ShardStore::Stats(const StatsRequest& request, StatsResponse* response, con
   done(absl::OkStatus());
 }
 
-void ShardStore::DropTable(const DropTableRequest& request, DropTableResponse* response,
-                           const CallOptions& /*options*/, StatusCallback done) {
+void ShardStore::DropTableAsync(const DropTableRequest& request, DropTableResponse* response,
+                                const CallOptions& /*options*/, StatusCallback done) {
   std::shared_ptr<Table> table;
   uint64_t newer = 0;
   {

@@ -56,14 +56,14 @@ struct ShardStoreOptions {
   uint64_t max_bytes = 0;
   size_t max_tables = 1024;
   size_t max_waiters = 65536;
-  // Fault injection for tests: runs at the start of every Push and PushPull,
+  // Fault injection for tests: runs at the start of every PushAsync and PushPullAsync,
   // before anything is looked up (a push held here is one delayed on the
   // network). Must not call back into the store.
   std::function<void(const std::string& job, uint64_t attempt, uint32_t worker, int64_t step)> before_push;
-  // Fault injection for tests: runs in every Push and PushPull after the
+  // Fault injection for tests: runs in every PushAsync and PushPullAsync after the
   // push's checks (the pusher's seat among them) and validation, just before
   // it locks its chunks, with no lock held: it may call back into the store
-  // (a SetWorkers that replaces the pusher in the window).
+  // (a SetWorkersAsync that replaces the pusher in the window).
   std::function<void(const std::string& job, uint32_t worker, uint32_t generation)> before_push_locks;
 };
 
@@ -84,31 +84,31 @@ class ShardStore : public ParameterStore {
   // Fails waiting calls and every later call with UNAVAILABLE. Idempotent.
   void Shutdown();
 
-  void InitTable(const InitTableRequest& request, std::vector<TensorBuffer> values,
-                 InitTableResponse* response, const CallOptions& options,
-                 StatusCallback done) override;
-  void Pull(const PullRequest& request, PullResponse* response, std::vector<TensorBuffer>* values,
-            const CallOptions& options, StatusCallback done) override;
-  void Push(const PushRequest& request, std::vector<TensorBuffer> grads, PushResponse* response,
-            const CallOptions& options, StatusCallback done) override;
-  void PushPull(const PushPullRequest& request, std::vector<TensorBuffer> grads,
-                PushPullResponse* response, std::vector<TensorBuffer>* values,
-                const CallOptions& options, StatusCallback done) override;
-  void Stats(const StatsRequest& request, StatsResponse* response, const CallOptions& options,
-             StatusCallback done) override;
+  void InitTableAsync(const InitTableRequest& request, std::vector<TensorBuffer> values,
+                      InitTableResponse* response, const CallOptions& options,
+                      StatusCallback done) override;
+  void PullAsync(const PullRequest& request, PullResponse* response, std::vector<TensorBuffer>* values,
+                 const CallOptions& options, StatusCallback done) override;
+  void PushAsync(const PushRequest& request, std::vector<TensorBuffer> grads, PushResponse* response,
+                 const CallOptions& options, StatusCallback done) override;
+  void PushPullAsync(const PushPullRequest& request, std::vector<TensorBuffer> grads,
+                     PushPullResponse* response, std::vector<TensorBuffer>* values,
+                     const CallOptions& options, StatusCallback done) override;
+  void StatsAsync(const StatsRequest& request, StatsResponse* response, const CallOptions& options,
+                  StatusCallback done) override;
   // Run on the calling thread (file I/O): callers are the gRPC service
   // (one call per checkpoint) and tests.
-  void SaveTable(const SaveTableRequest& request, SaveTableResponse* response,
-                 const CallOptions& options, StatusCallback done) override;
-  void LoadTable(const LoadTableRequest& request, LoadTableResponse* response,
-                 const CallOptions& options, StatusCallback done) override;
-  void DropTable(const DropTableRequest& request, DropTableResponse* response,
-                 const CallOptions& options, StatusCallback done) override;
+  void SaveTableAsync(const SaveTableRequest& request, SaveTableResponse* response,
+                      const CallOptions& options, StatusCallback done) override;
+  void LoadTableAsync(const LoadTableRequest& request, LoadTableResponse* response,
+                      const CallOptions& options, StatusCallback done) override;
+  void DropTableAsync(const DropTableRequest& request, DropTableResponse* response,
+                      const CallOptions& options, StatusCallback done) override;
   // Applies the coordinator's view of the job's ranks (see WorkerSeat); a
   // seat's generation never goes back (a late, older view of a rank is
   // ignored for that rank).
-  void SetWorkers(const SetWorkersRequest& request, SetWorkersResponse* response,
-                  const CallOptions& options, StatusCallback done) override;
+  void SetWorkersAsync(const SetWorkersRequest& request, SetWorkersResponse* response,
+                       const CallOptions& options, StatusCallback done) override;
 
   // Bytes reserved by the tables now (values, state, accumulators).
   uint64_t reserved_bytes() const { return reserved_.load(); }
@@ -156,10 +156,10 @@ class ShardStore : public ParameterStore {
   // config `old`) into a table of `config`.
   static absl::StatusOr<std::unique_ptr<Chunk>> RestoreChunk(const std::string& key, const ChunkSnapshot& c,
                                                              const TableConfig& old, const TableConfig& config);
-  // LoadTable's checks before any file is read; the files' resolved paths.
+  // LoadTableAsync's checks before any file is read; the files' resolved paths.
   absl::StatusOr<std::vector<std::string>> CheckLoadRequest(const LoadTableRequest& request, TableConfig* config);
   absl::Status ShutdownStatus();
-  // What InitTable and LoadTable check first: not shutting down, a job name
+  // What InitTableAsync and LoadTableAsync check first: not shutting down, a job name
   // and keys within bounds, a config within range (defaults filled in).
   absl::Status ValidateTableRequest(const std::string& job,
                                     const google::protobuf::RepeatedPtrField<std::string>& keys,

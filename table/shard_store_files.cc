@@ -1,4 +1,4 @@
-// Checkpoint files (SaveTable, LoadTable: a TableSnapshot per shard, read
+// Checkpoint files (SaveTableAsync, LoadTableAsync: a TableSnapshot per shard, read
 // back field by field as hostile input) and the chunk export and import of
 // an in-process owner (the all-reduce worker).
 #include <zlib.h>
@@ -17,8 +17,8 @@ namespace pstrain {
 using shard_internal::NewStateSet;
 using shard_internal::WorstCaseBytes;
 
-void ShardStore::SaveTable(const SaveTableRequest& request, SaveTableResponse* response,
-                           const CallOptions& /*options*/, StatusCallback done) {
+void ShardStore::SaveTableAsync(const SaveTableRequest& request, SaveTableResponse* response,
+                                const CallOptions& /*options*/, StatusCallback done) {
   absl::StatusOr<std::shared_ptr<Table>> table = FindTable(request.job(), request.attempt());
   if (!table.ok()) return done(table.status());
   if (options_.checkpoint_root.empty()) {
@@ -266,8 +266,8 @@ absl::StatusOr<std::unique_ptr<ShardStore::Chunk>> ShardStore::RestoreChunk(cons
   return made;
 }
 
-void ShardStore::LoadTable(const LoadTableRequest& request, LoadTableResponse* response,
-                           const CallOptions& /*options*/, StatusCallback done) {
+void ShardStore::LoadTableAsync(const LoadTableRequest& request, LoadTableResponse* response,
+                                const CallOptions& /*options*/, StatusCallback done) {
   TableConfig config = request.config();
   absl::StatusOr<std::vector<std::string>> paths = CheckLoadRequest(request, &config);
   if (!paths.ok()) return done(paths.status());

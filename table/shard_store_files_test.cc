@@ -33,7 +33,7 @@ class ShardStoreFilesTest : public ::testing::Test {
     req.set_job("job");
     req.set_path(path);
     SaveTableResponse local;
-    return WaitFor([&](StatusCallback d) { store_.SaveTable(req, out ? out : &local, {}, d); });
+    return WaitFor([&](StatusCallback d) { store_.SaveTableAsync(req, out ? out : &local, {}, d); });
   }
   absl::Status Load(const std::string& path, uint64_t bytes, uint32_t crc, const std::string& job = "restored") {
     LoadTableRequest req;
@@ -45,7 +45,7 @@ class ShardStoreFilesTest : public ::testing::Test {
     f->set_crc32(crc);
     req.add_keys("a");
     LoadTableResponse resp;
-    return WaitFor([&](StatusCallback d) { store_.LoadTable(req, &resp, {}, d); });
+    return WaitFor([&](StatusCallback d) { store_.LoadTableAsync(req, &resp, {}, d); });
   }
   ShardStore store_{Options()};
 };
@@ -179,12 +179,12 @@ TEST_F(ShardStoreFilesTest, MutatedCheckpointFilesAreRefusedOrLoadCleanly) {
     pull.add_keys("a");
     PullResponse pr;
     std::vector<TensorBuffer> values;
-    ASSERT_TRUE(WaitFor([&](StatusCallback d) { store_.Pull(pull, &pr, &values, {}, d); }).ok());
+    ASSERT_TRUE(WaitFor([&](StatusCallback d) { store_.PullAsync(pull, &pr, &values, {}, d); }).ok());
     EXPECT_TRUE(AllFinite(values[0].dtype, values[0].data, values[0].nbytes));
     DropTableRequest drop;
     drop.set_job(job);
     DropTableResponse dropped;
-    (void)WaitFor([&](StatusCallback d) { store_.DropTable(drop, &dropped, {}, d); });
+    (void)WaitFor([&](StatusCallback d) { store_.DropTableAsync(drop, &dropped, {}, d); });
   }
   std::printf("checkpoint fuzz: %d loaded, %d refused\n", loaded, refused);
   EXPECT_GT(loaded + refused, 100);

@@ -88,19 +88,19 @@ TEST(ShardStoreFencingTest, EveryCallIsCheckedAgainstTheTablesAttempt) {
   save.set_attempt(3);
   save.set_path("fence/shard-0.bin");
   SaveTableResponse saved;
-  EXPECT_EQ(WaitFor([&](StatusCallback d) { store.SaveTable(save, &saved, {}, d); }).code(),
+  EXPECT_EQ(WaitFor([&](StatusCallback d) { store.SaveTableAsync(save, &saved, {}, d); }).code(),
             absl::StatusCode::kAborted);
   // A late drop of attempt 3 keeps attempt 4's table.
   DropTableRequest drop;
   drop.set_job("job");
   drop.set_attempt(3);
   DropTableResponse dropped;
-  EXPECT_EQ(WaitFor([&](StatusCallback d) { store.DropTable(drop, &dropped, {}, d); }).code(),
+  EXPECT_EQ(WaitFor([&](StatusCallback d) { store.DropTableAsync(drop, &dropped, {}, d); }).code(),
             absl::StatusCode::kAborted);
   EXPECT_FALSE(dropped.dropped());
   EXPECT_TRUE(Pull(store, 4).ok());
   drop.set_attempt(4);
-  EXPECT_TRUE(WaitFor([&](StatusCallback d) { store.DropTable(drop, &dropped, {}, d); }).ok());
+  EXPECT_TRUE(WaitFor([&](StatusCallback d) { store.DropTableAsync(drop, &dropped, {}, d); }).ok());
   EXPECT_TRUE(dropped.dropped());
 }
 
@@ -116,14 +116,14 @@ TEST(ShardStoreConcurrencyTest, CallbacksMayCallBackIntoTheStore) {
   req.add_keys("a");
   auto resp = std::make_shared<InitTableResponse>();
   std::thread caller([&] {
-    store.InitTable(req, {Floats({1})}, resp.get(), {}, [&, chained](absl::Status s) {
-      // Re-entering: Stats takes the table map's lock, InitTable of the same
-      // job the map's too, Push the chunk's.
+    store.InitTableAsync(req, {Floats({1})}, resp.get(), {}, [&, chained](absl::Status s) {
+      // Re-entering: StatsAsync takes the table map's lock, InitTableAsync of the same
+      // job the map's too, PushAsync the chunk's.
       StatsResponse stats;
       bool ok = s.ok();
-      store.Stats(StatsRequest(), &stats, {}, [&](absl::Status s2) { ok = ok && s2.ok(); });
+      store.StatsAsync(StatsRequest(), &stats, {}, [&](absl::Status s2) { ok = ok && s2.ok(); });
       InitTableResponse again;
-      store.InitTable(req, {Floats({1})}, &again, {}, [&](absl::Status s3) { ok = ok && s3.ok(); });
+      store.InitTableAsync(req, {Floats({1})}, &again, {}, [&](absl::Status s3) { ok = ok && s3.ok(); });
       chained->set_value(ok);
     });
   });
@@ -140,13 +140,13 @@ TEST(ShardStoreConcurrencyTest, CallbacksMayCallBackIntoTheStore) {
   PullResponse pull_resp;
   std::vector<TensorBuffer> values;
   PushResponse push_resp;
-  store.Pull(pull, &pull_resp, &values, {}, [&, pushed](absl::Status s) {
+  store.PullAsync(pull, &pull_resp, &values, {}, [&, pushed](absl::Status s) {
     if (!s.ok()) return pushed->set_value(s);
     PushRequest push;
     push.set_job("job");
     push.set_step(1);
     push.add_keys("a");
-    store.Push(push, {Floats({1})}, &push_resp, {}, [pushed](absl::Status s2) { pushed->set_value(s2); });
+    store.PushAsync(push, {Floats({1})}, &push_resp, {}, [pushed](absl::Status s2) { pushed->set_value(s2); });
   });
   ASSERT_TRUE(Push(store, 0, 0, 0, Floats({1})).ok());
   ASSERT_EQ(pushed_result.wait_for(std::chrono::seconds(10)), std::future_status::ready) << "deadlock";
@@ -183,7 +183,7 @@ TEST(ShardStoreValuesTest, NonsenseConfigsAreRefusedNamingTheField) {
   TableConfig many = Config(ASYNC, 65536);
   EXPECT_EQ(Init(store, many).code(), absl::StatusCode::kInvalidArgument);
   StatsResponse all;
-  ASSERT_TRUE(WaitFor([&](StatusCallback d) { store.Stats(StatsRequest(), &all, {}, d); }).ok());
+  ASSERT_TRUE(WaitFor([&](StatusCallback d) { store.StatsAsync(StatsRequest(), &all, {}, d); }).ok());
   EXPECT_EQ(all.tables_size(), 0);  // nothing was created
 }
 
@@ -201,14 +201,14 @@ TEST(ShardStoreValuesTest, UpdatesWithNonFiniteResultsAreNeverApplied) {
     req.add_keys("a");
     req.add_keys("b");
     InitTableResponse ir;
-    ASSERT_TRUE(WaitFor([&](StatusCallback d) { store.InitTable(req, {Floats({1, 2}), Floats({3})}, &ir, {}, d); }).ok());
+    ASSERT_TRUE(WaitFor([&](StatusCallback d) { store.InitTableAsync(req, {Floats({1, 2}), Floats({3})}, &ir, {}, d); }).ok());
     PushRequest push;
     push.set_job("job");
     push.add_keys("b");  // fine
     push.add_keys("a");  // 3e38 * 100 overflows float32
     PushResponse resp;
     absl::Status s = WaitFor([&](StatusCallback d) {
-      store.Push(push, {Floats({1}), Floats({3e38f, 1})}, &resp, {}, d);
+      store.PushAsync(push, {Floats({1}), Floats({3e38f, 1})}, &resp, {}, d);
     });
     PullRequest pull;
     pull.set_job("job");
@@ -216,7 +216,7 @@ TEST(ShardStoreValuesTest, UpdatesWithNonFiniteResultsAreNeverApplied) {
     pull.add_keys("b");
     PullResponse pr;
     std::vector<TensorBuffer> values;
-    ASSERT_TRUE(WaitFor([&](StatusCallback d) { store.Pull(pull, &pr, &values, {}, d); }).ok());
+    ASSERT_TRUE(WaitFor([&](StatusCallback d) { store.PullAsync(pull, &pr, &values, {}, d); }).ok());
     EXPECT_EQ(ToFloats(values[0]), (std::vector<float>{1, 2}));
     EXPECT_EQ(Stats(store).updates_nonfinite(), 1u);
     if (policy == NONFINITE_REJECT) {
@@ -282,7 +282,7 @@ TEST(ShardStoreResourcesTest, MemoryTablesAndWaitersAreBounded) {
   DropTableRequest drop;
   drop.set_job("job");
   DropTableResponse dropped;
-  ASSERT_TRUE(WaitFor([&](StatusCallback d) { store.DropTable(drop, &dropped, {}, d); }).ok());
+  ASSERT_TRUE(WaitFor([&](StatusCallback d) { store.DropTableAsync(drop, &dropped, {}, d); }).ok());
   EXPECT_TRUE(dropped.dropped());
   const absl::Time deadline = absl::Now() + absl::Seconds(10);
   while (store.reserved_bytes() > reserved && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(5));
@@ -296,19 +296,19 @@ TEST(ShardStoreResourcesTest, LongNamesAreRefusedAndNeverEchoedWhole) {
   req.set_job(huge);
   *req.mutable_config() = Config(ASYNC, 1);
   InitTableResponse resp;
-  absl::Status s = WaitFor([&](StatusCallback d) { store.InitTable(req, {}, &resp, {}, d); });
+  absl::Status s = WaitFor([&](StatusCallback d) { store.InitTableAsync(req, {}, &resp, {}, d); });
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_LT(s.message().size(), 300u);
   PullRequest pull;
   pull.set_job(huge);
   PullResponse pr;
   std::vector<TensorBuffer> values;
-  s = WaitFor([&](StatusCallback d) { store.Pull(pull, &pr, &values, {}, d); });
+  s = WaitFor([&](StatusCallback d) { store.PullAsync(pull, &pr, &values, {}, d); });
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_LT(s.message().size(), 300u);
   req.set_job("job");
   req.add_keys(std::string(5000, 'k'));
-  s = WaitFor([&](StatusCallback d) { store.InitTable(req, {Floats({1})}, &resp, {}, d); });
+  s = WaitFor([&](StatusCallback d) { store.InitTableAsync(req, {Floats({1})}, &resp, {}, d); });
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_LT(s.message().size(), 300u);
 }

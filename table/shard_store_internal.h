@@ -76,8 +76,8 @@ struct ShardStore::Table {
   std::atomic<uint64_t> bytes_pushed{0};
   std::atomic<uint64_t> bytes_pulled{0};
 
-  // Who holds each rank (SetWorkers). A push reads it (the pusher's seat
-  // and the active ranks) under its chunk locks, and SetWorkers changes it
+  // Who holds each rank (SetWorkersAsync). A push reads it (the pusher's seat
+  // and the active ranks) under its chunk locks, and SetWorkersAsync changes it
   // before it locks any chunk, so a step is completed by whichever of them
   // comes last, and a holder replaced before a push took its locks is
   // refused. Lock order: chunk mutexes, then seats_mu.

@@ -22,7 +22,7 @@ namespace {
 
 // A push is accepted from the rank's current holder only. Checked once
 // before the push's validation (an early, cheap refusal) and again under its
-// chunk locks: SetWorkers changes a seat before it locks any chunk, so a
+// chunk locks: SetWorkersAsync changes a seat before it locks any chunk, so a
 // seat change that came before the push took its locks is seen there, and
 // a replaced holder's push never lands.
 absl::Status CheckSeat(const ShardStore::Table& table, uint32_t worker, uint32_t generation) {

@@ -33,8 +33,8 @@ absl::Status SettleChunk(ShardStore::Table& table, ShardStore::Chunk& c, const s
 
 }  // namespace
 
-void ShardStore::SetWorkers(const SetWorkersRequest& request, SetWorkersResponse* response,
-                            const CallOptions& /*options*/, StatusCallback done) {
+void ShardStore::SetWorkersAsync(const SetWorkersRequest& request, SetWorkersResponse* response,
+                                 const CallOptions& /*options*/, StatusCallback done) {
   absl::StatusOr<std::shared_ptr<Table>> found = FindTable(request.job(), request.attempt());
   if (!found.ok()) return done(found.status());
   Table& table = **found;

@@ -26,7 +26,7 @@ class ShardStoreTest : public ::testing::Test {
     req.add_keys("b");
     InitTableResponse resp;
     return WaitFor([&](StatusCallback done) {
-      store_.InitTable(req, {Floats({1, 2, 3}), Floats({10, 20})}, &resp, {}, done);
+      store_.InitTableAsync(req, {Floats({1, 2, 3}), Floats({10, 20})}, &resp, {}, done);
     });
   }
 
@@ -40,7 +40,7 @@ class ShardStoreTest : public ::testing::Test {
     for (auto& k : keys) req.add_keys(k);
     PushResponse local;
     return WaitFor([&](StatusCallback done) {
-      store_.Push(req, std::move(grads), resp ? resp : &local, {}, done);
+      store_.PushAsync(req, std::move(grads), resp ? resp : &local, {}, done);
     });
   }
 
@@ -56,7 +56,7 @@ class ShardStoreTest : public ::testing::Test {
     CallOptions opts;
     opts.deadline = absl::Now() + timeout;
     absl::Status s = WaitFor([&](StatusCallback done) {
-      store_.Pull(req, &resp, &values, opts, done);
+      store_.PullAsync(req, &resp, &values, opts, done);
     });
     if (!s.ok()) return s;
     std::vector<std::vector<float>> out;
@@ -130,7 +130,7 @@ TEST_F(ShardStoreTest, SyncAveragesAllWorkersAndPushPullWaitsForTheStep) {
   std::vector<TensorBuffer> values0;
   std::atomic<bool> finished{false};
   absl::Status status0;
-  store_.PushPull(req, {Floats({2, 4, 6})}, &resp0, &values0, {}, [&](absl::Status s) {
+  store_.PushPullAsync(req, {Floats({2, 4, 6})}, &resp0, &values0, {}, [&](absl::Status s) {
     status0 = s;
     finished = true;
   });
@@ -161,7 +161,7 @@ TEST_F(ShardStoreTest, PulledValuesAreSnapshotsThatLaterPushesDoNotTouch) {
   req.add_keys("a");
   PullResponse resp;
   std::vector<TensorBuffer> held;  // as a response still being sent would
-  ASSERT_TRUE(WaitFor([&](StatusCallback done) { store_.Pull(req, &resp, &held, {}, done); }).ok());
+  ASSERT_TRUE(WaitFor([&](StatusCallback done) { store_.PullAsync(req, &resp, &held, {}, done); }).ok());
   ASSERT_TRUE(Push(0, 0, {"a"}, {Floats({1, 1, 1})}).ok());
   ASSERT_TRUE(Push(0, 1, {"a"}, {Floats({1, 1, 1})}).ok());
   EXPECT_EQ(ToFloats(held[0]), (std::vector<float>{1, 2, 3}));
@@ -171,7 +171,7 @@ TEST_F(ShardStoreTest, PulledValuesAreSnapshotsThatLaterPushesDoNotTouch) {
   std::vector<TensorBuffer> into = {
       TensorBuffer{DT_FLOAT32, {3}, reinterpret_cast<const uint8_t*>(dest.data()), 12, nullptr}};
   PullResponse resp2;
-  ASSERT_TRUE(WaitFor([&](StatusCallback done) { store_.Pull(req, &resp2, &into, {}, done); }).ok());
+  ASSERT_TRUE(WaitFor([&](StatusCallback done) { store_.PullAsync(req, &resp2, &into, {}, done); }).ok());
   EXPECT_EQ(dest, (std::vector<float>{-1, 0, 1}));
 }
 
@@ -206,7 +206,7 @@ TEST_F(ShardStoreTest, SspBoundsHowFarAWorkerRunsAhead) {
     CallOptions opts;
     opts.deadline = absl::Now() + timeout;
     return WaitFor([&](StatusCallback done) {
-      store_.PushPull(req, {Floats({0, 0})}, &resp, &values, opts, done);
+      store_.PushPullAsync(req, {Floats({0, 0})}, &resp, &values, opts, done);
     });
   };
   // PushPull for step t returns once every worker pushed step t - 1: worker 0
@@ -303,7 +303,7 @@ TEST_F(ShardStoreTest, ConcurrentPushesAreAllAppliedExactlyOnce) {
   EXPECT_EQ((*v)[0], (std::vector<float>{1 - 1600, 2, 3}));
   EXPECT_EQ((*v)[1], (std::vector<float>{10, 20 - 800}));
   StatsResponse stats;
-  ASSERT_TRUE(WaitFor([&](StatusCallback done) { store_.Stats({}, &stats, {}, done); }).ok());
+  ASSERT_TRUE(WaitFor([&](StatusCallback done) { store_.StatsAsync({}, &stats, {}, done); }).ok());
   ASSERT_EQ(stats.tables_size(), 1);
   EXPECT_EQ(stats.tables(0).pushes_applied(), 3200u);
   EXPECT_EQ(stats.tables(0).pushes_duplicate(), 3200u);
@@ -329,7 +329,7 @@ TEST_F(ShardStoreTest, InitTableRefusesBadTables) {
   req.add_keys("a");
   InitTableResponse resp;
   auto init = [&](std::vector<TensorBuffer> values) {
-    return WaitFor([&](StatusCallback done) { store_.InitTable(req, values, &resp, {}, done); });
+    return WaitFor([&](StatusCallback done) { store_.InitTableAsync(req, values, &resp, {}, done); });
   };
   EXPECT_EQ(init({}).code(), absl::StatusCode::kInvalidArgument);  // count
   EXPECT_EQ(init({TensorBuffer::CopyOf(DT_INT64, {1}, "abcdefgh", 8)}).code(),
@@ -425,7 +425,7 @@ TEST(ShardStoreWireTest, NarrowGradientsAreWidenedAndValuesNarrowedOnRequest) {
       *init.mutable_config() = Config(SYNC, 1, 0.1);
       init.add_keys("a");
       InitTableResponse r;
-      ASSERT_TRUE(WaitFor([&](StatusCallback d) { s->InitTable(init, {Floats({1.0f, 2.0f, 3.14159f})}, &r, {}, d); })
+      ASSERT_TRUE(WaitFor([&](StatusCallback d) { s->InitTableAsync(init, {Floats({1.0f, 2.0f, 3.14159f})}, &r, {}, d); })
                       .ok());
     }
     PushPullRequest req;
@@ -434,11 +434,11 @@ TEST(ShardStoreWireTest, NarrowGradientsAreWidenedAndValuesNarrowedOnRequest) {
     PushPullResponse wide_resp, narrow_resp;
     std::vector<TensorBuffer> wide_values, narrow_values;
     ASSERT_TRUE(WaitFor([&](StatusCallback d) {
-                  wide.PushPull(req, {Floats(grad)}, &wide_resp, &wide_values, {}, d);
+                  wide.PushPullAsync(req, {Floats(grad)}, &wide_resp, &wide_values, {}, d);
                 }).ok());
     req.set_value_dtype(dtype);
     ASSERT_TRUE(WaitFor([&](StatusCallback d) {
-                  narrow.PushPull(req, {Narrow(grad, dtype)}, &narrow_resp, &narrow_values, {}, d);
+                  narrow.PushPullAsync(req, {Narrow(grad, dtype)}, &narrow_resp, &narrow_values, {}, d);
                 }).ok());
     EXPECT_EQ(narrow_resp.push().applied(), 1u);
     // The update was the same (float32 state), the value comes back narrowed.
@@ -458,21 +458,21 @@ TEST(ShardStoreWireTest, NarrowGradientsAreWidenedAndValuesNarrowedOnRequest) {
     pull.set_value_dtype(dtype);
     PullResponse pulled;
     std::vector<TensorBuffer> dest = {Floats({0, 0, 0})};
-    ASSERT_TRUE(WaitFor([&](StatusCallback d) { narrow.Pull(pull, &pulled, &dest, {}, d); }).ok());
+    ASSERT_TRUE(WaitFor([&](StatusCallback d) { narrow.PullAsync(pull, &pulled, &dest, {}, d); }).ok());
     EXPECT_EQ(ToFloats(dest[0]), rounded);
     // ... and with destinations of the wire dtype (a worker that widens on
     // its GPU), the narrowed values written into them.
     TensorBuffer narrow_dest = Narrow({0, 0, 0}, dtype);
     const uint8_t* narrow_at = narrow_dest.data;
     std::vector<TensorBuffer> narrow_dests = {narrow_dest};
-    ASSERT_TRUE(WaitFor([&](StatusCallback d) { narrow.Pull(pull, &pulled, &narrow_dests, {}, d); }).ok());
+    ASSERT_TRUE(WaitFor([&](StatusCallback d) { narrow.PullAsync(pull, &pulled, &narrow_dests, {}, d); }).ok());
     ASSERT_EQ(narrow_dests[0].data, narrow_at) << "not written into the destination";
     std::vector<float> widened(3);
     WidenElements(dtype, narrow_at, 3, widened.data());
     EXPECT_EQ(widened, rounded);
     // Not a wire dtype: refused.
     pull.set_value_dtype(DT_INT64);
-    absl::Status s = WaitFor([&](StatusCallback d) { narrow.Pull(pull, &pulled, &dest, {}, d); });
+    absl::Status s = WaitFor([&](StatusCallback d) { narrow.PullAsync(pull, &pulled, &dest, {}, d); });
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
     wide.Shutdown();
     narrow.Shutdown();
@@ -561,13 +561,13 @@ TEST(ShardStoreWireTest, NonFiniteNarrowGradientsAreCaught) {
   init.mutable_config()->set_nonfinite(NONFINITE_REJECT);
   init.add_keys("a");
   InitTableResponse r;
-  ASSERT_TRUE(WaitFor([&](StatusCallback d) { store.InitTable(init, {Floats({1, 2, 3})}, &r, {}, d); }).ok());
+  ASSERT_TRUE(WaitFor([&](StatusCallback d) { store.InitTableAsync(init, {Floats({1, 2, 3})}, &r, {}, d); }).ok());
   PushRequest push;
   push.set_job("job");
   push.add_keys("a");
   PushResponse resp;
   absl::Status s = WaitFor([&](StatusCallback d) {
-    store.Push(push, {Narrow({1.0f, 1e6f, 1.0f}, DT_FLOAT16)}, &resp, {}, d);
+    store.PushAsync(push, {Narrow({1.0f, 1e6f, 1.0f}, DT_FLOAT16)}, &resp, {}, d);
   });
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
   store.Shutdown();

@@ -99,7 +99,7 @@ inline absl::Status Init(ShardStore& store, const TableConfig& config, uint64_t 
   *req.mutable_config() = config;
   req.add_keys("a");
   InitTableResponse resp;
-  return WaitFor([&](StatusCallback done) { store.InitTable(req, {Floats(a)}, &resp, {}, done); });
+  return WaitFor([&](StatusCallback done) { store.InitTableAsync(req, {Floats(a)}, &resp, {}, done); });
 }
 
 inline absl::Status Push(ShardStore& store, uint64_t attempt, uint32_t worker, int64_t step, TensorBuffer grad,
@@ -111,7 +111,7 @@ inline absl::Status Push(ShardStore& store, uint64_t attempt, uint32_t worker, i
   req.set_step(step);
   req.add_keys("a");
   PushResponse local;
-  return WaitFor([&](StatusCallback done) { store.Push(req, {grad}, resp ? resp : &local, {}, done); });
+  return WaitFor([&](StatusCallback done) { store.PushAsync(req, {grad}, resp ? resp : &local, {}, done); });
 }
 
 inline absl::StatusOr<std::vector<float>> Pull(ShardStore& store, uint64_t attempt, int64_t min_version = 0,
@@ -127,7 +127,7 @@ inline absl::StatusOr<std::vector<float>> Pull(ShardStore& store, uint64_t attem
   std::vector<TensorBuffer> values;
   CallOptions opts;
   opts.deadline = absl::Now() + timeout;
-  absl::Status s = WaitFor([&](StatusCallback done) { store.Pull(req, &resp, &values, opts, done); });
+  absl::Status s = WaitFor([&](StatusCallback done) { store.PullAsync(req, &resp, &values, opts, done); });
   if (!s.ok()) return s;
   return ToFloats(values.at(0));
 }
@@ -136,7 +136,7 @@ inline TableStats Stats(ShardStore& store) {
   StatsRequest req;
   req.set_job("job");
   StatsResponse resp;
-  EXPECT_TRUE(WaitFor([&](StatusCallback done) { store.Stats(req, &resp, {}, done); }).ok());
+  EXPECT_TRUE(WaitFor([&](StatusCallback done) { store.StatsAsync(req, &resp, {}, done); }).ok());
   return resp.tables_size() > 0 ? resp.tables(0) : TableStats();
 }
 

@@ -35,14 +35,14 @@ absl::StatusOr<NamedTensors> ReadCheckpointValues(const std::string& dir) {
   const LoadTableRequest load = RestoreRequest(*manifest, RelativeToRoot("/", dir), "expected", /*attempt=*/0,
                                                MakeTableConfig(*spec), keys);
   LoadTableResponse loaded;
-  absl::Status s = WaitFor([&](StatusCallback done) { store.LoadTable(load, &loaded, {}, done); });
+  absl::Status s = WaitFor([&](StatusCallback done) { store.LoadTableAsync(load, &loaded, {}, done); });
   if (!s.ok()) return s;
   PullRequest pull;
   pull.set_job("expected");
   for (const auto& k : keys) pull.add_keys(k);
   PullResponse pulled;
   std::vector<TensorBuffer> values;
-  s = WaitFor([&](StatusCallback done) { store.Pull(pull, &pulled, &values, {}, done); });
+  s = WaitFor([&](StatusCallback done) { store.PullAsync(pull, &pulled, &values, {}, done); });
   if (!s.ok()) return s;
   // Chunks come in parameter order, then offset order: each parameter is
   // its chunks end to end.

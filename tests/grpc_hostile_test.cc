@@ -278,7 +278,7 @@ TEST_F(GrpcHostileTest, HostileRequestsGetFittingCodesAndBoundedMessages) {
     init.mutable_config()->set_consistency(ASYNC);
     init.mutable_config()->set_num_workers(1);
     InitTableResponse resp;
-    ASSERT_TRUE(WaitFor([&](StatusCallback d) { s_.store->InitTable(init, {}, &resp, {}, d); }).ok());
+    ASSERT_TRUE(WaitFor([&](StatusCallback d) { s_.store->InitTableAsync(init, {}, &resp, {}, d); }).ok());
   }
   const std::string garbage("\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01", 11);
   for (const auto& [method, cases] : Table()) {
@@ -320,7 +320,7 @@ TEST_F(GrpcHostileTest, HostileRequestsGetFittingCodesAndBoundedMessages) {
   StatsRequest stats;
   stats.set_job("job");
   StatsResponse st;
-  ASSERT_TRUE(WaitFor([&](StatusCallback d) { s_.store->Stats(stats, &st, {}, d); }).ok());
+  ASSERT_TRUE(WaitFor([&](StatusCallback d) { s_.store->StatsAsync(stats, &st, {}, d); }).ok());
   EXPECT_EQ(st.tables(0).attempt(), 2u);
   EXPECT_EQ(st.tables(0).pushes_applied(), 0u);
   EXPECT_TRUE(s_.coordinator->ListJobs().empty());

@@ -58,7 +58,7 @@ TEST_F(SecurityTest, NoMemberMakesATableWithoutTheCoordinatorsGrant) {
   GrpcRemoteShard shard(RemoteShardOptions{s_.ps_server->local_target()});
   InitTableResponse made;
   auto init = [&](const InitTableRequest& req, const CallOptions& o) {
-    return Code([&](StatusCallback d) { shard.InitTable(req, {}, &made, o, std::move(d)); });
+    return Code([&](StatusCallback d) { shard.InitTableAsync(req, {}, &made, o, std::move(d)); });
   };
   const std::string mine = *RandomToken();
   const InitTableRequest future = SmallTable("job-000001", 1);
@@ -75,7 +75,7 @@ TEST_F(SecurityTest, NoMemberMakesATableWithoutTheCoordinatorsGrant) {
   load.set_job("job-000001");
   load.set_attempt(1);
   LoadTableResponse loaded;
-  EXPECT_EQ(Code([&](StatusCallback d) { shard.LoadTable(load, &loaded, With(mine, ""), std::move(d)); }),
+  EXPECT_EQ(Code([&](StatusCallback d) { shard.LoadTableAsync(load, &loaded, With(mine, ""), std::move(d)); }),
             absl::StatusCode::kPermissionDenied);
 
   // The real job: submitted, scheduled onto a shard and a worker; the
@@ -136,14 +136,14 @@ TEST_F(SecurityTest, TheShardsManagementCallsAreTheCoordinators) {
     UseToken(creds_, creds_.worker_token_file);
     GrpcRemoteShard shard(RemoteShardOptions{s_.ps_server->local_target()});
     InitTableResponse made;
-    ASSERT_EQ(Code([&](StatusCallback d) { shard.InitTable(SmallTable("job-c", 1), {}, &made, granted, std::move(d)); }),
+    ASSERT_EQ(Code([&](StatusCallback d) { shard.InitTableAsync(SmallTable("job-c", 1), {}, &made, granted, std::move(d)); }),
               absl::StatusCode::kOk);
     for (const auto& [what, fn] : std::vector<std::pair<std::string, std::function<void(StatusCallback)>>>{
-             {"SaveTable", [&](StatusCallback d) { shard.SaveTable(save, &saved, granted, std::move(d)); }},
-             {"DropTable", [&](StatusCallback d) { shard.DropTable(drop, &dropped, granted, std::move(d)); }},
-             {"SetWorkers", [&](StatusCallback d) { shard.SetWorkers(workers, &set, granted, std::move(d)); }},
-             {"LoadTable", [&](StatusCallback d) { shard.LoadTable(load, &loaded, granted, std::move(d)); }},
-             {"Stats", [&](StatusCallback d) { shard.Stats(all, &stats, granted, std::move(d)); }}}) {
+             {"SaveTable", [&](StatusCallback d) { shard.SaveTableAsync(save, &saved, granted, std::move(d)); }},
+             {"DropTable", [&](StatusCallback d) { shard.DropTableAsync(drop, &dropped, granted, std::move(d)); }},
+             {"SetWorkers", [&](StatusCallback d) { shard.SetWorkersAsync(workers, &set, granted, std::move(d)); }},
+             {"LoadTable", [&](StatusCallback d) { shard.LoadTableAsync(load, &loaded, granted, std::move(d)); }},
+             {"Stats", [&](StatusCallback d) { shard.StatsAsync(all, &stats, granted, std::move(d)); }}}) {
       SCOPED_TRACE(what);
       absl::Status s = WaitFor(fn);
       EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
@@ -152,7 +152,7 @@ TEST_F(SecurityTest, TheShardsManagementCallsAreTheCoordinators) {
     // Its own job's stats, with the secret: served (one table, not all).
     StatsRequest own;
     own.set_job("job-c");
-    ASSERT_TRUE(WaitFor([&](StatusCallback d) { shard.Stats(own, &stats, granted, std::move(d)); }).ok());
+    ASSERT_TRUE(WaitFor([&](StatusCallback d) { shard.StatsAsync(own, &stats, granted, std::move(d)); }).ok());
     EXPECT_EQ(stats.tables_size(), 1);
   }
   UseToken(creds_, creds_.coordinator_token_file);
@@ -160,15 +160,15 @@ TEST_F(SecurityTest, TheShardsManagementCallsAreTheCoordinators) {
   // Not into another job's directory, even for the coordinator's token.
   for (const std::string& elsewhere : {"out/job-d/ckpt-1.tmp/shard-0.bin", "job-c.bin", "out/job-cc/shard-0.bin"}) {
     save.set_path(elsewhere);
-    absl::Status s = WaitFor([&](StatusCallback d) { shard.SaveTable(save, &saved, granted, std::move(d)); });
+    absl::Status s = WaitFor([&](StatusCallback d) { shard.SaveTableAsync(save, &saved, granted, std::move(d)); });
     EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << elsewhere << ": " << s;
   }
   EXPECT_FALSE(std::filesystem::exists(dir_ + "/shard-root/out/job-d"));
   save.set_path("out/job-c/ckpt-1.tmp/shard-0.bin");
-  EXPECT_TRUE(WaitFor([&](StatusCallback d) { shard.SaveTable(save, &saved, granted, std::move(d)); }).ok());
-  ASSERT_TRUE(WaitFor([&](StatusCallback d) { shard.Stats(all, &stats, granted, std::move(d)); }).ok());
+  EXPECT_TRUE(WaitFor([&](StatusCallback d) { shard.SaveTableAsync(save, &saved, granted, std::move(d)); }).ok());
+  ASSERT_TRUE(WaitFor([&](StatusCallback d) { shard.StatsAsync(all, &stats, granted, std::move(d)); }).ok());
   EXPECT_EQ(stats.tables_size(), 1);
-  EXPECT_TRUE(WaitFor([&](StatusCallback d) { shard.DropTable(drop, &dropped, granted, std::move(d)); }).ok());
+  EXPECT_TRUE(WaitFor([&](StatusCallback d) { shard.DropTableAsync(drop, &dropped, granted, std::move(d)); }).ok());
   EXPECT_TRUE(dropped.dropped());
 }
 

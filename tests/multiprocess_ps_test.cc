@@ -163,7 +163,7 @@ TEST(MultiProcessPsTest, BucketPushPullInSmallRequestsMatchesTorchOptim) {
       req.set_job("parts");
       StatsResponse resp;
       std::promise<absl::Status> done;
-      shard->Stats(req, &resp, CallOptions{}, [&](absl::Status st) { done.set_value(st); });
+      shard->StatsAsync(req, &resp, CallOptions{}, [&](absl::Status st) { done.set_value(st); });
       EXPECT_TRUE(done.get_future().get().ok());
       for (const auto& t : resp.tables()) n += t.pulls();
     }
@@ -276,7 +276,7 @@ TEST(MultiProcessPsTest, KilledShardGivesUnavailableQuicklyNotAHang) {
   EXPECT_LT(absl::Now() - start, absl::Seconds(10)) << "gave up only after retries ran long";
   // The surviving shard still serves.
   StatsResponse stats;
-  ASSERT_TRUE(WaitFor([&](StatusCallback done) { cluster.remote(0).Stats({}, &stats, {}, done); }).ok());
+  ASSERT_TRUE(WaitFor([&](StatusCallback done) { cluster.remote(0).StatsAsync({}, &stats, {}, done); }).ok());
   EXPECT_EQ(stats.tables(0).job(), "kill");
 }
 
@@ -310,7 +310,7 @@ TEST(MultiProcessPsTest, AFloodOfNonUtf8RequestsIsRefusedWithoutFloodingTheLog) 
     ASSERT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << i << ": " << s.error_message();
   }
   StatsResponse stats;
-  ASSERT_TRUE(WaitFor([&](StatusCallback done) { cluster.remote(0).Stats({}, &stats, {}, done); }).ok());
+  ASSERT_TRUE(WaitFor([&](StatusCallback done) { cluster.remote(0).StatsAsync({}, &stats, {}, done); }).ok());
   std::ifstream log(cluster.log_path(0));
   int protobuf_lines = 0, lines = 0;
   for (std::string line; std::getline(log, line); ++lines) {

@@ -259,7 +259,7 @@ TEST_F(SecurityTest, AJobsTableServesOnlyCallersWithItsSecret) {
   InitTableResponse init_resp;
   const std::string b_secret = *RandomToken(), a_secret = *RandomToken();
   ASSERT_TRUE(call(b_secret, [&](const CallOptions& o, StatusCallback d) {
-                shard.InitTable(init, {}, &init_resp, o, std::move(d));
+                shard.InitTableAsync(init, {}, &init_resp, o, std::move(d));
               }).ok());
   PullRequest pull;
   pull.set_job("job-b");
@@ -281,29 +281,29 @@ TEST_F(SecurityTest, AJobsTableServesOnlyCallersWithItsSecret) {
   DropTableResponse dropped;
   for (const std::string& wrong : {a_secret, std::string()}) {
     auto code = [&](auto fn) { return call(wrong, fn).code(); };
-    EXPECT_EQ(code([&](const CallOptions& o, StatusCallback d) { shard.Pull(pull, &pulled, &values, o, std::move(d)); }),
+    EXPECT_EQ(code([&](const CallOptions& o, StatusCallback d) { shard.PullAsync(pull, &pulled, &values, o, std::move(d)); }),
               absl::StatusCode::kPermissionDenied);
-    EXPECT_EQ(code([&](const CallOptions& o, StatusCallback d) { shard.Push(push, {}, &pushed, o, std::move(d)); }),
+    EXPECT_EQ(code([&](const CallOptions& o, StatusCallback d) { shard.PushAsync(push, {}, &pushed, o, std::move(d)); }),
               absl::StatusCode::kPermissionDenied);
-    EXPECT_EQ(code([&](const CallOptions& o, StatusCallback d) { shard.SaveTable(save, &saved, o, std::move(d)); }),
+    EXPECT_EQ(code([&](const CallOptions& o, StatusCallback d) { shard.SaveTableAsync(save, &saved, o, std::move(d)); }),
               absl::StatusCode::kPermissionDenied);
-    EXPECT_EQ(code([&](const CallOptions& o, StatusCallback d) { shard.DropTable(drop, &dropped, o, std::move(d)); }),
+    EXPECT_EQ(code([&](const CallOptions& o, StatusCallback d) { shard.DropTableAsync(drop, &dropped, o, std::move(d)); }),
               absl::StatusCode::kPermissionDenied);
     // Nor may it make the table anew under its own secret.
     EXPECT_EQ(code([&](const CallOptions& o, StatusCallback d) {
-                shard.InitTable(init, {}, &init_resp, o, std::move(d));
+                shard.InitTableAsync(init, {}, &init_resp, o, std::move(d));
               }),
               absl::StatusCode::kPermissionDenied);
   }
   // The job's own members: served; after the drop, the secret is forgotten.
   EXPECT_TRUE(call(b_secret, [&](const CallOptions& o, StatusCallback d) {
-                shard.Pull(pull, &pulled, &values, o, std::move(d));
+                shard.PullAsync(pull, &pulled, &values, o, std::move(d));
               }).ok());
   EXPECT_TRUE(call(b_secret, [&](const CallOptions& o, StatusCallback d) {
-                shard.DropTable(drop, &dropped, o, std::move(d));
+                shard.DropTableAsync(drop, &dropped, o, std::move(d));
               }).ok());
   EXPECT_TRUE(call(a_secret, [&](const CallOptions& o, StatusCallback d) {
-                shard.InitTable(init, {}, &init_resp, o, std::move(d));
+                shard.InitTableAsync(init, {}, &init_resp, o, std::move(d));
               }).ok());
 }
 

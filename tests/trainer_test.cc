@@ -261,7 +261,7 @@ absl::Status SetSeats(Shards& shards, const std::string& job, const std::vector<
     req.set_job(job);
     for (bool a : active) req.add_seats()->set_active(a);
     SetWorkersResponse resp;
-    absl::Status s = Await([&](StatusCallback cb) { store->SetWorkers(req, &resp, {}, cb); });
+    absl::Status s = Await([&](StatusCallback cb) { store->SetWorkersAsync(req, &resp, {}, cb); });
     if (!s.ok()) return s;
   }
   return absl::OkStatus();
@@ -320,7 +320,7 @@ TEST(TrainerTest, ACoveringWorkerClipsEachRanksBatchOnItsOwn) {
             StatsRequest req;
             req.set_job(spec.name);
             StatsResponse resp;
-            seats = Await([&](StatusCallback cb) { store->Stats(req, &resp, {}, cb); });
+            seats = Await([&](StatusCallback cb) { store->StatsAsync(req, &resp, {}, cb); });
             if (!seats.ok() || resp.tables_size() == 0) break;
             const TableStats& t = resp.tables(0);
             if (t.pushes_applied() >= 3 * t.num_chunks()) break;

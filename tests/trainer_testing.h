@@ -297,7 +297,7 @@ inline void ExpectAllReduceResumeStartsFromTheTablesValues(c10::Device device, c
     }
     EXPECT_EQ(keys.size(), plan->chunks.size());
     InitTableResponse resp;
-    return WaitFor([&](StatusCallback done) { local.stores[0]->InitTable(req, values, &resp, {}, done); });
+    return WaitFor([&](StatusCallback done) { local.stores[0]->InitTableAsync(req, values, &resp, {}, done); });
   };
   auto result = RunTrainer(o, *data);
   ASSERT_TRUE(result.ok()) << result.status();

@@ -102,7 +102,7 @@ std::function<absl::Status(const std::vector<std::string>& keys)> AllReduceSetup
     const LoadTableRequest req = RestoreRequest(*manifest, RelativeToFilesystemRoot(dir), options_.spec.name,
                                                 /*attempt=*/0, MakeTableConfig(options_.spec), keys);
     LoadTableResponse resp;
-    absl::Status s = WaitFor([&](StatusCallback done) { local_->LoadTable(req, &resp, {}, done); });
+    absl::Status s = WaitFor([&](StatusCallback done) { local_->LoadTableAsync(req, &resp, {}, done); });
     if (!s.ok()) return absl::Status(s.code(), absl::StrCat("restoring from ", dir, ": ", s.message()));
     return absl::OkStatus();
   };
@@ -115,7 +115,7 @@ absl::StatusOr<SaveTableResponse> AllReduceSetup::SaveTable(const std::string& p
   req.set_path(RelativeToFilesystemRoot(path));
   SaveTableResponse resp;
   absl::Status s = flush();
-  if (s.ok()) s = WaitFor([&](StatusCallback done) { local_->SaveTable(req, &resp, {}, done); });
+  if (s.ok()) s = WaitFor([&](StatusCallback done) { local_->SaveTableAsync(req, &resp, {}, done); });
   if (!s.ok()) return s;
   return resp;
 }

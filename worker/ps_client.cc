@@ -223,7 +223,7 @@ absl::Status PsClient::InitTables(const std::vector<at::Tensor>& params, const T
     if (!views.ok()) return done(views.status());
     InitTableRequest& req = Addressed(requests[shard], options_.plan.shard_chunks[shard]);
     *req.mutable_config() = config;
-    shards_[shard]->InitTable(req, std::move(*views), &responses[shard], opts, std::move(done));
+    shards_[shard]->InitTableAsync(req, std::move(*views), &responses[shard], opts, std::move(done));
   });
 }
 
@@ -241,8 +241,8 @@ absl::Status PsClient::Pull(const std::vector<at::Tensor>& params, int64_t min_v
     PullRequest& req = Addressed(requests[shard], options_.plan.shard_chunks[shard]);
     req.set_min_version(min_version);
     req.set_min_worker_steps(min_worker_steps);
-    shards_[shard]->Pull(req, &responses[shard], &values[shard], opts,
-                         [&, shard, done = std::move(done)](absl::Status st) {
+    shards_[shard]->PullAsync(req, &responses[shard], &values[shard], opts,
+                              [&, shard, done = std::move(done)](absl::Status st) {
                            if (st.ok() && shard == 0) RecordView(responses[0].vacant_ranks());
                            if (st.ok()) st = CopyIntoParams(shard, values[shard], params);
                            values[shard].clear();
@@ -262,7 +262,7 @@ absl::Status PsClient::Push(int64_t step, const std::vector<at::Tensor>& grads, 
     if (views.ok()) views = ForWire(std::move(*views), options_.plan.shard_chunks[shard]);
     if (!views.ok()) return done(views.status());
     PushRequest& req = AddressedPush(requests[shard], options_.plan.shard_chunks[shard], step, lr);
-    shards_[shard]->Push(req, std::move(*views), &responses[shard], opts, std::move(done));
+    shards_[shard]->PushAsync(req, std::move(*views), &responses[shard], opts, std::move(done));
   });
 }
 
@@ -283,8 +283,8 @@ absl::Status PsClient::PushPull(int64_t step, const std::vector<at::Tensor>& gra
     if (!dest.ok()) return done(dest.status());
     values[shard] = std::move(*dest);
     PushPullRequest& req = AddressedPush(requests[shard], options_.plan.shard_chunks[shard], step, lr);
-    shards_[shard]->PushPull(req, std::move(*views), &responses[shard], &values[shard], opts,
-                             [&, shard, done = std::move(done)](absl::Status st) {
+    shards_[shard]->PushPullAsync(req, std::move(*views), &responses[shard], &values[shard], opts,
+                                  [&, shard, done = std::move(done)](absl::Status st) {
                                if (st.ok() && shard == 0) RecordView(responses[0].vacant_ranks());
                                if (st.ok()) st = CopyIntoParams(shard, values[shard], params);
                                values[shard].clear();
@@ -434,8 +434,8 @@ void PsClient::PushPullAsync(int64_t step, const std::vector<size_t>& params,
       sent();
       if (!wire.ok()) return finish(wire.status());
       for (const TensorBuffer& b : *wire) state->bytes[k] += 2 * static_cast<int64_t>(b.nbytes);
-      shards_[s]->PushPull(state->requests[k], std::move(*wire), &state->responses[k], &state->values[k], opts,
-                           finish);
+      shards_[s]->PushPullAsync(state->requests[k], std::move(*wire), &state->responses[k], &state->values[k], opts,
+                                finish);
     });
   }
 }

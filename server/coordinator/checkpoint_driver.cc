@@ -54,7 +54,7 @@ absl::Status SaveOnShards(const CheckpointWrite& w, const std::string& pending_n
     CallOptions opts;
     opts.deadline = absl::Now() + w.save_timeout;
     opts.job_secret = w.job_secret;
-    SharedRemoteShard(ro)->SaveTable(req, &saved[i], opts, [&, i](absl::Status s) {
+    SharedRemoteShard(ro)->SaveTableAsync(req, &saved[i], opts, [&, i](absl::Status s) {
       std::lock_guard<std::mutex> l(mu);
       if (!s.ok() && status.ok()) status = absl::Status(s.code(), absl::StrCat("shard ", i, ": ", s.message()));
       if (--outstanding == 0) done.notify_all();
@@ -154,7 +154,7 @@ absl::StatusOr<CheckpointManifest> LoadCheckpoint(const std::string& job_id, uin
     opts.deadline = absl::Now() + timeout;
     opts.job_secret = job_secret;
     opts.table_grant = table_grant;
-    absl::Status s = WaitFor([&](StatusCallback done) { client->LoadTable(req, &resp, opts, done); });
+    absl::Status s = WaitFor([&](StatusCallback done) { client->LoadTableAsync(req, &resp, opts, done); });
     if (!s.ok()) return absl::Status(s.code(), absl::StrCat("shard ", i, ": ", s.message()));
   }
   return manifest;

@@ -326,7 +326,7 @@ void Coordinator::DropTables(const JobStatus& st) {
       DropTableResponse resp;
       CallOptions opts;
       opts.job_secret = secret;
-      absl::Status s = WaitFor([&](StatusCallback done) { client->DropTable(req, &resp, opts, done); });
+      absl::Status s = WaitFor([&](StatusCallback done) { client->DropTableAsync(req, &resp, opts, done); });
       if (!s.ok()) spdlog::warn("coordinator: dropping {} on {}: {}", id, a, s.ToString());
     }
   });

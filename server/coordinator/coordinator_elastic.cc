@@ -45,7 +45,7 @@ SeatsAnswer SendSeats(const std::vector<std::string>& shards, const SetWorkersRe
     SetWorkersResponse resp;
     CallOptions opts;
     opts.job_secret = job_secret;
-    absl::Status s = WaitFor([&](StatusCallback done) { client->SetWorkers(req, &resp, opts, done); });
+    absl::Status s = WaitFor([&](StatusCallback done) { client->SetWorkersAsync(req, &resp, opts, done); });
     if (!s.ok()) {
       a.status = absl::Status(s.code(), absl::StrCat("shard ", i, ": ", s.message()));
       break;

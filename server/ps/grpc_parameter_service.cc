@@ -166,8 +166,8 @@ grpc::ServerUnaryReactor* GrpcParameterService::InitTable(grpc::CallbackServerCo
       "InitTable", metrics_, &secrets_, SecretUse::kRecord, context, request, response,
       [this, context](const InitTableRequest& r) { return Granted(context, r.job(), r.attempt(), "InitTable"); },
       [this](auto state, const CallOptions& options, auto done) {
-        store_->InitTable(state->request, std::move(state->in_tensors), &state->response, options,
-                          std::move(done));
+        store_->InitTableAsync(state->request, std::move(state->in_tensors), &state->response, options,
+                               std::move(done));
       });
 }
 
@@ -178,8 +178,8 @@ grpc::ServerUnaryReactor* GrpcParameterService::Pull(grpc::CallbackServerContext
       "Pull", metrics_, &secrets_, SecretUse::kCheck, context, request, response,
       Anyone<PullRequest>,
       [this](auto state, const CallOptions& options, auto done) {
-        store_->Pull(state->request, &state->response, &state->out_tensors, options,
-                     std::move(done));
+        store_->PullAsync(state->request, &state->response, &state->out_tensors, options,
+                          std::move(done));
       });
 }
 
@@ -190,8 +190,8 @@ grpc::ServerUnaryReactor* GrpcParameterService::Push(grpc::CallbackServerContext
       "Push", metrics_, &secrets_, SecretUse::kCheck, context, request, response,
       Anyone<PushRequest>,
       [this](auto state, const CallOptions& options, auto done) {
-        store_->Push(state->request, std::move(state->in_tensors), &state->response, options,
-                     std::move(done));
+        store_->PushAsync(state->request, std::move(state->in_tensors), &state->response, options,
+                          std::move(done));
       });
 }
 
@@ -202,8 +202,8 @@ grpc::ServerUnaryReactor* GrpcParameterService::PushPull(grpc::CallbackServerCon
       "PushPull", metrics_, &secrets_, SecretUse::kCheck, context, request, response,
       Anyone<PushPullRequest>,
       [this](auto state, const CallOptions& options, auto done) {
-        store_->PushPull(state->request, std::move(state->in_tensors), &state->response,
-                         &state->out_tensors, options, std::move(done));
+        store_->PushPullAsync(state->request, std::move(state->in_tensors), &state->response,
+                              &state->out_tensors, options, std::move(done));
       });
 }
 
@@ -217,7 +217,7 @@ grpc::ServerUnaryReactor* GrpcParameterService::Stats(grpc::CallbackServerContex
         return r.job().empty() ? CoordinatorOnly(context, "Stats of every table") : absl::OkStatus();
       },
       [this](auto state, const CallOptions& options, auto done) {
-        store_->Stats(state->request, &state->response, options, std::move(done));
+        store_->StatsAsync(state->request, &state->response, options, std::move(done));
       });
 }
 
@@ -236,7 +236,7 @@ grpc::ServerUnaryReactor* GrpcParameterService::SaveTable(grpc::CallbackServerCo
         return s;
       },
       [this](auto state, const CallOptions& options, auto done) {
-        store_->SaveTable(state->request, &state->response, options, std::move(done));
+        store_->SaveTableAsync(state->request, &state->response, options, std::move(done));
       });
 }
 
@@ -250,7 +250,7 @@ grpc::ServerUnaryReactor* GrpcParameterService::LoadTable(grpc::CallbackServerCo
         return s.ok() ? Granted(context, r.job(), r.attempt(), "LoadTable") : s;
       },
       [this](auto state, const CallOptions& options, auto done) {
-        store_->LoadTable(state->request, &state->response, options, std::move(done));
+        store_->LoadTableAsync(state->request, &state->response, options, std::move(done));
       });
 }
 
@@ -261,7 +261,7 @@ grpc::ServerUnaryReactor* GrpcParameterService::DropTable(grpc::CallbackServerCo
       "DropTable", metrics_, &secrets_, SecretUse::kForget, context, request, response,
       [this, context](const DropTableRequest&) { return CoordinatorOnly(context, "DropTable"); },
       [this](auto state, const CallOptions& options, auto done) {
-        store_->DropTable(state->request, &state->response, options, std::move(done));
+        store_->DropTableAsync(state->request, &state->response, options, std::move(done));
       });
 }
 
@@ -272,7 +272,7 @@ grpc::ServerUnaryReactor* GrpcParameterService::SetWorkers(grpc::CallbackServerC
       "SetWorkers", metrics_, &secrets_, SecretUse::kCheck, context, request, response,
       [this, context](const SetWorkersRequest&) { return CoordinatorOnly(context, "SetWorkers"); },
       [this](auto state, const CallOptions& options, auto done) {
-        store_->SetWorkers(state->request, &state->response, options, std::move(done));
+        store_->SetWorkersAsync(state->request, &state->response, options, std::move(done));
       });
 }
 

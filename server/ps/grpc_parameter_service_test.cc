@@ -60,7 +60,7 @@ class GrpcParameterServiceTest : public ::testing::Test {
     for (size_t i = 0; i < values.size(); ++i) req.add_keys("k" + std::to_string(i));
     InitTableResponse resp;
     return WaitFor([&](StatusCallback done) {
-      client_->InitTable(req, values, &resp, {}, done);
+      client_->InitTableAsync(req, values, &resp, {}, done);
     });
   }
 
@@ -71,7 +71,7 @@ class GrpcParameterServiceTest : public ::testing::Test {
     req.set_worker(worker);
     req.set_step(step);
     for (auto& k : keys) req.add_keys(k);
-    return WaitFor([&](StatusCallback done) { client_->Push(req, grads, resp, {}, done); });
+    return WaitFor([&](StatusCallback done) { client_->PushAsync(req, grads, resp, {}, done); });
   }
 
   std::vector<float> Pull(const std::string& key) {
@@ -81,7 +81,7 @@ class GrpcParameterServiceTest : public ::testing::Test {
     PullResponse resp;
     std::vector<TensorBuffer> values;
     absl::Status s = WaitFor([&](StatusCallback done) {
-      client_->Pull(req, &resp, &values, {}, done);
+      client_->PullAsync(req, &resp, &values, {}, done);
     });
     EXPECT_TRUE(s.ok()) << s;
     return values.empty() ? std::vector<float>{} : ToFloats(values[0]);
@@ -106,8 +106,8 @@ TEST_F(GrpcParameterServiceTest, PushPullRoundTripOverGrpc) {
   PushPullResponse resp;
   std::vector<TensorBuffer> values;
   absl::Status s = WaitFor([&](StatusCallback done) {
-    client_->PushPull(req, {Floats({1, 1, 1}), Floats(std::vector<float>(300000, 0.25f))}, &resp,
-                      &values, {}, done);
+    client_->PushPullAsync(req, {Floats({1, 1, 1}), Floats(std::vector<float>(300000, 0.25f))}, &resp,
+                           &values, {}, done);
   });
   ASSERT_TRUE(s.ok()) << s;
   EXPECT_EQ(resp.push().applied(), 2u);
@@ -181,7 +181,7 @@ TEST_F(GrpcParameterServiceTest, SyncPushPullHonoursTheCallDeadline) {
   opts.deadline = absl::Now() + absl::Milliseconds(300);
   const absl::Time start = absl::Now();
   absl::Status s = WaitFor([&](StatusCallback done) {
-    client_->PushPull(req, {Floats({1, 1, 1})}, &resp, &values, opts, done);
+    client_->PushPullAsync(req, {Floats({1, 1, 1})}, &resp, &values, opts, done);
   });
   EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
@@ -255,53 +255,53 @@ TEST_F(GrpcParameterServiceTest, AnswersServerReflection) {
   }
 }
 
-// A ShardStore whose DropTable has dropped the table but holds its `done`
+// A ShardStore whose DropTableAsync has dropped the table but holds its `done`
 // until the test releases it: the window between the store's drop and the
 // service's secret bookkeeping after it.
 class DropHeldStore : public ParameterStore {
  public:
-  void InitTable(const InitTableRequest& request, std::vector<TensorBuffer> values, InitTableResponse* response,
+  void InitTableAsync(const InitTableRequest& request, std::vector<TensorBuffer> values, InitTableResponse* response,
+                      const CallOptions& options, StatusCallback done) override {
+    store_.InitTableAsync(request, std::move(values), response, options, std::move(done));
+  }
+  void PullAsync(const PullRequest& request, PullResponse* response, std::vector<TensorBuffer>* values,
                  const CallOptions& options, StatusCallback done) override {
-    store_.InitTable(request, std::move(values), response, options, std::move(done));
+    store_.PullAsync(request, response, values, options, std::move(done));
   }
-  void Pull(const PullRequest& request, PullResponse* response, std::vector<TensorBuffer>* values,
-            const CallOptions& options, StatusCallback done) override {
-    store_.Pull(request, response, values, options, std::move(done));
+  void PushAsync(const PushRequest& request, std::vector<TensorBuffer> grads, PushResponse* response,
+                 const CallOptions& options, StatusCallback done) override {
+    store_.PushAsync(request, std::move(grads), response, options, std::move(done));
   }
-  void Push(const PushRequest& request, std::vector<TensorBuffer> grads, PushResponse* response,
-            const CallOptions& options, StatusCallback done) override {
-    store_.Push(request, std::move(grads), response, options, std::move(done));
+  void PushPullAsync(const PushPullRequest& request, std::vector<TensorBuffer> grads, PushPullResponse* response,
+                     std::vector<TensorBuffer>* values, const CallOptions& options, StatusCallback done) override {
+    store_.PushPullAsync(request, std::move(grads), response, values, options, std::move(done));
   }
-  void PushPull(const PushPullRequest& request, std::vector<TensorBuffer> grads, PushPullResponse* response,
-                std::vector<TensorBuffer>* values, const CallOptions& options, StatusCallback done) override {
-    store_.PushPull(request, std::move(grads), response, values, options, std::move(done));
+  void StatsAsync(const StatsRequest& request, StatsResponse* response, const CallOptions& options,
+                  StatusCallback done) override {
+    store_.StatsAsync(request, response, options, std::move(done));
   }
-  void Stats(const StatsRequest& request, StatsResponse* response, const CallOptions& options,
-             StatusCallback done) override {
-    store_.Stats(request, response, options, std::move(done));
+  void SaveTableAsync(const SaveTableRequest& request, SaveTableResponse* response, const CallOptions& options,
+                      StatusCallback done) override {
+    store_.SaveTableAsync(request, response, options, std::move(done));
   }
-  void SaveTable(const SaveTableRequest& request, SaveTableResponse* response, const CallOptions& options,
-                 StatusCallback done) override {
-    store_.SaveTable(request, response, options, std::move(done));
+  void LoadTableAsync(const LoadTableRequest& request, LoadTableResponse* response, const CallOptions& options,
+                      StatusCallback done) override {
+    store_.LoadTableAsync(request, response, options, std::move(done));
   }
-  void LoadTable(const LoadTableRequest& request, LoadTableResponse* response, const CallOptions& options,
-                 StatusCallback done) override {
-    store_.LoadTable(request, response, options, std::move(done));
-  }
-  void DropTable(const DropTableRequest& request, DropTableResponse* response, const CallOptions& options,
-                 StatusCallback done) override {
-    store_.DropTable(request, response, options, [this, done = std::move(done)](absl::Status s) mutable {
+  void DropTableAsync(const DropTableRequest& request, DropTableResponse* response, const CallOptions& options,
+                      StatusCallback done) override {
+    store_.DropTableAsync(request, response, options, [this, done = std::move(done)](absl::Status s) mutable {
       held_status_ = s;
       held_done_ = std::move(done);
       dropped_.Notify();
     });
   }
-  void SetWorkers(const SetWorkersRequest& request, SetWorkersResponse* response, const CallOptions& options,
-                  StatusCallback done) override {
-    store_.SetWorkers(request, response, options, std::move(done));
+  void SetWorkersAsync(const SetWorkersRequest& request, SetWorkersResponse* response, const CallOptions& options,
+                       StatusCallback done) override {
+    store_.SetWorkersAsync(request, response, options, std::move(done));
   }
 
-  // Lets the held DropTable's `done` run, on this thread (after dropped_).
+  // Lets the held DropTableAsync's `done` run, on this thread (after dropped_).
   void ReleaseDrop() {
     held_done_(held_status_);
     held_done_ = nullptr;
@@ -337,7 +337,7 @@ TEST(GrpcParameterServiceSecretTest, NextAttemptInitTableDuringADropKeepsItsSecr
     req.mutable_config()->set_num_workers(1);
     req.add_keys("k0");
     InitTableResponse resp;
-    return WaitFor([&](StatusCallback done) { client.InitTable(req, {Floats({attempt * 1.f})}, &resp, member, done); });
+    return WaitFor([&](StatusCallback done) { client.InitTableAsync(req, {Floats({attempt * 1.f})}, &resp, member, done); });
   };
   auto pull = [&](const CallOptions& options, std::vector<float>* out) {
     PullRequest req;
@@ -346,7 +346,7 @@ TEST(GrpcParameterServiceSecretTest, NextAttemptInitTableDuringADropKeepsItsSecr
     req.add_keys("k0");
     PullResponse resp;
     std::vector<TensorBuffer> values;
-    absl::Status s = WaitFor([&](StatusCallback done) { client.Pull(req, &resp, &values, options, done); });
+    absl::Status s = WaitFor([&](StatusCallback done) { client.PullAsync(req, &resp, &values, options, done); });
     if (s.ok() && out != nullptr && !values.empty()) *out = ToFloats(values[0]);
     return s;
   };
@@ -358,7 +358,7 @@ TEST(GrpcParameterServiceSecretTest, NextAttemptInitTableDuringADropKeepsItsSecr
   drop.set_attempt(1);
   DropTableResponse drop_resp;
   std::promise<absl::Status> drop_status;
-  client.DropTable(drop, &drop_resp, member, [&](absl::Status s) { drop_status.set_value(s); });
+  client.DropTableAsync(drop, &drop_resp, member, [&](absl::Status s) { drop_status.set_value(s); });
   store.dropped_.WaitForNotification();
   // In the window, attempt 2 makes the job's table again.
   ASSERT_TRUE(init(2).ok());

@@ -132,7 +132,7 @@ void Drain(pstrain::ClusterMember& member, pstrain::ShardStore& store, const sig
   drop.set_job(job);
   drop.set_attempt(std::numeric_limits<uint64_t>::max());  // whichever attempt it is
   pstrain::DropTableResponse dropped;
-  (void)pstrain::WaitFor([&](pstrain::StatusCallback done) { store.DropTable(drop, &dropped, {}, done); });
+  (void)pstrain::WaitFor([&](pstrain::StatusCallback done) { store.DropTableAsync(drop, &dropped, {}, done); });
 }
 
 }  // namespace

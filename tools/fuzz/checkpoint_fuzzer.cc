@@ -1,4 +1,4 @@
-// libFuzzer target: the shard's checkpoint loader (ShardStore::LoadTable)
+// libFuzzer target: the shard's checkpoint loader (ShardStore::LoadTableAsync)
 // on arbitrary file contents with a matching size and crc32 (so the fuzzer
 // reaches the field-by-field validation, not just the crc check).
 // Invariants: no crash; a loaded table serves finite values.
@@ -44,14 +44,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   req.add_keys("a");
   req.add_keys("fc1.weight#0");
   pstrain::LoadTableResponse resp;
-  if (!pstrain::WaitFor([&](pstrain::StatusCallback d) { store.LoadTable(req, &resp, {}, d); }).ok()) return 0;
+  if (!pstrain::WaitFor([&](pstrain::StatusCallback d) { store.LoadTableAsync(req, &resp, {}, d); }).ok()) return 0;
   pstrain::PullRequest pull;
   pull.set_job("job");
   pull.add_keys("a");
   pull.add_keys("fc1.weight#0");
   pstrain::PullResponse pr;
   std::vector<pstrain::TensorBuffer> values;
-  if (!pstrain::WaitFor([&](pstrain::StatusCallback d) { store.Pull(pull, &pr, &values, {}, d); }).ok()) std::abort();
+  if (!pstrain::WaitFor([&](pstrain::StatusCallback d) { store.PullAsync(pull, &pr, &values, {}, d); }).ok()) std::abort();
   for (const auto& v : values) {
     if (!pstrain::AllFinite(v.dtype, v.data, v.nbytes)) std::abort();
   }

@@ -121,7 +121,7 @@ std::vector<absl::StatusOr<TrainResult>> TrainAllReduce(const JobSpec& spec, con
     if (!c.ok()) return c.status();
     collectives[r] = std::move(*c);
     locals[r] = std::make_unique<Shards>(1);
-    o.shards = locals[r]->ptrs;
+    o.local_store = locals[r]->stores[0].get();
     o.collective = collectives[r].get();
     return absl::OkStatus();
   });

@@ -163,7 +163,7 @@ inline std::vector<absl::StatusOr<TrainResult>> RunTwoAllReduceWorkers(const Job
       o.data_root = TestModelsRoot();
       o.rank = r;
       o.world_size = 2;
-      o.shards = local.ptrs;
+      o.local_store = local.stores[0].get();
       o.collective = collective->get();
       o.write_weights = false;
       if (adjust) adjust(o);
@@ -280,7 +280,7 @@ inline void ExpectAllReduceResumeStartsFromTheTablesValues(c10::Device device, c
   o.spec = spec;
   o.data_root = TestModelsRoot();
   o.device = device;
-  o.shards = local.ptrs;
+  o.local_store = local.stores[0].get();
   o.collective = collective->get();
   o.write_weights = false;
   o.start_step = 5;

@@ -42,7 +42,7 @@ class AllReduceSetup {
   static absl::StatusOr<std::unique_ptr<AllReduceSetup>> Create(const AllReduceOptions& options);
 
   Collective* collective() { return collective_.get(); }
-  ParameterStore* local_store() { return local_.get(); }
+  ShardStore* local_store() { return local_.get(); }
   // For TrainerOptions::restore_local; empty when not resuming.
   std::function<absl::Status(const std::vector<std::string>& keys)> restore_local();
   // Writes the local store's table to `path` (a checkpoint's shard file)

@@ -169,7 +169,7 @@ absl::Status RunJobOrThrow(pstrain::JobSpec spec, int rank, int world_size, cons
     auto ar = pstrain::AllReduceSetup::Create(ao);
     if (!ar.ok()) return ar.status();
     allreduce = std::move(*ar);
-    options.shards = {allreduce->local_store()};
+    options.local_store = allreduce->local_store();
     options.collective = allreduce->collective();
     options.restore_local = allreduce->restore_local();
   }

@@ -164,8 +164,8 @@ absl::Status Trainer::BuildModel() {
 
 absl::Status Trainer::BuildExchange() {
   const bool allreduce = options_.collective != nullptr;
-  if (allreduce && options_.shards.size() != 1) {
-    return absl::InvalidArgumentError("all-reduce mode needs exactly one local parameter store");
+  if (allreduce && (options_.local_store == nullptr || !options_.shards.empty())) {
+    return absl::InvalidArgumentError("all-reduce mode needs a local store and no shards");
   }
   auto plan = MakePartitionPlan(specs_, allreduce ? 1 : spec_.shards, static_cast<size_t>(spec_.chunk_bytes));
   if (!plan.ok()) return plan.status();
@@ -183,7 +183,7 @@ absl::Status Trainer::BuildExchange() {
   po.error_feedback = spec_.wire_error_feedback;
   po.max_in_flight_per_shard = allreduce ? 0 : spec_.requests_in_flight;
   po.plan = *plan;
-  auto ps = PsClient::Create(po, options_.shards);
+  auto ps = PsClient::Create(po, allreduce ? std::vector<ParameterStore*>{options_.local_store} : options_.shards);
   if (!ps.ok()) return ps.status();
   ps_ = std::move(*ps);
   ExchangeOptions eo;
@@ -205,7 +205,7 @@ absl::Status Trainer::BuildExchange() {
   if (allreduce) {
     // Everyone starts from rank 0's values (as DDP does); the local store,
     // one worker's SYNC table, is the checkpoint format.
-    eo.local_store = dynamic_cast<ShardStore*>(options_.shards[0]);
+    eo.local_store = options_.local_store;
     auto e = MakeAllReduceExchange(eo);
     if (!e.ok()) return e.status();
     exchange_ = std::move(*e);

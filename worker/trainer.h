@@ -13,7 +13,7 @@
 // the workers (asynchronously, while backward goes on); after backward the
 // averaged gradients update the parameters where they live, with the
 // shards' optimizer arithmetic; an in-process store holding the whole model
-// (options.shards[0], a ShardStore) keeps checkpoints in the shards' file
+// (options.local_store, a ShardStore) keeps checkpoints in the shards' file
 // format. Rank 0's initial values are broadcast first. The two modes are
 // two GradientExchanges (worker/gradient_exchange.h).
 //
@@ -43,6 +43,7 @@ namespace pstrain {
 
 class Activity;
 class Collective;
+class ShardStore;
 
 // Where the loop stands before an optimizer step (TrainerOptions::
 // at_step_boundary).
@@ -70,9 +71,11 @@ struct TrainerOptions {
   // Where a torchscript:<path> model is read from (the worker's --data_root).
   DataRoot data_root;
   std::vector<ParameterStore*> shards;  // not owned; shard i of the plan
-  // All-reduce mode: the group of workers (not owned); `shards` is then one
-  // local store for the whole model.
+  // All-reduce mode: the group of workers (not owned), and the in-process
+  // store holding the whole model (not owned; the checkpoint format);
+  // `shards` is then empty.
   Collective* collective = nullptr;
+  ShardStore* local_store = nullptr;
   // All-reduce mode, resuming: loads the checkpoint into the local store
   // (keys: every chunk of the model) before training starts.
   std::function<absl::Status(const std::vector<std::string>& keys)> restore_local;

@@ -27,6 +27,72 @@
 namespace pstrain {
 namespace {
 bool IsTerminalState(JobState s) { return s == SUCCEEDED || s == FAILED || s == CANCELLED; }
+
+// Submits the job as `pstrain submit` would; returns its id.
+absl::StatusOr<std::string> SubmitJob(JobService::Stub& jobs, const LocalClusterOptions& options) {
+  SubmitJobRequest submit;
+  submit.set_spec_yaml(options.spec_yaml);
+  submit.set_output_dir(options.output_dir);
+  SubmitJobResponse submitted;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
+  absl::Status s = FromGrpcStatus(jobs.SubmitJob(&ctx, submit, &submitted));
+  if (!s.ok()) return s;
+  return submitted.job_id();
+}
+
+// Watches job `job_id` on a thread of its own, passing each status to
+// `on_status` and keeping the latest in `last`, while this thread calls
+// `check_cluster` every 50 ms. Returns at the end of the watch or at
+// check_cluster's first error: that error; else, when the watch ended before
+// a terminal state, the watch's own status; else OK.
+absl::Status WatchJob(JobService::Stub& jobs, const std::string& job_id,
+                      const std::function<void(const JobStatus&)>& on_status,
+                      const std::function<absl::Status()>& check_cluster, JobStatus& last) {
+  std::mutex mu;
+  bool watch_done = false;
+  absl::Status watch_status;
+  grpc::ClientContext watch_ctx;
+  std::thread watcher([&] {
+    WatchJobRequest req;
+    req.set_job_id(job_id);
+    auto reader = jobs.WatchJob(&watch_ctx, req);
+    JobStatus st;
+    while (reader->Read(&st)) {
+      on_status(st);
+      std::lock_guard<std::mutex> lock(mu);
+      last = st;
+    }
+    grpc::Status end = reader->Finish();
+    std::lock_guard<std::mutex> lock(mu);
+    watch_status = FromGrpcStatus(end);
+    watch_done = true;
+  });
+  absl::Status failure;
+  while (true) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (watch_done) break;
+    }
+    failure = check_cluster();
+    if (!failure.ok()) break;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  watch_ctx.TryCancel();
+  watcher.join();
+  if (failure.ok() && !IsTerminalState(last.state())) failure = watch_status;
+  return failure;
+}
+
+// For a FAILED job: the coordinator's reason with the end of the log of the
+// worker it blames; OK when the reason names no worker.
+absl::Status QuoteBlamedWorkerLog(const JobStatus& failed, const std::string& logs) {
+  const std::string why = failed.conditions().empty() ? "" : failed.conditions().rbegin()->message();
+  std::smatch m;
+  if (!std::regex_search(why, m, std::regex("worker[ -](\\d+)"))) return absl::OkStatus();
+  const std::string log = absl::StrCat(logs, "/worker-", m[1].str(), ".log");
+  return absl::AbortedError(absl::StrCat(why, "; last lines of ", log, ":\n", TailFile(log, 15)));
+}
 }  // namespace
 
 std::string TailFile(const std::string& path, int n) {
@@ -107,19 +173,13 @@ std::vector<std::string> LocalCluster::SecurityFlags(const std::string& role) co
   return flags;
 }
 
-absl::StatusOr<JobStatus> LocalCluster::Run(const std::function<void(const JobStatus&)>& on_status,
-                                            const std::atomic<bool>& stop_requested) {
-  const JobSpec& spec = options_.spec;
+std::vector<std::string> LocalCluster::WithSecurity(std::vector<std::string> argv, const std::string& role) const {
+  for (std::string& flag : SecurityFlags(role)) argv.push_back(std::move(flag));
+  return argv;
+}
+
+absl::Status LocalCluster::StartCoordinator(const std::atomic<bool>& stop_requested) {
   const std::string logs = options_.output_dir + "/logs";
-  std::filesystem::create_directories(logs);
-  if (options_.secure) {
-    absl::Status made = MakeCredentials();
-    if (!made.ok()) return made;
-  }
-  auto with_security = [this](std::vector<std::string> argv, const std::string& role) {
-    for (std::string& flag : SecurityFlags(role)) argv.push_back(std::move(flag));
-    return argv;
-  };
   // The coordinator; members re-check it every 200 ms and are lost after 2 s.
   const std::string coord_file = logs + "/coordinator.addr";
   std::filesystem::remove(coord_file);
@@ -137,7 +197,7 @@ absl::StatusOr<JobStatus> LocalCluster::Run(const std::function<void(const JobSt
     coordinator_argv.push_back(absl::StrCat("--http_port=", options_.http_port));
     coordinator_argv.push_back("--http_port_file=" + http_file);
   }
-  absl::Status s = Spawn("coordinator", with_security(std::move(coordinator_argv), "coordinator"));
+  absl::Status s = Spawn("coordinator", WithSecurity(std::move(coordinator_argv), "coordinator"));
   if (!s.ok()) return s;
   Child& coordinator_child = children_.back();
   auto address = WaitForAddress(coord_file, coordinator_child, stop_requested);
@@ -155,13 +215,19 @@ absl::StatusOr<JobStatus> LocalCluster::Run(const std::function<void(const JobSt
                                              : ""));
     }
   }
+  return absl::OkStatus();
+}
+
+absl::Status LocalCluster::StartShardsAndWorkers() {
+  const JobSpec& spec = options_.spec;
   for (int i = 0; i < spec.shards; ++i) {
-    s = Spawn(absl::StrCat("shard-", i),
-              with_security({options_.ps_binary, "--host=127.0.0.1", "--port=0", "--advertise_host=127.0.0.1",
-                             "--coordinator=" + coordinator_, absl::StrCat("--name=shard-", i),
-                             absl::StrCat("--shard_index=", i), absl::StrCat("--num_shards=", spec.shards),
-                             "--checkpoint_root=" + options_.output_dir},
-                            "shard"));
+    absl::Status s = Spawn(absl::StrCat("shard-", i),
+                           WithSecurity({options_.ps_binary, "--host=127.0.0.1", "--port=0",
+                                         "--advertise_host=127.0.0.1", "--coordinator=" + coordinator_,
+                                         absl::StrCat("--name=shard-", i), absl::StrCat("--shard_index=", i),
+                                         absl::StrCat("--num_shards=", spec.shards),
+                                         "--checkpoint_root=" + options_.output_dir},
+                                        "shard"));
     if (!s.ok()) return s;
   }
   for (int r = 0; r < spec.workers; ++r) {
@@ -169,83 +235,53 @@ absl::StatusOr<JobStatus> LocalCluster::Run(const std::function<void(const JobSt
     std::vector<std::string> worker_argv = {options_.worker_binary, "--coordinator=" + coordinator_,
                                             absl::StrCat("--name=worker-", r), "--gloo_hostname=127.0.0.1"};
     if (!options_.data_root.empty()) worker_argv.push_back("--data_root=" + options_.data_root);
-    s = Spawn(absl::StrCat("worker-", r), with_security(std::move(worker_argv), "worker"));
+    absl::Status s = Spawn(absl::StrCat("worker-", r), WithSecurity(std::move(worker_argv), "worker"));
     if (!s.ok()) return s;
   }
+  return absl::OkStatus();
+}
 
-  // Submit through the JobService, as `pstrain submit` would.
-  // With --secure, as the user of the token file made for this run.
+SecurityOptions LocalCluster::UserSecurity() const {
   SecurityOptions user = ProcessSecurity();
   if (credentials_.has_value()) {
     user.tls_ca = credentials_->ca;
     user.token_file = credentials_->user_token_file;
   }
-  auto channel = CreateChannel(coordinator_, 64 << 20, user);
-  auto jobs = JobService::NewStub(channel);
-  SubmitJobRequest submit;
-  submit.set_spec_yaml(options_.spec_yaml);
-  submit.set_output_dir(options_.output_dir);
-  SubmitJobResponse submitted;
-  {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
-    s = FromGrpcStatus(jobs->SubmitJob(&ctx, submit, &submitted));
-    if (!s.ok()) return s;
-  }
+  return user;
+}
 
-  // Watch on a thread of its own; this one minds the processes.
-  std::mutex mu;
+absl::Status LocalCluster::CheckChildren(const std::atomic<bool>& stop_requested) {
+  Reap();
+  if (stop_requested) return absl::CancelledError("interrupted; every process of the cluster was stopped");
+  for (const Child& c : children_) {
+    if (c.exited) return ChildFailed(c, absl::StrCat("exited during the job (code ", c.exit_code, ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<JobStatus> LocalCluster::Run(const std::function<void(const JobStatus&)>& on_status,
+                                            const std::atomic<bool>& stop_requested) {
+  const std::string logs = options_.output_dir + "/logs";
+  std::filesystem::create_directories(logs);
+  if (options_.secure) {
+    absl::Status made = MakeCredentials();
+    if (!made.ok()) return made;
+  }
+  absl::Status s = StartCoordinator(stop_requested);
+  if (!s.ok()) return s;
+  s = StartShardsAndWorkers();
+  if (!s.ok()) return s;
+
+  // Submit through the JobService, as `pstrain submit` would.
+  // With --secure, as the user of the token file made for this run.
+  auto jobs = JobService::NewStub(CreateChannel(coordinator_, 64 << 20, UserSecurity()));
+  absl::StatusOr<std::string> job_id = SubmitJob(*jobs, options_);
+  if (!job_id.ok()) return job_id.status();
+
   JobStatus last;
-  bool watch_done = false;
-  absl::Status watch_status;
-  grpc::ClientContext watch_ctx;
-  std::thread watcher([&] {
-    WatchJobRequest req;
-    req.set_job_id(submitted.job_id());
-    auto reader = jobs->WatchJob(&watch_ctx, req);
-    JobStatus st;
-    while (reader->Read(&st)) {
-      on_status(st);
-      std::lock_guard<std::mutex> lock(mu);
-      last = st;
-    }
-    grpc::Status end = reader->Finish();
-    std::lock_guard<std::mutex> lock(mu);
-    watch_status = FromGrpcStatus(end);
-    watch_done = true;
-  });
-  absl::Status failure;
-  while (true) {
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      if (watch_done) break;
-    }
-    Reap();
-    if (stop_requested) {
-      failure = absl::CancelledError("interrupted; every process of the cluster was stopped");
-      break;
-    }
-    for (const Child& c : children_) {
-      if (c.exited) {
-        failure = ChildFailed(c, absl::StrCat("exited during the job (code ", c.exit_code, ")"));
-        break;
-      }
-    }
-    if (!failure.ok()) break;
-    absl::SleepFor(absl::Milliseconds(50));
-  }
-  watch_ctx.TryCancel();
-  watcher.join();
-  if (failure.ok() && !IsTerminalState(last.state())) failure = watch_status;
-  if (failure.ok() && last.state() == FAILED) {
-    // Quote the log of the worker the coordinator blames.
-    const std::string why = last.conditions().empty() ? "" : last.conditions().rbegin()->message();
-    std::smatch m;
-    if (std::regex_search(why, m, std::regex("worker[ -](\\d+)"))) {
-      const std::string log = absl::StrCat(logs, "/worker-", m[1].str(), ".log");
-      failure = absl::AbortedError(absl::StrCat(why, "; last lines of ", log, ":\n", TailFile(log, 15)));
-    }
-  }
+  absl::Status failure =
+      WatchJob(*jobs, *job_id, on_status, [&] { return CheckChildren(stop_requested); }, last);
+  if (failure.ok() && last.state() == FAILED) failure = QuoteBlamedWorkerLog(last, logs);
   Stop();
   if (!failure.ok()) return failure;
   return last;

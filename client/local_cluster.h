@@ -24,6 +24,7 @@
 #include "common/job_spec.h"
 #include "proto/control.pb.h"
 #include "rpc/local_credentials.h"
+#include "rpc/security.h"
 
 namespace pstrain {
 
@@ -77,6 +78,18 @@ class LocalCluster {
   // coordinator and the shards the table grant key).
   absl::Status MakeCredentials();
   std::vector<std::string> SecurityFlags(const std::string& role) const;
+  // `argv` with SecurityFlags(role) appended.
+  std::vector<std::string> WithSecurity(std::vector<std::string> argv, const std::string& role) const;
+  // The security of the user who submits and watches the job: with
+  // `secure`, the user token made for this run.
+  SecurityOptions UserSecurity() const;
+
+  // The steps of Run: the coordinator, up to its address in coordinator_
+  // (and the dashboard's URL told); then the job's shards and workers.
+  absl::Status StartCoordinator(const std::atomic<bool>& stop_requested);
+  absl::Status StartShardsAndWorkers();
+  // While the job runs: an error when interrupted or when a child exited.
+  absl::Status CheckChildren(const std::atomic<bool>& stop_requested);
 
   LocalClusterOptions options_;
   std::vector<Child> children_;  // coordinator, shards, workers

@@ -234,19 +234,9 @@ absl::Status CheckValues(const JobSpec& spec, const MappingReader& r) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<JobSpec> ParseJobSpecOrThrow(const std::string& yaml, const std::string& origin) {
-  YAML::Node root;
-  try {
-    root = YAML::Load(yaml);
-  } catch (const YAML::Exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat(origin, ": not valid YAML: ", e.what()));
-  }
-  JobSpec spec;
-  spec.optimizer.set_kind(OptimizerConfig::SGD);
-  spec.optimizer.set_lr(0.05);
-  MappingReader r(root, "", origin);
-  if (!root.IsMap()) return r.Error("the top level", "must be a mapping of fields");
-
+// The job's name and the fields that choose how it trains (mode, backend, device,
+// precision, wire dtype), with the defaults the mode implies.
+absl::Status ReadModeFields(MappingReader& r, JobSpec& spec) {
   RETURN_IF_ERROR(r.Read("name", &spec.name));
   RETURN_IF_ERROR(r.ReadEnum<TrainMode>(
       "mode", {{"ps", TrainMode::kParameterServer}, {"allreduce", TrainMode::kAllReduce}}, &spec.mode));
@@ -271,36 +261,43 @@ absl::StatusOr<JobSpec> ParseJobSpecOrThrow(const std::string& yaml, const std::
     spec.shards = 0;
     spec.bucket_bytes = 25 << 20;
   }
-  RETURN_IF_ERROR(r.Read("model", &spec.model));
-  RETURN_IF_ERROR(r.Nested("data", [&](MappingReader& d) { return ReadData(d, spec.data); }));
+  return absl::OkStatus();
+}
+
+// The optimizer mapping's numbers into `optimizer` (its lr the default
+// unless given) and its kind, as written, into `kind`.
+absl::Status ReadOptimizer(MappingReader& o, OptimizerConfig& optimizer, std::string& kind) {
+  double lr = optimizer.lr(), momentum = 0, dampening = 0, wd = 0, beta1 = 0, beta2 = 0, eps = 0, lr_decay = 0,
+         init_acc = 0;
+  bool nesterov = false;
+  RETURN_IF_ERROR(o.Read("kind", &kind));
+  RETURN_IF_ERROR(o.Read("lr", &lr));
+  RETURN_IF_ERROR(o.Read("momentum", &momentum));
+  RETURN_IF_ERROR(o.Read("dampening", &dampening));
+  RETURN_IF_ERROR(o.Read("nesterov", &nesterov));
+  RETURN_IF_ERROR(o.Read("weight_decay", &wd));
+  RETURN_IF_ERROR(o.Read("beta1", &beta1));
+  RETURN_IF_ERROR(o.Read("beta2", &beta2));
+  RETURN_IF_ERROR(o.Read("eps", &eps));
+  RETURN_IF_ERROR(o.Read("lr_decay", &lr_decay));
+  RETURN_IF_ERROR(o.Read("initial_accumulator_value", &init_acc));
+  optimizer.set_lr(lr);
+  optimizer.set_momentum(momentum);
+  optimizer.set_dampening(dampening);
+  optimizer.set_nesterov(nesterov);
+  optimizer.set_weight_decay(wd);
+  optimizer.set_beta1(beta1);
+  optimizer.set_beta2(beta2);
+  optimizer.set_eps(eps);
+  optimizer.set_lr_decay(lr_decay);
+  optimizer.set_initial_accumulator_value(init_acc);
+  return absl::OkStatus();
+}
+
+// The optimizer mapping (SGD unless it names another kind).
+absl::Status ReadOptimizerField(MappingReader& r, OptimizerConfig& optimizer) {
   std::string kind = "sgd";
-  RETURN_IF_ERROR(r.Nested("optimizer", [&](MappingReader& o) {
-    double lr = spec.optimizer.lr(), momentum = 0, dampening = 0, wd = 0, beta1 = 0, beta2 = 0,
-           eps = 0, lr_decay = 0, init_acc = 0;
-    bool nesterov = false;
-    RETURN_IF_ERROR(o.Read("kind", &kind));
-    RETURN_IF_ERROR(o.Read("lr", &lr));
-    RETURN_IF_ERROR(o.Read("momentum", &momentum));
-    RETURN_IF_ERROR(o.Read("dampening", &dampening));
-    RETURN_IF_ERROR(o.Read("nesterov", &nesterov));
-    RETURN_IF_ERROR(o.Read("weight_decay", &wd));
-    RETURN_IF_ERROR(o.Read("beta1", &beta1));
-    RETURN_IF_ERROR(o.Read("beta2", &beta2));
-    RETURN_IF_ERROR(o.Read("eps", &eps));
-    RETURN_IF_ERROR(o.Read("lr_decay", &lr_decay));
-    RETURN_IF_ERROR(o.Read("initial_accumulator_value", &init_acc));
-    spec.optimizer.set_lr(lr);
-    spec.optimizer.set_momentum(momentum);
-    spec.optimizer.set_dampening(dampening);
-    spec.optimizer.set_nesterov(nesterov);
-    spec.optimizer.set_weight_decay(wd);
-    spec.optimizer.set_beta1(beta1);
-    spec.optimizer.set_beta2(beta2);
-    spec.optimizer.set_eps(eps);
-    spec.optimizer.set_lr_decay(lr_decay);
-    spec.optimizer.set_initial_accumulator_value(init_acc);
-    return absl::OkStatus();
-  }));
+  RETURN_IF_ERROR(r.Nested("optimizer", [&](MappingReader& o) { return ReadOptimizer(o, optimizer, kind); }));
   static const std::map<std::string, OptimizerConfig::Kind> kKinds = {
       {"sgd", OptimizerConfig::SGD},
       {"adam", OptimizerConfig::ADAM},
@@ -308,17 +305,22 @@ absl::StatusOr<JobSpec> ParseJobSpecOrThrow(const std::string& yaml, const std::
       {"adagrad", OptimizerConfig::ADAGRAD}};
   auto k = kKinds.find(kind);
   if (k == kKinds.end()) return r.Error("optimizer.kind", "must be sgd, adam, adamw or adagrad");
-  spec.optimizer.set_kind(k->second);
-  RETURN_IF_ERROR(r.Nested("lr_schedule", [&](MappingReader& l) {
-    RETURN_IF_ERROR(l.Read("kind", &spec.lr_schedule.kind));
-    RETURN_IF_ERROR(l.Read("step_epochs", &spec.lr_schedule.step_epochs));
-    RETURN_IF_ERROR(l.Read("gamma", &spec.lr_schedule.gamma));
-    RETURN_IF_ERROR(l.Read("min_lr", &spec.lr_schedule.min_lr));
-    RETURN_IF_ERROR(l.Read("warmup_steps", &spec.lr_schedule.warmup_steps));
-    return absl::OkStatus();
-  }));
-  std::string consistency = spec.allreduce() ? "sync" : "async";
-  RETURN_IF_ERROR(r.Read("consistency", &consistency));
+  optimizer.set_kind(k->second);
+  return absl::OkStatus();
+}
+
+absl::Status ReadLrSchedule(MappingReader& l, LrScheduleSpec& schedule) {
+  RETURN_IF_ERROR(l.Read("kind", &schedule.kind));
+  RETURN_IF_ERROR(l.Read("step_epochs", &schedule.step_epochs));
+  RETURN_IF_ERROR(l.Read("gamma", &schedule.gamma));
+  RETURN_IF_ERROR(l.Read("min_lr", &schedule.min_lr));
+  RETURN_IF_ERROR(l.Read("warmup_steps", &schedule.warmup_steps));
+  return absl::OkStatus();
+}
+
+// The fields that size and pace the run: consistency's staleness, the
+// cluster, batches, transfers, checkpoints, elasticity and logging.
+absl::Status ReadRunFields(MappingReader& r, JobSpec& spec) {
   RETURN_IF_ERROR(r.Read("staleness", &spec.staleness));
   RETURN_IF_ERROR(r.Read("workers", &spec.workers));
   RETURN_IF_ERROR(r.Read("shards", &spec.shards));
@@ -340,6 +342,30 @@ absl::StatusOr<JobSpec> ParseJobSpecOrThrow(const std::string& yaml, const std::
   RETURN_IF_ERROR(r.Read("replacement_timeout_s", &spec.replacement_timeout_s));
   RETURN_IF_ERROR(r.Read("log_every_steps", &spec.log_every_steps));
   RETURN_IF_ERROR(r.Read("eval_every_epochs", &spec.eval_every_epochs));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<JobSpec> ParseJobSpecOrThrow(const std::string& yaml, const std::string& origin) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml);
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat(origin, ": not valid YAML: ", e.what()));
+  }
+  JobSpec spec;
+  spec.optimizer.set_kind(OptimizerConfig::SGD);
+  spec.optimizer.set_lr(0.05);
+  MappingReader r(root, "", origin);
+  if (!root.IsMap()) return r.Error("the top level", "must be a mapping of fields");
+
+  RETURN_IF_ERROR(ReadModeFields(r, spec));
+  RETURN_IF_ERROR(r.Read("model", &spec.model));
+  RETURN_IF_ERROR(r.Nested("data", [&](MappingReader& d) { return ReadData(d, spec.data); }));
+  RETURN_IF_ERROR(ReadOptimizerField(r, spec.optimizer));
+  RETURN_IF_ERROR(r.Nested("lr_schedule", [&](MappingReader& l) { return ReadLrSchedule(l, spec.lr_schedule); }));
+  std::string consistency = spec.allreduce() ? "sync" : "async";
+  RETURN_IF_ERROR(r.Read("consistency", &consistency));
+  RETURN_IF_ERROR(ReadRunFields(r, spec));
   RETURN_IF_ERROR(r.Check());
 
   if (consistency == "async") {

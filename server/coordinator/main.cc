@@ -10,6 +10,7 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -106,23 +107,21 @@ absl::StatusOr<std::unique_ptr<pstrain::Dashboard>> StartDashboard(pstrain::Coor
   return d;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  pstrain::StartBinary("pstrain-coordinator", argc, argv);
-  const pstrain::SecurityOptions security = pstrain::InstallSecurityFromFlags("pstrain-coordinator", true);
+// Checks the flags CoordinatorOptionsFromFlags does not: false (each
+// problem logged) when one is out of range.
+bool ServerFlagsAreValid() {
   const int port = absl::GetFlag(FLAGS_port);
   if (port < 0 || port > 65535 || absl::GetFlag(FLAGS_heartbeat_ms) < 10 ||
       absl::GetFlag(FLAGS_missed_heartbeats) < 1) {
     spdlog::error("pstrain-coordinator: need 0 <= --port <= 65535, --heartbeat_ms >= 10, --missed_heartbeats >= 1");
-    return 2;
+    return false;
   }
   for (const auto* flag : {&FLAGS_max_queued_jobs_per_user, &FLAGS_max_running_jobs_per_user,
                            &FLAGS_max_watches_per_user, &FLAGS_max_waiting_calls, &FLAGS_grpc_max_threads,
                            &FLAGS_job_retention}) {
     if (absl::GetFlag(*flag) < 0) {
       spdlog::error("pstrain-coordinator: --{} must not be negative", std::string(absl::GetFlagReflectionHandle(*flag).Name()));
-      return 2;
+      return false;
     }
   }
   // Waiting calls each hold a server thread: the others need some left.
@@ -132,53 +131,100 @@ int main(int argc, char** argv) {
     spdlog::error("pstrain-coordinator: --max_waiting_calls ({}) must be set and at least 16 below --grpc_max_threads "
                   "({}), or waiting calls can take every thread",
                   max_waiting, max_threads);
-    return 2;
+    return false;
   }
-  sigset_t stop;
-  sigemptyset(&stop);
-  sigaddset(&stop, SIGTERM);
-  sigaddset(&stop, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
+  return true;
+}
 
+// The job store at --db, its directory made if missing.
+absl::StatusOr<std::unique_ptr<pstrain::JobStore>> OpenJobStore() {
   const std::string db = absl::GetFlag(FLAGS_db);
   const auto parent = std::filesystem::path(db).parent_path();
   std::error_code ec;
   if (!parent.empty()) std::filesystem::create_directories(parent, ec);
-  auto store = pstrain::JobStore::Open(db);
-  if (!store.ok()) {
-    spdlog::error("pstrain-coordinator: {}", store.status().ToString());
-    return 1;
-  }
+  return pstrain::JobStore::Open(db);
+}
+
+// The coordinator's options from the flags; nullopt (the problem logged)
+// when one is refused.
+std::optional<pstrain::CoordinatorOptions> CoordinatorOptionsFromFlags() {
   pstrain::CoordinatorOptions options;
   options.heartbeat_interval = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_ms));
   options.missed_heartbeats = absl::GetFlag(FLAGS_missed_heartbeats);
   auto root = pstrain::CanonicalRoot(absl::GetFlag(FLAGS_checkpoint_root));
   if (!root.ok()) {
     spdlog::error("pstrain-coordinator: --checkpoint_root: {}", root.status().ToString());
-    return 2;
+    return std::nullopt;
   }
   options.checkpoint_root = *root;
   options.telemetry.tensorboard = absl::GetFlag(FLAGS_tensorboard);
   if (absl::GetFlag(FLAGS_max_members_per_principal) < 1) {
     spdlog::error("pstrain-coordinator: need --max_members_per_principal >= 1");
-    return 2;
+    return std::nullopt;
   }
   options.max_members_per_principal = static_cast<size_t>(absl::GetFlag(FLAGS_max_members_per_principal));
   if (!absl::GetFlag(FLAGS_table_grant_key_file).empty()) {
     auto signer = pstrain::TableGrantSigner::Load(absl::GetFlag(FLAGS_table_grant_key_file), "--table_grant_key_file");
     if (!signer.ok()) {
       spdlog::error("pstrain-coordinator: {}", std::string(signer.status().message()));
-      return 2;
+      return std::nullopt;
     }
     options.table_grant_signer = std::move(*signer);
   }
   options.max_queued_jobs_per_user = absl::GetFlag(FLAGS_max_queued_jobs_per_user);
   options.max_running_jobs_per_user = absl::GetFlag(FLAGS_max_running_jobs_per_user);
   options.max_watches_per_user = absl::GetFlag(FLAGS_max_watches_per_user);
-  options.max_waiting_calls = max_waiting;
+  options.max_waiting_calls = absl::GetFlag(FLAGS_max_waiting_calls);
   options.job_retention = absl::GetFlag(FLAGS_job_retention);
   options.job_retention_age = absl::GetFlag(FLAGS_job_retention_age);
-  auto coordinator = pstrain::Coordinator::Create(options, std::move(*store));
+  return options;
+}
+
+pstrain::GrpcServerOptions ServerOptionsFromFlags(const pstrain::ServerSecurity& server_security) {
+  pstrain::GrpcServerOptions server_options;
+  server_options.security = server_security;
+  server_options.health_port = absl::GetFlag(FLAGS_health_port);
+  server_options.address = absl::StrCat(absl::GetFlag(FLAGS_host), ":", absl::GetFlag(FLAGS_port));
+  server_options.max_message_bytes = 64 << 20;
+  server_options.port_file = absl::GetFlag(FLAGS_port_file);
+  server_options.max_threads = absl::GetFlag(FLAGS_grpc_max_threads);
+  return server_options;
+}
+
+// The Prometheus endpoint with the coordinator's metrics when
+// --metrics_port asks for it (null otherwise, or on error).
+absl::StatusOr<std::unique_ptr<pstrain::MetricsServer>> StartMetrics(pstrain::Coordinator* coordinator) {
+  if (absl::GetFlag(FLAGS_metrics_port) < 0) return nullptr;
+  const std::string metrics_host =
+      absl::GetFlag(FLAGS_metrics_host).empty() ? absl::GetFlag(FLAGS_host) : absl::GetFlag(FLAGS_metrics_host);
+  auto metrics = pstrain::MetricsServer::Start(metrics_host, absl::GetFlag(FLAGS_metrics_port),
+                                               absl::GetFlag(FLAGS_metrics_port_file));
+  if (!metrics.ok()) return metrics.status();
+  (*metrics)->Add(std::make_shared<pstrain::CoordinatorMetrics>(coordinator));
+  spdlog::info("pstrain-coordinator: Prometheus metrics on port {}", (*metrics)->port());
+  return metrics;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  pstrain::StartBinary("pstrain-coordinator", argc, argv);
+  const pstrain::SecurityOptions security = pstrain::InstallSecurityFromFlags("pstrain-coordinator", true);
+  if (!ServerFlagsAreValid()) return 2;
+  sigset_t stop;
+  sigemptyset(&stop);
+  sigaddset(&stop, SIGTERM);
+  sigaddset(&stop, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
+
+  auto store = OpenJobStore();
+  if (!store.ok()) {
+    spdlog::error("pstrain-coordinator: {}", store.status().ToString());
+    return 1;
+  }
+  std::optional<pstrain::CoordinatorOptions> options = CoordinatorOptionsFromFlags();
+  if (!options.has_value()) return 2;
+  auto coordinator = pstrain::Coordinator::Create(*options, std::move(*store));
   if (!coordinator.ok()) {
     spdlog::error("pstrain-coordinator: {}", coordinator.status().ToString());
     return 1;
@@ -202,35 +248,17 @@ int main(int argc, char** argv) {
     spdlog::error("pstrain-coordinator: {}", dashboard.status().ToString());
     return 2;
   }
-  pstrain::GrpcServerOptions server_options;
-  server_options.security = *server_security;
-  server_options.health_port = absl::GetFlag(FLAGS_health_port);
-  server_options.address = absl::StrCat(absl::GetFlag(FLAGS_host), ":", port);
-  server_options.max_message_bytes = 64 << 20;
-  server_options.port_file = absl::GetFlag(FLAGS_port_file);
-  server_options.max_threads = max_threads;
-  auto server = pstrain::GrpcServer::Create(server_options, {&jobs, &cluster});
+  auto server = pstrain::GrpcServer::Create(ServerOptionsFromFlags(*server_security), {&jobs, &cluster});
   if (!server.ok()) {
     spdlog::error("pstrain-coordinator: {}", server.status().ToString());
     return 1;
   }
   spdlog::info("pstrain-coordinator serving on port {} ({}; jobs in {})", (*server)->port(),
-               pstrain::DescribeSecurity(security, *server_security), db);
-  std::unique_ptr<pstrain::MetricsServer> metrics;
-  std::shared_ptr<pstrain::CoordinatorMetrics> collector;
-  if (absl::GetFlag(FLAGS_metrics_port) >= 0) {
-    const std::string metrics_host =
-        absl::GetFlag(FLAGS_metrics_host).empty() ? absl::GetFlag(FLAGS_host) : absl::GetFlag(FLAGS_metrics_host);
-    auto m = pstrain::MetricsServer::Start(metrics_host, absl::GetFlag(FLAGS_metrics_port),
-                                           absl::GetFlag(FLAGS_metrics_port_file));
-    if (!m.ok()) {
-      spdlog::error("pstrain-coordinator: {}", m.status().ToString());
-      return 1;
-    }
-    metrics = std::move(*m);
-    collector = std::make_shared<pstrain::CoordinatorMetrics>(coordinator->get());
-    metrics->Add(collector);
-    spdlog::info("pstrain-coordinator: Prometheus metrics on port {}", metrics->port());
+               pstrain::DescribeSecurity(security, *server_security), absl::GetFlag(FLAGS_db));
+  auto metrics = StartMetrics(coordinator->get());
+  if (!metrics.ok()) {
+    spdlog::error("pstrain-coordinator: {}", metrics.status().ToString());
+    return 1;
   }
 
   int sig = 0;

@@ -12,7 +12,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=${PSTRAIN_TORCH2_ROOT:-$HOME/.cache/pstrain/trixie-root}
-MIRROR=${PSTRAIN_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 log() { echo "[torch2] $*" >&2; }
 [ "$(id -u)" -eq 0 ] || { echo "test-torch2 needs root (chroot)" >&2; exit 2; }
 command -v mmdebstrap >/dev/null || tools/setup.sh --image
@@ -23,9 +22,12 @@ packages=$(tools/setup.sh --print-packages | tr ' ' '\n' | grep -v -x -e iproute
   paste -sd, -)
 if [ ! -f "$ROOT/.pstrain-complete" ]; then
   log "making the trixie root in $ROOT (once; a few minutes)"
+  # The Debian archive of this machine's apt sources (or $PSTRAIN_DEBIAN_MIRROR).
+  mirror=$(tools/debian_mirror.sh)
+  log "from $mirror"
   rm -rf "$ROOT" && mkdir -p "$(dirname "$ROOT")"
   mmdebstrap --variant=apt --mode=root --aptopt='APT::Install-Recommends "false"' \
-    --include="$packages,git,ca-certificates" trixie "$ROOT" "deb $MIRROR trixie main" >&2
+    --include="$packages,git,ca-certificates" trixie "$ROOT" "deb $mirror trixie main" >&2
   echo "$packages" >"$ROOT/.pstrain-complete"
 elif [ "$(cat "$ROOT/.pstrain-complete")" != "$packages" ]; then
   # The package list grew: install what the cached root lacks.

@@ -67,19 +67,28 @@ TEST(ParseWorkerSaveReportTest, AnyBytesGiveAStatus) {
 
 // A hostile or corrupt answer fails the checkpoint cleanly: an error that
 // says so, and no directory left behind.
-TEST(WriteCheckpointTest, AllReduceWorkerWithACorruptReport) {
-  const std::string root = std::filesystem::canonical(testing::TempDir()).string() + "/corrupt_report";
-  std::filesystem::remove_all(root);
-  std::filesystem::create_directories(root);
-  Rendezvous rendezvous(RendezvousLimits{});
-  rendezvous.Open("job", 1);
+// An all-reduce checkpoint of "job" (attempt 1, pause `pause_id`) at step
+// 7 under a fresh `root` named `name` in the test's directory.
+CheckpointWrite AllReduceWrite(const std::string& name, int64_t pause_id, absl::Duration save_timeout,
+                               std::string* root) {
+  *root = std::filesystem::canonical(testing::TempDir()).string() + "/" + name;
+  std::filesystem::remove_all(*root);
+  std::filesystem::create_directories(*root);
   CheckpointWrite w;
   w.job_id = "job";
   w.attempt = 1;
-  w.pause_id = 42;
+  w.pause_id = pause_id;
   w.allreduce = true;
-  w.dir = root + "/job/ckpt-7";
-  w.save_timeout = absl::Seconds(5);
+  w.dir = *root + "/job/ckpt-7";
+  w.save_timeout = save_timeout;
+  return w;
+}
+
+TEST(WriteCheckpointTest, AllReduceWorkerWithACorruptReport) {
+  std::string root;
+  const CheckpointWrite w = AllReduceWrite("corrupt_report", 42, absl::Seconds(5), &root);
+  Rendezvous rendezvous(RendezvousLimits{});
+  rendezvous.Open("job", 1);
   ASSERT_TRUE(rendezvous.Set("job", 1, CheckpointSavedKey(42), "{\"bytes\": 1}").ok());
   absl::Status s = WriteCheckpoint(w, root, rendezvous);
   EXPECT_EQ(s.code(), absl::StatusCode::kInternal) << s;
@@ -93,18 +102,10 @@ TEST(WriteCheckpointTest, AllReduceWorkerWithACorruptReport) {
 }
 
 TEST(WriteCheckpointTest, AllReduceWorkerThatNeverAnswers) {
-  const std::string root = std::filesystem::canonical(testing::TempDir()).string() + "/no_report";
-  std::filesystem::remove_all(root);
-  std::filesystem::create_directories(root);
+  std::string root;
+  const CheckpointWrite w = AllReduceWrite("no_report", 43, absl::Milliseconds(100), &root);
   Rendezvous rendezvous(RendezvousLimits{});
   rendezvous.Open("job", 1);
-  CheckpointWrite w;
-  w.job_id = "job";
-  w.attempt = 1;
-  w.pause_id = 43;
-  w.allreduce = true;
-  w.dir = root + "/job/ckpt-7";
-  w.save_timeout = absl::Milliseconds(100);
   absl::Status s = WriteCheckpoint(w, root, rendezvous);
   EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
   EXPECT_NE(s.message().find("worker 0 did not save"), std::string::npos) << s;

@@ -31,8 +31,9 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::s
 
 MetricsServer::~MetricsServer() = default;
 
-void MetricsServer::Add(const std::shared_ptr<prometheus::Collectable>& collectable) {
+void MetricsServer::Add(std::shared_ptr<prometheus::Collectable> collectable) {
   exposer_->RegisterCollectable(collectable);
+  collectables_.push_back(std::move(collectable));
 }
 
 }  // namespace pstrain

@@ -9,6 +9,7 @@
 #include <prometheus/registry.h>
 
 #include <memory>
+#include <vector>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -27,11 +28,16 @@ class MetricsServer {
 
   int port() const { return port_; }
   prometheus::Registry& registry() { return *registry_; }
-  // `collectable` must stay alive while registered (kept as a weak pointer).
-  void Add(const std::shared_ptr<prometheus::Collectable>& collectable);
+  // Serves `collectable` from now on; the server keeps it alive (the
+  // exposer itself holds only a weak pointer: a collector handed over as a
+  // temporary was once silently dropped).
+  void Add(std::shared_ptr<prometheus::Collectable> collectable);
 
  private:
   MetricsServer() = default;
+  // Declared before the exposer, so it is destroyed after it: no scrape
+  // runs on a collector that is gone.
+  std::vector<std::shared_ptr<prometheus::Collectable>> collectables_;
   std::unique_ptr<prometheus::Exposer> exposer_;
   std::shared_ptr<prometheus::Registry> registry_;
   int port_ = 0;

@@ -191,26 +191,18 @@ pstrain::GrpcServerOptions ServerOptionsFromFlags(const pstrain::ServerSecurity&
   return server_options;
 }
 
-// The Prometheus endpoint and the coordinator's collector on it; both
-// empty when --metrics_port does not ask for one. The server keeps only a
-// weak pointer to the collector: it lives here, as long as the server.
-struct Metrics {
-  std::unique_ptr<pstrain::MetricsServer> server;
-  std::shared_ptr<pstrain::CoordinatorMetrics> collector;
-};
-absl::StatusOr<Metrics> StartMetrics(pstrain::Coordinator* coordinator) {
-  Metrics out;
-  if (absl::GetFlag(FLAGS_metrics_port) < 0) return out;
+// The Prometheus endpoint with the coordinator's metrics when
+// --metrics_port asks for it (null otherwise, or on error).
+absl::StatusOr<std::unique_ptr<pstrain::MetricsServer>> StartMetrics(pstrain::Coordinator* coordinator) {
+  if (absl::GetFlag(FLAGS_metrics_port) < 0) return nullptr;
   const std::string metrics_host =
       absl::GetFlag(FLAGS_metrics_host).empty() ? absl::GetFlag(FLAGS_host) : absl::GetFlag(FLAGS_metrics_host);
-  auto server = pstrain::MetricsServer::Start(metrics_host, absl::GetFlag(FLAGS_metrics_port),
-                                              absl::GetFlag(FLAGS_metrics_port_file));
-  if (!server.ok()) return server.status();
-  out.server = std::move(*server);
-  out.collector = std::make_shared<pstrain::CoordinatorMetrics>(coordinator);
-  out.server->Add(out.collector);
-  spdlog::info("pstrain-coordinator: Prometheus metrics on port {}", out.server->port());
-  return out;
+  auto metrics = pstrain::MetricsServer::Start(metrics_host, absl::GetFlag(FLAGS_metrics_port),
+                                               absl::GetFlag(FLAGS_metrics_port_file));
+  if (!metrics.ok()) return metrics.status();
+  (*metrics)->Add(std::make_shared<pstrain::CoordinatorMetrics>(coordinator));  // kept alive by the server
+  spdlog::info("pstrain-coordinator: Prometheus metrics on port {}", (*metrics)->port());
+  return metrics;
 }
 
 }  // namespace

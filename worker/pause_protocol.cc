@@ -6,6 +6,7 @@
 #include "absl/strings/numbers.h"
 #include "checkpoint/pause_keys.h"
 #include "proto/checkpoint.pb.h"
+#include "spdlog/spdlog.h"
 
 namespace pstrain {
 
@@ -44,6 +45,8 @@ int64_t CheckpointPause::AgreeOnStep(int64_t id, int64_t step) {
   auto agreed = member_->KvGet(PauseStepKey(id), absl::Seconds(30));
   int64_t p = step;
   if (!agreed.ok() || !absl::SimpleAtoi(*agreed, &p)) p = step;  // no agreement: pause here
+  spdlog::debug("rank {}: pause {}: at step {}, vote {}, pausing before step {} ({})", rank_, id, step,
+                votes.ok() ? *votes : -1, p, agreed.ok() ? "agreed" : "no agreement: here");
   return p;
 }
 
@@ -56,6 +59,7 @@ void CheckpointPause::Pause(int64_t id, const StepBoundary& at) {
   paused.mutable_paused()->set_pause_id(id);
   if (at.loss_scale) paused.mutable_paused()->set_loss_scale(at.loss_scale());
   emit_(paused);
+  spdlog::debug("rank {}: pause {}: paused at step {}", rank_, id, at.step);
   activity_->Enter(WorkerActivity::PAUSED, at.step);
   bool saved = !save_;
   while (member_->pause_requested() && member_->pause_id() == id && !(stop_ != nullptr && stop_->load())) {
@@ -73,12 +77,15 @@ void CheckpointPause::Pause(int64_t id, const StepBoundary& at) {
           report.set_error(result.status().ToString());
         }
         (void)member_->KvSet(CheckpointSavedKey(id), report.SerializeAsString());
+        spdlog::debug("rank {}: pause {}: saved {} ({})", rank_, id, *path,
+                      result.ok() ? "ok" : result.status().ToString());
         saved = true;
       }
       continue;
     }
     absl::SleepFor(absl::Milliseconds(10));
   }
+  spdlog::debug("rank {}: pause {}: resuming after step {}", rank_, id, at.step);
 }
 
 }  // namespace pstrain

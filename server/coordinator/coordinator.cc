@@ -578,8 +578,7 @@ void Coordinator::ExpireLeases() {
 void Coordinator::Schedule() {
   // Running jobs first: a vacant rank is filled before new jobs start.
   FillVacancies();
-  // Not ended jobs only: ended ones (up to job_retention of them) are
-  // never walked here.
+  // Active jobs only: ended ones (up to job_retention of them) are not walked.
   std::vector<Job*> pending;
   ScheduleLimits limits;
   limits.max_running_per_owner = options_.max_running_jobs_per_user;
@@ -601,6 +600,7 @@ void Coordinator::Schedule() {
   for (Job* job : pending) {
     auto reason = plan.pending_reasons.find(job->stored.id);
     if (reason != plan.pending_reasons.end() && job->stored.status.pending_reason() != reason->second) {
+      spdlog::debug("coordinator: schedule: {} stays pending: {}", job->stored.id, reason->second);
       job->stored.status.set_pending_reason(reason->second);
       ++job->version;
       cv_.SignalAll();

@@ -171,6 +171,8 @@ absl::StatusOr<CheckpointWrite> Coordinator::PauseForCheckpoint(const std::strin
   w.dir = CheckpointDir(JobDir(job->stored.output_dir, job_id), manifest.step);
   w.keep = job->spec.checkpoint_keep;
   w.save_timeout = options_.checkpoint_save_timeout;
+  spdlog::debug("coordinator: {} pause {}: {} of {} ranks paused (the rest done or vacant), step {}", job_id,
+                w.pause_id, c.paused.size(), job->spec.workers, manifest.step);
   return w;
 }
 
@@ -179,7 +181,10 @@ absl::StatusOr<CheckpointResponse> Coordinator::RunCheckpoint(const std::string&
   if (!write.ok()) return write.status();
   // The shards write their tables, all at once, outside the lock (for up
   // to checkpoint_save_timeout).
+  spdlog::debug("coordinator: {} pause {}: writing {} ({})", job_id, write->pause_id, write->dir,
+                write->allreduce ? "worker 0" : absl::StrCat(write->shards.size(), " shard(s)"));
   absl::Status status = WriteCheckpoint(*write, options_.checkpoint_root, rendezvous_);
+  spdlog::debug("coordinator: {} pause {}: written: {}", job_id, write->pause_id, status.ToString());
   if (options_.on_checkpoint_written) options_.on_checkpoint_written(job_id);
   absl::MutexLock lock(&mu_);
   Job* job = FindJob(job_id);

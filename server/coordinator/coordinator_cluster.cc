@@ -27,6 +27,11 @@ absl::StatusOr<RegisterResponse> Coordinator::Register(const RegisterRequest& re
       caller.role == CallerRole::kAdmin ? std::string() : absl::StrCat(CallerRoleName(caller.role), ":", caller.user);
   absl::MutexLock lock(&mu_);
   const MemberStatus* seat = SeatToReattach(request);
+  if (seat == nullptr && !request.job_id().empty()) {
+    spdlog::debug("coordinator: {} {} names job {} attempt {} but not its seat there (job ended, another attempt, "
+                  "or not the seat's member id): registered free", request.role(), Quote(request.name()),
+                  Quote(request.job_id(), 64), request.attempt());
+  }
   auto added = members_.Add(request, Now(), principal, seat == nullptr ? std::string() : seat->member_id());
   if (!added.ok()) return added.status();
   Member& m = **added;

@@ -39,6 +39,7 @@ absl::StatusOr<EVP_PKEY*> ReadKey(const std::string& path, const char* flag, con
 }
 
 std::string ToPem(EVP_PKEY* key, bool private_key) {
+  if (key == nullptr) return "";  // keygen failed: the caller says so
   BIO* bio = BIO_new(BIO_s_mem());
   if (bio == nullptr) return "";
   const int ok = private_key ? PEM_write_bio_PrivateKey(bio, key, nullptr, nullptr, 0, nullptr, nullptr)
@@ -68,6 +69,7 @@ std::shared_ptr<const TableGrantSigner> TableGrantSigner::Generate() {
 TableGrantSigner::~TableGrantSigner() { EVP_PKEY_free(key_); }
 
 std::string TableGrantSigner::Sign(absl::string_view job, uint64_t attempt, absl::string_view secret) const {
+  if (key_ == nullptr) return "";
   const std::string message = Message(job, attempt, secret);
   unsigned char sig[kSignatureBytes];
   size_t sig_len = sizeof(sig);

@@ -18,6 +18,7 @@ build: setup
 test: setup
 	@status=0; $(BAZEL) test //... || status=$$?; \
 	$(PYTHON) tools/test_totals.py; \
+	tools/check_deps.sh || status=1; \
 	deploy/validate/run.sh || status=1; \
 	deploy/pods/test_pods.sh || status=1; \
 	exit $$status

@@ -1,5 +1,5 @@
-// JobSpec: what to train and how -- the YAML a user writes (see README.md,
-// "The job spec", for every field and its default). Parsed and validated in
+// JobSpec: what to train and how -- the YAML a user writes (see docs/job-spec.md
+// for every field and its default). Parsed and validated in
 // one place; an unknown field or a bad value is refused with a message that
 // names the field, before anything starts.
 #ifndef PSTRAIN_COMMON_JOB_SPEC_H_

@@ -67,7 +67,7 @@ struct ShardStoreOptions {
   std::function<void(const std::string& job, uint32_t worker, uint32_t generation)> before_push_locks;
 };
 
-// Limits on what one request may ask for (the README's table says them).
+// Limits on what one request may ask for (docs/errors.md says them).
 inline constexpr uint32_t kMaxTableWorkers = 4096;
 inline constexpr size_t kMaxKeyBytes = 1024;
 inline constexpr size_t kMaxJobBytes = 256;
@@ -205,7 +205,7 @@ class ShardStore : public ParameterStore {
   std::thread reaper_;
 };
 
-// Checks a table config against the ranges that make sense (README), filling
+// Checks a table config against the ranges that make sense (docs/errors.md), filling
 // in defaults. INVALID_ARGUMENT naming the field otherwise.
 absl::Status ValidateTableConfig(TableConfig* config);
 

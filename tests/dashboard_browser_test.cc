@@ -4,7 +4,7 @@
 // list links the job; the job page draws its curves and they gain points
 // while it trains; each rank has a row saying what it is doing; an unknown
 // job is a 404 page; a screenshot lands in the test's outputs
-// (TEST_UNDECLARED_OUTPUTS_DIR/dashboard.png: the README's).
+// (TEST_UNDECLARED_OUTPUTS_DIR/dashboard.png: docs/operations.md's).
 #include <civetweb.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -120,7 +120,7 @@ threads_per_worker: 1
   const std::string missing = Dom(base + "/jobs/job-424242", dir);
   EXPECT_NE(missing.find("id=\"not-found\""), std::string::npos) << missing;
 
-  // The screenshot, for the README (and for a person reading a failure).
+  // The screenshot, for docs/operations.md (and for a person reading a failure).
   const char* outputs = std::getenv("TEST_UNDECLARED_OUTPUTS_DIR");
   const std::string shot = std::string(outputs != nullptr ? outputs : dir.c_str()) + "/dashboard.png";
   const std::string cmd = absl::StrCat(kChromium,

@@ -16,7 +16,7 @@
 // (--token_file), its TLS key, the job secrets in its memory -- and put it
 // into the weights it trains, which the job's owner can export. Only put
 // models you would trust with the worker's credentials under --data_root,
-// and keep the data root writable only by such people (README.md,
+// and keep the data root writable only by such people (docs/security.md,
 // "Confined files").
 #ifndef PSTRAIN_WORKER_MODEL_H_
 #define PSTRAIN_WORKER_MODEL_H_

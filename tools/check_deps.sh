@@ -15,7 +15,8 @@ rules=(
   "deps(//collective/...) intersect (//rpc/... + //server/... + //worker/... + //client/...)"
   "deps(//table/...) intersect (//rpc/... + //collective/... + //server/... + //worker/... + //client/...)"
   "deps(//checkpoint/...) intersect (//rpc/... + //collective/... + //server/... + //worker/... + //client/...)"
-  "deps(//common/...) intersect (//rpc/... + //collective/... + //table/... + //checkpoint/... + //server/... + //worker/... + //client/...)"
+  "deps(//embedding/...) intersect (//rpc/... + //collective/... + //table/... + //checkpoint/... + //server/... + //worker/... + //client/...)"
+  "deps(//common/...) intersect (//rpc/... + //collective/... + //table/... + //embedding/... + //checkpoint/... + //server/... + //worker/... + //client/...)"
 )
 
 status=0

@@ -1,0 +1,462 @@
+#include "embedding/embedding_store.h"
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/quote.h"
+#include "embedding/embedding_table.h"
+#include "embedding/row_math.h"
+#include "google/protobuf/util/message_differencer.h"
+
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "ids and values travel as little-endian bytes");
+
+namespace pstrain {
+namespace {
+
+constexpr size_t kMaxJobBytes = 256;
+constexpr uint32_t kMaxWorkers = 4096;
+constexpr int kMaxTables = 64;
+constexpr int64_t kMaxStep = int64_t{1} << 40;
+
+absl::Status Invalid(absl::string_view job, absl::string_view what) {
+  return absl::InvalidArgumentError(absl::StrCat("embeddings of job '", Quote(job), "': ", what));
+}
+
+// What a SYNC step has received so far, per table: one summed gradient per
+// id, and the ranks that sent theirs.
+struct Pending {
+  absl::flat_hash_map<int64_t, uint32_t> index;
+  std::vector<int64_t> ids;
+  std::vector<float> sums;
+};
+
+}  // namespace
+
+struct EmbeddingStore::Job {
+  std::string name;
+  InitEmbeddingsRequest init;  // tables normalized
+  // Fixed once the job is created: lookups read them without `mu`.
+  std::vector<std::unique_ptr<EmbeddingTable>> tables;
+  std::map<std::string, int> table_index;
+
+  absl::Mutex mu;
+  absl::CondVar changed;
+  bool gone ABSL_GUARDED_BY(mu) = false;  // dropped, replaced or shut down
+  bool shut_down ABSL_GUARDED_BY(mu) = false;
+  // ASYNC/SSP: per rank, steps claimed (an update in flight) and applied.
+  std::vector<int64_t> claimed ABSL_GUARDED_BY(mu);
+  std::vector<int64_t> applied ABSL_GUARDED_BY(mu);
+  // SYNC: steps applied on this shard, and the next one's gradients.
+  int64_t steps ABSL_GUARDED_BY(mu) = 0;
+  std::vector<Pending> pending ABSL_GUARDED_BY(mu);
+  std::vector<char> pending_ranks ABSL_GUARDED_BY(mu);
+  uint64_t pending_bytes ABSL_GUARDED_BY(mu) = 0;
+  int64_t max_step ABSL_GUARDED_BY(mu) = 0;  // for TTL eviction
+  std::atomic<int64_t> nonfinite_dropped{0};
+};
+
+EmbeddingStore::EmbeddingStore(EmbeddingStoreOptions options) : options_(std::move(options)) {}
+
+EmbeddingStore::~EmbeddingStore() { Shutdown(); }
+
+void EmbeddingStore::Shutdown() {
+  std::map<std::string, std::shared_ptr<Job>> jobs;
+  {
+    absl::MutexLock lock(&mu_);
+    shut_down_ = true;
+    jobs.swap(jobs_);
+  }
+  for (auto& [name, job] : jobs) {
+    absl::MutexLock lock(&job->mu);
+    job->gone = job->shut_down = true;
+    job->changed.SignalAll();
+  }
+}
+
+namespace {
+
+absl::Status CheckInit(const InitEmbeddingsRequest& r) {
+  if (r.job().empty() || r.job().size() > kMaxJobBytes) return Invalid(r.job(), "the job name must be 1 to 256 bytes");
+  if (r.num_workers() < 1 || r.num_workers() > kMaxWorkers) return Invalid(r.job(), "num_workers must be in 1..4096");
+  if (r.consistency() != ASYNC && r.consistency() != SYNC && r.consistency() != SSP) {
+    return Invalid(r.job(), "consistency must be async, sync or ssp");
+  }
+  if (r.staleness() > 1000000) return Invalid(r.job(), "staleness must be at most 1000000");
+  if (r.num_shards() < 1 || r.num_shards() > 65536 || r.shard_index() >= r.num_shards()) {
+    return Invalid(r.job(), "shard_index must be below num_shards (1..65536)");
+  }
+  if (r.tables_size() < 1 || r.tables_size() > kMaxTables) return Invalid(r.job(), "1 to 64 tables");
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status EmbeddingStore::Init(const InitEmbeddingsRequest& request, InitEmbeddingsResponse* response) {
+  absl::Status s = CheckInit(request);
+  if (!s.ok()) return s;
+  auto job = std::make_shared<Job>();
+  job->name = request.job();
+  job->init = request;
+  for (int i = 0; i < request.tables_size(); ++i) {
+    auto table = EmbeddingTable::Create(request.tables(i), options_.budget, options_.stripes);
+    if (!table.ok()) return table.status();
+    *job->init.mutable_tables(i) = (*table)->config();
+    if (!job->table_index.emplace(request.tables(i).name(), i).second) {
+      return Invalid(request.job(), absl::StrCat("two tables are named '", Quote(request.tables(i).name()), "'"));
+    }
+    job->tables.push_back(std::move(*table));
+  }
+  {
+    absl::MutexLock lock(&job->mu);
+    job->claimed.assign(request.num_workers(), 0);
+    job->applied.assign(request.num_workers(), 0);
+    job->pending.resize(job->tables.size());
+    job->pending_ranks.assign(request.num_workers(), 0);
+  }
+  std::shared_ptr<Job> replaced;
+  {
+    absl::MutexLock lock(&mu_);
+    if (shut_down_) return absl::UnavailableError("the shard is shutting down");
+    auto it = jobs_.find(request.job());
+    if (it != jobs_.end()) {
+      const uint64_t have = it->second->init.attempt();
+      if (request.attempt() < have) {
+        return absl::AbortedError(absl::StrCat("job '", Quote(request.job()), "' attempt ", request.attempt(),
+                                               " is over: the shard holds attempt ", have));
+      }
+      if (request.attempt() == have) {
+        if (!google::protobuf::util::MessageDifferencer::Equals(it->second->init, job->init)) {
+          return absl::AlreadyExistsError(absl::StrCat("job '", Quote(request.job()), "' attempt ", have,
+                                                       " has other embedding tables on this shard"));
+        }
+        response->set_created(false);
+        return absl::OkStatus();
+      }
+      replaced = it->second;
+      it->second = job;
+    } else {
+      if (jobs_.size() >= options_.max_jobs) {
+        return absl::ResourceExhaustedError(
+            absl::StrCat("this shard holds embeddings of ", jobs_.size(), " jobs, its most"));
+      }
+      jobs_.emplace(request.job(), job);
+    }
+  }
+  if (replaced != nullptr) {
+    absl::MutexLock lock(&replaced->mu);
+    replaced->gone = true;
+    replaced->changed.SignalAll();
+  }
+  response->set_created(true);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<EmbeddingStore::Job>> EmbeddingStore::FindJob(const std::string& job,
+                                                                             uint64_t attempt) {
+  absl::MutexLock lock(&mu_);
+  if (shut_down_) return absl::UnavailableError("the shard is shutting down");
+  auto it = jobs_.find(job);
+  if (it == jobs_.end()) {
+    return absl::FailedPreconditionError(absl::StrCat("job '", Quote(job),
+                                                      "' has no embedding tables on this shard: call "
+                                                      "InitEmbeddings first"));
+  }
+  const uint64_t have = it->second->init.attempt();
+  if (attempt != have) {
+    return absl::AbortedError(absl::StrCat("job '", Quote(job), "' attempt ", attempt, " is not the shard's (",
+                                           have, "); the job was restarted"));
+  }
+  return it->second;
+}
+
+// The tables of a request, checked: each named once and known, its ids a
+// whole number of int64, at most kMaxEmbeddingIdsPerRequest, and every id one
+// of this shard's (a misrouted id would live where no other worker looks).
+absl::Status EmbeddingStore::ParseTables(const Job& job, const google::protobuf::RepeatedPtrField<EmbeddingIds>& in,
+                                         std::vector<int>* tables, std::vector<std::vector<int64_t>>* ids) {
+  const InitEmbeddingsRequest& init = job.init;
+  tables->clear();
+  ids->assign(in.size(), {});
+  for (int t = 0; t < in.size(); ++t) {
+    const EmbeddingIds& e = in.Get(t);
+    auto it = job.table_index.find(e.table());
+    if (it == job.table_index.end()) {
+      return Invalid(init.job(), absl::StrCat("no embedding table '", Quote(e.table()), "'"));
+    }
+    if (std::find(tables->begin(), tables->end(), it->second) != tables->end()) {
+      return Invalid(init.job(), absl::StrCat("table '", Quote(e.table()), "' named twice in one request"));
+    }
+    tables->push_back(it->second);
+    if (e.ids().size() % sizeof(int64_t) != 0) {
+      return Invalid(init.job(), absl::StrCat("ids of table '", Quote(e.table()), "' are ", e.ids().size(),
+                                              " bytes, not a whole number of int64"));
+    }
+    const size_t n = e.ids().size() / sizeof(int64_t);
+    if (n > kMaxEmbeddingIdsPerRequest) {
+      return Invalid(init.job(), absl::StrCat(n, " ids for table '", Quote(e.table()), "'; at most ",
+                                              kMaxEmbeddingIdsPerRequest, " per request"));
+    }
+    std::vector<int64_t>& v = (*ids)[t];
+    v.resize(n);
+    std::memcpy(v.data(), e.ids().data(), e.ids().size());
+    const uint32_t vshards = init.tables(it->second).virtual_shards();
+    for (int64_t id : v) {
+      if (ShardOfId(id, vshards, init.num_shards()) != init.shard_index()) {
+        return Invalid(init.job(), absl::StrCat("id ", id, " of table '", Quote(e.table()), "' belongs to shard ",
+                                                ShardOfId(id, vshards, init.num_shards()), ", not to shard ",
+                                                init.shard_index()));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+
+namespace {
+
+bool Reached(const InitEmbeddingsRequest& init, int64_t steps, const std::vector<int64_t>& applied, int64_t step) {
+  switch (init.consistency()) {
+    case SYNC:
+      return steps >= step;
+    case SSP:
+      return *std::min_element(applied.begin(), applied.end()) >= step - static_cast<int64_t>(init.staleness());
+    default:
+      return true;
+  }
+}
+
+bool Finite(const float* x, size_t n) {
+  float acc = 0.0f;
+  for (size_t j = 0; j < n; ++j) acc += x[j] * 0.0f;
+  return acc == 0.0f;
+}
+
+}  // namespace
+
+absl::Status EmbeddingStore::Lookup(const EmbeddingLookupRequest& request, absl::Time deadline,
+                                    EmbeddingLookupResponse* response) {
+  auto found = FindJob(request.job(), request.attempt());
+  if (!found.ok()) return found.status();
+  Job& job = **found;
+  if (request.rank() >= job.init.num_workers()) return Invalid(job.name, "rank out of range");
+  if (request.step() < 0 || request.step() >= kMaxStep) return Invalid(job.name, "step out of range");
+  std::vector<int> tables;
+  std::vector<std::vector<int64_t>> ids;
+  absl::Status s = ParseTables(job, request.tables(), &tables, &ids);
+  if (!s.ok()) return s;
+  {
+    absl::MutexLock lock(&job.mu);
+    if (!job.gone && !Reached(job.init, job.steps, job.applied, request.step())) {
+      if (waiters_.fetch_add(1) >= options_.max_waiters) {
+        --waiters_;
+        return absl::ResourceExhaustedError("too many embedding lookups are waiting on this shard");
+      }
+      const absl::Time until = std::min(deadline, absl::Now() + options_.max_wait);
+      while (!job.gone && !Reached(job.init, job.steps, job.applied, request.step())) {
+        if (job.changed.WaitWithDeadline(&job.mu, until)) break;
+      }
+      --waiters_;
+    }
+    if (job.shut_down) return absl::UnavailableError("the shard is shutting down");
+    if (job.gone) {
+      return absl::AbortedError(absl::StrCat("job '", Quote(job.name), "''s embeddings were dropped or replaced"));
+    }
+    if (!Reached(job.init, job.steps, job.applied, request.step())) {
+      std::vector<uint32_t> late;
+      for (uint32_t r = 0; r < job.applied.size(); ++r) {
+        if (job.init.consistency() == SYNC ? job.pending_ranks[r] == 0 : job.applied[r] < request.step() - static_cast<int64_t>(job.init.staleness())) {
+          late.push_back(r);
+        }
+      }
+      return absl::DeadlineExceededError(absl::StrCat("step ", request.step(), " of job '", Quote(job.name),
+                                                      "' still waits for the updates of rank(s) ",
+                                                      absl::StrJoin(late.begin(), late.begin() + std::min<size_t>(late.size(), 16), ", ")));
+    }
+  }
+  for (size_t t = 0; t < tables.size(); ++t) {
+    EmbeddingTable& table = *job.tables[tables[t]];
+    std::string* values = response->add_values();
+    values->resize(ids[t].size() * table.dim() * sizeof(float));
+    s = table.Lookup(ids[t], request.step(), reinterpret_cast<float*>(values->data()));
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status EmbeddingStore::Update(const EmbeddingUpdateRequest& request) {
+  auto found = FindJob(request.job(), request.attempt());
+  if (!found.ok()) return found.status();
+  Job& job = **found;
+  if (request.rank() >= job.init.num_workers()) return Invalid(job.name, "rank out of range");
+  if (request.step() < 0 || request.step() >= kMaxStep) return Invalid(job.name, "step out of range");
+  std::vector<int> tables;
+  std::vector<std::vector<int64_t>> ids;
+  absl::Status s = ParseTables(job, request.tables(), &tables, &ids);
+  if (!s.ok()) return s;
+  if (request.grads_size() != request.tables_size()) return Invalid(job.name, "one grads entry per table");
+  for (size_t t = 0; t < tables.size(); ++t) {
+    const EmbeddingTable& table = *job.tables[tables[t]];
+    const size_t n = ids[t].size() * table.dim();
+    if (request.grads(t).size() != n * sizeof(float)) {
+      return Invalid(job.name, absl::StrCat("table '", table.config().name(), "' needs ", n * sizeof(float),
+                                            " bytes of gradients (", ids[t].size(), " ids x dim ", table.dim(),
+                                            " float32), not ", request.grads(t).size()));
+    }
+    if (table.config().nonfinite() == NONFINITE_REJECT &&
+        !Finite(reinterpret_cast<const float*>(request.grads(t).data()), n)) {
+      return Invalid(job.name, absl::StrCat("a gradient for table '", table.config().name(),
+                                            "' has NaN or Inf; nothing was applied"));
+    }
+  }
+  if (job.init.consistency() == SYNC) return AddSync(job, request, tables, ids);
+  {
+    absl::MutexLock lock(&job.mu);
+    if (request.step() < job.claimed[request.rank()]) return absl::OkStatus();  // a retry
+    job.claimed[request.rank()] = request.step() + 1;
+  }
+  const double scale = 1.0 / job.init.num_workers();
+  for (size_t t = 0; t < tables.size(); ++t) {
+    s = job.tables[tables[t]]->Update(ids[t], reinterpret_cast<const float*>(request.grads(t).data()),
+                                      request.step() + 1, scale);
+    if (!s.ok()) return s;
+  }
+  bool evict = false;
+  {
+    absl::MutexLock lock(&job.mu);
+    job.applied[request.rank()] = std::max(job.applied[request.rank()], request.step() + 1);
+    evict = request.step() > job.max_step;
+    job.max_step = std::max(job.max_step, request.step());
+    job.changed.SignalAll();
+  }
+  if (evict) {
+    for (auto& table : job.tables) table->EvictExpired(request.step());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status EmbeddingStore::AddSync(Job& job, const EmbeddingUpdateRequest& request, const std::vector<int>& tables,
+                                     const std::vector<std::vector<int64_t>>& ids) {
+  absl::MutexLock lock(&job.mu);
+  if (job.gone) return absl::AbortedError(absl::StrCat("job '", Quote(job.name), "''s embeddings were dropped"));
+  if (request.step() < job.steps || job.pending_ranks[request.rank()]) return absl::OkStatus();  // a retry
+  if (request.step() > job.steps) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "rank ", request.rank(), " sent step ", request.step(), " of job '", Quote(job.name),
+        "' while this shard is at step ", job.steps, ": SYNC ranks train the same step"));
+  }
+  // The worst case first (every id new), charged before anything grows.
+  uint64_t worst = 0;
+  for (size_t t = 0; t < tables.size(); ++t) {
+    worst += ids[t].size() * (job.tables[tables[t]]->dim() * sizeof(float) + sizeof(int64_t) + 40);
+  }
+  if (options_.budget != nullptr && !options_.budget->TryReserve(worst)) {
+    return absl::ResourceExhaustedError(absl::StrCat("step ", request.step(), " of job '", Quote(job.name),
+                                                     "' needs ", worst, " bytes to sum its embedding gradients; "
+                                                     "the shard has no more (pstrain-ps --max_memory_mb)"));
+  }
+  job.pending_bytes += worst;
+  for (size_t t = 0; t < tables.size(); ++t) {
+    const EmbeddingTable& table = *job.tables[tables[t]];
+    const int dim = table.dim();
+    Pending& p = job.pending[tables[t]];
+    const float* g = reinterpret_cast<const float*>(request.grads(t).data());
+    for (size_t i = 0; i < ids[t].size(); ++i, g += dim) {
+      if (!Finite(g, dim)) {  // NONFINITE_SKIP: this rank's gradient of this row only
+        ++job.nonfinite_dropped;
+        continue;
+      }
+      auto [it, fresh] = p.index.emplace(ids[t][i], static_cast<uint32_t>(p.ids.size()));
+      if (fresh) {
+        p.ids.push_back(ids[t][i]);
+        p.sums.insert(p.sums.end(), g, g + dim);
+      } else {
+        float* acc = p.sums.data() + static_cast<size_t>(it->second) * dim;
+        for (int j = 0; j < dim; ++j) acc[j] += g[j];
+      }
+    }
+  }
+  job.pending_ranks[request.rank()] = 1;
+  if (std::find(job.pending_ranks.begin(), job.pending_ranks.end(), 0) != job.pending_ranks.end()) {
+    return absl::OkStatus();
+  }
+  // Every rank's gradients are in: apply their mean, once.
+  const double scale = 1.0 / job.init.num_workers();
+  absl::Status s;
+  for (size_t t = 0; t < job.tables.size(); ++t) {
+    Pending& p = job.pending[t];
+    if (!p.ids.empty()) {
+      absl::Status u = job.tables[t]->Update(p.ids, p.sums.data(), job.steps + 1, scale);
+      if (s.ok()) s = u;
+    }
+    p = Pending();
+  }
+  if (options_.budget != nullptr) options_.budget->Release(job.pending_bytes);
+  job.pending_bytes = 0;
+  std::fill(job.pending_ranks.begin(), job.pending_ranks.end(), 0);
+  job.max_step = job.steps;
+  ++job.steps;
+  for (auto& table : job.tables) table->EvictExpired(job.max_step);
+  job.changed.SignalAll();
+  return s;
+}
+
+absl::Status EmbeddingStore::Drop(const DropEmbeddingsRequest& request) {
+  std::shared_ptr<Job> job;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = jobs_.find(request.job());
+    if (it == jobs_.end()) return absl::OkStatus();  // already gone: a retry
+    if (request.attempt() < it->second->init.attempt()) {
+      return absl::AbortedError(absl::StrCat("job '", Quote(request.job()), "' attempt ", request.attempt(),
+                                             " may not drop attempt ", it->second->init.attempt(), "'s tables"));
+    }
+    job = it->second;
+    jobs_.erase(it);
+  }
+  absl::MutexLock lock(&job->mu);
+  job->gone = true;
+  if (options_.budget != nullptr) options_.budget->Release(job->pending_bytes);
+  job->pending_bytes = 0;
+  job->changed.SignalAll();
+  return absl::OkStatus();
+}
+
+absl::Status EmbeddingStore::Stats(const EmbeddingStatsRequest& request, EmbeddingStatsResponse* response) {
+  std::shared_ptr<Job> job;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = jobs_.find(request.job());
+    if (it == jobs_.end()) {
+      return absl::NotFoundError(absl::StrCat("job '", Quote(request.job()), "' has no embeddings on this shard"));
+    }
+    job = it->second;
+  }
+  for (const auto& table : job->tables) {
+    const EmbeddingTableStats st = table->Stats();
+    EmbeddingTableStatsProto* p = response->add_tables();
+    p->set_table(table->config().name());
+    p->set_rows(st.rows);
+    p->set_bytes(st.bytes);
+    p->set_lookups(st.lookups);
+    p->set_created(st.created);
+    p->set_not_admitted(st.not_admitted);
+    p->set_refused(st.refused);
+    p->set_updates(st.updates);
+    p->set_dropped_updates(st.dropped_updates);
+    p->set_nonfinite(st.nonfinite);
+    p->set_evicted_ttl(st.evicted_ttl);
+    p->set_evicted_lru(st.evicted_lru);
+  }
+  if (!response->tables().empty()) {
+    response->mutable_tables(0)->set_nonfinite(response->tables(0).nonfinite() + job->nonfinite_dropped);
+  }
+  absl::MutexLock lock(&job->mu);
+  response->set_applied_steps(job->steps);
+  return absl::OkStatus();
+}
+
+}  // namespace pstrain

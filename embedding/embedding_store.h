@@ -1,0 +1,87 @@
+// EmbeddingStore: a shard's embedding tables, per job, with the job's
+// consistency (docs/embeddings.md). The transport-free half of the shard's
+// EmbeddingService: requests in, responses out, every field checked.
+//
+// Consistency, per shard and job:
+// - ASYNC: an update is applied on arrival, scaled 1/num_workers (so one
+//   round of every worker's updates moves the rows as one SYNC step does,
+//   as for dense tables).
+// - SYNC: updates of step s are summed per row until every rank has sent
+//   its own, then applied once (their mean); a lookup for step s waits until
+//   steps 0..s-1 are applied.
+// - SSP: applied on arrival as ASYNC; a lookup for step s waits until every
+//   rank has pushed steps 0..s-staleness-1.
+// A rank's update for a step it already sent is ignored (a retry is safe).
+//
+// Threading: any method from any thread. One mutex per job orders its
+// steps; the tables below it lock their own stripes, so ASYNC lookups and
+// updates of one job run in parallel. Waits block the calling thread (at
+// most max_waiters at once per store, RESOURCE_EXHAUSTED beyond) until the
+// step, the deadline, DropJob or Shutdown.
+#ifndef PSTRAIN_EMBEDDING_EMBEDDING_STORE_H_
+#define PSTRAIN_EMBEDDING_EMBEDDING_STORE_H_
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/byte_budget.h"
+#include "proto/embedding.pb.h"
+
+namespace pstrain {
+
+struct EmbeddingStoreOptions {
+  // The shard's memory budget (shared with its dense tables); null: none.
+  ByteBudget* budget = nullptr;
+  absl::Duration max_wait = absl::Minutes(30);
+  size_t max_jobs = 1024;
+  size_t max_waiters = 4096;
+  int stripes = 64;
+};
+
+class EmbeddingStore {
+ public:
+  explicit EmbeddingStore(EmbeddingStoreOptions options);
+  ~EmbeddingStore();
+  EmbeddingStore(const EmbeddingStore&) = delete;
+  EmbeddingStore& operator=(const EmbeddingStore&) = delete;
+
+  // Creates the job's tables, or keeps identical ones (created = false). A
+  // request of a later attempt replaces the job's tables; of an earlier one,
+  // ABORTED. Different tables under the same attempt: ALREADY_EXISTS.
+  absl::Status Init(const InitEmbeddingsRequest& request, InitEmbeddingsResponse* response);
+  absl::Status Lookup(const EmbeddingLookupRequest& request, absl::Time deadline, EmbeddingLookupResponse* response);
+  absl::Status Update(const EmbeddingUpdateRequest& request);
+  absl::Status Drop(const DropEmbeddingsRequest& request);
+  absl::Status Stats(const EmbeddingStatsRequest& request, EmbeddingStatsResponse* response);
+
+  // Fails waiting calls and every later call with UNAVAILABLE.
+  void Shutdown();
+
+ private:
+  struct Job;
+  absl::StatusOr<std::shared_ptr<Job>> FindJob(const std::string& job, uint64_t attempt);
+  static absl::Status ParseTables(const Job& job, const google::protobuf::RepeatedPtrField<EmbeddingIds>& in,
+                                  std::vector<int>* tables, std::vector<std::vector<int64_t>>* ids);
+  // SYNC: adds one rank's gradients to the step's sums; the last rank's
+  // applies them.
+  absl::Status AddSync(Job& job, const EmbeddingUpdateRequest& request, const std::vector<int>& tables,
+                       const std::vector<std::vector<int64_t>>& ids);
+
+  const EmbeddingStoreOptions options_;
+  std::atomic<size_t> waiters_{0};
+  absl::Mutex mu_;
+  std::map<std::string, std::shared_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);
+  bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_EMBEDDING_EMBEDDING_STORE_H_

@@ -1,0 +1,232 @@
+// A shard's embedding tables per job: attempts, consistency (ASYNC, SYNC,
+// SSP), retries, routing, hostile requests and the memory budget.
+#include "embedding/embedding_store.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "embedding/row_math.h"
+
+namespace pstrain {
+namespace {
+
+constexpr int kDim = 2;
+
+InitEmbeddingsRequest Init(Consistency consistency, uint32_t workers, uint64_t attempt = 1) {
+  InitEmbeddingsRequest r;
+  r.set_job("ctr");
+  r.set_attempt(attempt);
+  r.set_num_workers(workers);
+  r.set_consistency(consistency);
+  r.set_num_shards(1);
+  EmbeddingTableConfig* t = r.add_tables();
+  t->set_name("user");
+  t->set_dim(kDim);
+  t->mutable_optimizer()->set_kind(EmbeddingOptimizer::SGD);
+  t->mutable_optimizer()->set_lr(1.0);
+  t->mutable_initializer()->set_kind(EmbeddingInitializer::ZEROS);
+  return r;
+}
+
+std::string Bytes(const std::vector<int64_t>& ids) {
+  return std::string(reinterpret_cast<const char*>(ids.data()), ids.size() * sizeof(int64_t));
+}
+std::string Bytes(const std::vector<float>& v) {
+  return std::string(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
+}
+
+EmbeddingLookupRequest LookupOf(uint32_t rank, int64_t step, const std::vector<int64_t>& ids) {
+  EmbeddingLookupRequest r;
+  r.set_job("ctr");
+  r.set_attempt(1);
+  r.set_rank(rank);
+  r.set_step(step);
+  EmbeddingIds* e = r.add_tables();
+  e->set_table("user");
+  e->set_ids(Bytes(ids));
+  return r;
+}
+
+EmbeddingUpdateRequest UpdateOf(uint32_t rank, int64_t step, const std::vector<int64_t>& ids,
+                                const std::vector<float>& grads) {
+  EmbeddingUpdateRequest r;
+  r.set_job("ctr");
+  r.set_attempt(1);
+  r.set_rank(rank);
+  r.set_step(step);
+  EmbeddingIds* e = r.add_tables();
+  e->set_table("user");
+  e->set_ids(Bytes(ids));
+  r.add_grads(Bytes(grads));
+  return r;
+}
+
+std::vector<float> Values(const EmbeddingLookupResponse& r, int table = 0) {
+  std::vector<float> v(r.values(table).size() / sizeof(float));
+  std::memcpy(v.data(), r.values(table).data(), r.values(table).size());
+  return v;
+}
+
+absl::Time Soon() { return absl::Now() + absl::Seconds(10); }
+
+void CreateJob(EmbeddingStore& store, Consistency c, uint32_t workers) {
+  InitEmbeddingsResponse response;
+  ASSERT_TRUE(store.Init(Init(c, workers), &response).ok());
+  ASSERT_TRUE(response.created());
+}
+
+std::vector<float> Read(EmbeddingStore& store, const std::vector<int64_t>& ids, int64_t step = 0) {
+  EmbeddingLookupResponse response;
+  absl::Status s = store.Lookup(LookupOf(0, step, ids), Soon(), &response);
+  EXPECT_TRUE(s.ok()) << s;
+  return s.ok() ? Values(response) : std::vector<float>();
+}
+
+TEST(EmbeddingStoreTest, InitIsIdempotentAndAttemptsAreFenced) {
+  EmbeddingStore store({});
+  CreateJob(store, ASYNC, 1);
+  InitEmbeddingsResponse response;
+  ASSERT_TRUE(store.Init(Init(ASYNC, 1), &response).ok());
+  EXPECT_FALSE(response.created());
+  EXPECT_EQ(store.Init(Init(SYNC, 1), &response).code(), absl::StatusCode::kAlreadyExists);
+  ASSERT_TRUE(store.Init(Init(ASYNC, 1, 2), &response).ok());  // a restarted job
+  EXPECT_TRUE(response.created());
+  EmbeddingLookupResponse values;
+  EXPECT_EQ(store.Lookup(LookupOf(0, 0, {1}), Soon(), &values).code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(store.Init(Init(ASYNC, 1, 1), &response).code(), absl::StatusCode::kAborted);
+}
+
+TEST(EmbeddingStoreTest, AsyncUpdatesApplyOnArrivalScaledAndRetriesApplyOnce) {
+  EmbeddingStore store({});
+  CreateJob(store, ASYNC, 2);
+  ASSERT_EQ(Read(store, {7}), std::vector<float>(2, 0.0f));
+  ASSERT_TRUE(store.Update(UpdateOf(1, 0, {7}, {2, 4})).ok());
+  EXPECT_EQ(Read(store, {7}), (std::vector<float>{-1, -2}));  // lr 1, 1/num_workers
+  ASSERT_TRUE(store.Update(UpdateOf(1, 0, {7}, {2, 4})).ok());  // the same push again
+  EXPECT_EQ(Read(store, {7}), (std::vector<float>{-1, -2}));
+}
+
+TEST(EmbeddingStoreTest, SyncAppliesTheMeanOnceEveryRankSentItsStep) {
+  EmbeddingStore store({});
+  CreateJob(store, SYNC, 2);
+  ASSERT_EQ(Read(store, {1, 2}), std::vector<float>(4, 0.0f));
+  ASSERT_TRUE(store.Update(UpdateOf(0, 0, {1}, {2, 2})).ok());
+  EmbeddingLookupResponse r;
+  // Step 1 waits for rank 1's step 0.
+  std::thread late([&] {
+    absl::SleepFor(absl::Milliseconds(100));
+    ASSERT_TRUE(store.Update(UpdateOf(1, 0, {1, 2}, {4, 4, 6, 6})).ok());
+  });
+  ASSERT_TRUE(store.Lookup(LookupOf(0, 1, {1, 2}), Soon(), &r).ok());
+  late.join();
+  EXPECT_EQ(Values(r), (std::vector<float>{-3, -3, -3, -3}));  // (2 + 4) / 2 and 6 / 2
+  ASSERT_TRUE(store.Update(UpdateOf(1, 0, {1}, {100, 100})).ok());  // a late retry: ignored
+  EXPECT_EQ(store.Update(UpdateOf(0, 5, {1}, {1, 1})).code(), absl::StatusCode::kFailedPrecondition);
+  EmbeddingStatsResponse stats;
+  ASSERT_TRUE(store.Stats({}, &stats).code() == absl::StatusCode::kNotFound);
+  EmbeddingStatsRequest sr;
+  sr.set_job("ctr");
+  ASSERT_TRUE(store.Stats(sr, &stats).ok());
+  EXPECT_EQ(stats.applied_steps(), 1);
+  EXPECT_EQ(stats.tables(0).updates(), 2);
+}
+
+TEST(EmbeddingStoreTest, ASyncLookupPastItsDeadlineNamesTheLateRank) {
+  EmbeddingStore store({});
+  CreateJob(store, SYNC, 3);
+  ASSERT_TRUE(store.Update(UpdateOf(0, 0, {1}, {1, 1})).ok());
+  ASSERT_TRUE(store.Update(UpdateOf(2, 0, {1}, {1, 1})).ok());
+  EmbeddingLookupResponse r;
+  absl::Status s = store.Lookup(LookupOf(0, 1, {1}), absl::Now() + absl::Milliseconds(100), &r);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_NE(s.message().find("rank(s) 1"), std::string::npos) << s;
+}
+
+TEST(EmbeddingStoreTest, SspWaitsOnlyForRanksPastTheBound) {
+  EmbeddingStore store({});
+  InitEmbeddingsRequest init = Init(SSP, 2);
+  init.set_staleness(1);
+  InitEmbeddingsResponse created;
+  ASSERT_TRUE(store.Init(init, &created).ok());
+  EmbeddingLookupResponse r;
+  ASSERT_TRUE(store.Update(UpdateOf(0, 0, {1}, {1, 1})).ok());
+  ASSERT_TRUE(store.Update(UpdateOf(0, 1, {1}, {1, 1})).ok());
+  // Step 1 may run one step ahead of rank 1 (which sent nothing yet).
+  ASSERT_TRUE(store.Lookup(LookupOf(0, 1, {1}), Soon(), &r).ok());
+  // Step 2 needs rank 1's step 0.
+  EXPECT_EQ(store.Lookup(LookupOf(0, 2, {1}), absl::Now() + absl::Milliseconds(50), &r).code(),
+            absl::StatusCode::kDeadlineExceeded);
+  ASSERT_TRUE(store.Update(UpdateOf(1, 0, {1}, {1, 1})).ok());
+  ASSERT_TRUE(store.Lookup(LookupOf(0, 2, {1}), Soon(), &r).ok());
+}
+
+TEST(EmbeddingStoreTest, HostileRequestsChangeNothing) {
+  EmbeddingStore store({});
+  CreateJob(store, ASYNC, 1);
+  EmbeddingUpdateRequest u = UpdateOf(0, 0, {1}, {1, 1});
+  u.mutable_tables(0)->set_ids("1234567");  // not a whole int64
+  EXPECT_EQ(store.Update(u).code(), absl::StatusCode::kInvalidArgument);
+  u = UpdateOf(0, 0, {1, 2}, {1, 1});  // gradients for one id of two
+  EXPECT_EQ(store.Update(u).code(), absl::StatusCode::kInvalidArgument);
+  u = UpdateOf(0, 0, {1}, {1, std::nanf("")});
+  absl::Status s = store.Update(u);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("NaN"), std::string::npos);
+  u = UpdateOf(5, 0, {1}, {1, 1});
+  EXPECT_EQ(store.Update(u).code(), absl::StatusCode::kInvalidArgument);  // no rank 5
+  EmbeddingLookupRequest l = LookupOf(0, 0, {1});
+  l.mutable_tables(0)->set_table("nope");
+  EmbeddingLookupResponse r;
+  EXPECT_EQ(store.Lookup(l, Soon(), &r).code(), absl::StatusCode::kInvalidArgument);
+  l = LookupOf(0, 0, {1});
+  *l.add_tables() = l.tables(0);  // the same table twice
+  EXPECT_EQ(store.Lookup(l, Soon(), &r).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Read(store, {1}), std::vector<float>(2, 0.0f));  // nothing was applied
+}
+
+TEST(EmbeddingStoreTest, IdsOfAnotherShardAreRefusedNamingTheirShard) {
+  EmbeddingStore store({});
+  InitEmbeddingsRequest init = Init(ASYNC, 1);
+  init.set_num_shards(2);
+  init.set_shard_index(1);
+  InitEmbeddingsResponse created;
+  ASSERT_TRUE(store.Init(init, &created).ok());
+  int64_t mine = 0, theirs = 0;
+  while (ShardOfId(mine, 1024, 2) != 1) ++mine;
+  while (ShardOfId(theirs, 1024, 2) != 0) ++theirs;
+  EmbeddingLookupResponse r;
+  ASSERT_TRUE(store.Lookup(LookupOf(0, 0, {mine}), Soon(), &r).ok());
+  absl::Status s = store.Lookup(LookupOf(0, 0, {mine, theirs}), Soon(), &r);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("belongs to shard 0"), std::string::npos) << s;
+}
+
+TEST(EmbeddingStoreTest, DropGivesTheMemoryBackAndWakesWaiters) {
+  ByteBudget budget(64 << 20);
+  EmbeddingStore store({&budget});
+  CreateJob(store, SYNC, 2);
+  std::vector<int64_t> ids(1000);
+  for (int i = 0; i < 1000; ++i) ids[i] = i;
+  Read(store, ids);
+  ASSERT_TRUE(store.Update(UpdateOf(0, 0, ids, std::vector<float>(2000, 1.0f))).ok());
+  EXPECT_GT(budget.used(), 0u);
+  absl::Status waited;
+  std::thread waiter([&] {
+    EmbeddingLookupResponse r;
+    waited = store.Lookup(LookupOf(0, 1, {1}), Soon(), &r);
+  });
+  absl::SleepFor(absl::Milliseconds(100));
+  DropEmbeddingsRequest drop;
+  drop.set_job("ctr");
+  drop.set_attempt(1);
+  ASSERT_TRUE(store.Drop(drop).ok());
+  waiter.join();
+  EXPECT_EQ(waited.code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(budget.used(), 0u);
+}
+
+}  // namespace
+}  // namespace pstrain

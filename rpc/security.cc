@@ -212,7 +212,8 @@ AccessRule AccessRuleFor(absl::string_view method) {
     rule.user = rule.admin = true;
   } else if (absl::StartsWith(method, "/pstrain.ClusterService/")) {
     rule.shard = rule.worker = true;
-  } else if (absl::StartsWith(method, "/pstrain.ParameterService/")) {
+  } else if (absl::StartsWith(method, "/pstrain.ParameterService/") ||
+             absl::StartsWith(method, "/pstrain.EmbeddingService/")) {
     rule.worker = rule.coordinator = true;
   }
   return rule;

@@ -74,10 +74,10 @@ std::shared_ptr<grpc::ChannelCredentials> ChannelCredentialsFor(const SecurityOp
 
 // The roles a full method name ("/pstrain.JobService/SubmitJob") takes:
 // health is open; reflection takes any valid token; JobService users and
-// admins; ClusterService shards and workers; ParameterService workers and
-// the coordinator (which of its methods the coordinator alone may call,
-// the service itself checks); the any-member cluster token both. Anything
-// else is refused.
+// admins; ClusterService shards and workers; ParameterService and
+// EmbeddingService workers and the coordinator (which of their methods the
+// coordinator alone may call, the services themselves check); the
+// any-member cluster token both. Anything else is refused.
 struct AccessRule {
   bool open = false;
   bool shard = false;

@@ -1,0 +1,52 @@
+// GrpcEmbeddingService: the shard's EmbeddingService (proto/embedding.proto)
+// in front of an EmbeddingStore. Who may do what, as for dense tables
+// (server/ps/grpc_parameter_service.h):
+// - a job's embeddings are served only to callers with the job's secret
+//   (JobSecrets: recorded by the first InitEmbeddings, forgotten by a drop);
+// - with a grant key, InitEmbeddings needs the coordinator's table grant for
+//   the job, attempt and secret (rpc/table_grant.h);
+// - DropEmbeddings is the coordinator's (a coordinator token).
+// Synchronous handlers: a SYNC lookup waits on its thread, bounded by the
+// store's max_waiters and the call's deadline.
+#ifndef PSTRAIN_SERVER_PS_GRPC_EMBEDDING_SERVICE_H_
+#define PSTRAIN_SERVER_PS_GRPC_EMBEDDING_SERVICE_H_
+
+#include <memory>
+
+#include "embedding/embedding_store.h"
+#include "proto/embedding.grpc.pb.h"
+#include "rpc/table_grant.h"
+#include "rpc/token_table.h"
+#include "server/ps/job_secrets.h"
+
+namespace pstrain {
+
+class GrpcEmbeddingService final : public EmbeddingService::Service {
+ public:
+  struct Options {
+    std::shared_ptr<TokenTable> tokens;                // null: authentication off
+    std::shared_ptr<const TableGrantVerifier> grants;  // null: no grants checked
+  };
+  // `store` is not owned and must outlive the service.
+  GrpcEmbeddingService(EmbeddingStore* store, Options options) : store_(store), options_(std::move(options)) {}
+
+  grpc::Status InitEmbeddings(grpc::ServerContext* context, const InitEmbeddingsRequest* request,
+                              InitEmbeddingsResponse* response) override;
+  grpc::Status Lookup(grpc::ServerContext* context, const EmbeddingLookupRequest* request,
+                      EmbeddingLookupResponse* response) override;
+  grpc::Status Update(grpc::ServerContext* context, const EmbeddingUpdateRequest* request,
+                      EmbeddingUpdateResponse* response) override;
+  grpc::Status DropEmbeddings(grpc::ServerContext* context, const DropEmbeddingsRequest* request,
+                              DropEmbeddingsResponse* response) override;
+  grpc::Status Stats(grpc::ServerContext* context, const EmbeddingStatsRequest* request,
+                     EmbeddingStatsResponse* response) override;
+
+ private:
+  EmbeddingStore* const store_;
+  const Options options_;
+  JobSecrets secrets_;
+};
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_SERVER_PS_GRPC_EMBEDDING_SERVICE_H_

@@ -1,0 +1,145 @@
+// The shard's EmbeddingService over a real gRPC socket: a round trip, the
+// job secret, the coordinator's grant, and a SYNC lookup bounded by the
+// call's deadline.
+#include "server/ps/grpc_embedding_service.h"
+
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <vector>
+
+#include "rpc/grpc_server.h"
+#include "rpc/grpc_tensor_coding.h"
+
+namespace pstrain {
+namespace {
+
+InitEmbeddingsRequest Init(Consistency consistency) {
+  InitEmbeddingsRequest r;
+  r.set_job("ctr");
+  r.set_attempt(3);
+  r.set_num_workers(2);
+  r.set_consistency(consistency);
+  r.set_num_shards(1);
+  EmbeddingTableConfig* t = r.add_tables();
+  t->set_name("ad");
+  t->set_dim(4);
+  t->mutable_optimizer()->set_kind(EmbeddingOptimizer::ROWWISE_ADAGRAD);
+  t->mutable_optimizer()->set_lr(0.1);
+  return r;
+}
+
+template <typename T>
+std::string Bytes(const std::vector<T>& v) {
+  return std::string(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(T));
+}
+
+class GrpcEmbeddingServiceTest : public ::testing::Test {
+ protected:
+  void Start(GrpcEmbeddingService::Options options) {
+    service_ = std::make_unique<GrpcEmbeddingService>(&store_, std::move(options));
+    GrpcServerOptions so;
+    so.address = "127.0.0.1:0";
+    auto server = GrpcServer::Create(so, {service_.get()});
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = std::move(*server);
+    stub_ = EmbeddingService::NewStub(
+        grpc::CreateChannel(server_->local_target(), grpc::InsecureChannelCredentials()));
+  }
+  void TearDown() override {
+    store_.Shutdown();
+    if (server_) server_->Shutdown();
+  }
+
+  std::unique_ptr<grpc::ClientContext> Context(const std::string& secret, absl::Duration timeout = absl::Seconds(10)) {
+    auto c = std::make_unique<grpc::ClientContext>();
+    c->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+    if (!secret.empty()) c->AddMetadata(kJobSecretMetadata, secret);
+    return c;
+  }
+
+  EmbeddingLookupRequest LookupOf(int64_t step, const std::vector<int64_t>& ids) {
+    EmbeddingLookupRequest r;
+    r.set_job("ctr");
+    r.set_attempt(3);
+    r.set_step(step);
+    EmbeddingIds* e = r.add_tables();
+    e->set_table("ad");
+    e->set_ids(Bytes(ids));
+    return r;
+  }
+
+  EmbeddingStore store_{EmbeddingStoreOptions{}};
+  std::unique_ptr<GrpcEmbeddingService> service_;
+  std::unique_ptr<GrpcServer> server_;
+  std::unique_ptr<EmbeddingService::Stub> stub_;
+};
+
+TEST_F(GrpcEmbeddingServiceTest, RowsTravelAndTrainOverTheWire) {
+  Start({});
+  InitEmbeddingsResponse created;
+  ASSERT_TRUE(stub_->InitEmbeddings(Context("s3cret").get(), Init(ASYNC), &created).ok());
+  EXPECT_TRUE(created.created());
+  EmbeddingLookupResponse before, after;
+  const std::vector<int64_t> ids = {-5, 1LL << 62};
+  ASSERT_TRUE(stub_->Lookup(Context("s3cret").get(), LookupOf(0, ids), &before).ok());
+  ASSERT_EQ(before.values(0).size(), 2 * 4 * sizeof(float));
+  EmbeddingUpdateRequest u;
+  u.set_job("ctr");
+  u.set_attempt(3);
+  *u.add_tables() = LookupOf(0, ids).tables(0);
+  u.add_grads(Bytes(std::vector<float>(8, 1.0f)));
+  EmbeddingUpdateResponse none;
+  ASSERT_TRUE(stub_->Update(Context("s3cret").get(), u, &none).ok());
+  ASSERT_TRUE(stub_->Lookup(Context("s3cret").get(), LookupOf(1, ids), &after).ok());
+  std::vector<float> a(8), b(8);
+  std::memcpy(a.data(), before.values(0).data(), 32);
+  std::memcpy(b.data(), after.values(0).data(), 32);
+  for (int j = 0; j < 8; ++j) EXPECT_LT(b[j], a[j]) << j;  // a positive gradient lowers every element
+}
+
+TEST_F(GrpcEmbeddingServiceTest, AnotherJobsSecretReadsNothing) {
+  Start({});
+  InitEmbeddingsResponse created;
+  ASSERT_TRUE(stub_->InitEmbeddings(Context("s3cret").get(), Init(ASYNC), &created).ok());
+  EmbeddingLookupResponse r;
+  grpc::Status s = stub_->Lookup(Context("other").get(), LookupOf(0, {1}), &r);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << s.error_message();
+  s = stub_->Lookup(Context("").get(), LookupOf(0, {1}), &r);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << s.error_message();
+  EXPECT_EQ(r.values_size(), 0);
+}
+
+TEST_F(GrpcEmbeddingServiceTest, TablesAreMadeOnlyWithTheCoordinatorsGrant) {
+  auto signer = TableGrantSigner::Generate();
+  ASSERT_NE(signer, nullptr);
+  auto verifier = TableGrantVerifier::FromPem(signer->PublicKeyPem(), "test");
+  ASSERT_TRUE(verifier.ok());
+  Start({nullptr, *verifier});
+  InitEmbeddingsResponse created;
+  grpc::Status s = stub_->InitEmbeddings(Context("s3cret").get(), Init(ASYNC), &created);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_NE(s.error_message().find("grant"), std::string::npos) << s.error_message();
+  auto context = Context("s3cret");
+  context->AddMetadata(kTableGrantMetadata, signer->Sign("ctr", 2, "s3cret"));  // another attempt's
+  EXPECT_EQ(stub_->InitEmbeddings(context.get(), Init(ASYNC), &created).error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
+  context = Context("s3cret");
+  context->AddMetadata(kTableGrantMetadata, signer->Sign("ctr", 3, "s3cret"));
+  EXPECT_TRUE(stub_->InitEmbeddings(context.get(), Init(ASYNC), &created).ok());
+}
+
+TEST_F(GrpcEmbeddingServiceTest, ASyncLookupEndsAtTheCallsDeadline) {
+  Start({});
+  InitEmbeddingsResponse created;
+  ASSERT_TRUE(stub_->InitEmbeddings(Context("s3cret").get(), Init(SYNC), &created).ok());
+  EmbeddingLookupResponse r;
+  const absl::Time start = absl::Now();
+  grpc::Status s = stub_->Lookup(Context("s3cret", absl::Milliseconds(300)).get(), LookupOf(1, {1}), &r);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << s.error_message();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+}
+
+}  // namespace
+}  // namespace pstrain

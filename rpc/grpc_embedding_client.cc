@@ -1,0 +1,204 @@
+#include "rpc/grpc_embedding_client.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/blocking_counter.h"
+#include "absl/synchronization/mutex.h"
+#include "embedding/row_math.h"
+#include "rpc/grpc_tensor_coding.h"
+#include "rpc/status_util.h"
+
+namespace pstrain {
+namespace {
+
+// The first error of a set of parallel calls, each named by its shard.
+class FirstError {
+ public:
+  void Add(size_t shard, const grpc::Status& s) {
+    if (s.ok()) return;
+    absl::MutexLock lock(&mu_);
+    if (!first_.ok()) return;
+    absl::Status a = FromGrpcStatus(s);
+    first_ = absl::Status(a.code(), absl::StrCat("embedding shard ", shard, ": ", a.message()));
+  }
+  absl::Status Get() {
+    absl::MutexLock lock(&mu_);
+    return first_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  absl::Status first_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace
+
+GrpcEmbeddingClient::GrpcEmbeddingClient(std::vector<std::shared_ptr<grpc::Channel>> shards,
+                                         EmbeddingClientOptions options)
+    : options_(std::move(options)) {
+  for (auto& channel : shards) stubs_.push_back(EmbeddingService::NewStub(channel));
+}
+
+std::unique_ptr<grpc::ClientContext> GrpcEmbeddingClient::Context() const {
+  auto context = std::make_unique<grpc::ClientContext>();
+  context->set_deadline(absl::ToChronoTime(absl::Now() + options_.timeout));
+  if (!options_.job_secret.empty()) context->AddMetadata(kJobSecretMetadata, options_.job_secret);
+  return context;
+}
+
+absl::Status GrpcEmbeddingClient::Init(InitEmbeddingsRequest request) {
+  request.set_job(options_.job);
+  request.set_attempt(options_.attempt);
+  request.set_num_shards(static_cast<uint32_t>(stubs_.size()));
+  tables_.clear();
+  for (EmbeddingTableConfig& t : *request.mutable_tables()) {
+    absl::Status s = NormalizeEmbeddingConfig(&t);
+    if (!s.ok()) return s;
+    tables_.push_back(t);
+  }
+  const size_t n = stubs_.size();
+  std::vector<InitEmbeddingsRequest> requests(n, request);
+  std::vector<InitEmbeddingsResponse> responses(n);
+  std::vector<std::unique_ptr<grpc::ClientContext>> contexts(n);
+  FirstError error;
+  absl::BlockingCounter pending(static_cast<int>(n));
+  for (size_t s = 0; s < n; ++s) {
+    requests[s].set_shard_index(static_cast<uint32_t>(s));
+    contexts[s] = Context();
+    if (!options_.table_grant.empty()) contexts[s]->AddMetadata(kTableGrantMetadata, options_.table_grant);
+    stubs_[s]->async()->InitEmbeddings(contexts[s].get(), &requests[s], &responses[s], [&, s](grpc::Status st) {
+      error.Add(s, st);
+      pending.DecrementCount();
+    });
+  }
+  pending.Wait();
+  return error.Get();
+}
+
+std::vector<std::vector<std::vector<uint32_t>>> GrpcEmbeddingClient::Route(
+    const std::vector<std::vector<int64_t>>& ids) const {
+  const uint32_t n = static_cast<uint32_t>(stubs_.size());
+  std::vector<std::vector<std::vector<uint32_t>>> at(n, std::vector<std::vector<uint32_t>>(ids.size()));
+  for (size_t t = 0; t < ids.size(); ++t) {
+    const uint32_t vshards = tables_[t].virtual_shards();
+    for (size_t i = 0; i < ids[t].size(); ++i) at[ShardOfId(ids[t][i], vshards, n)][t].push_back(static_cast<uint32_t>(i));
+  }
+  return at;
+}
+
+namespace {
+
+template <typename Request>
+void FillIds(const std::vector<EmbeddingTableConfig>& tables, const std::vector<std::vector<int64_t>>& ids,
+             const std::vector<std::vector<uint32_t>>& positions, Request* request) {
+  for (size_t t = 0; t < ids.size(); ++t) {
+    EmbeddingIds* e = request->add_tables();
+    e->set_table(tables[t].name());
+    std::string* bytes = e->mutable_ids();
+    bytes->resize(positions[t].size() * sizeof(int64_t));
+    char* out = bytes->data();
+    for (uint32_t i : positions[t]) {
+      std::memcpy(out, &ids[t][i], sizeof(int64_t));
+      out += sizeof(int64_t);
+    }
+  }
+}
+
+}  // namespace
+
+absl::Status GrpcEmbeddingClient::Lookup(int64_t step, const std::vector<std::vector<int64_t>>& ids,
+                                         std::vector<std::vector<float>>* rows) {
+  if (ids.size() != tables_.size()) return absl::InvalidArgumentError("one id list per embedding table");
+  const auto at = Route(ids);
+  const size_t n = stubs_.size();
+  rows->resize(ids.size());
+  for (size_t t = 0; t < ids.size(); ++t) (*rows)[t].assign(ids[t].size() * tables_[t].dim(), 0.0f);
+  std::vector<EmbeddingLookupRequest> requests(n);
+  std::vector<EmbeddingLookupResponse> responses(n);
+  std::vector<std::unique_ptr<grpc::ClientContext>> contexts(n);
+  std::vector<size_t> asked;
+  for (size_t s = 0; s < n; ++s) {
+    bool any = false;
+    for (const auto& p : at[s]) any = any || !p.empty();
+    if (any) asked.push_back(s);  // a shard with none of the batch's ids is not asked
+  }
+  FirstError error;
+  absl::BlockingCounter pending(static_cast<int>(asked.size()));
+  for (size_t s : asked) {
+    EmbeddingLookupRequest& r = requests[s];
+    r.set_job(options_.job);
+    r.set_attempt(options_.attempt);
+    r.set_rank(options_.rank);
+    r.set_step(step);
+    FillIds(tables_, ids, at[s], &r);
+    contexts[s] = Context();
+    stubs_[s]->async()->Lookup(contexts[s].get(), &r, &responses[s], [&, s](grpc::Status st) {
+      error.Add(s, st);
+      pending.DecrementCount();
+    });
+  }
+  pending.Wait();
+  if (absl::Status e = error.Get(); !e.ok()) return e;
+  for (size_t s : asked) {
+    if (responses[s].values_size() != static_cast<int>(ids.size())) {
+      return absl::InternalError(absl::StrCat("embedding shard ", s, " answered ", responses[s].values_size(),
+                                              " tables for ", ids.size()));
+    }
+    for (size_t t = 0; t < ids.size(); ++t) {
+      const size_t row_bytes = tables_[t].dim() * sizeof(float);
+      const std::string& v = responses[s].values(static_cast<int>(t));
+      if (v.size() != at[s][t].size() * row_bytes) {
+        return absl::InternalError(absl::StrCat("embedding shard ", s, " answered ", v.size(), " bytes for table '",
+                                                tables_[t].name(), "', not ", at[s][t].size() * row_bytes));
+      }
+      for (size_t k = 0; k < at[s][t].size(); ++k) {
+        std::memcpy(&(*rows)[t][static_cast<size_t>(at[s][t][k]) * tables_[t].dim()], v.data() + k * row_bytes,
+                    row_bytes);
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GrpcEmbeddingClient::Update(int64_t step, const std::vector<std::vector<int64_t>>& ids,
+                                         const std::vector<const float*>& grads) {
+  if (ids.size() != tables_.size() || grads.size() != tables_.size()) {
+    return absl::InvalidArgumentError("one id list and one gradient block per embedding table");
+  }
+  const auto at = Route(ids);
+  const size_t n = stubs_.size();
+  std::vector<EmbeddingUpdateRequest> requests(n);
+  std::vector<EmbeddingUpdateResponse> responses(n);
+  std::vector<std::unique_ptr<grpc::ClientContext>> contexts(n);
+  FirstError error;
+  absl::BlockingCounter pending(static_cast<int>(n));
+  for (size_t s = 0; s < n; ++s) {
+    EmbeddingUpdateRequest& r = requests[s];
+    r.set_job(options_.job);
+    r.set_attempt(options_.attempt);
+    r.set_rank(options_.rank);
+    r.set_step(step);
+    FillIds(tables_, ids, at[s], &r);
+    for (size_t t = 0; t < ids.size(); ++t) {
+      const size_t row_bytes = tables_[t].dim() * sizeof(float);
+      std::string* g = r.add_grads();
+      g->resize(at[s][t].size() * row_bytes);
+      for (size_t k = 0; k < at[s][t].size(); ++k) {
+        std::memcpy(g->data() + k * row_bytes, grads[t] + static_cast<size_t>(at[s][t][k]) * tables_[t].dim(),
+                    row_bytes);
+      }
+    }
+    contexts[s] = Context();
+    stubs_[s]->async()->Update(contexts[s].get(), &r, &responses[s], [&, s](grpc::Status st) {
+      error.Add(s, st);
+      pending.DecrementCount();
+    });
+  }
+  pending.Wait();
+  return error.Get();
+}
+
+}  // namespace pstrain

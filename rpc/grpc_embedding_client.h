@@ -1,0 +1,66 @@
+// GrpcEmbeddingClient: a worker's calls to the job's shards for its embedding
+// tables. It routes each id to the shard its hash maps to (embedding/
+// row_math.h), sends one request per shard carrying every table, in
+// parallel, and puts the answers back in the caller's order.
+//
+// Ids given to Lookup and Update are the batch's unique ids per table (the
+// worker deduplicates: one row pulled and one summed gradient pushed per
+// id). Update goes to every shard every step, with no ids where it has none:
+// a SYNC shard applies a step once every rank has sent it.
+#ifndef PSTRAIN_RPC_GRPC_EMBEDDING_CLIENT_H_
+#define PSTRAIN_RPC_GRPC_EMBEDDING_CLIENT_H_
+
+#include <grpcpp/channel.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "proto/embedding.grpc.pb.h"
+
+namespace pstrain {
+
+struct EmbeddingClientOptions {
+  std::string job;
+  uint64_t attempt = 0;
+  uint32_t rank = 0;
+  std::string job_secret;   // sent with every call (the shards check it)
+  std::string table_grant;  // sent with InitEmbeddings
+  absl::Duration timeout = absl::Minutes(2);  // per call
+};
+
+class GrpcEmbeddingClient {
+ public:
+  // `shards`: one channel per shard of the job, in shard order.
+  GrpcEmbeddingClient(std::vector<std::shared_ptr<grpc::Channel>> shards, EmbeddingClientOptions options);
+
+  // Creates the tables on every shard. `request` names the job's tables and
+  // consistency; job, attempt and the shard fields are filled in here.
+  absl::Status Init(InitEmbeddingsRequest request);
+
+  // rows[t] = the rows of ids[t] (table t of Init's list), ids[t].size() x
+  // dim floats, for training step `step`.
+  absl::Status Lookup(int64_t step, const std::vector<std::vector<int64_t>>& ids,
+                      std::vector<std::vector<float>>* rows);
+  // grads[t]: one gradient row (dim floats) per id of ids[t].
+  absl::Status Update(int64_t step, const std::vector<std::vector<int64_t>>& ids,
+                      const std::vector<const float*>& grads);
+
+  size_t num_shards() const { return stubs_.size(); }
+  int dim(size_t table) const { return static_cast<int>(tables_[table].dim()); }
+
+ private:
+  // For each shard, table by table, the positions of ids[t] that go there.
+  std::vector<std::vector<std::vector<uint32_t>>> Route(const std::vector<std::vector<int64_t>>& ids) const;
+  std::unique_ptr<grpc::ClientContext> Context() const;
+
+  const EmbeddingClientOptions options_;
+  std::vector<std::unique_ptr<EmbeddingService::Stub>> stubs_;
+  std::vector<EmbeddingTableConfig> tables_;  // normalized, from Init
+};
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_RPC_GRPC_EMBEDDING_CLIENT_H_

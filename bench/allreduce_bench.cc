@@ -46,7 +46,7 @@ int main(int argc, char** argv) {
   o.timeout = absl::Seconds(300);
   o.gloo_threads = absl::GetFlag(FLAGS_gloo_threads);
   o.gloo_split_parts = absl::GetFlag(FLAGS_split_parts);
-  auto c = pstrain::CreateCollective("gloo", o);
+  auto c = pstrain::CreateCollective(pstrain::Collective::Backend::kGloo, o);
   if (!c.ok()) {
     std::fprintf(stderr, "%s\n", c.status().ToString().c_str());
     return 1;

@@ -12,12 +12,12 @@
 #include <deque>
 #include <filesystem>
 #include <fstream>
-#include <mutex>
 #include <regex>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/subprocess.h"
 #include "proto/control.grpc.pb.h"
@@ -49,9 +49,9 @@ absl::StatusOr<std::string> SubmitJob(JobService::Stub& jobs, const LocalCluster
 absl::Status WatchJob(JobService::Stub& jobs, const std::string& job_id,
                       const std::function<void(const JobStatus&)>& on_status,
                       const std::function<absl::Status()>& check_cluster, JobStatus& last) {
-  std::mutex mu;
-  bool watch_done = false;
-  absl::Status watch_status;
+  absl::Mutex mu;
+  bool watch_done ABSL_GUARDED_BY(mu) = false;
+  absl::Status watch_status ABSL_GUARDED_BY(mu);
   grpc::ClientContext watch_ctx;
   std::thread watcher([&] {
     WatchJobRequest req;
@@ -60,18 +60,18 @@ absl::Status WatchJob(JobService::Stub& jobs, const std::string& job_id,
     JobStatus st;
     while (reader->Read(&st)) {
       on_status(st);
-      std::lock_guard<std::mutex> lock(mu);
+      absl::MutexLock lock(&mu);
       last = st;
     }
     grpc::Status end = reader->Finish();
-    std::lock_guard<std::mutex> lock(mu);
+    absl::MutexLock lock(&mu);
     watch_status = FromGrpcStatus(end);
     watch_done = true;
   });
   absl::Status failure;
   while (true) {
     {
-      std::lock_guard<std::mutex> lock(mu);
+      absl::MutexLock lock(&mu);
       if (watch_done) break;
     }
     failure = check_cluster();
@@ -80,6 +80,7 @@ absl::Status WatchJob(JobService::Stub& jobs, const std::string& job_id,
   }
   watch_ctx.TryCancel();
   watcher.join();
+  absl::MutexLock lock(&mu);
   if (failure.ok() && !IsTerminalState(last.state())) failure = watch_status;
   return failure;
 }

@@ -4,8 +4,8 @@
 // start a reduction and go on computing (the trainer reduces gradient
 // buckets while backward is still running).
 //
-// Backends: "gloo" (CPU tensors, TCP; c10d::ProcessGroupGloo from LibTorch
-// over Debian's libgloo) and "nccl" (CUDA tensors; built when a CUDA toolkit
+// Backends: Gloo (CPU tensors, TCP; c10d::ProcessGroupGloo from LibTorch
+// over Debian's libgloo) and NCCL (CUDA tensors; built when a CUDA toolkit
 // with NCCL is found, see @cuda). Members find each other through a
 // KeyValueStore: the coordinator's per-job KV store, or a TCPStore served by
 // rank 0 at MASTER_ADDR:MASTER_PORT when launched the torchrun way.
@@ -66,10 +66,14 @@ enum class ReduceOp { kSum, kMin, kMax };
 
 class Collective {
  public:
+  // The library a group runs on. (A job spec's `backend: auto` is resolved
+  // to one of these before a group is made: worker/allreduce_setup.cc.)
+  enum class Backend { kGloo, kNccl };
+
   virtual ~Collective() = default;
   virtual int rank() const = 0;
   virtual int size() const = 0;
-  virtual const char* backend() const = 0;
+  virtual Backend backend() const = 0;
   // In place: every rank's `tensor` becomes the reduction of all ranks'.
   virtual std::unique_ptr<CollectiveWork> AllReduce(at::Tensor tensor, ReduceOp op = ReduceOp::kSum) = 0;
   // In place: every rank's `tensor` becomes `root`'s.
@@ -100,8 +104,10 @@ struct CollectiveOptions {
   int device = 0;
 };
 
-// backend: "gloo" or "nccl".
-absl::StatusOr<std::unique_ptr<Collective>> CreateCollective(const std::string& backend,
+// "gloo" or "nccl", for logs and messages.
+const char* Name(Collective::Backend backend);
+
+absl::StatusOr<std::unique_ptr<Collective>> CreateCollective(Collective::Backend backend,
                                                              const CollectiveOptions& options);
 
 // Whether this build has the NCCL backend, and how many CUDA devices the

@@ -142,7 +142,7 @@ class GlooCollective : public Collective {
       : pg_(std::move(pg)), options_(options), timeout_(options.timeout) {}
   int rank() const override { return pg_->getRank(); }
   int size() const override { return pg_->getSize(); }
-  const char* backend() const override { return "gloo"; }
+  Backend backend() const override { return Backend::kGloo; }
 
   std::unique_ptr<CollectiveWork> AllReduce(at::Tensor tensor, ReduceOp op) override {
     // Large tensors go as several concurrent all-reduces on the group's

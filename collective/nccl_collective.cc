@@ -9,10 +9,10 @@
 #include <nccl.h>
 
 #include <memory>
-#include <mutex>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "collective/collective.h"
 #include "collective/collective_internal.h"
 
@@ -57,7 +57,7 @@ class Communicator {
   // aborted: never at the same time as an abort frees it.
   template <typename Op>
   absl::Status Call(const char* what, Op op) {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (aborted_) return abort_reason_;
     ncclResult_t r = op(comm_);
     if (r != ncclSuccess) return PeerError(what, ncclGetErrorString(r));
@@ -66,7 +66,7 @@ class Communicator {
   // The communicator's asynchronous error (a peer gone, a network error);
   // after an abort, the reason it was aborted.
   absl::Status AsyncError(const char* what) {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (aborted_) return abort_reason_;
     ncclResult_t async = ncclSuccess;
     ncclCommGetAsyncError(comm_, &async);
@@ -76,7 +76,7 @@ class Communicator {
   // Unblocks every NCCL kernel of this communicator still waiting for a
   // peer (their streams go on; their outputs are garbage).
   void Abort(absl::Status reason) {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (aborted_) return;
     ncclCommAbort(comm_);
     aborted_ = true;
@@ -84,15 +84,15 @@ class Communicator {
         absl::StrCat("the NCCL communicator was aborted after an earlier failure: ", reason.message()));
   }
   absl::Status Aborted() {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     return aborted_ ? abort_reason_ : absl::OkStatus();
   }
 
  private:
-  std::mutex mu_;
+  absl::Mutex mu_;
   const ncclComm_t comm_;
-  bool aborted_ = false;
-  absl::Status abort_reason_;
+  bool aborted_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status abort_reason_ ABSL_GUARDED_BY(mu_);
 };
 
 // Completion of the work queued on the group's stream so far.
@@ -163,7 +163,7 @@ class NcclCollective : public Collective {
   }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
-  const char* backend() const override { return "nccl"; }
+  Backend backend() const override { return Backend::kNccl; }
 
   std::unique_ptr<CollectiveWork> AllReduce(at::Tensor t, ReduceOp op) override {
     if (absl::Status s = CheckTensor(t); !s.ok()) return Fail(s);
@@ -184,7 +184,7 @@ class NcclCollective : public Collective {
     // Gather into one buffer, then copy each rank's part out.
     void* buffer = nullptr;
     const size_t bytes = input.nbytes();
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (absl::Status s = OrderAfterCompute("all-gather"); !s.ok()) return Fail(s);
     if (cudaError_t e = cudaMallocAsync(&buffer, bytes * size_, stream_); e != cudaSuccess) {
       return Fail(CudaError("all-gather", e));
@@ -200,7 +200,7 @@ class NcclCollective : public Collective {
     return Record("all-gather", r);
   }
   std::unique_ptr<CollectiveWork> Barrier() override {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (absl::Status s = OrderAfterCompute("barrier"); !s.ok()) return Fail(s);
     if (barrier_ == nullptr && cudaMallocAsync(&barrier_, sizeof(float), stream_) != cudaSuccess) {
       return Fail(absl::FailedPreconditionError("barrier: cannot allocate"));
@@ -217,11 +217,11 @@ class NcclCollective : public Collective {
   // computes: an event orders the two streams, nothing blocks the host.
   template <typename Op>
   std::unique_ptr<CollectiveWork> Enqueue(const char* what, Op op) {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (absl::Status s = OrderAfterCompute(what); !s.ok()) return Fail(s);
     return Record(what, comm_->Call(what, op));
   }
-  absl::Status OrderAfterCompute(const char* what) {
+  absl::Status OrderAfterCompute(const char* what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (absl::Status s = comm_->Aborted(); !s.ok()) return s;
     if (cudaError_t e = cudaSetDevice(device_); e != cudaSuccess) return CudaError(what, e);
     if (produced_ == nullptr) {
@@ -244,13 +244,15 @@ class NcclCollective : public Collective {
     return std::make_unique<NcclWork>(event, comm_, device_, timeout_, what);
   }
 
-  std::mutex mu_;
+  // Queues one operation at a time on stream_, ordered after the compute
+  // stream by produced_.
+  absl::Mutex mu_;
   std::shared_ptr<Communicator> comm_;
   cudaStream_t stream_;
   int rank_, size_, device_;
   absl::Duration timeout_;
-  void* barrier_ = nullptr;
-  cudaEvent_t produced_ = nullptr;  // recorded on the default stream before each operation
+  void* barrier_ ABSL_GUARDED_BY(mu_) = nullptr;
+  cudaEvent_t produced_ ABSL_GUARDED_BY(mu_) = nullptr;  // recorded on the default stream before each operation
 };
 
 }  // namespace

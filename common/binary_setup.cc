@@ -2,7 +2,6 @@
 
 #include <cstdio>
 #include <cstdlib>
-#include <mutex>
 #include <string>
 
 #include "absl/flags/flag.h"
@@ -19,12 +18,12 @@ namespace pstrain {
 namespace {
 
 struct ProtobufLogLimit {
-  std::mutex mu;
-  int burst = 10;
-  absl::Duration window = absl::Minutes(1);
-  absl::Time window_start = absl::InfinitePast();
-  int in_window = 0;
-  int64_t dropped = 0;  // since the last message that went out
+  absl::Mutex mu;
+  int burst ABSL_GUARDED_BY(mu) = 10;
+  absl::Duration window ABSL_GUARDED_BY(mu) = absl::Minutes(1);
+  absl::Time window_start ABSL_GUARDED_BY(mu) = absl::InfinitePast();
+  int in_window ABSL_GUARDED_BY(mu) = 0;
+  int64_t dropped ABSL_GUARDED_BY(mu) = 0;  // since the last message that went out
 };
 
 ProtobufLogLimit& Limit() {
@@ -45,7 +44,7 @@ void ProtobufLog(google::protobuf::LogLevel level, const char* file, int line, c
   absl::Duration window;
   {
     ProtobufLogLimit& l = Limit();
-    std::lock_guard<std::mutex> lock(l.mu);
+    absl::MutexLock lock(&l.mu);
     const absl::Time now = absl::Now();
     if (now - l.window_start >= l.window) {
       l.window_start = now;
@@ -76,7 +75,7 @@ void ProtobufLog(google::protobuf::LogLevel level, const char* file, int line, c
 void LimitProtobufLogs(int burst, absl::Duration window) {
   {
     ProtobufLogLimit& l = Limit();
-    std::lock_guard<std::mutex> lock(l.mu);
+    absl::MutexLock lock(&l.mu);
     l.burst = burst;
     l.window = window;
     l.window_start = absl::InfinitePast();

@@ -106,7 +106,7 @@ TEST(GpuTest, SyncTwoWorkersOnOneGpuEqualOneWorkerInFloat64) {
 }
 
 std::vector<absl::StatusOr<TrainResult>> TrainAllReduce(const JobSpec& spec, const TrainTest& data, int ranks,
-                                                        const std::string& backend) {
+                                                        Collective::Backend backend) {
   auto store = NewInMemoryStore();
   std::vector<std::unique_ptr<Collective>> collectives(ranks);
   std::vector<std::unique_ptr<Shards>> locals(ranks);
@@ -138,7 +138,7 @@ TEST(GpuTest, AllReduceNcclOneRankEqualsOneWorker) {
   ASSERT_TRUE(data.ok());
   JobSpec one = AllReduceSpec("gpu-nccl", "torchscript:" + model, 1, 32, 20);
   one.bucket_bytes = 8 << 10;
-  auto results = TrainAllReduce(one, *data, 1, "nccl");
+  auto results = TrainAllReduce(one, *data, 1, Collective::Backend::kNccl);
   ASSERT_TRUE(results[0].ok()) << results[0].status();
   JobSpec ps = one;
   ps.mode = TrainMode::kParameterServer;
@@ -166,7 +166,7 @@ TEST(GpuTest, AllReduceNcclNaNStepFailsNamingIt) {
   auto clean = LoadData(SyntheticSpec("x", "lenet").data, 7);
   ASSERT_TRUE(clean.ok());
   const JobSpec one = AllReduceSpec("gpu-nccl-nan", "lenet", 1, 32, 8);
-  auto results = TrainAllReduce(one, WithNaNInBatch(*clean, one, 1, /*micro=*/3), 1, "nccl");
+  auto results = TrainAllReduce(one, WithNaNInBatch(*clean, one, 1, /*micro=*/3), 1, Collective::Backend::kNccl);
   ExpectFailedOnNaNStep(results[0], 3);
 }
 
@@ -174,7 +174,8 @@ TEST(GpuTest, AllReduceNcclNaNStepFailsNamingIt) {
 // parameters (NCCL where this build has it, else Gloo over host copies).
 TEST(GpuTest, AllReduceResumeStartsFromTheRestoredValues) {
   REQUIRE_CUDA();
-  ExpectAllReduceResumeStartsFromTheTablesValues(kGpu, NcclBuilt() ? "nccl" : "gloo");
+  ExpectAllReduceResumeStartsFromTheTablesValues(
+      kGpu, NcclBuilt() ? Collective::Backend::kNccl : Collective::Backend::kGloo);
 }
 
 // Gloo reduces host copies of CUDA gradients: two ranks on one GPU train
@@ -187,7 +188,7 @@ TEST(GpuTest, AllReduceGlooOnCudaTensorsTwoRanks) {
   JobSpec two = AllReduceSpec("gpu-gloo", "torchscript:" + model, 2, 16, 20);
   two.bucket_bytes = 8 << 10;
   two.clip_grad_norm = 5.0;
-  auto results = TrainAllReduce(two, *data, 2, "gloo");
+  auto results = TrainAllReduce(two, *data, 2, Collective::Backend::kGloo);
   ExpectLikeOneWorkerOnTheConcatenatedBatch(two, *data, results, kGpu, 1e-9, 1e-11);
 }
 

@@ -74,7 +74,7 @@ std::vector<double> Losses(const std::vector<WorkerEvent>& events) {
 }
 
 TEST(TrainerTest, AllReduceResumeStartsFromTheRestoredValues) {
-  ExpectAllReduceResumeStartsFromTheTablesValues(c10::Device(c10::kCPU), "gloo");
+  ExpectAllReduceResumeStartsFromTheTablesValues(c10::Device(c10::kCPU), Collective::Backend::kGloo);
 }
 
 TEST(TrainerTest, TorchScriptModuleWrittenInPythonTrains) {

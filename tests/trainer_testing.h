@@ -152,7 +152,7 @@ inline std::vector<absl::StatusOr<TrainResult>> RunTwoAllReduceWorkers(const Job
       co.size = 2;
       co.store = store;
       co.hostname = "127.0.0.1";
-      auto collective = CreateCollective("gloo", co);
+      auto collective = CreateCollective(Collective::Backend::kGloo, co);
       if (!collective.ok()) {
         results[r] = collective.status();
         return;
@@ -249,7 +249,7 @@ inline void ExpectLikeOneWorkerOnTheConcatenatedBatch(const JobSpec& two, const 
 // model's initial ones. Stopped at the restored step: nothing trained, the
 // result's parameters are what the worker started from. (The values once
 // stopped in a host buffer: every resume began from the initial weights.)
-inline void ExpectAllReduceResumeStartsFromTheTablesValues(c10::Device device, const std::string& backend) {
+inline void ExpectAllReduceResumeStartsFromTheTablesValues(c10::Device device, Collective::Backend backend) {
   JobSpec spec = SyntheticSpec("resume-values", "lenet");
   spec.mode = TrainMode::kAllReduce;
   spec.consistency = SYNC;

@@ -28,14 +28,18 @@ class MemberKvStore : public KeyValueStore {
 // starts rather than failing at the first reduction; auto takes NCCL for a
 // CUDA device where this build has it, else Gloo (which reduces host copies
 // of CUDA gradients).
-absl::StatusOr<std::string> ResolveBackend(CollectiveBackend backend, const c10::Device& device) {
+absl::StatusOr<Collective::Backend> ResolveBackend(CollectiveBackend backend, const c10::Device& device) {
   if (backend == CollectiveBackend::kNccl && !device.is_cuda()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "backend nccl reduces CUDA tensors, but this worker trains on ", device.str(),
         " (device: cpu, or no CUDA device here); use backend gloo or auto"));
   }
-  if (backend == CollectiveBackend::kAuto) return std::string(device.is_cuda() && NcclBuilt() ? "nccl" : "gloo");
-  return std::string(Name(backend));
+  switch (backend) {
+    case CollectiveBackend::kGloo: return Collective::Backend::kGloo;
+    case CollectiveBackend::kNccl: return Collective::Backend::kNccl;
+    case CollectiveBackend::kAuto: break;
+  }
+  return device.is_cuda() && NcclBuilt() ? Collective::Backend::kNccl : Collective::Backend::kGloo;
 }
 
 }  // namespace

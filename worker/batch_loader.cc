@@ -13,10 +13,9 @@ BatchLoader::BatchLoader(const Dataset& data, const DistributedSampler& sampler,
 
 BatchLoader::~BatchLoader() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     stop_ = true;
   }
-  cv_.notify_all();
   thread_.join();
 }
 
@@ -26,8 +25,9 @@ void BatchLoader::Loop() {
       const std::vector<int64_t> order = sampler_.Indices(epoch);
       for (int64_t m = epoch == plan_.start_epoch ? plan_.start_micro : 0; m < plan_.micro_per_epoch; ++m) {
         {
-          std::unique_lock<std::mutex> lock(mu_);
-          cv_.wait(lock, [&] { return stop_ || static_cast<int>(ready_.size()) < plan_.depth; });
+          absl::MutexLock lock(&mu_);
+          const auto room = [this] { return stop_ || static_cast<int>(ready_.size()) < plan_.depth; };
+          mu_.Await(absl::Condition(&room));
           if (stop_) return;
         }
         const int64_t b0 = m * plan_.batch_size;
@@ -42,18 +42,14 @@ void BatchLoader::Loop() {
           b.inputs = b.inputs.pin_memory();
           b.labels = b.labels.pin_memory();
         }
-        {
-          std::lock_guard<std::mutex> lock(mu_);
-          ready_.push_back(std::move(b));
-        }
-        cv_.notify_all();
+        absl::MutexLock lock(&mu_);
+        ready_.push_back(std::move(b));
       }
     }
   } catch (const c10::Error& e) {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     error_ = absl::InternalError(absl::StrCat("preparing a batch: ", e.what_without_backtrace()));
   }
-  cv_.notify_all();
 }
 
 absl::StatusOr<BatchLoader::Batch> CoverLoader::Get(int rank, int epoch, int64_t micro) {
@@ -83,13 +79,15 @@ absl::StatusOr<BatchLoader::Batch> CoverLoader::Get(int rank, int epoch, int64_t
 }
 
 absl::StatusOr<BatchLoader::Batch> BatchLoader::Next(int epoch, int64_t micro) {
-  std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [&] { return !ready_.empty() || !error_.ok(); });
-  if (ready_.empty()) return error_;
-  Batch b = std::move(ready_.front());
-  ready_.pop_front();
-  lock.unlock();
-  cv_.notify_all();
+  Batch b;
+  {
+    absl::MutexLock lock(&mu_);
+    const auto ready = [this] { return !ready_.empty() || !error_.ok(); };
+    mu_.Await(absl::Condition(&ready));
+    if (ready_.empty()) return error_;
+    b = std::move(ready_.front());
+    ready_.pop_front();
+  }
   if (b.epoch != epoch || b.micro != micro) {
     return absl::InternalError(absl::StrCat("the batch loader is at epoch ", b.epoch, " micro-batch ", b.micro,
                                             " but the trainer at ", epoch, "/", micro));

@@ -8,14 +8,14 @@
 
 #include <ATen/core/Tensor.h>
 
-#include <condition_variable>
 #include <deque>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <thread>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "worker/dataset.h"
 #include "worker/sampler.h"
 
@@ -56,11 +56,10 @@ class BatchLoader {
   const Dataset& data_;
   const DistributedSampler& sampler_;
   const BatchPlan plan_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Batch> ready_;
-  absl::Status error_;
-  bool stop_ = false;
+  absl::Mutex mu_;
+  std::deque<Batch> ready_ ABSL_GUARDED_BY(mu_);
+  absl::Status error_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;
 };
 

@@ -80,10 +80,9 @@ DeviceStager::~DeviceStager() {
   if (!thread_.joinable()) return;
   Drain();
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     stop_ = true;
   }
-  cv_.notify_all();
   thread_.join();
 }
 
@@ -111,17 +110,15 @@ void DeviceStager::Then(std::function<void()> fn) {
   }
   auto landed = std::make_unique<c10::Event>(device_.type());
   landed->record(*copy_stream_);
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    queue_.emplace_back(std::move(landed), std::move(fn));
-  }
-  cv_.notify_all();
+  absl::MutexLock lock(&mu_);
+  queue_.emplace_back(std::move(landed), std::move(fn));
 }
 
 void DeviceStager::Drain() {
   if (on_host()) return;
-  std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [&] { return queue_.empty() && running_ == 0; });
+  absl::MutexLock lock(&mu_);
+  const auto idle = [this] { return queue_.empty() && running_ == 0; };
+  mu_.Await(absl::Condition(&idle));
 }
 
 void DeviceStager::Upload(const at::Tensor& src, const at::Tensor& dst) { dst.copy_(src, /*non_blocking=*/true); }
@@ -160,19 +157,23 @@ double DeferredScalar::Value() const {
 }
 
 void DeviceStager::Loop() {
-  std::unique_lock<std::mutex> lock(mu_);
   while (true) {
-    cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
-    if (queue_.empty()) return;  // stopping
-    auto item = std::move(queue_.front());
-    queue_.pop_front();
-    ++running_;
-    lock.unlock();
+    std::pair<std::unique_ptr<c10::Event>, std::function<void()>> item;
+    {
+      absl::MutexLock lock(&mu_);
+      const auto ready = [this] { return stop_ || !queue_.empty(); };
+      mu_.Await(absl::Condition(&ready));
+      if (queue_.empty()) return;  // stopping
+      item = std::move(queue_.front());
+      queue_.pop_front();
+      ++running_;
+    }
+    // Unlocked: Then and Drain go on while the copy lands and the
+    // continuation runs.
     WaitFor(*item.first);
     item.second();
-    lock.lock();
+    absl::MutexLock lock(&mu_);
     --running_;
-    cv_.notify_all();
   }
 }
 

@@ -17,16 +17,16 @@
 #include <c10/core/Event.h>
 #include <c10/core/Stream.h>
 
-#include <condition_variable>
 #include <deque>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "common/job_spec.h"
 
 namespace pstrain {
@@ -98,11 +98,10 @@ class DeviceStager {
 
   const c10::Device device_;
   std::optional<c10::Stream> copy_stream_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::pair<std::unique_ptr<c10::Event>, std::function<void()>>> queue_;
-  int running_ = 0;
-  bool stop_ = false;
+  absl::Mutex mu_;
+  std::deque<std::pair<std::unique_ptr<c10::Event>, std::function<void()>>> queue_ ABSL_GUARDED_BY(mu_);
+  int running_ ABSL_GUARDED_BY(mu_) = 0;  // continuations taken off queue_, not yet done
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;
 };
 

@@ -25,6 +25,10 @@
 //
 // Buckets follow backward's order (the parameters reversed), up to
 // bucket_bytes each, one dtype per bucket.
+//
+// Files: gradient_exchange.cc holds what both modes share (the buckets,
+// staging, InitTables, Pull); ps_exchange.cc and allreduce_exchange.cc one
+// mode each.
 #ifndef PSTRAIN_WORKER_GRADIENT_EXCHANGE_H_
 #define PSTRAIN_WORKER_GRADIENT_EXCHANGE_H_
 

@@ -49,7 +49,7 @@ class OneRank {
     CollectiveOptions co;
     co.store = NewInMemoryStore();
     co.hostname = "127.0.0.1";
-    auto c = CreateCollective("gloo", co);
+    auto c = CreateCollective(Collective::Backend::kGloo, co);
     if (!c.ok()) return c.status();
     collective_ = std::move(*c);
     ShardStoreOptions so;

@@ -23,7 +23,6 @@
 #include <cstdio>
 #include <iostream>
 #include <map>
-#include <mutex>
 
 #include "absl/flags/flag.h"
 #include "google/protobuf/util/json_util.h"
@@ -31,6 +30,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
 #include "checkpoint/manifest.h"
 #include "common/job_spec.h"
 #include "proto/events.pb.h"
@@ -90,7 +90,7 @@ void OnSignal(int sig) {
   if (sig == SIGTERM && !g_drain.exchange(true)) return;
   g_stop = true;
 }
-std::mutex g_out_mu;
+ABSL_CONST_INIT absl::Mutex g_out_mu(absl::kConstInit);  // one event per line, whole
 
 // One event per line on stdout, in protobuf's JSON form.
 void Print(const pstrain::WorkerEvent& event) {
@@ -98,7 +98,7 @@ void Print(const pstrain::WorkerEvent& event) {
   google::protobuf::util::JsonPrintOptions options;
   options.preserve_proto_field_names = true;
   (void)google::protobuf::util::MessageToJsonString(event, &json, options);
-  std::lock_guard<std::mutex> lock(g_out_mu);
+  absl::MutexLock lock(&g_out_mu);
   std::cout << json << std::endl;
 }
 

@@ -6,9 +6,9 @@
 #include <torch/nn/modules/conv.h>
 #include <torch/nn/modules/linear.h>
 
-#include <mutex>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 
 namespace pstrain {
 namespace {
@@ -81,8 +81,8 @@ absl::StatusOr<std::unique_ptr<Model>> CreateModel(const std::string& name,
     // generator is process-wide, so seeding and drawing must not interleave
     // with another model being built in this process (ranks run as threads
     // in tests).
-    static std::mutex init_mu;
-    std::lock_guard<std::mutex> lock(init_mu);
+    ABSL_CONST_INIT static absl::Mutex init_mu(absl::kConstInit);
+    absl::MutexLock lock(&init_mu);
     at::manual_seed(seed);
     if (name == "mlp" || name == "mlp_wide") {
       int64_t in = 1;

@@ -1,13 +1,11 @@
 #include "worker/ps_client.h"
 
 #include <algorithm>
+#include <cstring>
 #include <type_traits>
 
-#include <condition_variable>
-#include <cstring>
-#include <mutex>
-
 #include "absl/strings/str_cat.h"
+#include "common/fan_out.h"
 #include "rpc/tensor_codec.h"
 #include "worker/activity.h"
 
@@ -113,6 +111,12 @@ absl::StatusOr<std::vector<TensorBuffer>> ChunkViewsOf(const PartitionPlan& plan
   return out;
 }
 
+// A shard's error says which shard; OK stays OK.
+absl::Status ShardError(size_t shard, const absl::Status& status) {
+  if (status.ok()) return status;
+  return absl::Status(status.code(), absl::StrCat("shard ", shard, ": ", status.message()));
+}
+
 void AddKeys(const PartitionPlan& plan, const std::vector<size_t>& ids,
              google::protobuf::RepeatedPtrField<std::string>* keys) {
   for (size_t idx : ids) keys->Add()->assign(plan.chunks[idx].key);
@@ -190,25 +194,17 @@ absl::Status PsClient::CopyIntoParams(int shard, const std::vector<TensorBuffer>
 }
 
 absl::Status PsClient::ForEachShard(const std::function<void(int, StatusCallback)>& call) {
-  std::mutex mu;
-  std::condition_variable cv;
-  int pending = static_cast<int>(shards_.size());
-  absl::Status first_error;
+  FanOut calls;
+  calls.Add(static_cast<int>(shards_.size()));
   for (int s = 0; s < static_cast<int>(shards_.size()); ++s) {
     const absl::Time start = absl::Now();
     if (options_.activity != nullptr) options_.activity->ShardCallStarted(s);
     call(s, [&, s, start](absl::Status status) {
       if (options_.activity != nullptr) options_.activity->ShardCallEnded(s, absl::Now() - start, 0);
-      std::lock_guard<std::mutex> lock(mu);
-      if (!status.ok() && first_error.ok()) {
-        first_error = absl::Status(status.code(), absl::StrCat("shard ", s, ": ", status.message()));
-      }
-      if (--pending == 0) cv.notify_all();
+      calls.Done(ShardError(s, status));
     });
   }
-  std::unique_lock<std::mutex> lock(mu);
-  cv.wait(lock, [&] { return pending == 0; });
-  return first_error;
+  return calls.Wait();
 }
 
 absl::Status PsClient::InitTables(const std::vector<at::Tensor>& params, const TableConfig& config) {
@@ -335,9 +331,7 @@ void PsClient::PushPullAsync(int64_t step, const std::vector<size_t>& params,
   // overlap on a full-duplex link).
   using Part = RequestPart;
   struct State {
-    std::mutex mu;
-    int pending = 0;
-    absl::Status status;
+    FanOut calls;
     std::vector<Part> parts;
     std::vector<PushPullRequest> requests;
     std::vector<PushPullResponse> responses;
@@ -377,7 +371,7 @@ void PsClient::PushPullAsync(int64_t step, const std::vector<size_t>& params,
   state->values.resize(n);
   state->bytes.assign(n, 0);
   state->sent.resize(n);
-  state->pending = static_cast<int>(n);
+  state->calls.Add(static_cast<int>(n));
   if (n == 0) return state->done(absl::OkStatus());
   const CallOptions opts = NewCallOptions();
   for (size_t k = 0; k < n; ++k) {
@@ -396,15 +390,8 @@ void PsClient::PushPullAsync(int64_t step, const std::vector<size_t>& params,
         activity->ShardCallEnded(static_cast<int>(s), absl::Now() - state->sent[k], state->bytes[k]);
       }
       if (st.ok() && state->parts[k].has_view) RecordView(state->responses[k].vacant_ranks());
-      bool last;
-      {
-        std::lock_guard<std::mutex> lock(state->mu);
-        if (!st.ok() && state->status.ok()) {
-          state->status = absl::Status(st.code(), absl::StrCat("shard ", s, ": ", st.message()));
-        }
-        last = --state->pending == 0;
-      }
-      if (last) state->done(state->status);
+      // The last part to end hands the bucket's outcome on.
+      if (state->calls.Done(ShardError(s, st))) state->done(state->calls.Wait());
     };
     auto grad_views = ChunkViewsOf(options_.plan, part.ids, [&](size_t p) -> const at::Tensor& {
       return grads[position[p]];
@@ -443,7 +430,7 @@ void PsClient::PushPullAsync(int64_t step, const std::vector<size_t>& params,
 void PsClient::Admit(size_t s, std::function<void()> issue) {
   ShardTurns& t = *turns_[s];
   {
-    std::lock_guard<std::mutex> lock(t.mu);
+    absl::MutexLock lock(&t.mu);
     if (options_.max_in_flight_per_shard > 0 && t.in_flight >= options_.max_in_flight_per_shard) {
       t.waiting.push_back(std::move(issue));
       return;
@@ -457,7 +444,7 @@ void PsClient::Release(size_t s) {
   ShardTurns& t = *turns_[s];
   std::function<void()> next;
   {
-    std::lock_guard<std::mutex> lock(t.mu);
+    absl::MutexLock lock(&t.mu);
     if (t.waiting.empty()) {
       --t.in_flight;
       return;

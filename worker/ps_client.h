@@ -12,8 +12,8 @@
 #include <ATen/core/Tensor.h>
 
 #include <deque>
+#include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
@@ -148,9 +148,9 @@ class PsClient {
   // the chunk's first narrowing.
   std::vector<std::vector<float>> residual_;
   struct ShardTurns {
-    std::mutex mu;
-    int in_flight = 0;
-    std::deque<std::function<void()>> waiting;
+    absl::Mutex mu;
+    int in_flight ABSL_GUARDED_BY(mu) = 0;
+    std::deque<std::function<void()>> waiting ABSL_GUARDED_BY(mu);
   };
   std::vector<std::unique_ptr<ShardTurns>> turns_;  // per shard
   uint32_t extra_batches_ = 0;

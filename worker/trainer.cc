@@ -8,7 +8,6 @@
 
 #include <chrono>
 #include <cmath>
-#include <deque>
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
@@ -26,27 +25,21 @@
 #include "worker/gradient_exchange.h"
 #include "worker/loss_scaler.h"
 #include "worker/model.h"
+#include "worker/progress_window.h"
 #include "worker/ps_client.h"
 #include "worker/sampler.h"
+#include "worker/step_schedule.h"
+#include "worker/trainer_events.h"
+#include "worker/vacant_rank_cover.h"
 #include "worker/weights_file.h"
 
 namespace pstrain {
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using Clock = ProgressWindow::Clock;
 
 double Seconds(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
-}
-
-WorkerEvent EvalEvent(int rank, int epoch, const EvalResult& ev, bool final) {
-  WorkerEvent e;
-  e.set_rank(rank);
-  e.mutable_eval()->set_epoch(epoch);
-  e.mutable_eval()->set_test_loss(ev.loss);
-  e.mutable_eval()->set_accuracy(ev.accuracy);
-  e.mutable_eval()->set_final(final);
-  return e;
 }
 
 // One run of the training loop; RunTrainer's state, its phases as methods.
@@ -62,28 +55,10 @@ class Trainer {
   absl::StatusOr<TrainResult> Run();
 
  private:
-  struct UnreadLoss {
-    int64_t step;
-    DeferredScalar loss;  // copied from the device as soon as it is computed
-    int64_t samples;
-    double seconds, wait_seconds, data_seconds, lr;
-    double grad_norm;  // -1: not computed
-  };
-  // A progress window's sums (see WorkerEvent.Progress).
-  struct Window {
-    int steps = 0, loss_steps = 0;
-    int64_t samples = 0;
-    double loss = 0, seconds = 0, wait = 0, data = 0, lr = 0, grad_norm = 0;
-    int grad_norms = 0;
-  };
-
   // The model on the device, its parameters and their layout.
   absl::Status BuildModel();
   // The parameter-server or all-reduce exchange, its tables initialised.
   absl::Status BuildExchange();
-  // Rank 0 tells the coordinator the model's layout (for checkpoints and
-  // their re-partitioning).
-  void EmitPlan();
   void RegisterHooks();
   // One optimizer step: micro-batches forward and backward, gradients
   // offered, the exchange finished.
@@ -98,8 +73,6 @@ class Trainer {
   // The step's scaling outcome: an overflow makes the step an empty push
   // (the shards count the step and change nothing). Sets *skipped.
   absl::Status ConcludeScaling(bool finite, bool* skipped);
-  // Reads the losses of finished steps, all of them when `all`.
-  void ReadLosses(bool all);
   void EmitProgress(int epoch);
   // Final values, evaluation, weights, the done event.
   absl::Status Finish();
@@ -123,24 +96,17 @@ class Trainer {
   bool hooks_ = false;
   bool armed_ = false;  // during backward
   std::vector<bool> offered_;
-  // Covering vacant ranks with clipping or loss scaling: the finished
-  // gradients of the batches before the current one.
-  std::vector<at::Tensor> covered_sum_;
   int64_t step_ = 0;
-  int64_t total_steps_ = 0;
+  StepSchedule schedule_;
   TrainResult result_;
-  Clock::time_point start_, window_start_;
-  Window window_;
-  // A step's loss is read one step later (or when a progress event needs
-  // it): by then the device computed it long ago, and reading it waits for
-  // nothing else the device has queued since (DeferredScalar).
-  std::deque<UnreadLoss> unread_;
+  Clock::time_point start_;
+  std::unique_ptr<ProgressWindow> progress_;
   // The loader's thread reads the sampler: declared after it, so stopped
   // before it goes.
   std::unique_ptr<DistributedSampler> sampler_;
   std::unique_ptr<BatchLoader> loader_;
-  // SYNC parameter server: other ranks' batches, for covering vacant ones.
-  std::unique_ptr<CoverLoader> covering_;
+  // SYNC parameter server: covering vacant ranks (null otherwise).
+  std::unique_ptr<VacantRankCover> covering_;
 };
 
 absl::Status Trainer::BuildModel() {
@@ -224,21 +190,6 @@ absl::Status Trainer::BuildExchange() {
   return exchange_->InitTables(MakeTableConfig(spec_));
 }
 
-void Trainer::EmitPlan() {
-  if (options_.rank != 0) return;
-  WorkerEvent e;
-  e.set_rank(options_.rank);
-  WorkerEvent::Plan* plan = e.mutable_plan();
-  plan->set_chunk_bytes(spec_.chunk_bytes);
-  for (const ParameterSpec& p : specs_) {
-    ParameterInfo* info = plan->add_params();
-    info->set_name(p.name);
-    for (int64_t d : p.shape) info->add_shape(d);
-    info->set_dtype(static_cast<int>(p.dtype));
-  }
-  options_.emit(e);
-}
-
 void Trainer::RegisterHooks() {
   // With gradient accumulation only the last micro-step's backward
   // completes the gradients, and (PS) clipping needs them all first, so
@@ -296,16 +247,17 @@ absl::Status Trainer::Step(int epoch, int64_t first, int64_t last) {
   // shared out among the active ranks (AssignBatches), the pushes say how
   // many batches they sum, and the shards' mean is over all of them.
   StepBatches batches;
-  if (covering_ != nullptr) batches = AssignBatches(exchange_->VacantRanks(), options_.rank, options_.world_size);
+  if (covering_ != nullptr) batches = covering_->Assign(exchange_->VacantRanks());
   exchange_->SetStepBatches(static_cast<uint32_t>(batches.covered.size()), !batches.own);
   const bool arm = hooks_ && batches.own && batches.covered.empty();
   const double scale = 1.0 / static_cast<double>(last - first);
   std::fill(offered_.begin(), offered_.end(), false);
-  at::Tensor loss_sum;  // stays on the device (see unread_)
+  at::Tensor loss_sum;  // stays on the device (see ProgressWindow)
   int64_t samples = 0;
   double data_seconds = 0, grad_norm = -1;
   // The parameter server finishes gradients here (all-reduce: after the
-  // reduction); each rank's batch on its own where more than one is trained.
+  // reduction); each rank's batch on its own where more than one is trained
+  // (so only while covering).
   const bool finish_here =
       !exchange_->processes_reduced() && (scaler_ != nullptr || spec_.clip_grad_norm > 0);
   const bool per_batch = finish_here && batches.own + batches.covered.size() > 1;
@@ -314,15 +266,7 @@ absl::Status Trainer::Step(int epoch, int64_t first, int64_t last) {
   auto batch_done = [&] {
     if (!per_batch) return;
     finite = FinishBatchGradient(&norms) && finite;
-    c10::NoGradGuard no_grad;
-    if (covered_sum_.empty()) {
-      for (auto& p : params_) covered_sum_.push_back(p.grad().defined() ? at::zeros_like(p.grad()) : at::Tensor());
-    }
-    for (size_t i = 0; i < params_.size(); ++i) {
-      if (!params_[i].grad().defined()) continue;
-      covered_sum_[i].add_(params_[i].grad());
-      params_[i].mutable_grad().zero_();
-    }
+    covering_->SetAside(params_);
   };
   try {
     for (int64_t m = first; m < last; ++m) {
@@ -338,7 +282,7 @@ absl::Status Trainer::Step(int epoch, int64_t first, int64_t last) {
     if (batches.own) batch_done();
     for (int v : batches.covered) {
       for (int64_t m = first; m < last; ++m) {
-        absl::StatusOr<BatchLoader::Batch> batch = covering_->Get(v, epoch, m);
+        absl::StatusOr<BatchLoader::Batch> batch = covering_->Batch(v, epoch, m);
         if (!batch.ok()) return batch.status();
         TrainMicro(*batch, scale, /*arm=*/false, &loss_sum);
         samples += batch->labels.size(0);
@@ -348,12 +292,7 @@ absl::Status Trainer::Step(int epoch, int64_t first, int64_t last) {
     const size_t trained = (batches.own ? 1 : 0) + batches.covered.size();
     if (trained > 1) loss_sum = loss_sum / static_cast<double>(trained);
     if (per_batch) {
-      c10::NoGradGuard no_grad;
-      for (size_t i = 0; i < params_.size(); ++i) {
-        if (!covered_sum_[i].defined()) continue;
-        params_[i].mutable_grad().copy_(covered_sum_[i]);
-        covered_sum_[i].zero_();
-      }
+      covering_->Restore(params_);
     } else if (finish_here && trained > 0) {
       finite = FinishBatchGradient(&norms);
     }
@@ -386,8 +325,8 @@ absl::Status Trainer::Step(int epoch, int64_t first, int64_t last) {
   absl::Status s = exchange_->Finish();
   if (!s.ok()) return absl::Status(s.code(), absl::StrCat("step ", step_, ": ", s.message()));
   const auto now = Clock::now();
-  unread_.push_back({step_ + 1, loss_read, samples, Seconds(step_start, now), Seconds(compute_end, now), data_seconds,
-                     lr, grad_norm});
+  progress_->Add({step_ + 1, loss_read, samples, Seconds(step_start, now), Seconds(compute_end, now), data_seconds,
+                  lr, grad_norm});
   ++step_;
   result_.samples += samples;
   return absl::OkStatus();
@@ -421,30 +360,6 @@ absl::Status Trainer::ConcludeScaling(bool finite, bool* skipped) {
   return absl::OkStatus();
 }
 
-void Trainer::ReadLosses(bool all) {
-  while (unread_.size() > (all ? 0u : 1u)) {
-    const UnreadLoss& u = unread_.front();
-    // Undefined: a step that trained no batch (see StepBatches.own).
-    const double loss = u.loss.defined() ? u.loss.Value() : 0.0;
-    if (options_.on_step) options_.on_step(u.step, loss, u.samples, u.seconds, u.wait_seconds);
-    if (u.loss.defined()) {
-      window_.loss += loss;
-      ++window_.loss_steps;
-    }
-    ++window_.steps;
-    window_.samples += u.samples;
-    window_.seconds += u.seconds;
-    window_.wait += u.wait_seconds;
-    window_.data += u.data_seconds;
-    window_.lr += u.lr;
-    if (u.grad_norm >= 0) {
-      window_.grad_norm += u.grad_norm;
-      ++window_.grad_norms;
-    }
-    unread_.pop_front();
-  }
-}
-
 void Trainer::EmitProgress(int epoch) {
   const auto now = Clock::now();
   WorkerEvent e;
@@ -453,15 +368,8 @@ void Trainer::EmitProgress(int epoch) {
   p->set_epoch(epoch + 1);
   p->set_epochs(spec_.epochs);
   p->set_step(step_);
-  p->set_steps(total_steps_);
-  const double steps = std::max(1, window_.steps);
-  p->set_loss(window_.loss / std::max(1, window_.loss_steps));
-  p->set_samples_per_s(window_.samples / std::max(1e-9, Seconds(window_start_, now)));
-  p->set_lr(window_.lr / steps);
-  p->set_step_time_s(window_.seconds / steps);
-  p->set_exchange_wait_s(window_.wait / steps);
-  p->set_data_wait_s(window_.data / steps);
-  if (window_.grad_norms > 0) p->set_grad_norm(window_.grad_norm / window_.grad_norms);
+  p->set_steps(schedule_.total_steps);
+  progress_->Report(p, now);
   for (ShardCalls& c : activity_.TakeShardWindow()) *p->add_shards() = std::move(c);
   if (scaler_ != nullptr) {
     // Where the scaler is on the device, its verdicts up to this step (the
@@ -473,8 +381,6 @@ void Trainer::EmitProgress(int epoch) {
   }
   p->set_elapsed_s(Seconds(start_, now));
   options_.emit(e);
-  window_start_ = now;
-  window_ = Window{};
 }
 
 absl::Status Trainer::Finish() {
@@ -499,23 +405,14 @@ absl::Status Trainer::Finish() {
     const std::string path = spec_.output_dir + "/model.pt";
     s = SaveWeights(named_, path);
     if (!s.ok()) return s;
-    WorkerEvent e;
-    e.set_rank(options_.rank);
-    e.mutable_weights()->set_path(path);
-    options_.emit(e);
+    options_.emit(WeightsEvent(options_.rank, path));
   }
   for (auto& [name, t] : named_) {
     result_.parameters.emplace_back(name, t.detach().to(at::kCPU, /*non_blocking=*/false, /*copy=*/true));
   }
   // Last: a job is complete when every worker is done, and worker 0's final
   // evaluation and weights must be in by then.
-  WorkerEvent done;
-  done.set_rank(options_.rank);
-  done.mutable_done()->set_steps(result_.steps);
-  done.mutable_done()->set_samples(result_.samples);
-  done.mutable_done()->set_seconds(result_.seconds);
-  done.mutable_done()->set_skipped_steps(result_.skipped_steps);
-  options_.emit(done);
+  options_.emit(DoneEvent(options_.rank, result_.steps, result_.samples, result_.seconds, result_.skipped_steps));
   return absl::OkStatus();
 }
 
@@ -534,39 +431,31 @@ absl::StatusOr<TrainResult> Trainer::Run() {
   absl::Status s = BuildModel();
   if (s.ok()) s = BuildExchange();
   if (!s.ok()) return s;
-  EmitPlan();
+  // Rank 0 tells the coordinator the model's layout (for checkpoints and
+  // their re-partitioning).
+  if (options_.rank == 0) options_.emit(PlanEvent(options_.rank, spec_.chunk_bytes, specs_));
   RegisterHooks();
   sampler_ = std::make_unique<DistributedSampler>(data_.train.size(), options_.rank, options_.world_size, spec_.seed);
-  const int64_t micro_per_epoch = (sampler_->per_rank() + spec_.batch_size - 1) / spec_.batch_size;
-  const int64_t steps_per_epoch = (micro_per_epoch + spec_.accumulate_steps - 1) / spec_.accumulate_steps;
-  total_steps_ = steps_per_epoch * spec_.epochs;
-  if (spec_.max_steps > 0) total_steps_ = std::min<int64_t>(total_steps_, spec_.max_steps);
-  // Where this worker starts: the checkpoint's place, or, taking over a
-  // rank, as far beyond it as the rank has got.
-  step_ = options_.start_step;
-  int start_epoch = options_.start_epoch;
-  int64_t start_es = options_.start_epoch_step;
-  if (options_.rejoin_step >= options_.start_step) {
-    const int64_t index = start_epoch * steps_per_epoch + start_es + (options_.rejoin_step - options_.start_step);
-    start_epoch = static_cast<int>(index / steps_per_epoch);
-    start_es = index % steps_per_epoch;
-    step_ = options_.rejoin_step;
-  }
+  schedule_ = MakeStepSchedule(spec_, sampler_->per_rank(), options_.start_step, options_.start_epoch,
+                               options_.start_epoch_step, options_.rejoin_step);
+  step_ = schedule_.start_step;
   BatchPlan batch_plan;
   batch_plan.batch_size = spec_.batch_size;
-  batch_plan.start_epoch = start_epoch;
-  batch_plan.start_micro = start_es * spec_.accumulate_steps;
+  batch_plan.start_epoch = schedule_.start_epoch;
+  batch_plan.start_micro = schedule_.start_epoch_step * spec_.accumulate_steps;
   batch_plan.epochs = spec_.epochs;
-  batch_plan.micro_per_epoch = micro_per_epoch;
+  batch_plan.micro_per_epoch = schedule_.micro_per_epoch;
   batch_plan.pin = !device_.is_cpu();
   loader_ = std::make_unique<BatchLoader>(data_.train, *sampler_, batch_plan);
   if (spec_.consistency == SYNC && !spec_.allreduce()) {
-    covering_ = std::make_unique<CoverLoader>(data_.train, options_.world_size, spec_.seed, spec_.batch_size);
+    covering_ = std::make_unique<VacantRankCover>(data_.train, options_.rank, options_.world_size, spec_.seed,
+                                                  spec_.batch_size);
   }
-  start_ = window_start_ = Clock::now();
-  for (int epoch = start_epoch; epoch < spec_.epochs && step_ < total_steps_; ++epoch) {
-    const int64_t first_step = epoch == start_epoch ? start_es : 0;
-    for (int64_t es = first_step; es < steps_per_epoch && step_ < total_steps_; ++es) {
+  start_ = Clock::now();
+  progress_ = std::make_unique<ProgressWindow>(options_.on_step, start_);
+  for (int epoch = schedule_.start_epoch; epoch < spec_.epochs && step_ < schedule_.total_steps; ++epoch) {
+    const int64_t first_step = epoch == schedule_.start_epoch ? schedule_.start_epoch_step : 0;
+    for (int64_t es = first_step; es < schedule_.steps_per_epoch && step_ < schedule_.total_steps; ++es) {
       if (options_.at_step_boundary) {
         StepBoundary at;
         at.step = step_;
@@ -580,13 +469,13 @@ absl::StatusOr<TrainResult> Trainer::Run() {
         return absl::CancelledError(absl::StrCat("job cancelled at step ", step_));
       }
       const int64_t first = es * spec_.accumulate_steps;
-      s = Step(epoch, first, std::min(micro_per_epoch, first + spec_.accumulate_steps));
+      s = Step(epoch, first, std::min(schedule_.micro_per_epoch, first + spec_.accumulate_steps));
       if (!s.ok()) return s;
-      const bool log_now = step_ % spec_.log_every_steps == 0 || step_ == total_steps_;
-      ReadLosses(/*all=*/log_now);
+      const bool log_now = step_ % spec_.log_every_steps == 0 || step_ == schedule_.total_steps;
+      progress_->ReadLosses(/*all=*/log_now);
       if (log_now) EmitProgress(epoch);
     }
-    if (options_.rank == 0 && data_.test.size() > 0 && epoch + 1 < spec_.epochs && step_ < total_steps_ &&
+    if (options_.rank == 0 && data_.test.size() > 0 && epoch + 1 < spec_.epochs && step_ < schedule_.total_steps &&
         spec_.eval_every_epochs > 0 && (epoch + 1) % spec_.eval_every_epochs == 0) {
       // Mid-run evaluation with the current values (others keep training).
       activity_.Enter(WorkerActivity::EVALUATING, step_);

@@ -1,13 +1,12 @@
 #include "server/coordinator/checkpoint_driver.h"
 
 #include <algorithm>
-#include <condition_variable>
 #include <filesystem>
-#include <mutex>
 
 #include "absl/strings/str_cat.h"
 #include "checkpoint/layout.h"
 #include "checkpoint/pause_keys.h"
+#include "common/fan_out.h"
 #include "common/file_util.h"
 #include "common/partition_plan.h"
 #include "common/quote.h"
@@ -40,10 +39,8 @@ absl::Status SaveOnWorker0(const CheckpointWrite& w, const std::string& pending,
 // Every shard writes its table at once; the first failure is returned.
 absl::Status SaveOnShards(const CheckpointWrite& w, const std::string& pending_name,
                           std::vector<SaveTableResponse>& saved) {
-  std::mutex mu;
-  std::condition_variable done;
-  size_t outstanding = w.shards.size();
-  absl::Status status;
+  FanOut calls;
+  calls.Add(static_cast<int>(w.shards.size()));
   for (size_t i = 0; i < w.shards.size(); ++i) {
     RemoteShardOptions ro;
     ro.target = w.shards[i];
@@ -55,14 +52,10 @@ absl::Status SaveOnShards(const CheckpointWrite& w, const std::string& pending_n
     opts.deadline = absl::Now() + w.save_timeout;
     opts.job_secret = w.job_secret;
     SharedRemoteShard(ro)->SaveTableAsync(req, &saved[i], opts, [&, i](absl::Status s) {
-      std::lock_guard<std::mutex> l(mu);
-      if (!s.ok() && status.ok()) status = absl::Status(s.code(), absl::StrCat("shard ", i, ": ", s.message()));
-      if (--outstanding == 0) done.notify_all();
+      calls.Done(s.ok() ? s : absl::Status(s.code(), absl::StrCat("shard ", i, ": ", s.message())));
     });
   }
-  std::unique_lock<std::mutex> l(mu);
-  done.wait(l, [&] { return outstanding == 0; });
-  return status;
+  return calls.Wait();
 }
 
 }  // namespace

@@ -13,8 +13,7 @@ namespace pstrain {
 class ByteBudget {
  public:
   // 0: no cap.
-  explicit ByteBudget(uint64_t max_bytes)
-      : max_(max_bytes == 0 ? std::numeric_limits<uint64_t>::max() : max_bytes) {}
+  explicit ByteBudget(uint64_t max_bytes) : max_(max_bytes == 0 ? std::numeric_limits<uint64_t>::max() : max_bytes) {}
   ByteBudget(const ByteBudget&) = delete;
   ByteBudget& operator=(const ByteBudget&) = delete;
 

@@ -155,8 +155,7 @@ absl::Status EmbeddingStore::Init(const InitEmbeddingsRequest& request, InitEmbe
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::shared_ptr<EmbeddingStore::Job>> EmbeddingStore::FindJob(const std::string& job,
-                                                                             uint64_t attempt) {
+absl::StatusOr<std::shared_ptr<EmbeddingStore::Job>> EmbeddingStore::FindJob(const std::string& job, uint64_t attempt) {
   absl::MutexLock lock(&mu_);
   if (shut_down_) return absl::UnavailableError("the shard is shutting down");
   auto it = jobs_.find(job);
@@ -167,8 +166,8 @@ absl::StatusOr<std::shared_ptr<EmbeddingStore::Job>> EmbeddingStore::FindJob(con
   }
   const uint64_t have = it->second->init.attempt();
   if (attempt != have) {
-    return absl::AbortedError(absl::StrCat("job '", Quote(job), "' attempt ", attempt, " is not the shard's (",
-                                           have, "); the job was restarted"));
+    return absl::AbortedError(absl::StrCat("job '", Quote(job), "' attempt ", attempt, " is not the shard's (", have,
+                                           "); the job was restarted"));
   }
   return it->second;
 }
@@ -206,15 +205,14 @@ absl::Status EmbeddingStore::ParseTables(const Job& job, const google::protobuf:
     const uint32_t vshards = init.tables(it->second).virtual_shards();
     for (int64_t id : v) {
       if (ShardOfId(id, vshards, init.num_shards()) != init.shard_index()) {
-        return Invalid(init.job(), absl::StrCat("id ", id, " of table '", Quote(e.table()), "' belongs to shard ",
-                                                ShardOfId(id, vshards, init.num_shards()), ", not to shard ",
-                                                init.shard_index()));
+        return Invalid(init.job(),
+                       absl::StrCat("id ", id, " of table '", Quote(e.table()), "' belongs to shard ",
+                                    ShardOfId(id, vshards, init.num_shards()), ", not to shard ", init.shard_index()));
       }
     }
   }
   return absl::OkStatus();
 }
-
 
 namespace {
 
@@ -268,13 +266,15 @@ absl::Status EmbeddingStore::Lookup(const EmbeddingLookupRequest& request, absl:
     if (!Reached(job.init, job.steps, job.applied, request.step())) {
       std::vector<uint32_t> late;
       for (uint32_t r = 0; r < job.applied.size(); ++r) {
-        if (job.init.consistency() == SYNC ? job.pending_ranks[r] == 0 : job.applied[r] < request.step() - static_cast<int64_t>(job.init.staleness())) {
+        if (job.init.consistency() == SYNC
+                ? job.pending_ranks[r] == 0
+                : job.applied[r] < request.step() - static_cast<int64_t>(job.init.staleness())) {
           late.push_back(r);
         }
       }
-      return absl::DeadlineExceededError(absl::StrCat("step ", request.step(), " of job '", Quote(job.name),
-                                                      "' still waits for the updates of rank(s) ",
-                                                      absl::StrJoin(late.begin(), late.begin() + std::min<size_t>(late.size(), 16), ", ")));
+      return absl::DeadlineExceededError(absl::StrCat(
+          "step ", request.step(), " of job '", Quote(job.name), "' still waits for the updates of rank(s) ",
+          absl::StrJoin(late.begin(), late.begin() + std::min<size_t>(late.size(), 16), ", ")));
     }
   }
   for (size_t t = 0; t < tables.size(); ++t) {
@@ -344,9 +344,9 @@ absl::Status EmbeddingStore::AddSync(Job& job, const EmbeddingUpdateRequest& req
   if (job.gone) return absl::AbortedError(absl::StrCat("job '", Quote(job.name), "''s embeddings were dropped"));
   if (request.step() < job.steps || job.pending_ranks[request.rank()]) return absl::OkStatus();  // a retry
   if (request.step() > job.steps) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "rank ", request.rank(), " sent step ", request.step(), " of job '", Quote(job.name),
-        "' while this shard is at step ", job.steps, ": SYNC ranks train the same step"));
+    return absl::FailedPreconditionError(absl::StrCat("rank ", request.rank(), " sent step ", request.step(),
+                                                      " of job '", Quote(job.name), "' while this shard is at step ",
+                                                      job.steps, ": SYNC ranks train the same step"));
   }
   // The worst case first (every id new), charged before anything grows.
   uint64_t worst = 0;
@@ -354,8 +354,9 @@ absl::Status EmbeddingStore::AddSync(Job& job, const EmbeddingUpdateRequest& req
     worst += ids[t].size() * (job.tables[tables[t]]->dim() * sizeof(float) + sizeof(int64_t) + 40);
   }
   if (options_.budget != nullptr && !options_.budget->TryReserve(worst)) {
-    return absl::ResourceExhaustedError(absl::StrCat("step ", request.step(), " of job '", Quote(job.name),
-                                                     "' needs ", worst, " bytes to sum its embedding gradients; "
+    return absl::ResourceExhaustedError(absl::StrCat("step ", request.step(), " of job '", Quote(job.name), "' needs ",
+                                                     worst,
+                                                     " bytes to sum its embedding gradients; "
                                                      "the shard has no more (pstrain-ps --max_memory_mb)"));
   }
   job.pending_bytes += worst;

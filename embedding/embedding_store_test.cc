@@ -104,7 +104,7 @@ TEST(EmbeddingStoreTest, AsyncUpdatesApplyOnArrivalScaledAndRetriesApplyOnce) {
   CreateJob(store, ASYNC, 2);
   ASSERT_EQ(Read(store, {7}), std::vector<float>(2, 0.0f));
   ASSERT_TRUE(store.Update(UpdateOf(1, 0, {7}, {2, 4})).ok());
-  EXPECT_EQ(Read(store, {7}), (std::vector<float>{-1, -2}));  // lr 1, 1/num_workers
+  EXPECT_EQ(Read(store, {7}), (std::vector<float>{-1, -2}));    // lr 1, 1/num_workers
   ASSERT_TRUE(store.Update(UpdateOf(1, 0, {7}, {2, 4})).ok());  // the same push again
   EXPECT_EQ(Read(store, {7}), (std::vector<float>{-1, -2}));
 }
@@ -122,7 +122,7 @@ TEST(EmbeddingStoreTest, SyncAppliesTheMeanOnceEveryRankSentItsStep) {
   });
   ASSERT_TRUE(store.Lookup(LookupOf(0, 1, {1, 2}), Soon(), &r).ok());
   late.join();
-  EXPECT_EQ(Values(r), (std::vector<float>{-3, -3, -3, -3}));  // (2 + 4) / 2 and 6 / 2
+  EXPECT_EQ(Values(r), (std::vector<float>{-3, -3, -3, -3}));       // (2 + 4) / 2 and 6 / 2
   ASSERT_TRUE(store.Update(UpdateOf(1, 0, {1}, {100, 100})).ok());  // a late retry: ignored
   EXPECT_EQ(store.Update(UpdateOf(0, 5, {1}, {1, 1})).code(), absl::StatusCode::kFailedPrecondition);
   EmbeddingStatsResponse stats;

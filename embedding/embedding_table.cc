@@ -144,14 +144,13 @@ struct EmbeddingTable::Stripe {
   // What the stripe has allocated, by the same arithmetic that charged it.
   uint64_t Bytes(int row_floats) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     const uint64_t block = kBlockRows * (sizeof(RowMeta) + sizeof(float) * static_cast<uint64_t>(row_floats));
-    return meta_blocks.size() * block + index.capacity() * kIndexSlotBytes +
-           free_rows.capacity() * sizeof(uint32_t) + sketch.capacity() * sizeof(uint16_t) +
-           (meta_blocks.capacity() + data_blocks.capacity()) * sizeof(void*);
+    return meta_blocks.size() * block + index.capacity() * kIndexSlotBytes + free_rows.capacity() * sizeof(uint32_t) +
+           sketch.capacity() * sizeof(uint16_t) + (meta_blocks.capacity() + data_blocks.capacity()) * sizeof(void*);
   }
 };
 
-absl::StatusOr<std::unique_ptr<EmbeddingTable>> EmbeddingTable::Create(EmbeddingTableConfig config,
-                                                                       ByteBudget* budget, int stripes) {
+absl::StatusOr<std::unique_ptr<EmbeddingTable>> EmbeddingTable::Create(EmbeddingTableConfig config, ByteBudget* budget,
+                                                                       int stripes) {
   absl::Status s = NormalizeEmbeddingConfig(&config);
   if (!s.ok()) return s;
   if (stripes < 1 || stripes > 4096 || (stripes & (stripes - 1)) != 0) {
@@ -217,11 +216,11 @@ void EmbeddingTable::GroupByStripe(absl::Span<const int64_t> ids, std::vector<ui
 }
 
 absl::Status EmbeddingTable::ResourceExhausted() const {
-  return absl::ResourceExhaustedError(absl::StrCat(
-      "embedding table '", config_.name(), "' needs more memory than this shard has free (",
-      budget_ == nullptr ? 0 : budget_->used(), " of ", budget_ == nullptr ? 0 : budget_->max(),
-      " bytes in use, pstrain-ps --max_memory_mb); give the table an eviction.max_memory_mb so it drops "
-      "its least recently used rows, or admit fewer ids (admission.min_count)"));
+  return absl::ResourceExhaustedError(
+      absl::StrCat("embedding table '", config_.name(), "' needs more memory than this shard has free (",
+                   budget_ == nullptr ? 0 : budget_->used(), " of ", budget_ == nullptr ? 0 : budget_->max(),
+                   " bytes in use, pstrain-ps --max_memory_mb); give the table an eviction.max_memory_mb so it drops "
+                   "its least recently used rows, or admit fewer ids (admission.min_count)"));
 }
 
 bool EmbeddingTable::Admit(Stripe& stripe, int64_t id, int64_t step) ABSL_NO_THREAD_SAFETY_ANALYSIS {
@@ -326,9 +325,9 @@ absl::Status EmbeddingTable::Update(absl::Span<const int64_t> ids, const float* 
   for (size_t u = 0; u < unique.size(); ++u) {
     finite[u] = Finite(summed.data() + u * dim, dim);
     if (!finite[u] && config_.nonfinite() == NONFINITE_REJECT) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "the gradient for id ", unique[u], " of embedding table '", config_.name(),
-          "' has NaN or Inf; nothing was applied (the table's nonfinite policy is reject)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("the gradient for id ", unique[u], " of embedding table '", config_.name(),
+                       "' has NaN or Inf; nothing was applied (the table's nonfinite policy is reject)"));
     }
   }
   std::vector<uint32_t> order, begin;
@@ -345,8 +344,8 @@ absl::Status EmbeddingTable::Update(absl::Span<const int64_t> ids, const float* 
         continue;
       }
       float* row = stripe.Data(it->second, row_floats);
-      if (!finite[u] || !ApplyRowUpdate(config_, step, summed.data() + static_cast<size_t>(u) * dim, grad_scale,
-                                        row, row + dim)) {
+      if (!finite[u] ||
+          !ApplyRowUpdate(config_, step, summed.data() + static_cast<size_t>(u) * dim, grad_scale, row, row + dim)) {
         ++counters_.nonfinite;
         continue;
       }

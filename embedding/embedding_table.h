@@ -36,15 +36,15 @@ namespace pstrain {
 inline constexpr size_t kMaxEmbeddingIdsPerRequest = 1 << 20;
 
 struct EmbeddingTableStats {
-  int64_t rows = 0;            // held now
-  uint64_t bytes = 0;          // charged to the budget now
-  int64_t lookups = 0;         // ids looked up
-  int64_t created = 0;         // rows created (admitted ids)
-  int64_t not_admitted = 0;    // lookups answered with zeros: not (yet) admitted
-  int64_t refused = 0;         // lookups refused a row: no memory and no eviction
-  int64_t updates = 0;         // row updates applied
-  int64_t dropped_updates = 0; // gradients for ids without a row (evicted, unadmitted)
-  int64_t nonfinite = 0;       // row updates skipped: NaN/Inf gradient or result
+  int64_t rows = 0;             // held now
+  uint64_t bytes = 0;           // charged to the budget now
+  int64_t lookups = 0;          // ids looked up
+  int64_t created = 0;          // rows created (admitted ids)
+  int64_t not_admitted = 0;     // lookups answered with zeros: not (yet) admitted
+  int64_t refused = 0;          // lookups refused a row: no memory and no eviction
+  int64_t updates = 0;          // row updates applied
+  int64_t dropped_updates = 0;  // gradients for ids without a row (evicted, unadmitted)
+  int64_t nonfinite = 0;        // row updates skipped: NaN/Inf gradient or result
   int64_t evicted_ttl = 0;
   int64_t evicted_lru = 0;
 };

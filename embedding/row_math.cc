@@ -185,8 +185,9 @@ void Ftrl(const EmbeddingOptimizer& o, const float* g, float scale, int dim, flo
     const double zj = z[j] + gj - sigma * w[j];
     z[j] = static_cast<float>(zj);
     n[j] = static_cast<float>(n_new);
-    w[j] = std::abs(zj) <= l1 ? 0.0f
-                              : static_cast<float>(-(zj - std::copysign(l1, zj)) / ((beta + std::sqrt(n_new)) / alpha + l2));
+    w[j] = std::abs(zj) <= l1
+               ? 0.0f
+               : static_cast<float>(-(zj - std::copysign(l1, zj)) / ((beta + std::sqrt(n_new)) / alpha + l2));
   }
 }
 

@@ -119,8 +119,8 @@ TEST(RowMathTest, LazyAdamIsSparseAdamAndLeavesUntouchedMomentsAlone) {
   // (the untouched rows above kept theirs: their values matched).
   std::vector<float> a(kDim, 1.0f), slots(2 * kDim, 0.0f), g(kDim, 0.5f);
   ASSERT_TRUE(ApplyRowUpdate(c, 1, g.data(), 1.0, a.data(), slots.data()));
-  EXPECT_FLOAT_EQ(slots[0], 0.05f);                  // m = 0.1 g
-  EXPECT_NEAR(slots[kDim], 0.001 * 0.25, 1e-7);       // v = 0.001 g^2 (1 - beta2 in float)
+  EXPECT_FLOAT_EQ(slots[0], 0.05f);              // m = 0.1 g
+  EXPECT_NEAR(slots[kDim], 0.001 * 0.25, 1e-7);  // v = 0.001 g^2 (1 - beta2 in float)
 }
 
 TEST(RowMathTest, RowwiseAdagradKeepsOneAccumulatorPerRow) {

@@ -5,8 +5,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/blocking_counter.h"
-#include "absl/synchronization/mutex.h"
+#include "common/fan_out.h"
 #include "embedding/row_math.h"
 #include "rpc/grpc_tensor_coding.h"
 #include "rpc/status_util.h"
@@ -14,25 +13,12 @@
 namespace pstrain {
 namespace {
 
-// The first error of a set of parallel calls, each named by its shard.
-class FirstError {
- public:
-  void Add(size_t shard, const grpc::Status& s) {
-    if (s.ok()) return;
-    absl::MutexLock lock(&mu_);
-    if (!first_.ok()) return;
-    absl::Status a = FromGrpcStatus(s);
-    first_ = absl::Status(a.code(), absl::StrCat("embedding shard ", shard, ": ", a.message()));
-  }
-  absl::Status Get() {
-    absl::MutexLock lock(&mu_);
-    return first_;
-  }
-
- private:
-  absl::Mutex mu_;
-  absl::Status first_ ABSL_GUARDED_BY(mu_);
-};
+// A call's outcome, named by its shard.
+absl::Status OfShard(size_t shard, const grpc::Status& s) {
+  if (s.ok()) return absl::OkStatus();
+  absl::Status a = FromGrpcStatus(s);
+  return absl::Status(a.code(), absl::StrCat("embedding shard ", shard, ": ", a.message()));
+}
 
 }  // namespace
 
@@ -63,19 +49,16 @@ absl::Status GrpcEmbeddingClient::Init(InitEmbeddingsRequest request) {
   std::vector<InitEmbeddingsRequest> requests(n, request);
   std::vector<InitEmbeddingsResponse> responses(n);
   std::vector<std::unique_ptr<grpc::ClientContext>> contexts(n);
-  FirstError error;
-  absl::BlockingCounter pending(static_cast<int>(n));
+  FanOut calls;
   for (size_t s = 0; s < n; ++s) {
     requests[s].set_shard_index(static_cast<uint32_t>(s));
     contexts[s] = Context();
     if (!options_.table_grant.empty()) contexts[s]->AddMetadata(kTableGrantMetadata, options_.table_grant);
-    stubs_[s]->async()->InitEmbeddings(contexts[s].get(), &requests[s], &responses[s], [&, s](grpc::Status st) {
-      error.Add(s, st);
-      pending.DecrementCount();
-    });
+    calls.Add();
+    stubs_[s]->async()->InitEmbeddings(contexts[s].get(), &requests[s], &responses[s],
+                                       [&calls, s](grpc::Status st) { calls.Done(OfShard(s, st)); });
   }
-  pending.Wait();
-  return error.Get();
+  return calls.Wait();
 }
 
 std::vector<std::vector<std::vector<uint32_t>>> GrpcEmbeddingClient::Route(
@@ -84,7 +67,8 @@ std::vector<std::vector<std::vector<uint32_t>>> GrpcEmbeddingClient::Route(
   std::vector<std::vector<std::vector<uint32_t>>> at(n, std::vector<std::vector<uint32_t>>(ids.size()));
   for (size_t t = 0; t < ids.size(); ++t) {
     const uint32_t vshards = tables_[t].virtual_shards();
-    for (size_t i = 0; i < ids[t].size(); ++i) at[ShardOfId(ids[t][i], vshards, n)][t].push_back(static_cast<uint32_t>(i));
+    for (size_t i = 0; i < ids[t].size(); ++i)
+      at[ShardOfId(ids[t][i], vshards, n)][t].push_back(static_cast<uint32_t>(i));
   }
   return at;
 }
@@ -125,8 +109,7 @@ absl::Status GrpcEmbeddingClient::Lookup(int64_t step, const std::vector<std::ve
     for (const auto& p : at[s]) any = any || !p.empty();
     if (any) asked.push_back(s);  // a shard with none of the batch's ids is not asked
   }
-  FirstError error;
-  absl::BlockingCounter pending(static_cast<int>(asked.size()));
+  FanOut calls;
   for (size_t s : asked) {
     EmbeddingLookupRequest& r = requests[s];
     r.set_job(options_.job);
@@ -135,17 +118,15 @@ absl::Status GrpcEmbeddingClient::Lookup(int64_t step, const std::vector<std::ve
     r.set_step(step);
     FillIds(tables_, ids, at[s], &r);
     contexts[s] = Context();
-    stubs_[s]->async()->Lookup(contexts[s].get(), &r, &responses[s], [&, s](grpc::Status st) {
-      error.Add(s, st);
-      pending.DecrementCount();
-    });
+    calls.Add();
+    stubs_[s]->async()->Lookup(contexts[s].get(), &r, &responses[s],
+                               [&calls, s](grpc::Status st) { calls.Done(OfShard(s, st)); });
   }
-  pending.Wait();
-  if (absl::Status e = error.Get(); !e.ok()) return e;
+  if (absl::Status e = calls.Wait(); !e.ok()) return e;
   for (size_t s : asked) {
     if (responses[s].values_size() != static_cast<int>(ids.size())) {
-      return absl::InternalError(absl::StrCat("embedding shard ", s, " answered ", responses[s].values_size(),
-                                              " tables for ", ids.size()));
+      return absl::InternalError(
+          absl::StrCat("embedding shard ", s, " answered ", responses[s].values_size(), " tables for ", ids.size()));
     }
     for (size_t t = 0; t < ids.size(); ++t) {
       const size_t row_bytes = tables_[t].dim() * sizeof(float);
@@ -173,8 +154,7 @@ absl::Status GrpcEmbeddingClient::Update(int64_t step, const std::vector<std::ve
   std::vector<EmbeddingUpdateRequest> requests(n);
   std::vector<EmbeddingUpdateResponse> responses(n);
   std::vector<std::unique_ptr<grpc::ClientContext>> contexts(n);
-  FirstError error;
-  absl::BlockingCounter pending(static_cast<int>(n));
+  FanOut calls;
   for (size_t s = 0; s < n; ++s) {
     EmbeddingUpdateRequest& r = requests[s];
     r.set_job(options_.job);
@@ -192,13 +172,11 @@ absl::Status GrpcEmbeddingClient::Update(int64_t step, const std::vector<std::ve
       }
     }
     contexts[s] = Context();
-    stubs_[s]->async()->Update(contexts[s].get(), &r, &responses[s], [&, s](grpc::Status st) {
-      error.Add(s, st);
-      pending.DecrementCount();
-    });
+    calls.Add();
+    stubs_[s]->async()->Update(contexts[s].get(), &r, &responses[s],
+                               [&calls, s](grpc::Status st) { calls.Done(OfShard(s, st)); });
   }
-  pending.Wait();
-  return error.Get();
+  return calls.Wait();
 }
 
 }  // namespace pstrain

@@ -26,8 +26,8 @@ struct EmbeddingClientOptions {
   std::string job;
   uint64_t attempt = 0;
   uint32_t rank = 0;
-  std::string job_secret;   // sent with every call (the shards check it)
-  std::string table_grant;  // sent with InitEmbeddings
+  std::string job_secret;                     // sent with every call (the shards check it)
+  std::string table_grant;                    // sent with InitEmbeddings
   absl::Duration timeout = absl::Minutes(2);  // per call
 };
 

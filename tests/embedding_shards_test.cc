@@ -2,9 +2,8 @@
 // route ids to three in-process shard servers, and the rows end exactly as
 // one table in one process would have them (a row's value depends on its
 // id and its updates, not on the shard count), under SYNC with two ranks.
-#include <gtest/gtest.h>
-
 #include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
 
 #include <memory>
 #include <random>

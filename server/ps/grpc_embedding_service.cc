@@ -31,13 +31,12 @@ grpc::Status GrpcEmbeddingService::InitEmbeddings(grpc::ServerContext* context, 
                                                   InitEmbeddingsResponse* response) {
   const std::string secret = MetadataValue(*context, kJobSecretMetadata);
   if (absl::Status s = secrets_.Check(request->job(), secret); !s.ok()) return ToGrpcStatus(s);
-  if (options_.grants != nullptr &&
-      !options_.grants->Valid(request->job(), request->attempt(), secret,
-                              MetadataValue(*context, kTableGrantMetadata))) {
-    return ToGrpcStatus(absl::PermissionDeniedError(absl::StrCat(
-        "InitEmbeddings of job ", Quote(request->job()), " attempt ", request->attempt(),
-        ": no table grant of this shard's coordinator for the job, attempt and secret (is this shard's "
-        "--table_grant_public_key_file the public key of the coordinator's --table_grant_key_file?)")));
+  if (options_.grants != nullptr && !options_.grants->Valid(request->job(), request->attempt(), secret,
+                                                            MetadataValue(*context, kTableGrantMetadata))) {
+    return ToGrpcStatus(absl::PermissionDeniedError(
+        absl::StrCat("InitEmbeddings of job ", Quote(request->job()), " attempt ", request->attempt(),
+                     ": no table grant of this shard's coordinator for the job, attempt and secret (is this shard's "
+                     "--table_grant_public_key_file the public key of the coordinator's --table_grant_key_file?)")));
   }
   secrets_.BeginMake(request->job());
   absl::Status s = store_->Init(*request, response);

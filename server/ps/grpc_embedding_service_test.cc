@@ -44,8 +44,7 @@ class GrpcEmbeddingServiceTest : public ::testing::Test {
     auto server = GrpcServer::Create(so, {service_.get()});
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = std::move(*server);
-    stub_ = EmbeddingService::NewStub(
-        grpc::CreateChannel(server_->local_target(), grpc::InsecureChannelCredentials()));
+    stub_ = EmbeddingService::NewStub(grpc::CreateChannel(server_->local_target(), grpc::InsecureChannelCredentials()));
   }
   void TearDown() override {
     store_.Shutdown();

@@ -113,16 +113,35 @@ class ShardStore : public ParameterStore {
   // Bytes reserved by the tables now (values, state, accumulators).
   uint64_t reserved_bytes() const { return reserved_.load(); }
 
+  // A caller's buffer of one chunk's elements: typed by construction (a
+  // table keeps float32 or float64), so the store can check dtype and count
+  // against the chunk before it copies a byte. Not owned: the caller keeps
+  // it alive for the call.
+  class ElementSpan {
+   public:
+    ElementSpan() = default;
+    ElementSpan(float* data, size_t numel) : dtype_(DT_FLOAT32), data_(data), numel_(numel) {}
+    ElementSpan(double* data, size_t numel) : dtype_(DT_FLOAT64), data_(data), numel_(numel) {}
+    DataType dtype() const { return dtype_; }
+    void* data() const { return data_; }
+    size_t numel() const { return numel_; }
+
+   private:
+    DataType dtype_ = DT_INVALID;
+    void* data_ = nullptr;
+    size_t numel_ = 0;
+  };
   // For an in-process owner that applies the optimizer itself (an all-reduce
   // worker whose model is on a GPU) and keeps this store as its checkpoint
   // format: the values and optimizer state (set 0) of chunks copied out, or
-  // in. Buffers hold the chunk's elements in its dtype; `slots` one buffer
-  // per optimizer state slot. Import replaces values and state as one
-  // update of `optimizer_step` updates in all, the last at `step`.
+  // in. `slots`: one buffer per optimizer state slot. A buffer of another
+  // dtype or element count than its chunk is INVALID_ARGUMENT. Import
+  // replaces values and state as one update of `optimizer_step` updates in
+  // all, the last at `step`.
   struct ChunkState {
     std::string key;
-    void* value = nullptr;
-    std::vector<void*> slots;
+    ElementSpan value;
+    std::vector<ElementSpan> slots;
     int64_t optimizer_step = 0;  // updates applied to the state so far
   };
   absl::Status ExportChunks(const std::string& job, std::vector<ChunkState>* chunks);

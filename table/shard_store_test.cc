@@ -354,8 +354,8 @@ TEST_F(ShardStoreTest, ExportAndImportCarryValuesAndOptimizerState) {
   ASSERT_TRUE(Init(config).ok());
   std::vector<float> a(3), a_mom(3), b(2), b_mom(2);
   std::vector<ShardStore::ChunkState> chunks(2);
-  chunks[0] = {"a", a.data(), {a_mom.data()}, -1};
-  chunks[1] = {"b", b.data(), {b_mom.data()}, -1};
+  chunks[0] = {"a", {a.data(), 3}, {{a_mom.data(), 3}}, -1};
+  chunks[1] = {"b", {b.data(), 2}, {{b_mom.data(), 2}}, -1};
   // Before any update: the values, a zero momentum buffer, step 0.
   ASSERT_TRUE(store_.ExportChunks("job", &chunks).ok());
   EXPECT_EQ(a, (std::vector<float>{1, 2, 3}));
@@ -383,7 +383,7 @@ TEST_F(ShardStoreTest, ExportAndImportCarryValuesAndOptimizerState) {
   EXPECT_EQ((*v)[1], (std::vector<float>{5, 6}));
   std::vector<float> a2(3), a2_mom(3);
   std::vector<ShardStore::ChunkState> again(1);
-  again[0] = {"a", a2.data(), {a2_mom.data()}, -1};
+  again[0] = {"a", {a2.data(), 3}, {{a2_mom.data(), 3}}, -1};
   ASSERT_TRUE(store_.ExportChunks("job", &again).ok());
   EXPECT_EQ(a2_mom, (std::vector<float>{0.1f, 0.2f, 0.3f}));
   EXPECT_EQ(again[0].optimizer_step, 12);
@@ -394,10 +394,16 @@ TEST_F(ShardStoreTest, ExportAndImportCarryValuesAndOptimizerState) {
 
   // Unknown keys and a wrong slot count change nothing.
   std::vector<ShardStore::ChunkState> bad(1);
-  bad[0] = {"zz", a.data(), {a_mom.data()}, 1};
+  bad[0] = {"zz", {a.data(), 3}, {{a_mom.data(), 3}}, 1};
   EXPECT_FALSE(store_.ImportChunks("job", bad, 0).ok());
-  bad[0] = {"a", a.data(), {}, 1};
+  bad[0] = {"a", {a.data(), 3}, {}, 1};
   EXPECT_EQ(store_.ImportChunks("job", bad, 0).code(), absl::StatusCode::kInvalidArgument);
+  // Buffers of another size or dtype than the chunk: refused, not overrun.
+  bad[0] = {"a", {a.data(), 2}, {{a_mom.data(), 3}}, 1};
+  EXPECT_EQ(store_.ImportChunks("job", bad, 0).code(), absl::StatusCode::kInvalidArgument);
+  std::vector<double> wide(3);
+  bad[0] = {"a", {a.data(), 3}, {{wide.data(), 3}}, 1};
+  EXPECT_EQ(store_.ExportChunks("job", &bad).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_FALSE(store_.ExportChunks("nojob", &again).ok());
 }
 

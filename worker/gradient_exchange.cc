@@ -492,16 +492,29 @@ class AllReduceExchange : public GradientExchange {
   }
 
  private:
+  // Chunk `c`'s elements of `t` (a host buffer of its parameter). A table
+  // keeps only float32 and float64; any other dtype gets an empty span,
+  // which the store refuses as not matching the chunk.
+  static ShardStore::ElementSpan ChunkSpan(const at::Tensor& t, const ChunkSpec& c) {
+    const size_t numel = static_cast<size_t>(c.numel);
+    switch (t.scalar_type()) {
+      case at::kFloat:
+        return {t.data_ptr<float>() + c.offset, numel};
+      case at::kDouble:
+        return {t.data_ptr<double>() + c.offset, numel};
+      default:
+        return {};
+    }
+  }
+
   // The plan's chunks as views of staging_ (values) and host_state_.
   std::vector<ShardStore::ChunkState> ChunkStates() {
     std::vector<ShardStore::ChunkState> out;
     for (const ChunkSpec& c : options_.ps->plan().chunks) {
-      const at::Tensor& v = staging_[c.param];
-      const size_t offset = static_cast<size_t>(c.offset) * v.element_size();
       ShardStore::ChunkState cs;
       cs.key = c.key;
-      cs.value = static_cast<char*>(v.data_ptr()) + offset;
-      for (const at::Tensor& slot : host_state_[c.param]) cs.slots.push_back(static_cast<char*>(slot.data_ptr()) + offset);
+      cs.value = ChunkSpan(staging_[c.param], c);
+      for (const at::Tensor& slot : host_state_[c.param]) cs.slots.push_back(ChunkSpan(slot, c));
       out.push_back(std::move(cs));
     }
     return out;

@@ -66,11 +66,11 @@ class GrpcRemoteShard : public ParameterStore {
 
  private:
   struct Call;
-  void Start(const std::string& method, const google::protobuf::MessageLite& header,
-             const std::vector<TensorBuffer>& tensors, google::protobuf::MessageLite* response,
-             std::vector<TensorBuffer>* response_tensors, const CallOptions& options,
-             StatusCallback done);
-  void Attempt(std::shared_ptr<Call> call);
+  void StartAsync(const std::string& method, const google::protobuf::MessageLite& header,
+                  const std::vector<TensorBuffer>& tensors, google::protobuf::MessageLite* response,
+                  std::vector<TensorBuffer>* response_tensors, const CallOptions& options,
+                  StatusCallback done);
+  void AttemptAsync(std::shared_ptr<Call> call);
   // Runs the call's done callback, then (last touch of `this`) counts the
   // call out.
   void Finish(const std::shared_ptr<Call>& call, absl::Status status);

@@ -1,8 +1,13 @@
 // ShardStore's insides, shared by the files that implement it
 // (shard_store.cc: tables and calls; shard_store_push.cc: applying a push
 // under the three consistency models; shard_store_waiters.cc: parked
-// calls; shard_store_files.cc: checkpoint files and chunk export). Not a
-// public header: only this library includes it.
+// calls; shard_store_files.cc: checkpoint files and chunk export;
+// shard_store_seats.cc: who holds a job's ranks). Not a public header: only
+// this library includes it.
+//
+// Where the code is: the structs below are plain data, used by all of
+// those files; every function in shard_internal (and ValidateTableConfig)
+// is in shard_store_internal.cc.
 #ifndef PSTRAIN_TABLE_SHARD_STORE_INTERNAL_H_
 #define PSTRAIN_TABLE_SHARD_STORE_INTERNAL_H_
 

@@ -492,30 +492,17 @@ class AllReduceExchange : public GradientExchange {
   }
 
  private:
-  // Chunk `c`'s elements of `t` (a host buffer of its parameter). A table
-  // keeps only float32 and float64; any other dtype gets an empty span,
-  // which the store refuses as not matching the chunk.
-  static ShardStore::ElementSpan ChunkSpan(const at::Tensor& t, const ChunkSpec& c) {
-    const size_t numel = static_cast<size_t>(c.numel);
-    switch (t.scalar_type()) {
-      case at::kFloat:
-        return {t.data_ptr<float>() + c.offset, numel};
-      case at::kDouble:
-        return {t.data_ptr<double>() + c.offset, numel};
-      default:
-        return {};
-    }
-  }
-
   // The plan's chunks as views of staging_ (values) and host_state_.
   std::vector<ShardStore::ChunkState> ChunkStates() {
     std::vector<ShardStore::ChunkState> out;
     for (const ChunkSpec& c : options_.ps->plan().chunks) {
-      ShardStore::ChunkState cs;
-      cs.key = c.key;
-      cs.value = ChunkSpan(staging_[c.param], c);
-      for (const at::Tensor& slot : host_state_[c.param]) cs.slots.push_back(ChunkSpan(slot, c));
-      out.push_back(std::move(cs));
+      auto span = [&c](const at::Tensor& t) -> ShardStore::ElementSpan {  // {}: a dtype no table keeps (refused)
+        if (t.scalar_type() == at::kFloat) return {t.data_ptr<float>() + c.offset, static_cast<size_t>(c.numel)};
+        if (t.scalar_type() == at::kDouble) return {t.data_ptr<double>() + c.offset, static_cast<size_t>(c.numel)};
+        return {};
+      };
+      out.push_back({c.key, span(staging_[c.param]), {}, 0});
+      for (const at::Tensor& slot : host_state_[c.param]) out.back().slots.push_back(span(slot));
     }
     return out;
   }

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <map>
-#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -179,7 +178,7 @@ std::shared_ptr<GrpcRemoteShard> RemoteShardCache::Get(const RemoteShardOptions&
   std::vector<std::shared_ptr<GrpcRemoteShard>> evicted;
   std::shared_ptr<GrpcRemoteShard> found;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     const absl::Time now = options_.now();
     for (auto it = clients_.begin(); it != clients_.end();) {
       Entry& e = it->second;
@@ -218,7 +217,7 @@ std::shared_ptr<GrpcRemoteShard> RemoteShardCache::Get(const RemoteShardOptions&
 }
 
 size_t RemoteShardCache::size() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return clients_.size();
 }
 

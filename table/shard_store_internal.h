@@ -33,6 +33,13 @@ struct ShardStore::Chunk {
   std::vector<int64_t> shape;
   size_t numel = 0;
 
+  // A std::mutex, where the store's other locks are absl::Mutex: a push
+  // holds a set of chunk locks chosen at runtime (its keys), kept as a
+  // vector of std::unique_lock taken in index order (ApplyPush).
+  // absl::MutexLock cannot be moved into a vector, and the thread-safety
+  // analysis cannot name a lock picked from a runtime set, so
+  // ABSL_GUARDED_BY could not be checked on the fields below anyway.
+  // It guards every field below (the atomics are also read without it).
   std::mutex mu;
   TensorBuffer value;  // replaced under mu (copy-on-write), never written in place
   // The previous value once no reader holds it: the next update is written

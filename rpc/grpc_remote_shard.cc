@@ -81,9 +81,8 @@ void GrpcRemoteShard::AttemptAsync(std::shared_ptr<Call> call) {
   stub_->UnaryCall(
       call->context.get(), call->method, grpc::StubOptions(), &call->request, &call->response,
       [this, call](grpc::Status status) {
-        if (status.error_code() == grpc::StatusCode::UNAVAILABLE &&
-            call->attempt < options_.max_attempts &&
-            absl::Now() + call->backoff < call->deadline) {
+        const bool unavailable = status.error_code() == grpc::StatusCode::UNAVAILABLE;
+        if (unavailable && call->attempt < options_.max_attempts && absl::Now() + call->backoff < call->deadline) {
           absl::Time when = absl::Now() + call->backoff;
           call->backoff = std::min(call->backoff * 2, options_.max_backoff);
           spdlog::warn("{} on {} unavailable ({}); retry {} of {} in {}", call->method,
@@ -97,6 +96,19 @@ void GrpcRemoteShard::AttemptAsync(std::shared_ptr<Call> call) {
             }
           });
           return;
+        }
+        // At debug level, how retries ended: the caller hears only the
+        // last attempt's status, not whether it was retried or why not.
+        if (unavailable) {
+          spdlog::debug("{} on {}: unavailable on attempt {} of {}, not retried: {}", call->method, options_.target,
+                        call->attempt, options_.max_attempts,
+                        call->attempt >= options_.max_attempts
+                            ? std::string("attempts used up")
+                            : absl::StrCat("the deadline is ", absl::FormatDuration(call->deadline - absl::Now()),
+                                           " away, the next wait ", absl::FormatDuration(call->backoff)));
+        } else if (call->attempt > 1) {
+          spdlog::debug("{} on {}: attempt {} of {} ended {}", call->method, options_.target, call->attempt,
+                        options_.max_attempts, absl::StatusCodeToString(FromGrpcStatus(status).code()));
         }
         if (!status.ok()) {
           absl::Status s = FromGrpcStatus(status);

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <map>
-#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -44,11 +43,11 @@ GrpcRemoteShard::~GrpcRemoteShard() {
   while (in_flight_.load() > 0) std::this_thread::yield();
 }
 
-void GrpcRemoteShard::Start(const std::string& method, const google::protobuf::MessageLite& header,
-                            const std::vector<TensorBuffer>& tensors,
-                            google::protobuf::MessageLite* response,
-                            std::vector<TensorBuffer>* response_tensors,
-                            const CallOptions& options, StatusCallback done) {
+void GrpcRemoteShard::StartAsync(const std::string& method, const google::protobuf::MessageLite& header,
+                                 const std::vector<TensorBuffer>& tensors,
+                                 google::protobuf::MessageLite* response,
+                                 std::vector<TensorBuffer>* response_tensors,
+                                 const CallOptions& options, StatusCallback done) {
   ++in_flight_;  // counted out by Finish, after `done` returns
   auto call = std::make_shared<Call>();
   call->method = absl::StrCat("/pstrain.ParameterService/", method);
@@ -67,10 +66,10 @@ void GrpcRemoteShard::Start(const std::string& method, const google::protobuf::M
   call->backoff = options_.initial_backoff;
   call->job_secret = options.job_secret;
   call->table_grant = options.table_grant;
-  Attempt(std::move(call));
+  AttemptAsync(std::move(call));
 }
 
-void GrpcRemoteShard::Attempt(std::shared_ptr<Call> call) {
+void GrpcRemoteShard::AttemptAsync(std::shared_ptr<Call> call) {
   ++call->attempt;
   call->context = std::make_unique<grpc::ClientContext>();
   call->context->set_deadline(absl::ToChronoTime(call->deadline));
@@ -82,9 +81,8 @@ void GrpcRemoteShard::Attempt(std::shared_ptr<Call> call) {
   stub_->UnaryCall(
       call->context.get(), call->method, grpc::StubOptions(), &call->request, &call->response,
       [this, call](grpc::Status status) {
-        if (status.error_code() == grpc::StatusCode::UNAVAILABLE &&
-            call->attempt < options_.max_attempts &&
-            absl::Now() + call->backoff < call->deadline) {
+        const bool unavailable = status.error_code() == grpc::StatusCode::UNAVAILABLE;
+        if (unavailable && call->attempt < options_.max_attempts && absl::Now() + call->backoff < call->deadline) {
           absl::Time when = absl::Now() + call->backoff;
           call->backoff = std::min(call->backoff * 2, options_.max_backoff);
           spdlog::warn("{} on {} unavailable ({}); retry {} of {} in {}", call->method,
@@ -92,12 +90,25 @@ void GrpcRemoteShard::Attempt(std::shared_ptr<Call> call) {
                        options_.max_attempts - 1, absl::FormatDuration(when - absl::Now()));
           retry_timer_->RunAt(when, [this, call](bool ok) {
             if (ok) {
-              Attempt(call);
+              AttemptAsync(call);
             } else {
               Finish(call, absl::CancelledError("client shut down while waiting to retry"));
             }
           });
           return;
+        }
+        // At debug level, how retries ended: the caller hears only the
+        // last attempt's status, not whether it was retried or why not.
+        if (unavailable) {
+          spdlog::debug("{} on {}: unavailable on attempt {} of {}, not retried: {}", call->method, options_.target,
+                        call->attempt, options_.max_attempts,
+                        call->attempt >= options_.max_attempts
+                            ? std::string("attempts used up")
+                            : absl::StrCat("the deadline is ", absl::FormatDuration(call->deadline - absl::Now()),
+                                           " away, the next wait ", absl::FormatDuration(call->backoff)));
+        } else if (call->attempt > 1) {
+          spdlog::debug("{} on {}: attempt {} of {} ended {}", call->method, options_.target, call->attempt,
+                        options_.max_attempts, absl::StatusCodeToString(FromGrpcStatus(status).code()));
         }
         if (!status.ok()) {
           absl::Status s = FromGrpcStatus(status);
@@ -125,50 +136,50 @@ void GrpcRemoteShard::Finish(const std::shared_ptr<Call>& call, absl::Status sta
 void GrpcRemoteShard::InitTableAsync(const InitTableRequest& request, std::vector<TensorBuffer> values,
                                      InitTableResponse* response, const CallOptions& options,
                                      StatusCallback done) {
-  Start("InitTable", request, values, response, nullptr, options, std::move(done));
+  StartAsync("InitTable", request, values, response, nullptr, options, std::move(done));
 }
 
 void GrpcRemoteShard::PullAsync(const PullRequest& request, PullResponse* response,
                                 std::vector<TensorBuffer>* values, const CallOptions& options,
                                 StatusCallback done) {
-  Start("Pull", request, {}, response, values, options, std::move(done));
+  StartAsync("Pull", request, {}, response, values, options, std::move(done));
 }
 
 void GrpcRemoteShard::PushAsync(const PushRequest& request, std::vector<TensorBuffer> grads,
                                 PushResponse* response, const CallOptions& options,
                                 StatusCallback done) {
-  Start("Push", request, grads, response, nullptr, options, std::move(done));
+  StartAsync("Push", request, grads, response, nullptr, options, std::move(done));
 }
 
 void GrpcRemoteShard::PushPullAsync(const PushPullRequest& request, std::vector<TensorBuffer> grads,
                                     PushPullResponse* response, std::vector<TensorBuffer>* values,
                                     const CallOptions& options, StatusCallback done) {
-  Start("PushPull", request, grads, response, values, options, std::move(done));
+  StartAsync("PushPull", request, grads, response, values, options, std::move(done));
 }
 
 void GrpcRemoteShard::StatsAsync(const StatsRequest& request, StatsResponse* response,
                                  const CallOptions& options, StatusCallback done) {
-  Start("Stats", request, {}, response, nullptr, options, std::move(done));
+  StartAsync("Stats", request, {}, response, nullptr, options, std::move(done));
 }
 
 void GrpcRemoteShard::SaveTableAsync(const SaveTableRequest& request, SaveTableResponse* response,
                                      const CallOptions& options, StatusCallback done) {
-  Start("SaveTable", request, {}, response, nullptr, options, std::move(done));
+  StartAsync("SaveTable", request, {}, response, nullptr, options, std::move(done));
 }
 
 void GrpcRemoteShard::LoadTableAsync(const LoadTableRequest& request, LoadTableResponse* response,
                                      const CallOptions& options, StatusCallback done) {
-  Start("LoadTable", request, {}, response, nullptr, options, std::move(done));
+  StartAsync("LoadTable", request, {}, response, nullptr, options, std::move(done));
 }
 
 void GrpcRemoteShard::DropTableAsync(const DropTableRequest& request, DropTableResponse* response,
                                      const CallOptions& options, StatusCallback done) {
-  Start("DropTable", request, {}, response, nullptr, options, std::move(done));
+  StartAsync("DropTable", request, {}, response, nullptr, options, std::move(done));
 }
 
 void GrpcRemoteShard::SetWorkersAsync(const SetWorkersRequest& request, SetWorkersResponse* response,
                                       const CallOptions& options, StatusCallback done) {
-  Start("SetWorkers", request, {}, response, nullptr, options, std::move(done));
+  StartAsync("SetWorkers", request, {}, response, nullptr, options, std::move(done));
 }
 
 std::shared_ptr<GrpcRemoteShard> RemoteShardCache::Get(const RemoteShardOptions& options) {
@@ -179,7 +190,7 @@ std::shared_ptr<GrpcRemoteShard> RemoteShardCache::Get(const RemoteShardOptions&
   std::vector<std::shared_ptr<GrpcRemoteShard>> evicted;
   std::shared_ptr<GrpcRemoteShard> found;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     const absl::Time now = options_.now();
     for (auto it = clients_.begin(); it != clients_.end();) {
       Entry& e = it->second;
@@ -218,7 +229,7 @@ std::shared_ptr<GrpcRemoteShard> RemoteShardCache::Get(const RemoteShardOptions&
 }
 
 size_t RemoteShardCache::size() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return clients_.size();
 }
 

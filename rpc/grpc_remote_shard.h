@@ -14,12 +14,13 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "rpc/grpc_server.h"
-#include "table/parameter_store.h"
 #include "rpc/retry_timer.h"
+#include "table/parameter_store.h"
 
 namespace pstrain {
 
@@ -66,11 +67,11 @@ class GrpcRemoteShard : public ParameterStore {
 
  private:
   struct Call;
-  void Start(const std::string& method, const google::protobuf::MessageLite& header,
-             const std::vector<TensorBuffer>& tensors, google::protobuf::MessageLite* response,
-             std::vector<TensorBuffer>* response_tensors, const CallOptions& options,
-             StatusCallback done);
-  void Attempt(std::shared_ptr<Call> call);
+  void StartAsync(const std::string& method, const google::protobuf::MessageLite& header,
+                  const std::vector<TensorBuffer>& tensors, google::protobuf::MessageLite* response,
+                  std::vector<TensorBuffer>* response_tensors, const CallOptions& options,
+                  StatusCallback done);
+  void AttemptAsync(std::shared_ptr<Call> call);
   // Runs the call's done callback, then (last touch of `this`) counts the
   // call out.
   void Finish(const std::shared_ptr<Call>& call, absl::Status status);
@@ -124,8 +125,8 @@ class RemoteShardCache {
   static bool Idle(const Entry& e) { return e.client.use_count() == 1 && e.client->in_flight() == 0; }
 
   const RemoteShardCacheOptions options_;
-  mutable std::mutex mu_;
-  std::map<std::string, Entry> clients_;  // guarded by mu_
+  mutable absl::Mutex mu_;
+  std::map<std::string, Entry> clients_ ABSL_GUARDED_BY(mu_);
 };
 
 // The client for `options` that this process shares (a process-wide

@@ -86,7 +86,7 @@ std::string GrpcServer::local_target() const { return absl::StrCat("127.0.0.1:",
 
 void GrpcServer::Shutdown(absl::Duration grace) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (stopped_) return;
     stopped_ = true;
   }

@@ -12,11 +12,12 @@
 #include <grpcpp/grpcpp.h>
 
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "rpc/security.h"
 
@@ -79,8 +80,8 @@ class GrpcServer {
   std::vector<std::string> service_names_;
   int port_ = 0;
   int health_port_ = -1;
-  std::mutex mu_;
-  bool stopped_ = false;  // guarded by mu_
+  absl::Mutex mu_;
+  bool stopped_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace pstrain

@@ -7,10 +7,8 @@
 #ifndef PSTRAIN_RPC_RETRY_TIMER_H_
 #define PSTRAIN_RPC_RETRY_TIMER_H_
 
-#include <condition_variable>
 #include <functional>
 #include <map>
-#include <mutex>
 #include <thread>
 
 #include "absl/base/thread_annotations.h"

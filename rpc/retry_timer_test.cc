@@ -5,11 +5,13 @@
 #include <atomic>
 #include <vector>
 
+#include "absl/synchronization/mutex.h"
+
 namespace pstrain {
 namespace {
 
 TEST(RetryTimerTest, RunsCallbacksInTimeOrderAfterTheirTime) {
-  std::mutex mu;
+  absl::Mutex mu;
   std::vector<int> order;
   std::atomic<int> done{0};
   const absl::Time start = absl::Now();
@@ -19,7 +21,7 @@ TEST(RetryTimerTest, RunsCallbacksInTimeOrderAfterTheirTime) {
       timer.RunAt(start + absl::Milliseconds(30 * i), [&, i](bool ok) {
         EXPECT_TRUE(ok);
         EXPECT_GE(absl::Now(), start + absl::Milliseconds(30 * i));
-        std::lock_guard<std::mutex> lock(mu);
+        absl::MutexLock lock(&mu);
         order.push_back(i);
         ++done;
       });

@@ -1,27 +1,28 @@
 #include "table/parameter_store.h"
 
-#include <condition_variable>
 #include <memory>
-#include <mutex>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 
 namespace pstrain {
 
 absl::Status WaitFor(const std::function<void(StatusCallback)>& call) {
+  // Shared with the callback: the waiter may return, and its frame go,
+  // while `done` is still unlocking mu.
   struct State {
-    std::mutex mu;
-    std::condition_variable cv;
-    bool done = false;
-    absl::Status status;
+    absl::Mutex mu;
+    bool done ABSL_GUARDED_BY(mu) = false;
+    absl::Status status ABSL_GUARDED_BY(mu);
   };
   auto state = std::make_shared<State>();
   call([state](absl::Status s) {
-    std::lock_guard<std::mutex> lock(state->mu);
+    absl::MutexLock lock(&state->mu);
     state->status = std::move(s);
     state->done = true;
-    state->cv.notify_all();
   });
-  std::unique_lock<std::mutex> lock(state->mu);
-  state->cv.wait(lock, [&] { return state->done; });
+  absl::MutexLock lock(&state->mu);
+  state->mu.Await(absl::Condition(&state->done));
   return state->status;
 }
 

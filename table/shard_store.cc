@@ -329,11 +329,11 @@ void ShardStore::PullAsync(const PullRequest& request, PullResponse* response, s
   absl::Status wire = shard_internal::CheckValueDtype(value_dtype);
   if (!wire.ok()) return done(wire);
   auto idx = std::make_shared<std::vector<size_t>>(std::move(*chunks));
-  WhenReady(t, *idx, by_clock, by_clock ? request.min_worker_steps() - 1 : request.min_version(), options.deadline,
-            [this, t, idx, response, values, value_dtype, done = std::move(done)](absl::Status s) {
-              if (s.ok()) Snapshot(*t, *idx, value_dtype, response->mutable_versions(), values, response->mutable_vacant_ranks());
-              done(s);
-            });
+  WhenReadyAsync(t, *idx, by_clock, by_clock ? request.min_worker_steps() - 1 : request.min_version(), options.deadline,
+                 [this, t, idx, response, values, value_dtype, done = std::move(done)](absl::Status s) {
+                   if (s.ok()) Snapshot(*t, *idx, value_dtype, response->mutable_versions(), values, response->mutable_vacant_ranks());
+                   done(s);
+                 });
 }
 
 void ShardStore::PushAsync(const PushRequest& request, std::vector<TensorBuffer> grads, PushResponse* response,
@@ -380,11 +380,11 @@ void ShardStore::PushPullAsync(const PushPullRequest& request, std::vector<Tenso
     default:
       break;
   }
-  WhenReady(t, *idx, by_clock, threshold, options.deadline,
-            [this, t, idx, response, values, value_dtype, done = std::move(done)](absl::Status s) {
-              if (s.ok()) Snapshot(*t, *idx, value_dtype, response->mutable_versions(), values, response->mutable_vacant_ranks());
-              done(s);
-            });
+  WhenReadyAsync(t, *idx, by_clock, threshold, options.deadline,
+                 [this, t, idx, response, values, value_dtype, done = std::move(done)](absl::Status s) {
+                   if (s.ok()) Snapshot(*t, *idx, value_dtype, response->mutable_versions(), values, response->mutable_vacant_ranks());
+                   done(s);
+                 });
 }
 
 void ShardStore::StatsAsync(const StatsRequest& request, StatsResponse* response, const CallOptions& /*options*/,

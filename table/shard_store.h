@@ -22,16 +22,19 @@
 // and written only under checkpoint_root. Memory for values and optimizer
 // state is reserved against max_bytes before anything is allocated, and an
 // allocation failure is RESOURCE_EXHAUSTED, never a throw.
+//
+// Where the code is: the class spreads over seven files, and its methods
+// below are grouped under "---" headers naming the file of each group. The
+// chunk, table and waiter structs, and the optimizer and chunk helpers, are
+// in shard_store_internal.h (map at its top).
 #ifndef PSTRAIN_TABLE_SHARD_STORE_H_
 #define PSTRAIN_TABLE_SHARD_STORE_H_
 
 #include <atomic>
-#include <condition_variable>
 #include <functional>
 #include <list>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -78,12 +81,17 @@ inline constexpr int kMaxCheckpointFiles = 4096;
 
 class ShardStore : public ParameterStore {
  public:
+  // --- Lifecycle: constructor, destructor (shard_store.cc); Shutdown
+  // (shard_store_waiters.cc, as it fails the parked calls).
   explicit ShardStore(ShardStoreOptions options);
   ~ShardStore() override;
 
   // Fails waiting calls and every later call with UNAVAILABLE. Idempotent.
   void Shutdown();
 
+  // --- Tables and calls (shard_store.cc); a push itself is applied in
+  // shard_store_push.cc, a parked Pull or PushPull completed in
+  // shard_store_waiters.cc.
   void InitTableAsync(const InitTableRequest& request, std::vector<TensorBuffer> values,
                       InitTableResponse* response, const CallOptions& options,
                       StatusCallback done) override;
@@ -96,14 +104,19 @@ class ShardStore : public ParameterStore {
                      const CallOptions& options, StatusCallback done) override;
   void StatsAsync(const StatsRequest& request, StatsResponse* response, const CallOptions& options,
                   StatusCallback done) override;
-  // Run on the calling thread (file I/O): callers are the gRPC service
-  // (one call per checkpoint) and tests.
+  void DropTableAsync(const DropTableRequest& request, DropTableResponse* response,
+                      const CallOptions& options, StatusCallback done) override;
+
+  // --- Checkpoint files (shard_store_files.cc).
+  // Run on the calling thread (file I/O): `done` has run when they return.
+  // They keep the interface's Async names, which a remote store's calls
+  // need. Callers are the gRPC service (one call per checkpoint) and tests.
   void SaveTableAsync(const SaveTableRequest& request, SaveTableResponse* response,
                       const CallOptions& options, StatusCallback done) override;
   void LoadTableAsync(const LoadTableRequest& request, LoadTableResponse* response,
                       const CallOptions& options, StatusCallback done) override;
-  void DropTableAsync(const DropTableRequest& request, DropTableResponse* response,
-                      const CallOptions& options, StatusCallback done) override;
+
+  // --- Seats (shard_store_seats.cc).
   // Applies the coordinator's view of the job's ranks (see WorkerSeat); a
   // seat's generation never goes back (a late, older view of a rank is
   // ignored for that rank).
@@ -113,16 +126,36 @@ class ShardStore : public ParameterStore {
   // Bytes reserved by the tables now (values, state, accumulators).
   uint64_t reserved_bytes() const { return reserved_.load(); }
 
+  // --- Chunk export and import (shard_store_files.cc); blocking.
+  // A caller's buffer of one chunk's elements: typed by construction (a
+  // table keeps float32 or float64), so the store can check dtype and count
+  // against the chunk before it copies a byte. Not owned: the caller keeps
+  // it alive for the call.
+  class ElementSpan {
+   public:
+    ElementSpan() = default;
+    ElementSpan(float* data, size_t numel) : dtype_(DT_FLOAT32), data_(data), numel_(numel) {}
+    ElementSpan(double* data, size_t numel) : dtype_(DT_FLOAT64), data_(data), numel_(numel) {}
+    DataType dtype() const { return dtype_; }
+    void* data() const { return data_; }
+    size_t numel() const { return numel_; }
+
+   private:
+    DataType dtype_ = DT_INVALID;
+    void* data_ = nullptr;
+    size_t numel_ = 0;
+  };
   // For an in-process owner that applies the optimizer itself (an all-reduce
   // worker whose model is on a GPU) and keeps this store as its checkpoint
   // format: the values and optimizer state (set 0) of chunks copied out, or
-  // in. Buffers hold the chunk's elements in its dtype; `slots` one buffer
-  // per optimizer state slot. Import replaces values and state as one
-  // update of `optimizer_step` updates in all, the last at `step`.
+  // in. `slots`: one buffer per optimizer state slot. A buffer of another
+  // dtype or element count than its chunk is INVALID_ARGUMENT. Import
+  // replaces values and state as one update of `optimizer_step` updates in
+  // all, the last at `step`.
   struct ChunkState {
     std::string key;
-    void* value = nullptr;
-    std::vector<void*> slots;
+    ElementSpan value;
+    std::vector<ElementSpan> slots;
     int64_t optimizer_step = 0;  // updates applied to the state so far
   };
   absl::Status ExportChunks(const std::string& job, std::vector<ChunkState>* chunks);
@@ -135,29 +168,7 @@ class ShardStore : public ParameterStore {
   struct Waiter;
 
  private:
-  class PushTransaction;  // shard_store_push.cc
-  struct PushInput {
-    std::string job;
-    uint32_t worker = 0;
-    uint32_t generation = 0;  // the pusher's hold on its rank
-    int64_t step = 0;
-    double lr = 0;  // 0: the table's
-    const google::protobuf::RepeatedPtrField<std::string>* keys = nullptr;
-    const std::vector<TensorBuffer>* grads = nullptr;
-    uint32_t extra_batches = 0;  // see PushRequest
-    bool empty = false;
-  };
-
-  // A chunk holding a copy of `value`; its optimizer state sets are
-  // allocated on first use.
-  static absl::StatusOr<std::unique_ptr<Chunk>> NewChunk(const std::string& key, const TensorBuffer& value,
-                                                         const TableConfig& config);
-  // A chunk restored from its checkpoint snapshot (read from a table of
-  // config `old`) into a table of `config`.
-  static absl::StatusOr<std::unique_ptr<Chunk>> RestoreChunk(const std::string& key, const ChunkSnapshot& c,
-                                                             const TableConfig& old, const TableConfig& config);
-  // LoadTableAsync's checks before any file is read; the files' resolved paths.
-  absl::StatusOr<std::vector<std::string>> CheckLoadRequest(const LoadTableRequest& request, TableConfig* config);
+  // --- The table map and request checks (shard_store.cc).
   absl::Status ShutdownStatus();
   // What InitTableAsync and LoadTableAsync check first: not shutting down, a job name
   // and keys within bounds, a config within range (defaults filled in).
@@ -174,11 +185,39 @@ class ShardStore : public ParameterStore {
   // existing one (keep_identical, *created = false) or fails.
   absl::StatusOr<std::shared_ptr<Table>> Install(std::shared_ptr<Table> table, bool keep_identical,
                                                  bool* created);
-  void AbortWaiters(const std::shared_ptr<Table>& table, const std::string& why);
   absl::StatusOr<std::vector<size_t>> ResolveKeys(
       const Table& table, const google::protobuf::RepeatedPtrField<std::string>& keys);
+  // A chunk holding a copy of `value`; its optimizer state sets are
+  // allocated on first use.
+  static absl::StatusOr<std::unique_ptr<Chunk>> NewChunk(const std::string& key, const TensorBuffer& value,
+                                                         const TableConfig& config);
+
+  // --- Restoring from checkpoint files (shard_store_files.cc).
+  // A chunk restored from its checkpoint snapshot (read from a table of
+  // config `old`) into a table of `config`.
+  static absl::StatusOr<std::unique_ptr<Chunk>> RestoreChunk(const std::string& key, const ChunkSnapshot& c,
+                                                             const TableConfig& old, const TableConfig& config);
+  // LoadTableAsync's checks before any file is read; the files' resolved paths.
+  absl::StatusOr<std::vector<std::string>> CheckLoadRequest(const LoadTableRequest& request, TableConfig* config);
+
+  // --- Applying a push (shard_store_push.cc).
+  class PushTransaction;
+  struct PushInput {
+    std::string job;
+    uint32_t worker = 0;
+    uint32_t generation = 0;  // the pusher's hold on its rank
+    int64_t step = 0;
+    double lr = 0;  // 0: the table's
+    const google::protobuf::RepeatedPtrField<std::string>* keys = nullptr;
+    const std::vector<TensorBuffer>* grads = nullptr;
+    uint32_t extra_batches = 0;  // see PushRequest
+    bool empty = false;
+  };
   absl::Status ApplyPush(Table& table, const PushInput& in, std::vector<size_t>* chunks,
                          PushResponse* response);
+
+  // --- Parked calls and handing out values (shard_store_waiters.cc).
+  void AbortWaiters(const std::shared_ptr<Table>& table, const std::string& why);
   // `value_dtype`: as PullRequest.value_dtype. `vacant`: the first chunk's
   // view (PullResponse.vacant_ranks).
   void Snapshot(Table& table, const std::vector<size_t>& chunks, DataType value_dtype,
@@ -187,8 +226,8 @@ class ShardStore : public ParameterStore {
   // Runs `ready(OkStatus())` once every chunk's version (or, with by_clock,
   // its slowest worker's last step) is >= threshold; ready(error) at the
   // deadline, on shutdown, or at once when max_waiters are parked.
-  void WhenReady(std::shared_ptr<Table> table, std::vector<size_t> chunks, bool by_clock,
-                 int64_t threshold, absl::Time deadline, StatusCallback ready);
+  void WhenReadyAsync(std::shared_ptr<Table> table, std::vector<size_t> chunks, bool by_clock,
+                      int64_t threshold, absl::Time deadline, StatusCallback ready);
   void NotifyWaiters();
   void ReaperLoop();
 
@@ -207,6 +246,7 @@ class ShardStore : public ParameterStore {
 
 // Checks a table config against the ranges that make sense (docs/errors.md), filling
 // in defaults. INVALID_ARGUMENT naming the field otherwise.
+// (shard_store_internal.cc, beside the optimizer math it guards.)
 absl::Status ValidateTableConfig(TableConfig* config);
 
 }  // namespace pstrain

@@ -17,6 +17,27 @@ namespace pstrain {
 using shard_internal::NewStateSet;
 using shard_internal::WorstCaseBytes;
 
+namespace {
+
+// An owner's buffers for chunk `c` (ExportChunks, ImportChunks): one per
+// optimizer state slot besides the value, each of the chunk's dtype and
+// element count (anything else would copy past the owner's buffer).
+absl::Status CheckChunkState(const ShardStore::Chunk& c, const ShardStore::ChunkState& buffers, int slots) {
+  if (static_cast<int>(buffers.slots.size()) != slots) {
+    return absl::InvalidArgumentError(absl::StrCat("key '", Quote(c.key), "' has ", slots, " state slots"));
+  }
+  auto fits = [&c](const ShardStore::ElementSpan& b) { return b.dtype() == c.dtype && b.numel() == c.numel; };
+  bool all_fit = fits(buffers.value);
+  for (const ShardStore::ElementSpan& b : buffers.slots) all_fit = all_fit && fits(b);
+  if (!all_fit) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("key '", Quote(c.key), "' holds ", c.numel, " elements of ", DataTypeName(c.dtype)));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 void ShardStore::SaveTableAsync(const SaveTableRequest& request, SaveTableResponse* response,
                                 const CallOptions& /*options*/, StatusCallback done) {
   absl::StatusOr<std::shared_ptr<Table>> table = FindTable(request.job(), request.attempt());
@@ -317,19 +338,17 @@ absl::Status ShardStore::ExportChunks(const std::string& job, std::vector<ChunkS
   for (size_t i = 0; i < chunks->size(); ++i) {
     ChunkState& out = (*chunks)[i];
     Chunk& c = *(*table)->chunks[(*index)[i]];
+    if (absl::Status s = CheckChunkState(c, out, slots); !s.ok()) return s;
     std::lock_guard<std::mutex> lock(c.mu);
-    if (static_cast<int>(out.slots.size()) != slots) {
-      return absl::InvalidArgumentError(absl::StrCat("key '", Quote(c.key), "' has ", slots, " state slots"));
-    }
-    std::memcpy(out.value, c.value.data, c.value.nbytes);
+    std::memcpy(out.value.data(), c.value.data, c.value.nbytes);
     if (c.state.empty() || c.state[0].empty()) {
       // Never updated: the state a first update would start from.
       absl::StatusOr<std::vector<TensorBuffer>> fresh = NewStateSet((*table)->config.optimizer(), c.dtype, c.shape);
       if (!fresh.ok()) return fresh.status();
-      for (int j = 0; j < slots; ++j) std::memcpy(out.slots[j], (*fresh)[j].data, (*fresh)[j].nbytes);
+      for (int j = 0; j < slots; ++j) std::memcpy(out.slots[j].data(), (*fresh)[j].data, (*fresh)[j].nbytes);
       out.optimizer_step = 0;
     } else {
-      for (int j = 0; j < slots; ++j) std::memcpy(out.slots[j], c.state[0][j].data, c.state[0][j].nbytes);
+      for (int j = 0; j < slots; ++j) std::memcpy(out.slots[j].data(), c.state[0][j].data, c.state[0][j].nbytes);
       out.optimizer_step = c.optimizer_step[0];
     }
   }
@@ -347,18 +366,16 @@ absl::Status ShardStore::ImportChunks(const std::string& job, const std::vector<
   for (size_t i = 0; i < chunks.size(); ++i) {
     const ChunkState& in = chunks[i];
     Chunk& c = *(*table)->chunks[(*index)[i]];
-    if (static_cast<int>(in.slots.size()) != slots) {
-      return absl::InvalidArgumentError(absl::StrCat("key '", Quote(c.key), "' has ", slots, " state slots"));
-    }
+    if (absl::Status s = CheckChunkState(c, in, slots); !s.ok()) return s;
     // Everything allocated first: the chunk changes all at once or not at all.
     absl::StatusOr<TensorBuffer> value = TensorBuffer::TryAllocate(c.dtype, c.shape);
     if (!value.ok()) return value.status();
-    std::memcpy(value->MutableData(), in.value, value->nbytes);
+    std::memcpy(value->MutableData(), in.value.data(), value->nbytes);
     std::vector<TensorBuffer> set;
     for (int j = 0; j < slots; ++j) {
       absl::StatusOr<TensorBuffer> b = TensorBuffer::TryAllocate(c.dtype, c.shape);
       if (!b.ok()) return b.status();
-      std::memcpy(b->MutableData(), in.slots[j], b->nbytes);
+      std::memcpy(b->MutableData(), in.slots[j].data(), b->nbytes);
       set.push_back(std::move(*b));
     }
     std::lock_guard<std::mutex> lock(c.mu);

@@ -8,7 +8,6 @@
 
 #include <atomic>
 #include <cmath>
-#include <condition_variable>
 #include <filesystem>
 #include <future>
 #include <mutex>

@@ -10,13 +10,12 @@
 
 #include <atomic>
 #include <cmath>
-#include <condition_variable>
 #include <filesystem>
 #include <future>
-#include <mutex>
 #include <random>
 #include <thread>
 
+#include "absl/synchronization/mutex.h"
 #include "common/file_util.h"
 #include "common/quote.h"
 #include "table/shard_store.h"
@@ -32,32 +31,29 @@ using namespace testing_util;  // NOLINT
 // table for attempt 2; then the delayed push arrives. It must be refused
 // (ABORTED, final for the worker) and change nothing.
 TEST(ShardStoreFencingTest, DelayedPushOfAnEndedAttemptCannotReachTheRestoredTable) {
-  std::mutex mu;
-  std::condition_variable cv;
-  bool held = false, release = false;
+  absl::Mutex mu;
+  bool held = false, release = false;  // under mu
   ShardStoreOptions options = Options();
   options.before_push = [&](const std::string&, uint64_t attempt, uint32_t, int64_t) {
     if (attempt != 1) return;
-    std::unique_lock<std::mutex> lock(mu);
+    absl::MutexLock lock(&mu);
     held = true;
-    cv.notify_all();
-    cv.wait(lock, [&] { return release; });
+    mu.Await(absl::Condition(&release));
   };
   ShardStore store(options);
   ASSERT_TRUE(Init(store, Config(ASYNC, 2), /*attempt=*/1).ok());
   auto delayed = std::async(std::launch::async, [&] { return Push(store, 1, 1, 140, Floats({1, 1, 1})); });
   {
-    std::unique_lock<std::mutex> lock(mu);
-    cv.wait(lock, [&] { return held; });
+    absl::MutexLock lock(&mu);
+    mu.Await(absl::Condition(&held));
   }
   // The coordinator's drop of attempt 1 is lost; attempt 2 creates the table
   // again (a restore) and makes progress.
   ASSERT_TRUE(Init(store, Config(ASYNC, 2), /*attempt=*/2, {5, 5, 5}).ok());
   ASSERT_TRUE(Push(store, 2, 0, 0, Floats({0, 0, 0})).ok());
   {
-    std::lock_guard<std::mutex> lock(mu);
+    absl::MutexLock lock(&mu);
     release = true;
-    cv.notify_all();
   }
   absl::Status s = delayed.get();
   EXPECT_EQ(s.code(), absl::StatusCode::kAborted) << s;

@@ -1,8 +1,13 @@
 // ShardStore's insides, shared by the files that implement it
 // (shard_store.cc: tables and calls; shard_store_push.cc: applying a push
 // under the three consistency models; shard_store_waiters.cc: parked
-// calls; shard_store_files.cc: checkpoint files and chunk export). Not a
-// public header: only this library includes it.
+// calls; shard_store_files.cc: checkpoint files and chunk export;
+// shard_store_seats.cc: who holds a job's ranks). Not a public header: only
+// this library includes it.
+//
+// Where the code is: the structs below are plain data, used by all of
+// those files; every function in shard_internal (and ValidateTableConfig)
+// is in shard_store_internal.cc.
 #ifndef PSTRAIN_TABLE_SHARD_STORE_INTERNAL_H_
 #define PSTRAIN_TABLE_SHARD_STORE_INTERNAL_H_
 
@@ -28,6 +33,13 @@ struct ShardStore::Chunk {
   std::vector<int64_t> shape;
   size_t numel = 0;
 
+  // A std::mutex, where the store's other locks are absl::Mutex: a push
+  // holds a set of chunk locks chosen at runtime (its keys), kept as a
+  // vector of std::unique_lock taken in index order (ApplyPush).
+  // absl::MutexLock cannot be moved into a vector, and the thread-safety
+  // analysis cannot name a lock picked from a runtime set, so
+  // ABSL_GUARDED_BY could not be checked on the fields below anyway.
+  // It guards every field below (the atomics are also read without it).
   std::mutex mu;
   TensorBuffer value;  // replaced under mu (copy-on-write), never written in place
   // The previous value once no reader holds it: the next update is written

@@ -339,7 +339,7 @@ absl::Status ShardStore::ApplyPush(Table& table, const PushInput& in, std::vecto
   std::vector<size_t> order(*chunks);
   std::sort(order.begin(), order.end());
   if (options_.before_push_locks) options_.before_push_locks(in.job, in.worker, in.generation);
-  std::vector<std::unique_lock<std::mutex>> locks;
+  std::vector<std::unique_lock<std::mutex>> locks;  // why std::mutex: Chunk::mu
   locks.reserve(order.size());
   for (size_t c : order) locks.emplace_back(table.chunks[c]->mu);
   // Lock order: the chunks, then seats_mu (in CheckSeat and Prepare).

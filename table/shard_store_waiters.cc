@@ -37,8 +37,8 @@ void ShardStore::AbortWaiters(const std::shared_ptr<Table>& table, const std::st
   for (auto& w : orphans) w->ready(absl::AbortedError(why));
 }
 
-void ShardStore::WhenReady(std::shared_ptr<Table> table, std::vector<size_t> chunks, bool by_clock,
-                           int64_t threshold, absl::Time deadline, StatusCallback ready) {
+void ShardStore::WhenReadyAsync(std::shared_ptr<Table> table, std::vector<size_t> chunks, bool by_clock,
+                                int64_t threshold, absl::Time deadline, StatusCallback ready) {
   auto w = std::make_shared<Waiter>();
   w->table = std::move(table);
   w->chunks = std::move(chunks);

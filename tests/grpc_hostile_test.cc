@@ -57,183 +57,215 @@ struct Case {
   grpc::StatusCode code;
 };
 
+// The hostile cases of each method, by full name
+// ("/pstrain.ParameterService/Push").
+using CaseTable = std::map<std::string, std::vector<Case>>;
+
+// Adds cases to the table for the methods of one service.
+class CaseAdder {
+ public:
+  CaseAdder(CaseTable* table, std::string service) : table_(table), service_(std::move(service)) {}
+  // `m` sent to `method` of the service is answered with `code`.
+  void operator()(const std::string& method, const std::string& name, const google::protobuf::Message& m,
+                  grpc::StatusCode code) const {
+    (*table_)[service_ + method].push_back({name, m.SerializeAsString(), code});
+  }
+
+ private:
+  CaseTable* table_;
+  std::string service_;
+};
+
+// ParameterService: the training calls. The cases are sent with a table
+// "job" of attempt 2 and one worker in place (made by the test first).
+void AddParameterCallCases(const CaseAdder& add) {
+  {
+    InitTableRequest r;
+    r.set_job("job");
+    r.mutable_config()->mutable_optimizer()->set_kind(OptimizerConfig::SGD);
+    r.mutable_config()->mutable_optimizer()->set_lr(1);
+    r.mutable_config()->set_consistency(ASYNC);
+    r.mutable_config()->set_num_workers(65536);
+    add("InitTable", "65536 workers", r, grpc::StatusCode::INVALID_ARGUMENT);
+    r.mutable_config()->set_num_workers(1);
+    r.mutable_config()->mutable_optimizer()->set_lr(1e300);
+    add("InitTable", "absurd lr", r, grpc::StatusCode::INVALID_ARGUMENT);
+    r.mutable_config()->mutable_optimizer()->set_lr(1);
+    r.set_attempt(1);  // the table "job" holds attempt 2
+    add("InitTable", "earlier attempt", r, grpc::StatusCode::ABORTED);
+  }
+  {
+    PullRequest r;
+    r.set_job("nope");
+    add("Pull", "unknown job", r, grpc::StatusCode::FAILED_PRECONDITION);
+    r.set_job("job");
+    r.set_attempt(1);
+    add("Pull", "earlier attempt", r, grpc::StatusCode::ABORTED);
+    r.set_attempt(2);
+    r.set_min_version(INT64_MAX);
+    add("Pull", "unreachable version", r, grpc::StatusCode::INVALID_ARGUMENT);
+  }
+  {
+    PushRequest r;
+    r.set_job("job");
+    r.set_attempt(1);
+    add("Push", "earlier attempt", r, grpc::StatusCode::ABORTED);
+    r.set_attempt(2);
+    r.set_step(INT64_MAX);
+    add("Push", "step near INT64_MAX", r, grpc::StatusCode::INVALID_ARGUMENT);
+    r.set_step(0);
+    r.set_worker(99);
+    add("Push", "worker out of range", r, grpc::StatusCode::INVALID_ARGUMENT);
+    r.set_worker(0);
+    r.set_generation(7);
+    add("Push", "holder not admitted yet", r, grpc::StatusCode::UNAVAILABLE);
+  }
+  {
+    PushPullRequest r;
+    r.set_job("job");
+    r.set_attempt(0);
+    add("PushPull", "earlier attempt", r, grpc::StatusCode::ABORTED);
+    r.set_attempt(3);
+    add("PushPull", "later attempt", r, grpc::StatusCode::FAILED_PRECONDITION);
+  }
+  {
+    StatsRequest r;
+    r.set_job("nope");
+    add("Stats", "unknown job", r, grpc::StatusCode::NOT_FOUND);
+  }
+}
+
+// ParameterService: checkpoints, dropping a table and the job's seats.
+void AddParameterAdminCases(const CaseAdder& add) {
+  {
+    SaveTableRequest r;
+    r.set_job("job");
+    r.set_attempt(2);
+    for (const std::string& path : {std::string("../escape"), std::string("/etc/passwd"),
+                                    std::string("a\0b", 3), std::string("")}) {
+      r.set_path(path);
+      add("SaveTable", "path " + Quote(path), r, grpc::StatusCode::INVALID_ARGUMENT);
+    }
+    r.set_path("job/ok.bin");  // in the job's directory: what stops it is the attempt
+    r.set_attempt(1);
+    add("SaveTable", "earlier attempt", r, grpc::StatusCode::ABORTED);
+  }
+  {
+    LoadTableRequest r;
+    r.set_job("other");
+    *r.mutable_config() = TableConfig();
+    r.mutable_config()->mutable_optimizer()->set_kind(OptimizerConfig::SGD);
+    r.mutable_config()->mutable_optimizer()->set_lr(1);
+    r.mutable_config()->set_consistency(ASYNC);
+    r.mutable_config()->set_num_workers(1);
+    r.add_keys("a");
+    auto* f = r.add_files();
+    f->set_bytes(100);
+    for (const std::string& path : {std::string("/dev/zero"), std::string("../../x")}) {
+      f->set_path(path);
+      add("LoadTable", "file " + path, r, grpc::StatusCode::INVALID_ARGUMENT);
+    }
+    f->set_path("missing.bin");
+    add("LoadTable", "missing file", r, grpc::StatusCode::DATA_LOSS);
+  }
+  {
+    DropTableRequest r;
+    r.set_job("job");
+    r.set_attempt(1);
+    add("DropTable", "late drop of an earlier attempt", r, grpc::StatusCode::ABORTED);
+  }
+  {
+    SetWorkersRequest r;
+    r.set_job("nope");
+    add("SetWorkers", "unknown job", r, grpc::StatusCode::FAILED_PRECONDITION);
+    r.set_job("job");
+    r.set_attempt(1);
+    add("SetWorkers", "earlier attempt", r, grpc::StatusCode::ABORTED);
+    r.set_attempt(2);
+    for (int i = 0; i < 100000; ++i) r.add_seats()->set_active(true);
+    add("SetWorkers", "100000 seats for a 1-worker table", r, grpc::StatusCode::INVALID_ARGUMENT);
+  }
+}
+
+void AddJobServiceCases(const CaseAdder& add) {
+  {
+    SubmitJobRequest r;
+    r.set_spec_yaml("workers: [unclosed");
+    add("SubmitJob", "bad YAML", r, grpc::StatusCode::INVALID_ARGUMENT);
+    r.set_spec_yaml("{? [a, b]: c}");
+    add("SubmitJob", "non-scalar key", r, grpc::StatusCode::INVALID_ARGUMENT);
+    r.set_spec_yaml("workers: 1\n");
+    r.set_output_dir("/etc");
+    add("SubmitJob", "output_dir outside the root", r, grpc::StatusCode::INVALID_ARGUMENT);
+    r.set_output_dir("");
+    r.set_resume_from("/proc/self");
+    add("SubmitJob", "resume_from outside the root", r, grpc::StatusCode::INVALID_ARGUMENT);
+  }
+  for (const char* m : {"GetJob", "WatchJob", "CancelJob", "Checkpoint", "ScaleJob"}) {
+    GetJobRequest r;  // job_id = 1 in every one of these requests
+    r.set_job_id("job-999999");
+    add(m, "unknown job", r, grpc::StatusCode::NOT_FOUND);
+  }
+  add("ListJobs", "empty", ListJobsRequest(), grpc::StatusCode::OK);
+  add("ListMembers", "empty", ListMembersRequest(), grpc::StatusCode::OK);
+}
+
+void AddClusterServiceCases(const CaseAdder& add) {
+  {
+    RegisterRequest r;
+    r.set_role("emperor");
+    add("Register", "unknown role", r, grpc::StatusCode::INVALID_ARGUMENT);
+    r.set_role("shard");
+    add("Register", "shard without an address", r, grpc::StatusCode::INVALID_ARGUMENT);
+    r.set_role("worker");
+    r.set_name("has space");
+    add("Register", "name with a space", r, grpc::StatusCode::INVALID_ARGUMENT);
+  }
+  {
+    HeartbeatRequest r;
+    r.set_member_id("ghost#1");
+    add("Heartbeat", "unknown member", r, grpc::StatusCode::NOT_FOUND);
+    GetAssignmentRequest g;
+    g.set_member_id("ghost#1");
+    g.set_wait_ms(INT64_MAX);
+    add("GetAssignment", "unknown member, endless wait", g, grpc::StatusCode::NOT_FOUND);
+    ReportProgressRequest p;
+    p.set_member_id("ghost#1");
+    add("ReportProgress", "unknown member", p, grpc::StatusCode::NOT_FOUND);
+  }
+  {
+    KvSetRequest s;
+    s.set_job_id("job-999999");
+    s.set_key("k");
+    add("KvSet", "unknown job", s, grpc::StatusCode::NOT_FOUND);
+    s.set_value(std::string(2 << 20, 'v'));
+    add("KvSet", "2 MiB value, no member", s, grpc::StatusCode::NOT_FOUND);
+    KvGetRequest g;
+    g.set_job_id("job-999999");
+    g.set_key("k");
+    g.set_wait_ms(INT64_MAX);
+    add("KvGet", "unknown job, endless wait", g, grpc::StatusCode::NOT_FOUND);
+    KvAddRequest a;
+    a.set_job_id("job-999999");
+    a.set_key("k");
+    a.set_delta(INT64_MAX);
+    add("KvAdd", "unknown job", a, grpc::StatusCode::NOT_FOUND);
+  }
+}
+
+CaseTable Table() {
+  CaseTable t;
+  AddParameterCallCases(CaseAdder(&t, "/pstrain.ParameterService/"));
+  AddParameterAdminCases(CaseAdder(&t, "/pstrain.ParameterService/"));
+  AddJobServiceCases(CaseAdder(&t, "/pstrain.JobService/"));
+  AddClusterServiceCases(CaseAdder(&t, "/pstrain.ClusterService/"));
+  return t;
+}
+
 class GrpcHostileTest : public ::testing::Test {
  protected:
   void SetUp() override { ASSERT_TRUE(s_.Start(::testing::TempDir() + "/hostile-grpc").ok()); }
   void TearDown() override { s_.Stop(); }
-
-  // The hostile cases of each method, by full name.
-  std::map<std::string, std::vector<Case>> Table() {
-    std::map<std::string, std::vector<Case>> t;
-    auto add = [&](const std::string& method, const std::string& name, const google::protobuf::Message& m,
-                   grpc::StatusCode code) { t[method].push_back({name, m.SerializeAsString(), code}); };
-    const std::string ps = "/pstrain.ParameterService/";
-    {
-      InitTableRequest r;
-      r.set_job("job");
-      r.mutable_config()->mutable_optimizer()->set_kind(OptimizerConfig::SGD);
-      r.mutable_config()->mutable_optimizer()->set_lr(1);
-      r.mutable_config()->set_consistency(ASYNC);
-      r.mutable_config()->set_num_workers(65536);
-      add(ps + "InitTable", "65536 workers", r, grpc::StatusCode::INVALID_ARGUMENT);
-      r.mutable_config()->set_num_workers(1);
-      r.mutable_config()->mutable_optimizer()->set_lr(1e300);
-      add(ps + "InitTable", "absurd lr", r, grpc::StatusCode::INVALID_ARGUMENT);
-      r.mutable_config()->mutable_optimizer()->set_lr(1);
-      r.set_attempt(1);  // the table "job" holds attempt 2
-      add(ps + "InitTable", "earlier attempt", r, grpc::StatusCode::ABORTED);
-    }
-    {
-      PullRequest r;
-      r.set_job("nope");
-      add(ps + "Pull", "unknown job", r, grpc::StatusCode::FAILED_PRECONDITION);
-      r.set_job("job");
-      r.set_attempt(1);
-      add(ps + "Pull", "earlier attempt", r, grpc::StatusCode::ABORTED);
-      r.set_attempt(2);
-      r.set_min_version(INT64_MAX);
-      add(ps + "Pull", "unreachable version", r, grpc::StatusCode::INVALID_ARGUMENT);
-    }
-    {
-      PushRequest r;
-      r.set_job("job");
-      r.set_attempt(1);
-      add(ps + "Push", "earlier attempt", r, grpc::StatusCode::ABORTED);
-      r.set_attempt(2);
-      r.set_step(INT64_MAX);
-      add(ps + "Push", "step near INT64_MAX", r, grpc::StatusCode::INVALID_ARGUMENT);
-      r.set_step(0);
-      r.set_worker(99);
-      add(ps + "Push", "worker out of range", r, grpc::StatusCode::INVALID_ARGUMENT);
-      r.set_worker(0);
-      r.set_generation(7);
-      add(ps + "Push", "holder not admitted yet", r, grpc::StatusCode::UNAVAILABLE);
-    }
-    {
-      PushPullRequest r;
-      r.set_job("job");
-      r.set_attempt(0);
-      add(ps + "PushPull", "earlier attempt", r, grpc::StatusCode::ABORTED);
-      r.set_attempt(3);
-      add(ps + "PushPull", "later attempt", r, grpc::StatusCode::FAILED_PRECONDITION);
-    }
-    {
-      StatsRequest r;
-      r.set_job("nope");
-      add(ps + "Stats", "unknown job", r, grpc::StatusCode::NOT_FOUND);
-    }
-    {
-      SaveTableRequest r;
-      r.set_job("job");
-      r.set_attempt(2);
-      for (const std::string& path : {std::string("../escape"), std::string("/etc/passwd"),
-                                      std::string("a\0b", 3), std::string("")}) {
-        r.set_path(path);
-        add(ps + "SaveTable", "path " + Quote(path), r, grpc::StatusCode::INVALID_ARGUMENT);
-      }
-      r.set_path("job/ok.bin");  // in the job's directory: what stops it is the attempt
-      r.set_attempt(1);
-      add(ps + "SaveTable", "earlier attempt", r, grpc::StatusCode::ABORTED);
-    }
-    {
-      LoadTableRequest r;
-      r.set_job("other");
-      *r.mutable_config() = TableConfig();
-      r.mutable_config()->mutable_optimizer()->set_kind(OptimizerConfig::SGD);
-      r.mutable_config()->mutable_optimizer()->set_lr(1);
-      r.mutable_config()->set_consistency(ASYNC);
-      r.mutable_config()->set_num_workers(1);
-      r.add_keys("a");
-      auto* f = r.add_files();
-      f->set_bytes(100);
-      for (const std::string& path : {std::string("/dev/zero"), std::string("../../x")}) {
-        f->set_path(path);
-        add(ps + "LoadTable", "file " + path, r, grpc::StatusCode::INVALID_ARGUMENT);
-      }
-      f->set_path("missing.bin");
-      add(ps + "LoadTable", "missing file", r, grpc::StatusCode::DATA_LOSS);
-    }
-    {
-      DropTableRequest r;
-      r.set_job("job");
-      r.set_attempt(1);
-      add(ps + "DropTable", "late drop of an earlier attempt", r, grpc::StatusCode::ABORTED);
-    }
-    {
-      SetWorkersRequest r;
-      r.set_job("nope");
-      add(ps + "SetWorkers", "unknown job", r, grpc::StatusCode::FAILED_PRECONDITION);
-      r.set_job("job");
-      r.set_attempt(1);
-      add(ps + "SetWorkers", "earlier attempt", r, grpc::StatusCode::ABORTED);
-      r.set_attempt(2);
-      for (int i = 0; i < 100000; ++i) r.add_seats()->set_active(true);
-      add(ps + "SetWorkers", "100000 seats for a 1-worker table", r, grpc::StatusCode::INVALID_ARGUMENT);
-    }
-    const std::string js = "/pstrain.JobService/";
-    {
-      SubmitJobRequest r;
-      r.set_spec_yaml("workers: [unclosed");
-      add(js + "SubmitJob", "bad YAML", r, grpc::StatusCode::INVALID_ARGUMENT);
-      r.set_spec_yaml("{? [a, b]: c}");
-      add(js + "SubmitJob", "non-scalar key", r, grpc::StatusCode::INVALID_ARGUMENT);
-      r.set_spec_yaml("workers: 1\n");
-      r.set_output_dir("/etc");
-      add(js + "SubmitJob", "output_dir outside the root", r, grpc::StatusCode::INVALID_ARGUMENT);
-      r.set_output_dir("");
-      r.set_resume_from("/proc/self");
-      add(js + "SubmitJob", "resume_from outside the root", r, grpc::StatusCode::INVALID_ARGUMENT);
-    }
-    for (const char* m : {"GetJob", "WatchJob", "CancelJob", "Checkpoint", "ScaleJob"}) {
-      GetJobRequest r;  // job_id = 1 in every one of these requests
-      r.set_job_id("job-999999");
-      add(js + m, "unknown job", r, grpc::StatusCode::NOT_FOUND);
-    }
-    add(js + "ListJobs", "empty", ListJobsRequest(), grpc::StatusCode::OK);
-    add(js + "ListMembers", "empty", ListMembersRequest(), grpc::StatusCode::OK);
-    const std::string cl = "/pstrain.ClusterService/";
-    {
-      RegisterRequest r;
-      r.set_role("emperor");
-      add(cl + "Register", "unknown role", r, grpc::StatusCode::INVALID_ARGUMENT);
-      r.set_role("shard");
-      add(cl + "Register", "shard without an address", r, grpc::StatusCode::INVALID_ARGUMENT);
-      r.set_role("worker");
-      r.set_name("has space");
-      add(cl + "Register", "name with a space", r, grpc::StatusCode::INVALID_ARGUMENT);
-    }
-    {
-      HeartbeatRequest r;
-      r.set_member_id("ghost#1");
-      add(cl + "Heartbeat", "unknown member", r, grpc::StatusCode::NOT_FOUND);
-      GetAssignmentRequest g;
-      g.set_member_id("ghost#1");
-      g.set_wait_ms(INT64_MAX);
-      add(cl + "GetAssignment", "unknown member, endless wait", g, grpc::StatusCode::NOT_FOUND);
-      ReportProgressRequest p;
-      p.set_member_id("ghost#1");
-      add(cl + "ReportProgress", "unknown member", p, grpc::StatusCode::NOT_FOUND);
-    }
-    {
-      KvSetRequest s;
-      s.set_job_id("job-999999");
-      s.set_key("k");
-      add(cl + "KvSet", "unknown job", s, grpc::StatusCode::NOT_FOUND);
-      s.set_value(std::string(2 << 20, 'v'));
-      add(cl + "KvSet", "2 MiB value, no member", s, grpc::StatusCode::NOT_FOUND);
-      KvGetRequest g;
-      g.set_job_id("job-999999");
-      g.set_key("k");
-      g.set_wait_ms(INT64_MAX);
-      add(cl + "KvGet", "unknown job, endless wait", g, grpc::StatusCode::NOT_FOUND);
-      KvAddRequest a;
-      a.set_job_id("job-999999");
-      a.set_key("k");
-      a.set_delta(INT64_MAX);
-      add(cl + "KvAdd", "unknown job", a, grpc::StatusCode::NOT_FOUND);
-    }
-    return t;
-  }
 
   std::string TargetOf(const std::string& method) {
     return method.rfind("/pstrain.ParameterService/", 0) == 0 ? s_.ps_server->local_target()

@@ -224,13 +224,13 @@ class AllReduceExchange : public GradientExchange {
   std::vector<ShardStore::ChunkState> ChunkStates() {
     std::vector<ShardStore::ChunkState> out;
     for (const ChunkSpec& c : options_.ps->plan().chunks) {
-      const at::Tensor& v = staging_[c.param];
-      const size_t offset = static_cast<size_t>(c.offset) * v.element_size();
-      ShardStore::ChunkState cs;
-      cs.key = c.key;
-      cs.value = static_cast<char*>(v.data_ptr()) + offset;
-      for (const at::Tensor& slot : host_state_[c.param]) cs.slots.push_back(static_cast<char*>(slot.data_ptr()) + offset);
-      out.push_back(std::move(cs));
+      auto span = [&c](const at::Tensor& t) -> ShardStore::ElementSpan {  // {}: a dtype no table keeps (refused)
+        if (t.scalar_type() == at::kFloat) return {t.data_ptr<float>() + c.offset, static_cast<size_t>(c.numel)};
+        if (t.scalar_type() == at::kDouble) return {t.data_ptr<double>() + c.offset, static_cast<size_t>(c.numel)};
+        return {};
+      };
+      out.push_back({c.key, span(staging_[c.param]), {}, 0});
+      for (const at::Tensor& slot : host_state_[c.param]) out.back().slots.push_back(span(slot));
     }
     return out;
   }

@@ -125,19 +125,19 @@ TEST_F(CoordinatorFloodTest, AUserAndTheClusterFloodingAreRefusedAndOthersAreSer
   auto member = ClusterService::NewStub(Channel(creds_.cluster_token_file));
 
   // A shard and a worker take alice's first job; another worker stays idle.
-  auto join = [&](const std::string& role, const std::string& name) {
+  auto join = [&](MemberRole role, const std::string& name) {
     grpc::ClientContext ctx;
     SetDeadline(&ctx, absl::Seconds(10));
     RegisterRequest req;
     req.set_role(role);
     req.set_name(name);
-    if (role == "shard") req.set_address("127.0.0.1:1");
+    if (role == MEMBER_ROLE_SHARD) req.set_address("127.0.0.1:1");
     RegisterResponse resp;
     EXPECT_TRUE(member->Register(&ctx, req, &resp).ok());
     return resp.member_id();
   };
-  join("shard", "shard-0");
-  const std::string worker = join("worker", "worker-0");
+  join(MEMBER_ROLE_SHARD, "shard-0");
+  const std::string worker = join(MEMBER_ROLE_WORKER, "worker-0");
 
   // Submissions: the queued ones up to the quota (the first runs, so one
   // more fits), then refused.
@@ -156,7 +156,7 @@ TEST_F(CoordinatorFloodTest, AUserAndTheClusterFloodingAreRefusedAndOthersAreSer
   EXPECT_EQ(ids.size(), static_cast<size_t>(kQueuedPerUser + 1));
   EXPECT_EQ(refused, 4 * kQueuedPerUser - kQueuedPerUser - 1);
   ASSERT_EQ(coordinator_->GetJob(ids[0])->state(), RUNNING);
-  const std::string idle = join("worker", "worker-1");
+  const std::string idle = join(MEMBER_ROLE_WORKER, "worker-1");
 
   // Watches: each holds a thread while it streams; the first status
   // arrives at once, so a watch that got one is open.

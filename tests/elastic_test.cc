@@ -91,7 +91,7 @@ class ElasticTest : public ControlPlaneTest {
   size_t PoolIndexOfRank(const std::string& job, int rank) {
     CliResult st = Cli({"status", job, "-o", "json"});
     std::smatch m;
-    const std::regex re("\"role\": \"worker\",\\s*\"name\": \"([^\"]+)\"[^{}]*\"rank\": " +
+    const std::regex re("\"role\": \"MEMBER_ROLE_WORKER\",\\s*\"name\": \"([^\"]+)\"[^{}]*\"rank\": " +
                         std::to_string(rank) + "\\b");
     EXPECT_TRUE(std::regex_search(st.out, m, re)) << st.out;
     auto it = std::find(pool_names_.begin(), pool_names_.end(), m.empty() ? "" : std::string(m[1]));

@@ -194,11 +194,10 @@ class GrpcHostileTest : public ::testing::Test {
     const std::string cl = "/pstrain.ClusterService/";
     {
       RegisterRequest r;
-      r.set_role("emperor");
-      add(cl + "Register", "unknown role", r, grpc::StatusCode::INVALID_ARGUMENT);
-      r.set_role("shard");
+      add(cl + "Register", "no role", r, grpc::StatusCode::INVALID_ARGUMENT);
+      r.set_role(MEMBER_ROLE_SHARD);
       add(cl + "Register", "shard without an address", r, grpc::StatusCode::INVALID_ARGUMENT);
-      r.set_role("worker");
+      r.set_role(MEMBER_ROLE_WORKER);
       r.set_name("has space");
       add(cl + "Register", "name with a space", r, grpc::StatusCode::INVALID_ARGUMENT);
     }

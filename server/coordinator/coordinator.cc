@@ -7,6 +7,7 @@
 #include "absl/strings/str_join.h"
 #include "checkpoint/layout.h"
 #include "common/file_util.h"
+#include "common/member_role.h"
 #include "common/quote.h"
 #include "common/random_hex.h"
 #include "rpc/grpc_remote_shard.h"
@@ -566,8 +567,8 @@ void Coordinator::ExpireLeases() {
       // A vacated rank may have ended the job (the others were done).
       if (st.state() != RUNNING && st.state() != CHECKPOINTING) break;
       if (members_.Attached(jm.name(), id)) continue;
-      const std::string what = absl::StrCat(jm.role(), " ", jm.name(), " (rank ", jm.rank(), ") was lost: missed ",
-                                            options_.missed_heartbeats, " heartbeats");
+      const std::string what = absl::StrCat(RoleName(jm.role()), " ", jm.name(), " (rank ", jm.rank(),
+                                            ") was lost: missed ", options_.missed_heartbeats, " heartbeats");
       if (VacateRank(job, jm, what)) continue;  // a parameter-server job goes on without it
       RestartOrFail(job, "MemberLost", what, /*retryable=*/true);
       break;

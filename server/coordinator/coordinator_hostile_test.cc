@@ -26,12 +26,12 @@ CoordinatorOptions Options() { return TestCoordinatorOptions(); }
 
 std::unique_ptr<Coordinator> Make(const CoordinatorOptions& o = Options()) { return MakeTestCoordinator(o); }
 
-absl::StatusOr<RegisterResponse> Join(Coordinator& c, const std::string& role, const std::string& name,
+absl::StatusOr<RegisterResponse> Join(Coordinator& c, MemberRole role, const std::string& name,
                                       const std::string& job = "", uint64_t attempt = 0) {
   RegisterRequest r;
   r.set_role(role);
   r.set_name(name);
-  if (role == "shard") r.set_address("127.0.0.1:1");
+  if (role == MEMBER_ROLE_SHARD) r.set_address("127.0.0.1:1");
   r.set_job_id(job);
   r.set_rank(0);
   r.set_attempt(attempt);
@@ -62,8 +62,8 @@ WorkerEvent Parse(const std::string& json) {
 // stop, its KV requests are refused, and it is not re-attached.
 TEST(CoordinatorFencingTest, RequestsOfAnotherAttemptAreRefusedOrIgnored) {
   auto c = Make();
-  const std::string shard = Join(*c, "shard", "shard-0")->member_id();
-  const std::string worker = Join(*c, "worker", "worker-0")->member_id();
+  const std::string shard = Join(*c, MEMBER_ROLE_SHARD, "shard-0")->member_id();
+  const std::string worker = Join(*c, MEMBER_ROLE_WORKER, "worker-0")->member_id();
   const std::string job = Submit(*c);
   auto st = c->GetJob(job);
   ASSERT_EQ(st->state(), RUNNING);
@@ -97,7 +97,7 @@ TEST(CoordinatorFencingTest, RequestsOfAnotherAttemptAreRefusedOrIgnored) {
   EXPECT_EQ(beat->attempt(), 1u);
   // Re-registering under another attempt does not re-attach.
   RegisterRequest rejoin;
-  rejoin.set_role("worker");
+  rejoin.set_role(MEMBER_ROLE_WORKER);
   rejoin.set_name("worker-0");
   rejoin.set_job_id(job);
   rejoin.set_attempt(7);
@@ -117,8 +117,8 @@ TEST(CoordinatorFencingTest, RequestsOfAnotherAttemptAreRefusedOrIgnored) {
 // something that means something; a shard's heartbeat carries none.
 TEST(CoordinatorLimitsTest, ActivityFromHeartbeatsIsSanitised) {
   auto c = Make();
-  const std::string shard = Join(*c, "shard", "shard-0")->member_id();
-  const std::string worker = Join(*c, "worker", "worker-0")->member_id();
+  const std::string shard = Join(*c, MEMBER_ROLE_SHARD, "shard-0")->member_id();
+  const std::string worker = Join(*c, MEMBER_ROLE_WORKER, "worker-0")->member_id();
   const std::string job = Submit(*c);
   ASSERT_EQ(c->GetJob(job)->state(), RUNNING);
   auto activity_of = [&](const std::string& name) {
@@ -167,17 +167,17 @@ TEST(CoordinatorLimitsTest, MembersNamesAndDeadRegistrationsAreBounded) {
   ManualClock clock;
   o.clock = &clock;
   auto c = Make(o);
-  auto r = Join(*c, "worker", std::string(1 << 20, 'n'));
+  auto r = Join(*c, MEMBER_ROLE_WORKER, std::string(1 << 20, 'n'));
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_LT(r.status().message().size(), 400u);
-  EXPECT_EQ(Join(*c, "worker", "bad\nname").status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(Join(*c, "emperor", "x").status().code(), absl::StatusCode::kInvalidArgument);
-  ASSERT_TRUE(Join(*c, "worker", "w1").ok());
-  ASSERT_TRUE(Join(*c, "worker", "w2").ok());
-  ASSERT_TRUE(Join(*c, "worker", "w3").ok());
-  EXPECT_EQ(Join(*c, "worker", "w4").status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(Join(*c, MEMBER_ROLE_WORKER, "bad\nname").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Join(*c, MEMBER_ROLE_UNSPECIFIED, "x").status().code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(Join(*c, MEMBER_ROLE_WORKER, "w1").ok());
+  ASSERT_TRUE(Join(*c, MEMBER_ROLE_WORKER, "w2").ok());
+  ASSERT_TRUE(Join(*c, MEMBER_ROLE_WORKER, "w3").ok());
+  EXPECT_EQ(Join(*c, MEMBER_ROLE_WORKER, "w4").status().code(), absl::StatusCode::kResourceExhausted);
   // A live member's name is not for a stranger.
-  EXPECT_EQ(Join(*c, "worker", "w3").status().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(Join(*c, MEMBER_ROLE_WORKER, "w3").status().code(), absl::StatusCode::kAlreadyExists);
   // Nobody beats: lost after one lease, forgotten after two more.
   clock.Advance(absl::Milliseconds(200));
   c->Tick();
@@ -189,7 +189,7 @@ TEST(CoordinatorLimitsTest, MembersNamesAndDeadRegistrationsAreBounded) {
   clock.Advance(absl::Milliseconds(50));
   c->Tick();
   EXPECT_TRUE(c->Members().empty());
-  EXPECT_TRUE(Join(*c, "worker", "w4").ok());
+  EXPECT_TRUE(Join(*c, MEMBER_ROLE_WORKER, "w4").ok());
 }
 
 TEST(CoordinatorLimitsTest, KeyValueStoreIsBoundedAndKeepsItsContract) {
@@ -197,8 +197,8 @@ TEST(CoordinatorLimitsTest, KeyValueStoreIsBoundedAndKeepsItsContract) {
   o.max_kv_keys = 3;
   o.max_kv_value_bytes = 100;
   auto c = Make(o);
-  (void)Join(*c, "shard", "shard-0");
-  const std::string w = Join(*c, "worker", "worker-0")->member_id();
+  (void)Join(*c, MEMBER_ROLE_SHARD, "shard-0");
+  const std::string w = Join(*c, MEMBER_ROLE_WORKER, "worker-0")->member_id();
   const std::string job = Submit(*c);  // running: attempt 1
   EXPECT_EQ(c->KvSet(w, job, 1, "k", std::string(101, 'v')).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(c->KvSet(w, job, 1, std::string(600, 'k'), "v").code(), absl::StatusCode::kInvalidArgument);
@@ -216,7 +216,7 @@ TEST(CoordinatorLimitsTest, KeyValueStoreIsBoundedAndKeepsItsContract) {
   EXPECT_EQ(c->KvAdd(w, job, 1, "a", 1).status().code(), absl::StatusCode::kOutOfRange);
   EXPECT_EQ(*c->KvGet(w, job, 1, "a", absl::Now()), std::to_string(INT64_MAX));  // unchanged
   // Only the job's members: an unknown id, and a registered member of no job.
-  const std::string idle = Join(*c, "worker", "worker-1")->member_id();
+  const std::string idle = Join(*c, MEMBER_ROLE_WORKER, "worker-1")->member_id();
   EXPECT_EQ(c->KvSet("worker-0#1", job, 1, "a", "1").code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(c->KvSet(idle, job, 1, "a", "1").code(), absl::StatusCode::kPermissionDenied);
   EXPECT_EQ(c->KvGet(idle, job, 1, "a", absl::Now()).status().code(), absl::StatusCode::kPermissionDenied);
@@ -225,8 +225,8 @@ TEST(CoordinatorLimitsTest, KeyValueStoreIsBoundedAndKeepsItsContract) {
 
 TEST(CoordinatorLimitsTest, MalformedEventsAreRefusedAndChangeNothing) {
   auto c = Make();
-  ASSERT_TRUE(Join(*c, "shard", "shard-0").ok());
-  const std::string w = Join(*c, "worker", "worker-0")->member_id();
+  ASSERT_TRUE(Join(*c, MEMBER_ROLE_SHARD, "shard-0").ok());
+  const std::string w = Join(*c, MEMBER_ROLE_WORKER, "worker-0")->member_id();
   const std::string job = Submit(*c);
   // An event without a kind; an oversized one.
   EXPECT_EQ(Event(*c, w, job, 1, WorkerEvent()).status().code(), absl::StatusCode::kInvalidArgument);
@@ -263,8 +263,8 @@ TEST(CoordinatorConcurrencyTest, OnlyOneCheckpointOfAJobRunsAtATime) {
     cv.notify_all();
   };
   auto c = Make(o);
-  ASSERT_TRUE(Join(*c, "shard", "shard-0").ok());
-  ASSERT_TRUE(Join(*c, "worker", "worker-0").ok());
+  ASSERT_TRUE(Join(*c, MEMBER_ROLE_SHARD, "shard-0").ok());
+  ASSERT_TRUE(Join(*c, MEMBER_ROLE_WORKER, "worker-0").ok());
   const std::string job = Submit(*c);
   // The job has not reported its model: the first checkpoint waits for it.
   auto first = std::async(std::launch::async, [&] { return c->Checkpoint(job).status(); });
@@ -297,7 +297,7 @@ TEST(CoordinatorConcurrencyTest, ASubmissionIsStoredOffTheLock) {
     cv.wait(lock, [&] { return release; });
   };
   auto h = Make(hooked);
-  const std::string member = Join(*h, "worker", "worker-1")->member_id();
+  const std::string member = Join(*h, MEMBER_ROLE_WORKER, "worker-1")->member_id();
   auto submitting = std::async(std::launch::async, [&] { return Submit(*h); });
   {
     std::unique_lock<std::mutex> lock(mu);
@@ -306,7 +306,7 @@ TEST(CoordinatorConcurrencyTest, ASubmissionIsStoredOffTheLock) {
   auto others = std::async(std::launch::async, [&] {
     HeartbeatRequest hb;
     hb.set_member_id(member);
-    return h->Heartbeat(hb).ok() && Join(*h, "shard", "shard-9").ok() && h->ListJobs().empty();
+    return h->Heartbeat(hb).ok() && Join(*h, MEMBER_ROLE_SHARD, "shard-9").ok() && h->ListJobs().empty();
   });
   EXPECT_EQ(others.wait_for(std::chrono::seconds(10)), std::future_status::ready) << "blocked behind the insert";
   {
@@ -337,7 +337,7 @@ TEST(CoordinatorConcurrencyTest, StatusIsPersistedOffTheLock) {
     ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(30), [&] { return stalled; }));
   }
   auto done = std::async(std::launch::async, [&] {
-    auto w = Join(*c, "worker", "worker-x");
+    auto w = Join(*c, MEMBER_ROLE_WORKER, "worker-x");
     return w.ok() && c->GetJob(job).ok() && !c->ListJobs().empty();
   });
   EXPECT_EQ(done.wait_for(std::chrono::seconds(10)), std::future_status::ready) << "blocked behind the store";

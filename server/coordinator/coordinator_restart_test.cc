@@ -103,12 +103,12 @@ class CoordinatorRestartTest : public ::testing::Test {
     }
     return false;
   }
-  std::string Join(Coordinator& c, const std::string& role, const std::string& name, const std::string& job = "",
+  std::string Join(Coordinator& c, MemberRole role, const std::string& name, const std::string& job = "",
                    uint64_t attempt = 0) {
     RegisterRequest r;
     r.set_role(role);
     r.set_name(name);
-    if (role == "shard") r.set_address("127.0.0.1:1" + name.substr(name.size() - 1));
+    if (role == MEMBER_ROLE_SHARD) r.set_address("127.0.0.1:1" + name.substr(name.size() - 1));
     r.set_job_id(job);
     r.set_attempt(attempt);
     // As a member does: it names the id it had (its credential for its seat).
@@ -190,7 +190,7 @@ class KilledInACheckpointTest : public CoordinatorRestartTest {
     db_ = Db("killed-in-checkpoint");
     first_ = Make(db_, Options());
     ASSERT_NE(first_, nullptr);
-    w0_ = Join(*first_, "worker", "worker-0");
+    w0_ = Join(*first_, MEMBER_ROLE_WORKER, "worker-0");
     job_ = SubmitSpec(*first_, kAllReduce1);
     ASSERT_EQ(AwaitAssignment(*first_, w0_), 1u);
     ASSERT_TRUE(Event(*first_, w0_, job_, 1,
@@ -238,7 +238,7 @@ TEST_F(KilledInACheckpointTest, TheJobRunsAgainAfterTheRestart) {
   EXPECT_FALSE(std::filesystem::exists(::testing::TempDir() + "/out/" + job_ + "/ckpt-10"));
   // Its worker comes back to the same attempt, is not asked to pause, and
   // finishes: the job succeeds.
-  const std::string w0 = Join(*second, "worker", "worker-0", job_, 1);
+  const std::string w0 = Join(*second, MEMBER_ROLE_WORKER, "worker-0", job_, 1);
   EXPECT_FALSE(Beat(*second, w0, job_, 1).pause());
   ASSERT_TRUE(Event(*second, w0, job_, 1, R"({"rank": 0, "done": {}})").ok());
   EXPECT_EQ(second->GetJob(job_)->state(), SUCCEEDED);
@@ -250,7 +250,7 @@ TEST_F(KilledInACheckpointTest, TheJobRunsAgainAfterTheRestart) {
 TEST_F(KilledInACheckpointTest, PauseIdsAreNotReusedAfterTheRestart) {
   auto second = Make(image_, Options());
   ASSERT_NE(second, nullptr);
-  const std::string w0 = Join(*second, "worker", "worker-0", job_, 1);
+  const std::string w0 = Join(*second, MEMBER_ROLE_WORKER, "worker-0", job_, 1);
   std::future<absl::Status> checkpoint;
   absl::Cleanup end = [&] {
     (void)second->CancelJob(job_);
@@ -278,7 +278,7 @@ TEST_F(CoordinatorRestartTest, AnAttemptIsOnDiskBeforeAnyMemberLearnsIt) {
   auto first = Make(db, o);
   ASSERT_NE(first, nullptr);
   absl::Cleanup open = [&] { persist.Open(); };
-  const std::string w0 = Join(*first, "worker", "worker-0");
+  const std::string w0 = Join(*first, MEMBER_ROLE_WORKER, "worker-0");
   const std::string job = SubmitSpec(*first, kAllReduce1);
   ASSERT_EQ(first->GetJob(job)->attempt(), 1u);  // scheduled, in memory
   ASSERT_TRUE(persist.AwaitReached());
@@ -294,7 +294,7 @@ TEST_F(CoordinatorRestartTest, AnAttemptIsOnDiskBeforeAnyMemberLearnsIt) {
     auto second = Make(CrashImage(db), Options());
     ASSERT_NE(second, nullptr);
     EXPECT_EQ(second->GetJob(job)->attempt(), 0u);
-    const std::string w9 = Join(*second, "worker", "worker-9");
+    const std::string w9 = Join(*second, MEMBER_ROLE_WORKER, "worker-9");
     EXPECT_EQ(AwaitAssignment(*second, w9), 1u);
   }
   // Once written, the first coordinator hands it out.
@@ -310,8 +310,8 @@ class LateResultTest : public CoordinatorRestartTest {
   void Start(CoordinatorOptions o) {
     dir_ = WriteCheckpointAt(120, kAllReduce2, 2);
     c_ = Make(":memory:", o);
-    Join(*c_, "worker", "worker-0");
-    Join(*c_, "worker", "worker-1");
+    Join(*c_, MEMBER_ROLE_WORKER, "worker-0");
+    Join(*c_, MEMBER_ROLE_WORKER, "worker-1");
     job_ = Resume(*c_, dir_);
     const std::vector<std::string> w = WorkersByRank(*c_, job_);
     ASSERT_EQ(w.size(), 2u);
@@ -435,8 +435,8 @@ class LastRankVacatedTest : public CoordinatorRestartTest {
  protected:
   void SetUp() override {
     c_ = Make(":memory:", Options());
-    s0_ = Join(*c_, "shard", "shard-0");
-    for (int r = 0; r < 3; ++r) w_.push_back(Join(*c_, "worker", absl::StrCat("worker-", r)));
+    s0_ = Join(*c_, MEMBER_ROLE_SHARD, "shard-0");
+    for (int r = 0; r < 3; ++r) w_.push_back(Join(*c_, MEMBER_ROLE_WORKER, absl::StrCat("worker-", r)));
     job_ = SubmitSpec(*c_, "name: t\nworkers: 3\nmin_workers: 1\nshards: 1\ndata: {format: synthetic}\n");
     ASSERT_EQ(c_->GetJob(job_)->state(), RUNNING);
     w_ = WorkersByRank(*c_, job_);
@@ -469,7 +469,7 @@ TEST_F(LastRankVacatedTest, Lost) {
 }
 
 TEST_F(LastRankVacatedTest, ShuttingDown) {
-  ASSERT_TRUE(Event(*c_, w_[2], job_, 1, R"({"rank": 2, "draining": {"role": "worker"}})").ok());
+  ASSERT_TRUE(Event(*c_, w_[2], job_, 1, R"({"rank": 2, "draining": {"role": "MEMBER_ROLE_WORKER"}})").ok());
   ExpectSucceeded();
 }
 
@@ -547,12 +547,12 @@ TEST_F(CoordinatorRestartTest, SeatsAreSentAgainAfterARestart) {
   auto first = Make(db, Options());
   ASSERT_NE(first, nullptr);
   RegisterRequest r;
-  r.set_role("shard");
+  r.set_role(MEMBER_ROLE_SHARD);
   r.set_name("shard-0");
   r.set_address(absl::StrCat("127.0.0.1:", port));
   ASSERT_TRUE(first->Register(r).ok());
   std::vector<std::string> w;
-  for (int rank = 0; rank < 3; ++rank) w.push_back(Join(*first, "worker", absl::StrCat("worker-", rank)));
+  for (int rank = 0; rank < 3; ++rank) w.push_back(Join(*first, MEMBER_ROLE_WORKER, absl::StrCat("worker-", rank)));
   const std::string job = SubmitSpec(
       *first, "name: t\nworkers: 3\nmin_workers: 1\nreplacement_timeout_s: 60\nshards: 1\ndata: {format: synthetic}\n");
   w = WorkersByRank(*first, job);
@@ -563,7 +563,7 @@ TEST_F(CoordinatorRestartTest, SeatsAreSentAgainAfterARestart) {
   // 2 (not awaited: one worker is enough). The shards hear of neither.
   for (int rank : {0, 2}) {
     ASSERT_TRUE(Event(*first, w[rank], job, 1,
-                      absl::StrCat(R"({"rank": )", rank, R"(, "draining": {"role": "worker"}})"))
+                      absl::StrCat(R"({"rank": )", rank, R"(, "draining": {"role": "MEMBER_ROLE_WORKER"}})"))
                     .ok());
   }
   const absl::Time deadline = absl::Now() + absl::Seconds(30);

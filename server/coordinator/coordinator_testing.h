@@ -75,7 +75,7 @@ inline std::vector<std::string> WorkersByRank(Coordinator& c, const std::string&
   EXPECT_TRUE(st.ok()) << st.status();
   if (!st.ok()) return out;
   for (const MemberStatus& m : st->members()) {
-    if (m.role() != "worker" || m.rank() < 0) continue;
+    if (m.role() != MEMBER_ROLE_WORKER || m.rank() < 0) continue;
     if (out.size() <= static_cast<size_t>(m.rank())) out.resize(m.rank() + 1);
     out[m.rank()] = m.member_id();
   }

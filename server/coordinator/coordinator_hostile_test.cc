@@ -5,12 +5,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-
-#include <condition_variable>
 #include <filesystem>
 #include <future>
-#include <mutex>
 
+#include "absl/cleanup/cleanup.h"
 #include "common/clock.h"
 #include "common/file_util.h"
 #include "google/protobuf/util/json_util.h"
@@ -253,25 +251,17 @@ TEST(CoordinatorLimitsTest, MalformedEventsAreRefusedAndChangeNothing) {
 // Two checkpoint requests at once: the second is refused (UNAVAILABLE, try
 // again) while the first holds the claim -- both passed the old check.
 TEST(CoordinatorConcurrencyTest, OnlyOneCheckpointOfAJobRunsAtATime) {
-  std::mutex mu;
-  std::condition_variable cv;
-  bool claimed = false;
+  Gate claimed;
+  claimed.Open();
   CoordinatorOptions o = Options();
-  o.on_checkpoint_claimed = [&](const std::string&) {
-    std::lock_guard<std::mutex> lock(mu);
-    claimed = true;
-    cv.notify_all();
-  };
+  o.on_checkpoint_claimed = [&](const std::string&) { claimed.Arrive(); };
   auto c = Make(o);
   ASSERT_TRUE(Join(*c, MEMBER_ROLE_SHARD, "shard-0").ok());
   ASSERT_TRUE(Join(*c, MEMBER_ROLE_WORKER, "worker-0").ok());
   const std::string job = Submit(*c);
   // The job has not reported its model: the first checkpoint waits for it.
   auto first = std::async(std::launch::async, [&] { return c->Checkpoint(job).status(); });
-  {
-    std::unique_lock<std::mutex> lock(mu);
-    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(30), [&] { return claimed; }));
-  }
+  ASSERT_TRUE(claimed.AwaitReached());
   absl::Status second = c->Checkpoint(job).status();
   EXPECT_EQ(second.code(), absl::StatusCode::kUnavailable) << second;
   EXPECT_NE(second.message().find("already in progress"), absl::string_view::npos) << second;
@@ -286,66 +276,40 @@ TEST(CoordinatorConcurrencyTest, OnlyOneCheckpointOfAJobRunsAtATime) {
 // waits on the disk. (An elastic test under heavy load once saw a CLI
 // submit time out; this was a suspect.)
 TEST(CoordinatorConcurrencyTest, ASubmissionIsStoredOffTheLock) {
-  std::mutex mu;
-  std::condition_variable cv;
-  bool stalled = false, release = false;
+  Gate insert;
   CoordinatorOptions hooked = Options();
-  hooked.before_create = [&] {
-    std::unique_lock<std::mutex> lock(mu);
-    stalled = true;
-    cv.notify_all();
-    cv.wait(lock, [&] { return release; });
-  };
+  hooked.before_create = [&] { insert.Arrive(); };
   auto h = Make(hooked);
   const std::string member = Join(*h, MEMBER_ROLE_WORKER, "worker-1")->member_id();
   auto submitting = std::async(std::launch::async, [&] { return Submit(*h); });
-  {
-    std::unique_lock<std::mutex> lock(mu);
-    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(30), [&] { return stalled; }));
-  }
+  absl::Cleanup open = [&] { insert.Open(); };
+  ASSERT_TRUE(insert.AwaitReached());
   auto others = std::async(std::launch::async, [&] {
     HeartbeatRequest hb;
     hb.set_member_id(member);
     return h->Heartbeat(hb).ok() && Join(*h, MEMBER_ROLE_SHARD, "shard-9").ok() && h->ListJobs().empty();
   });
   EXPECT_EQ(others.wait_for(std::chrono::seconds(10)), std::future_status::ready) << "blocked behind the insert";
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    release = true;
-    cv.notify_all();
-  }
+  insert.Open();
   EXPECT_TRUE(others.get());
   EXPECT_FALSE(submitting.get().empty());
   EXPECT_EQ(h->ListJobs().size(), 1u);
 }
 
 TEST(CoordinatorConcurrencyTest, StatusIsPersistedOffTheLock) {
-  std::mutex mu;
-  std::condition_variable cv;
-  bool stalled = false, release = false;
+  Gate persist;
   CoordinatorOptions o = Options();
-  o.before_persist = [&](const std::string&) {
-    std::unique_lock<std::mutex> lock(mu);
-    stalled = true;
-    cv.notify_all();
-    cv.wait(lock, [&] { return release; });
-  };
+  o.before_persist = [&](const std::string&) { persist.Arrive(); };
   auto c = Make(o);
   const std::string job = Submit(*c);  // the persister now hangs in its write
-  {
-    std::unique_lock<std::mutex> lock(mu);
-    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(30), [&] { return stalled; }));
-  }
+  absl::Cleanup open = [&] { persist.Open(); };
+  ASSERT_TRUE(persist.AwaitReached());
   auto done = std::async(std::launch::async, [&] {
     auto w = Join(*c, MEMBER_ROLE_WORKER, "worker-x");
     return w.ok() && c->GetJob(job).ok() && !c->ListJobs().empty();
   });
   EXPECT_EQ(done.wait_for(std::chrono::seconds(10)), std::future_status::ready) << "blocked behind the store";
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    release = true;
-    cv.notify_all();
-  }
+  persist.Open();
   EXPECT_TRUE(done.get());
 }
 

@@ -14,8 +14,6 @@
 #include <string>
 #include <vector>
 
-#include "absl/base/thread_annotations.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "checkpoint/manifest.h"
 #include "common/clock.h"
@@ -28,29 +26,6 @@ namespace pstrain {
 inline constexpr char kAllReduce1[] = "name: t\nmode: allreduce\nworkers: 1\ndata: {format: synthetic}\n";
 inline constexpr char kAllReduce2[] =
     "name: t\nmode: allreduce\nworkers: 2\nmax_restarts: 3\ndata: {format: synthetic}\n";
-
-// A gate a hook waits at: the test learns it was reached, then opens it.
-class Gate {
- public:
-  void Arrive() {
-    absl::MutexLock lock(&mu_);
-    reached_ = true;
-    mu_.Await(absl::Condition(&open_));
-  }
-  bool AwaitReached() {
-    absl::MutexLock lock(&mu_);
-    return mu_.AwaitWithTimeout(absl::Condition(&reached_), absl::Seconds(30));
-  }
-  void Open() {
-    absl::MutexLock lock(&mu_);
-    open_ = true;
-  }
-
- private:
-  absl::Mutex mu_;
-  bool reached_ ABSL_GUARDED_BY(mu_) = false;
-  bool open_ ABSL_GUARDED_BY(mu_) = false;
-};
 
 class CoordinatorRestartTest : public ::testing::Test {
  protected:

@@ -9,6 +9,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "common/activity_text.h"
+#include "common/member_role.h"
 
 const char* StateName(pstrain::JobState s) {
   switch (s) {
@@ -58,7 +59,7 @@ void PrintJobTable(const pstrain::JobStatus& st) {
     // doing (a slow or stuck rank waits on something for long).
     std::map<int, const pstrain::MemberStatus*> by_rank;
     for (const auto& m : st.members()) {
-      if (m.role() == "worker") by_rank[m.rank()] = &m;
+      if (m.role() == pstrain::MEMBER_ROLE_WORKER) by_rank[m.rank()] = &m;
     }
     std::printf("  %-5s %-6s %-15s %-8s %-10s %s\n", "RANK", "EPOCH", "STEP", "LOSS", "SAMPLES/S", "NOW");
     for (const auto& w : st.workers()) {
@@ -79,7 +80,7 @@ void PrintJobTable(const pstrain::JobStatus& st) {
   if (!st.weights_path().empty()) std::printf("weights:    %s\n", st.weights_path().c_str());
   std::printf("members:\n");
   for (const auto& m : st.members()) {
-    std::printf("  %-6s %-3d %-16s %-22s %s\n", m.role().c_str(), m.rank(), m.name().c_str(),
+    std::printf("  %-6s %-3d %-16s %-22s %s\n", pstrain::RoleName(m.role()), m.rank(), m.name().c_str(),
                 m.address().c_str(), m.alive() ? "alive" : "LOST");
   }
   std::printf("conditions:\n");
@@ -102,7 +103,7 @@ void PrintJobList(const pstrain::ListJobsResponse& resp) {
 void PrintMembers(const pstrain::ListMembersResponse& resp) {
   std::printf("%-7s %-18s %-22s %-7s %-12s %-5s %s\n", "ROLE", "NAME", "ADDRESS", "HEALTH", "JOB", "RANK", "LAST BEAT");
   for (const auto& m : resp.members()) {
-    std::printf("%-7s %-18s %-22s %-7s %-12s %-5s %s ago\n", m.role().c_str(), m.name().c_str(),
+    std::printf("%-7s %-18s %-22s %-7s %-12s %-5s %s ago\n", pstrain::RoleName(m.role()), m.name().c_str(),
                 m.address().empty() ? "-" : m.address().c_str(), m.alive() ? "alive" : "LOST",
                 m.job_id().empty() ? "-" : m.job_id().c_str(),
                 m.job_id().empty() ? "-" : std::to_string(m.rank()).c_str(), Ago(m.last_heartbeat_unix_ms()).c_str());

@@ -5,6 +5,7 @@
 #include <grpcpp/client_context.h>
 
 #include "absl/strings/str_cat.h"
+#include "common/member_role.h"
 #include "rpc/grpc_channel.h"
 #include "rpc/status_util.h"
 #include "spdlog/spdlog.h"
@@ -93,7 +94,8 @@ absl::Status ClusterMember::Start(absl::Duration timeout) {
     absl::SleepFor(absl::Milliseconds(200));
   }
   // Not the member id: it is this member's credential.
-  spdlog::info("{} {} registered with the coordinator at {}", options_.role, options_.name, options_.coordinator);
+  spdlog::info("{} {} registered with the coordinator at {}", RoleName(options_.role), options_.name,
+               options_.coordinator);
   started_ = true;
   heartbeat_ = std::thread([this] { HeartbeatLoop(); });
   sender_ = std::thread([this] { SenderLoop(); });
@@ -120,21 +122,21 @@ void ClusterMember::HeartbeatLoop() {
       // The coordinator forgot us (it restarted): register again, saying
       // what we are running so the job can carry on.
       absl::Status r = RegisterOnce();
-      spdlog::info("{} {}: registered again with the coordinator: {}", options_.role, options_.name,
+      spdlog::info("{} {}: registered again with the coordinator: {}", RoleName(options_.role), options_.name,
                    r.ToString());
     }
     mu_.Lock();
     if (!s.ok()) continue;
     pause_id_ = resp.pause_id();
     pause_ = resp.pause();
-    if (options_.role == "shard") {
+    if (options_.role == MEMBER_ROLE_SHARD) {
       // A shard serves whatever job it is assigned; remembering it lets a
       // restarted coordinator re-attach the shard to its running job.
       job_id_ = resp.job_id();
       attempt_ = resp.attempt();
     }
     if (resp.cancel_job() && !cancelled_.exchange(true)) {
-      spdlog::warn("{} {}: job {} is no longer assigned here; stopping it", options_.role,
+      spdlog::warn("{} {}: job {} is no longer assigned here; stopping it", RoleName(options_.role),
                    options_.name, req.running_job_id());
     }
   }

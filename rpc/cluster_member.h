@@ -30,7 +30,7 @@ namespace pstrain {
 
 struct ClusterMemberOptions {
   std::string coordinator;  // host:port
-  std::string role;         // "shard" or "worker"
+  MemberRole role = MEMBER_ROLE_UNSPECIFIED;
   std::string name;         // stable name (pod name)
   std::string address;      // shards: where their ParameterService listens
   absl::Duration rpc_timeout = absl::Seconds(10);

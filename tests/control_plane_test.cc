@@ -155,7 +155,7 @@ TEST_F(ControlPlaneTest, AnImpostorRacingARestartedCoordinatorGetsNoSeat) {
   std::thread impostor([&] {
     while (!stop.load()) {
       RegisterRequest r;
-      r.set_role("shard");
+      r.set_role(MEMBER_ROLE_SHARD);
       r.set_name("shard-0");
       r.set_address("127.0.0.1:9");
       r.set_job_id(job);

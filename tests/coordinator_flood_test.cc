@@ -119,120 +119,140 @@ void ExpectExhausted(const grpc::Status& s, const std::string& flag) {
   EXPECT_NE(s.error_message().find(flag), std::string::npos) << s.error_message();
 }
 
-TEST_F(CoordinatorFloodTest, AUserAndTheClusterFloodingAreRefusedAndOthersAreServed) {
-  auto alice = JobService::NewStub(Channel(creds_.user_token_file));
-  auto bob = JobService::NewStub(Channel(bob_token_file_));
-  auto member = ClusterService::NewStub(Channel(creds_.cluster_token_file));
+std::string Join(ClusterService::Stub& member, MemberRole role, const std::string& name) {
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, absl::Seconds(10));
+  RegisterRequest req;
+  req.set_role(role);
+  req.set_name(name);
+  if (role == MEMBER_ROLE_SHARD) req.set_address("127.0.0.1:1");
+  RegisterResponse resp;
+  EXPECT_TRUE(member.Register(&ctx, req, &resp).ok());
+  return resp.member_id();
+}
 
-  // A shard and a worker take alice's first job; another worker stays idle.
-  auto join = [&](const std::string& role, const std::string& name) {
-    grpc::ClientContext ctx;
-    SetDeadline(&ctx, absl::Seconds(10));
-    RegisterRequest req;
-    req.set_role(role);
-    req.set_name(name);
-    if (role == "shard") req.set_address("127.0.0.1:1");
-    RegisterResponse resp;
-    EXPECT_TRUE(member->Register(&ctx, req, &resp).ok());
-    return resp.member_id();
-  };
-  join("shard", "shard-0");
-  const std::string worker = join("worker", "worker-0");
+// A KvGet of a key nobody sets, waiting `wait_ms` for it.
+grpc::Status GetUnsetKey(ClusterService::Stub& member, const std::string& worker, const std::string& job,
+                         int wait_ms) {
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, absl::Seconds(30));
+  KvGetRequest req;
+  req.set_member_id(worker);
+  req.set_job_id(job);
+  req.set_attempt(1);
+  req.set_key("never-set");
+  req.set_wait_ms(wait_ms);
+  KvGetResponse resp;
+  return member.KvGet(&ctx, req, &resp);
+}
 
-  // Submissions: the queued ones up to the quota (the first runs, so one
-  // more fits), then refused.
+// Submits 4 times the quota; returns the ids of the jobs accepted.
+std::vector<std::string> SubmitPastTheQuota(JobService::Stub& user) {
   std::vector<std::string> ids;
-  int refused = 0;
   for (int i = 0; i < 4 * kQueuedPerUser; ++i) {
     std::string id;
-    grpc::Status s = Submit(*alice, &id);
+    grpc::Status s = Submit(user, &id);
     if (s.ok()) {
       ids.push_back(id);
     } else {
-      ++refused;
       ExpectExhausted(s, "--max_queued_jobs_per_user");
     }
   }
-  EXPECT_EQ(ids.size(), static_cast<size_t>(kQueuedPerUser + 1));
-  EXPECT_EQ(refused, 4 * kQueuedPerUser - kQueuedPerUser - 1);
-  ASSERT_EQ(coordinator_->GetJob(ids[0])->state(), RUNNING);
-  const std::string idle = join("worker", "worker-1");
+  return ids;
+}
 
-  // Watches: each holds a thread while it streams; the first status
-  // arrives at once, so a watch that got one is open.
-  std::vector<std::unique_ptr<grpc::ClientContext>> watch_ctx;
-  std::vector<std::unique_ptr<grpc::ClientReader<JobStatus>>> watches;
+// Watches of one job, each holding a server thread while it streams.
+struct Watches {
+  std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
+  std::vector<std::unique_ptr<grpc::ClientReader<JobStatus>>> readers;
+
+  void Close(size_t i) {
+    contexts[i]->TryCancel();
+    (void)readers[i]->Finish();
+  }
+};
+
+// Opens two watches more than the per-user limit: the first status arrives
+// at once, so a watch that got one is open.
+Watches WatchPastTheLimit(JobService::Stub& user, const std::string& job) {
+  Watches w;
   for (int i = 0; i < kWatchesPerUser + 2; ++i) {
-    watch_ctx.push_back(std::make_unique<grpc::ClientContext>());
-    SetDeadline(watch_ctx.back().get(), absl::Seconds(60));
+    w.contexts.push_back(std::make_unique<grpc::ClientContext>());
+    SetDeadline(w.contexts.back().get(), absl::Seconds(60));
     WatchJobRequest req;
-    req.set_job_id(ids[1]);
-    watches.push_back(alice->WatchJob(watch_ctx.back().get(), req));
+    req.set_job_id(job);
+    w.readers.push_back(user.WatchJob(w.contexts.back().get(), req));
     JobStatus first;
-    const bool open = watches.back()->Read(&first);
+    const bool open = w.readers.back()->Read(&first);
     if (i < kWatchesPerUser) {
       EXPECT_TRUE(open) << "watch " << i;
     } else {
       EXPECT_FALSE(open) << "watch " << i;
-      ExpectExhausted(watches.back()->Finish(), "--max_watches_per_user");
+      ExpectExhausted(w.readers.back()->Finish(), "--max_watches_per_user");
+    }
+  }
+  return w;
+}
+
+// Long waits by the cluster, many at once: KvGets of a key nobody sets
+// (by `worker`, on `job`) and GetAssignments of the idle worker `idle`,
+// counted by how they end.
+class WaitFlood {
+ public:
+  static constexpr int kCalls = 3 * kWaitingCalls;
+
+  WaitFlood(ClusterService::Stub& member, const std::string& worker, const std::string& job,
+            const std::string& idle) {
+    for (int i = 0; i < kCalls; ++i) {
+      threads_.emplace_back(
+          [&, i] { Count(i % 2 == 0 ? GetUnsetKey(member, worker, job, 8000) : Await(member, idle)); });
+    }
+  }
+  ~WaitFlood() { Join(); }
+
+  void Join() {
+    for (auto& t : threads_) t.join();
+    threads_.clear();
+  }
+
+  std::atomic<int> waited{0}, exhausted{0}, other{0};
+
+ private:
+  static grpc::Status Await(ClusterService::Stub& member, const std::string& idle) {
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx, absl::Seconds(30));
+    GetAssignmentRequest req;
+    req.set_member_id(idle);
+    req.set_wait_ms(8000);
+    Assignment resp;
+    return member.GetAssignment(&ctx, req, &resp);
+  }
+  void Count(const grpc::Status& s) {
+    if (s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED &&
+        s.error_message().find("--max_waiting_calls") != std::string::npos) {
+      ++exhausted;
+    } else if (s.error_code() == grpc::StatusCode::NOT_FOUND || s.ok()) {
+      ++waited;  // NOT_FOUND: the key is still missing at the deadline
+    } else {
+      ++other;
+      ADD_FAILURE() << s.error_code() << ": " << s.error_message();
     }
   }
 
-  // Long waits by the cluster: KvGet of a key nobody sets and GetAssignment
-  // of an idle worker, many at once. As many as the global bound leaves
-  // (kWaitingCalls - kWatchesPerUser) wait; the others are refused at once.
-  std::atomic<int> waited{0}, exhausted{0}, other{0};
-  std::vector<std::thread> flood;
-  constexpr int kFlood = 3 * kWaitingCalls;
-  for (int i = 0; i < kFlood; ++i) {
-    flood.emplace_back([&, i] {
-      grpc::ClientContext ctx;
-      SetDeadline(&ctx, absl::Seconds(30));
-      grpc::Status s;
-      if (i % 2 == 0) {
-        KvGetRequest req;
-        req.set_member_id(worker);
-        req.set_job_id(ids[0]);
-        req.set_attempt(1);
-        req.set_key("never-set");
-        req.set_wait_ms(8000);
-        KvGetResponse resp;
-        s = member->KvGet(&ctx, req, &resp);
-      } else {
-        GetAssignmentRequest req;
-        req.set_member_id(idle);
-        req.set_wait_ms(8000);
-        Assignment resp;
-        s = member->GetAssignment(&ctx, req, &resp);
-      }
-      if (s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED &&
-          s.error_message().find("--max_waiting_calls") != std::string::npos) {
-        ++exhausted;
-      } else if (s.error_code() == grpc::StatusCode::NOT_FOUND || s.ok()) {
-        ++waited;  // NOT_FOUND: the key is still missing at the deadline
-      } else {
-        ++other;
-        ADD_FAILURE() << s.error_code() << ": " << s.error_message();
-      }
-    });
-  }
-  // While every waiting place is taken: the refusals come back at once.
-  const absl::Time flood_start = absl::Now();
-  while (exhausted.load() < kFlood - (kWaitingCalls - kWatchesPerUser) && absl::Now() < flood_start + absl::Seconds(6)) {
-    absl::SleepFor(absl::Milliseconds(10));
-  }
-  EXPECT_EQ(exhausted.load(), kFlood - (kWaitingCalls - kWatchesPerUser));
-  EXPECT_EQ(waited.load(), 0);  // the others are still waiting
+  std::vector<std::thread> threads_;
+};
 
-  // Another user is served promptly, and so is the flooding one's listing.
+// Another user (bob) is served promptly while alice floods, and so is
+// alice's own listing; bob's watch is refused by the global bound.
+void ExpectOthersServed(JobService::Stub& alice, JobService::Stub& bob) {
   const absl::Time asked = absl::Now();
   std::string bob_job;
-  EXPECT_TRUE(Submit(*bob, &bob_job).ok());
+  EXPECT_TRUE(Submit(bob, &bob_job).ok());
   {
     grpc::ClientContext ctx;
     SetDeadline(&ctx, absl::Seconds(5));
     ListJobsResponse resp;
-    ASSERT_TRUE(bob->ListJobs(&ctx, ListJobsRequest(), &resp).ok());
+    ASSERT_TRUE(bob.ListJobs(&ctx, ListJobsRequest(), &resp).ok());
     ASSERT_EQ(resp.jobs_size(), 1);
     EXPECT_EQ(resp.jobs(0).job_id(), bob_job);
   }
@@ -240,64 +260,80 @@ TEST_F(CoordinatorFloodTest, AUserAndTheClusterFloodingAreRefusedAndOthersAreSer
     grpc::ClientContext ctx;
     SetDeadline(&ctx, absl::Seconds(5));
     ListJobsResponse resp;
-    ASSERT_TRUE(alice->ListJobs(&ctx, ListJobsRequest(), &resp).ok());
+    ASSERT_TRUE(alice.ListJobs(&ctx, ListJobsRequest(), &resp).ok());
     EXPECT_EQ(resp.jobs_size(), kQueuedPerUser + 1);
   }
   EXPECT_LT(absl::Now() - asked, absl::Seconds(3));
   // Bob may watch his own job: the per-user limit is alice's.
-  {
-    grpc::ClientContext ctx;
-    SetDeadline(&ctx, absl::Seconds(5));
-    WatchJobRequest req;
-    req.set_job_id(bob_job);
-    auto w = bob->WatchJob(&ctx, req);
-    JobStatus st;
-    EXPECT_FALSE(w->Read(&st));  // the global bound is reached: refused too
-    ExpectExhausted(w->Finish(), "--max_waiting_calls");
-  }
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, absl::Seconds(5));
+  WatchJobRequest req;
+  req.set_job_id(bob_job);
+  auto w = bob.WatchJob(&ctx, req);
+  JobStatus st;
+  EXPECT_FALSE(w->Read(&st));  // the global bound is reached: refused too
+  ExpectExhausted(w->Finish(), "--max_waiting_calls");
+}
 
-  for (auto& t : flood) t.join();
-  EXPECT_EQ(waited.load(), kWaitingCalls - kWatchesPerUser);
-  EXPECT_EQ(other.load(), 0);
-  // The waits are over: their places are free again.
-  {
-    grpc::ClientContext ctx;
-    SetDeadline(&ctx, absl::Seconds(10));
-    KvGetRequest req;
-    req.set_member_id(worker);
-    req.set_job_id(ids[0]);
-    req.set_attempt(1);
-    req.set_key("never-set");
-    req.set_wait_ms(50);
-    KvGetResponse resp;
-    EXPECT_EQ(member->KvGet(&ctx, req, &resp).error_code(), grpc::StatusCode::NOT_FOUND);
-  }
-  // Closing a watch gives alice's place back.
-  watch_ctx[0]->TryCancel();
-  (void)watches[0]->Finish();
-  absl::Time until = absl::Now() + absl::Seconds(10);
+// Tries for 10 s to open a watch of `job` (and closes it): OK once one is.
+grpc::Status ReopenWatch(JobService::Stub& user, const std::string& job) {
+  const absl::Time until = absl::Now() + absl::Seconds(10);
   grpc::Status reopened;
   do {
     grpc::ClientContext ctx;
     SetDeadline(&ctx, absl::Seconds(5));
     WatchJobRequest req;
-    req.set_job_id(ids[1]);
-    auto w = alice->WatchJob(&ctx, req);
+    req.set_job_id(job);
+    auto w = user.WatchJob(&ctx, req);
     JobStatus st;
     if (w->Read(&st)) {
       ctx.TryCancel();
       (void)w->Finish();
-      reopened = grpc::Status::OK;
-      break;
+      return grpc::Status::OK;
     }
     reopened = w->Finish();
     absl::SleepFor(absl::Milliseconds(50));
   } while (absl::Now() < until);
-  EXPECT_TRUE(reopened.ok()) << reopened.error_message();
-  for (size_t i = 1; i < static_cast<size_t>(kWatchesPerUser); ++i) {
-    watch_ctx[i]->TryCancel();
-    (void)watches[i]->Finish();
+  return reopened;
+}
+
+TEST_F(CoordinatorFloodTest, AUserAndTheClusterFloodingAreRefusedAndOthersAreServed) {
+  auto alice = JobService::NewStub(Channel(creds_.user_token_file));
+  auto bob = JobService::NewStub(Channel(bob_token_file_));
+  auto member = ClusterService::NewStub(Channel(creds_.cluster_token_file));
+
+  // A shard and a worker take alice's first job; another worker stays idle.
+  Join(*member, MEMBER_ROLE_SHARD, "shard-0");
+  const std::string worker = Join(*member, MEMBER_ROLE_WORKER, "worker-0");
+  // The queued ones up to the quota (the first runs, so one more fits).
+  const std::vector<std::string> ids = SubmitPastTheQuota(*alice);
+  ASSERT_EQ(ids.size(), static_cast<size_t>(kQueuedPerUser + 1));
+  ASSERT_EQ(coordinator_->GetJob(ids[0])->state(), RUNNING);
+  const std::string idle = Join(*member, MEMBER_ROLE_WORKER, "worker-1");
+  Watches watches = WatchPastTheLimit(*alice, ids[1]);
+
+  // As many waits as the global bound leaves (kWaitingCalls -
+  // kWatchesPerUser) wait; the others are refused at once.
+  constexpr int kWaiting = kWaitingCalls - kWatchesPerUser;
+  WaitFlood flood(*member, worker, ids[0], idle);
+  const absl::Time flood_start = absl::Now();
+  while (flood.exhausted.load() < WaitFlood::kCalls - kWaiting && absl::Now() < flood_start + absl::Seconds(6)) {
+    absl::SleepFor(absl::Milliseconds(10));
   }
+  EXPECT_EQ(flood.exhausted.load(), WaitFlood::kCalls - kWaiting);
+  EXPECT_EQ(flood.waited.load(), 0);  // the others are still waiting
+  ExpectOthersServed(*alice, *bob);
+
+  flood.Join();
+  EXPECT_EQ(flood.waited.load(), kWaiting);
+  EXPECT_EQ(flood.other.load(), 0);
+  // The waits are over: their places are free again.
+  EXPECT_EQ(GetUnsetKey(*member, worker, ids[0], 50).error_code(), grpc::StatusCode::NOT_FOUND);
+  // Closing a watch gives alice's place back.
+  watches.Close(0);
+  grpc::Status reopened = ReopenWatch(*alice, ids[1]);
+  EXPECT_TRUE(reopened.ok()) << reopened.error_message();
+  for (size_t i = 1; i < static_cast<size_t>(kWatchesPerUser); ++i) watches.Close(i);
 }
 
 }  // namespace

@@ -91,8 +91,10 @@ class ElasticTest : public ControlPlaneTest {
   size_t PoolIndexOfRank(const std::string& job, int rank) {
     CliResult st = Cli({"status", job, "-o", "json"});
     std::smatch m;
-    const std::regex re("\"role\": \"worker\",\\s*\"name\": \"([^\"]+)\"[^{}]*\"rank\": " +
-                        std::to_string(rank) + "\\b");
+    // One member's object: its name, its rank, perhaps its activity (an
+    // object), and last its role (field numbers order the JSON).
+    const std::regex re("\"name\": \"([^\"]+)\"[^{}]*\"rank\": " + std::to_string(rank) +
+                        "\\b[^{}]*(\\{[^{}]*\\}[^{}]*)?\"role\": \"MEMBER_ROLE_WORKER\"");
     EXPECT_TRUE(std::regex_search(st.out, m, re)) << st.out;
     auto it = std::find(pool_names_.begin(), pool_names_.end(), m.empty() ? "" : std::string(m[1]));
     EXPECT_NE(it, pool_names_.end()) << "rank " << rank << " is held by " << (m.empty() ? "nobody" : m[1].str());

@@ -213,11 +213,12 @@ void AddJobServiceCases(const CaseAdder& add) {
 void AddClusterServiceCases(const CaseAdder& add) {
   {
     RegisterRequest r;
-    r.set_role("emperor");
+    add("Register", "no role", r, grpc::StatusCode::INVALID_ARGUMENT);
+    r.set_role(static_cast<MemberRole>(99));
     add("Register", "unknown role", r, grpc::StatusCode::INVALID_ARGUMENT);
-    r.set_role("shard");
+    r.set_role(MEMBER_ROLE_SHARD);
     add("Register", "shard without an address", r, grpc::StatusCode::INVALID_ARGUMENT);
-    r.set_role("worker");
+    r.set_role(MEMBER_ROLE_WORKER);
     r.set_name("has space");
     add("Register", "name with a space", r, grpc::StatusCode::INVALID_ARGUMENT);
   }

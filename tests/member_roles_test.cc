@@ -87,12 +87,12 @@ TEST_F(SecurityTest, NoMemberMakesATableWithoutTheCoordinatorsGrant) {
   ASSERT_TRUE(id.ok()) << id.status();
   ASSERT_EQ(*id, "job-000001");
   RegisterRequest shard_member;
-  shard_member.set_role("shard");
+  shard_member.set_role(MEMBER_ROLE_SHARD);
   shard_member.set_name("shard-0");
   shard_member.set_address(s_.ps_server->local_target());
   ASSERT_TRUE(s_.coordinator->Register(shard_member).ok());
   RegisterRequest worker_member;
-  worker_member.set_role("worker");
+  worker_member.set_role(MEMBER_ROLE_WORKER);
   worker_member.set_name("worker-0");
   auto worker = s_.coordinator->Register(worker_member);
   ASSERT_TRUE(worker.ok()) << worker.status();
@@ -177,11 +177,11 @@ TEST_F(SecurityTest, TheShardsManagementCallsAreTheCoordinators) {
 TEST_F(SecurityTest, AMemberTokenRegistersOnlyItsOwnRole) {
   const std::string target = s_.coordinator_server->local_target();
   int n = 0;
-  auto register_as = [&](const std::string& token_file, const std::string& role) {
+  auto register_as = [&](const std::string& token_file, MemberRole role) {
     auto stub = ClusterService::NewStub(CreateChannel(target, 1 << 20, Client(token_file)));
     RegisterRequest r;
     r.set_role(role);
-    r.set_name(absl::StrCat("!", role, "-", n++));
+    r.set_name(absl::StrCat("!member-", n++));
     r.set_address("127.0.0.1:1");
     RegisterResponse resp;
     grpc::ClientContext ctx;
@@ -189,14 +189,14 @@ TEST_F(SecurityTest, AMemberTokenRegistersOnlyItsOwnRole) {
     ExpectNoToken(s);
     return s;
   };
-  grpc::Status s = register_as(creds_.worker_token_file, "shard");
+  grpc::Status s = register_as(creds_.worker_token_file, MEMBER_ROLE_SHARD);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << s.error_message();
   EXPECT_NE(s.error_message().find("pstrain:shard"), std::string::npos) << s.error_message();
-  EXPECT_EQ(register_as(creds_.shard_token_file, "worker").error_code(), grpc::StatusCode::PERMISSION_DENIED);
-  EXPECT_EQ(register_as(creds_.shard_token_file, "shard").error_code(), grpc::StatusCode::OK);
-  EXPECT_EQ(register_as(creds_.worker_token_file, "worker").error_code(), grpc::StatusCode::OK);
+  EXPECT_EQ(register_as(creds_.shard_token_file, MEMBER_ROLE_WORKER).error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(register_as(creds_.shard_token_file, MEMBER_ROLE_SHARD).error_code(), grpc::StatusCode::OK);
+  EXPECT_EQ(register_as(creds_.worker_token_file, MEMBER_ROLE_WORKER).error_code(), grpc::StatusCode::OK);
   // The any-member cluster token (one machine, upgrades) may be either.
-  EXPECT_EQ(register_as(creds_.cluster_token_file, "shard").error_code(), grpc::StatusCode::OK);
+  EXPECT_EQ(register_as(creds_.cluster_token_file, MEMBER_ROLE_SHARD).error_code(), grpc::StatusCode::OK);
 }
 
 }  // namespace

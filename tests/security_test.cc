@@ -336,7 +336,7 @@ TEST_F(SecurityTest, MemberNamesCanBeBoundToClientCertificates) {
   auto stub = ClusterService::NewStub(CreateChannel((*s)->local_target(), 1 << 20, client));
   auto register_as = [&](const std::string& name) {
     RegisterRequest r;
-    r.set_role("worker");
+    r.set_role(MEMBER_ROLE_WORKER);
     r.set_name(name);
     RegisterResponse resp;
     grpc::ClientContext ctx;

@@ -262,7 +262,7 @@ absl::Status RunJob(pstrain::JobSpec spec, int rank, int world_size, const std::
 int RunPoolMember(pstrain::WorkerMetrics* metrics) {
   pstrain::ClusterMemberOptions mo;
   mo.coordinator = absl::GetFlag(FLAGS_coordinator);
-  mo.role = "worker";
+  mo.role = pstrain::MEMBER_ROLE_WORKER;
   mo.name = pstrain::MemberName(absl::GetFlag(FLAGS_name));
   pstrain::ClusterMember member(mo);
   absl::Status s = member.Start(absl::Seconds(60));
@@ -303,7 +303,7 @@ int RunPoolMember(pstrain::WorkerMetrics* metrics) {
                          "(at most {} s; a second signal stops at once)", absl::GetFlag(FLAGS_drain_timeout_s));
             pstrain::WorkerEvent draining;
             draining.set_rank(rank);
-            draining.mutable_draining()->set_role("worker");
+            draining.mutable_draining()->set_role(pstrain::MEMBER_ROLE_WORKER);
             emit(draining);
           }
           if (absl::Now() > drain_until) {

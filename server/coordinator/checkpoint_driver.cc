@@ -90,7 +90,7 @@ bool PeriodicCheckpointDue(const JobStatus& st, const JobSpec& spec, const Check
 std::vector<std::string> ShardAddresses(const JobStatus& status) {
   std::vector<std::pair<int, std::string>> by_rank;
   for (const MemberStatus& m : status.members()) {
-    if (m.role() == "shard") by_rank.emplace_back(m.rank(), m.address());
+    if (m.role() == MEMBER_ROLE_SHARD) by_rank.emplace_back(m.rank(), m.address());
   }
   std::sort(by_rank.begin(), by_rank.end());
   std::vector<std::string> out;

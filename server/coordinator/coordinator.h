@@ -159,13 +159,21 @@ struct CoordinatorOptions {
 
 inline constexpr size_t kMaxEventBytes = 1 << 20;
 
+// One class over five files, one side of it each; the groups of methods
+// below name theirs. coordinator.cc: recovery from the store, the threads,
+// job states, leases. coordinator_jobs.cc: JobService, scheduling.
+// coordinator_cluster.cc: ClusterService. coordinator_elastic.cc: ranks
+// changing hands, ScaleJob. coordinator_checkpoint.cc: checkpoints,
+// restores, drains.
 class Coordinator {
  public:
+  // coordinator.cc.
   static absl::StatusOr<std::unique_ptr<Coordinator>> Create(CoordinatorOptions options,
                                                              std::unique_ptr<JobStore> store);
   ~Coordinator();
 
-  // JobService.
+  // JobService (coordinator_jobs.cc; ScaleJob: coordinator_elastic.cc;
+  // Checkpoint: coordinator_checkpoint.cc).
   // `owner`: the submitting user (empty with authentication off). A resume
   // from another user's checkpoint is refused unless `caller` is an admin.
   absl::StatusOr<std::string> SubmitJob(const SubmitJobRequest& request, const Caller& caller = Caller{});
@@ -192,7 +200,7 @@ class Coordinator {
   absl::StatusOr<JobStatus> WaitJob(const std::string& job_id, uint64_t* version,
                                     absl::Time deadline);
 
-  // ClusterService.
+  // ClusterService (coordinator_cluster.cc).
   // `caller`: who sent it (a shard token registers shards only, a worker
   // token workers only).
   absl::StatusOr<RegisterResponse> Register(const RegisterRequest& request, const Caller& caller = Caller());
@@ -214,6 +222,7 @@ class Coordinator {
   absl::StatusOr<int64_t> KvAdd(const std::string& member_id, const std::string& job_id, uint64_t attempt,
                                 const std::string& key, int64_t delta);
 
+  // The rest: coordinator.cc (and the telemetry, job_telemetry.h).
   std::vector<MemberStatus> Members();
   // The job's curves for the dashboard (empty for an unknown job).
   JobCurves Curves(const std::string& job_id) const { return telemetry_.Curves(job_id); }
@@ -263,6 +272,8 @@ class Coordinator {
 
   absl::Duration lease() const { return options_.heartbeat_interval * options_.missed_heartbeats; }
   absl::Time Now() const { return clock_->Now(); }
+
+  // Jobs and their states (coordinator.cc).
   Job* FindJob(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The jobs not ended, in id (submission) order: a snapshot, so that the
   // caller may end some of them as it goes.
@@ -270,13 +281,6 @@ class Coordinator {
   // Deletes the ended jobs past the retention (from the store: by the
   // persister).
   void PruneEndedJobs() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Background work whose thread could not be created: tried again.
-  void StartDeferred() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::StatusOr<Assignment> WaitAssignment(const std::string& member_id, absl::Time deadline)
-      ABSL_LOCKS_EXCLUDED(mu_);
-  absl::Status MayResume(const std::string& checkpoint_job, const Caller& caller) ABSL_LOCKS_EXCLUDED(mu_);
-  // OK when `member_id` is registered and assigned to `job_id`.
-  absl::Status CheckJobMember(const std::string& member_id, const std::string& job_id) ABSL_LOCKS_EXCLUDED(mu_);
   // Back to PENDING, to resume from the job's last checkpoint on whichever
   // members are free then; its current members are told to stop.
   void Requeue(Job& job, const std::string& reason, const std::string& message) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -294,10 +298,39 @@ class Coordinator {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Changed(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RefreshMembers(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void MaybeSucceed(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ExpireLeases() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // The coordinator's threads (coordinator.cc): the tick, the persister and
+  // background work.
+  void TickLoop();
+  void PersistLoop();
+  void Background(std::function<void()> fn) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Background work whose thread could not be created: tried again.
+  void StartDeferred() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool AttemptDurable(const Job& job) const { return job.durable_attempt >= job.stored.status.attempt(); }
+  // Blocks until `attempt` of the job is durable; false when the job moved
+  // to another attempt (or ended, or the coordinator shuts down) first.
+  bool AwaitDurableAttempt(const std::string& job_id, uint64_t attempt) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // Submission and placement (coordinator_jobs.cc).
+  absl::Status MayResume(const std::string& checkpoint_job, const Caller& caller) ABSL_LOCKS_EXCLUDED(mu_);
   // Applies the scheduler's plan: the jobs it places start a new attempt.
   void Schedule() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Start(Job& job, const Placement& placement) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void ExpireLeases() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // Members' calls (coordinator_cluster.cc).
+  absl::StatusOr<Assignment> WaitAssignment(const std::string& member_id, absl::Time deadline)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // OK when `member_id` is registered and assigned to `job_id`.
+  absl::Status CheckJobMember(const std::string& member_id, const std::string& job_id) ABSL_LOCKS_EXCLUDED(mu_);
+  // The seat (rank) a registration may take back in a job that survived a
+  // coordinator restart (on either side): the job's attempt it was running,
+  // the same name and role, and the member id the job's stored status gives
+  // that seat. Null otherwise.
+  const MemberStatus* SeatToReattach(const RegisterRequest& request) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // One event from `member` (its rank in the job) about `job`.
+  absl::Status ApplyEvent(Job& job, Member& member, const WorkerEvent& event) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Worker ranks changing hands while a parameter-server job runs
   // (coordinator_elastic.cc).
@@ -324,24 +357,6 @@ class Coordinator {
   static int TargetWorkers(const Job& job);
   // Every rank done, or vacant and not awaited.
   bool AllRanksSettled(const Job& job) const;
-  void TickLoop();
-  // Re-attaches a member that says it was on `job_id` (after a restart on
-  // either side), if that attempt is still the job's.
-  // The seat (rank) a registration may take back in a job that survived a
-  // coordinator restart: the job's attempt it was running, the same name
-  // and role, and the member id the job's stored status gives that seat.
-  // Null otherwise.
-  const MemberStatus* SeatToReattach(const RegisterRequest& request) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // One event from `member` (its rank in the job) about `job`.
-  absl::Status ApplyEvent(Job& job, Member& member, const WorkerEvent& event) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void MaybeSucceed(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void PersistLoop();
-  void Background(std::function<void()> fn) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-
-  bool AttemptDurable(const Job& job) const { return job.durable_attempt >= job.stored.status.attempt(); }
-  // Blocks until `attempt` of the job is durable; false when the job moved
-  // to another attempt (or ended, or the coordinator shuts down) first.
-  bool AwaitDurableAttempt(const std::string& job_id, uint64_t attempt) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Checkpoints (coordinator_checkpoint.cc). Each runs for the attempt that
   // claimed it: the lock is dropped while the workers pause and the shards

@@ -5,23 +5,40 @@
 #include "absl/strings/str_cat.h"
 #include "checkpoint/layout.h"
 #include "checkpoint/manifest.h"
+#include "common/member_role.h"
 #include "common/quote.h"
 #include "rpc/table_grant.h"
 #include "server/coordinator/coordinator.h"
 #include "spdlog/spdlog.h"
 
 namespace pstrain {
+namespace {
+
+// Whether a caller's token may register a member of `role`. A member token
+// has one role: a compromised worker cannot serve as a shard (and be sent
+// parameters and job secrets). The any-member cluster token registers either,
+// as does anyone with authentication off (an anonymous admin).
+bool MayRegister(CallerRole caller, MemberRole role) {
+  switch (caller) {
+    case CallerRole::kShard: return role == MEMBER_ROLE_SHARD;
+    case CallerRole::kWorker: return role == MEMBER_ROLE_WORKER;
+    case CallerRole::kCluster:
+    case CallerRole::kAdmin: return true;
+    case CallerRole::kCoordinator:
+    case CallerRole::kUser:
+    case CallerRole::kNone: break;
+  }
+  return false;
+}
+
+}  // namespace
 
 absl::StatusOr<RegisterResponse> Coordinator::Register(const RegisterRequest& request, const Caller& caller) {
   if (absl::Status s = Membership::Validate(request); !s.ok()) return s;
-  // A member token has one role: a compromised worker cannot serve as a
-  // shard (and be sent parameters and job secrets).
-  const bool shard = request.role() == RoleName(Role::kShard);
-  if ((caller.role == CallerRole::kShard && !shard) || (caller.role == CallerRole::kWorker && shard) ||
-      caller.role == CallerRole::kCoordinator || caller.role == CallerRole::kUser || caller.role == CallerRole::kNone) {
+  if (!MayRegister(caller.role, request.role())) {
+    const char* role = RoleName(request.role());
     return absl::PermissionDeniedError(absl::StrCat("a ", CallerRoleName(caller.role), " token cannot register a ",
-                                                    request.role(), ": give the process a token of group pstrain:",
-                                                    request.role()));
+                                                    role, ": give the process a token of group pstrain:", role));
   }
   const std::string principal =
       caller.role == CallerRole::kAdmin ? std::string() : absl::StrCat(CallerRoleName(caller.role), ":", caller.user);
@@ -29,7 +46,7 @@ absl::StatusOr<RegisterResponse> Coordinator::Register(const RegisterRequest& re
   const MemberStatus* seat = SeatToReattach(request);
   if (seat == nullptr && !request.job_id().empty()) {
     spdlog::debug("coordinator: {} {} names job {} attempt {} but not its seat there (job ended, another attempt, "
-                  "or not the seat's member id): registered free", request.role(), Quote(request.name()),
+                  "or not the seat's member id): registered free", RoleName(request.role()), Quote(request.name()),
                   Quote(request.job_id(), 64), request.attempt());
   }
   auto added = members_.Add(request, Now(), principal, seat == nullptr ? std::string() : seat->member_id());
@@ -39,7 +56,7 @@ absl::StatusOr<RegisterResponse> Coordinator::Register(const RegisterRequest& re
     m.status.set_job_id(request.job_id());
     m.status.set_rank(seat->rank());
   }
-  spdlog::info("coordinator: {} {} registered{}", request.role(), Quote(m.status.name()),
+  spdlog::info("coordinator: {} {} registered{}", RoleName(request.role()), Quote(m.status.name()),
                m.status.job_id().empty() ? "" : absl::StrCat(" (on ", m.status.job_id(), ")"));
   cv_.SignalAll();
   RegisterResponse r;
@@ -59,7 +76,7 @@ const MemberStatus* Coordinator::SeatToReattach(const RegisterRequest& request) 
   // re-attached if the current attempt names it (its tables are fenced by
   // the attempt each call carries, not by this). Without that, a coordinator
   // killed just after a job started lost the job ("shard ... was lost").
-  const bool attempt_unheard = request.attempt() == 0 && request.role() == RoleName(Role::kShard);
+  const bool attempt_unheard = request.attempt() == 0 && request.role() == MEMBER_ROLE_SHARD;
   if (job == nullptr || IsTerminal(job->stored.status.state()) ||
       (request.attempt() != job->stored.status.attempt() && !attempt_unheard)) {
     return nullptr;
@@ -85,7 +102,7 @@ absl::StatusOr<HeartbeatResponse> Coordinator::Heartbeat(const HeartbeatRequest&
   Member& m = *found;
   if (members_.Beat(m, Now())) cv_.SignalAll();
   const bool running = !request.running_job_id().empty();
-  members_.SetActivity(m, running && m.role == Role::kWorker ? request.activity() : WorkerActivity());
+  members_.SetActivity(m, running && m.status.role() == MEMBER_ROLE_WORKER ? request.activity() : WorkerActivity());
   HeartbeatResponse r;
   if (m.releasing) {
     if (!running) {
@@ -100,14 +117,14 @@ absl::StatusOr<HeartbeatResponse> Coordinator::Heartbeat(const HeartbeatRequest&
   // Shards remember the attempt they hear of here (and name it when they
   // register again after a restart): only one the store holds.
   if (job != nullptr && AttemptDurable(*job)) r.set_attempt(job->stored.status.attempt());
-  if (job != nullptr && m.role == Role::kWorker) {
+  if (job != nullptr && m.status.role() == MEMBER_ROLE_WORKER) {
     r.set_pause(job->checkpoint.pause_requested);
     r.set_pause_id(job->checkpoint.pause_id);
   }
   // Stop a job that is no longer ours, or an earlier attempt of our job (the
   // member was lost, the job rescheduled onto it again meanwhile).
   const bool other_job = running && request.running_job_id() != m.status.job_id();
-  const bool old_attempt = m.role == Role::kWorker && running && job != nullptr &&
+  const bool old_attempt = m.status.role() == MEMBER_ROLE_WORKER && running && job != nullptr &&
                            request.running_job_id() == m.status.job_id() &&
                            request.running_attempt() != job->stored.status.attempt();
   r.set_cancel_job(other_job || old_attempt);
@@ -135,10 +152,10 @@ absl::StatusOr<Assignment> Coordinator::WaitAssignment(const std::string& member
     Job* job = m.job_id().empty() || member->releasing ? nullptr : FindJob(m.job_id());
     // Not again to a worker that has finished its part (the job ends when
     // the last one has).
-    if (job != nullptr && member->role == Role::kWorker && job->done_ranks.count(m.rank()) > 0) job = nullptr;
+    if (job != nullptr && m.role() == MEMBER_ROLE_WORKER && job->done_ranks.count(m.rank()) > 0) job = nullptr;
     // A replacement waits until the shards know it holds the rank.
     auto rejoin = job == nullptr ? decltype(job->joining)::iterator() : job->joining.find(m.rank());
-    const bool held = job != nullptr && member->role == Role::kWorker && rejoin != job->joining.end() &&
+    const bool held = job != nullptr && m.role() == MEMBER_ROLE_WORKER && rejoin != job->joining.end() &&
                       !rejoin->second.admitted;
     // Nor before the store holds the attempt it carries (Start() bumped it
     // in memory; the persister wakes us once it is written).
@@ -154,14 +171,14 @@ absl::StatusOr<Assignment> Coordinator::WaitAssignment(const std::string& member
         a.set_table_grant(options_.table_grant_signer->Sign(m.job_id(), a.attempt(), a.job_secret()));
       }
       a.set_rank(m.rank());
-      a.set_world_size(member->role == Role::kWorker ? job->spec.workers : job->spec.shards);
+      a.set_world_size(m.role() == MEMBER_ROLE_WORKER ? job->spec.workers : job->spec.shards);
       for (const std::string& address : ShardAddresses(job->stored.status)) a.add_shard_addresses(address);
       a.set_resume_from(job->stored.status.resumed_from());
       const JobStatus& st = job->stored.status;
-      if (member->role == Role::kWorker && m.rank() >= 0 && m.rank() < st.rank_generations_size()) {
+      if (m.role() == MEMBER_ROLE_WORKER && m.rank() >= 0 && m.rank() < st.rank_generations_size()) {
         a.set_generation(st.rank_generations(m.rank()));
       }
-      if (member->role == Role::kWorker && rejoin != job->joining.end()) {
+      if (m.role() == MEMBER_ROLE_WORKER && rejoin != job->joining.end()) {
         a.set_replacement(true);
         a.set_replacement_step(rejoin->second.step);
       }
@@ -211,7 +228,7 @@ absl::Status Coordinator::ApplyEvent(Job& job, Member& member, const WorkerEvent
   // A member speaks for its own rank only (the rank is its assignment's, not
   // the event's), and rank 0's duties are rank 0's: nobody else may set the
   // accuracy, the weights or the plan.
-  if ((e.has_eval() || e.has_weights() || e.has_plan()) && (member.role != Role::kWorker || rank != 0)) {
+  if ((e.has_eval() || e.has_weights() || e.has_plan()) && (member.status.role() != MEMBER_ROLE_WORKER || rank != 0)) {
     return absl::PermissionDeniedError("only worker rank 0 reports evaluations, weights and the parameter plan");
   }
   switch (e.kind_case()) {
@@ -277,11 +294,11 @@ absl::Status Coordinator::ApplyEvent(Job& job, Member& member, const WorkerEvent
     case WorkerEvent::kDraining: {
       member.leaving = true;
       if ((st.state() != RUNNING && st.state() != CHECKPOINTING) || job.checkpoint.draining) return absl::OkStatus();
-      const std::string who = absl::StrCat(e.draining().role() == "shard" ? "shard" : "worker", " ", rank);
+      const std::string who = absl::StrCat(e.draining().role() == MEMBER_ROLE_SHARD ? "shard" : "worker", " ", rank);
       // A parameter-server job lets a leaving worker go and carries on
       // without it (or with a spare in its place), as for a lost one.
       for (const MemberStatus& jm : std::vector<MemberStatus>(st.members().begin(), st.members().end())) {
-        if (jm.name() != member.status.name() || jm.role() != "worker") continue;
+        if (jm.name() != member.status.name() || jm.role() != MEMBER_ROLE_WORKER) continue;
         if (VacateRank(job, jm, absl::StrCat(who, " (", Quote(jm.name()), ") is shutting down"))) {
           Schedule();
           return absl::OkStatus();

@@ -91,7 +91,9 @@ absl::StatusOr<JobStatus> Coordinator::ScaleJob(const std::string& job_id, int w
   st.set_target_workers(workers);
   // Ranks above the new count drain: their workers are stopped.
   for (const MemberStatus& jm : std::vector<MemberStatus>(st.members().begin(), st.members().end())) {
-    if (jm.role() == "worker" && jm.rank() >= workers && job->done_ranks.count(jm.rank()) == 0) DropRank(*job, jm);
+    if (jm.role() == MEMBER_ROLE_WORKER && jm.rank() >= workers && job->done_ranks.count(jm.rank()) == 0) {
+      DropRank(*job, jm);
+    }
   }
   Transition(*job, st.state(), "Scaled", absl::StrCat("from ", before, " to ", workers, " workers"));
   // The ranks left may all be done: the job is, then.
@@ -144,12 +146,14 @@ void Coordinator::DropRank(Job& job, const MemberStatus& holder) {
 
 bool Coordinator::VacateRank(Job& job, const MemberStatus& lost, const std::string& what) {
   JobStatus& st = job.stored.status;
-  if (job.spec.allreduce() || lost.role() != "worker" || st.rank_generations_size() != job.spec.workers) return false;
+  if (job.spec.allreduce() || lost.role() != MEMBER_ROLE_WORKER || st.rank_generations_size() != job.spec.workers) {
+    return false;
+  }
   const int rank = lost.rank();
   if (rank < 0 || rank >= job.spec.workers || Contains(st.vacant_ranks(), rank)) return false;
   const int remaining = job.spec.workers - st.vacant_ranks_size() - 1;
   bool free_worker = false;
-  for (const FreeMember& f : members_.FreeMembers()) free_worker = free_worker || f.role == Role::kWorker;
+  for (const FreeMember& f : members_.FreeMembers()) free_worker = free_worker || f.role == MEMBER_ROLE_WORKER;
   // Rank 0 evaluates and writes the weights: the job does not finish
   // without it, so it is always awaited.
   const bool await = rank < TargetWorkers(job) && (remaining < job.spec.min_workers || rank == 0);
@@ -193,7 +197,7 @@ void Coordinator::FillVacancies() {
     size_t next = 0;
     for (int rank : vacant) {
       if (rank >= TargetWorkers(job)) break;  // scaled down: stays vacant
-      while (next < free.size() && free[next].role != Role::kWorker) ++next;
+      while (next < free.size() && free[next].role != MEMBER_ROLE_WORKER) ++next;
       if (next == free.size()) break;
       HandOver(job, rank, *members_.Find(free[next++].id));
     }

@@ -5,12 +5,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-
-#include <condition_variable>
 #include <filesystem>
 #include <future>
-#include <mutex>
 
+#include "absl/cleanup/cleanup.h"
 #include "common/clock.h"
 #include "common/file_util.h"
 #include "google/protobuf/util/json_util.h"
@@ -26,12 +24,12 @@ CoordinatorOptions Options() { return TestCoordinatorOptions(); }
 
 std::unique_ptr<Coordinator> Make(const CoordinatorOptions& o = Options()) { return MakeTestCoordinator(o); }
 
-absl::StatusOr<RegisterResponse> Join(Coordinator& c, const std::string& role, const std::string& name,
+absl::StatusOr<RegisterResponse> Join(Coordinator& c, MemberRole role, const std::string& name,
                                       const std::string& job = "", uint64_t attempt = 0) {
   RegisterRequest r;
   r.set_role(role);
   r.set_name(name);
-  if (role == "shard") r.set_address("127.0.0.1:1");
+  if (role == MEMBER_ROLE_SHARD) r.set_address("127.0.0.1:1");
   r.set_job_id(job);
   r.set_rank(0);
   r.set_attempt(attempt);
@@ -62,8 +60,8 @@ WorkerEvent Parse(const std::string& json) {
 // stop, its KV requests are refused, and it is not re-attached.
 TEST(CoordinatorFencingTest, RequestsOfAnotherAttemptAreRefusedOrIgnored) {
   auto c = Make();
-  const std::string shard = Join(*c, "shard", "shard-0")->member_id();
-  const std::string worker = Join(*c, "worker", "worker-0")->member_id();
+  const std::string shard = Join(*c, MEMBER_ROLE_SHARD, "shard-0")->member_id();
+  const std::string worker = Join(*c, MEMBER_ROLE_WORKER, "worker-0")->member_id();
   const std::string job = Submit(*c);
   auto st = c->GetJob(job);
   ASSERT_EQ(st->state(), RUNNING);
@@ -97,7 +95,7 @@ TEST(CoordinatorFencingTest, RequestsOfAnotherAttemptAreRefusedOrIgnored) {
   EXPECT_EQ(beat->attempt(), 1u);
   // Re-registering under another attempt does not re-attach.
   RegisterRequest rejoin;
-  rejoin.set_role("worker");
+  rejoin.set_role(MEMBER_ROLE_WORKER);
   rejoin.set_name("worker-0");
   rejoin.set_job_id(job);
   rejoin.set_attempt(7);
@@ -117,8 +115,8 @@ TEST(CoordinatorFencingTest, RequestsOfAnotherAttemptAreRefusedOrIgnored) {
 // something that means something; a shard's heartbeat carries none.
 TEST(CoordinatorLimitsTest, ActivityFromHeartbeatsIsSanitised) {
   auto c = Make();
-  const std::string shard = Join(*c, "shard", "shard-0")->member_id();
-  const std::string worker = Join(*c, "worker", "worker-0")->member_id();
+  const std::string shard = Join(*c, MEMBER_ROLE_SHARD, "shard-0")->member_id();
+  const std::string worker = Join(*c, MEMBER_ROLE_WORKER, "worker-0")->member_id();
   const std::string job = Submit(*c);
   ASSERT_EQ(c->GetJob(job)->state(), RUNNING);
   auto activity_of = [&](const std::string& name) {
@@ -167,17 +165,17 @@ TEST(CoordinatorLimitsTest, MembersNamesAndDeadRegistrationsAreBounded) {
   ManualClock clock;
   o.clock = &clock;
   auto c = Make(o);
-  auto r = Join(*c, "worker", std::string(1 << 20, 'n'));
+  auto r = Join(*c, MEMBER_ROLE_WORKER, std::string(1 << 20, 'n'));
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_LT(r.status().message().size(), 400u);
-  EXPECT_EQ(Join(*c, "worker", "bad\nname").status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(Join(*c, "emperor", "x").status().code(), absl::StatusCode::kInvalidArgument);
-  ASSERT_TRUE(Join(*c, "worker", "w1").ok());
-  ASSERT_TRUE(Join(*c, "worker", "w2").ok());
-  ASSERT_TRUE(Join(*c, "worker", "w3").ok());
-  EXPECT_EQ(Join(*c, "worker", "w4").status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(Join(*c, MEMBER_ROLE_WORKER, "bad\nname").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Join(*c, MEMBER_ROLE_UNSPECIFIED, "x").status().code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(Join(*c, MEMBER_ROLE_WORKER, "w1").ok());
+  ASSERT_TRUE(Join(*c, MEMBER_ROLE_WORKER, "w2").ok());
+  ASSERT_TRUE(Join(*c, MEMBER_ROLE_WORKER, "w3").ok());
+  EXPECT_EQ(Join(*c, MEMBER_ROLE_WORKER, "w4").status().code(), absl::StatusCode::kResourceExhausted);
   // A live member's name is not for a stranger.
-  EXPECT_EQ(Join(*c, "worker", "w3").status().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(Join(*c, MEMBER_ROLE_WORKER, "w3").status().code(), absl::StatusCode::kAlreadyExists);
   // Nobody beats: lost after one lease, forgotten after two more.
   clock.Advance(absl::Milliseconds(200));
   c->Tick();
@@ -189,7 +187,7 @@ TEST(CoordinatorLimitsTest, MembersNamesAndDeadRegistrationsAreBounded) {
   clock.Advance(absl::Milliseconds(50));
   c->Tick();
   EXPECT_TRUE(c->Members().empty());
-  EXPECT_TRUE(Join(*c, "worker", "w4").ok());
+  EXPECT_TRUE(Join(*c, MEMBER_ROLE_WORKER, "w4").ok());
 }
 
 TEST(CoordinatorLimitsTest, KeyValueStoreIsBoundedAndKeepsItsContract) {
@@ -197,8 +195,8 @@ TEST(CoordinatorLimitsTest, KeyValueStoreIsBoundedAndKeepsItsContract) {
   o.max_kv_keys = 3;
   o.max_kv_value_bytes = 100;
   auto c = Make(o);
-  (void)Join(*c, "shard", "shard-0");
-  const std::string w = Join(*c, "worker", "worker-0")->member_id();
+  (void)Join(*c, MEMBER_ROLE_SHARD, "shard-0");
+  const std::string w = Join(*c, MEMBER_ROLE_WORKER, "worker-0")->member_id();
   const std::string job = Submit(*c);  // running: attempt 1
   EXPECT_EQ(c->KvSet(w, job, 1, "k", std::string(101, 'v')).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(c->KvSet(w, job, 1, std::string(600, 'k'), "v").code(), absl::StatusCode::kInvalidArgument);
@@ -216,7 +214,7 @@ TEST(CoordinatorLimitsTest, KeyValueStoreIsBoundedAndKeepsItsContract) {
   EXPECT_EQ(c->KvAdd(w, job, 1, "a", 1).status().code(), absl::StatusCode::kOutOfRange);
   EXPECT_EQ(*c->KvGet(w, job, 1, "a", absl::Now()), std::to_string(INT64_MAX));  // unchanged
   // Only the job's members: an unknown id, and a registered member of no job.
-  const std::string idle = Join(*c, "worker", "worker-1")->member_id();
+  const std::string idle = Join(*c, MEMBER_ROLE_WORKER, "worker-1")->member_id();
   EXPECT_EQ(c->KvSet("worker-0#1", job, 1, "a", "1").code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(c->KvSet(idle, job, 1, "a", "1").code(), absl::StatusCode::kPermissionDenied);
   EXPECT_EQ(c->KvGet(idle, job, 1, "a", absl::Now()).status().code(), absl::StatusCode::kPermissionDenied);
@@ -225,8 +223,8 @@ TEST(CoordinatorLimitsTest, KeyValueStoreIsBoundedAndKeepsItsContract) {
 
 TEST(CoordinatorLimitsTest, MalformedEventsAreRefusedAndChangeNothing) {
   auto c = Make();
-  ASSERT_TRUE(Join(*c, "shard", "shard-0").ok());
-  const std::string w = Join(*c, "worker", "worker-0")->member_id();
+  ASSERT_TRUE(Join(*c, MEMBER_ROLE_SHARD, "shard-0").ok());
+  const std::string w = Join(*c, MEMBER_ROLE_WORKER, "worker-0")->member_id();
   const std::string job = Submit(*c);
   // An event without a kind; an oversized one.
   EXPECT_EQ(Event(*c, w, job, 1, WorkerEvent()).status().code(), absl::StatusCode::kInvalidArgument);
@@ -253,25 +251,17 @@ TEST(CoordinatorLimitsTest, MalformedEventsAreRefusedAndChangeNothing) {
 // Two checkpoint requests at once: the second is refused (UNAVAILABLE, try
 // again) while the first holds the claim -- both passed the old check.
 TEST(CoordinatorConcurrencyTest, OnlyOneCheckpointOfAJobRunsAtATime) {
-  std::mutex mu;
-  std::condition_variable cv;
-  bool claimed = false;
+  Gate claimed;
+  claimed.Open();
   CoordinatorOptions o = Options();
-  o.on_checkpoint_claimed = [&](const std::string&) {
-    std::lock_guard<std::mutex> lock(mu);
-    claimed = true;
-    cv.notify_all();
-  };
+  o.on_checkpoint_claimed = [&](const std::string&) { claimed.Arrive(); };
   auto c = Make(o);
-  ASSERT_TRUE(Join(*c, "shard", "shard-0").ok());
-  ASSERT_TRUE(Join(*c, "worker", "worker-0").ok());
+  ASSERT_TRUE(Join(*c, MEMBER_ROLE_SHARD, "shard-0").ok());
+  ASSERT_TRUE(Join(*c, MEMBER_ROLE_WORKER, "worker-0").ok());
   const std::string job = Submit(*c);
   // The job has not reported its model: the first checkpoint waits for it.
   auto first = std::async(std::launch::async, [&] { return c->Checkpoint(job).status(); });
-  {
-    std::unique_lock<std::mutex> lock(mu);
-    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(30), [&] { return claimed; }));
-  }
+  ASSERT_TRUE(claimed.AwaitReached());
   absl::Status second = c->Checkpoint(job).status();
   EXPECT_EQ(second.code(), absl::StatusCode::kUnavailable) << second;
   EXPECT_NE(second.message().find("already in progress"), absl::string_view::npos) << second;
@@ -286,66 +276,40 @@ TEST(CoordinatorConcurrencyTest, OnlyOneCheckpointOfAJobRunsAtATime) {
 // waits on the disk. (An elastic test under heavy load once saw a CLI
 // submit time out; this was a suspect.)
 TEST(CoordinatorConcurrencyTest, ASubmissionIsStoredOffTheLock) {
-  std::mutex mu;
-  std::condition_variable cv;
-  bool stalled = false, release = false;
+  Gate insert;
   CoordinatorOptions hooked = Options();
-  hooked.before_create = [&] {
-    std::unique_lock<std::mutex> lock(mu);
-    stalled = true;
-    cv.notify_all();
-    cv.wait(lock, [&] { return release; });
-  };
+  hooked.before_create = [&] { insert.Arrive(); };
   auto h = Make(hooked);
-  const std::string member = Join(*h, "worker", "worker-1")->member_id();
+  const std::string member = Join(*h, MEMBER_ROLE_WORKER, "worker-1")->member_id();
   auto submitting = std::async(std::launch::async, [&] { return Submit(*h); });
-  {
-    std::unique_lock<std::mutex> lock(mu);
-    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(30), [&] { return stalled; }));
-  }
+  absl::Cleanup open = [&] { insert.Open(); };
+  ASSERT_TRUE(insert.AwaitReached());
   auto others = std::async(std::launch::async, [&] {
     HeartbeatRequest hb;
     hb.set_member_id(member);
-    return h->Heartbeat(hb).ok() && Join(*h, "shard", "shard-9").ok() && h->ListJobs().empty();
+    return h->Heartbeat(hb).ok() && Join(*h, MEMBER_ROLE_SHARD, "shard-9").ok() && h->ListJobs().empty();
   });
   EXPECT_EQ(others.wait_for(std::chrono::seconds(10)), std::future_status::ready) << "blocked behind the insert";
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    release = true;
-    cv.notify_all();
-  }
+  insert.Open();
   EXPECT_TRUE(others.get());
   EXPECT_FALSE(submitting.get().empty());
   EXPECT_EQ(h->ListJobs().size(), 1u);
 }
 
 TEST(CoordinatorConcurrencyTest, StatusIsPersistedOffTheLock) {
-  std::mutex mu;
-  std::condition_variable cv;
-  bool stalled = false, release = false;
+  Gate persist;
   CoordinatorOptions o = Options();
-  o.before_persist = [&](const std::string&) {
-    std::unique_lock<std::mutex> lock(mu);
-    stalled = true;
-    cv.notify_all();
-    cv.wait(lock, [&] { return release; });
-  };
+  o.before_persist = [&](const std::string&) { persist.Arrive(); };
   auto c = Make(o);
   const std::string job = Submit(*c);  // the persister now hangs in its write
-  {
-    std::unique_lock<std::mutex> lock(mu);
-    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(30), [&] { return stalled; }));
-  }
+  absl::Cleanup open = [&] { persist.Open(); };
+  ASSERT_TRUE(persist.AwaitReached());
   auto done = std::async(std::launch::async, [&] {
-    auto w = Join(*c, "worker", "worker-x");
+    auto w = Join(*c, MEMBER_ROLE_WORKER, "worker-x");
     return w.ok() && c->GetJob(job).ok() && !c->ListJobs().empty();
   });
   EXPECT_EQ(done.wait_for(std::chrono::seconds(10)), std::future_status::ready) << "blocked behind the store";
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    release = true;
-    cv.notify_all();
-  }
+  persist.Open();
   EXPECT_TRUE(done.get());
 }
 

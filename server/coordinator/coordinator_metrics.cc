@@ -4,6 +4,8 @@
 
 #include <map>
 
+#include "common/member_role.h"
+
 namespace pstrain {
 namespace {
 
@@ -60,7 +62,7 @@ std::vector<prometheus::MetricFamily> CoordinatorMetrics::Collect() const {
 
   auto up = Gauge("pstrain_member_up", "1 if a registered shard or worker is alive, 0 if lost.");
   for (const MemberStatus& m : coordinator_->Members()) {
-    Add(up, {{"role", m.role()}, {"name", m.name()}}, m.alive() ? 1 : 0);
+    Add(up, {{"role", RoleName(m.role())}, {"name", m.name()}}, m.alive() ? 1 : 0);
   }
   auto dropped = Gauge("pstrain_tensorboard_events_dropped",
                        "TensorBoard events not written (a writer's queue full, or its disk failing).");

@@ -32,11 +32,11 @@ absl::StatusOr<std::string> SubmitAs(Coordinator& c, const Caller& caller) {
   return c.SubmitJob(req, caller);
 }
 
-std::string Join(Coordinator& c, const std::string& role, const std::string& name) {
+std::string Join(Coordinator& c, MemberRole role, const std::string& name) {
   RegisterRequest r;
   r.set_role(role);
   r.set_name(name);
-  if (role == "shard") r.set_address("127.0.0.1:1");
+  if (role == MEMBER_ROLE_SHARD) r.set_address("127.0.0.1:1");
   auto resp = c.Register(r);
   EXPECT_TRUE(resp.ok()) << resp.status();
   return resp.ok() ? resp->member_id() : "";
@@ -67,8 +67,8 @@ TEST(CoordinatorQuotaTest, AUserAtTheRunningLimitDoesNotHoldUpOthers) {
   CoordinatorOptions o = Options();
   o.max_running_jobs_per_user = 1;
   auto c = Make(o);
-  for (const char* name : {"shard-0", "shard-1"}) Join(*c, "shard", name);
-  for (const char* name : {"worker-0", "worker-1"}) Join(*c, "worker", name);
+  for (const char* name : {"shard-0", "shard-1"}) Join(*c, MEMBER_ROLE_SHARD, name);
+  for (const char* name : {"worker-0", "worker-1"}) Join(*c, MEMBER_ROLE_WORKER, name);
   const std::string a1 = *SubmitAs(*c, User("alice"));
   const std::string a2 = *SubmitAs(*c, User("alice"));
   const std::string b1 = *SubmitAs(*c, User("bob"));
@@ -84,8 +84,8 @@ TEST(CoordinatorQuotaTest, WatchesAndWaitsAreBounded) {
   o.max_watches_per_user = 2;
   o.max_waiting_calls = 3;
   auto c = Make(o);
-  Join(*c, "shard", "shard-0");
-  const std::string worker = Join(*c, "worker", "worker-0");
+  Join(*c, MEMBER_ROLE_SHARD, "shard-0");
+  const std::string worker = Join(*c, MEMBER_ROLE_WORKER, "worker-0");
   const std::string job = *SubmitAs(*c, User("alice"));
   ASSERT_EQ(c->GetJob(job)->state(), RUNNING);
   ASSERT_EQ(c->GetAssignment(worker, absl::Now() + absl::Seconds(30))->job_id(), job);  // the attempt is on disk
@@ -101,7 +101,7 @@ TEST(CoordinatorQuotaTest, WatchesAndWaitsAreBounded) {
   ASSERT_TRUE(c->KvSet(worker, job, 1, "k", "v").ok());
   EXPECT_EQ(*c->KvGet(worker, job, 1, "k", absl::Now() + absl::Seconds(30)), "v");
   EXPECT_EQ(c->GetAssignment(worker, absl::Now() + absl::Seconds(30))->job_id(), job);
-  const std::string idle = Join(*c, "worker", "worker-1");
+  const std::string idle = Join(*c, MEMBER_ROLE_WORKER, "worker-1");
   ExpectExhausted(c->GetAssignment(idle, absl::Now() + absl::Seconds(30)).status(), "--max_waiting_calls");
   // Places come back when their holders go.
   *w1 = WaitLimits::Slot();
@@ -122,8 +122,8 @@ TEST(CoordinatorQuotaTest, BackgroundWorkWithoutAThreadIsDeferredNotFatal) {
     if (failures_left.fetch_sub(1) > 0) throw std::system_error(std::make_error_code(std::errc::resource_unavailable_try_again));
   };
   auto c = Make(o);
-  Join(*c, "shard", "shard-0");
-  Join(*c, "worker", "worker-0");
+  Join(*c, MEMBER_ROLE_SHARD, "shard-0");
+  Join(*c, MEMBER_ROLE_WORKER, "worker-0");
   const std::string job = *SubmitAs(*c, User("alice"));
   ASSERT_EQ(c->GetJob(job)->state(), RUNNING);
   // Ending the job drops the shards' table in the background: no thread.

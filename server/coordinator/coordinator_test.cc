@@ -37,12 +37,12 @@ class CoordinatorTest : public ::testing::Test {
     EXPECT_TRUE(c.ok()) << c.status();
     return std::move(*c);
   }
-  std::string Join(Coordinator& c, const std::string& role, const std::string& name,
+  std::string Join(Coordinator& c, MemberRole role, const std::string& name,
                    const std::string& job = "", int rank = 0, uint64_t attempt = 1) {
     RegisterRequest r;
     r.set_role(role);
     r.set_name(name);
-    if (role == "shard") r.set_address("127.0.0.1:1" + name.substr(name.size() - 1));
+    if (role == MEMBER_ROLE_SHARD) r.set_address("127.0.0.1:1" + name.substr(name.size() - 1));
     r.set_job_id(job);
     r.set_rank(rank);
     r.set_attempt(job.empty() ? 0 : attempt);
@@ -84,8 +84,8 @@ class CoordinatorTest : public ::testing::Test {
   std::string StartJobAndStop(const std::string& db) {
     std::filesystem::remove(db);
     auto c = Make(db);
-    Join(*c, "shard", "shard-0");
-    Join(*c, "worker", "worker-0");
+    Join(*c, MEMBER_ROLE_SHARD, "shard-0");
+    Join(*c, MEMBER_ROLE_WORKER, "worker-0");
     const std::string job = Submit(*c, "name: one\nworkers: 1\nshards: 1\n");
     EXPECT_EQ(State(*c, job), RUNNING);
     return job;
@@ -105,10 +105,10 @@ TEST_F(CoordinatorTest, JobRunsWhenItsMembersAreFreeAndSucceedsWhenWorkersAreDon
   auto c = Make();
   const std::string job = Submit(*c);
   EXPECT_EQ(State(*c, job), PENDING);
-  const std::string s0 = Join(*c, "shard", "shard-0");
-  std::string w0 = Join(*c, "worker", "worker-0");
+  const std::string s0 = Join(*c, MEMBER_ROLE_SHARD, "shard-0");
+  std::string w0 = Join(*c, MEMBER_ROLE_WORKER, "worker-0");
   EXPECT_EQ(State(*c, job), PENDING);  // all or nothing: needs 2 workers
-  std::string w1 = Join(*c, "worker", "worker-1");
+  std::string w1 = Join(*c, MEMBER_ROLE_WORKER, "worker-1");
   EXPECT_EQ(State(*c, job), RUNNING);
 
   auto a = c->GetAssignment(w1, absl::Now() + absl::Seconds(30));  // once the attempt is on disk
@@ -149,9 +149,9 @@ TEST_F(CoordinatorTest, JobRunsWhenItsMembersAreFreeAndSucceedsWhenWorkersAreDon
 
 TEST_F(CoordinatorTest, FifoAllOrNothingAndCancelFreesMembers) {
   auto c = Make();
-  Join(*c, "shard", "shard-0");
-  Join(*c, "worker", "worker-0");
-  Join(*c, "worker", "worker-1");
+  Join(*c, MEMBER_ROLE_SHARD, "shard-0");
+  Join(*c, MEMBER_ROLE_WORKER, "worker-0");
+  Join(*c, MEMBER_ROLE_WORKER, "worker-1");
   const std::string big = Submit(*c, "name: big\nworkers: 3\nshards: 1\n");
   const std::string small = Submit(*c);
   // The big job cannot start, and the small one does not overtake it.
@@ -168,8 +168,8 @@ TEST_F(CoordinatorTest, FifoAllOrNothingAndCancelFreesMembers) {
 
 TEST_F(CoordinatorTest, CancelledMemberLearnsItThroughItsHeartbeat) {
   auto c = Make();
-  Join(*c, "shard", "shard-0");
-  const std::string w0 = Join(*c, "worker", "worker-0");
+  Join(*c, MEMBER_ROLE_SHARD, "shard-0");
+  const std::string w0 = Join(*c, MEMBER_ROLE_WORKER, "worker-0");
   const std::string job = Submit(*c, "name: one\nworkers: 1\nshards: 1\n");
   HeartbeatRequest hb;
   hb.set_member_id(w0);
@@ -182,8 +182,8 @@ TEST_F(CoordinatorTest, CancelledMemberLearnsItThroughItsHeartbeat) {
 
 TEST_F(CoordinatorTest, LostMemberFailsItsRunningJob) {
   auto c = Make();
-  Join(*c, "shard", "shard-0");
-  const std::string w0 = Join(*c, "worker", "worker-0");
+  Join(*c, MEMBER_ROLE_SHARD, "shard-0");
+  const std::string w0 = Join(*c, MEMBER_ROLE_WORKER, "worker-0");
   const std::string job = Submit(*c, "name: one\nworkers: 1\nshards: 1\n");
   EXPECT_EQ(State(*c, job), RUNNING);
   // Only the worker keeps beating.
@@ -206,8 +206,8 @@ TEST_F(CoordinatorTest, RestartedCoordinatorKeepsJobsAndReattachesMembers) {
   std::string job, pending;
   {
     auto c = Make(db);
-    Join(*c, "shard", "shard-0");
-    Join(*c, "worker", "worker-0");
+    Join(*c, MEMBER_ROLE_SHARD, "shard-0");
+    Join(*c, MEMBER_ROLE_WORKER, "worker-0");
     job = Submit(*c, "name: one\nworkers: 1\nshards: 1\n");
     pending = Submit(*c, "name: two\nworkers: 1\nshards: 1\n");
     EXPECT_EQ(State(*c, job), RUNNING);
@@ -217,8 +217,8 @@ TEST_F(CoordinatorTest, RestartedCoordinatorKeepsJobsAndReattachesMembers) {
   EXPECT_EQ(State(*c, pending), PENDING);
   // The members come back, saying what they were running, and keep beating:
   // the job carries on past the re-attach window and then completes.
-  const std::string s0 = Join(*c, "shard", "shard-0", job, 0);
-  const std::string w0 = Join(*c, "worker", "worker-0", job, 0);
+  const std::string s0 = Join(*c, MEMBER_ROLE_SHARD, "shard-0", job, 0);
+  const std::string w0 = Join(*c, MEMBER_ROLE_WORKER, "worker-0", job, 0);
   KeepRunning(*c, {s0, w0}, job, 6);
   EXPECT_EQ(State(*c, job), RUNNING);
   EXPECT_EQ(State(*c, pending), PENDING);
@@ -240,8 +240,8 @@ TEST_F(CoordinatorTest, AShardThatNeverHeardItsAttemptIsReattachedAfterARestart)
     const std::string db = ::testing::TempDir() + "/coord-heard-" + std::to_string(heard) + ".db";
     const std::string job = StartJobAndStop(db);
     auto c = Make(db);
-    const std::string s0 = Join(*c, "shard", "shard-0", job, 0, heard);
-    const std::string w0 = Join(*c, "worker", "worker-0", job, 0);
+    const std::string s0 = Join(*c, MEMBER_ROLE_SHARD, "shard-0", job, 0, heard);
+    const std::string w0 = Join(*c, MEMBER_ROLE_WORKER, "worker-0", job, 0);
     for (int i = 0; i < 300; ++i) {  // 12 s: past the re-attach window (10 s at least)
       clock_.Advance(absl::Milliseconds(40));
       for (const std::string& m : {s0, w0}) {
@@ -272,7 +272,7 @@ TEST_F(CoordinatorTest, AnImpostorRegisteringFirstAfterARestartGetsNoSeat) {
   const std::string seat_id = ids_["shard-0"];
   auto c = Make(db);
   RegisterRequest fake;
-  fake.set_role("shard");
+  fake.set_role(MEMBER_ROLE_SHARD);
   fake.set_name("shard-0");
   fake.set_address("10.66.0.1:1");
   fake.set_job_id(job);
@@ -291,9 +291,9 @@ TEST_F(CoordinatorTest, AnImpostorRegisteringFirstAfterARestartGetsNoSeat) {
     for (const MemberStatus& m : st.members()) EXPECT_NE(m.address(), "10.66.0.1:1") << m.name();
   }
   // The real members come back with their ids.
-  const std::string s0 = Join(*c, "shard", "shard-0", job, 0);
+  const std::string s0 = Join(*c, MEMBER_ROLE_SHARD, "shard-0", job, 0);
   EXPECT_EQ(s0, seat_id);
-  const std::string w0 = Join(*c, "worker", "worker-0", job, 0);
+  const std::string w0 = Join(*c, MEMBER_ROLE_WORKER, "worker-0", job, 0);
   HeartbeatRequest gone;
   gone.set_member_id(impostor->member_id());
   EXPECT_EQ(c->Heartbeat(gone).status().code(), absl::StatusCode::kNotFound);
@@ -326,8 +326,8 @@ TEST_F(CoordinatorTest, RestoreOntoAnUnreachableShardIsRetriedThenFails) {
   const std::string dir =
       WriteCheckpointAt(5, "name: t\nworkers: 1\nshards: 1\nmax_restarts: 2\ndata: {format: synthetic}\n");
   auto c = Make(":memory:", /*max_conditions=*/4);
-  const std::string s0 = Join(*c, "shard", "shard-0");  // at 127.0.0.1:10, where nothing listens
-  const std::string w0 = Join(*c, "worker", "worker-0");
+  const std::string s0 = Join(*c, MEMBER_ROLE_SHARD, "shard-0");  // at 127.0.0.1:10, where nothing listens
+  const std::string w0 = Join(*c, MEMBER_ROLE_WORKER, "worker-0");
   auto job = Resume(*c, dir);
   ASSERT_TRUE(job.ok()) << job.status();
   const absl::Time deadline = absl::Now() + absl::Seconds(50);
@@ -365,8 +365,8 @@ TEST_F(CoordinatorTest, ARestoredJobsProgressIsTheCheckpointsUntilItsWorkersRepo
       WriteCheckpointAt(120, "name: t\nmode: allreduce\nworkers: 2\nmax_restarts: 2\ndata: {format: synthetic}\n",
                         {{0, 120, 2, 20, 0}, {1, 120, 2, 20, 0}});
   auto c = Make();
-  const std::string w0 = Join(*c, "worker", "worker-0");
-  const std::string w1 = Join(*c, "worker", "worker-1");
+  const std::string w0 = Join(*c, MEMBER_ROLE_WORKER, "worker-0");
+  const std::string w1 = Join(*c, MEMBER_ROLE_WORKER, "worker-1");
   auto job = Resume(*c, dir);
   ASSERT_TRUE(job.ok()) << job.status();
   auto restored = [&](uint64_t attempt) {
@@ -444,9 +444,9 @@ TEST_F(CoordinatorTest, SpecErrorsAreRefusedAtSubmit) {
 
 TEST_F(CoordinatorTest, KeyValueStoreWaitsForKeys) {
   auto c = Make();
-  const std::string shard = Join(*c, "shard", "shard-0");
-  const std::string w = Join(*c, "worker", "worker-0");
-  Join(*c, "worker", "worker-1");
+  const std::string shard = Join(*c, MEMBER_ROLE_SHARD, "shard-0");
+  const std::string w = Join(*c, MEMBER_ROLE_WORKER, "worker-0");
+  Join(*c, MEMBER_ROLE_WORKER, "worker-1");
   const std::string job = Submit(*c);  // scheduled: attempt 1
   std::thread setter([&] {
     absl::SleepFor(absl::Milliseconds(50));

@@ -9,6 +9,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "checkpoint/manifest.h"
 #include "common/file_util.h"
 #include "server/coordinator/coordinator.h"
@@ -75,7 +78,7 @@ inline std::vector<std::string> WorkersByRank(Coordinator& c, const std::string&
   EXPECT_TRUE(st.ok()) << st.status();
   if (!st.ok()) return out;
   for (const MemberStatus& m : st->members()) {
-    if (m.role() != "worker" || m.rank() < 0) continue;
+    if (m.role() != MEMBER_ROLE_WORKER || m.rank() < 0) continue;
     if (out.size() <= static_cast<size_t>(m.rank())) out.resize(m.rank() + 1);
     out[m.rank()] = m.member_id();
   }
@@ -89,6 +92,30 @@ inline absl::StatusOr<std::string> SubmitResume(Coordinator& c, const std::strin
   req.set_output_dir(::testing::TempDir() + "/out");
   return c.SubmitJob(req);
 }
+
+// A gate a hook (CoordinatorOptions' fault-injection points) waits at: the
+// test learns it was reached, then opens it. Opened first, it only tells.
+class Gate {
+ public:
+  void Arrive() {
+    absl::MutexLock lock(&mu_);
+    reached_ = true;
+    mu_.Await(absl::Condition(&open_));
+  }
+  bool AwaitReached() {
+    absl::MutexLock lock(&mu_);
+    return mu_.AwaitWithTimeout(absl::Condition(&reached_), absl::Seconds(30));
+  }
+  void Open() {
+    absl::MutexLock lock(&mu_);
+    open_ = true;
+  }
+
+ private:
+  absl::Mutex mu_;
+  bool reached_ ABSL_GUARDED_BY(mu_) = false;
+  bool open_ ABSL_GUARDED_BY(mu_) = false;
+};
 
 }  // namespace pstrain
 

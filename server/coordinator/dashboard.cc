@@ -136,7 +136,7 @@ json Detail(const JobStatus& st, const JobCurves& c, const std::optional<JobTele
   json ranks = json::array();
   std::map<int, const MemberStatus*> by_rank;
   for (const MemberStatus& m : st.members()) {
-    if (m.role() == "worker") by_rank[m.rank()] = &m;
+    if (m.role() == MEMBER_ROLE_WORKER) by_rank[m.rank()] = &m;
   }
   for (const WorkerProgress& w : st.workers()) {
     json r{{"rank", w.rank()},    {"epoch", w.epoch()}, {"step", w.step()},
@@ -154,7 +154,7 @@ json Detail(const JobStatus& st, const JobCurves& c, const std::optional<JobTele
   }
   json shards = json::array();
   for (const MemberStatus& m : st.members()) {
-    if (m.role() != "shard") continue;
+    if (m.role() != MEMBER_ROLE_SHARD) continue;
     json s{{"index", m.rank()}, {"member", m.name()}, {"address", m.address()}, {"alive", m.alive()},
            {"last_heartbeat_unix_ms", m.last_heartbeat_unix_ms()}};
     auto it = c.shards.find(m.rank());

@@ -89,6 +89,7 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path
     return s;
   }
   std::unique_ptr<JobStore> store(new JobStore(db));
+  absl::MutexLock lock(&store->mu_);
   for (const char* sql : {"PRAGMA journal_mode=WAL", "PRAGMA synchronous=FULL",
                           "CREATE TABLE IF NOT EXISTS jobs ("
                           "  seq INTEGER PRIMARY KEY AUTOINCREMENT,"
@@ -121,7 +122,7 @@ absl::Status JobStore::Exec(const char* sql) {
 
 absl::StatusOr<StoredJob> JobStore::Create(const std::string& spec_yaml,
                                            const std::string& output_dir, JobStatus status) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   absl::Status s = Exec("BEGIN IMMEDIATE");
   if (!s.ok()) return s;
   // The id follows the row's sequence number, so ids are never reused.
@@ -156,7 +157,7 @@ absl::StatusOr<StoredJob> JobStore::Create(const std::string& spec_yaml,
 }
 
 absl::Status JobStore::Update(const JobStatus& status) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   Statement st(db_, "UPDATE jobs SET status = ? WHERE id = ?");
   st.Bind(1, status.SerializeAsString());
   st.BindText(2, status.job_id());
@@ -169,7 +170,7 @@ absl::Status JobStore::Update(const JobStatus& status) {
 
 absl::Status JobStore::Delete(const std::vector<std::string>& ids) {
   if (ids.empty()) return absl::OkStatus();
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   absl::Status s = Exec("BEGIN IMMEDIATE");
   if (!s.ok()) return s;
   for (const std::string& id : ids) {
@@ -185,7 +186,7 @@ absl::Status JobStore::Delete(const std::vector<std::string>& ids) {
 }
 
 absl::StatusOr<int64_t> JobStore::NextIncarnation() {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   absl::Status s = Exec("BEGIN IMMEDIATE");
   if (!s.ok()) return s;
   Statement bump(db_,
@@ -205,7 +206,7 @@ absl::StatusOr<int64_t> JobStore::NextIncarnation() {
 }
 
 absl::StatusOr<StoredJob> JobStore::Get(const std::string& id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   Statement st(db_, "SELECT id, seq, spec_yaml, output_dir, status FROM jobs WHERE id = ?");
   st.BindText(1, id);
   if (!st.ok()) return SqlError(db_, "get");
@@ -214,7 +215,7 @@ absl::StatusOr<StoredJob> JobStore::Get(const std::string& id) {
 }
 
 absl::StatusOr<std::vector<StoredJob>> JobStore::List() {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   Statement st(db_, "SELECT id, seq, spec_yaml, output_dir, status FROM jobs ORDER BY seq");
   if (!st.ok()) return SqlError(db_, "list");
   std::vector<StoredJob> out;

@@ -4,16 +4,18 @@
 // mode with synchronous=FULL, so a job the coordinator acknowledged survives
 // a crash of the coordinator or the machine.
 //
-// Thread-safe (one mutex around the connection).
+// Thread-safe: one mutex around the connection (SQLite serializes its own
+// calls, but a transaction here spans several).
 #ifndef PSTRAIN_SERVER_COORDINATOR_JOB_STORE_H_
 #define PSTRAIN_SERVER_COORDINATOR_JOB_STORE_H_
 
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "proto/control.pb.h"
 
 struct sqlite3;
@@ -51,10 +53,10 @@ class JobStore {
 
  private:
   explicit JobStore(sqlite3* db) : db_(db) {}
-  absl::Status Exec(const char* sql);
+  absl::Status Exec(const char* sql) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  std::mutex mu_;
-  sqlite3* db_;
+  absl::Mutex mu_;
+  sqlite3* const db_ ABSL_PT_GUARDED_BY(mu_);
 };
 
 }  // namespace pstrain

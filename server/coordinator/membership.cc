@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "common/member_role.h"
 #include "common/quote.h"
 #include "common/random_hex.h"
 #include "spdlog/spdlog.h"
@@ -10,9 +11,10 @@
 namespace pstrain {
 
 absl::Status Membership::Validate(const RegisterRequest& request) {
-  const std::optional<Role> role = ParseRole(request.role());
-  if (!role) return absl::InvalidArgumentError("role must be shard or worker");
-  if (*role == Role::kShard && request.address().empty()) {
+  if (request.role() != MEMBER_ROLE_SHARD && request.role() != MEMBER_ROLE_WORKER) {
+    return absl::InvalidArgumentError("role must be shard or worker");
+  }
+  if (request.role() == MEMBER_ROLE_SHARD && request.address().empty()) {
     return absl::InvalidArgumentError("a shard must give the address of its ParameterService");
   }
   if (request.name().size() > kMaxNameBytes || request.address().size() > kMaxAddressBytes ||
@@ -32,7 +34,8 @@ absl::Status Membership::Validate(const RegisterRequest& request) {
 
 absl::StatusOr<Member*> Membership::Add(const RegisterRequest& request, absl::Time now, const std::string& principal,
                                         const std::string& seat_id) {
-  const std::string name = request.name().empty() ? absl::StrCat(request.role(), "-", next_id_) : request.name();
+  const std::string name =
+      request.name().empty() ? absl::StrCat(RoleName(request.role()), "-", next_id_) : request.name();
   size_t principals = 0;
   bool replaces = false;
   for (const auto& [id, m] : members_) {
@@ -64,7 +67,6 @@ absl::StatusOr<Member*> Membership::Add(const RegisterRequest& request, absl::Ti
     it = it->second.status.name() == name ? members_.erase(it) : std::next(it);
   }
   Member m;
-  m.role = *ParseRole(request.role());
   m.principal = principal;
   m.order = order_();
   // Unguessable: the id is the member's credential for its later calls. A
@@ -72,7 +74,7 @@ absl::StatusOr<Member*> Membership::Add(const RegisterRequest& request, absl::Ti
   const std::string id = seat_id.empty() ? absl::StrCat(name, "#", RandomHex(16)) : seat_id;
   ++next_id_;
   m.status.set_member_id(id);
-  m.status.set_role(RoleName(m.role));
+  m.status.set_role(request.role());
   m.status.set_name(name);
   m.status.set_address(request.address());
   m.status.set_alive(true);
@@ -111,7 +113,7 @@ void Membership::Expire(absl::Time now, absl::Duration lease) {
     if (m.status.alive() && now - m.last_beat > lease) {
       m.status.set_alive(false);
       if (m.releasing) m.Free();
-      spdlog::warn("coordinator: {} {} lost (no heartbeat for {})", m.status.role(), m.status.name(),
+      spdlog::warn("coordinator: {} {} lost (no heartbeat for {})", RoleName(m.status.role()), m.status.name(),
                    absl::FormatDuration(now - m.last_beat));
     }
   }
@@ -164,7 +166,7 @@ void Membership::ReleaseByName(const std::string& name, const std::string& job_i
 void Membership::Release(const std::string& job_id) {
   for (auto& [id, m] : members_) {
     if (!m.Holds(job_id)) continue;
-    if (m.role == Role::kWorker && m.status.alive()) {
+    if (m.status.role() == MEMBER_ROLE_WORKER && m.status.alive()) {
       m.releasing = true;  // free once it has stopped
     } else {
       m.Free();
@@ -182,7 +184,7 @@ std::vector<FreeMember> Membership::FreeMembers() const {
   std::vector<FreeMember> out;
   for (const auto& [id, m] : members_) {
     if (m.status.alive() && m.status.job_id().empty() && !m.leaving) {
-      out.push_back({id, m.status.name(), m.role, m.order});
+      out.push_back({id, m.status.name(), m.status.role(), m.order});
     }
   }
   return out;

@@ -13,7 +13,6 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "proto/control.pb.h"
-#include "server/coordinator/role.h"
 #include "server/coordinator/scheduler.h"
 
 namespace pstrain {
@@ -25,7 +24,6 @@ inline constexpr size_t kMaxIdBytes = 300;  // job and member ids
 
 struct Member {
   MemberStatus status;
-  Role role = Role::kWorker;
   absl::Time last_beat;
   // The member's job was requeued: it is told to stop, and becomes free
   // once its heartbeat says it no longer runs the job (or it is lost).

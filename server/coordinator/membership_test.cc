@@ -11,33 +11,35 @@ namespace {
 const absl::Time kT0 = absl::FromUnixSeconds(1000);
 const absl::Duration kLease = absl::Seconds(5);
 
-RegisterRequest Req(const std::string& role, const std::string& name) {
+RegisterRequest Req(MemberRole role, const std::string& name) {
   RegisterRequest r;
   r.set_role(role);
   r.set_name(name);
-  if (role == "shard") r.set_address("10.0.0.1:7001");
+  if (role == MEMBER_ROLE_SHARD) r.set_address("10.0.0.1:7001");
   return r;
 }
 
 TEST(MembershipTest, ValidateRefusesBadRegistrations) {
-  EXPECT_TRUE(Membership::Validate(Req("worker", "w")).ok());
-  EXPECT_EQ(Membership::Validate(Req("admin", "w")).code(), absl::StatusCode::kInvalidArgument);
-  RegisterRequest shard = Req("shard", "s");
+  EXPECT_TRUE(Membership::Validate(Req(MEMBER_ROLE_WORKER, "w")).ok());
+  EXPECT_EQ(Membership::Validate(Req(MEMBER_ROLE_UNSPECIFIED, "w")).code(), absl::StatusCode::kInvalidArgument);
+  // A role number from a newer (or a hostile) peer that this build lacks.
+  EXPECT_EQ(Membership::Validate(Req(static_cast<MemberRole>(7), "w")).code(), absl::StatusCode::kInvalidArgument);
+  RegisterRequest shard = Req(MEMBER_ROLE_SHARD, "s");
   shard.clear_address();
   EXPECT_EQ(Membership::Validate(shard).code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(Membership::Validate(Req("worker", "a b")).code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(Membership::Validate(Req("worker", "a#1")).code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(Membership::Validate(Req("worker", std::string(kMaxNameBytes + 1, 'w'))).code(),
+  EXPECT_EQ(Membership::Validate(Req(MEMBER_ROLE_WORKER, "a b")).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Membership::Validate(Req(MEMBER_ROLE_WORKER, "a#1")).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Membership::Validate(Req(MEMBER_ROLE_WORKER, std::string(kMaxNameBytes + 1, 'w'))).code(),
             absl::StatusCode::kInvalidArgument);
-  RegisterRequest long_previous = Req("worker", "w");
+  RegisterRequest long_previous = Req(MEMBER_ROLE_WORKER, "w");
   long_previous.set_previous_member_id(std::string(kMaxIdBytes + 1, 'x'));
   EXPECT_EQ(Membership::Validate(long_previous).code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(MembershipTest, LeasesExpireAndTheLongDeadAreForgotten) {
   Membership m(10, absl::Seconds(60));
-  Member* w = *m.Add(Req("worker", "w"), kT0);
-  Member* s = *m.Add(Req("shard", "s"), kT0);
+  Member* w = *m.Add(Req(MEMBER_ROLE_WORKER, "w"), kT0);
+  Member* s = *m.Add(Req(MEMBER_ROLE_SHARD, "s"), kT0);
   const std::string wid = w->status.member_id(), sid = s->status.member_id();
   s->status.set_job_id("job-1");
   m.Expire(kT0 + kLease, kLease);  // exactly one lease: still alive
@@ -59,7 +61,7 @@ TEST(MembershipTest, LeasesExpireAndTheLongDeadAreForgotten) {
 
 TEST(MembershipTest, ExtendLeasesForgivesTheCoordinatorsOwnPause) {
   Membership m(10, absl::Seconds(60));
-  const std::string id = (*m.Add(Req("worker", "w"), kT0))->status.member_id();
+  const std::string id = (*m.Add(Req(MEMBER_ROLE_WORKER, "w"), kT0))->status.member_id();
   m.ExtendLeases(absl::Seconds(30));
   m.Expire(kT0 + absl::Seconds(31), kLease);
   EXPECT_TRUE(m.Find(id)->status.alive());
@@ -67,21 +69,21 @@ TEST(MembershipTest, ExtendLeasesForgivesTheCoordinatorsOwnPause) {
 
 TEST(MembershipTest, ReRegisteringReplacesAndTheTableIsBounded) {
   Membership m(2, absl::Seconds(60));
-  const std::string first = (*m.Add(Req("worker", "w"), kT0))->status.member_id();
+  const std::string first = (*m.Add(Req(MEMBER_ROLE_WORKER, "w"), kT0))->status.member_id();
   // Unguessable ids: the name, then 128 random bits.
   EXPECT_EQ(first.size(), std::string("w#").size() + 32) << first;
   // A live member's name: not to a stranger, only to the holder of its id.
-  EXPECT_EQ(m.Add(Req("worker", "w"), kT0).status().code(), absl::StatusCode::kAlreadyExists);
-  RegisterRequest holder = Req("worker", "w");
+  EXPECT_EQ(m.Add(Req(MEMBER_ROLE_WORKER, "w"), kT0).status().code(), absl::StatusCode::kAlreadyExists);
+  RegisterRequest holder = Req(MEMBER_ROLE_WORKER, "w");
   holder.set_previous_member_id(first);
   const std::string again = (*m.Add(holder, kT0))->status.member_id();
   EXPECT_NE(first, again);
   EXPECT_EQ(m.Find(first), nullptr);
   // Once lost, the name is free for anyone (the pod restarted elsewhere).
   m.Find(again)->status.set_alive(false);
-  const std::string third = (*m.Add(Req("worker", "w"), kT0))->status.member_id();
-  ASSERT_TRUE(m.Add(Req("worker", ""), kT0).ok());  // named for it: worker-<n>
-  EXPECT_EQ(m.Add(Req("worker", "x"), kT0).status().code(), absl::StatusCode::kResourceExhausted);
+  const std::string third = (*m.Add(Req(MEMBER_ROLE_WORKER, "w"), kT0))->status.member_id();
+  ASSERT_TRUE(m.Add(Req(MEMBER_ROLE_WORKER, ""), kT0).ok());  // named for it: worker-<n>
+  EXPECT_EQ(m.Add(Req(MEMBER_ROLE_WORKER, "x"), kT0).status().code(), absl::StatusCode::kResourceExhausted);
   holder.set_previous_member_id(third);
   EXPECT_TRUE(m.Add(holder, kT0).ok());  // a replacement still fits
   EXPECT_EQ(m.Statuses().size(), 2u);
@@ -93,20 +95,20 @@ TEST(MembershipTest, ReRegisteringReplacesAndTheTableIsBounded) {
 // counted against it.
 TEST(MembershipTest, APrincipalHoldsABoundedNumberOfMembers) {
   Membership m(100, absl::Seconds(60), /*max_per_principal=*/2);
-  ASSERT_TRUE(m.Add(Req("worker", "a"), kT0, "worker:pool").ok());
-  ASSERT_TRUE(m.Add(Req("worker", "b"), kT0, "worker:pool").ok());
-  absl::Status third = m.Add(Req("worker", "c"), kT0, "worker:pool").status();
+  ASSERT_TRUE(m.Add(Req(MEMBER_ROLE_WORKER, "a"), kT0, "worker:pool").ok());
+  ASSERT_TRUE(m.Add(Req(MEMBER_ROLE_WORKER, "b"), kT0, "worker:pool").ok());
+  absl::Status third = m.Add(Req(MEMBER_ROLE_WORKER, "c"), kT0, "worker:pool").status();
   EXPECT_EQ(third.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_NE(third.message().find("--max_members_per_principal"), std::string::npos) << third;
-  EXPECT_TRUE(m.Add(Req("worker", "d"), kT0, "worker:other").ok());
+  EXPECT_TRUE(m.Add(Req(MEMBER_ROLE_WORKER, "d"), kT0, "worker:other").ok());
   // Its own name again (a restarted process, the old one lost): fits.
   for (const MemberStatus& st : m.Statuses()) {
     if (st.name() == "b") m.Find(st.member_id())->status.set_alive(false);
   }
-  EXPECT_TRUE(m.Add(Req("worker", "b"), kT0, "worker:pool").ok());
+  EXPECT_TRUE(m.Add(Req(MEMBER_ROLE_WORKER, "b"), kT0, "worker:pool").ok());
   // Without authentication (no principal), no per-principal bound.
   Membership open(100, absl::Seconds(60), 2);
-  for (const char* name : {"x", "y", "z"}) EXPECT_TRUE(open.Add(Req("worker", name), kT0).ok());
+  for (const char* name : {"x", "y", "z"}) EXPECT_TRUE(open.Add(Req(MEMBER_ROLE_WORKER, name), kT0).ok());
 }
 
 // Names do not steer placement: free members come in the random order
@@ -116,7 +118,7 @@ TEST(MembershipTest, FreeMembersAreOrderedByAKeyDrawnAtRandomNotByName) {
   std::vector<std::string> names;
   for (char c = 'a'; c <= 'z'; ++c) names.push_back(std::string(1, c));
   names.push_back("!");
-  for (const std::string& name : names) ASSERT_TRUE(m.Add(Req("worker", name), kT0).ok());
+  for (const std::string& name : names) ASSERT_TRUE(m.Add(Req(MEMBER_ROLE_WORKER, name), kT0).ok());
   std::vector<FreeMember> free = m.FreeMembers();
   std::sort(free.begin(), free.end(), [](const FreeMember& a, const FreeMember& b) { return a.order < b.order; });
   std::vector<std::string> placed;
@@ -133,19 +135,19 @@ TEST(MembershipTest, FreeMembersAreOrderedByAKeyDrawnAtRandomNotByName) {
 // the real one came back) never puts its address into the job's status.
 TEST(MembershipTest, RefreshReadsOnlyTheMemberThatHoldsTheJob) {
   Membership m(100, absl::Seconds(60));
-  RegisterRequest impostor = Req("shard", "s0");
+  RegisterRequest impostor = Req(MEMBER_ROLE_SHARD, "s0");
   impostor.set_address("10.0.0.66:1");
   ASSERT_TRUE(m.Add(impostor, kT0).ok());
   MemberStatus seat;
   seat.set_name("s0");
-  seat.set_role("shard");
+  seat.set_role(MEMBER_ROLE_SHARD);
   seat.set_address("10.0.0.1:1");
   seat.set_alive(true);
   m.Refresh(seat, "job-1");
   EXPECT_EQ(seat.address(), "10.0.0.1:1");
   EXPECT_FALSE(seat.alive());  // its holder is not back
   // The real one, back in its seat (re-attached: it holds the job).
-  RegisterRequest real = Req("shard", "s0");
+  RegisterRequest real = Req(MEMBER_ROLE_SHARD, "s0");
   real.set_address("10.0.0.1:1");
   Member* back = *m.Add(real, kT0, "", "s0#seat");
   back->status.set_job_id("job-1");
@@ -157,10 +159,10 @@ TEST(MembershipTest, RefreshReadsOnlyTheMemberThatHoldsTheJob) {
 
 TEST(MembershipTest, ReleaseStopsLiveWorkersAndFreesTheRest) {
   Membership m(10, absl::Seconds(60));
-  Member* w0 = *m.Add(Req("worker", "w0"), kT0);
-  Member* w1 = *m.Add(Req("worker", "w1"), kT0);
-  Member* s0 = *m.Add(Req("shard", "s0"), kT0);
-  *m.Add(Req("worker", "w2"), kT0);
+  Member* w0 = *m.Add(Req(MEMBER_ROLE_WORKER, "w0"), kT0);
+  Member* w1 = *m.Add(Req(MEMBER_ROLE_WORKER, "w1"), kT0);
+  Member* s0 = *m.Add(Req(MEMBER_ROLE_SHARD, "s0"), kT0);
+  *m.Add(Req(MEMBER_ROLE_WORKER, "w2"), kT0);
   for (Member* x : {w0, w1, s0}) x->status.set_job_id("job-1");
   w1->status.set_alive(false);
   m.Release("job-1");
@@ -179,7 +181,7 @@ TEST(MembershipTest, ReleaseStopsLiveWorkersAndFreesTheRest) {
 
 TEST(MembershipTest, AReleasedWorkerIsNotFreeUntilItHasStopped) {
   Membership m(10, absl::Seconds(60));
-  Member* w = *m.Add(Req("worker", "w"), kT0);
+  Member* w = *m.Add(Req(MEMBER_ROLE_WORKER, "w"), kT0);
   w->status.set_job_id("job-1");
   w->status.set_alive(false);  // lost, its rank given away
   m.ReleaseByName("w", "job-1");
@@ -189,7 +191,7 @@ TEST(MembershipTest, AReleasedWorkerIsNotFreeUntilItHasStopped) {
   w->Free();  // its heartbeat said it runs nothing (the coordinator's part)
   EXPECT_EQ(m.FreeMembers().size(), 1u);
   // A released member that never comes back is forgotten all the same.
-  Member* gone = *m.Add(Req("worker", "gone"), kT0);
+  Member* gone = *m.Add(Req(MEMBER_ROLE_WORKER, "gone"), kT0);
   gone->status.set_job_id("job-1");
   gone->status.set_alive(false);
   m.ReleaseByName("gone", "job-1");

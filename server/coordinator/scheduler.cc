@@ -32,7 +32,7 @@ SchedulePlan PlanSchedule(const std::vector<SchedulerJob>& fifo, std::vector<Fre
   std::sort(free.begin(), free.end(),
             [](const FreeMember& a, const FreeMember& b) { return std::tie(a.order, a.id) < std::tie(b.order, b.id); });
   std::vector<std::string> shards, workers;  // free member ids, in `order`
-  for (const FreeMember& m : free) (m.role == Role::kShard ? shards : workers).push_back(m.id);
+  for (const FreeMember& m : free) (m.role == MEMBER_ROLE_SHARD ? shards : workers).push_back(m.id);
   SchedulePlan plan;
   // The head of the queue cannot start: it says why, every job behind it
   // that it is in front of (not those passed over: see scheduler.h).

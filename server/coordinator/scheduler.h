@@ -20,7 +20,7 @@
 #include <string>
 #include <vector>
 
-#include "server/coordinator/role.h"
+#include "proto/events.pb.h"
 
 namespace pstrain {
 
@@ -46,7 +46,7 @@ struct ScheduleLimits {
 struct FreeMember {
   std::string id;
   std::string name;
-  Role role = Role::kWorker;
+  MemberRole role = MEMBER_ROLE_WORKER;
   uint64_t order = 0;
 };
 

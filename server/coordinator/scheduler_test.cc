@@ -12,10 +12,12 @@ std::vector<FreeMember> Members(int shards, int workers) {
   // Listed in name order, their order keys (drawn at random by the
   // coordinator) the other way round: the scheduler goes by the keys.
   for (int i = 0; i < workers; ++i) {
-    out.push_back({"w" + std::to_string(i) + "#1", "worker-" + std::to_string(i), Role::kWorker, uint64_t(100 - i)});
+    out.push_back({"w" + std::to_string(i) + "#1", "worker-" + std::to_string(i), MEMBER_ROLE_WORKER,
+                   uint64_t(100 - i)});
   }
   for (int i = 0; i < shards; ++i) {
-    out.push_back({"s" + std::to_string(i) + "#1", "shard-" + std::to_string(i), Role::kShard, uint64_t(100 - i)});
+    out.push_back({"s" + std::to_string(i) + "#1", "shard-" + std::to_string(i), MEMBER_ROLE_SHARD,
+                   uint64_t(100 - i)});
   }
   return out;
 }
@@ -75,7 +77,7 @@ TEST(SchedulerTest, FifoAllOrNothing) {
 // members' order keys.
 TEST(SchedulerTest, RanksFollowTheOrderKeysNotNamesAndNoMemberIsGivenTwice) {
   std::vector<FreeMember> members = Members(3, 3);
-  members.push_back({"bang#1", "!", Role::kWorker, 1000});
+  members.push_back({"bang#1", "!", MEMBER_ROLE_WORKER, 1000});
   const SchedulePlan plan = PlanSchedule({{"a", 2, 2, 0}, {"b", 1, 1, 0}}, members);
   ASSERT_EQ(plan.placements.size(), 2u);
   EXPECT_EQ(plan.placements[0].shard_ids, (std::vector<std::string>{"s2#1", "s1#1"}));

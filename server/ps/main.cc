@@ -98,7 +98,7 @@ bool FlagsValid(int shard_index, int num_shards) {
 absl::StatusOr<std::unique_ptr<pstrain::ClusterMember>> JoinCoordinator(int port) {
   pstrain::ClusterMemberOptions mo;
   mo.coordinator = absl::GetFlag(FLAGS_coordinator);
-  mo.role = "shard";
+  mo.role = pstrain::MEMBER_ROLE_SHARD;
   mo.name = pstrain::MemberName(absl::GetFlag(FLAGS_name));
   const std::string advertise =
       absl::GetFlag(FLAGS_advertise_host).empty() ? pstrain::HostName() : absl::GetFlag(FLAGS_advertise_host);
@@ -118,7 +118,7 @@ void Drain(pstrain::ClusterMember& member, pstrain::ShardStore& store, const sig
                absl::GetFlag(FLAGS_drain_timeout_s));
   pstrain::WorkerEvent draining;
   draining.set_rank(shard_index);
-  draining.mutable_draining()->set_role("shard");
+  draining.mutable_draining()->set_role(pstrain::MEMBER_ROLE_SHARD);
   member.Report(draining);
   const absl::Time deadline = absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_drain_timeout_s));
   const timespec tick{0, 100 * 1000 * 1000};

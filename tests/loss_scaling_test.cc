@@ -11,9 +11,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <mutex>
 #include <optional>
 
+#include "absl/synchronization/mutex.h"
 #include "common/torch_compat.h"
 #include "tests/trainer_testing.h"
 #include "worker/model.h"
@@ -56,12 +56,12 @@ struct TwoRanks {
 
 TwoRanks TrainTwo(const JobSpec& spec, const TrainTest& data, const LossScalerOptions& scaling) {
   TwoRanks run;
-  std::mutex mu;
+  absl::Mutex mu;
   auto adjust = [&](TrainerOptions& o) {
     o.loss_scaling = scaling;
     const int rank = o.rank;
     o.emit = [&, rank](const WorkerEvent& e) {
-      std::lock_guard<std::mutex> lock(mu);
+      absl::MutexLock lock(&mu);
       if (e.has_progress()) run.progress[rank].push_back(e.progress());
     };
   };

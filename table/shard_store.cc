@@ -25,21 +25,21 @@ using shard_internal::Unavailable;
 using shard_internal::WorstCaseBytes;
 using shard_internal::Zeros;
 
-namespace {
-
-uint64_t DefaultMaxBytes() {
+uint64_t DefaultShardMaxBytes() {
   const long pages = sysconf(_SC_PHYS_PAGES);
   const long page = sysconf(_SC_PAGE_SIZE);
   if (pages <= 0 || page <= 0) return uint64_t{1} << 34;
   return static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) / 10 * 8;
 }
 
-}  // namespace
-
-ShardStore::ShardStore(ShardStoreOptions options) : options_([&] {
-  if (options.max_bytes == 0) options.max_bytes = DefaultMaxBytes();
-  return std::move(options);
-}()) {
+ShardStore::ShardStore(ShardStoreOptions options)
+    : options_([&] {
+        if (options.budget != nullptr) options.max_bytes = options.budget->max();
+        if (options.max_bytes == 0) options.max_bytes = DefaultShardMaxBytes();
+        return std::move(options);
+      }()),
+      own_budget_(options_.budget == nullptr ? std::make_unique<ByteBudget>(options_.max_bytes) : nullptr),
+      budget_(options_.budget != nullptr ? options_.budget : own_budget_.get()) {
   reaper_ = std::thread([this] { ReaperLoop(); });
 }
 
@@ -121,20 +121,18 @@ absl::StatusOr<std::shared_ptr<ShardStore::Table>> ShardStore::FindTable(const s
 absl::StatusOr<std::shared_ptr<ShardStore::Table>> ShardStore::NewTable(const std::string& job, uint64_t attempt,
                                                                         const TableConfig& config,
                                                                         uint64_t bytes) {
-  uint64_t before = reserved_.load();
-  do {
-    if (bytes > options_.max_bytes || before > options_.max_bytes - bytes) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "job '", Quote(job), "' needs up to ", bytes, " bytes on shard ", options_.shard_index,
-          " (values, optimizer state for ", config.num_workers(), " worker(s)); ", options_.max_bytes - before,
-          " of its ", options_.max_bytes, " are free (pstrain-ps --max_memory_mb)"));
-    }
-  } while (!reserved_.compare_exchange_weak(before, before + bytes));
+  if (!budget_->TryReserve(bytes)) {
+    const uint64_t used = std::min(budget_->used(), options_.max_bytes);
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "job '", Quote(job), "' needs up to ", bytes, " bytes on shard ", options_.shard_index,
+        " (values, optimizer state for ", config.num_workers(), " worker(s)); ", options_.max_bytes - used,
+        " of its ", options_.max_bytes, " are free (pstrain-ps --max_memory_mb)"));
+  }
   auto table = std::make_shared<Table>();
   table->job = job;
   table->attempt = attempt;
   table->config = config;
-  table->budget = &reserved_;
+  table->budget = budget_;
   table->reserved = bytes;
   {
     absl::MutexLock lock(&table->seats_mu);

@@ -41,6 +41,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "common/byte_budget.h"
 #include "table/parameter_store.h"
 
 namespace pstrain {
@@ -57,6 +58,10 @@ struct ShardStoreOptions {
   // reserve (each table reserves its worst case when created); 0: 80% of
   // the machine's physical memory.
   uint64_t max_bytes = 0;
+  // The budget max_bytes sets, when the shard shares it with its embedding
+  // tables (not owned; must outlive the store; its max() is then the cap);
+  // null: the store keeps its own.
+  ByteBudget* budget = nullptr;
   size_t max_tables = 1024;
   size_t max_waiters = 65536;
   // Fault injection for tests: runs at the start of every PushAsync and PushPullAsync,
@@ -69,6 +74,10 @@ struct ShardStoreOptions {
   // (a SetWorkersAsync that replaces the pusher in the window).
   std::function<void(const std::string& job, uint32_t worker, uint32_t generation)> before_push_locks;
 };
+
+// What a shard may hold when --max_memory_mb is 0: 80% of the machine's
+// physical memory.
+uint64_t DefaultShardMaxBytes();
 
 // Limits on what one request may ask for (docs/errors.md says them).
 inline constexpr uint32_t kMaxTableWorkers = 4096;
@@ -124,7 +133,7 @@ class ShardStore : public ParameterStore {
                        const CallOptions& options, StatusCallback done) override;
 
   // Bytes reserved by the tables now (values, state, accumulators).
-  uint64_t reserved_bytes() const { return reserved_.load(); }
+  uint64_t reserved_bytes() const { return budget_->used(); }
 
   // --- Chunk export and import (shard_store_files.cc); blocking.
   // A caller's buffer of one chunk's elements: typed by construction (a
@@ -232,7 +241,8 @@ class ShardStore : public ParameterStore {
   void ReaperLoop();
 
   const ShardStoreOptions options_;
-  std::atomic<uint64_t> reserved_{0};
+  std::unique_ptr<ByteBudget> own_budget_;
+  ByteBudget* budget_;
 
   absl::Mutex mu_;
   std::map<std::string, std::shared_ptr<Table>> tables_ ABSL_GUARDED_BY(mu_);

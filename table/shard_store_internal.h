@@ -74,10 +74,10 @@ struct ShardStore::Table {
   std::unordered_map<std::string, size_t> index;
 
   // Returned to the store's budget when the last reference goes.
-  std::atomic<uint64_t>* budget = nullptr;
+  ByteBudget* budget = nullptr;
   uint64_t reserved = 0;
   ~Table() {
-    if (budget != nullptr) budget->fetch_sub(reserved);
+    if (budget != nullptr) budget->Release(reserved);
   }
 
   std::atomic<uint64_t> pushes_applied{0};

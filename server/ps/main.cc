@@ -20,13 +20,16 @@
 #include "absl/strings/str_cat.h"
 #include "common/file_util.h"
 #include "common/binary_setup.h"
+#include "common/byte_budget.h"
 #include "common/env_flags.h"
 #include "common/malloc_tuning.h"
 #include "common/metrics_server.h"
+#include "embedding/embedding_store.h"
 #include "rpc/cluster_member.h"
 #include "rpc/grpc_server.h"
 #include "rpc/security_flags.h"
 #include "rpc/table_grant.h"
+#include "server/ps/grpc_embedding_service.h"
 #include "server/ps/grpc_parameter_service.h"
 #include "table/shard_store.h"
 #include "spdlog/spdlog.h"
@@ -165,7 +168,10 @@ int main(int argc, char** argv) {
   store_options.shard_index = static_cast<uint32_t>(shard_index);
   store_options.num_shards = static_cast<uint32_t>(num_shards);
   store_options.max_wait = absl::Seconds(absl::GetFlag(FLAGS_max_wait_s));
-  store_options.max_bytes = static_cast<uint64_t>(absl::GetFlag(FLAGS_max_memory_mb)) << 20;
+  // One budget for the dense tables and the embedding tables.
+  const uint64_t max_bytes = static_cast<uint64_t>(absl::GetFlag(FLAGS_max_memory_mb)) << 20;
+  pstrain::ByteBudget budget(max_bytes != 0 ? max_bytes : pstrain::DefaultShardMaxBytes());
+  store_options.budget = &budget;
   auto root = pstrain::CanonicalRoot(absl::GetFlag(FLAGS_checkpoint_root));
   if (!root.ok()) {
     spdlog::error("pstrain-ps: --checkpoint_root: {}", std::string(root.status().message()));
@@ -173,6 +179,13 @@ int main(int argc, char** argv) {
   }
   store_options.checkpoint_root = *root;
   pstrain::ShardStore store(store_options);
+  pstrain::EmbeddingStoreOptions embedding_options;
+  embedding_options.budget = &budget;
+  embedding_options.max_wait = store_options.max_wait;
+  // A SYNC lookup waits on a server thread: keep the waiters well under
+  // the server's threads, so other calls are still served.
+  embedding_options.max_waiters = 256;
+  pstrain::EmbeddingStore embeddings(embedding_options);
   std::unique_ptr<pstrain::MetricsServer> metrics;
   std::unique_ptr<pstrain::ParameterServiceMetrics> service_metrics;
   if (absl::GetFlag(FLAGS_metrics_port) >= 0) {
@@ -208,6 +221,7 @@ int main(int argc, char** argv) {
                  "job's table first (for a job not yet started, under its own secret); give the shards the public "
                  "key of the coordinator's --table_grant_key_file");
   }
+  pstrain::GrpcEmbeddingService embedding_service(&embeddings, {service_options.tokens, service_options.grants});
   pstrain::GrpcParameterService service(&store, std::move(service_options));
   pstrain::GrpcServerOptions server_options;
   server_options.security = *server_security;
@@ -215,7 +229,7 @@ int main(int argc, char** argv) {
   server_options.address = absl::StrCat(absl::GetFlag(FLAGS_host), ":", port);
   server_options.max_message_bytes = max_mb << 20;
   server_options.port_file = absl::GetFlag(FLAGS_port_file);
-  auto server = pstrain::GrpcServer::Create(server_options, {&service});
+  auto server = pstrain::GrpcServer::Create(server_options, {&service, &embedding_service});
   if (!server.ok()) {
     spdlog::error("pstrain-ps: {}", server.status().ToString());
     return 1;
@@ -239,6 +253,7 @@ int main(int argc, char** argv) {
   if (member) member->Stop();
   spdlog::info("pstrain-ps: signal {}, draining", sig);
   store.Shutdown();
+  embeddings.Shutdown();
   (*server)->Shutdown(absl::Seconds(10));
   spdlog::info("pstrain-ps: stopped");
   return 0;

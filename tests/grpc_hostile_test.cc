@@ -254,12 +254,81 @@ void AddClusterServiceCases(const CaseAdder& add) {
   }
 }
 
+// The embedding job "job" (attempt 2, table "t" of dim 2) exists.
+void AddEmbeddingCases(const CaseAdder& add) {
+  {
+    InitEmbeddingsRequest r;
+    r.set_job("job");
+    r.set_attempt(3);
+    r.set_num_workers(1);
+    r.set_consistency(ASYNC);
+    r.set_num_shards(1);
+    add("InitEmbeddings", "no tables", r, grpc::StatusCode::INVALID_ARGUMENT);
+    EmbeddingTableConfig* t = r.add_tables();
+    t->set_name("t");
+    t->set_dim(100000);
+    t->mutable_optimizer()->set_kind(EmbeddingOptimizer::SGD);
+    t->mutable_optimizer()->set_lr(1);
+    add("InitEmbeddings", "dim 100000", r, grpc::StatusCode::INVALID_ARGUMENT);
+    t->set_dim(2);
+    r.set_shard_index(1);
+    add("InitEmbeddings", "shard past the count", r, grpc::StatusCode::INVALID_ARGUMENT);
+    r.set_shard_index(0);
+    r.set_attempt(1);
+    add("InitEmbeddings", "earlier attempt", r, grpc::StatusCode::ABORTED);
+  }
+  {
+    EmbeddingLookupRequest r;
+    r.set_job("nope");
+    add("Lookup", "unknown job", r, grpc::StatusCode::FAILED_PRECONDITION);
+    r.set_job("job");
+    r.set_attempt(1);
+    add("Lookup", "earlier attempt", r, grpc::StatusCode::ABORTED);
+    r.set_attempt(2);
+    r.set_rank(99);
+    add("Lookup", "rank out of range", r, grpc::StatusCode::INVALID_ARGUMENT);
+    r.set_rank(0);
+    EmbeddingIds* ids = r.add_tables();
+    ids->set_table("t");
+    ids->set_ids(std::string(7, '\0'));
+    add("Lookup", "ids not whole int64", r, grpc::StatusCode::INVALID_ARGUMENT);
+    ids->set_table("other");
+    ids->set_ids(std::string(8, '\0'));
+    add("Lookup", "unknown table", r, grpc::StatusCode::INVALID_ARGUMENT);
+  }
+  {
+    EmbeddingUpdateRequest r;
+    r.set_job("job");
+    r.set_attempt(2);
+    r.set_step(-1);
+    add("Update", "negative step", r, grpc::StatusCode::INVALID_ARGUMENT);
+    r.set_step(0);
+    EmbeddingIds* ids = r.add_tables();
+    ids->set_table("t");
+    ids->set_ids(std::string(8, '\0'));
+    r.add_grads(std::string(4, '\0'));  // one float of the row's two
+    add("Update", "gradient of the wrong dim", r, grpc::StatusCode::INVALID_ARGUMENT);
+  }
+  {
+    DropEmbeddingsRequest r;
+    r.set_job("job");
+    r.set_attempt(1);
+    add("DropEmbeddings", "earlier attempt", r, grpc::StatusCode::ABORTED);
+  }
+  {
+    EmbeddingStatsRequest r;
+    r.set_job("nope");
+    add("Stats", "unknown job", r, grpc::StatusCode::NOT_FOUND);
+  }
+}
+
 CaseTable Table() {
   CaseTable t;
   AddParameterCallCases(CaseAdder(&t, "/pstrain.ParameterService/"));
   AddParameterAdminCases(CaseAdder(&t, "/pstrain.ParameterService/"));
   AddJobServiceCases(CaseAdder(&t, "/pstrain.JobService/"));
   AddClusterServiceCases(CaseAdder(&t, "/pstrain.ClusterService/"));
+  AddEmbeddingCases(CaseAdder(&t, "/pstrain.EmbeddingService/"));
   return t;
 }
 
@@ -269,8 +338,9 @@ class GrpcHostileTest : public ::testing::Test {
   void TearDown() override { s_.Stop(); }
 
   std::string TargetOf(const std::string& method) {
-    return method.rfind("/pstrain.ParameterService/", 0) == 0 ? s_.ps_server->local_target()
-                                                                : s_.coordinator_server->local_target();
+    const bool shard = method.rfind("/pstrain.ParameterService/", 0) == 0 ||
+                       method.rfind("/pstrain.EmbeddingService/", 0) == 0;
+    return shard ? s_.ps_server->local_target() : s_.coordinator_server->local_target();
   }
 
   InProcessServices s_;
@@ -279,7 +349,8 @@ class GrpcHostileTest : public ::testing::Test {
 TEST_F(GrpcHostileTest, EveryRpcOfEveryServiceHasHostileCases) {
   const auto table = Table();
   std::set<std::string> methods;
-  for (const char* service : {"pstrain.ParameterService", "pstrain.JobService", "pstrain.ClusterService"}) {
+  for (const char* service :
+       {"pstrain.ParameterService", "pstrain.EmbeddingService", "pstrain.JobService", "pstrain.ClusterService"}) {
     const google::protobuf::ServiceDescriptor* d =
         google::protobuf::DescriptorPool::generated_pool()->FindServiceByName(service);
     ASSERT_NE(d, nullptr) << service;
@@ -293,6 +364,7 @@ TEST_F(GrpcHostileTest, EveryRpcOfEveryServiceHasHostileCases) {
   // The coordinator's services register exactly their descriptor's methods.
   std::set<std::string> registered(s_.jobs->method_names().begin(), s_.jobs->method_names().end());
   registered.insert(s_.cluster->method_names().begin(), s_.cluster->method_names().end());
+  registered.insert(s_.embedding_service->method_names().begin(), s_.embedding_service->method_names().end());
   for (const std::string& m : methods) {
     if (m.rfind("/pstrain.ParameterService/", 0) != 0) {
       EXPECT_GT(registered.count(m), 0u) << m;
@@ -312,6 +384,19 @@ TEST_F(GrpcHostileTest, HostileRequestsGetFittingCodesAndBoundedMessages) {
     init.mutable_config()->set_num_workers(1);
     InitTableResponse resp;
     ASSERT_TRUE(WaitFor([&](StatusCallback d) { s_.store->InitTableAsync(init, {}, &resp, {}, d); }).ok());
+    InitEmbeddingsRequest embeddings;
+    embeddings.set_job("job");
+    embeddings.set_attempt(2);
+    embeddings.set_num_workers(1);
+    embeddings.set_consistency(ASYNC);
+    embeddings.set_num_shards(1);
+    EmbeddingTableConfig* t = embeddings.add_tables();
+    t->set_name("t");
+    t->set_dim(2);
+    t->mutable_optimizer()->set_kind(EmbeddingOptimizer::SGD);
+    t->mutable_optimizer()->set_lr(1);
+    InitEmbeddingsResponse made;
+    ASSERT_TRUE(s_.embeddings->Init(embeddings, &made).ok());
   }
   const std::string garbage("\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01", 11);
   for (const auto& [method, cases] : Table()) {
@@ -357,6 +442,12 @@ TEST_F(GrpcHostileTest, HostileRequestsGetFittingCodesAndBoundedMessages) {
   EXPECT_EQ(st.tables(0).attempt(), 2u);
   EXPECT_EQ(st.tables(0).pushes_applied(), 0u);
   EXPECT_TRUE(s_.coordinator->ListJobs().empty());
+  EmbeddingStatsRequest embedding_stats;
+  embedding_stats.set_job("job");
+  EmbeddingStatsResponse est;
+  ASSERT_TRUE(s_.embeddings->Stats(embedding_stats, &est).ok());
+  EXPECT_EQ(est.tables(0).rows(), 0);  // no hostile request made a row
+  EXPECT_EQ(est.tables(0).updates(), 0);
 }
 
 }  // namespace

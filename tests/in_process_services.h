@@ -1,5 +1,6 @@
 // Every pstrain gRPC service in this process, on 127.0.0.1: a shard server
-// (ParameterService over a ShardStore) and a coordinator server (JobService
+// (ParameterService over a ShardStore, EmbeddingService over an
+// EmbeddingStore) and a coordinator server (JobService
 // and ClusterService over a Coordinator without a background tick), for
 // tests that call the services as a remote client would.
 #ifndef PSTRAIN_TESTS_IN_PROCESS_SERVICES_H_
@@ -10,8 +11,10 @@
 
 #include "absl/status/status.h"
 #include "common/file_util.h"
+#include "embedding/embedding_store.h"
 #include "rpc/grpc_server.h"
 #include "server/coordinator/grpc_coordinator_service.h"
+#include "server/ps/grpc_embedding_service.h"
 #include "server/ps/grpc_parameter_service.h"
 #include "rpc/table_grant.h"
 #include "table/shard_store.h"
@@ -33,7 +36,10 @@ struct InProcessServices {
     store = std::make_unique<ShardStore>(so);
     ps_service = std::make_unique<GrpcParameterService>(
         store.get(), GrpcParameterService::Options{nullptr, security.tokens, grant_verifier});
-    auto ps = GrpcServer::Create(options, {ps_service.get()});
+    embeddings = std::make_unique<EmbeddingStore>(EmbeddingStoreOptions{});
+    embedding_service = std::make_unique<GrpcEmbeddingService>(
+        embeddings.get(), GrpcEmbeddingService::Options{security.tokens, grant_verifier});
+    auto ps = GrpcServer::Create(options, {ps_service.get(), embedding_service.get()});
     if (!ps.ok()) return ps.status();
     ps_server = std::move(*ps);
 
@@ -58,6 +64,7 @@ struct InProcessServices {
 
   void Stop() {
     if (store) store->Shutdown();
+    if (embeddings) embeddings->Shutdown();
     if (ps_server) ps_server->Shutdown();
     if (coordinator) coordinator->Shutdown();
     if (coordinator_server) coordinator_server->Shutdown();
@@ -69,6 +76,8 @@ struct InProcessServices {
   std::shared_ptr<const TableGrantVerifier> grant_verifier;
   std::unique_ptr<ShardStore> store;
   std::unique_ptr<GrpcParameterService> ps_service;
+  std::unique_ptr<EmbeddingStore> embeddings;
+  std::unique_ptr<GrpcEmbeddingService> embedding_service;
   std::unique_ptr<GrpcServer> ps_server;
   std::unique_ptr<Coordinator> coordinator;
   std::unique_ptr<GrpcJobService> jobs;

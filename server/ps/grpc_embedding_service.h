@@ -6,7 +6,8 @@
 // - with a grant key, InitEmbeddings needs the coordinator's table grant for
 //   the job, attempt and secret (rpc/table_grant.h);
 // - DropEmbeddings is the coordinator's (a coordinator token).
-// Synchronous handlers: a SYNC lookup waits on its thread, bounded by the
+// Synchronous handlers (a ParsingService: bytes that are not the request get
+// INVALID_ARGUMENT): a SYNC lookup waits on its thread, bounded by the
 // store's max_waiters and the call's deadline.
 #ifndef PSTRAIN_SERVER_PS_GRPC_EMBEDDING_SERVICE_H_
 #define PSTRAIN_SERVER_PS_GRPC_EMBEDDING_SERVICE_H_
@@ -14,34 +15,35 @@
 #include <memory>
 
 #include "embedding/embedding_store.h"
-#include "proto/embedding.grpc.pb.h"
+#include "proto/embedding.pb.h"
+#include "rpc/grpc_parsing_service.h"
 #include "rpc/table_grant.h"
 #include "rpc/token_table.h"
 #include "server/ps/job_secrets.h"
 
 namespace pstrain {
 
-class GrpcEmbeddingService final : public EmbeddingService::Service {
+class GrpcEmbeddingService final : public ParsingService {
  public:
   struct Options {
     std::shared_ptr<TokenTable> tokens;                // null: authentication off
     std::shared_ptr<const TableGrantVerifier> grants;  // null: no grants checked
   };
   // `store` is not owned and must outlive the service.
-  GrpcEmbeddingService(EmbeddingStore* store, Options options) : store_(store), options_(std::move(options)) {}
-
-  grpc::Status InitEmbeddings(grpc::ServerContext* context, const InitEmbeddingsRequest* request,
-                              InitEmbeddingsResponse* response) override;
-  grpc::Status Lookup(grpc::ServerContext* context, const EmbeddingLookupRequest* request,
-                      EmbeddingLookupResponse* response) override;
-  grpc::Status Update(grpc::ServerContext* context, const EmbeddingUpdateRequest* request,
-                      EmbeddingUpdateResponse* response) override;
-  grpc::Status DropEmbeddings(grpc::ServerContext* context, const DropEmbeddingsRequest* request,
-                              DropEmbeddingsResponse* response) override;
-  grpc::Status Stats(grpc::ServerContext* context, const EmbeddingStatsRequest* request,
-                     EmbeddingStatsResponse* response) override;
+  GrpcEmbeddingService(EmbeddingStore* store, Options options);
 
  private:
+  grpc::Status InitEmbeddings(grpc::ServerContext* context, const InitEmbeddingsRequest& request,
+                              InitEmbeddingsResponse* response);
+  grpc::Status Lookup(grpc::ServerContext* context, const EmbeddingLookupRequest& request,
+                      EmbeddingLookupResponse* response);
+  grpc::Status Update(grpc::ServerContext* context, const EmbeddingUpdateRequest& request,
+                      EmbeddingUpdateResponse* response);
+  grpc::Status DropEmbeddings(grpc::ServerContext* context, const DropEmbeddingsRequest& request,
+                              DropEmbeddingsResponse* response);
+  grpc::Status Stats(grpc::ServerContext* context, const EmbeddingStatsRequest& request,
+                     EmbeddingStatsResponse* response);
+
   EmbeddingStore* const store_;
   const Options options_;
   JobSecrets secrets_;

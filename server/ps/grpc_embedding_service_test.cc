@@ -9,6 +9,7 @@
 #include <cstring>
 #include <vector>
 
+#include "proto/embedding.grpc.pb.h"
 #include "rpc/grpc_server.h"
 #include "rpc/grpc_tensor_coding.h"
 

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 #include <torch/optim/adagrad.h>
 
+#include <iostream>
 #include <string>
 
 #include "absl/strings/str_cat.h"

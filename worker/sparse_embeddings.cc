@@ -1,0 +1,203 @@
+#include "worker/sparse_embeddings.h"
+
+#include <ATen/ops/embedding_bag.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
+#include <ATen/ops/zeros_like.h>
+#include <c10/util/Exception.h>
+
+#include <cstring>
+#include <utility>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+
+namespace pstrain {
+
+absl::Status RemoteEmbeddingRows::Lookup(int64_t step, const std::vector<std::vector<int64_t>>& unique_ids,
+                                         std::vector<std::vector<float>>* rows) {
+  return client_->Lookup(step, unique_ids, rows);
+}
+
+absl::Status RemoteEmbeddingRows::Update(int64_t step, const std::vector<std::vector<int64_t>>& unique_ids,
+                                         const std::vector<const float*>& grads) {
+  return client_->Update(step, unique_ids, grads);
+}
+
+absl::StatusOr<std::unique_ptr<LocalEmbeddingRows>> LocalEmbeddingRows::Create(
+    const std::vector<EmbeddingTableConfig>& configs) {
+  if (configs.empty()) return absl::InvalidArgumentError("LocalEmbeddingRows needs at least one table");
+  std::vector<std::unique_ptr<EmbeddingTable>> tables;
+  for (const EmbeddingTableConfig& config : configs) {
+    // No shard-wide budget: the process's memory is the test's or the
+    // one-process run's to mind (a table's own eviction cap still holds).
+    auto table = EmbeddingTable::Create(config, /*budget=*/nullptr);
+    if (!table.ok()) return table.status();
+    tables.push_back(std::move(*table));
+  }
+  return std::unique_ptr<LocalEmbeddingRows>(new LocalEmbeddingRows(std::move(tables)));
+}
+
+absl::Status LocalEmbeddingRows::Lookup(int64_t step, const std::vector<std::vector<int64_t>>& unique_ids,
+                                        std::vector<std::vector<float>>* rows) {
+  if (unique_ids.size() != tables_.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ids for ", unique_ids.size(), " tables; the job has ", tables_.size()));
+  }
+  rows->resize(tables_.size());
+  for (size_t t = 0; t < tables_.size(); ++t) {
+    (*rows)[t].resize(unique_ids[t].size() * tables_[t]->dim());
+    absl::Status s = tables_[t]->Lookup(unique_ids[t], step, (*rows)[t].data());
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LocalEmbeddingRows::Update(int64_t step, const std::vector<std::vector<int64_t>>& unique_ids,
+                                        const std::vector<const float*>& grads) {
+  if (unique_ids.size() != tables_.size() || grads.size() != tables_.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("ids for ", unique_ids.size(), " tables and grads for ",
+                                                   grads.size(), "; the job has ", tables_.size()));
+  }
+  for (size_t t = 0; t < tables_.size(); ++t) {
+    if (unique_ids[t].empty()) continue;
+    // As EmbeddingStore::Update's ASYNC path with one worker: scale
+    // 1 / num_workers = 1, and optimizer steps counted from 1.
+    absl::Status s = tables_[t]->Update(unique_ids[t], grads[t], step + 1, /*grad_scale=*/1.0);
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<SparseEmbeddings>> SparseEmbeddings::Create(EmbeddingRows* rows,
+                                                                           std::vector<SparseFieldConfig> fields) {
+  if (rows == nullptr) return absl::InvalidArgumentError("SparseEmbeddings needs its EmbeddingRows");
+  if (fields.size() > static_cast<size_t>(kCriteoSparseFields)) {
+    return absl::InvalidArgumentError(absl::StrCat(fields.size(), " sparse fields; a batch has ", kCriteoSparseFields));
+  }
+  for (size_t f = 0; f < fields.size(); ++f) {
+    if (fields[f].table < 0 || static_cast<size_t>(fields[f].table) >= rows->num_tables()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("field ", f, " reads table ", fields[f].table, "; there are ", rows->num_tables()));
+    }
+  }
+  return std::unique_ptr<SparseEmbeddings>(new SparseEmbeddings(rows, std::move(fields)));
+}
+
+absl::Status SparseEmbeddings::Deduplicate(const CriteoBatch& batch, std::vector<std::vector<int64_t>>* positions) {
+  const int64_t b = batch.size();
+  unique_ids_.assign(rows_->num_tables(), {});
+  std::vector<absl::flat_hash_map<int64_t, int64_t>> index(rows_->num_tables());
+  positions->assign(fields_.size(), {});
+  for (size_t f = 0; f < fields_.size(); ++f) {
+    // The offsets are checked here, before embedding_bag reads them: a bad
+    // batch is an error for the caller, not a torch exception mid-pool.
+    const std::vector<int64_t>& offsets = batch.sparse_offsets[f];
+    const std::vector<int64_t>& ids = batch.sparse_ids[f];
+    if (static_cast<int64_t>(offsets.size()) != b + 1 || offsets.front() != 0 ||
+        offsets.back() != static_cast<int64_t>(ids.size())) {
+      return absl::InvalidArgumentError(absl::StrCat("field ", f, ": ", offsets.size(), " offsets ending at ",
+                                                     offsets.empty() ? -1 : offsets.back(), " for ", b,
+                                                     " examples and ", ids.size(), " ids"));
+    }
+    for (int64_t i = 0; i < b; ++i) {
+      if (offsets[i] > offsets[i + 1]) {
+        return absl::InvalidArgumentError(absl::StrCat("field ", f, ": offsets decrease at example ", i));
+      }
+    }
+    const int t = fields_[f].table;
+    std::vector<int64_t>& pos = (*positions)[f];
+    pos.reserve(ids.size());
+    for (int64_t id : ids) {
+      auto [it, inserted] = index[t].try_emplace(id, static_cast<int64_t>(unique_ids_[t].size()));
+      if (inserted) unique_ids_[t].push_back(id);
+      pos.push_back(it->second);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SparseEmbeddings::Pool(const CriteoBatch& batch, const std::vector<std::vector<int64_t>>& positions,
+                                    std::vector<at::Tensor>* pooled) const {
+  const int64_t b = batch.size();
+  const auto i64 = at::TensorOptions().dtype(at::kLong);
+  pooled->clear();
+  for (size_t f = 0; f < fields_.size(); ++f) {
+    const int t = fields_[f].table;
+    const int64_t dim = rows_->dim(t);
+    if (unique_ids_[t].empty()) {
+      // Every bag of the field is empty: zeros either way, and nothing for
+      // the gradient to reach.
+      pooled->push_back(at::zeros({b, dim}));
+      continue;
+    }
+    // from_blob would alias the vectors this object overwrites next step;
+    // autograd may keep the indices alive longer, so they are copied.
+    at::Tensor indices = at::empty({static_cast<int64_t>(positions[f].size())}, i64);
+    std::memcpy(indices.data_ptr<int64_t>(), positions[f].data(), positions[f].size() * sizeof(int64_t));
+    at::Tensor offsets = at::empty({b + 1}, i64);
+    std::memcpy(offsets.data_ptr<int64_t>(), batch.sparse_offsets[f].data(), (b + 1) * sizeof(int64_t));
+    const int64_t mode = fields_[f].pooling == EmbeddingPooling::kMean ? 1 : 0;
+    // include_last_offset: the batch's offsets carry the end of the last
+    // bag, as CSR does; embedding_bag gives an empty bag zeros in sum and
+    // mean alike.
+    pooled->push_back(std::get<0>(at::embedding_bag(leaves_[t], indices, offsets, /*scale_grad_by_freq=*/false, mode,
+                                                    /*sparse=*/false, /*per_sample_weights=*/{},
+                                                    /*include_last_offset=*/true)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SparseEmbeddings::Forward(int64_t step, const CriteoBatch& batch, std::vector<at::Tensor>* pooled) {
+  pending_ = false;
+  leaves_.clear();
+  std::vector<std::vector<int64_t>> positions;
+  absl::Status s = Deduplicate(batch, &positions);
+  if (!s.ok()) return s;
+  std::vector<std::vector<float>> rows;
+  s = rows_->Lookup(step, unique_ids_, &rows);
+  if (!s.ok()) return s;
+  if (rows.size() != unique_ids_.size()) {
+    return absl::InternalError(absl::StrCat("lookup answered ", rows.size(), " tables of ", unique_ids_.size()));
+  }
+  try {
+    for (size_t t = 0; t < unique_ids_.size(); ++t) {
+      const int64_t n = static_cast<int64_t>(unique_ids_[t].size()), dim = rows_->dim(t);
+      if (static_cast<int64_t>(rows[t].size()) != n * dim) {
+        return absl::InternalError(
+            absl::StrCat("lookup answered ", rows[t].size(), " floats for table ", t, "; expected ", n * dim));
+      }
+      at::Tensor leaf = at::empty({n, dim});
+      if (n > 0) std::memcpy(leaf.data_ptr<float>(), rows[t].data(), rows[t].size() * sizeof(float));
+      leaf.requires_grad_(true);
+      leaves_.push_back(std::move(leaf));
+    }
+    s = Pool(batch, positions, pooled);
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("pooling embeddings: ", e.what_without_backtrace()));
+  }
+  if (s.ok()) pending_ = true;
+  return s;
+}
+
+absl::Status SparseEmbeddings::Backward(int64_t step) {
+  if (!pending_) return absl::FailedPreconditionError("Backward without a Forward since the last one");
+  pending_ = false;
+  // Kept alive until Update returns: grads point into them.
+  std::vector<at::Tensor> grads(leaves_.size());
+  std::vector<const float*> pointers(leaves_.size(), nullptr);
+  try {
+    for (size_t t = 0; t < leaves_.size(); ++t) {
+      const at::Tensor& g = leaves_[t].grad();
+      // A row the loss never reached (a field the model ignores) has no
+      // gradient; the shard still expects one row per id.
+      grads[t] = g.defined() ? g.contiguous() : at::zeros_like(leaves_[t]);
+      pointers[t] = grads[t].data_ptr<float>();
+    }
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("reading embedding gradients: ", e.what_without_backtrace()));
+  }
+  return rows_->Update(step, unique_ids_, pointers);
+}
+
+}  // namespace pstrain

@@ -1,0 +1,148 @@
+// The worker side of sparse embedding tables (docs/embeddings.md): per batch
+// a worker pulls only the rows the batch touches, pools them per feature
+// field into dense tensors for the model, and after the backward pass pushes
+// one summed gradient per row it pulled.
+//
+//   EmbeddingRows       where rows live: the job's shards over gRPC
+//                       (RemoteEmbeddingRows) or tables in this process
+//                       (LocalEmbeddingRows: tests, one-process runs);
+//   SparseEmbeddings    deduplication, pooling and the gradient push, over
+//                       any EmbeddingRows.
+//
+// One step is Forward -> (model, loss.backward()) -> Backward, on one thread.
+#ifndef PSTRAIN_WORKER_SPARSE_EMBEDDINGS_H_
+#define PSTRAIN_WORKER_SPARSE_EMBEDDINGS_H_
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "embedding/embedding_table.h"
+#include "proto/embedding.pb.h"
+#include "rpc/grpc_embedding_client.h"
+#include "worker/criteo_data.h"
+
+namespace pstrain {
+
+// Rows of a job's embedding tables, table t as the job lists it. Ids given
+// are unique per table (SparseEmbeddings deduplicates).
+class EmbeddingRows {
+ public:
+  virtual ~EmbeddingRows() = default;
+  // rows[t] = the rows of unique_ids[t], unique_ids[t].size() x dim(t)
+  // floats, row-major, for training step `step`.
+  virtual absl::Status Lookup(int64_t step, const std::vector<std::vector<int64_t>>& unique_ids,
+                              std::vector<std::vector<float>>* rows) = 0;
+  // grads[t]: one gradient row (dim(t) floats) per id of unique_ids[t]; the
+  // gradient of step `step`. Every table is named every step, with no ids
+  // where the batch had none (a SYNC shard counts a step once every rank
+  // has sent it).
+  virtual absl::Status Update(int64_t step, const std::vector<std::vector<int64_t>>& unique_ids,
+                              const std::vector<const float*>& grads) = 0;
+  virtual size_t num_tables() const = 0;
+  virtual int dim(size_t table) const = 0;
+};
+
+// The job's shards. The client must be Init'ed (it knows the tables' dims
+// from then on) and outlive this object. Thread-safety as the client's.
+class RemoteEmbeddingRows : public EmbeddingRows {
+ public:
+  RemoteEmbeddingRows(GrpcEmbeddingClient* client, size_t num_tables) : client_(client), num_tables_(num_tables) {}
+  absl::Status Lookup(int64_t step, const std::vector<std::vector<int64_t>>& unique_ids,
+                      std::vector<std::vector<float>>* rows) override;
+  absl::Status Update(int64_t step, const std::vector<std::vector<int64_t>>& unique_ids,
+                      const std::vector<const float*>& grads) override;
+  size_t num_tables() const override { return num_tables_; }
+  int dim(size_t table) const override { return client_->dim(table); }
+
+ private:
+  GrpcEmbeddingClient* client_;
+  const size_t num_tables_;
+};
+
+// Whole tables in this process, with no shard and no network: what one
+// ASYNC shard does for a job of one worker (each update applied at once,
+// grad_scale 1, at step + 1). Owns its tables. Thread-safe (the tables are).
+class LocalEmbeddingRows : public EmbeddingRows {
+ public:
+  // INVALID_ARGUMENT for a config EmbeddingTable refuses, or none.
+  static absl::StatusOr<std::unique_ptr<LocalEmbeddingRows>> Create(const std::vector<EmbeddingTableConfig>& tables);
+  absl::Status Lookup(int64_t step, const std::vector<std::vector<int64_t>>& unique_ids,
+                      std::vector<std::vector<float>>* rows) override;
+  absl::Status Update(int64_t step, const std::vector<std::vector<int64_t>>& unique_ids,
+                      const std::vector<const float*>& grads) override;
+  size_t num_tables() const override { return tables_.size(); }
+  int dim(size_t table) const override { return tables_[table]->dim(); }
+  EmbeddingTable& table(size_t t) { return *tables_[t]; }
+
+ private:
+  explicit LocalEmbeddingRows(std::vector<std::unique_ptr<EmbeddingTable>> tables) : tables_(std::move(tables)) {}
+  std::vector<std::unique_ptr<EmbeddingTable>> tables_;
+};
+
+// How a field's ids (several per example in a multi-hot field) become one
+// vector: torch's EmbeddingBag modes. An example with no id gets zeros in
+// both modes.
+enum class EmbeddingPooling { kSum, kMean };
+
+// Field f of the batch (sparse_ids[f]) reads table `table`; several fields
+// may share a table (their ids share rows).
+struct SparseFieldConfig {
+  int table = 0;
+  EmbeddingPooling pooling = EmbeddingPooling::kSum;
+};
+
+// Turns a batch's ids into pooled tensors and their gradients into one
+// Update. Per Forward, each table's ids over every field that reads it are
+// deduplicated and looked up once into a leaf tensor [unique, dim] that
+// requires grad; each field pools its bags from its table's leaf with
+// at::embedding_bag. After loss.backward(), a leaf's grad row is already the
+// sum over every occurrence of that id, so Backward pushes it as it is.
+//
+// Not thread-safe: one thread runs Forward, then Backward, per step. Holds
+// the last Forward's leaves until the next Forward. `rows` must outlive it.
+class SparseEmbeddings {
+ public:
+  // fields[f] configures batch field f (at most kCriteoSparseFields); its
+  // table must be < rows->num_tables(). INVALID_ARGUMENT otherwise.
+  static absl::StatusOr<std::unique_ptr<SparseEmbeddings>> Create(EmbeddingRows* rows,
+                                                                  std::vector<SparseFieldConfig> fields);
+
+  // pooled[f] = field f's pooled rows, [batch.size(), dim] float32, part of
+  // the autograd graph. INVALID_ARGUMENT for a batch whose offsets do not
+  // describe its ids; the lookup's error as it is.
+  absl::Status Forward(int64_t step, const CriteoBatch& batch, std::vector<at::Tensor>* pooled);
+
+  // Pushes the gradient of the last Forward's rows (zeros for a row the
+  // loss did not reach) for step `step`. FAILED_PRECONDITION without a
+  // Forward since the last Backward.
+  absl::Status Backward(int64_t step);
+
+  // The last Forward's unique ids per table, in the order of its rows.
+  const std::vector<std::vector<int64_t>>& unique_ids() const { return unique_ids_; }
+  // The last Forward's leaf per table ([unique, dim]; undefined with none).
+  const std::vector<at::Tensor>& leaves() const { return leaves_; }
+
+ private:
+  SparseEmbeddings(EmbeddingRows* rows, std::vector<SparseFieldConfig> fields)
+      : rows_(rows), fields_(std::move(fields)) {}
+  // Fills unique_ids_ and, per field, the positions of its ids in its
+  // table's unique ids.
+  absl::Status Deduplicate(const CriteoBatch& batch, std::vector<std::vector<int64_t>>* positions);
+  absl::Status Pool(const CriteoBatch& batch, const std::vector<std::vector<int64_t>>& positions,
+                    std::vector<at::Tensor>* pooled) const;
+
+  EmbeddingRows* rows_;
+  const std::vector<SparseFieldConfig> fields_;
+  std::vector<std::vector<int64_t>> unique_ids_;
+  std::vector<at::Tensor> leaves_;
+  bool pending_ = false;  // a Forward whose gradient is not pushed yet
+};
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_WORKER_SPARSE_EMBEDDINGS_H_

@@ -1,0 +1,254 @@
+#include "worker/sparse_embeddings.h"
+
+#include <ATen/Functions.h>
+#include <ATen/TensorOperators.h>
+#include <ATen/ops/allclose.h>
+#include <ATen/ops/embedding_bag.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <map>
+#include <set>
+
+namespace pstrain {
+namespace {
+
+// Rows as a function of (table, id, column), so a test knows every value;
+// records what SparseEmbeddings asks for.
+class FakeEmbeddingRows : public EmbeddingRows {
+ public:
+  explicit FakeEmbeddingRows(std::vector<int> dims) : dims_(std::move(dims)) {}
+  static float Value(size_t t, int64_t id, int k) { return 0.1f * static_cast<float>(id % 13) + 0.01f * k + t; }
+
+  absl::Status Lookup(int64_t step, const std::vector<std::vector<int64_t>>& ids,
+                      std::vector<std::vector<float>>* rows) override {
+    ++lookups;
+    looked_up = ids;
+    last_step = step;
+    rows->assign(ids.size(), {});
+    for (size_t t = 0; t < ids.size(); ++t) {
+      for (int64_t id : ids[t]) {
+        for (int k = 0; k < dims_[t]; ++k) (*rows)[t].push_back(Value(t, id, k));
+      }
+    }
+    return absl::OkStatus();
+  }
+  absl::Status Update(int64_t step, const std::vector<std::vector<int64_t>>& ids,
+                      const std::vector<const float*>& grads) override {
+    ++updates;
+    last_step = step;
+    pushed.clear();
+    for (size_t t = 0; t < ids.size(); ++t) {
+      for (size_t i = 0; i < ids[t].size(); ++i) {
+        EXPECT_EQ(pushed[t].count(ids[t][i]), 0u) << "id " << ids[t][i] << " pushed twice";
+        pushed[t][ids[t][i]].assign(grads[t] + i * dims_[t], grads[t] + (i + 1) * dims_[t]);
+      }
+    }
+    pushed_tables = ids.size();
+    return absl::OkStatus();
+  }
+  size_t num_tables() const override { return dims_.size(); }
+  int dim(size_t table) const override { return dims_[table]; }
+
+  int lookups = 0, updates = 0;
+  int64_t last_step = -1;
+  size_t pushed_tables = 0;
+  std::vector<std::vector<int64_t>> looked_up;
+  std::map<size_t, std::map<int64_t, std::vector<float>>> pushed;
+
+ private:
+  std::vector<int> dims_;
+};
+
+// A batch of bags[f][i] = field f's ids of example i.
+CriteoBatch MakeBatch(const std::vector<std::vector<std::vector<int64_t>>>& bags) {
+  CriteoBatch batch;
+  batch.Clear();
+  const size_t b = bags.empty() ? 0 : bags[0].size();
+  batch.labels.assign(b, 0.f);
+  batch.dense.assign(b * kCriteoDenseFields, 0.f);
+  for (size_t f = 0; f < bags.size(); ++f) {
+    for (const auto& bag : bags[f]) {
+      batch.sparse_ids[f].insert(batch.sparse_ids[f].end(), bag.begin(), bag.end());
+      batch.sparse_offsets[f].push_back(static_cast<int64_t>(batch.sparse_ids[f].size()));
+    }
+  }
+  return batch;
+}
+
+at::Tensor Rows(const std::vector<std::vector<float>>& rows) {
+  const int64_t n = static_cast<int64_t>(rows.size()), d = n ? static_cast<int64_t>(rows[0].size()) : 0;
+  at::Tensor t = at::empty({n, d});
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t k = 0; k < d; ++k) t[i][k] = rows[i][k];
+  }
+  return t;
+}
+
+TEST(SparseEmbeddingsTest, PoolsSumAndMeanAsByHand) {
+  FakeEmbeddingRows rows({2});
+  auto emb = SparseEmbeddings::Create(&rows, {{0, EmbeddingPooling::kSum}, {0, EmbeddingPooling::kMean}});
+  ASSERT_TRUE(emb.ok()) << emb.status();
+  // Example 0: ids 1 and 2; example 1: none; example 2: 1, 1 and -1.
+  const std::vector<std::vector<int64_t>> bags = {{1, 2}, {}, {1, 1, -1}};
+  CriteoBatch batch = MakeBatch({bags, bags});
+  std::vector<at::Tensor> pooled;
+  ASSERT_TRUE((*emb)->Forward(5, batch, &pooled).ok());
+  ASSERT_EQ(pooled.size(), 2u);
+  auto v = [](int64_t id, int k) { return FakeEmbeddingRows::Value(0, id, k); };
+  std::vector<std::vector<float>> sum, mean;
+  for (int k = 0; k < 2; ++k) {
+    // -1 % 13 is -1 in C++: the missing id's row is as distinct as any.
+    sum.push_back({v(1, k) + v(2, k), 0.f, 2 * v(1, k) + v(-1, k)});
+    mean.push_back({(v(1, k) + v(2, k)) / 2, 0.f, (2 * v(1, k) + v(-1, k)) / 3});
+  }
+  EXPECT_TRUE(at::allclose(pooled[0], Rows(sum).t(), 1e-6, 1e-6)) << pooled[0];
+  EXPECT_TRUE(at::allclose(pooled[1], Rows(mean).t(), 1e-6, 1e-6)) << pooled[1];
+  EXPECT_EQ(rows.lookups, 1);
+  EXPECT_EQ(rows.last_step, 5);
+  ASSERT_EQ(rows.looked_up.size(), 1u);
+  EXPECT_EQ(rows.looked_up[0], (std::vector<int64_t>{1, 2, -1}));
+}
+
+// Three fields over two tables, ids repeated within a bag, across examples
+// and across fields: each distinct id is looked up once, and the gradient
+// pushed for it equals the gradient of that row in a dense reference
+// (embedding_bag over a full weight tensor holding the same rows).
+TEST(SparseEmbeddingsTest, LooksUpEachIdOnceAndPushesSummedGradients) {
+  FakeEmbeddingRows rows({3, 2});
+  const std::vector<SparseFieldConfig> fields = {
+      {0, EmbeddingPooling::kSum}, {1, EmbeddingPooling::kMean}, {0, EmbeddingPooling::kMean}};
+  auto emb = SparseEmbeddings::Create(&rows, fields);
+  ASSERT_TRUE(emb.ok()) << emb.status();
+  const std::vector<std::vector<std::vector<int64_t>>> bags = {
+      {{7, 7, 3}, {3}, {}, {-1, 9}},
+      {{4}, {4, 4, 4}, {8}, {}},
+      {{9, 7}, {}, {3, 3}, {100}},
+  };
+  CriteoBatch batch = MakeBatch(bags);
+  std::vector<at::Tensor> pooled;
+  ASSERT_TRUE((*emb)->Forward(11, batch, &pooled).ok());
+  EXPECT_EQ(rows.lookups, 1);
+  ASSERT_EQ(rows.looked_up.size(), 2u);
+  std::vector<std::set<int64_t>> distinct(2);
+  for (size_t f = 0; f < fields.size(); ++f) {
+    for (const auto& bag : bags[f]) distinct[fields[f].table].insert(bag.begin(), bag.end());
+  }
+  for (size_t t = 0; t < 2; ++t) {
+    std::set<int64_t> seen(rows.looked_up[t].begin(), rows.looked_up[t].end());
+    EXPECT_EQ(seen.size(), rows.looked_up[t].size()) << "table " << t << " looked an id up twice";
+    EXPECT_EQ(seen, distinct[t]);
+  }
+  // Weights per output element make every row's gradient distinct.
+  at::Tensor loss = at::zeros({});
+  std::vector<at::Tensor> weights;
+  for (size_t f = 0; f < pooled.size(); ++f) {
+    weights.push_back(at::arange(pooled[f].numel(), at::kFloat).reshape(pooled[f].sizes()) * (f + 1.0) / 10.0);
+    loss = loss + (pooled[f] * weights[f]).sum();
+  }
+  loss.backward();
+  ASSERT_TRUE((*emb)->Backward(11).ok());
+  EXPECT_EQ(rows.updates, 1);
+  EXPECT_EQ(rows.pushed_tables, 2u);
+
+  // The dense reference: table t as a [distinct, dim] weight in sorted id
+  // order (another order than the one under test).
+  for (size_t t = 0; t < 2; ++t) {
+    const std::vector<int64_t> sorted(distinct[t].begin(), distinct[t].end());
+    std::vector<std::vector<float>> values;
+    for (int64_t id : sorted) {
+      values.push_back({});
+      for (int k = 0; k < rows.dim(t); ++k) values.back().push_back(FakeEmbeddingRows::Value(t, id, k));
+    }
+    at::Tensor weight = Rows(values).requires_grad_(true);
+    at::Tensor ref_loss = at::zeros({});
+    for (size_t f = 0; f < fields.size(); ++f) {
+      if (static_cast<size_t>(fields[f].table) != t) continue;
+      std::vector<int64_t> index, offsets = {0};
+      for (const auto& bag : bags[f]) {
+        for (int64_t id : bag) index.push_back(std::lower_bound(sorted.begin(), sorted.end(), id) - sorted.begin());
+        offsets.push_back(static_cast<int64_t>(index.size()));
+      }
+      const int64_t mode = fields[f].pooling == EmbeddingPooling::kMean ? 1 : 0;
+      at::Tensor out = std::get<0>(at::embedding_bag(weight, at::tensor(index, at::kLong),
+                                                     at::tensor(offsets, at::kLong), false, mode, false, {}, true));
+      EXPECT_TRUE(at::allclose(out, pooled[f].detach(), 1e-6, 1e-6)) << "field " << f;
+      ref_loss = ref_loss + (out * weights[f]).sum();
+    }
+    ref_loss.backward();
+    for (size_t i = 0; i < sorted.size(); ++i) {
+      ASSERT_EQ(rows.pushed[t].count(sorted[i]), 1u) << "table " << t << " id " << sorted[i];
+      const std::vector<float>& got = rows.pushed[t][sorted[i]];
+      for (int k = 0; k < rows.dim(t); ++k) {
+        EXPECT_NEAR(got[k], weight.grad()[i][k].item<float>(), 1e-5) << "table " << t << " id " << sorted[i];
+      }
+    }
+  }
+}
+
+TEST(SparseEmbeddingsTest, TableWithNoIdsGivesZerosAndAnEmptyUpdate) {
+  FakeEmbeddingRows rows({2, 4});
+  auto emb = SparseEmbeddings::Create(&rows, {{0, EmbeddingPooling::kSum}, {1, EmbeddingPooling::kMean}});
+  ASSERT_TRUE(emb.ok());
+  CriteoBatch batch = MakeBatch({{{5}, {6}}, {{}, {}}});
+  std::vector<at::Tensor> pooled;
+  ASSERT_TRUE((*emb)->Forward(0, batch, &pooled).ok());
+  ASSERT_EQ(pooled.size(), 2u);
+  EXPECT_EQ(pooled[1].sizes(), (at::IntArrayRef{2, 4}));
+  EXPECT_EQ(pooled[1].abs().sum().item<float>(), 0.f);
+  (pooled[0].sum() + pooled[1].sum()).backward();
+  ASSERT_TRUE((*emb)->Backward(0).ok());
+  EXPECT_EQ(rows.pushed_tables, 2u);
+  EXPECT_TRUE(rows.pushed[1].empty());
+  EXPECT_EQ(rows.pushed[0][5], (std::vector<float>{1.f, 1.f}));
+}
+
+TEST(SparseEmbeddingsTest, UnreachedRowsPushZeros) {
+  FakeEmbeddingRows rows({2});
+  auto emb = SparseEmbeddings::Create(&rows, {{0, EmbeddingPooling::kSum}});
+  ASSERT_TRUE(emb.ok());
+  std::vector<at::Tensor> pooled;
+  ASSERT_TRUE((*emb)->Forward(0, MakeBatch({{{5}}}), &pooled).ok());
+  ASSERT_TRUE((*emb)->Backward(0).ok());  // no loss.backward(): no grad
+  EXPECT_EQ(rows.pushed[0][5], (std::vector<float>{0.f, 0.f}));
+  EXPECT_EQ((*emb)->Backward(0).code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(SparseEmbeddingsTest, RefusesBadConfigsAndBatches) {
+  FakeEmbeddingRows rows({2});
+  EXPECT_EQ(SparseEmbeddings::Create(&rows, {{1, EmbeddingPooling::kSum}}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(SparseEmbeddings::Create(nullptr, {}).status().code(), absl::StatusCode::kInvalidArgument);
+  auto emb = SparseEmbeddings::Create(&rows, {{0, EmbeddingPooling::kSum}});
+  ASSERT_TRUE(emb.ok());
+  CriteoBatch batch = MakeBatch({{{1}, {2}}});
+  batch.sparse_offsets[0] = {0, 2, 1};  // decreasing, and past the ids
+  std::vector<at::Tensor> pooled;
+  EXPECT_EQ((*emb)->Forward(0, batch, &pooled).code(), absl::StatusCode::kInvalidArgument);
+  batch.sparse_offsets[0] = {0, 1};  // one example short
+  EXPECT_EQ((*emb)->Forward(0, batch, &pooled).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(rows.lookups, 0);
+}
+
+// LocalEmbeddingRows applies what the shard would: the table's optimizer
+// (SGD here: w -= lr g) with grad_scale 1.
+TEST(LocalEmbeddingRowsTest, UpdatesAsOneAsyncWorkersShard) {
+  EmbeddingTableConfig config;
+  config.set_name("t");
+  config.set_dim(2);
+  config.mutable_optimizer()->set_kind(EmbeddingOptimizer::SGD);
+  config.mutable_optimizer()->set_lr(0.5);
+  auto local = LocalEmbeddingRows::Create({config});
+  ASSERT_TRUE(local.ok()) << local.status();
+  EXPECT_EQ((*local)->dim(0), 2);
+  std::vector<std::vector<float>> before, after;
+  ASSERT_TRUE((*local)->Lookup(0, {{3, -1}}, &before).ok());
+  const float grads[4] = {1.f, -2.f, 0.5f, 4.f};
+  ASSERT_TRUE((*local)->Update(0, {{3, -1}}, {grads}).ok());
+  ASSERT_TRUE((*local)->Lookup(1, {{3, -1}}, &after).ok());
+  for (int i = 0; i < 4; ++i) EXPECT_NEAR(after[0][i], before[0][i] - 0.5f * grads[i], 1e-6);
+  EXPECT_EQ((*local)->Update(0, {}, {}).code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace pstrain

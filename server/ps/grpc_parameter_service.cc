@@ -35,24 +35,22 @@ struct CallState {
   std::vector<TensorBuffer> out_tensors;
 };
 
-// The job secret the caller sent (empty if none).
-std::string PresentedSecret(const grpc::CallbackServerContext* context) {
-  const auto& metadata = context->client_metadata();
-  auto it = metadata.find(kJobSecretMetadata);
-  return it == metadata.end() ? std::string() : std::string(it->second.data(), it->second.size());
-}
-
-// What a call does with the job's secret: checks it, and after success
-// records it (a table made) or forgets it (the table dropped; not if a
-// table-making call overlapped the drop).
-enum class SecretUse { kCheck, kRecord, kForget };
-
 // Metadata value `key` of the call (empty if none).
 std::string MetadataOf(const grpc::CallbackServerContext* context, const char* key) {
   const auto& metadata = context->client_metadata();
   auto it = metadata.find(key);
   return it == metadata.end() ? std::string() : std::string(it->second.data(), it->second.size());
 }
+
+// The job secret the caller sent (empty if none).
+std::string PresentedSecret(const grpc::CallbackServerContext* context) {
+  return MetadataOf(context, kJobSecretMetadata);
+}
+
+// What a call does with the job's secret: checks it, and after success
+// records it (a table made) or forgets it (the table dropped; not if a
+// table-making call overlapped the drop).
+enum class SecretUse { kCheck, kRecord, kForget };
 
 // No admission check besides the job secret.
 template <typename Request>

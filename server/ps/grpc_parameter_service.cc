@@ -115,6 +115,16 @@ grpc::ServerUnaryReactor* Serve(const char* method, ParameterServiceMetrics* met
   return reactor;
 }
 
+// Serve's `invoke` for a store call that carries no tensors either way: the
+// request in, the response out.
+template <typename Request, typename Response>
+auto StoreCall(ParameterStore* store,
+               void (ParameterStore::*call)(const Request&, Response*, const CallOptions&, StatusCallback)) {
+  return [store, call](auto state, const CallOptions& options, auto done) {
+    (store->*call)(state->request, &state->response, options, std::move(done));
+  };
+}
+
 // Whether `path` (relative to the checkpoint root) lies in a directory
 // named `job`: the job's own <output_dir>/<job>/.
 // A path the store refuses anyway (empty, absolute, "..", NUL: its
@@ -214,9 +224,7 @@ grpc::ServerUnaryReactor* GrpcParameterService::Stats(grpc::CallbackServerContex
         // Every table's name and config: the coordinator's view only.
         return r.job().empty() ? CoordinatorOnly(context, "Stats of every table") : absl::OkStatus();
       },
-      [this](auto state, const CallOptions& options, auto done) {
-        store_->StatsAsync(state->request, &state->response, options, std::move(done));
-      });
+      StoreCall(store_, &ParameterStore::StatsAsync));
 }
 
 grpc::ServerUnaryReactor* GrpcParameterService::SaveTable(grpc::CallbackServerContext* context,
@@ -233,9 +241,7 @@ grpc::ServerUnaryReactor* GrpcParameterService::SaveTable(grpc::CallbackServerCo
         }
         return s;
       },
-      [this](auto state, const CallOptions& options, auto done) {
-        store_->SaveTableAsync(state->request, &state->response, options, std::move(done));
-      });
+      StoreCall(store_, &ParameterStore::SaveTableAsync));
 }
 
 grpc::ServerUnaryReactor* GrpcParameterService::LoadTable(grpc::CallbackServerContext* context,
@@ -247,9 +253,7 @@ grpc::ServerUnaryReactor* GrpcParameterService::LoadTable(grpc::CallbackServerCo
         absl::Status s = CoordinatorOnly(context, "LoadTable");
         return s.ok() ? Granted(context, r.job(), r.attempt(), "LoadTable") : s;
       },
-      [this](auto state, const CallOptions& options, auto done) {
-        store_->LoadTableAsync(state->request, &state->response, options, std::move(done));
-      });
+      StoreCall(store_, &ParameterStore::LoadTableAsync));
 }
 
 grpc::ServerUnaryReactor* GrpcParameterService::DropTable(grpc::CallbackServerContext* context,
@@ -258,9 +262,7 @@ grpc::ServerUnaryReactor* GrpcParameterService::DropTable(grpc::CallbackServerCo
   return Serve<DropTableRequest, DropTableResponse>(
       "DropTable", metrics_, &secrets_, SecretUse::kForget, context, request, response,
       [this, context](const DropTableRequest&) { return CoordinatorOnly(context, "DropTable"); },
-      [this](auto state, const CallOptions& options, auto done) {
-        store_->DropTableAsync(state->request, &state->response, options, std::move(done));
-      });
+      StoreCall(store_, &ParameterStore::DropTableAsync));
 }
 
 grpc::ServerUnaryReactor* GrpcParameterService::SetWorkers(grpc::CallbackServerContext* context,
@@ -269,9 +271,7 @@ grpc::ServerUnaryReactor* GrpcParameterService::SetWorkers(grpc::CallbackServerC
   return Serve<SetWorkersRequest, SetWorkersResponse>(
       "SetWorkers", metrics_, &secrets_, SecretUse::kCheck, context, request, response,
       [this, context](const SetWorkersRequest&) { return CoordinatorOnly(context, "SetWorkers"); },
-      [this](auto state, const CallOptions& options, auto done) {
-        store_->SetWorkersAsync(state->request, &state->response, options, std::move(done));
-      });
+      StoreCall(store_, &ParameterStore::SetWorkersAsync));
 }
 
 }  // namespace pstrain

@@ -230,8 +230,9 @@ absl::StatusOr<Assignment> ClusterMember::WaitForAssignment(absl::Duration wait)
   return a;
 }
 
-absl::StatusOr<int64_t> ClusterMember::KvAdd(const std::string& key, int64_t delta) {
-  KvAddRequest req;
+template <typename Request>
+Request ClusterMember::KvRequest(const std::string& key) {
+  Request req;
   {
     absl::MutexLock lock(&mu_);
     req.set_job_id(job_id_);
@@ -239,6 +240,11 @@ absl::StatusOr<int64_t> ClusterMember::KvAdd(const std::string& key, int64_t del
     req.set_member_id(member_id_);
   }
   req.set_key(key);
+  return req;
+}
+
+absl::StatusOr<int64_t> ClusterMember::KvAdd(const std::string& key, int64_t delta) {
+  auto req = KvRequest<KvAddRequest>(key);
   req.set_delta(delta);
   KvAddResponse resp;
   grpc::ClientContext ctx;
@@ -249,14 +255,7 @@ absl::StatusOr<int64_t> ClusterMember::KvAdd(const std::string& key, int64_t del
 }
 
 absl::Status ClusterMember::KvSet(const std::string& key, const std::string& value) {
-  KvSetRequest req;
-  {
-    absl::MutexLock lock(&mu_);
-    req.set_job_id(job_id_);
-    req.set_attempt(attempt_);
-    req.set_member_id(member_id_);
-  }
-  req.set_key(key);
+  auto req = KvRequest<KvSetRequest>(key);
   req.set_value(value);
   KvSetResponse resp;
   grpc::ClientContext ctx;
@@ -265,14 +264,7 @@ absl::Status ClusterMember::KvSet(const std::string& key, const std::string& val
 }
 
 absl::StatusOr<std::string> ClusterMember::KvGet(const std::string& key, absl::Duration wait) {
-  KvGetRequest req;
-  {
-    absl::MutexLock lock(&mu_);
-    req.set_job_id(job_id_);
-    req.set_attempt(attempt_);
-    req.set_member_id(member_id_);
-  }
-  req.set_key(key);
+  auto req = KvRequest<KvGetRequest>(key);
   req.set_wait_ms(absl::ToInt64Milliseconds(wait));
   KvGetResponse resp;
   grpc::ClientContext ctx;

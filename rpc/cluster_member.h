@@ -93,6 +93,10 @@ class ClusterMember {
   void HeartbeatLoop();
   void SenderLoop();
   std::string member_id();
+  // A KvAdd/KvSet/KvGet request for `key` in the running job, as this
+  // member (job, attempt and member id as of now).
+  template <typename Request>
+  Request KvRequest(const std::string& key);
 
   const ClusterMemberOptions options_;
   std::unique_ptr<ClusterService::Stub> stub_;

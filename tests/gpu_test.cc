@@ -63,14 +63,9 @@ std::vector<absl::StatusOr<TrainResult>> TrainRanks(const JobSpec& spec, const T
 void ExpectTwoPsWorkersLikeOne(const std::string& model, double rtol, double atol) {
   auto data = LoadData(SyntheticSpec("x", "lenet").data, 7);
   ASSERT_TRUE(data.ok());
-  JobSpec two = SyntheticSpec("gpu-sync-two", model);
-  two.consistency = SYNC;
-  two.workers = 2;
-  two.shards = 2;
-  two.batch_size = 16;
+  JobSpec two = TwoWorkerSyncSpec("gpu-sync-two");
+  two.model = model;
   two.max_steps = 20;
-  two.chunk_bytes = 16 << 10;
-  two.bucket_bytes = 8 << 10;
   Shards shards(2);
   auto results = TrainRanks(two, *data, 2, [&](int, TrainerOptions& o) {
     o.shards = shards.ptrs;

@@ -4,24 +4,28 @@
 #include <prometheus/text_serializer.h>
 
 #include <string>
+#include <vector>
 
 namespace pstrain {
 namespace {
 
-std::string Scrape(prometheus::Registry& registry) {
-  return prometheus::TextSerializer().Serialize(registry.Collect());
+// Expects each of `lines` in the registry's text exposition.
+void ExpectScraped(prometheus::Registry& registry, const std::vector<std::string>& lines) {
+  const std::string text = prometheus::TextSerializer().Serialize(registry.Collect());
+  for (const std::string& line : lines) EXPECT_NE(text.find(line), std::string::npos) << line << " not in\n" << text;
 }
 
 TEST(MetricFamiliesTest, CountersAndGaugesCarryNameHelpAndLabels) {
   prometheus::Registry registry;
   AddCounterFamily(registry, "t_calls_total", "Calls.").Add({{"method", "Pull"}}).Increment(3);
   AddGaugeFamily(registry, "t_loss", "Loss.").Add({{"job", "j"}}).Set(0.5);
-  const std::string text = Scrape(registry);
-  EXPECT_NE(text.find("# HELP t_calls_total Calls."), std::string::npos) << text;
-  EXPECT_NE(text.find("# TYPE t_calls_total counter"), std::string::npos) << text;
-  EXPECT_NE(text.find("t_calls_total{method=\"Pull\"} 3"), std::string::npos) << text;
-  EXPECT_NE(text.find("# TYPE t_loss gauge"), std::string::npos) << text;
-  EXPECT_NE(text.find("t_loss{job=\"j\"} 0.5"), std::string::npos) << text;
+  ExpectScraped(registry, {
+                    "# HELP t_calls_total Calls.",
+                    "# TYPE t_calls_total counter",
+                    "t_calls_total{method=\"Pull\"} 3",
+                    "# TYPE t_loss gauge",
+                    "t_loss{job=\"j\"} 0.5",
+                });
 }
 
 TEST(MetricFamiliesTest, HistogramsUseTheFamilysBuckets) {
@@ -30,12 +34,13 @@ TEST(MetricFamiliesTest, HistogramsUseTheFamilysBuckets) {
   seconds.Add({{"method", "Pull"}}).Observe(0.05);
   seconds.Add({{"method", "Pull"}}).Observe(0.5);
   seconds.Add({{"method", "Push"}}).Observe(5);
-  const std::string text = Scrape(registry);
-  EXPECT_NE(text.find("# TYPE t_seconds histogram"), std::string::npos) << text;
-  EXPECT_NE(text.find("t_seconds_bucket{method=\"Pull\",le=\"0.1\"} 1"), std::string::npos) << text;
-  EXPECT_NE(text.find("t_seconds_bucket{method=\"Pull\",le=\"1\"} 2"), std::string::npos) << text;
-  EXPECT_NE(text.find("t_seconds_bucket{method=\"Push\",le=\"1\"} 0"), std::string::npos) << text;
-  EXPECT_NE(text.find("t_seconds_count{method=\"Push\"} 1"), std::string::npos) << text;
+  ExpectScraped(registry, {
+                    "# TYPE t_seconds histogram",
+                    "t_seconds_bucket{method=\"Pull\",le=\"0.1\"} 1",
+                    "t_seconds_bucket{method=\"Pull\",le=\"1\"} 2",
+                    "t_seconds_bucket{method=\"Push\",le=\"1\"} 0",
+                    "t_seconds_count{method=\"Push\"} 1",
+                });
 }
 
 }  // namespace

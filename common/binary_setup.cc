@@ -1,5 +1,7 @@
 #include "common/binary_setup.h"
 
+#include <pthread.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -83,6 +85,15 @@ void LimitProtobufLogs(int burst, absl::Duration window) {
     l.dropped = 0;
   }
   google::protobuf::SetLogHandler(&ProtobufLog);
+}
+
+sigset_t BlockStopSignals() {
+  sigset_t stop;
+  sigemptyset(&stop);
+  sigaddset(&stop, SIGTERM);
+  sigaddset(&stop, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
+  return stop;
 }
 
 void StartBinary(const char* name, int argc, char** argv) {

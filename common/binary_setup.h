@@ -8,6 +8,8 @@
 #ifndef PSTRAIN_COMMON_BINARY_SETUP_H_
 #define PSTRAIN_COMMON_BINARY_SETUP_H_
 
+#include <signal.h>
+
 #include "absl/time/time.h"
 
 namespace pstrain {
@@ -15,6 +17,11 @@ namespace pstrain {
 // Exits with status 2 and one line naming `name` when a variable or
 // --log_level does not parse.
 void StartBinary(const char* name, int argc, char** argv);
+
+// Blocks SIGTERM and SIGINT in the calling thread and so in every thread it
+// starts afterwards (they inherit the mask): only a sigwait() on the
+// returned set sees them. Call before any thread starts.
+sigset_t BlockStopSignals();
 
 // Protobuf writes a line to stderr for every parse of a message whose
 // string field is not UTF-8 -- bytes any client can send, request after

@@ -52,6 +52,15 @@ std::string ClusterMember::member_id() {
   return member_id_;
 }
 
+template <typename Request, typename Response>
+absl::Status ClusterMember::CallCoordinator(
+    grpc::Status (ClusterService::Stub::*method)(grpc::ClientContext*, const Request&, Response*),
+    const Request& request, Response* response, absl::Duration timeout) {
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, timeout);
+  return FromGrpcStatus((stub_.get()->*method)(&ctx, request, response));
+}
+
 absl::Status ClusterMember::RegisterOnce() {
   RegisterRequest req;
   req.set_role(options_.role);
@@ -65,9 +74,7 @@ absl::Status ClusterMember::RegisterOnce() {
     req.set_previous_member_id(member_id_);
   }
   RegisterResponse resp;
-  grpc::ClientContext ctx;
-  SetDeadline(&ctx, options_.rpc_timeout);
-  absl::Status s = FromGrpcStatus(stub_->Register(&ctx, req, &resp));
+  absl::Status s = CallCoordinator(&ClusterService::Stub::Register, req, &resp, options_.rpc_timeout);
   if (!s.ok()) return s;
   absl::MutexLock lock(&mu_);
   member_id_ = resp.member_id();
@@ -115,10 +122,8 @@ void ClusterMember::HeartbeatLoop() {
     mu_.Unlock();
     if (activity && !req.running_job_id().empty()) *req.mutable_activity() = activity();
     HeartbeatResponse resp;
-    grpc::ClientContext ctx;
-    SetDeadline(&ctx, options_.rpc_timeout);
-    grpc::Status s = stub_->Heartbeat(&ctx, req, &resp);
-    if (s.error_code() == grpc::StatusCode::NOT_FOUND) {
+    const absl::Status s = CallCoordinator(&ClusterService::Stub::Heartbeat, req, &resp, options_.rpc_timeout);
+    if (s.code() == absl::StatusCode::kNotFound) {
       // The coordinator forgot us (it restarted): register again, saying
       // what we are running so the job can carry on.
       absl::Status r = RegisterOnce();
@@ -193,14 +198,13 @@ void ClusterMember::SenderLoop() {
     *req.mutable_event() = event.event;
     mu_.Unlock();
     ReportProgressResponse resp;
-    grpc::ClientContext ctx;
-    SetDeadline(&ctx, options_.rpc_timeout);
-    grpc::Status s = stub_->ReportProgress(&ctx, req, &resp);
+    const absl::Status s =
+        CallCoordinator(&ClusterService::Stub::ReportProgress, req, &resp, options_.rpc_timeout);
     mu_.Lock();
     const bool progress = event.event.has_progress();
     // A refused event (bad, or of an ended attempt) is not sent again.
-    if (s.ok() || progress || s.error_code() == grpc::StatusCode::INVALID_ARGUMENT ||
-        s.error_code() == grpc::StatusCode::ABORTED) {
+    if (s.ok() || progress || s.code() == absl::StatusCode::kInvalidArgument ||
+        s.code() == absl::StatusCode::kAborted) {
       events_.pop_front();
       cv_.SignalAll();
     } else {
@@ -217,9 +221,7 @@ absl::StatusOr<Assignment> ClusterMember::WaitForAssignment(absl::Duration wait)
   req.set_member_id(member_id());
   req.set_wait_ms(absl::ToInt64Milliseconds(wait));
   Assignment a;
-  grpc::ClientContext ctx;
-  SetDeadline(&ctx, wait + options_.rpc_timeout);
-  absl::Status s = FromGrpcStatus(stub_->GetAssignment(&ctx, req, &a));
+  absl::Status s = CallCoordinator(&ClusterService::Stub::GetAssignment, req, &a, wait + options_.rpc_timeout);
   if (s.code() == absl::StatusCode::kNotFound) {
     // Forgotten by a restarted coordinator: register again, then ask again.
     absl::Status r = RegisterOnce();
@@ -230,8 +232,9 @@ absl::StatusOr<Assignment> ClusterMember::WaitForAssignment(absl::Duration wait)
   return a;
 }
 
-absl::StatusOr<int64_t> ClusterMember::KvAdd(const std::string& key, int64_t delta) {
-  KvAddRequest req;
+template <typename Request>
+Request ClusterMember::KvRequest(const std::string& key) {
+  Request req;
   {
     absl::MutexLock lock(&mu_);
     req.set_job_id(job_id_);
@@ -239,45 +242,30 @@ absl::StatusOr<int64_t> ClusterMember::KvAdd(const std::string& key, int64_t del
     req.set_member_id(member_id_);
   }
   req.set_key(key);
+  return req;
+}
+
+absl::StatusOr<int64_t> ClusterMember::KvAdd(const std::string& key, int64_t delta) {
+  auto req = KvRequest<KvAddRequest>(key);
   req.set_delta(delta);
   KvAddResponse resp;
-  grpc::ClientContext ctx;
-  SetDeadline(&ctx, options_.rpc_timeout);
-  absl::Status s = FromGrpcStatus(stub_->KvAdd(&ctx, req, &resp));
+  absl::Status s = CallCoordinator(&ClusterService::Stub::KvAdd, req, &resp, options_.rpc_timeout);
   if (!s.ok()) return s;
   return resp.value();
 }
 
 absl::Status ClusterMember::KvSet(const std::string& key, const std::string& value) {
-  KvSetRequest req;
-  {
-    absl::MutexLock lock(&mu_);
-    req.set_job_id(job_id_);
-    req.set_attempt(attempt_);
-    req.set_member_id(member_id_);
-  }
-  req.set_key(key);
+  auto req = KvRequest<KvSetRequest>(key);
   req.set_value(value);
   KvSetResponse resp;
-  grpc::ClientContext ctx;
-  SetDeadline(&ctx, options_.rpc_timeout);
-  return FromGrpcStatus(stub_->KvSet(&ctx, req, &resp));
+  return CallCoordinator(&ClusterService::Stub::KvSet, req, &resp, options_.rpc_timeout);
 }
 
 absl::StatusOr<std::string> ClusterMember::KvGet(const std::string& key, absl::Duration wait) {
-  KvGetRequest req;
-  {
-    absl::MutexLock lock(&mu_);
-    req.set_job_id(job_id_);
-    req.set_attempt(attempt_);
-    req.set_member_id(member_id_);
-  }
-  req.set_key(key);
+  auto req = KvRequest<KvGetRequest>(key);
   req.set_wait_ms(absl::ToInt64Milliseconds(wait));
   KvGetResponse resp;
-  grpc::ClientContext ctx;
-  SetDeadline(&ctx, wait + options_.rpc_timeout);
-  absl::Status s = FromGrpcStatus(stub_->KvGet(&ctx, req, &resp));
+  absl::Status s = CallCoordinator(&ClusterService::Stub::KvGet, req, &resp, wait + options_.rpc_timeout);
   if (!s.ok()) return s;
   return resp.value();
 }

@@ -93,6 +93,15 @@ class ClusterMember {
   void HeartbeatLoop();
   void SenderLoop();
   std::string member_id();
+  // One unary call to the coordinator that may take `timeout`.
+  template <typename Request, typename Response>
+  absl::Status CallCoordinator(
+      grpc::Status (ClusterService::Stub::*method)(grpc::ClientContext*, const Request&, Response*),
+      const Request& request, Response* response, absl::Duration timeout);
+  // A KvAdd/KvSet/KvGet request for `key` in the running job, as this
+  // member (job, attempt and member id as of now).
+  template <typename Request>
+  Request KvRequest(const std::string& key);
 
   const ClusterMemberOptions options_;
   std::unique_ptr<ClusterService::Stub> stub_;

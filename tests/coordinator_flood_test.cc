@@ -161,6 +161,26 @@ std::vector<std::string> SubmitPastTheQuota(JobService::Stub& user) {
   return ids;
 }
 
+// A watch of a job, and whether it is open: an open watch sends the job's
+// status at once, a refused one ends with no message.
+struct Watch {
+  std::unique_ptr<grpc::ClientReader<JobStatus>> reader;
+  bool open = false;
+};
+
+// Opens a watch of `job` by `user` on `ctx` (its deadline `deadline` from
+// now) and reads the first status.
+Watch OpenWatch(JobService::Stub& user, const std::string& job, grpc::ClientContext* ctx, absl::Duration deadline) {
+  SetDeadline(ctx, deadline);
+  WatchJobRequest req;
+  req.set_job_id(job);
+  Watch w;
+  w.reader = user.WatchJob(ctx, req);
+  JobStatus first;
+  w.open = w.reader->Read(&first);
+  return w;
+}
+
 // Watches of one job, each holding a server thread while it streams.
 struct Watches {
   std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
@@ -178,16 +198,12 @@ Watches WatchPastTheLimit(JobService::Stub& user, const std::string& job) {
   Watches w;
   for (int i = 0; i < kWatchesPerUser + 2; ++i) {
     w.contexts.push_back(std::make_unique<grpc::ClientContext>());
-    SetDeadline(w.contexts.back().get(), absl::Seconds(60));
-    WatchJobRequest req;
-    req.set_job_id(job);
-    w.readers.push_back(user.WatchJob(w.contexts.back().get(), req));
-    JobStatus first;
-    const bool open = w.readers.back()->Read(&first);
+    Watch watch = OpenWatch(user, job, w.contexts.back().get(), absl::Seconds(60));
+    w.readers.push_back(std::move(watch.reader));
     if (i < kWatchesPerUser) {
-      EXPECT_TRUE(open) << "watch " << i;
+      EXPECT_TRUE(watch.open) << "watch " << i;
     } else {
-      EXPECT_FALSE(open) << "watch " << i;
+      EXPECT_FALSE(watch.open) << "watch " << i;
       ExpectExhausted(w.readers.back()->Finish(), "--max_watches_per_user");
     }
   }
@@ -266,13 +282,9 @@ void ExpectOthersServed(JobService::Stub& alice, JobService::Stub& bob) {
   EXPECT_LT(absl::Now() - asked, absl::Seconds(3));
   // Bob may watch his own job: the per-user limit is alice's.
   grpc::ClientContext ctx;
-  SetDeadline(&ctx, absl::Seconds(5));
-  WatchJobRequest req;
-  req.set_job_id(bob_job);
-  auto w = bob.WatchJob(&ctx, req);
-  JobStatus st;
-  EXPECT_FALSE(w->Read(&st));  // the global bound is reached: refused too
-  ExpectExhausted(w->Finish(), "--max_waiting_calls");
+  Watch w = OpenWatch(bob, bob_job, &ctx, absl::Seconds(5));
+  EXPECT_FALSE(w.open);  // the global bound is reached: refused too
+  ExpectExhausted(w.reader->Finish(), "--max_waiting_calls");
 }
 
 // Tries for 10 s to open a watch of `job` (and closes it): OK once one is.
@@ -281,17 +293,13 @@ grpc::Status ReopenWatch(JobService::Stub& user, const std::string& job) {
   grpc::Status reopened;
   do {
     grpc::ClientContext ctx;
-    SetDeadline(&ctx, absl::Seconds(5));
-    WatchJobRequest req;
-    req.set_job_id(job);
-    auto w = user.WatchJob(&ctx, req);
-    JobStatus st;
-    if (w->Read(&st)) {
+    Watch w = OpenWatch(user, job, &ctx, absl::Seconds(5));
+    if (w.open) {
       ctx.TryCancel();
-      (void)w->Finish();
+      (void)w.reader->Finish();
       return grpc::Status::OK;
     }
-    reopened = w->Finish();
+    reopened = w.reader->Finish();
     absl::SleepFor(absl::Milliseconds(50));
   } while (absl::Now() < until);
   return reopened;

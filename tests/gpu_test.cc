@@ -35,27 +35,14 @@ void ExactFp32() {
   }                                                                                                        \
   ExactFp32()
 
-// Runs `ranks` workers of `spec` as threads, each on the GPU; `setup`
-// completes each rank's options (shards, collective).
-std::vector<absl::StatusOr<TrainResult>> TrainRanks(const JobSpec& spec, const TrainTest& data, int ranks,
-                                                    const std::function<absl::Status(int, TrainerOptions&)>& setup) {
-  std::vector<absl::StatusOr<TrainResult>> results(ranks, absl::UnknownError("not run"));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < ranks; ++r) {
-    threads.emplace_back([&, r] {
-      TrainerOptions o;
-      o.spec = spec;
-      o.rank = r;
-      o.world_size = ranks;
-      o.device = kGpu;
-      o.data_root = TestModelsRoot();  // torchscript:worker/testdata/...
-      o.write_weights = false;
-      absl::Status s = setup(r, o);
-      results[r] = s.ok() ? RunTrainer(o, data) : absl::StatusOr<TrainResult>(s);
-    });
-  }
-  for (auto& t : threads) t.join();
-  return results;
+// TrainRanks with every rank on the GPU; `setup` completes each rank's
+// options (shards, collective).
+std::vector<absl::StatusOr<TrainResult>> TrainRanksOnGpu(const JobSpec& spec, const TrainTest& data, int ranks,
+                                                         const RankSetup& setup) {
+  return TrainRanks(spec, data, ranks, [&](int r, TrainerOptions& o) {
+    o.device = kGpu;
+    return setup(r, o);
+  });
 }
 
 // Two SYNC ps workers of `model` sharing the GPU, with two CPU shards, 20
@@ -63,16 +50,11 @@ std::vector<absl::StatusOr<TrainResult>> TrainRanks(const JobSpec& spec, const T
 void ExpectTwoPsWorkersLikeOne(const std::string& model, double rtol, double atol) {
   auto data = LoadData(SyntheticSpec("x", "lenet").data, 7);
   ASSERT_TRUE(data.ok());
-  JobSpec two = SyntheticSpec("gpu-sync-two", model);
-  two.consistency = SYNC;
-  two.workers = 2;
-  two.shards = 2;
-  two.batch_size = 16;
+  JobSpec two = TwoWorkerSyncSpec("gpu-sync-two");
+  two.model = model;
   two.max_steps = 20;
-  two.chunk_bytes = 16 << 10;
-  two.bucket_bytes = 8 << 10;
   Shards shards(2);
-  auto results = TrainRanks(two, *data, 2, [&](int, TrainerOptions& o) {
+  auto results = TrainRanksOnGpu(two, *data, 2, [&](int, TrainerOptions& o) {
     o.shards = shards.ptrs;
     return absl::OkStatus();
   });
@@ -110,7 +92,7 @@ std::vector<absl::StatusOr<TrainResult>> TrainAllReduce(const JobSpec& spec, con
   auto store = NewInMemoryStore();
   std::vector<std::unique_ptr<Collective>> collectives(ranks);
   std::vector<std::unique_ptr<Shards>> locals(ranks);
-  return TrainRanks(spec, data, ranks, [&](int r, TrainerOptions& o) -> absl::Status {
+  return TrainRanksOnGpu(spec, data, ranks, [&](int r, TrainerOptions& o) -> absl::Status {
     CollectiveOptions co;
     co.rank = r;
     co.size = ranks;
@@ -144,7 +126,7 @@ TEST(GpuTest, AllReduceNcclOneRankEqualsOneWorker) {
   ps.mode = TrainMode::kParameterServer;
   ps.shards = 1;
   Shards shards(1);
-  auto ref = TrainRanks(ps, *data, 1, [&](int, TrainerOptions& o) {
+  auto ref = TrainRanksOnGpu(ps, *data, 1, [&](int, TrainerOptions& o) {
     o.shards = shards.ptrs;
     return absl::OkStatus();
   });
@@ -231,7 +213,7 @@ void ExpectPsDemoOnOneGpu(WireDtype wire) {
   auto data = LoadData(spec.data, spec.seed, root);
   ASSERT_TRUE(data.ok()) << data.status();
   Shards shards(2);
-  auto results = TrainRanks(spec, *data, 2, [&](int, TrainerOptions& o) {
+  auto results = TrainRanksOnGpu(spec, *data, 2, [&](int, TrainerOptions& o) {
     o.shards = shards.ptrs;
     return absl::OkStatus();
   });

@@ -115,27 +115,41 @@ struct Shards {
 // Completes a rank's options before it runs (tests: loss scaling, say).
 using AdjustOptions = std::function<void(TrainerOptions&)>;
 
-// Ranks 0 and 1 of `spec` trained at once (threads) against `shards`.
-inline std::vector<absl::StatusOr<TrainResult>> RunTwoWorkers(const JobSpec& spec, const TrainTest& data,
-                                                              const std::vector<ParameterStore*>& shards,
-                                                              const AdjustOptions& adjust = {}) {
-  std::vector<absl::StatusOr<TrainResult>> results(2, absl::UnknownError("not run"));
+// Completes rank r's options before it runs (its shards, collective or
+// device), on that rank's thread; an error is the rank's result.
+using RankSetup = std::function<absl::Status(int, TrainerOptions&)>;
+
+// Ranks 0 .. ranks-1 of `spec` trained at once (threads), weights not
+// written, each rank's options completed by `setup`.
+inline std::vector<absl::StatusOr<TrainResult>> TrainRanks(const JobSpec& spec, const TrainTest& data, int ranks,
+                                                           const RankSetup& setup) {
+  std::vector<absl::StatusOr<TrainResult>> results(ranks, absl::UnknownError("not run"));
   std::vector<std::thread> threads;
-  for (int r = 0; r < 2; ++r) {
+  for (int r = 0; r < ranks; ++r) {
     threads.emplace_back([&, r] {
       TrainerOptions o;
       o.spec = spec;
-      o.data_root = TestModelsRoot();
+      o.data_root = TestModelsRoot();  // torchscript:worker/testdata/...
       o.rank = r;
-      o.world_size = 2;
-      o.shards = shards;
+      o.world_size = ranks;
       o.write_weights = false;
-      if (adjust) adjust(o);
-      results[r] = RunTrainer(o, data);
+      absl::Status s = setup(r, o);
+      results[r] = s.ok() ? RunTrainer(o, data) : absl::StatusOr<TrainResult>(s);
     });
   }
   for (auto& t : threads) t.join();
   return results;
+}
+
+// Ranks 0 and 1 of `spec` trained at once (threads) against `shards`.
+inline std::vector<absl::StatusOr<TrainResult>> RunTwoWorkers(const JobSpec& spec, const TrainTest& data,
+                                                              const std::vector<ParameterStore*>& shards,
+                                                              const AdjustOptions& adjust = {}) {
+  return TrainRanks(spec, data, 2, [&](int, TrainerOptions& o) {
+    o.shards = shards;
+    if (adjust) adjust(o);
+    return absl::OkStatus();
+  });
 }
 
 // Ranks 0 and 1 of an all-reduce `spec` at once (threads), meeting through
@@ -143,35 +157,23 @@ inline std::vector<absl::StatusOr<TrainResult>> RunTwoWorkers(const JobSpec& spe
 inline std::vector<absl::StatusOr<TrainResult>> RunTwoAllReduceWorkers(const JobSpec& spec, const TrainTest& data,
                                                                        const AdjustOptions& adjust = {}) {
   auto store = NewInMemoryStore();
-  std::vector<absl::StatusOr<TrainResult>> results(2, absl::UnknownError("not run"));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < 2; ++r) {
-    threads.emplace_back([&, r] {
-      CollectiveOptions co;
-      co.rank = r;
-      co.size = 2;
-      co.store = store;
-      co.hostname = "127.0.0.1";
-      auto collective = CreateCollective(Collective::Backend::kGloo, co);
-      if (!collective.ok()) {
-        results[r] = collective.status();
-        return;
-      }
-      Shards local(1);
-      TrainerOptions o;
-      o.spec = spec;
-      o.data_root = TestModelsRoot();
-      o.rank = r;
-      o.world_size = 2;
-      o.local_store = local.stores[0].get();
-      o.collective = collective->get();
-      o.write_weights = false;
-      if (adjust) adjust(o);
-      results[r] = RunTrainer(o, data);
-    });
-  }
-  for (auto& t : threads) t.join();
-  return results;
+  std::vector<std::unique_ptr<Collective>> collectives(2);
+  std::vector<std::unique_ptr<Shards>> locals(2);
+  return TrainRanks(spec, data, 2, [&](int r, TrainerOptions& o) -> absl::Status {
+    CollectiveOptions co;
+    co.rank = r;
+    co.size = 2;
+    co.store = store;
+    co.hostname = "127.0.0.1";
+    auto collective = CreateCollective(Collective::Backend::kGloo, co);
+    if (!collective.ok()) return collective.status();
+    collectives[r] = std::move(*collective);
+    locals[r] = std::make_unique<Shards>(1);
+    o.local_store = locals[r]->stores[0].get();
+    o.collective = collectives[r].get();
+    if (adjust) adjust(o);
+    return absl::OkStatus();
+  });
 }
 
 // Where Fashion-MNIST is ($PSTRAIN_FASHION_MNIST, else Debian's), or "" when

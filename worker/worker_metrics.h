@@ -8,11 +8,12 @@
 #include <prometheus/counter.h>
 #include <prometheus/family.h>
 #include <prometheus/gauge.h>
-#include <prometheus/histogram.h>
 #include <prometheus/registry.h>
 
 #include <cstdint>
 #include <string>
+
+#include "common/metric_families.h"
 
 namespace pstrain {
 
@@ -31,7 +32,7 @@ class WorkerMetrics {
   prometheus::Family<prometheus::Gauge>& loss_;
   prometheus::Family<prometheus::Gauge>& step_;
   prometheus::Family<prometheus::Gauge>& running_;
-  prometheus::Family<prometheus::Histogram>& step_seconds_;
+  HistogramFamily step_seconds_;
 };
 
 }  // namespace pstrain

@@ -23,27 +23,20 @@
 #include "rpc/grpc_server.h"
 #include "rpc/security.h"
 #include "rpc/security_flags.h"
+#include "rpc/server_flags.h"
 #include "rpc/table_grant.h"
 #include "server/coordinator/grpc_coordinator_service.h"
 #include "spdlog/spdlog.h"
 
-ABSL_FLAG(std::string, host, "0.0.0.0", "Address to listen on.");
-ABSL_FLAG(int, port, 0, "Port; 0 picks a free one (see --port_file).");
-ABSL_FLAG(std::string, port_file, "", "If set, write host:port here once serving.");
 ABSL_FLAG(std::string, db, "pstrain-jobs.db", "SQLite job store (created if missing).");
 ABSL_FLAG(int, heartbeat_ms, 1000, "Heartbeat interval members are told to use.");
 ABSL_FLAG(int, missed_heartbeats, 5, "A member missing this many heartbeats is lost.");
 ABSL_FLAG(std::string, checkpoint_root, "out",
           "Directory (the shared volume) that jobs' output_dir and resume_from must lie under; shards get "
           "checkpoint names relative to it, so give them the same --checkpoint_root.");
-ABSL_FLAG(int, metrics_port, -1, "Prometheus /metrics HTTP port (0 picks one; -1 off).");
-ABSL_FLAG(std::string, metrics_host, "", "Address of the Prometheus /metrics endpoint (default: --host).");
 ABSL_FLAG(bool, member_names_from_certificates, false,
           "With --tls_client_auth=require: a shard or worker registers only under a name its client "
           "certificate carries (common name or DNS SAN; one certificate per member).");
-ABSL_FLAG(int, health_port, -1,
-          "Also serve the gRPC health service alone, in plaintext, on this port (for Kubernetes probes when "
-          "the main port needs TLS; 0 picks one; -1 off).");
 ABSL_FLAG(std::string, metrics_port_file, "", "If set, write the metrics host:port here.");
 ABSL_FLAG(int, http_port, -1,
           "Serve the web dashboard (plain HTTP) on this port (0 picks one; -1 off). With --token_auth_file its "
@@ -181,12 +174,8 @@ std::optional<pstrain::CoordinatorOptions> CoordinatorOptionsFromFlags() {
 }
 
 pstrain::GrpcServerOptions ServerOptionsFromFlags(const pstrain::ServerSecurity& server_security) {
-  pstrain::GrpcServerOptions server_options;
-  server_options.security = server_security;
-  server_options.health_port = absl::GetFlag(FLAGS_health_port);
-  server_options.address = absl::StrCat(absl::GetFlag(FLAGS_host), ":", absl::GetFlag(FLAGS_port));
+  pstrain::GrpcServerOptions server_options = pstrain::GrpcServerOptionsFromFlags(server_security);
   server_options.max_message_bytes = 64 << 20;
-  server_options.port_file = absl::GetFlag(FLAGS_port_file);
   server_options.max_threads = absl::GetFlag(FLAGS_grpc_max_threads);
   return server_options;
 }
@@ -195,9 +184,7 @@ pstrain::GrpcServerOptions ServerOptionsFromFlags(const pstrain::ServerSecurity&
 // --metrics_port asks for it (null otherwise, or on error).
 absl::StatusOr<std::unique_ptr<pstrain::MetricsServer>> StartMetrics(pstrain::Coordinator* coordinator) {
   if (absl::GetFlag(FLAGS_metrics_port) < 0) return nullptr;
-  const std::string metrics_host =
-      absl::GetFlag(FLAGS_metrics_host).empty() ? absl::GetFlag(FLAGS_host) : absl::GetFlag(FLAGS_metrics_host);
-  auto metrics = pstrain::MetricsServer::Start(metrics_host, absl::GetFlag(FLAGS_metrics_port),
+  auto metrics = pstrain::MetricsServer::Start(pstrain::MetricsHostFromFlags(), absl::GetFlag(FLAGS_metrics_port),
                                                absl::GetFlag(FLAGS_metrics_port_file));
   if (!metrics.ok()) return metrics.status();
   (*metrics)->Add(std::make_shared<pstrain::CoordinatorMetrics>(coordinator));  // kept alive by the server
@@ -211,11 +198,7 @@ int main(int argc, char** argv) {
   pstrain::StartBinary("pstrain-coordinator", argc, argv);
   const pstrain::SecurityOptions security = pstrain::InstallSecurityFromFlags("pstrain-coordinator", true);
   if (!ServerFlagsAreValid()) return 2;
-  sigset_t stop;
-  sigemptyset(&stop);
-  sigaddset(&stop, SIGTERM);
-  sigaddset(&stop, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
+  const sigset_t stop = pstrain::BlockStopSignals();
 
   auto store = OpenJobStore();
   if (!store.ok()) {

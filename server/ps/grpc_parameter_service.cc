@@ -35,24 +35,22 @@ struct CallState {
   std::vector<TensorBuffer> out_tensors;
 };
 
-// The job secret the caller sent (empty if none).
-std::string PresentedSecret(const grpc::CallbackServerContext* context) {
-  const auto& metadata = context->client_metadata();
-  auto it = metadata.find(kJobSecretMetadata);
-  return it == metadata.end() ? std::string() : std::string(it->second.data(), it->second.size());
-}
-
-// What a call does with the job's secret: checks it, and after success
-// records it (a table made) or forgets it (the table dropped; not if a
-// table-making call overlapped the drop).
-enum class SecretUse { kCheck, kRecord, kForget };
-
 // Metadata value `key` of the call (empty if none).
 std::string MetadataOf(const grpc::CallbackServerContext* context, const char* key) {
   const auto& metadata = context->client_metadata();
   auto it = metadata.find(key);
   return it == metadata.end() ? std::string() : std::string(it->second.data(), it->second.size());
 }
+
+// The job secret the caller sent (empty if none).
+std::string PresentedSecret(const grpc::CallbackServerContext* context) {
+  return MetadataOf(context, kJobSecretMetadata);
+}
+
+// What a call does with the job's secret: checks it, and after success
+// records it (a table made) or forgets it (the table dropped; not if a
+// table-making call overlapped the drop).
+enum class SecretUse { kCheck, kRecord, kForget };
 
 // No admission check besides the job secret.
 template <typename Request>
@@ -115,6 +113,16 @@ grpc::ServerUnaryReactor* Serve(const char* method, ParameterServiceMetrics* met
            finish(s);
          });
   return reactor;
+}
+
+// Serve's `invoke` for a store call that carries no tensors either way: the
+// request in, the response out.
+template <typename Request, typename Response>
+auto StoreCall(ParameterStore* store,
+               void (ParameterStore::*call)(const Request&, Response*, const CallOptions&, StatusCallback)) {
+  return [store, call](auto state, const CallOptions& options, auto done) {
+    (store->*call)(state->request, &state->response, options, std::move(done));
+  };
 }
 
 // Whether `path` (relative to the checkpoint root) lies in a directory
@@ -216,9 +224,7 @@ grpc::ServerUnaryReactor* GrpcParameterService::Stats(grpc::CallbackServerContex
         // Every table's name and config: the coordinator's view only.
         return r.job().empty() ? CoordinatorOnly(context, "Stats of every table") : absl::OkStatus();
       },
-      [this](auto state, const CallOptions& options, auto done) {
-        store_->StatsAsync(state->request, &state->response, options, std::move(done));
-      });
+      StoreCall(store_, &ParameterStore::StatsAsync));
 }
 
 grpc::ServerUnaryReactor* GrpcParameterService::SaveTable(grpc::CallbackServerContext* context,
@@ -235,9 +241,7 @@ grpc::ServerUnaryReactor* GrpcParameterService::SaveTable(grpc::CallbackServerCo
         }
         return s;
       },
-      [this](auto state, const CallOptions& options, auto done) {
-        store_->SaveTableAsync(state->request, &state->response, options, std::move(done));
-      });
+      StoreCall(store_, &ParameterStore::SaveTableAsync));
 }
 
 grpc::ServerUnaryReactor* GrpcParameterService::LoadTable(grpc::CallbackServerContext* context,
@@ -249,9 +253,7 @@ grpc::ServerUnaryReactor* GrpcParameterService::LoadTable(grpc::CallbackServerCo
         absl::Status s = CoordinatorOnly(context, "LoadTable");
         return s.ok() ? Granted(context, r.job(), r.attempt(), "LoadTable") : s;
       },
-      [this](auto state, const CallOptions& options, auto done) {
-        store_->LoadTableAsync(state->request, &state->response, options, std::move(done));
-      });
+      StoreCall(store_, &ParameterStore::LoadTableAsync));
 }
 
 grpc::ServerUnaryReactor* GrpcParameterService::DropTable(grpc::CallbackServerContext* context,
@@ -260,9 +262,7 @@ grpc::ServerUnaryReactor* GrpcParameterService::DropTable(grpc::CallbackServerCo
   return Serve<DropTableRequest, DropTableResponse>(
       "DropTable", metrics_, &secrets_, SecretUse::kForget, context, request, response,
       [this, context](const DropTableRequest&) { return CoordinatorOnly(context, "DropTable"); },
-      [this](auto state, const CallOptions& options, auto done) {
-        store_->DropTableAsync(state->request, &state->response, options, std::move(done));
-      });
+      StoreCall(store_, &ParameterStore::DropTableAsync));
 }
 
 grpc::ServerUnaryReactor* GrpcParameterService::SetWorkers(grpc::CallbackServerContext* context,
@@ -271,9 +271,7 @@ grpc::ServerUnaryReactor* GrpcParameterService::SetWorkers(grpc::CallbackServerC
   return Serve<SetWorkersRequest, SetWorkersResponse>(
       "SetWorkers", metrics_, &secrets_, SecretUse::kCheck, context, request, response,
       [this, context](const SetWorkersRequest&) { return CoordinatorOnly(context, "SetWorkers"); },
-      [this](auto state, const CallOptions& options, auto done) {
-        store_->SetWorkersAsync(state->request, &state->response, options, std::move(done));
-      });
+      StoreCall(store_, &ParameterStore::SetWorkersAsync));
 }
 
 }  // namespace pstrain

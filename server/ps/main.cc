@@ -28,16 +28,13 @@
 #include "rpc/cluster_member.h"
 #include "rpc/grpc_server.h"
 #include "rpc/security_flags.h"
+#include "rpc/server_flags.h"
 #include "rpc/table_grant.h"
 #include "server/ps/grpc_embedding_service.h"
 #include "server/ps/grpc_parameter_service.h"
 #include "table/shard_store.h"
 #include "spdlog/spdlog.h"
 
-ABSL_FLAG(std::string, host, "0.0.0.0", "Address to listen on.");
-ABSL_FLAG(int, port, 0, "Port to listen on; 0 picks a free one (see --port_file).");
-ABSL_FLAG(std::string, port_file, "",
-          "If set, write the chosen host:port here (atomically) once serving.");
 ABSL_FLAG(int, shard_index, -1,
           "This shard's index, 0 <= shard_index < num_shards (default: the StatefulSet ordinal of the host "
           "name, pstrain-ps-3 -> 3, else 0).");
@@ -45,11 +42,6 @@ ABSL_FLAG(int, num_shards, 1, "Number of shards in the cluster.");
 ABSL_FLAG(int, max_message_mb, pstrain::kDefaultMaxMessageBytes >> 20,
           "Largest request or response in MiB; larger ones fail with RESOURCE_EXHAUSTED.");
 ABSL_FLAG(int, max_wait_s, 1800, "Longest a call may wait for other workers, in seconds.");
-ABSL_FLAG(int, metrics_port, -1, "Prometheus /metrics HTTP port (0 picks one; -1 off).");
-ABSL_FLAG(std::string, metrics_host, "", "Address of the Prometheus /metrics endpoint (default: --host).");
-ABSL_FLAG(int, health_port, -1,
-          "Also serve the gRPC health service alone, in plaintext, on this port (for Kubernetes probes when "
-          "the main port needs TLS; 0 picks one; -1 off).");
 ABSL_FLAG(std::string, coordinator, "",
           "host:port of pstrain-coordinator: join its pool (register and heartbeat).");
 ABSL_FLAG(std::string, name, "", "Member name for the coordinator (default: <hostname>-<pid>).");
@@ -153,16 +145,11 @@ int main(int argc, char** argv) {
   const int num_shards = absl::GetFlag(FLAGS_coordinator).empty()
                              ? absl::GetFlag(FLAGS_num_shards)
                              : std::max(absl::GetFlag(FLAGS_num_shards), shard_index + 1);
-  const int port = absl::GetFlag(FLAGS_port);
   const int max_mb = absl::GetFlag(FLAGS_max_message_mb);
   if (!FlagsValid(shard_index, num_shards)) return 2;
 
   // Block the stop signals in every thread; this one waits for them below.
-  sigset_t stop;
-  sigemptyset(&stop);
-  sigaddset(&stop, SIGTERM);
-  sigaddset(&stop, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
+  const sigset_t stop = pstrain::BlockStopSignals();
 
   pstrain::ShardStoreOptions store_options;
   store_options.shard_index = static_cast<uint32_t>(shard_index);
@@ -189,9 +176,7 @@ int main(int argc, char** argv) {
   std::unique_ptr<pstrain::MetricsServer> metrics;
   std::unique_ptr<pstrain::ParameterServiceMetrics> service_metrics;
   if (absl::GetFlag(FLAGS_metrics_port) >= 0) {
-    const std::string metrics_host =
-        absl::GetFlag(FLAGS_metrics_host).empty() ? absl::GetFlag(FLAGS_host) : absl::GetFlag(FLAGS_metrics_host);
-    auto m = pstrain::MetricsServer::Start(metrics_host, absl::GetFlag(FLAGS_metrics_port));
+    auto m = pstrain::MetricsServer::Start(pstrain::MetricsHostFromFlags(), absl::GetFlag(FLAGS_metrics_port));
     if (!m.ok()) {
       spdlog::error("pstrain-ps: {}", m.status().ToString());
       return 1;
@@ -223,12 +208,8 @@ int main(int argc, char** argv) {
   }
   pstrain::GrpcEmbeddingService embedding_service(&embeddings, {service_options.tokens, service_options.grants});
   pstrain::GrpcParameterService service(&store, std::move(service_options));
-  pstrain::GrpcServerOptions server_options;
-  server_options.security = *server_security;
-  server_options.health_port = absl::GetFlag(FLAGS_health_port);
-  server_options.address = absl::StrCat(absl::GetFlag(FLAGS_host), ":", port);
+  pstrain::GrpcServerOptions server_options = pstrain::GrpcServerOptionsFromFlags(*server_security);
   server_options.max_message_bytes = max_mb << 20;
-  server_options.port_file = absl::GetFlag(FLAGS_port_file);
   auto server = pstrain::GrpcServer::Create(server_options, {&service, &embedding_service});
   if (!server.ok()) {
     spdlog::error("pstrain-ps: {}", server.status().ToString());

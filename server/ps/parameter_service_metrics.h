@@ -6,10 +6,11 @@
 
 #include <prometheus/counter.h>
 #include <prometheus/family.h>
-#include <prometheus/histogram.h>
 #include <prometheus/registry.h>
 
 #include <string>
+
+#include "common/metric_families.h"
 
 namespace pstrain {
 
@@ -23,7 +24,7 @@ class ParameterServiceMetrics {
   const std::string shard_;
   prometheus::Family<prometheus::Counter>& requests_;
   prometheus::Family<prometheus::Counter>& bytes_;
-  prometheus::Family<prometheus::Histogram>& latency_;
+  HistogramFamily latency_;
 };
 
 }  // namespace pstrain

@@ -1,0 +1,269 @@
+#include "embedding/embedding_files.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <cerrno>
+#include <cstring>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "common/file_util.h"
+#include "embedding/row_math.h"
+
+namespace pstrain {
+namespace {
+
+constexpr char kMagic[8] = {'P', 'S', 'E', 'M', 'B', '0', '1', '\n'};
+constexpr uint32_t kMaxHeaderBytes = 1 << 20;
+constexpr uint32_t kMaxBlockRows = 1 << 16;
+constexpr uint32_t kEndBlock = 0xffffffffu;
+constexpr size_t kBufferBytes = 1 << 20;
+
+uint32_t Crc(uint32_t crc, const void* p, size_t n) {
+  return static_cast<uint32_t>(crc32(crc, static_cast<const Bytef*>(p), static_cast<uInt>(n)));
+}
+
+// Appends to a file descriptor through a buffer, keeping the crc32 and the
+// byte count of everything appended.
+class Writer {
+ public:
+  explicit Writer(int fd) : fd_(fd) { buffer_.reserve(kBufferBytes); }
+  void Append(const void* p, size_t n) {
+    crc_ = Crc(crc_, p, n);
+    bytes_ += n;
+    buffer_.append(static_cast<const char*>(p), n);
+    if (buffer_.size() >= kBufferBytes) Flush();
+  }
+  template <typename T>
+  void Put(T v) {
+    Append(&v, sizeof(v));
+  }
+  // False once a write failed (errno kept in error()).
+  bool Flush() {
+    size_t done = 0;
+    while (ok() && done < buffer_.size()) {
+      const ssize_t w = ::write(fd_, buffer_.data() + done, buffer_.size() - done);
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) error_ = w < 0 ? errno : EIO;
+      if (w > 0) done += static_cast<size_t>(w);
+    }
+    buffer_.clear();
+    return ok();
+  }
+  bool ok() const { return error_ == 0; }
+  int error() const { return error_; }
+  uint32_t crc() const { return crc_; }
+  uint64_t bytes() const { return bytes_; }
+
+ private:
+  const int fd_;
+  std::string buffer_;
+  uint32_t crc_ = 0;
+  uint64_t bytes_ = 0;
+  int error_ = 0;
+};
+
+absl::Status WriteRows(Writer& w, const std::vector<const EmbeddingTable*>& tables, int64_t* rows) {
+  for (size_t t = 0; t < tables.size(); ++t) {
+    const EmbeddingTable& table = *tables[t];
+    // A stripe's rows come in a burst; blocks of them, each with its count.
+    std::string block;
+    uint32_t in_block = 0;
+    auto end_block = [&] {
+      if (in_block == 0) return;
+      w.Put<uint32_t>(static_cast<uint32_t>(t));
+      w.Put<uint32_t>(in_block);
+      w.Append(block.data(), block.size());
+      block.clear();
+      in_block = 0;
+    };
+    absl::Status s = table.ForEachRow([&](const EmbeddingRowView& r) {
+      block.append(reinterpret_cast<const char*>(&r.id), sizeof(r.id));
+      block.append(reinterpret_cast<const char*>(&r.last_step), sizeof(r.last_step));
+      block.append(reinterpret_cast<const char*>(&r.count), sizeof(r.count));
+      block.append(reinterpret_cast<const char*>(r.value), sizeof(float) * table.dim());
+      block.append(reinterpret_cast<const char*>(r.slots), sizeof(float) * table.slot_floats());
+      ++*rows;
+      if (++in_block == kMaxBlockRows) end_block();
+      return w.ok() ? absl::OkStatus() : ErrnoToStatus(w.error(), "writing", "an embedding checkpoint");
+    });
+    if (!s.ok()) return s;
+    end_block();
+  }
+  w.Put<uint32_t>(kEndBlock);
+  w.Put<uint32_t>(0);
+  const uint32_t crc = w.crc();
+  w.Put<uint32_t>(crc);
+  return absl::OkStatus();
+}
+
+std::string Directory(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  return slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
+}
+
+}  // namespace
+
+absl::StatusOr<EmbeddingFileInfo> WriteEmbeddingFile(const std::string& path, const EmbeddingFileHeader& header,
+                                                     const std::vector<const EmbeddingTable*>& tables) {
+  const std::string tmp = absl::StrCat(path, ".tmp.", getpid(), ".", std::random_device()());
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+  if (fd < 0) return ErrnoToStatus(errno, "creating", tmp);
+  Writer w(fd);
+  w.Append(kMagic, sizeof(kMagic));
+  const std::string head = header.SerializeAsString();
+  w.Put<uint32_t>(static_cast<uint32_t>(head.size()));
+  w.Append(head.data(), head.size());
+  EmbeddingFileInfo info;
+  absl::Status s = WriteRows(w, tables, &info.rows);
+  if (s.ok() && !w.Flush()) s = ErrnoToStatus(w.error(), "writing", tmp);
+  if (s.ok() && ::fsync(fd) != 0) s = ErrnoToStatus(errno, "syncing", tmp);
+  if (::close(fd) != 0 && s.ok()) s = ErrnoToStatus(errno, "closing", tmp);
+  if (s.ok() && ::rename(tmp.c_str(), path.c_str()) != 0) s = ErrnoToStatus(errno, "renaming", tmp);
+  if (!s.ok()) {
+    ::unlink(tmp.c_str());
+    return s;
+  }
+  SyncDirectory(Directory(path));
+  info.bytes = w.bytes();
+  struct stat st;
+  if (::stat(path.c_str(), &st) == 0) info.bytes = static_cast<uint64_t>(st.st_size);
+  info.crc32 = Crc(w.crc(), nullptr, 0);
+  return info;
+}
+
+namespace {
+
+// Reads a file descriptor through a buffer, keeping the crc32 of every byte
+// read.
+class Reader {
+ public:
+  explicit Reader(int fd) : fd_(fd) {}
+  // False at the end of the file or on an error (error() says which).
+  bool Read(void* p, size_t n) {
+    char* out = static_cast<char*>(p);
+    while (n > 0) {
+      if (pos_ == buffer_.size() && !Fill()) return false;
+      const size_t k = std::min(n, buffer_.size() - pos_);
+      std::memcpy(out, buffer_.data() + pos_, k);
+      crc_ = Crc(crc_, out, k);
+      pos_ += k;
+      out += k;
+      n -= k;
+    }
+    return true;
+  }
+  bool AtEnd() { return pos_ == buffer_.size() && !Fill() && error_ == 0; }
+  uint32_t crc() const { return crc_; }
+  int error() const { return error_; }
+
+ private:
+  bool Fill() {
+    buffer_.resize(kBufferBytes);
+    ssize_t r;
+    do {
+      r = ::read(fd_, buffer_.data(), buffer_.size());
+    } while (r < 0 && errno == EINTR);
+    if (r < 0) error_ = errno;
+    buffer_.resize(r > 0 ? static_cast<size_t>(r) : 0);
+    pos_ = 0;
+    return r > 0;
+  }
+
+  const int fd_;
+  std::string buffer_;
+  size_t pos_ = 0;
+  uint32_t crc_ = 0;
+  int error_ = 0;
+};
+
+absl::Status Corrupt(const std::string& path, absl::string_view what) {
+  return absl::DataLossError(absl::StrCat("embedding checkpoint ", path, ": ", what));
+}
+
+absl::Status CheckTables(const std::string& path, const EmbeddingFileHeader& header,
+                         const std::vector<EmbeddingTable*>& tables) {
+  if (header.tables_size() != static_cast<int>(tables.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("embedding checkpoint ", path, " holds ", header.tables_size(),
+                                                   " tables, the job ", tables.size()));
+  }
+  for (size_t t = 0; t < tables.size(); ++t) {
+    const EmbeddingTableConfig& saved = header.tables(static_cast<int>(t));
+    const EmbeddingTableConfig& now = tables[t]->config();
+    if (saved.name() != now.name() || saved.dim() != now.dim() || saved.optimizer().kind() != now.optimizer().kind()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "embedding checkpoint ", path, ": table ", t, " is '", saved.name().substr(0, 64), "' (dim ", saved.dim(),
+          ") there and '", now.name(), "' (dim ", now.dim(), ") in the job, or its optimizer differs"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ReadRows(const std::string& path, Reader& r, const std::vector<EmbeddingTable*>& tables,
+                      const std::function<bool(size_t, int64_t)>& keep) {
+  std::vector<float> row;
+  for (;;) {
+    uint32_t t = 0, n = 0;
+    if (!r.Read(&t, sizeof(t)) || !r.Read(&n, sizeof(n))) return Corrupt(path, "cut short");
+    if (t == kEndBlock) return n == 0 ? absl::OkStatus() : Corrupt(path, "a malformed end block");
+    if (t >= tables.size() || n == 0 || n > kMaxBlockRows) return Corrupt(path, "a malformed block of rows");
+    EmbeddingTable& table = *tables[t];
+    row.resize(static_cast<size_t>(table.dim()) + table.slot_floats());
+    for (uint32_t i = 0; i < n; ++i) {
+      EmbeddingRowView v;
+      if (!r.Read(&v.id, sizeof(v.id)) || !r.Read(&v.last_step, sizeof(v.last_step)) ||
+          !r.Read(&v.count, sizeof(v.count)) || !r.Read(row.data(), sizeof(float) * row.size())) {
+        return Corrupt(path, "cut short");
+      }
+      if (!keep(t, v.id)) continue;
+      v.value = row.data();
+      v.slots = row.data() + table.dim();
+      absl::Status s = table.InsertRow(v);
+      if (!s.ok()) return s;
+    }
+  }
+}
+
+}  // namespace
+
+absl::Status ReadEmbeddingFile(const std::string& path, const std::vector<EmbeddingTable*>& tables,
+                               const std::function<bool(size_t table, int64_t id)>& keep, EmbeddingFileHeader* header) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) return ErrnoToStatus(errno, "opening", path);
+  struct stat st;
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return absl::InvalidArgumentError(absl::StrCat("embedding checkpoint ", path, " is not a regular file"));
+  }
+  Reader r(fd);
+  EmbeddingFileHeader head;
+  absl::Status s = [&]() -> absl::Status {
+    char magic[sizeof(kMagic)];
+    uint32_t head_bytes = 0;
+    if (!r.Read(magic, sizeof(magic)) || std::memcmp(magic, kMagic, sizeof(kMagic)) != 0) {
+      return Corrupt(path, "not an embedding checkpoint (no PSEMB01 magic)");
+    }
+    if (!r.Read(&head_bytes, sizeof(head_bytes)) || head_bytes > kMaxHeaderBytes) return Corrupt(path, "bad header");
+    std::string bytes(head_bytes, '\0');
+    if (!r.Read(bytes.data(), bytes.size()) || !head.ParseFromString(bytes)) return Corrupt(path, "bad header");
+    absl::Status c = CheckTables(path, head, tables);
+    if (!c.ok()) return c;
+    c = ReadRows(path, r, tables, keep);
+    if (!c.ok()) return c;
+    const uint32_t want = r.crc();
+    uint32_t crc = 0;
+    if (!r.Read(&crc, sizeof(crc))) return Corrupt(path, "cut short");
+    if (crc != want) return Corrupt(path, absl::StrCat("crc32 ", crc, " recorded, ", want, " read: altered"));
+    if (!r.AtEnd()) return Corrupt(path, "bytes after the end block");
+    return absl::OkStatus();
+  }();
+  ::close(fd);
+  if (s.ok() && r.error() != 0) s = ErrnoToStatus(r.error(), "reading", path);
+  if (s.ok() && header != nullptr) *header = std::move(head);
+  return s;
+}
+
+}  // namespace pstrain

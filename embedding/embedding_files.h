@@ -1,0 +1,51 @@
+// A shard's embedding tables in a checkpoint file, written and read as a
+// stream: memory beyond the tables is one stripe's rows and an I/O buffer,
+// however large the tables.
+//
+// Format (little-endian): the magic "PSEMB01\n"; the EmbeddingFileHeader's
+// length (uint32, at most 1 MiB) and bytes; blocks of rows, each a table
+// index (uint32) and a row count (uint32, at most 65536), then per row its
+// id (int64), last step (int64), count (uint32), value (dim float32) and
+// optimizer slots (float32); an end block (table index 0xffffffff, count 0)
+// and the crc32 of every byte before it. Each row is copied under its
+// stripe's lock (EmbeddingTable::ForEachRow): its value and slots are from
+// one state, never torn between two updates.
+#ifndef PSTRAIN_EMBEDDING_EMBEDDING_FILES_H_
+#define PSTRAIN_EMBEDDING_EMBEDDING_FILES_H_
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "embedding/embedding_table.h"
+#include "proto/embedding.pb.h"
+
+namespace pstrain {
+
+struct EmbeddingFileInfo {
+  uint64_t bytes = 0;
+  uint32_t crc32 = 0;
+  int64_t rows = 0;
+};
+
+// Writes `tables` (in the header's order) to `path` (absolute, already
+// confined by the caller): under a temporary name in the same directory,
+// fsynced, then renamed over `path`. On failure nothing is left behind.
+absl::StatusOr<EmbeddingFileInfo> WriteEmbeddingFile(const std::string& path, const EmbeddingFileHeader& header,
+                                                     const std::vector<const EmbeddingTable*>& tables);
+
+// Reads a file written by WriteEmbeddingFile into `tables`, which must be the
+// file's tables (same names, dims and optimizer kinds, in order; else
+// INVALID_ARGUMENT), inserting the rows for which keep(table, id) holds.
+// DATA_LOSS for a file cut short, altered (its crc32) or malformed; rows
+// read before the error are already in `tables`, so callers read into
+// tables they discard on error. `header` (may be null) gets the header.
+absl::Status ReadEmbeddingFile(const std::string& path, const std::vector<EmbeddingTable*>& tables,
+                               const std::function<bool(size_t table, int64_t id)>& keep, EmbeddingFileHeader* header);
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_EMBEDDING_EMBEDDING_FILES_H_

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/quote.h"
+#include "embedding/embedding_store_internal.h"
 #include "embedding/embedding_table.h"
 #include "embedding/row_math.h"
 #include "google/protobuf/util/message_differencer.h"
@@ -15,50 +16,13 @@
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "ids and values travel as little-endian bytes");
 
 namespace pstrain {
-namespace {
 
-constexpr size_t kMaxJobBytes = 256;
-constexpr uint32_t kMaxWorkers = 4096;
-constexpr int kMaxTables = 64;
-constexpr int64_t kMaxStep = int64_t{1} << 40;
-
-absl::Status Invalid(absl::string_view job, absl::string_view what) {
-  return absl::InvalidArgumentError(absl::StrCat("embeddings of job '", Quote(job), "': ", what));
-}
-
-// What a SYNC step has received so far, per table: one summed gradient per
-// id, and the ranks that sent theirs.
-struct Pending {
-  absl::flat_hash_map<int64_t, uint32_t> index;
-  std::vector<int64_t> ids;
-  std::vector<float> sums;
-};
-
-}  // namespace
-
-struct EmbeddingStore::Job {
-  std::string name;
-  InitEmbeddingsRequest init;  // tables normalized
-  // Fixed once the job is created: lookups read them without `mu`.
-  std::vector<std::unique_ptr<EmbeddingTable>> tables;
-  std::map<std::string, int> table_index;
-
-  absl::Mutex mu;
-  absl::CondVar changed;
-  bool gone ABSL_GUARDED_BY(mu) = false;  // dropped, replaced or shut down
-  bool shut_down ABSL_GUARDED_BY(mu) = false;
-  // ASYNC/SSP: per rank, steps claimed (an update in flight) and applied.
-  std::vector<int64_t> claimed ABSL_GUARDED_BY(mu);
-  std::vector<int64_t> applied ABSL_GUARDED_BY(mu);
-  // SYNC: steps applied on this shard, and the next one's gradients.
-  int64_t steps ABSL_GUARDED_BY(mu) = 0;
-  std::vector<Pending> pending ABSL_GUARDED_BY(mu);
-  std::vector<char> pending_ranks ABSL_GUARDED_BY(mu);
-  uint64_t pending_bytes ABSL_GUARDED_BY(mu) = 0;
-  int64_t max_step ABSL_GUARDED_BY(mu) = 0;  // for TTL eviction
-  std::atomic<int64_t> nonfinite_dropped{0};
-};
-
+using embedding_internal::Invalid;
+using embedding_internal::kMaxJobBytes;
+using embedding_internal::kMaxStep;
+using embedding_internal::kMaxTables;
+using embedding_internal::kMaxWorkers;
+using embedding_internal::Pending;
 EmbeddingStore::EmbeddingStore(EmbeddingStoreOptions options) : options_(std::move(options)) {}
 
 EmbeddingStore::~EmbeddingStore() { Shutdown(); }
@@ -95,7 +59,8 @@ absl::Status CheckInit(const InitEmbeddingsRequest& r) {
 
 }  // namespace
 
-absl::Status EmbeddingStore::Init(const InitEmbeddingsRequest& request, InitEmbeddingsResponse* response) {
+absl::StatusOr<std::shared_ptr<EmbeddingStore::Job>> EmbeddingStore::MakeJob(const InitEmbeddingsRequest& request,
+                                                                             int64_t start_step) {
   absl::Status s = CheckInit(request);
   if (!s.ok()) return s;
   auto job = std::make_shared<Job>();
@@ -110,13 +75,20 @@ absl::Status EmbeddingStore::Init(const InitEmbeddingsRequest& request, InitEmbe
     }
     job->tables.push_back(std::move(*table));
   }
-  {
-    absl::MutexLock lock(&job->mu);
-    job->claimed.assign(request.num_workers(), 0);
-    job->applied.assign(request.num_workers(), 0);
-    job->pending.resize(job->tables.size());
-    job->pending_ranks.assign(request.num_workers(), 0);
-  }
+  absl::MutexLock lock(&job->mu);
+  // A restored job continues at start_step: every rank's earlier steps count
+  // as sent and applied.
+  job->claimed.assign(request.num_workers(), start_step);
+  job->applied.assign(request.num_workers(), start_step);
+  job->steps = start_step;
+  job->max_step = start_step;
+  job->pending.resize(job->tables.size());
+  job->pending_ranks.assign(request.num_workers(), 0);
+  return job;
+}
+
+absl::Status EmbeddingStore::Install(std::shared_ptr<Job> job, bool keep_identical, bool* created) {
+  const InitEmbeddingsRequest& request = job->init;
   std::shared_ptr<Job> replaced;
   {
     absl::MutexLock lock(&mu_);
@@ -129,11 +101,11 @@ absl::Status EmbeddingStore::Init(const InitEmbeddingsRequest& request, InitEmbe
                                                " is over: the shard holds attempt ", have));
       }
       if (request.attempt() == have) {
-        if (!google::protobuf::util::MessageDifferencer::Equals(it->second->init, job->init)) {
+        if (!keep_identical || !google::protobuf::util::MessageDifferencer::Equals(it->second->init, job->init)) {
           return absl::AlreadyExistsError(absl::StrCat("job '", Quote(request.job()), "' attempt ", have,
                                                        " has other embedding tables on this shard"));
         }
-        response->set_created(false);
+        *created = false;
         return absl::OkStatus();
       }
       replaced = it->second;
@@ -151,8 +123,17 @@ absl::Status EmbeddingStore::Init(const InitEmbeddingsRequest& request, InitEmbe
     replaced->gone = true;
     replaced->changed.SignalAll();
   }
-  response->set_created(true);
+  *created = true;
   return absl::OkStatus();
+}
+
+absl::Status EmbeddingStore::Init(const InitEmbeddingsRequest& request, InitEmbeddingsResponse* response) {
+  auto job = MakeJob(request, 0);
+  if (!job.ok()) return job.status();
+  bool created = false;
+  absl::Status s = Install(std::move(*job), /*keep_identical=*/true, &created);
+  response->set_created(created);
+  return s;
 }
 
 absl::StatusOr<std::shared_ptr<EmbeddingStore::Job>> EmbeddingStore::FindJob(const std::string& job, uint64_t attempt) {

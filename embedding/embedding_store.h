@@ -33,6 +33,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/byte_budget.h"
+#include "embedding/embedding_files.h"
 #include "proto/embedding.pb.h"
 
 namespace pstrain {
@@ -62,12 +63,28 @@ class EmbeddingStore {
   absl::Status Drop(const DropEmbeddingsRequest& request);
   absl::Status Stats(const EmbeddingStatsRequest& request, EmbeddingStatsResponse* response);
 
+  // Checkpoints (embedding_store_files.cc; paths absolute, confined by the
+  // caller). Save writes this shard's rows of the job, each row from one
+  // state; a SYNC job should be paused at a step boundary. Load creates the
+  // job's tables (a new attempt: `request` as for Init) from files written
+  // by any number of shards, keeping the rows this shard holds, and
+  // continues at `start_step`; nothing is installed unless every file reads
+  // whole (DATA_LOSS names the file that does not).
+  absl::StatusOr<EmbeddingFileInfo> Save(const std::string& job, uint64_t attempt, const std::string& path);
+  absl::Status Load(const InitEmbeddingsRequest& request, const std::vector<std::string>& paths, int64_t start_step);
+
   // Fails waiting calls and every later call with UNAVAILABLE.
   void Shutdown();
 
  private:
   struct Job;
   absl::StatusOr<std::shared_ptr<Job>> FindJob(const std::string& job, uint64_t attempt);
+  // A job's tables and rank state from its Init request, continuing at
+  // `start_step` (0, or a restored checkpoint's step).
+  absl::StatusOr<std::shared_ptr<Job>> MakeJob(const InitEmbeddingsRequest& request, int64_t start_step);
+  // Puts `job` in place of an earlier attempt's; an identical job of the
+  // same attempt is kept when `keep_identical` (created = false).
+  absl::Status Install(std::shared_ptr<Job> job, bool keep_identical, bool* created);
   static absl::Status ParseTables(const Job& job, const google::protobuf::RepeatedPtrField<EmbeddingIds>& in,
                                   std::vector<int>* tables, std::vector<std::vector<int64_t>>* ids);
   // SYNC: adds one rank's gradients to the step's sums; the last rank's

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <fstream>
 #include <thread>
 #include <vector>
 
@@ -226,6 +227,66 @@ TEST(EmbeddingStoreTest, DropGivesTheMemoryBackAndWakesWaiters) {
   waiter.join();
   EXPECT_EQ(waited.code(), absl::StatusCode::kAborted);
   EXPECT_EQ(budget.used(), 0u);
+}
+
+TEST(EmbeddingStoreTest, ACheckpointRestoresOntoAnotherShardCountAndContinues) {
+  // One shard trains SYNC for two steps and saves; two shards load the file
+  // as attempt 2 at step 2, each keeping its own rows.
+  EmbeddingStore one({});
+  CreateJob(one, SYNC, 1);
+  std::vector<int64_t> ids(200);
+  for (int i = 0; i < 200; ++i) ids[i] = i * 7919;
+  for (int step = 0; step < 2; ++step) {
+    EmbeddingLookupResponse r;
+    ASSERT_TRUE(one.Lookup(LookupOf(0, step, ids), Soon(), &r).ok());
+    ASSERT_TRUE(one.Update(UpdateOf(0, step, ids, std::vector<float>(400, 1.0f + step))).ok());
+  }
+  const std::vector<float> saved = Read(one, ids, 2);
+  const std::string path = ::testing::TempDir() + "/store.emb";
+  auto info = one.Save("ctr", 1, path);
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->rows, 200);
+  std::vector<float> restored(400, -99.0f);
+  for (uint32_t shard = 0; shard < 2; ++shard) {
+    EmbeddingStore s({});
+    InitEmbeddingsRequest init = Init(SYNC, 1, 2);
+    init.set_num_shards(2);
+    init.set_shard_index(shard);
+    ASSERT_TRUE(s.Load(init, {path}, 2).ok());
+    std::vector<int64_t> mine;
+    std::vector<size_t> at;
+    for (size_t i = 0; i < ids.size(); ++i) {
+      if (ShardOfId(ids[i], 1024, 2) == shard) mine.push_back(ids[i]), at.push_back(i);
+    }
+    EmbeddingLookupRequest l = LookupOf(0, 2, mine);
+    l.set_attempt(2);
+    EmbeddingLookupResponse r;
+    ASSERT_TRUE(s.Lookup(l, absl::Now() + absl::Seconds(1), &r).ok());  // step 2: no wait
+    const std::vector<float> v = Values(r);
+    for (size_t k = 0; k < at.size(); ++k) {
+      restored[at[k] * 2] = v[k * 2];
+      restored[at[k] * 2 + 1] = v[k * 2 + 1];
+    }
+    EmbeddingStatsRequest sr;
+    sr.set_job("ctr");
+    EmbeddingStatsResponse st;
+    ASSERT_TRUE(s.Stats(sr, &st).ok());
+    EXPECT_EQ(st.applied_steps(), 2);
+    EXPECT_EQ(st.tables(0).rows(), static_cast<int64_t>(mine.size()));
+  }
+  EXPECT_EQ(restored, saved);
+}
+
+TEST(EmbeddingStoreTest, ALoadThatFailsLeavesTheRunningJobAlone) {
+  EmbeddingStore store({});
+  CreateJob(store, ASYNC, 1);
+  ASSERT_TRUE(store.Update(UpdateOf(0, 0, {5}, {1, 1})).ok());
+  const std::string bad = ::testing::TempDir() + "/not-a-checkpoint.emb";
+  std::ofstream(bad) << "PSEMB01\n garbage";
+  absl::Status s = store.Load(Init(ASYNC, 1, 2), {bad}, 1);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_EQ(Read(store, {5}), std::vector<float>(2, 0.0f));  // attempt 1 still serves (no row yet: zeros)
+  EXPECT_EQ(store.Load(Init(ASYNC, 1, 1), {}, 0).code(), absl::StatusCode::kAlreadyExists);
 }
 
 }  // namespace

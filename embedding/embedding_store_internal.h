@@ -1,0 +1,68 @@
+// What embedding_store.cc and embedding_store_files.cc share: a job's state
+// on the shard (EmbeddingStore::Job) and the request bounds. Not for other
+// files.
+#ifndef PSTRAIN_EMBEDDING_EMBEDDING_STORE_INTERNAL_H_
+#define PSTRAIN_EMBEDDING_EMBEDDING_STORE_INTERNAL_H_
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "common/quote.h"
+#include "embedding/embedding_store.h"
+#include "embedding/embedding_table.h"
+
+namespace pstrain {
+
+namespace embedding_internal {
+
+inline constexpr size_t kMaxJobBytes = 256;
+inline constexpr uint32_t kMaxWorkers = 4096;
+inline constexpr int kMaxTables = 64;
+inline constexpr int64_t kMaxStep = int64_t{1} << 40;
+
+inline absl::Status Invalid(absl::string_view job, absl::string_view what) {
+  return absl::InvalidArgumentError(absl::StrCat("embeddings of job '", Quote(job), "': ", what));
+}
+
+// What a SYNC step has received so far, per table: one summed gradient per
+// id, and the ranks that sent theirs.
+struct Pending {
+  absl::flat_hash_map<int64_t, uint32_t> index;
+  std::vector<int64_t> ids;
+  std::vector<float> sums;
+};
+
+}  // namespace embedding_internal
+
+struct EmbeddingStore::Job {
+  std::string name;
+  InitEmbeddingsRequest init;  // tables normalized
+  // Fixed once the job is created: lookups read them without `mu`.
+  std::vector<std::unique_ptr<EmbeddingTable>> tables;
+  std::map<std::string, int> table_index;
+
+  absl::Mutex mu;
+  absl::CondVar changed;
+  bool gone ABSL_GUARDED_BY(mu) = false;  // dropped, replaced or shut down
+  bool shut_down ABSL_GUARDED_BY(mu) = false;
+  // ASYNC/SSP: per rank, steps claimed (an update in flight) and applied.
+  std::vector<int64_t> claimed ABSL_GUARDED_BY(mu);
+  std::vector<int64_t> applied ABSL_GUARDED_BY(mu);
+  // SYNC: steps applied on this shard, and the next one's gradients.
+  int64_t steps ABSL_GUARDED_BY(mu) = 0;
+  std::vector<embedding_internal::Pending> pending ABSL_GUARDED_BY(mu);
+  std::vector<char> pending_ranks ABSL_GUARDED_BY(mu);
+  uint64_t pending_bytes ABSL_GUARDED_BY(mu) = 0;
+  int64_t max_step ABSL_GUARDED_BY(mu) = 0;  // for TTL eviction
+  std::atomic<int64_t> nonfinite_dropped{0};
+};
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_EMBEDDING_EMBEDDING_STORE_INTERNAL_H_

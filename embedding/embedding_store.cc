@@ -216,17 +216,28 @@ bool Finite(const float* x, size_t n) {
 
 }  // namespace
 
+absl::StatusOr<EmbeddingStore::Call> EmbeddingStore::OpenCall(
+    const std::string& job, uint64_t attempt, uint32_t rank, int64_t step,
+    const google::protobuf::RepeatedPtrField<EmbeddingIds>& tables) {
+  auto found = FindJob(job, attempt);
+  if (!found.ok()) return found.status();
+  Call call;
+  call.job = std::move(*found);
+  if (rank >= call.job->init.num_workers()) return Invalid(job, "rank out of range");
+  if (step < 0 || step >= kMaxStep) return Invalid(job, "step out of range");
+  absl::Status s = ParseTables(*call.job, tables, &call.tables, &call.ids);
+  if (!s.ok()) return s;
+  return call;
+}
+
 absl::Status EmbeddingStore::Lookup(const EmbeddingLookupRequest& request, absl::Time deadline,
                                     EmbeddingLookupResponse* response) {
-  auto found = FindJob(request.job(), request.attempt());
-  if (!found.ok()) return found.status();
-  Job& job = **found;
-  if (request.rank() >= job.init.num_workers()) return Invalid(job.name, "rank out of range");
-  if (request.step() < 0 || request.step() >= kMaxStep) return Invalid(job.name, "step out of range");
-  std::vector<int> tables;
-  std::vector<std::vector<int64_t>> ids;
-  absl::Status s = ParseTables(job, request.tables(), &tables, &ids);
-  if (!s.ok()) return s;
+  auto call = OpenCall(request.job(), request.attempt(), request.rank(), request.step(), request.tables());
+  if (!call.ok()) return call.status();
+  Job& job = *call->job;
+  const std::vector<int>& tables = call->tables;
+  const std::vector<std::vector<int64_t>>& ids = call->ids;
+  absl::Status s;
   {
     absl::MutexLock lock(&job.mu);
     if (!job.gone && !Reached(job.init, job.steps, job.applied, request.step())) {
@@ -269,15 +280,12 @@ absl::Status EmbeddingStore::Lookup(const EmbeddingLookupRequest& request, absl:
 }
 
 absl::Status EmbeddingStore::Update(const EmbeddingUpdateRequest& request) {
-  auto found = FindJob(request.job(), request.attempt());
-  if (!found.ok()) return found.status();
-  Job& job = **found;
-  if (request.rank() >= job.init.num_workers()) return Invalid(job.name, "rank out of range");
-  if (request.step() < 0 || request.step() >= kMaxStep) return Invalid(job.name, "step out of range");
-  std::vector<int> tables;
-  std::vector<std::vector<int64_t>> ids;
-  absl::Status s = ParseTables(job, request.tables(), &tables, &ids);
-  if (!s.ok()) return s;
+  auto call = OpenCall(request.job(), request.attempt(), request.rank(), request.step(), request.tables());
+  if (!call.ok()) return call.status();
+  Job& job = *call->job;
+  const std::vector<int>& tables = call->tables;
+  const std::vector<std::vector<int64_t>>& ids = call->ids;
+  absl::Status s;
   if (request.grads_size() != request.tables_size()) return Invalid(job.name, "one grads entry per table");
   for (size_t t = 0; t < tables.size(); ++t) {
     const EmbeddingTable& table = *job.tables[tables[t]];

@@ -78,6 +78,14 @@ class EmbeddingStore {
 
  private:
   struct Job;
+  // A lookup's or an update's job and its tables' ids, checked.
+  struct Call {
+    std::shared_ptr<Job> job;
+    std::vector<int> tables;
+    std::vector<std::vector<int64_t>> ids;
+  };
+  absl::StatusOr<Call> OpenCall(const std::string& job, uint64_t attempt, uint32_t rank, int64_t step,
+                                const google::protobuf::RepeatedPtrField<EmbeddingIds>& tables);
   absl::StatusOr<std::shared_ptr<Job>> FindJob(const std::string& job, uint64_t attempt);
   // A job's tables and rank state from its Init request, continuing at
   // `start_step` (0, or a restored checkpoint's step).

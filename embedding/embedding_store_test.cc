@@ -39,8 +39,10 @@ std::string Bytes(const std::vector<float>& v) {
   return std::string(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
 }
 
-EmbeddingLookupRequest LookupOf(uint32_t rank, int64_t step, const std::vector<int64_t>& ids) {
-  EmbeddingLookupRequest r;
+// A request of job "ctr" attempt 1 for table "user".
+template <typename Request>
+Request RequestOf(uint32_t rank, int64_t step, const std::vector<int64_t>& ids) {
+  Request r;
   r.set_job("ctr");
   r.set_attempt(1);
   r.set_rank(rank);
@@ -51,16 +53,13 @@ EmbeddingLookupRequest LookupOf(uint32_t rank, int64_t step, const std::vector<i
   return r;
 }
 
+EmbeddingLookupRequest LookupOf(uint32_t rank, int64_t step, const std::vector<int64_t>& ids) {
+  return RequestOf<EmbeddingLookupRequest>(rank, step, ids);
+}
+
 EmbeddingUpdateRequest UpdateOf(uint32_t rank, int64_t step, const std::vector<int64_t>& ids,
                                 const std::vector<float>& grads) {
-  EmbeddingUpdateRequest r;
-  r.set_job("ctr");
-  r.set_attempt(1);
-  r.set_rank(rank);
-  r.set_step(step);
-  EmbeddingIds* e = r.add_tables();
-  e->set_table("user");
-  e->set_ids(Bytes(ids));
+  EmbeddingUpdateRequest r = RequestOf<EmbeddingUpdateRequest>(rank, step, ids);
   r.add_grads(Bytes(grads));
   return r;
 }

@@ -75,9 +75,16 @@ std::vector<std::vector<std::vector<uint32_t>>> GrpcEmbeddingClient::Route(
 
 namespace {
 
+// A lookup's or update's fields for one shard: who asks, for which step,
+// and the ids of each table that go to that shard.
 template <typename Request>
-void FillIds(const std::vector<EmbeddingTableConfig>& tables, const std::vector<std::vector<int64_t>>& ids,
-             const std::vector<std::vector<uint32_t>>& positions, Request* request) {
+void Fill(const EmbeddingClientOptions& o, int64_t step, const std::vector<EmbeddingTableConfig>& tables,
+          const std::vector<std::vector<int64_t>>& ids, const std::vector<std::vector<uint32_t>>& positions,
+          Request* request) {
+  request->set_job(o.job);
+  request->set_attempt(o.attempt);
+  request->set_rank(o.rank);
+  request->set_step(step);
   for (size_t t = 0; t < ids.size(); ++t) {
     EmbeddingIds* e = request->add_tables();
     e->set_table(tables[t].name());
@@ -112,11 +119,7 @@ absl::Status GrpcEmbeddingClient::Lookup(int64_t step, const std::vector<std::ve
   FanOut calls;
   for (size_t s : asked) {
     EmbeddingLookupRequest& r = requests[s];
-    r.set_job(options_.job);
-    r.set_attempt(options_.attempt);
-    r.set_rank(options_.rank);
-    r.set_step(step);
-    FillIds(tables_, ids, at[s], &r);
+    Fill(options_, step, tables_, ids, at[s], &r);
     contexts[s] = Context();
     calls.Add();
     stubs_[s]->async()->Lookup(contexts[s].get(), &r, &responses[s],
@@ -157,11 +160,7 @@ absl::Status GrpcEmbeddingClient::Update(int64_t step, const std::vector<std::ve
   FanOut calls;
   for (size_t s = 0; s < n; ++s) {
     EmbeddingUpdateRequest& r = requests[s];
-    r.set_job(options_.job);
-    r.set_attempt(options_.attempt);
-    r.set_rank(options_.rank);
-    r.set_step(step);
-    FillIds(tables_, ids, at[s], &r);
+    Fill(options_, step, tables_, ids, at[s], &r);
     for (size_t t = 0; t < ids.size(); ++t) {
       const size_t row_bytes = tables_[t].dim() * sizeof(float);
       std::string* g = r.add_grads();

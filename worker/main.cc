@@ -127,6 +127,81 @@ struct RunContext {
 };
 
 // Trains one job.
+// All-reduce mode: the group and the in-process store, from the
+// coordinator's rendezvous or torchrun's variables; fills `options`.
+absl::StatusOr<std::unique_ptr<pstrain::AllReduceSetup>> SetUpAllReduce(const pstrain::JobSpec& spec, int rank,
+                                                                        int world_size, const RunContext& ctx,
+                                                                        pstrain::TrainerOptions* options) {
+  pstrain::AllReduceOptions ao;
+  ao.spec = spec;
+  ao.rank = rank;
+  ao.world_size = world_size;
+  ao.member = ctx.member;
+  ao.master_addr = ctx.launch.master_addr;
+  ao.master_port = ctx.launch.master_port;
+  ao.device = options->device;
+  ao.resume_from = ctx.assignment != nullptr ? ctx.assignment->resume_from() : absl::GetFlag(FLAGS_resume_from);
+  ao.gloo_hostname = absl::GetFlag(FLAGS_gloo_hostname);
+  ao.gloo_interface = ctx.launch.gloo_interface;
+  spdlog::info("pstrain-worker rank {}/{} of {}: all-reduce rendezvous ({})", rank, world_size, spec.name,
+               ctx.member != nullptr ? "coordinator" : absl::StrCat(ao.master_addr, ":", ao.master_port));
+  auto allreduce = pstrain::AllReduceSetup::Create(ao);
+  if (!allreduce.ok()) return allreduce.status();
+  options->local_store = (*allreduce)->local_store();
+  options->collective = (*allreduce)->collective();
+  options->restore_local = (*allreduce)->restore_local();
+  return allreduce;
+}
+
+// Where the rank starts and what it carries: the coordinator's assignment,
+// or (standalone, all-reduce, --resume_from) the checkpoint's place.
+absl::Status SetStart(const pstrain::JobSpec& spec, int rank, int world_size, const pstrain::Assignment* assignment,
+                      pstrain::TrainerOptions* options) {
+  if (assignment != nullptr) {
+    options->attempt = assignment->attempt();
+    options->start_step = assignment->start_step();
+    options->start_epoch = assignment->start_epoch();
+    options->start_epoch_step = assignment->start_epoch_step();
+    options->start_loss_scale = assignment->start_loss_scale();
+    options->generation = assignment->generation();
+    options->job_secret = assignment->job_secret();
+    options->table_grant = assignment->table_grant();
+    if (assignment->replacement()) options->rejoin_step = assignment->replacement_step();
+  } else if (spec.allreduce() && !absl::GetFlag(FLAGS_resume_from).empty()) {
+    // Standalone: the checkpoint's place, as the coordinator would assign
+    // it (the values alone, from step 0, replayed the epoch's first batches
+    // and restarted the learning-rate schedule).
+    auto manifest = pstrain::ReadManifest(absl::GetFlag(FLAGS_resume_from));
+    if (!manifest.ok()) return manifest.status();
+    for (const auto& w : pstrain::StartPositions(*manifest, world_size)) {
+      if (w.rank != rank) continue;
+      options->start_step = w.step;
+      options->start_epoch = w.epoch;
+      options->start_epoch_step = w.epoch_step;
+      options->start_loss_scale = w.loss_scale;
+    }
+  }
+  return absl::OkStatus();
+}
+
+// A checkpoint pauses every worker before one agreed step
+// (worker/pause_protocol.h); all-reduce worker 0 writes the model then.
+std::unique_ptr<pstrain::CheckpointPause> SetUpPause(int rank, const RunContext& ctx, pstrain::Activity* activity,
+                                                     pstrain::AllReduceSetup* allreduce,
+                                                     pstrain::TrainerOptions* options) {
+  if (ctx.member == nullptr) return nullptr;
+  pstrain::CheckpointPause::SaveTableFn save;
+  if (rank == 0 && allreduce != nullptr) {
+    save = [allreduce](const std::string& path, const std::function<absl::Status()>& flush) {
+      return allreduce->SaveTable(path, flush);
+    };
+  }
+  auto pause = std::make_unique<pstrain::CheckpointPause>(ctx.member, rank, ctx.emit, activity, ctx.stop,
+                                                          std::move(save));
+  options->at_step_boundary = [p = pause.get()](const pstrain::StepBoundary& at) { p->AtStepBoundary(at); };
+  return pause;
+}
+
 absl::Status RunJobOrThrow(pstrain::JobSpec spec, int rank, int world_size, const std::vector<std::string>& targets,
                     const RunContext& ctx) {
   const std::atomic<bool>* stop = ctx.stop;
@@ -153,25 +228,9 @@ absl::Status RunJobOrThrow(pstrain::JobSpec spec, int rank, int world_size, cons
   options.data_root.max_file_bytes = absl::GetFlag(FLAGS_max_data_file_bytes);
   std::unique_ptr<pstrain::AllReduceSetup> allreduce;
   if (spec.allreduce()) {
-    pstrain::AllReduceOptions ao;
-    ao.spec = spec;
-    ao.rank = rank;
-    ao.world_size = world_size;
-    ao.member = member;
-    ao.master_addr = ctx.launch.master_addr;
-    ao.master_port = ctx.launch.master_port;
-    ao.device = *device;
-    ao.resume_from = assignment != nullptr ? assignment->resume_from() : absl::GetFlag(FLAGS_resume_from);
-    ao.gloo_hostname = absl::GetFlag(FLAGS_gloo_hostname);
-    ao.gloo_interface = ctx.launch.gloo_interface;
-    spdlog::info("pstrain-worker rank {}/{} of {}: all-reduce rendezvous ({})", rank, world_size, spec.name,
-                 member != nullptr ? "coordinator" : absl::StrCat(ao.master_addr, ":", ao.master_port));
-    auto ar = pstrain::AllReduceSetup::Create(ao);
+    auto ar = SetUpAllReduce(spec, rank, world_size, ctx, &options);
     if (!ar.ok()) return ar.status();
     allreduce = std::move(*ar);
-    options.local_store = allreduce->local_store();
-    options.collective = allreduce->collective();
-    options.restore_local = allreduce->restore_local();
   }
   // Held for the job (the shared cache destroys no client in use; see SharedRemoteShard).
   std::vector<std::shared_ptr<pstrain::GrpcRemoteShard>> remote_shards;
@@ -201,43 +260,8 @@ absl::Status RunJobOrThrow(pstrain::JobSpec spec, int rank, int world_size, cons
       metrics->RecordStep(job, rank, step, loss, samples, seconds, wait);
     };
   }
-  if (assignment != nullptr) {
-    options.attempt = assignment->attempt();
-    options.start_step = assignment->start_step();
-    options.start_epoch = assignment->start_epoch();
-    options.start_epoch_step = assignment->start_epoch_step();
-    options.start_loss_scale = assignment->start_loss_scale();
-    options.generation = assignment->generation();
-    options.job_secret = assignment->job_secret();
-    options.table_grant = assignment->table_grant();
-    if (assignment->replacement()) options.rejoin_step = assignment->replacement_step();
-  } else if (spec.allreduce() && !absl::GetFlag(FLAGS_resume_from).empty()) {
-    // Standalone: the checkpoint's place, as the coordinator would assign
-    // it (the values alone, from step 0, replayed the epoch's first batches
-    // and restarted the learning-rate schedule).
-    auto manifest = pstrain::ReadManifest(absl::GetFlag(FLAGS_resume_from));
-    if (!manifest.ok()) return manifest.status();
-    for (const auto& w : pstrain::StartPositions(*manifest, world_size)) {
-      if (w.rank != rank) continue;
-      options.start_step = w.step;
-      options.start_epoch = w.epoch;
-      options.start_epoch_step = w.epoch_step;
-      options.start_loss_scale = w.loss_scale;
-    }
-  }
-  // A checkpoint pauses every worker before one agreed step
-  // (worker/pause_protocol.h); all-reduce worker 0 writes the model then.
-  std::unique_ptr<pstrain::CheckpointPause> pause;
-  if (member != nullptr) {
-    pstrain::CheckpointPause::SaveTableFn save;
-    if (rank == 0 && allreduce != nullptr) {
-      save = [saver = allreduce.get()](const std::string& path, const std::function<absl::Status()>& flush) {
-        return saver->SaveTable(path, flush);
-      };
-    }
-    pause = std::make_unique<pstrain::CheckpointPause>(member, rank, emit, activity.get(), stop, std::move(save));
-    options.at_step_boundary = [p = pause.get()](const pstrain::StepBoundary& at) { p->AtStepBoundary(at); };
-  }
+  if (absl::Status s = SetStart(spec, rank, world_size, assignment, &options); !s.ok()) return s;
+  std::unique_ptr<pstrain::CheckpointPause> pause = SetUpPause(rank, ctx, activity.get(), allreduce.get(), &options);
   spdlog::info("pstrain-worker rank {}/{} of {}: loading data ({})", rank, world_size, spec.name,
                spec.data.format);
   auto data = pstrain::LoadData(spec.data, spec.seed, options.data_root);

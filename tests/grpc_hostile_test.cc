@@ -320,6 +320,29 @@ void AddEmbeddingCases(const CaseAdder& add) {
     r.set_job("nope");
     add("Stats", "unknown job", r, grpc::StatusCode::NOT_FOUND);
   }
+  {
+    SaveEmbeddingsRequest r;
+    r.set_job("job");
+    r.set_attempt(2);
+    for (const std::string& path : {std::string("../escape"), std::string("/etc/passwd"), std::string("")}) {
+      r.set_path(path);
+      add("SaveEmbeddings", "path " + Quote(path), r, grpc::StatusCode::INVALID_ARGUMENT);
+    }
+    r.set_path("other-job/x.emb");
+    add("SaveEmbeddings", "another job's directory", r, grpc::StatusCode::PERMISSION_DENIED);
+    r.set_path("job/x.emb");
+    r.set_attempt(1);
+    add("SaveEmbeddings", "earlier attempt", r, grpc::StatusCode::ABORTED);
+  }
+  {
+    LoadEmbeddingsRequest r;
+    r.mutable_init()->set_job("job");
+    add("LoadEmbeddings", "no tables", r, grpc::StatusCode::INVALID_ARGUMENT);
+    r.add_paths("../escape");
+    add("LoadEmbeddings", "path ../escape", r, grpc::StatusCode::INVALID_ARGUMENT);
+    for (int i = 0; i < 4100; ++i) r.add_paths("job/x.emb");
+    add("LoadEmbeddings", "4101 files", r, grpc::StatusCode::INVALID_ARGUMENT);
+  }
 }
 
 CaseTable Table() {

@@ -38,7 +38,7 @@ struct InProcessServices {
         store.get(), GrpcParameterService::Options{nullptr, security.tokens, grant_verifier});
     embeddings = std::make_unique<EmbeddingStore>(EmbeddingStoreOptions{});
     embedding_service = std::make_unique<GrpcEmbeddingService>(
-        embeddings.get(), GrpcEmbeddingService::Options{security.tokens, grant_verifier});
+        embeddings.get(), GrpcEmbeddingService::Options{security.tokens, grant_verifier, *shard_root});
     auto ps = GrpcServer::Create(options, {ps_service.get(), embedding_service.get()});
     if (!ps.ok()) return ps.status();
     ps_server = std::move(*ps);

@@ -5,10 +5,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "common/caller.h"
+#include "common/file_util.h"
 #include "common/quote.h"
 #include "rpc/grpc_tensor_coding.h"
 #include "rpc/security.h"
 #include "rpc/status_util.h"
+#include "server/ps/job_paths.h"
 
 namespace pstrain {
 namespace {
@@ -40,6 +42,23 @@ GrpcEmbeddingService::GrpcEmbeddingService(EmbeddingStore* store, Options option
   PSTRAIN_UNARY(Update, EmbeddingUpdateRequest, EmbeddingUpdateResponse);
   PSTRAIN_UNARY(DropEmbeddings, DropEmbeddingsRequest, DropEmbeddingsResponse);
   PSTRAIN_UNARY(Stats, EmbeddingStatsRequest, EmbeddingStatsResponse);
+  PSTRAIN_UNARY(SaveEmbeddings, SaveEmbeddingsRequest, SaveEmbeddingsResponse);
+  PSTRAIN_UNARY(LoadEmbeddings, LoadEmbeddingsRequest, LoadEmbeddingsResponse);
+}
+
+absl::Status GrpcEmbeddingService::CoordinatorOnly(const grpc::ServerContext& context, const char* method) const {
+  const Caller caller = CallerOf(context, options_.tokens.get());
+  if (caller.IsCoordinator()) return absl::OkStatus();
+  return absl::PermissionDeniedError(absl::StrCat(method, " is the coordinator's to call, and this is a ",
+                                                  CallerRoleName(caller.role),
+                                                  " token (it takes one of group pstrain:coordinator)"));
+}
+
+absl::StatusOr<std::string> GrpcEmbeddingService::Resolve(const std::string& name) const {
+  if (options_.checkpoint_root.empty()) {
+    return absl::FailedPreconditionError("this shard has no --checkpoint_root: embedding checkpoints are refused");
+  }
+  return ResolveUnderRoot(options_.checkpoint_root, name);
 }
 
 #undef PSTRAIN_UNARY
@@ -79,12 +98,7 @@ grpc::Status GrpcEmbeddingService::Update(grpc::ServerContext* context, const Em
 
 grpc::Status GrpcEmbeddingService::DropEmbeddings(grpc::ServerContext* context, const DropEmbeddingsRequest& request,
                                                   DropEmbeddingsResponse*) {
-  const Caller caller = CallerOf(*context, options_.tokens.get());
-  if (!caller.IsCoordinator()) {
-    return ToGrpcStatus(absl::PermissionDeniedError(
-        absl::StrCat("DropEmbeddings is the coordinator's to call, and this is a ", CallerRoleName(caller.role),
-                     " token (it takes one of group pstrain:coordinator)")));
-  }
+  if (absl::Status s = CoordinatorOnly(*context, "DropEmbeddings"); !s.ok()) return ToGrpcStatus(s);
   const JobSecrets::DropTicket ticket = secrets_.BeginDrop(request.job());
   absl::Status s = store_->Drop(request);
   secrets_.EndDrop(request.job(), ticket, s.ok());
@@ -97,6 +111,49 @@ grpc::Status GrpcEmbeddingService::Stats(grpc::ServerContext* context, const Emb
     return ToGrpcStatus(s);
   }
   return ToGrpcStatus(store_->Stats(request, response));
+}
+
+grpc::Status GrpcEmbeddingService::SaveEmbeddings(grpc::ServerContext* context, const SaveEmbeddingsRequest& request,
+                                                  SaveEmbeddingsResponse* response) {
+  absl::Status s = CoordinatorOnly(*context, "SaveEmbeddings");
+  if (s.ok()) s = secrets_.Check(request.job(), MetadataValue(*context, kJobSecretMetadata));
+  if (s.ok() && !InJobDirectory(request.path(), request.job())) {
+    s = absl::PermissionDeniedError(absl::StrCat("SaveEmbeddings of job ", Quote(request.job()), ": ",
+                                                 Quote(request.path(), 128),
+                                                 " is not in a directory named after the job (its <output_dir>/<job>/)"));
+  }
+  if (!s.ok()) return ToGrpcStatus(s);
+  auto path = Resolve(request.path());
+  if (!path.ok()) return ToGrpcStatus(path.status());
+  auto info = store_->Save(request.job(), request.attempt(), *path);
+  if (!info.ok()) return ToGrpcStatus(info.status());
+  response->set_bytes(info->bytes);
+  response->set_crc32(info->crc32);
+  response->set_rows(info->rows);
+  return grpc::Status::OK;
+}
+
+grpc::Status GrpcEmbeddingService::LoadEmbeddings(grpc::ServerContext* context, const LoadEmbeddingsRequest& request,
+                                                  LoadEmbeddingsResponse*) {
+  const std::string& job = request.init().job();
+  const std::string secret = MetadataValue(*context, kJobSecretMetadata);
+  absl::Status s = CoordinatorOnly(*context, "LoadEmbeddings");
+  if (s.ok()) s = secrets_.Check(job, secret);
+  if (s.ok() && request.paths_size() > 4096) {
+    s = absl::InvalidArgumentError(absl::StrCat("LoadEmbeddings names ", request.paths_size(), " files; at most 4096"));
+  }
+  std::vector<std::string> paths;
+  for (const std::string& name : request.paths()) {
+    if (!s.ok()) break;
+    auto path = Resolve(name);
+    if (path.ok()) paths.push_back(*path);
+    s = path.status();
+  }
+  if (!s.ok()) return ToGrpcStatus(s);
+  secrets_.BeginMake(job);
+  s = store_->Load(request.init(), paths, request.start_step());
+  secrets_.EndMake(job, s.ok(), secret);
+  return ToGrpcStatus(s);
 }
 
 }  // namespace pstrain

@@ -5,7 +5,10 @@
 //   (JobSecrets: recorded by the first InitEmbeddings, forgotten by a drop);
 // - with a grant key, InitEmbeddings needs the coordinator's table grant for
 //   the job, attempt and secret (rpc/table_grant.h);
-// - DropEmbeddings is the coordinator's (a coordinator token).
+// - DropEmbeddings, SaveEmbeddings and LoadEmbeddings are the coordinator's
+//   (a coordinator token); checkpoint files are read and written only under
+//   the shard's checkpoint root, and written only in a directory named after
+//   the job.
 // Synchronous handlers (a ParsingService: bytes that are not the request get
 // INVALID_ARGUMENT): a SYNC lookup waits on its thread, bounded by the
 // store's max_waiters and the call's deadline.
@@ -13,6 +16,7 @@
 #define PSTRAIN_SERVER_PS_GRPC_EMBEDDING_SERVICE_H_
 
 #include <memory>
+#include <string>
 
 #include "embedding/embedding_store.h"
 #include "proto/embedding.pb.h"
@@ -28,6 +32,8 @@ class GrpcEmbeddingService final : public ParsingService {
   struct Options {
     std::shared_ptr<TokenTable> tokens;                // null: authentication off
     std::shared_ptr<const TableGrantVerifier> grants;  // null: no grants checked
+    // Absolute, symlink-free (CanonicalRoot); empty: checkpoints refused.
+    std::string checkpoint_root;
   };
   // `store` is not owned and must outlive the service.
   GrpcEmbeddingService(EmbeddingStore* store, Options options);
@@ -43,6 +49,15 @@ class GrpcEmbeddingService final : public ParsingService {
                               DropEmbeddingsResponse* response);
   grpc::Status Stats(grpc::ServerContext* context, const EmbeddingStatsRequest& request,
                      EmbeddingStatsResponse* response);
+  grpc::Status SaveEmbeddings(grpc::ServerContext* context, const SaveEmbeddingsRequest& request,
+                              SaveEmbeddingsResponse* response);
+  grpc::Status LoadEmbeddings(grpc::ServerContext* context, const LoadEmbeddingsRequest& request,
+                              LoadEmbeddingsResponse* response);
+  // OK for a coordinator's call, PERMISSION_DENIED naming the method else.
+  absl::Status CoordinatorOnly(const grpc::ServerContext& context, const char* method) const;
+  // `name` resolved under the checkpoint root (FAILED_PRECONDITION without
+  // one; as ResolveUnderRoot otherwise).
+  absl::StatusOr<std::string> Resolve(const std::string& name) const;
 
   EmbeddingStore* const store_;
   const Options options_;

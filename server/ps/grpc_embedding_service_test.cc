@@ -6,9 +6,13 @@
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+
+#include <cerrno>
 #include <cstring>
 #include <vector>
 
+#include "common/file_util.h"
 #include "proto/embedding.grpc.pb.h"
 #include "rpc/grpc_server.h"
 #include "rpc/grpc_tensor_coding.h"
@@ -139,6 +143,45 @@ TEST_F(GrpcEmbeddingServiceTest, ASyncLookupEndsAtTheCallsDeadline) {
   grpc::Status s = stub_->Lookup(Context("s3cret", absl::Milliseconds(300)).get(), LookupOf(1, {1}), &r);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << s.error_message();
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+}
+
+TEST_F(GrpcEmbeddingServiceTest, ACheckpointGoesToTheJobsDirectoryAndComesBackOnAnotherShard) {
+  auto root = CanonicalRoot(::testing::TempDir() + "/embedding-root");
+  ASSERT_TRUE(root.ok());
+  Start({nullptr, nullptr, *root});
+  InitEmbeddingsResponse created;
+  ASSERT_TRUE(stub_->InitEmbeddings(Context("s3cret").get(), Init(ASYNC), &created).ok());
+  EmbeddingLookupResponse before;
+  ASSERT_TRUE(stub_->Lookup(Context("s3cret").get(), LookupOf(0, {1, 2, 3}), &before).ok());
+  SaveEmbeddingsRequest save;
+  save.set_job("ctr");
+  save.set_attempt(3);
+  save.set_path("elsewhere/shard-0.emb");
+  SaveEmbeddingsResponse saved;
+  EXPECT_EQ(stub_->SaveEmbeddings(Context("s3cret").get(), save, &saved).error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
+  save.set_path("out/ctr/ckpt-1/shard-0.emb");
+  ASSERT_TRUE(::mkdir((*root + "/out").c_str(), 0755) == 0 || errno == EEXIST);
+  ASSERT_TRUE(::mkdir((*root + "/out/ctr").c_str(), 0755) == 0 || errno == EEXIST);
+  ASSERT_TRUE(::mkdir((*root + "/out/ctr/ckpt-1").c_str(), 0755) == 0 || errno == EEXIST);
+  grpc::Status s = stub_->SaveEmbeddings(Context("s3cret").get(), save, &saved);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(saved.rows(), 3);
+  EXPECT_GT(saved.bytes(), 0u);
+  // The same store plays the next attempt's shard: the load replaces attempt 3.
+  LoadEmbeddingsRequest load;
+  *load.mutable_init() = Init(ASYNC);
+  load.mutable_init()->set_attempt(4);
+  load.add_paths(save.path());
+  load.set_start_step(7);
+  LoadEmbeddingsResponse none;
+  s = stub_->LoadEmbeddings(Context("s3cret").get(), load, &none);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EmbeddingLookupRequest l = LookupOf(7, {1, 2, 3});
+  l.set_attempt(4);
+  EmbeddingLookupResponse after;
+  ASSERT_TRUE(stub_->Lookup(Context("s3cret").get(), l, &after).ok());
+  EXPECT_EQ(after.values(0), before.values(0));
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include "rpc/grpc_tensor_coding.h"
 #include "rpc/security.h"
 #include "rpc/status_util.h"
+#include "server/ps/job_paths.h"
 #include "rpc/table_grant.h"
 
 namespace pstrain {
@@ -123,24 +124,6 @@ auto StoreCall(ParameterStore* store,
   return [store, call](auto state, const CallOptions& options, auto done) {
     (store->*call)(state->request, &state->response, options, std::move(done));
   };
-}
-
-// Whether `path` (relative to the checkpoint root) lies in a directory
-// named `job`: the job's own <output_dir>/<job>/.
-// A path the store refuses anyway (empty, absolute, "..", NUL: its
-// INVALID_ARGUMENT says what is wrong) passes here.
-bool InJobDirectory(const std::string& path, const std::string& job) {
-  if (job.empty()) return true;  // standalone runs name no job
-  if (path.empty() || path[0] == '/' || path.find('\0') != std::string::npos) return true;
-  std::vector<absl::string_view> parts = absl::StrSplit(path, '/');
-  for (absl::string_view part : parts) {
-    if (part == "..") return true;
-  }
-  parts.pop_back();  // the file
-  for (absl::string_view part : parts) {
-    if (part == job) return true;
-  }
-  return false;
 }
 
 }  // namespace

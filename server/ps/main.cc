@@ -206,7 +206,8 @@ int main(int argc, char** argv) {
                  "job's table first (for a job not yet started, under its own secret); give the shards the public "
                  "key of the coordinator's --table_grant_key_file");
   }
-  pstrain::GrpcEmbeddingService embedding_service(&embeddings, {service_options.tokens, service_options.grants});
+  pstrain::GrpcEmbeddingService embedding_service(
+      &embeddings, {service_options.tokens, service_options.grants, store_options.checkpoint_root});
   pstrain::GrpcParameterService service(&store, std::move(service_options));
   pstrain::GrpcServerOptions server_options = pstrain::GrpcServerOptionsFromFlags(*server_security);
   server_options.max_message_bytes = max_mb << 20;

@@ -7,6 +7,8 @@
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "embedding/row_math.h"
@@ -31,9 +33,39 @@ struct RowMeta {
   uint32_t next;  // toward the least recently used
 };
 
-using Index = absl::flat_hash_map<int64_t, uint32_t>;
-// What one index slot costs: its key-value pair and its control byte.
-constexpr uint64_t kIndexSlotBytes = sizeof(Index::slot_type) + 1;
+// The index of a stripe holds row numbers, found by id: a row's id is in its
+// metadata, so a slot is 4 bytes (a map from int64 to uint32 pads each pair
+// to 16). Lookups by id go through IdKey (heterogeneous lookup); hashing a
+// stored row reads its id, so a row leaves the index before its metadata
+// changes.
+struct IdKey {
+  int64_t id;
+};
+
+class RowIds {
+ public:
+  virtual ~RowIds() = default;
+  virtual int64_t IdOf(uint32_t row) const = 0;
+};
+
+struct RowHash {
+  using is_transparent = void;
+  const RowIds* rows;
+  size_t operator()(uint32_t r) const { return absl::Hash<int64_t>()(rows->IdOf(r)); }
+  size_t operator()(IdKey k) const { return absl::Hash<int64_t>()(k.id); }
+};
+
+struct RowEq {
+  using is_transparent = void;
+  const RowIds* rows;
+  bool operator()(uint32_t a, uint32_t b) const { return a == b; }
+  bool operator()(IdKey k, uint32_t r) const { return rows->IdOf(r) == k.id; }
+  bool operator()(uint32_t r, IdKey k) const { return rows->IdOf(r) == k.id; }
+};
+
+using Index = absl::flat_hash_set<uint32_t, RowHash, RowEq>;
+// What one index slot costs: its row number and its control byte.
+constexpr uint64_t kIndexSlotBytes = sizeof(uint32_t) + 1;
 
 bool Finite(const float* x, int n) {
   float acc = 0.0f;
@@ -48,12 +80,25 @@ float Unit(uint64_t bits) { return (static_cast<float>(bits >> 40) + 0.5f) * (1.
 // Everything below `mu` is guarded by it. Row r lives in block r / kBlockRows
 // at r % kBlockRows: its metadata in meta_blocks, its value then its slots
 // (row_floats floats) in data_blocks.
-struct EmbeddingTable::Stripe {
+// Free rows are chained through their `next`.
+struct EmbeddingTable::Stripe : RowIds {
+  Stripe(ByteBudget* budget, int row_floats, uint64_t cap_bytes)
+      : budget(budget), row_floats(row_floats), cap_bytes(cap_bytes), index(0, RowHash{this}, RowEq{this}) {}
+  // Only under `mu` (the index hashes and compares under it).
+  int64_t IdOf(uint32_t r) const override ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    return meta_blocks[r / kBlockRows][r % kBlockRows].id;
+  }
+
+  ByteBudget* const budget;  // the shard's (null: none)
+  const int row_floats;      // value and slots
+  // The table's eviction.max_memory_mb, this stripe's share (max: none).
+  const uint64_t cap_bytes;
+
   absl::Mutex mu;
-  Index index ABSL_GUARDED_BY(mu);
   std::vector<std::unique_ptr<RowMeta[]>> meta_blocks ABSL_GUARDED_BY(mu);
   std::vector<std::unique_ptr<float[]>> data_blocks ABSL_GUARDED_BY(mu);
-  std::vector<uint32_t> free_rows ABSL_GUARDED_BY(mu);
+  Index index ABSL_GUARDED_BY(mu);
+  uint32_t free_head ABSL_GUARDED_BY(mu) = kNil;
   uint32_t head ABSL_GUARDED_BY(mu) = kNil;  // most recently used
   uint32_t tail ABSL_GUARDED_BY(mu) = kNil;  // least recently used
   std::vector<uint16_t> sketch ABSL_GUARDED_BY(mu);
@@ -85,37 +130,50 @@ struct EmbeddingTable::Stripe {
     }
   }
   void Evict(uint32_t r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    index.erase(Meta(r).id);
+    index.erase(r);  // first: erasing hashes the row's id
     Unlink(r);
-    free_rows.push_back(r);  // never reallocates: reserved for every row
+    Free(r);
+  }
+  void Free(uint32_t r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    Meta(r).next = free_head;
+    free_head = r;
+  }
+  // A free row for `id` at `step` (MakeRoom made sure there is one), in the
+  // index and at the front of the LRU order; its floats are the caller's.
+  uint32_t Take(int64_t id, int64_t step, uint32_t count) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    const uint32_t r = free_head;
+    free_head = Meta(r).next;
+    Meta(r) = RowMeta{id, step, count, kNil, kNil};
+    const size_t capacity = index.capacity();
+    index.insert(r);
+    if (index.capacity() != capacity) Reconcile();  // MakeRoom keeps this rare
+    PushFront(r);
+    return r;
   }
 
   // Makes room for one more row: a free row, and index capacity for it.
   // Takes the bytes from the budget before allocating; where they are not
-  // there, or the stripe holds max_rows, and the table evicts (`evict`),
-  // drops the least recently used row instead. False: no room.
-  bool MakeRoom(ByteBudget* budget, int row_floats, uint64_t max_rows, bool evict, std::atomic<int64_t>& evicted)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    if (evict && index.size() >= max_rows && tail != kNil) {
-      Evict(tail);
-      ++evicted;
-    }
+  // there, or would take the stripe past cap_bytes, and the table evicts
+  // (`evict`), drops the least recently used row instead. False: no room.
+  bool MakeRoom(bool evict, std::atomic<int64_t>& evicted) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     for (;;) {
-      const bool need_block = free_rows.empty();
-      // absl's table grows when it is 7/8 full, to twice its capacity.
+      const bool need_block = free_head == kNil;
+      // Grown ahead of absl's own 7/8: erased rows leave tombstones, and
+      // under 25/32 full absl clears them in place instead of doubling.
       const size_t cap = index.capacity();
-      const bool need_index = index.size() + 1 > cap - cap / 8;
+      const bool need_index = index.size() + 1 > cap * 25 / 32;
       const uint64_t bytes =
-          (need_block ? kBlockRows * (sizeof(RowMeta) + sizeof(float) * static_cast<uint64_t>(row_floats)) +
-                            kBlockRows * sizeof(uint32_t) + 2 * sizeof(void*)
-                      : 0) +
+          (need_block
+               ? kBlockRows * (sizeof(RowMeta) + sizeof(float) * static_cast<uint64_t>(row_floats)) + 2 * sizeof(void*)
+               : 0) +
           (need_index ? (cap + 1) * kIndexSlotBytes : 0);
       if (bytes == 0) return true;
-      if (budget == nullptr || budget->TryReserve(bytes)) {
+      const bool fits = charged + bytes <= cap_bytes;
+      if (fits && (budget == nullptr || budget->TryReserve(bytes))) {
         charged += bytes;
-        if (need_block) AddBlock(row_floats);
-        if (need_index) index.reserve(index.size() + 1);
-        Reconcile(budget, row_floats);
+        if (need_block) AddBlock();
+        if (need_index) index.reserve(std::max<size_t>(cap, 1));
+        Reconcile();
         return true;
       }
       if (!evict || tail == kNil) return false;
@@ -123,17 +181,16 @@ struct EmbeddingTable::Stripe {
       ++evicted;
     }
   }
-  void AddBlock(int row_floats) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+  void AddBlock() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     const uint32_t first = static_cast<uint32_t>(meta_blocks.size()) * kBlockRows;
     meta_blocks.push_back(std::make_unique<RowMeta[]>(kBlockRows));
     data_blocks.push_back(std::make_unique<float[]>(kBlockRows * static_cast<size_t>(row_floats)));
-    free_rows.reserve(first + kBlockRows);
-    for (uint32_t r = first + kBlockRows; r > first; --r) free_rows.push_back(r - 1);
+    for (uint32_t r = first + kBlockRows; r > first; --r) Free(r - 1);
   }
   // Charges (or gives back) the difference between what was estimated and
   // what the containers really allocated, so the budget stays the truth.
-  void Reconcile(ByteBudget* budget, int row_floats) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    const uint64_t now = Bytes(row_floats);
+  void Reconcile() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    const uint64_t now = Bytes();
     if (budget != nullptr) {
       if (now > charged) budget->Charge(now - charged);
       if (now < charged) budget->Release(charged - now);
@@ -142,10 +199,10 @@ struct EmbeddingTable::Stripe {
   }
 
   // What the stripe has allocated, by the same arithmetic that charged it.
-  uint64_t Bytes(int row_floats) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+  uint64_t Bytes() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     const uint64_t block = kBlockRows * (sizeof(RowMeta) + sizeof(float) * static_cast<uint64_t>(row_floats));
-    return meta_blocks.size() * block + index.capacity() * kIndexSlotBytes + free_rows.capacity() * sizeof(uint32_t) +
-           sketch.capacity() * sizeof(uint16_t) + (meta_blocks.capacity() + data_blocks.capacity()) * sizeof(void*);
+    return meta_blocks.size() * block + index.capacity() * kIndexSlotBytes + sketch.capacity() * sizeof(uint16_t) +
+           (meta_blocks.capacity() + data_blocks.capacity()) * sizeof(void*);
   }
 };
 
@@ -157,6 +214,20 @@ absl::StatusOr<std::unique_ptr<EmbeddingTable>> EmbeddingTable::Create(Embedding
     return absl::InvalidArgumentError("embedding stripes must be a power of two in 1..4096");
   }
   std::unique_ptr<EmbeddingTable> table(new EmbeddingTable(std::move(config), budget, stripes));
+  const EmbeddingTableConfig& c = table->config_;
+  if (const uint64_t cap = c.eviction().max_memory_mb() << 20; cap > 0) {
+    // Each stripe must hold a few blocks of rows (and its admission sketch)
+    // within its share, or it could hold no row at all.
+    const uint64_t sketch = c.admission().min_count() > 1 ? uint64_t{kSketchDepth} * kSketchCounters * 2 : 0;
+    const uint64_t least =
+        uint64_t(stripes) * 4 * kBlockRows * (sizeof(RowMeta) + sizeof(float) * (c.dim() + table->slot_floats_)) +
+        sketch;
+    if (cap < least) {
+      return absl::InvalidArgumentError(absl::StrCat("embedding table '", c.name(), "': eviction.max_memory_mb ",
+                                                     c.eviction().max_memory_mb(), " is too small for its ", stripes,
+                                                     " stripes; at least ", (least + (1 << 20) - 1) >> 20));
+    }
+  }
   if (table->config_.admission().min_count() > 1) {
     const uint32_t width = std::max<uint32_t>(64, kSketchCounters / stripes);
     const uint64_t bytes = uint64_t{kSketchDepth} * width * sizeof(uint16_t);
@@ -176,14 +247,11 @@ EmbeddingTable::EmbeddingTable(EmbeddingTableConfig config, ByteBudget* budget, 
       salt_(TableSalt(config_.name())),
       slot_floats_(SlotFloats(config_.optimizer().kind(), static_cast<int>(config_.dim()))),
       stripe_shift_(64 - __builtin_ctz(static_cast<unsigned>(stripes))) {
-  for (int i = 0; i < stripes; ++i) stripes_.push_back(std::make_unique<Stripe>());
-  if (const uint64_t cap = config_.eviction().max_memory_mb() << 20; cap > 0) {
-    // A row's share of the worst case: its block entry, its free-list slot,
-    // and the index just after it doubled (7/16 full).
-    const uint64_t per_row = sizeof(RowMeta) + sizeof(float) * static_cast<uint64_t>(config_.dim() + slot_floats_) +
-                             sizeof(uint32_t) + kIndexSlotBytes * 16 / 7;
-    evicts_ = true;
-    max_rows_per_stripe_ = std::max<uint64_t>(1, cap / stripes / per_row);
+  const uint64_t cap = config_.eviction().max_memory_mb() << 20;
+  evicts_ = cap > 0;
+  for (int i = 0; i < stripes; ++i) {
+    stripes_.push_back(std::make_unique<Stripe>(budget, static_cast<int>(config_.dim()) + slot_floats_,
+                                                evicts_ ? cap / stripes : std::numeric_limits<uint64_t>::max()));
   }
 }
 
@@ -265,27 +333,23 @@ absl::Status EmbeddingTable::Lookup(absl::Span<const int64_t> ids, int64_t step,
       const uint32_t i = order[k];
       const int64_t id = ids[i];
       float* dst = out + static_cast<size_t>(i) * dim;
-      auto it = stripe.index.find(id);
+      auto it = stripe.index.find(IdKey{id});
       uint32_t r;
       if (it != stripe.index.end()) {
-        r = it->second;
+        r = *it;
       } else if (!Admit(stripe, id, step)) {
         std::fill(dst, dst + dim, 0.0f);
         ++counters_.not_admitted;
         continue;
-      } else if (!stripe.MakeRoom(budget_, row_floats, max_rows_per_stripe_, evicts_, counters_.evicted_lru)) {
+      } else if (!stripe.MakeRoom(evicts_, counters_.evicted_lru)) {
         std::fill(dst, dst + dim, 0.0f);
         ++counters_.refused;
         refused = true;
         continue;
       } else {
-        r = stripe.free_rows.back();
-        stripe.free_rows.pop_back();
-        stripe.Meta(r) = RowMeta{id, step, 0, kNil, kNil};
+        r = stripe.Take(id, step, 0);
         float* row = stripe.Data(r, row_floats);
         InitRow(config_, salt_, id, row, row + dim);
-        stripe.index.emplace(id, r);
-        stripe.PushFront(r);
         ++counters_.created;
       }
       RowMeta& m = stripe.Meta(r);
@@ -338,19 +402,19 @@ absl::Status EmbeddingTable::Update(absl::Span<const int64_t> ids, const float* 
     absl::MutexLock lock(&stripe.mu);
     for (uint32_t k = begin[s]; k < begin[s + 1]; ++k) {
       const uint32_t u = order[k];
-      auto it = stripe.index.find(unique[u]);
+      auto it = stripe.index.find(IdKey{unique[u]});
       if (it == stripe.index.end()) {
         ++counters_.dropped_updates;
         continue;
       }
-      float* row = stripe.Data(it->second, row_floats);
+      float* row = stripe.Data(*it, row_floats);
       if (!finite[u] ||
           !ApplyRowUpdate(config_, step, summed.data() + static_cast<size_t>(u) * dim, grad_scale, row, row + dim)) {
         ++counters_.nonfinite;
         continue;
       }
       ++counters_.updates;
-      stripe.Touch(it->second, step);
+      stripe.Touch(*it, step);
     }
   }
   return absl::OkStatus();
@@ -384,7 +448,7 @@ absl::Status EmbeddingTable::ForEachRow(const std::function<absl::Status(const E
       absl::MutexLock lock(&stripe->mu);
       meta.reserve(stripe->index.size());
       data.reserve(stripe->index.size() * row_floats);
-      for (const auto& [id, r] : stripe->index) {
+      for (uint32_t r : stripe->index) {
         meta.push_back(stripe->Meta(r));
         const float* row = stripe->Data(r, row_floats);
         data.insert(data.end(), row, row + row_floats);
@@ -403,24 +467,24 @@ absl::Status EmbeddingTable::InsertRow(const EmbeddingRowView& row) {
   const int dim = this->dim(), row_floats = dim + slot_floats_;
   Stripe& stripe = *stripes_[StripeOf(row.id)];
   absl::MutexLock lock(&stripe.mu);
-  auto it = stripe.index.find(row.id);
+  auto it = stripe.index.find(IdKey{row.id});
   uint32_t r;
   if (it != stripe.index.end()) {
-    r = it->second;
+    r = *it;
+    RowMeta& m = stripe.Meta(r);
+    m.last_step = row.last_step;
+    m.count = row.count;
     stripe.Unlink(r);
+    stripe.PushFront(r);
   } else {
-    if (!stripe.MakeRoom(budget_, row_floats, max_rows_per_stripe_, evicts_, counters_.evicted_lru)) {
+    if (!stripe.MakeRoom(evicts_, counters_.evicted_lru)) {
       return ResourceExhausted();
     }
-    r = stripe.free_rows.back();
-    stripe.free_rows.pop_back();
-    stripe.index.emplace(row.id, r);
+    r = stripe.Take(row.id, row.last_step, row.count);
   }
-  stripe.Meta(r) = RowMeta{row.id, row.last_step, row.count, kNil, kNil};
   float* dst = stripe.Data(r, row_floats);
   std::memcpy(dst, row.value, sizeof(float) * dim);
   std::memcpy(dst + dim, row.slots, sizeof(float) * slot_floats_);
-  stripe.PushFront(r);
   return absl::OkStatus();
 }
 

@@ -126,10 +126,9 @@ class EmbeddingTable {
   const uint64_t salt_;
   const int slot_floats_;
   const int stripe_shift_;
-  // With eviction.max_memory_mb: the rows a stripe may hold (its share of
-  // the cap); the table then evicts its least recently used rows.
+  // With eviction.max_memory_mb the table evicts its least recently used
+  // rows (each stripe within its share of the cap).
   bool evicts_ = false;
-  uint64_t max_rows_per_stripe_ = std::numeric_limits<uint64_t>::max();
   std::vector<std::unique_ptr<Stripe>> stripes_;
   mutable Counters counters_;
 };

@@ -397,17 +397,11 @@ commhosts() {
   log "building"
   bazel build //client:pstrain //server/coordinator:pstrain-coordinator //server/ps:pstrain-ps \
     //worker:pstrain-worker >&2
-  ip link add "$br" type bridge || { echo "cannot create a bridge (root needed)" >&2; exit 1; }
-  ip addr add "$net.1/24" dev "$br"
-  ip link set "$br" up
+  source deploy/pods/netns.sh
+  netns_bridge "$br" "$net.1" || { echo "cannot create a bridge (root needed)" >&2; exit 1; }
   local i=0
   for h in "${hosts[@]}"; do
-    ip netns add "$tag-$h"
-    ip link add "${tag}v$i" type veth peer name eth0 netns "$tag-$h"
-    ip link set "${tag}v$i" master "$br" up
-    ip -n "$tag-$h" addr add "${ip[$h]}/24" dev eth0
-    ip -n "$tag-$h" link set eth0 up
-    ip -n "$tag-$h" link set lo up
+    netns_host "$tag-$h" "${tag}v$i" "$br" "${ip[$h]}"
     # The host's NIC: COMM_LINK each way.
     tc qdisc add dev "${tag}v$i" root tbf rate "$COMM_LINK" burst 1mb latency 100ms
     ip netns exec "$tag-$h" tc qdisc add dev eth0 root tbf rate "$COMM_LINK" burst 1mb latency 100ms

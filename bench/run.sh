@@ -55,6 +55,21 @@ wait_file() {  # wait_file PATH SECONDS
 }
 
 median() { sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
+# col KEY [FIELD]: the median of field FIELD (default 1) over the lines a
+# bench gathered in runs[KEY], the `declare -A runs` of the bench function
+# that calls it (bash's dynamic scope). No lines (a key never run) give 0,
+# the median of nothing.
+col() { printf '%s' "${runs[$1]:-}" | awk -v f="${2:-1}" 'NF {print $f}' | median; }
+# The table of pstrain_once medians (samples/s, accuracy, seconds), one row
+# per KEY of the caller's runs, labelled PREFIX KEY.
+pstrain_table() {  # pstrain_table TITLE NOTE PREFIX KEY...
+  local title=$1 note=$2 prefix=$3 k
+  shift 3
+  printf '\n%-28s %12s %10s %10s   (%s)\n' "$title" "samples/s" "accuracy" "seconds" "$note" >&2
+  for k in "$@"; do
+    printf '%-28s %12.0f %10.4f %10.1f\n' "$prefix$k" "$(col "$k" 1)" "$(col "$k" 2)" "$(col "$k" 3)" >&2
+  done
+}
 
 free_port() { $PY -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
@@ -144,7 +159,6 @@ pushpull() {
   log "codec"
   codec=$($BIN/bench/pushpull_bench --role=codec | tail -1)
 
-  col() { printf '%s' "${runs[$1]}" | awk -v c="$2" 'NF {print $c}' | median; }
   local keys=(ours_flat ours_mixed ours_whole_flat ours_whole_mixed ours_tls_flat ours_tls_mixed ours_bf16_flat ours_bf16_mixed torch_tcp_flat torch_tcp_mixed torch_tcp_turns_flat torch_tcp_turns_mixed torch_default_flat torch_default_mixed)
   printf '\n%-24s %10s %10s %10s   (medians of %s runs, 2 shards + 2 workers, 10M float32; GB/s of float32 parameters, also for bf16)\n' \
     "push+pull" "GB/s" "p50 ms" "p99 ms" "$reps" >&2
@@ -284,7 +298,6 @@ comm() {
       esac
     done
   done
-  col() { printf '%s' "${runs[$1]}" | awk -v c="$2" 'NF {print $c}' | median; }
   printf '\n%-18s %12s %10s %10s %14s   (medians of %s runs; mlp_wide 5.8M params, %s images, 2 workers x batch 64, sync, 1 thread each, link %s)\n' \
     "comm" "samples/s" "accuracy" "seconds" "lo MB/step" "$reps" "$COMM_LIMIT" "$COMM_LINK" >&2
   for v in "${variants[@]}"; do
@@ -337,12 +350,8 @@ train() {
     log "rep $r/$reps: PyTorch DDP (gloo)"
     runs[ddp]+="$(ddp_once)"$'\n'
   done
-  col() { printf '%s' "${runs[$1]}" | awk -v c="$2" 'NF {print $c}' | median; }
-  printf '\n%-28s %12s %10s %10s   (medians of %s runs; LeNet, Fashion-MNIST, 2 workers, batch 64, 3 epochs, 1 thread each)\n' \
-    "train" "samples/s" "accuracy" "seconds" "$reps" >&2
-  for k in async sync allreduce ddp; do
-    printf '%-28s %12.0f %10.4f %10.1f\n' "$k" "$(col $k 1)" "$(col $k 2)" "$(col $k 3)" >&2
-  done
+  pstrain_table train "medians of $reps runs; LeNet, Fashion-MNIST, 2 workers, batch 64, 3 epochs, 1 thread each" "" \
+    async sync allreduce ddp
   $PY - <<PYEOF
 import json
 a, s, ar, d = $(col async 1), $(col sync 1), $(col allreduce 1), $(col ddp 1)
@@ -388,17 +397,11 @@ commhosts() {
   log "building"
   bazel build //client:pstrain //server/coordinator:pstrain-coordinator //server/ps:pstrain-ps \
     //worker:pstrain-worker >&2
-  ip link add "$br" type bridge || { echo "cannot create a bridge (root needed)" >&2; exit 1; }
-  ip addr add "$net.1/24" dev "$br"
-  ip link set "$br" up
+  source deploy/pods/netns.sh
+  netns_bridge "$br" "$net.1" || { echo "cannot create a bridge (root needed)" >&2; exit 1; }
   local i=0
   for h in "${hosts[@]}"; do
-    ip netns add "$tag-$h"
-    ip link add "${tag}v$i" type veth peer name eth0 netns "$tag-$h"
-    ip link set "${tag}v$i" master "$br" up
-    ip -n "$tag-$h" addr add "${ip[$h]}/24" dev eth0
-    ip -n "$tag-$h" link set eth0 up
-    ip -n "$tag-$h" link set lo up
+    netns_host "$tag-$h" "${tag}v$i" "$br" "${ip[$h]}"
     # The host's NIC: COMM_LINK each way.
     tc qdisc add dev "${tag}v$i" root tbf rate "$COMM_LINK" burst 1mb latency 100ms
     ip netns exec "$tag-$h" tc qdisc add dev eth0 root tbf rate "$COMM_LINK" burst 1mb latency 100ms
@@ -458,7 +461,6 @@ PYEOF
       esac
     done
   done
-  col() { printf '%s' "${runs[$1]}" | awk -v c="$2" 'NF {print $c}' | median; }
   printf '\n%-18s %12s %10s %10s   (medians of %s runs; mlp_wide, %s images, 2 workers x batch 64, sync, 1 thread each, one %s link per host)\n' \
     "commhosts" "samples/s" "accuracy" "seconds" "$reps" "$COMM_LIMIT" "$COMM_LINK" >&2
   for v in "${variants[@]}"; do
@@ -492,12 +494,7 @@ telemetry() {
     log "rep $r/$reps: demo job, event files off"
     runs[off]+="$(PSTRAIN_TENSORBOARD=false pstrain_once examples/fashion_mnist.yaml)"$'\n'
   done
-  col() { printf '%s' "${runs[$1]}" | awk -v c="$2" 'NF {print $c}' | median; }
-  printf '\n%-28s %12s %10s %10s   (medians of %s runs, alternated; examples/fashion_mnist.yaml)\n' \
-    "telemetry" "samples/s" "accuracy" "seconds" "$reps" >&2
-  for k in on off; do
-    printf '%-28s %12.0f %10.4f %10.1f\n' "event files $k" "$(col $k 1)" "$(col $k 2)" "$(col $k 3)" >&2
-  done
+  pstrain_table telemetry "medians of $reps runs, alternated; examples/fashion_mnist.yaml" "event files " on off
   $PY - <<PYEOF
 import json
 on, off = $(col on 1), $(col off 1)
@@ -669,9 +666,8 @@ gpu() {
     [[ $lines == *" torch "* ]] && { log "rep $r/$reps: torch (one process)"; runs[torch]+="$(gpu_torch_once 0 "$model")"$'\n'; }
     [[ $lines == *" ddp "* ]] && { log "rep $r/$reps: torch DDP ($be, 1 rank)"; runs[ddp]+="$(gpu_torch_once 1 "$model")"$'\n'; }
   done
-  # A line left out (GPU_LINES) is 0 (the median of nothing), and so are
+  # A line left out (GPU_LINES) is 0 (col's median of nothing), and so are
   # the ratios it is part of.
-  col() { printf '%s' "${runs[$1]:-}" | awk -v f="${2:-1}" 'NF {print $f}' | median; }
   printf '\n%-36s %12s   (ResNet-18, 1x28x28, batch %s, %s, %s, medians of %s runs)\n' "GPU training" "samples/s" \
     "${GPU_BATCH:-256}" "${GPU_PRECISION:-fp32}" "${GPU_DEVICE:-cuda}" "$reps" >&2
   printf '%-36s %12.0f\n' "pstrain ps, 2 workers" "$(col ps)" "pstrain all-reduce, $be, 1 rank" "$(col ar)" \

@@ -142,6 +142,18 @@ struct Args {
   std::string data_root;
 };
 
+// A command's answer: the call's failure (Fail), or the message `m`, as
+// JSON with -o json, else shown to a person by `print`. The exit code.
+template <typename Message, typename Print>
+int Answer(const absl::Status& s, const Args& a, const Message& m, Print print) {
+  if (!s.ok()) return Fail(s, a.coordinator);
+  if (a.json) {
+    std::printf("%s\n", Json(m).c_str());
+  } else {
+    print(m);
+  }
+  return 0;
+}
 
 // The spec file's text, read and checked (its parsed form in *spec).
 absl::StatusOr<std::string> ReadSpec(const std::string& path, pstrain::JobSpec* spec) {
@@ -240,26 +252,13 @@ int RunStatus(Client& client, const Args& a) {
   pstrain::GetJobRequest req;
   req.set_job_id(a.job_id);
   pstrain::JobStatus st;
-  absl::Status s = Call(client, &pstrain::JobService::Stub::GetJob, req, &st);
-  if (!s.ok()) return Fail(s, a.coordinator);
-  if (a.json) {
-    std::printf("%s\n", Json(st).c_str());
-  } else {
-    PrintJobTable(st);
-  }
-  return 0;
+  return Answer(Call(client, &pstrain::JobService::Stub::GetJob, req, &st), a, st, PrintJobTable);
 }
 
 int RunList(Client& client, const Args& a) {
   pstrain::ListJobsResponse resp;
-  absl::Status s = Call(client, &pstrain::JobService::Stub::ListJobs, pstrain::ListJobsRequest(), &resp);
-  if (!s.ok()) return Fail(s, a.coordinator);
-  if (a.json) {
-    std::printf("%s\n", Json(resp).c_str());
-  } else {
-    PrintJobList(resp);
-  }
-  return 0;
+  return Answer(Call(client, &pstrain::JobService::Stub::ListJobs, pstrain::ListJobsRequest(), &resp), a, resp,
+                PrintJobList);
 }
 
 int RunWatch(Client& client, const Args& a) {
@@ -322,27 +321,17 @@ int RunScale(Client& client, const Args& a) {
   req.set_job_id(a.job_id);
   req.set_workers(a.workers);
   pstrain::JobStatus st;
-  absl::Status s = Call(client, &pstrain::JobService::Stub::ScaleJob, req, &st);
-  if (!s.ok()) return Fail(s, a.coordinator);
-  if (a.json) {
-    std::printf("%s\n", Json(st).c_str());
-  } else {
-    std::printf("%s: %d workers asked for, %d training now\n", a.job_id.c_str(), a.workers,
-                st.num_workers() - st.vacant_ranks_size());
-  }
-  return 0;
+  return Answer(Call(client, &pstrain::JobService::Stub::ScaleJob, req, &st), a, st,
+                [&](const pstrain::JobStatus& m) {
+                  std::printf("%s: %d workers asked for, %d training now\n", a.job_id.c_str(), a.workers,
+                              m.num_workers() - m.vacant_ranks_size());
+                });
 }
 
 int RunCluster(Client& client, const Args& a) {
   pstrain::ListMembersResponse resp;
-  absl::Status s = Call(client, &pstrain::JobService::Stub::ListMembers, pstrain::ListMembersRequest(), &resp);
-  if (!s.ok()) return Fail(s, a.coordinator);
-  if (a.json) {
-    std::printf("%s\n", Json(resp).c_str());
-  } else {
-    PrintMembers(resp);
-  }
-  return 0;
+  return Answer(Call(client, &pstrain::JobService::Stub::ListMembers, pstrain::ListMembersRequest(), &resp), a,
+                resp, PrintMembers);
 }
 
 }  // namespace

@@ -57,9 +57,8 @@ std::vector<uint32_t> VacantView(ShardStore& store, int64_t min_version) {
   req.set_min_version(min_version);
   PullResponse resp;
   std::vector<TensorBuffer> values;
-  CallOptions o;
-  o.deadline = absl::Now() + absl::Seconds(5);
-  absl::Status s = WaitFor([&](StatusCallback done) { store.PullAsync(req, &resp, &values, o, done); });
+  absl::Status s =
+      WaitFor([&](StatusCallback done) { store.PullAsync(req, &resp, &values, Within(absl::Seconds(5)), done); });
   EXPECT_TRUE(s.ok()) << s;
   return {resp.vacant_ranks().begin(), resp.vacant_ranks().end()};
 }

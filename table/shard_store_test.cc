@@ -53,10 +53,8 @@ class ShardStoreTest : public ::testing::Test {
     for (auto& k : keys) req.add_keys(k);
     PullResponse resp;
     std::vector<TensorBuffer> values;
-    CallOptions opts;
-    opts.deadline = absl::Now() + timeout;
     absl::Status s = WaitFor([&](StatusCallback done) {
-      store_.PullAsync(req, &resp, &values, opts, done);
+      store_.PullAsync(req, &resp, &values, Within(timeout), done);
     });
     if (!s.ok()) return s;
     std::vector<std::vector<float>> out;
@@ -203,10 +201,8 @@ TEST_F(ShardStoreTest, SspBoundsHowFarAWorkerRunsAhead) {
     req.add_keys("b");
     PushPullResponse resp;
     std::vector<TensorBuffer> values;
-    CallOptions opts;
-    opts.deadline = absl::Now() + timeout;
     return WaitFor([&](StatusCallback done) {
-      store_.PushPullAsync(req, {Floats({0, 0})}, &resp, &values, opts, done);
+      store_.PushPullAsync(req, {Floats({0, 0})}, &resp, &values, Within(timeout), done);
     });
   };
   // PushPull for step t returns once every worker pushed step t - 1: worker 0

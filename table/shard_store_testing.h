@@ -46,6 +46,13 @@ inline TensorBuffer InPieces(const TensorBuffer& whole, std::mt19937& rng, size_
 }
 
 
+// Options of a call that fails with DEADLINE_EXCEEDED once `timeout` passed.
+inline CallOptions Within(absl::Duration timeout) {
+  CallOptions opts;
+  opts.deadline = absl::Now() + timeout;
+  return opts;
+}
+
 inline TensorBuffer Floats(const std::vector<float>& v, std::vector<int64_t> shape = {}) {
   if (shape.empty()) shape = {static_cast<int64_t>(v.size())};
   return TensorBuffer::CopyOf(DT_FLOAT32, shape, v.data(), v.size() * sizeof(float));
@@ -125,9 +132,7 @@ inline absl::StatusOr<std::vector<float>> Pull(ShardStore& store, uint64_t attem
   req.add_keys("a");
   PullResponse resp;
   std::vector<TensorBuffer> values;
-  CallOptions opts;
-  opts.deadline = absl::Now() + timeout;
-  absl::Status s = WaitFor([&](StatusCallback done) { store.PullAsync(req, &resp, &values, opts, done); });
+  absl::Status s = WaitFor([&](StatusCallback done) { store.PullAsync(req, &resp, &values, Within(timeout), done); });
   if (!s.ok()) return s;
   return ToFloats(values.at(0));
 }

@@ -95,11 +95,26 @@ TableConfig SgdConfig(Consistency consistency, uint32_t workers) {
   return c;
 }
 
-std::unique_ptr<torch::optim::SGD> Reference(std::vector<at::Tensor>* params) {
-  for (auto& p : *params) p.set_requires_grad(true);
-  return std::make_unique<torch::optim::SGD>(
-      *params, torch::optim::SGDOptions(0.05).momentum(0.9).weight_decay(1e-4));
-}
+// torch::optim::SGD, set as SgdConfig sets the tables, over its own copy of
+// RandomParams(seed): what the shards should hold after the same gradients.
+class ReferenceSgd {
+ public:
+  explicit ReferenceSgd(uint64_t seed) : params_(RandomParams(seed)) {
+    for (auto& p : params_) p.set_requires_grad(true);
+    opt_ = std::make_unique<torch::optim::SGD>(
+        params_, torch::optim::SGDOptions(0.05).momentum(0.9).weight_decay(1e-4));
+  }
+  // One optimizer step with `grads`, one per parameter.
+  void Step(const std::vector<at::Tensor>& grads) {
+    for (size_t i = 0; i < grads.size(); ++i) params_[i].mutable_grad() = grads[i];
+    opt_->step();
+  }
+  const std::vector<at::Tensor>& params() const { return params_; }
+
+ private:
+  std::vector<at::Tensor> params_;
+  std::unique_ptr<torch::optim::SGD> opt_;
+};
 
 void ExpectClose(const std::vector<at::Tensor>& ours, const std::vector<at::Tensor>& ref) {
   for (size_t i = 0; i < ours.size(); ++i) {
@@ -117,12 +132,11 @@ TEST(MultiProcessPsTest, AsyncTrainingMatchesTorchOptimAcrossTwoShardProcesses) 
   auto client = PsClient::Create(o, cluster.stores());
   ASSERT_TRUE(client.ok());
   std::vector<at::Tensor> params = RandomParams(1);
-  std::vector<at::Tensor> ref = RandomParams(1);
-  auto opt = Reference(&ref);
+  ReferenceSgd ref(1);
   ASSERT_TRUE((*client)->InitTables(params, SgdConfig(ASYNC, 1)).ok());
   for (auto& p : params) p.zero_();
   ASSERT_TRUE((*client)->Pull(params).ok());
-  ExpectClose(params, ref);
+  ExpectClose(params, ref.params());
   for (int step = 0; step < 8; ++step) {
     std::vector<at::Tensor> grads;
     for (const auto& s : kShapes) grads.push_back(at::randn(s));
@@ -132,10 +146,9 @@ TEST(MultiProcessPsTest, AsyncTrainingMatchesTorchOptimAcrossTwoShardProcesses) 
     if (step % 2 == 1) {
       ASSERT_TRUE((*client)->Pull(params).ok());
     }
-    for (size_t i = 0; i < grads.size(); ++i) ref[i].mutable_grad() = grads[i];
-    opt->step();
+    ref.Step(grads);
   }
-  ExpectClose(params, ref);
+  ExpectClose(params, ref.params());
 }
 
 // The training path's asynchronous push-pull of a whole bucket, cut into
@@ -151,8 +164,7 @@ TEST(MultiProcessPsTest, BucketPushPullInSmallRequestsMatchesTorchOptim) {
   auto client = PsClient::Create(o, cluster.stores());
   ASSERT_TRUE(client.ok());
   std::vector<at::Tensor> params = RandomParams(1);
-  std::vector<at::Tensor> ref = RandomParams(1);
-  auto opt = Reference(&ref);
+  ReferenceSgd ref(1);
   ASSERT_TRUE((*client)->InitTables(params, SgdConfig(ASYNC, 1)).ok());
   std::vector<size_t> all(kShapes.size());
   for (size_t i = 0; i < all.size(); ++i) all[i] = i;
@@ -178,10 +190,9 @@ TEST(MultiProcessPsTest, BucketPushPullInSmallRequestsMatchesTorchOptim) {
     (*client)->PushPullAsync(step, all, grads, params, 0, [&](absl::Status st) { done.set_value(st); });
     absl::Status st = done.get_future().get();
     ASSERT_TRUE(st.ok()) << st;
-    for (size_t i = 0; i < grads.size(); ++i) ref[i].mutable_grad() = grads[i];
-    opt->step();
+    ref.Step(grads);
   }
-  ExpectClose(params, ref);
+  ExpectClose(params, ref.params());
   EXPECT_EQ(pulls() - before, steps * o.plan.chunks.size());  // one request per chunk
 }
 
@@ -197,8 +208,7 @@ TEST(MultiProcessPsTest, SyncWithTwoWorkersAppliesTheMeanGradientOncePerStep) {
     clients.push_back(std::move(*PsClient::Create(o, cluster.stores())));
   }
   std::vector<std::vector<at::Tensor>> params = {RandomParams(2), RandomParams(2)};
-  std::vector<at::Tensor> ref = RandomParams(2);
-  auto opt = Reference(&ref);
+  ReferenceSgd ref(2);
   for (int w = 0; w < 2; ++w) ASSERT_TRUE(clients[w]->InitTables(params[w], SgdConfig(SYNC, 2)).ok());
   for (int step = 0; step < 6; ++step) {
     std::vector<std::vector<at::Tensor>> grads(2);
@@ -213,10 +223,11 @@ TEST(MultiProcessPsTest, SyncWithTwoWorkersAppliesTheMeanGradientOncePerStep) {
     for (auto& t : threads) t.join();
     ASSERT_TRUE(status[0].ok()) << status[0];
     ASSERT_TRUE(status[1].ok()) << status[1];
-    for (size_t i = 0; i < kShapes.size(); ++i) ref[i].mutable_grad() = (grads[0][i] + grads[1][i]) / 2;
-    opt->step();
-    ExpectClose(params[0], ref);
-    ExpectClose(params[1], ref);
+    std::vector<at::Tensor> mean;
+    for (size_t i = 0; i < kShapes.size(); ++i) mean.push_back((grads[0][i] + grads[1][i]) / 2);
+    ref.Step(mean);
+    ExpectClose(params[0], ref.params());
+    ExpectClose(params[1], ref.params());
   }
 }
 

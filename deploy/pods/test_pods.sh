@@ -25,6 +25,7 @@
 # usage: deploy/pods/test_pods.sh
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+source deploy/pods/netns.sh
 BIN=$PWD/bazel-bin
 # The test needs to create network namespaces, veth pairs, a bridge and UTS
 # namespaces; where it may not (not root, a container without
@@ -78,9 +79,7 @@ cleanup() {
 trap cleanup EXIT INT TERM
 
 # The network: a bridge (the host is $NET.1 on it), one namespace per pod.
-ip link add "$BR" type bridge
-ip addr add "$NET.1/24" dev "$BR"
-ip link set "$BR" up
+netns_bridge "$BR" "$NET.1"
 HOSTS="127.0.0.1 localhost
 $NET.2 pstrain-coordinator pstrain-coordinator.pstrain.svc.cluster.local
 $NET.3 pstrain-ps-0.pstrain-ps pstrain-ps-0.pstrain-ps.pstrain.svc pstrain-ps-0.pstrain-ps.pstrain.svc.cluster.local
@@ -91,12 +90,7 @@ i=0
 for pod in "${PODS[@]}"; do
   ns=$TAG-$pod
   VETH[$pod]=${TAG}v$i
-  ip netns add "$ns"
-  ip link add "${VETH[$pod]}" type veth peer name eth0 netns "$ns"
-  ip link set "${VETH[$pod]}" master "$BR" up
-  ip -n "$ns" addr add "${IP[$pod]}/24" dev eth0
-  ip -n "$ns" link set eth0 up
-  ip -n "$ns" link set lo up
+  netns_host "$ns" "${VETH[$pod]}" "$BR" "${IP[$pod]}"
   ip -n "$ns" route add default via "$NET.1"
   # `ip netns exec` bind-mounts /etc/netns/<ns>/hosts over /etc/hosts.
   mkdir -p "/etc/netns/$ns"
@@ -213,15 +207,30 @@ log "$job succeeded across 5 network namespaces"
 # holder_of RANK: the worker pod that holds RANK of $job (ranks follow the
 # coordinator's random member order, not the pods' names).
 holder_of() { "${CLI[@]}" status "$job" | awk -v r="$1" '$1 == "worker" && $2 == r {print $3; exit}'; }
+# submit_long NAME EXTRA: the first job renamed NAME, for 100 epochs, with
+# the lines EXTRA added and its output in out/NAME; sets $job.
+submit_long() {
+  sed -e 's/epochs: 2/epochs: 100/' -e "s/^name: pods/name: $1/" "$WORK/job.yaml" >"$WORK/$1.yaml"
+  printf '%s' "$2" >>"$WORK/$1.yaml"
+  job=$("${CLI[@]}" submit "$WORK/$1.yaml" --output_dir "out/$1" | grep -o 'job-[0-9]*')
+}
+# cut_rank1 WHAT: cuts the link of the worker pod that holds rank 1 of $job
+# (rank 0 evaluates and is awaited); sets $victim.
+cut_rank1() {
+  victim=$(holder_of 1)
+  log "$job $1; cutting $victim's link (rank 1)"
+  ip link set "${VETH[$victim]}" down
+}
+# restore_link: brings $victim's link back up.
+restore_link() {
+  ip link set "${VETH[$victim]}" up
+  log "link restored"
+}
 
 # 2. Cut a worker's link mid-run (rank 1's: rank 0 evaluates and is awaited).
-sed -e 's/epochs: 2/epochs: 100/' -e 's/^name: pods/name: cut/' "$WORK/job.yaml" >"$WORK/long.yaml"
-printf 'max_steps: 600\ncheckpoint_every_steps: 50\n' >>"$WORK/long.yaml"
-job=$("${CLI[@]}" submit "$WORK/long.yaml" --output_dir out/cut | grep -o 'job-[0-9]*')
+submit_long cut $'max_steps: 600\ncheckpoint_every_steps: 50\n'
 wait_for 60 "checkpoint" status_has '^checkpoint: '
-victim=$(holder_of 1)
-log "$job running with a checkpoint; cutting $victim's link (rank 1)"
-ip link set "${VETH[$victim]}" down
+cut_rank1 "running with a checkpoint"
 wait_for 30 "requeue after the cut" status_has '^state: *Pending'
 "${CLI[@]}" status "$job" >"$WORK/status-cut.txt"
 grep -q "MemberLost" "$WORK/status-cut.txt" || { cat "$WORK/status-cut.txt"; exit 1; }
@@ -229,25 +238,19 @@ grep -q "$victim (rank 1) was lost" "$WORK/status-cut.txt" || { cat "$WORK/statu
 cluster_has "$victim .*LOST"
 log "status reports the lost member and the job waits, requeued from its checkpoint:"
 grep -E "state:|waiting:|MemberLost" "$WORK/status-cut.txt" | sed 's/^/    /'
-ip link set "${VETH[$victim]}" up
-log "link restored"
+restore_link
 "${CLI[@]}" watch "$job" >"$WORK/watch2.log" 2>&1 || { cat "$WORK/watch2.log"; "${CLI[@]}" status "$job"; exit 1; }
 status_has ' Restored '
 log "$job resumed from its checkpoint and succeeded"
 
 # 3. The same cut when the job may go on without the worker.
-sed -e 's/epochs: 2/epochs: 100/' -e 's/^name: pods/name: elastic/' "$WORK/job.yaml" >"$WORK/elastic.yaml"
-printf 'max_steps: 2000\nmin_workers: 1\n' >>"$WORK/elastic.yaml"
-job=$("${CLI[@]}" submit "$WORK/elastic.yaml" --output_dir out/elastic | grep -o 'job-[0-9]*')
+submit_long elastic $'max_steps: 2000\nmin_workers: 1\n'
 wait_for 60 "100 steps" status_has 'step [1-9][0-9][0-9]/'
-victim=$(holder_of 1)
-log "$job training; cutting $victim's link (rank 1)"
-ip link set "${VETH[$victim]}" down
+cut_rank1 training
 wait_for 30 "the job going on without it" status_has 'running with 1 of 2 workers'
 status_has '^state: *Running' || { cat "$WORK/status.txt"; exit 1; }
 grep -E "state:|workers:|MemberLost" "$WORK/status.txt" | sed 's/^/    /'
-ip link set "${VETH[$victim]}" up
-log "link restored"
+restore_link
 wait_for 60 "the returning worker taking its rank back" status_has 'WorkerReplaced'
 grep -E "WorkerReplaced" "$WORK/status.txt" | sed 's/^/    /'
 "${CLI[@]}" watch "$job" >"$WORK/watch3.log" 2>&1 || { cat "$WORK/watch3.log"; "${CLI[@]}" status "$job"; exit 1; }

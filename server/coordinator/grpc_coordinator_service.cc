@@ -61,6 +61,13 @@ void ScrubCredentials(JobStatus* st) {
   st->clear_job_secret();
 }
 
+// Fill for a job's status, scrubbed, as JobService callers get it.
+grpc::Status FillScrubbed(absl::StatusOr<JobStatus> v, JobStatus* out) {
+  grpc::Status s = Fill(std::move(v), out);
+  ScrubCredentials(out);
+  return s;
+}
+
 }  // namespace
 
 #define PSTRAIN_UNARY(Service, Method, Request, Response)                                          \
@@ -114,9 +121,7 @@ grpc::Status GrpcJobService::SubmitJob(grpc::ServerContext* ctx, const SubmitJob
 grpc::Status GrpcJobService::GetJob(grpc::ServerContext* ctx, const GetJobRequest& req, JobStatus* resp) {
   grpc::Status allowed = Authorize(*ctx, req.job_id());
   if (!allowed.ok()) return allowed;
-  grpc::Status s = Fill(coordinator_->GetJob(req.job_id()), resp);
-  ScrubCredentials(resp);
-  return s;
+  return FillScrubbed(coordinator_->GetJob(req.job_id()), resp);
 }
 
 grpc::Status GrpcJobService::ListJobs(grpc::ServerContext* ctx, const ListJobsRequest&,
@@ -166,9 +171,7 @@ grpc::Status GrpcJobService::CancelJob(grpc::ServerContext* ctx, const CancelJob
 grpc::Status GrpcJobService::ScaleJob(grpc::ServerContext* ctx, const ScaleJobRequest& req, JobStatus* resp) {
   grpc::Status allowed = Authorize(*ctx, req.job_id());
   if (!allowed.ok()) return allowed;
-  grpc::Status s = Fill(coordinator_->ScaleJob(req.job_id(), req.workers()), resp);
-  ScrubCredentials(resp);
-  return s;
+  return FillScrubbed(coordinator_->ScaleJob(req.job_id(), req.workers()), resp);
 }
 
 grpc::Status GrpcJobService::ListMembers(grpc::ServerContext*, const ListMembersRequest&,

@@ -28,6 +28,13 @@ nlohmann::json ReadEvents(const std::string& file) {
   return nlohmann::json::parse(ReadFile(out).value_or("{}"));
 }
 
+// Options for the tests of the dashboard's curves alone: no event files.
+TelemetryOptions CurvesOnly() {
+  TelemetryOptions o;
+  o.tensorboard = false;
+  return o;
+}
+
 WorkerEvent::Progress Progress(int64_t step, double loss, double lr) {
   WorkerEvent::Progress p;
   p.set_step(step);
@@ -118,9 +125,7 @@ TEST(JobTelemetryTest, OneRunPerAttemptWithTheRanksTheJobAndTheShards) {
 // A member's report with far more shard entries than the job has shards:
 // only the first num_shards are looked at.
 TEST(JobTelemetryTest, AFloodOfShardEntriesIsCut) {
-  TelemetryOptions o;
-  o.tensorboard = false;
-  JobTelemetry t(o);
+  JobTelemetry t(CurvesOnly());
   JobStatus st;
   st.set_num_shards(2);
   WorkerEvent::Progress p = Progress(1, 0, 0);
@@ -137,8 +142,7 @@ TEST(JobTelemetryTest, AFloodOfShardEntriesIsCut) {
 }
 
 TEST(JobTelemetryTest, CurvesAreThinnedNotCut) {
-  TelemetryOptions o;
-  o.tensorboard = false;
+  TelemetryOptions o = CurvesOnly();
   o.max_points = 100;
   JobTelemetry t(o);
   JobStatus st;
@@ -156,9 +160,7 @@ TEST(JobTelemetryTest, CurvesAreThinnedNotCut) {
 
 // The dashboard's ETA: rank 0's steps per second over its last minute.
 TEST(JobTelemetryTest, PaceIsOverTheLastMinute) {
-  TelemetryOptions o;
-  o.tensorboard = false;
-  JobTelemetry t(o);
+  JobTelemetry t(CurvesOnly());
   JobStatus st;
   EXPECT_FALSE(t.RecentPace("j").has_value());
   t.Progress("j", 0, Progress(10, 0, 0), st);
@@ -174,8 +176,7 @@ TEST(JobTelemetryTest, PaceIsOverTheLastMinute) {
 }
 
 TEST(JobTelemetryTest, OnlyTheNewestJobsAreKept) {
-  TelemetryOptions o;
-  o.tensorboard = false;
+  TelemetryOptions o = CurvesOnly();
   o.max_jobs = 3;
   JobTelemetry t(o);
   JobStatus st;

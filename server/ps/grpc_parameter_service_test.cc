@@ -50,6 +50,26 @@ class GrpcParameterServiceTest : public ::testing::Test {
     if (server_) server_->Shutdown();
   }
 
+  // One unary call of `method` on the server with raw request bytes
+  // (hand-encoded, or not a message at all), as no generated stub sends
+  // them; an answer's bytes go to *response.
+  grpc::Status RawUnaryCall(const std::string& method, const std::string& bytes, std::string* response = nullptr) {
+    grpc::GenericStub stub(CreateChannel(server_->local_target()));
+    grpc::Slice slice(bytes.data(), bytes.size());
+    grpc::ByteBuffer request(&slice, 1), answer;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    std::promise<grpc::Status> result;
+    stub.UnaryCall(&ctx, method, grpc::StubOptions(), &request, &answer,
+                   [&](grpc::Status s) { result.set_value(s); });
+    grpc::Status s = result.get_future().get();
+    grpc::Slice out;
+    if (s.ok() && response != nullptr && answer.DumpToSingleSlice(&out).ok()) {
+      response->assign(reinterpret_cast<const char*>(out.begin()), out.size());
+    }
+    return s;
+  }
+
   absl::Status Init(Consistency consistency, uint32_t workers, std::vector<TensorBuffer> values) {
     InitTableRequest req;
     req.set_job("job");
@@ -154,16 +174,7 @@ TEST_F(GrpcParameterServiceTest, ErrorsArriveWithFittingCodesAndChangeNothing) {
 
 TEST_F(GrpcParameterServiceTest, GarbageBytesGetInvalidArgumentAndTheServerCarriesOn) {
   ASSERT_TRUE(Init(ASYNC, 1, {Floats({1, 2, 3})}).ok());
-  grpc::GenericStub stub(CreateChannel(server_->local_target()));
-  const std::string garbage = "\x7a\xff\xff\xff\x0f garbage";
-  grpc::Slice slice(garbage.data(), garbage.size());
-  grpc::ByteBuffer request(&slice, 1), response;
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-  std::promise<grpc::Status> result;
-  stub.UnaryCall(&ctx, "/pstrain.ParameterService/Push", grpc::StubOptions(), &request, &response,
-                 [&](grpc::Status s) { result.set_value(s); });
-  grpc::Status s = result.get_future().get();
+  grpc::Status s = RawUnaryCall("/pstrain.ParameterService/Push", "\x7a\xff\xff\xff\x0f garbage");
   EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
   EXPECT_EQ(Pull("k0"), (std::vector<float>{1, 2, 3}));
 }
@@ -204,20 +215,10 @@ TEST_F(SmallLimitTest, OversizedMessageGetsResourceExhausted) {
 // grpc.health.v1.Health/Check with an empty service name, hand-encoded:
 // HealthCheckResponse{status: SERVING} is the two bytes 08 01.
 TEST_F(GrpcParameterServiceTest, AnswersTheStandardHealthCheck) {
-  grpc::GenericStub stub(CreateChannel(server_->local_target()));
-  grpc::ByteBuffer request, response;
-  grpc::Slice empty("", 0);
-  request = grpc::ByteBuffer(&empty, 1);
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-  std::promise<grpc::Status> result;
-  stub.UnaryCall(&ctx, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request, &response,
-                 [&](grpc::Status s) { result.set_value(s); });
-  grpc::Status s = result.get_future().get();
+  std::string response;
+  grpc::Status s = RawUnaryCall("/grpc.health.v1.Health/Check", "", &response);
   ASSERT_TRUE(s.ok()) << s.error_message();
-  grpc::Slice out;
-  ASSERT_TRUE(response.DumpToSingleSlice(&out).ok());
-  EXPECT_EQ(std::string(reinterpret_cast<const char*>(out.begin()), out.size()), "\x08\x01");
+  EXPECT_EQ(response, "\x08\x01");
 }
 
 // grpc.reflection.v1alpha list_services, hand-encoded: the answer names the

@@ -184,6 +184,30 @@ absl::Status Corrupt(const std::string& path, absl::string_view what) {
   return absl::DataLossError(absl::StrCat("embedding checkpoint ", path, ": ", what));
 }
 
+absl::Status ReadHeader(const std::string& path, Reader& r, EmbeddingFileHeader* head) {
+  char magic[sizeof(kMagic)];
+  uint32_t head_bytes = 0;
+  if (!r.Read(magic, sizeof(magic)) || std::memcmp(magic, kMagic, sizeof(kMagic)) != 0) {
+    return Corrupt(path, "not an embedding checkpoint (no PSEMB01 magic)");
+  }
+  if (!r.Read(&head_bytes, sizeof(head_bytes)) || head_bytes > kMaxHeaderBytes) return Corrupt(path, "bad header");
+  std::string bytes(head_bytes, '\0');
+  if (!r.Read(bytes.data(), bytes.size()) || !head->ParseFromString(bytes)) return Corrupt(path, "bad header");
+  return absl::OkStatus();
+}
+
+// A regular file opened for reading, never through a symbolic link.
+absl::StatusOr<int> OpenRegular(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) return ErrnoToStatus(errno, "opening", path);
+  struct stat st;
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return absl::InvalidArgumentError(absl::StrCat("embedding checkpoint ", path, " is not a regular file"));
+  }
+  return fd;
+}
+
 absl::Status CheckTables(const std::string& path, const EmbeddingFileHeader& header,
                          const std::vector<EmbeddingTable*>& tables) {
   if (header.tables_size() != static_cast<int>(tables.size())) {
@@ -231,25 +255,15 @@ absl::Status ReadRows(const std::string& path, Reader& r, const std::vector<Embe
 
 absl::Status ReadEmbeddingFile(const std::string& path, const std::vector<EmbeddingTable*>& tables,
                                const std::function<bool(size_t table, int64_t id)>& keep, EmbeddingFileHeader* header) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
-  if (fd < 0) return ErrnoToStatus(errno, "opening", path);
-  struct stat st;
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    return absl::InvalidArgumentError(absl::StrCat("embedding checkpoint ", path, " is not a regular file"));
-  }
+  auto opened = OpenRegular(path);
+  if (!opened.ok()) return opened.status();
+  const int fd = *opened;
   Reader r(fd);
   EmbeddingFileHeader head;
   absl::Status s = [&]() -> absl::Status {
-    char magic[sizeof(kMagic)];
-    uint32_t head_bytes = 0;
-    if (!r.Read(magic, sizeof(magic)) || std::memcmp(magic, kMagic, sizeof(kMagic)) != 0) {
-      return Corrupt(path, "not an embedding checkpoint (no PSEMB01 magic)");
-    }
-    if (!r.Read(&head_bytes, sizeof(head_bytes)) || head_bytes > kMaxHeaderBytes) return Corrupt(path, "bad header");
-    std::string bytes(head_bytes, '\0');
-    if (!r.Read(bytes.data(), bytes.size()) || !head.ParseFromString(bytes)) return Corrupt(path, "bad header");
-    absl::Status c = CheckTables(path, head, tables);
+    absl::Status c = ReadHeader(path, r, &head);
+    if (!c.ok()) return c;
+    c = CheckTables(path, head, tables);
     if (!c.ok()) return c;
     c = ReadRows(path, r, tables, keep);
     if (!c.ok()) return c;
@@ -264,6 +278,17 @@ absl::Status ReadEmbeddingFile(const std::string& path, const std::vector<Embedd
   if (s.ok() && r.error() != 0) s = ErrnoToStatus(r.error(), "reading", path);
   if (s.ok() && header != nullptr) *header = std::move(head);
   return s;
+}
+
+absl::StatusOr<EmbeddingFileHeader> ReadEmbeddingFileHeader(const std::string& path) {
+  auto opened = OpenRegular(path);
+  if (!opened.ok()) return opened.status();
+  Reader r(*opened);
+  EmbeddingFileHeader head;
+  absl::Status s = ReadHeader(path, r, &head);
+  ::close(*opened);
+  if (!s.ok()) return s;
+  return head;
 }
 
 }  // namespace pstrain

@@ -46,6 +46,10 @@ absl::StatusOr<EmbeddingFileInfo> WriteEmbeddingFile(const std::string& path, co
 absl::Status ReadEmbeddingFile(const std::string& path, const std::vector<EmbeddingTable*>& tables,
                                const std::function<bool(size_t table, int64_t id)>& keep, EmbeddingFileHeader* header);
 
+// The header alone (which tables, of which job and shard): what a reader
+// needs to make the tables ReadEmbeddingFile fills.
+absl::StatusOr<EmbeddingFileHeader> ReadEmbeddingFileHeader(const std::string& path);
+
 }  // namespace pstrain
 
 #endif  // PSTRAIN_EMBEDDING_EMBEDDING_FILES_H_

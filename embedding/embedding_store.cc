@@ -238,6 +238,13 @@ absl::Status EmbeddingStore::Lookup(const EmbeddingLookupRequest& request, absl:
   const std::vector<int>& tables = call->tables;
   const std::vector<std::vector<int64_t>>& ids = call->ids;
   absl::Status s;
+  uint64_t bytes = 0;
+  for (size_t t = 0; t < tables.size(); ++t) bytes += ids[t].size() * job.tables[tables[t]]->dim() * sizeof(float);
+  if (bytes > options_.max_response_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat("a lookup of job '", Quote(job.name), "' would answer ", bytes,
+                                                     " bytes of rows, more than this shard's ",
+                                                     options_.max_response_bytes, ": look up fewer ids per request"));
+  }
   {
     absl::MutexLock lock(&job.mu);
     if (!job.gone && !Reached(job.init, job.steps, job.applied, request.step())) {

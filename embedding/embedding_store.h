@@ -45,6 +45,10 @@ struct EmbeddingStoreOptions {
   size_t max_jobs = 1024;
   size_t max_waiters = 4096;
   int stripes = 64;
+  // The most bytes one lookup may answer (its rows); past it the lookup is
+  // refused before anything is allocated. pstrain-ps sets its gRPC message
+  // limit.
+  uint64_t max_response_bytes = uint64_t{256} << 20;
 };
 
 class EmbeddingStore {

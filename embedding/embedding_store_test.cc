@@ -288,5 +288,25 @@ TEST(EmbeddingStoreTest, ALoadThatFailsLeavesTheRunningJobAlone) {
   EXPECT_EQ(store.Load(Init(ASYNC, 1, 1), {}, 0).code(), absl::StatusCode::kAlreadyExists);
 }
 
+TEST(EmbeddingStoreTest, ALookupWhoseAnswerWouldBeTooLargeIsRefusedBeforeAnyRow) {
+  EmbeddingStoreOptions options;
+  options.max_response_bytes = 1000 * kDim * sizeof(float);
+  EmbeddingStore store(options);
+  CreateJob(store, ASYNC, 1);
+  std::vector<int64_t> ids(1001);
+  for (int i = 0; i < 1001; ++i) ids[i] = i;
+  EmbeddingLookupResponse r;
+  absl::Status s = store.Lookup(LookupOf(0, 0, ids), Soon(), &r);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_NE(s.message().find("fewer ids"), std::string::npos) << s;
+  ids.pop_back();
+  EXPECT_TRUE(store.Lookup(LookupOf(0, 0, ids), Soon(), &r).ok());
+  EmbeddingStatsRequest sr;
+  sr.set_job("ctr");
+  EmbeddingStatsResponse st;
+  ASSERT_TRUE(store.Stats(sr, &st).ok());
+  EXPECT_EQ(st.tables(0).lookups(), 1000);  // the refused one looked nothing up
+}
+
 }  // namespace
 }  // namespace pstrain

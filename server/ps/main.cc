@@ -172,6 +172,7 @@ int main(int argc, char** argv) {
   // A SYNC lookup waits on a server thread: keep the waiters well under
   // the server's threads, so other calls are still served.
   embedding_options.max_waiters = 256;
+  embedding_options.max_response_bytes = static_cast<uint64_t>(max_mb) << 20;
   pstrain::EmbeddingStore embeddings(embedding_options);
   std::unique_ptr<pstrain::MetricsServer> metrics;
   std::unique_ptr<pstrain::ParameterServiceMetrics> service_metrics;

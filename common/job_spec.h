@@ -9,12 +9,13 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "common/embedding_spec.h"
 #include "proto/parameter.pb.h"
 
 namespace pstrain {
 
 struct DataSpec {
-  std::string format = "idx";  // idx | csv | synthetic
+  std::string format = "idx";  // idx | csv | synthetic | criteo
   // Every file below is named relative to the worker's --data_root (no
   // absolute names, no "." or ".." components): a job reads only what the
   // worker's operator put there.
@@ -28,6 +29,10 @@ struct DataSpec {
   // csv: files with numeric features and an integer label in the last column.
   std::string train_csv;
   std::string test_csv;
+  // criteo: Criteo's TSV (label, 13 integer and 26 categorical fields;
+  // gzip or plain), as worker/criteo_data.h reads it.
+  std::string train_file;
+  std::string test_file;
   // synthetic: class blobs shaped like 28x28 images (for tests).
   int64_t synthetic_train = 4096;
   int64_t synthetic_test = 1024;
@@ -89,6 +94,8 @@ struct JobSpec {
   // mlp | lenet | torchscript:<path>, <path> relative to the worker's --data_root.
   std::string model = "lenet";
   DataSpec data;
+  // model dlrm: the embedding tables on the shards and the fields reading them.
+  EmbeddingsSpec embeddings;
   OptimizerConfig optimizer;    // kind SGD, lr 0.05 unless set
   LrScheduleSpec lr_schedule;
   Consistency consistency = ASYNC;

@@ -10,86 +10,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/file_util.h"
+#include "common/mapping_reader.h"
 #include "common/quote.h"
 
 namespace pstrain {
 namespace {
-
-// Reads one YAML mapping into C++ fields, refusing unknown keys and values of
-// the wrong type with the full path of the field ("optimizer.lr").
-class MappingReader {
- public:
-  MappingReader(const YAML::Node& node, std::string path, std::string origin)
-      : node_(node), path_(std::move(path)), origin_(std::move(origin)) {}
-
-  absl::Status Check() const {
-    if (!node_.IsMap()) return Error(path_.empty() ? "the top level" : path_, "must be a mapping");
-    for (const auto& kv : node_) {
-      const std::string key = kv.first.as<std::string>();
-      if (known_.count(key) == 0) {
-        std::vector<std::string> names(known_.begin(), known_.end());
-        return Error(Full(key), absl::StrCat("is not a known field (known here: ",
-                                             absl::StrJoin(names, ", "), ")"));
-      }
-    }
-    return absl::OkStatus();
-  }
-
-  template <typename T>
-  absl::Status Read(const std::string& key, T* out) {
-    known_.insert(key);
-    const YAML::Node v = node_[key];
-    if (!v) return absl::OkStatus();
-    if (!v.IsScalar()) return Error(Full(key), "must be a single value");
-    try {
-      *out = v.as<T>();
-    } catch (const YAML::Exception&) {
-      return Error(Full(key), absl::StrCat("has the wrong type: '", v.Scalar(), "'"));
-    }
-    return absl::OkStatus();
-  }
-
-  // One of `names` (an enumerated field): refused with the list otherwise.
-  template <typename E>
-  absl::Status ReadEnum(const std::string& key, std::initializer_list<std::pair<const char*, E>> names, E* out) {
-    std::string value;
-    absl::Status s = Read(key, &value);
-    if (!s.ok() || !node_[key]) return s;  // absent: the default stands
-    std::vector<std::string> known;
-    for (const auto& [name, e] : names) {
-      if (value == name) {
-        *out = e;
-        return absl::OkStatus();
-      }
-      known.push_back(name);
-    }
-    return Error(Full(key), absl::StrCat("is '", Quote(value, 64), "': must be ", absl::StrJoin(known, ", ")));
-  }
-
-  // A nested mapping (may be absent).
-  absl::Status Nested(const std::string& key,
-                      const std::function<absl::Status(MappingReader&)>& fn) {
-    known_.insert(key);
-    const YAML::Node v = node_[key];
-    if (!v) return absl::OkStatus();
-    MappingReader inner(v, Full(key), origin_);
-    if (!v.IsMap()) return Error(Full(key), "must be a mapping");
-    absl::Status s = fn(inner);
-    if (!s.ok()) return s;
-    return inner.Check();
-  }
-
-  absl::Status Error(const std::string& field, const std::string& what) const {
-    return absl::InvalidArgumentError(absl::StrCat(origin_, ": ", field, " ", what));
-  }
-  std::string Full(const std::string& key) const { return path_.empty() ? key : path_ + "." + key; }
-
- private:
-  YAML::Node node_;
-  std::string path_;
-  std::string origin_;
-  std::set<std::string> known_;
-};
 
 #define RETURN_IF_ERROR(expr)        \
   do {                               \
@@ -153,6 +78,8 @@ absl::Status ReadData(MappingReader& d, DataSpec& ds) {
   RETURN_IF_ERROR(d.Read("test_labels", &ds.test_labels));
   RETURN_IF_ERROR(d.Read("train_csv", &ds.train_csv));
   RETURN_IF_ERROR(d.Read("test_csv", &ds.test_csv));
+  RETURN_IF_ERROR(d.Read("train_file", &ds.train_file));
+  RETURN_IF_ERROR(d.Read("test_file", &ds.test_file));
   RETURN_IF_ERROR(d.Read("synthetic_train", &ds.synthetic_train));
   RETURN_IF_ERROR(d.Read("synthetic_test", &ds.synthetic_test));
   RETURN_IF_ERROR(d.Read("num_classes", &ds.num_classes));
@@ -172,16 +99,16 @@ absl::Status CheckValues(const JobSpec& spec, const MappingReader& r) {
     if (spec.shards != 0) return r.Error("shards", "must be 0 in allreduce mode (workers reduce among themselves)");
     if (spec.consistency != SYNC) return r.Error("consistency", "must be sync in allreduce mode");
   }
-  if (spec.model != "mlp" && spec.model != "mlp_wide" && spec.model != "lenet" &&
+  if (spec.model != "mlp" && spec.model != "mlp_wide" && spec.model != "lenet" && spec.model != "dlrm" &&
       spec.model.rfind("torchscript:", 0) != 0) {
     return r.Error("model", absl::StrCat("'", spec.model,
-                                         "' is unknown: use mlp, mlp_wide, lenet or torchscript:<path to a ",
-                                         "saved scripted module>"));
+                                         "' is unknown: use mlp, mlp_wide, lenet, dlrm (with embeddings) or ",
+                                         "torchscript:<path to a saved scripted module>"));
   }
   if (spec.model == "torchscript:") return r.Error("model", "torchscript: needs a path");
   const DataSpec& d = spec.data;
-  if (d.format != "idx" && d.format != "csv" && d.format != "synthetic") {
-    return r.Error("data.format", "must be idx, csv or synthetic");
+  if (d.format != "idx" && d.format != "csv" && d.format != "synthetic" && d.format != "criteo") {
+    return r.Error("data.format", "must be idx, csv, synthetic or criteo");
   }
   if (d.format == "csv" && (d.train_csv.empty() || d.test_csv.empty())) {
     return r.Error("data.train_csv", "and data.test_csv are needed for format csv");
@@ -231,7 +158,7 @@ absl::Status CheckValues(const JobSpec& spec, const MappingReader& r) {
   if (spec.eval_every_epochs < 0 || spec.eval_every_epochs > 1000000) {
     return r.Error("eval_every_epochs", "must be in 0..1000000 (0: only at the end)");
   }
-  return absl::OkStatus();
+  return CheckEmbeddingJob(spec, r);
 }
 
 // The job's name and the fields that choose how it trains (mode, backend, device,
@@ -366,6 +293,7 @@ absl::StatusOr<JobSpec> ParseJobSpecOrThrow(const std::string& yaml, const std::
   std::string consistency = spec.allreduce() ? "sync" : "async";
   RETURN_IF_ERROR(r.Read("consistency", &consistency));
   RETURN_IF_ERROR(ReadRunFields(r, spec));
+  RETURN_IF_ERROR(ReadEmbeddingsSpec(r, spec.seed, &spec.embeddings));  // after seed: a table's default
   RETURN_IF_ERROR(r.Check());
 
   if (consistency == "async") {
@@ -414,6 +342,11 @@ absl::Status CheckDataFileNames(const JobSpec& spec, const std::string& origin) 
   if (d.format == "csv") {
     RETURN_IF_ERROR(relative("data.train_csv", d.train_csv));
     RETURN_IF_ERROR(relative("data.test_csv", d.test_csv));
+  }
+  if (d.format == "criteo") {
+    if (d.dir != ".") RETURN_IF_ERROR(relative("data.dir", d.dir));
+    RETURN_IF_ERROR(relative("data.train_file", d.train_file));
+    if (!d.test_file.empty()) RETURN_IF_ERROR(relative("data.test_file", d.test_file));
   }
   if (d.format == "idx") {
     if (d.dir != ".") RETURN_IF_ERROR(relative("data.dir", d.dir));

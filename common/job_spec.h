@@ -30,7 +30,8 @@ struct DataSpec {
   std::string train_csv;
   std::string test_csv;
   // criteo: Criteo's TSV (label, 13 integer and 26 categorical fields;
-  // gzip or plain), as worker/criteo_data.h reads it.
+  // gzip or plain), as worker/criteo_data.h reads it; named relative to
+  // `dir`, as the idx files are. test_file may be empty (no evaluation).
   std::string train_file;
   std::string test_file;
   // synthetic: class blobs shaped like 28x28 images (for tests).
@@ -91,7 +92,8 @@ struct JobSpec {
   WireDtype wire_dtype = WireDtype::kFp32;
   bool wire_error_feedback = false;
   bool allreduce() const { return mode == TrainMode::kAllReduce; }
-  // mlp | lenet | torchscript:<path>, <path> relative to the worker's --data_root.
+  // mlp | mlp_wide | lenet | dlrm (with embeddings and data.format criteo) |
+  // torchscript:<path>, <path> relative to the worker's --data_root.
   std::string model = "lenet";
   DataSpec data;
   // model dlrm: the embedding tables on the shards and the fields reading them.
@@ -144,7 +146,8 @@ absl::StatusOr<JobSpec> LoadJobSpec(const std::string& path);
 
 // INVALID_ARGUMENT when a file the workers would read (data.dir and the idx
 // files, data.train_csv and data.test_csv, torchscript:<path>; only those
-// the data format uses) is named in a way that cannot lie under a worker's
+// the data format uses; criteo: data.dir, data.train_file and
+// data.test_file) is named in a way that cannot lie under a worker's
 // --data_root: absolute, with a "." or ".." component, a NUL or a control
 // byte (data.dir may be "." itself). Apart from ParseJobSpec so that the
 // specs of jobs stored before this rule still load (their workers refuse

@@ -182,11 +182,14 @@ absl::Status ReadFields(MappingReader& e, const std::map<std::string, int>& tabl
   const int n = static_cast<int>(out->tables.size());
   if (!e.Has("fields")) {
     if (n != 1 && n != kSparseFields) {
-      return e.Error(e.Full("fields"), absl::StrCat("is needed with ", n, " tables: list the table each of the ",
-                                                    kSparseFields, " Criteo sparse fields reads (it may be left ",
-                                                    "out with one table, read by all, or 26, field f reading table f)"));
+      return e.Error(e.Full("fields"),
+                     absl::StrCat("is needed with ", n, " tables: list the table each of the ", kSparseFields,
+                                  " Criteo sparse fields reads (it may be left out with one table, read by all, ",
+                                  "or 26, field f reading table f)"));
     }
-    for (int f = 0; f < kSparseFields; ++f) out->fields.push_back(EmbeddingFieldSpec{n == 1 ? 0 : f, PoolingSpec::kSum});
+    for (int f = 0; f < kSparseFields; ++f) {
+      out->fields.push_back(EmbeddingFieldSpec{n == 1 ? 0 : f, PoolingSpec::kSum});
+    }
     return absl::OkStatus();
   }
   const YAML::Node fields = e.node()["fields"];

@@ -108,6 +108,8 @@ struct TrainResult {
   double seconds = 0;
   double final_accuracy = -1;  // rank 0 only
   double final_test_loss = -1;
+  double final_auc = -1;       // model: dlrm, rank 0 with a test_file
+  double final_log_loss = -1;  // likewise
   int64_t skipped_steps = 0;  // loss scaling: steps skipped for an overflow
   std::vector<std::pair<std::string, at::Tensor>> parameters;  // final values
 };

@@ -220,7 +220,7 @@ TEST(CtrTrainerRefusalTest, RefusesWhatItDoesNotDo) {
       {"fp16", [](TrainerOptions& o) { o.spec.precision = Precision::kFp16; }},
       {"loss scaling", [](TrainerOptions& o) { o.loss_scaling = LossScalerOptions{}; }},
       {"accumulation", [](TrainerOptions& o) { o.spec.accumulate_steps = 2; }},
-      {"mixed dims", [](TrainerOptions& o) { o.spec.embeddings.tables[3].set_dim(kDim * 2); }},
+      {"spec and rows disagree", [](TrainerOptions& o) { o.spec.embeddings.tables[3].set_dim(kDim * 2); }},
       {"no embeddings", [](TrainerOptions& o) { o.spec.embeddings = EmbeddingsSpec{}; }},
       {"other format", [](TrainerOptions& o) { o.spec.data.format = "idx"; }},
   };
@@ -228,6 +228,18 @@ TEST(CtrTrainerRefusalTest, RefusesWhatItDoesNotDo) {
     absl::Status s = run(change);
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << what << ": " << s;
   }
+  // Tables of two widths (the spec and the rows agreeing): DLRM's
+  // interaction needs one.
+  std::vector<EmbeddingTableConfig> mixed = Tables(kDim);
+  mixed[3].set_dim(kDim * 2);
+  auto mixed_rows = LocalEmbeddingRows::Create(mixed);
+  ASSERT_TRUE(mixed_rows.ok());
+  TrainerOptions o = Options(CtrSpec("mixed", 1), 0);
+  o.shards = shards.ptrs;
+  o.spec.embeddings.tables = mixed;
+  absl::Status mixed_status = RunCtrTrainer(o, mixed_rows->get()).status();
+  EXPECT_EQ(mixed_status.code(), absl::StatusCode::kInvalidArgument) << mixed_status;
+  EXPECT_NE(mixed_status.message().find("one dim"), std::string::npos) << mixed_status;
   // A train_file outside the data root is refused by the root's rules.
   absl::Status s = run([](TrainerOptions& o) { o.spec.data.train_file = "../train.tsv"; });
   EXPECT_FALSE(s.ok());

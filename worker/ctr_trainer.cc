@@ -65,7 +65,12 @@ absl::Status CheckSupported(const TrainerOptions& options, const EmbeddingRows* 
                                                    e.tables.size()));
   }
   *dim = e.tables[0].dim();
-  for (const EmbeddingTableConfig& t : e.tables) {
+  for (size_t i = 0; i < e.tables.size(); ++i) {
+    const EmbeddingTableConfig& t = e.tables[i];
+    if (rows->dim(i) != t.dim()) {
+      return absl::InvalidArgumentError(absl::StrCat("model dlrm: embedding table ", t.name(), " has dim ", t.dim(),
+                                                     " in the spec, ", rows->dim(i), " in the rows"));
+    }
     if (t.dim() != *dim) {
       return absl::InvalidArgumentError(absl::StrCat("model dlrm: every embedding table must have one dim (table ",
                                                      e.tables[0].name(), " has ", *dim, ", table ", t.name(),

@@ -240,9 +240,17 @@ TEST(CtrTrainerRefusalTest, RefusesWhatItDoesNotDo) {
   absl::Status mixed_status = RunCtrTrainer(o, mixed_rows->get()).status();
   EXPECT_EQ(mixed_status.code(), absl::StatusCode::kInvalidArgument) << mixed_status;
   EXPECT_NE(mixed_status.message().find("one dim"), std::string::npos) << mixed_status;
-  // A train_file outside the data root is refused by the root's rules.
+  // A train_file outside the data root is refused by the root's rules, and
+  // so is a symbolic link in it that leads out.
   absl::Status s = run([](TrainerOptions& o) { o.spec.data.train_file = "../train.tsv"; });
   EXPECT_FALSE(s.ok());
+  const std::string outside = (std::filesystem::path(::testing::TempDir()) / "outside.tsv").string();
+  std::filesystem::copy_file(Data().root + "/train.tsv", outside, std::filesystem::copy_options::overwrite_existing);
+  std::error_code ec;
+  std::filesystem::remove(Data().root + "/link.tsv", ec);
+  std::filesystem::create_symlink(outside, Data().root + "/link.tsv");
+  s = run([](TrainerOptions& o) { o.spec.data.train_file = "link.tsv"; });
+  EXPECT_FALSE(s.ok()) << "read through a link out of the data root";
 }
 
 }  // namespace

@@ -158,6 +158,7 @@ absl::StatusOr<std::unique_ptr<CriteoReader>> CtrTrainer::Open(const std::string
   CriteoReaderOptions ro;
   ro.rank = rank;
   ro.world = world;
+  ro.no_follow = true;  // ResolveUnderRoot leaves the last component to the open
   return CriteoReader::Open(*path, ro);
 }
 

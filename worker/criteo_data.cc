@@ -144,7 +144,9 @@ absl::StatusOr<std::unique_ptr<CriteoReader>> CriteoReader::Open(const std::stri
   }
   // Non-blocking, so that a FIFO does not wait here for a writer; refused
   // below unless it is a regular file.
-  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  // no_follow: the caller confined the directories (ResolveUnderRoot) and
+  // the last component must not lead elsewhere (ELOOP if it is a link).
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC | (options.no_follow ? O_NOFOLLOW : 0));
   if (fd < 0) return ErrnoToStatus(errno, "cannot open Criteo file", path);
   struct stat st {};
   if (::fstat(fd, &st) != 0) {

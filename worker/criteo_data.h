@@ -83,6 +83,9 @@ struct CriteoReaderOptions {
   // The longest line accepted, '\n' excluded. Criteo's lines are under
   // 1 KiB; the bound is what a hostile file can make the reader allocate.
   size_t max_line_bytes = 64 << 10;
+  // Refuse `path` when its last component is a symbolic link: what a
+  // caller sets for a name from a job spec it resolved under a root.
+  bool no_follow = false;
   // Bytes handed to zlib per read.
   size_t read_chunk_bytes = 1 << 20;
 };

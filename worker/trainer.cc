@@ -22,6 +22,7 @@
 #include "worker/batch_loader.h"
 #include "worker/device.h"
 #include "worker/evaluation.h"
+#include "worker/exchange_setup.h"
 #include "worker/gradient_exchange.h"
 #include "worker/loss_scaler.h"
 #include "worker/model.h"
@@ -129,65 +130,11 @@ absl::Status Trainer::BuildModel() {
 }
 
 absl::Status Trainer::BuildExchange() {
-  const bool allreduce = options_.collective != nullptr;
-  if (allreduce && (options_.local_store == nullptr || !options_.shards.empty())) {
-    return absl::InvalidArgumentError("all-reduce mode needs a local store and no shards");
-  }
-  auto plan = MakePartitionPlan(specs_, allreduce ? 1 : spec_.shards, static_cast<size_t>(spec_.chunk_bytes));
-  if (!plan.ok()) return plan.status();
-  PsClientOptions po;
-  po.job = spec_.name;
-  po.attempt = allreduce ? 0 : options_.attempt;  // the local store is this attempt's alone
-  po.worker = allreduce ? 0 : static_cast<uint32_t>(options_.rank);
-  po.generation = allreduce ? 0 : options_.generation;
-  po.job_secret = options_.job_secret;
-  po.table_grant = options_.table_grant;
-  po.activity = &activity_;
-  po.wire_dtype = spec_.wire_dtype == WireDtype::kBf16   ? DT_BFLOAT16
-                  : spec_.wire_dtype == WireDtype::kFp16 ? DT_FLOAT16
-                                                         : DT_FLOAT32;
-  po.error_feedback = spec_.wire_error_feedback;
-  po.max_in_flight_per_shard = allreduce ? 0 : spec_.requests_in_flight;
-  po.plan = *plan;
-  auto ps = PsClient::Create(po, allreduce ? std::vector<ParameterStore*>{options_.local_store} : options_.shards);
-  if (!ps.ok()) return ps.status();
-  ps_ = std::move(*ps);
-  ExchangeOptions eo;
-  eo.ps = ps_.get();
-  for (auto& p : params_) eo.params.push_back(p.detach());
-  eo.device = device_;
-  eo.bucket_bytes = spec_.bucket_bytes;
-  eo.collective = options_.collective;
-  eo.clip_grad_norm = spec_.clip_grad_norm;
-  eo.wire_dtype = spec_.wire_dtype == WireDtype::kBf16   ? at::kBFloat16
-                  : spec_.wire_dtype == WireDtype::kFp16 ? at::kHalf
-                                                         : at::kFloat;
-  // On an accelerator, gradients are narrowed for the wire (and values
-  // widened) there: half the bytes over PCIe and no conversion on the host.
-  eo.narrow_on_device = !device_.is_cpu();
-  eo.error_feedback = spec_.wire_error_feedback;
-  eo.job = spec_.name;
-  eo.loss_scaler = allreduce ? scaler_.get() : nullptr;
-  if (allreduce) {
-    // Everyone starts from rank 0's values (as DDP does); the local store,
-    // one worker's SYNC table, is the checkpoint format.
-    eo.local_store = options_.local_store;
-    auto e = MakeAllReduceExchange(eo);
-    if (!e.ok()) return e.status();
-    exchange_ = std::move(*e);
-    if (options_.restore_local) {
-      std::vector<std::string> keys;
-      for (const auto& c : plan->chunks) keys.push_back(c.key);
-      absl::Status s = options_.restore_local(keys);
-      if (!s.ok()) return s;
-    }
-  } else {
-    exchange_ = MakePsExchange(eo);
-  }
-  // PS: every rank offers the same seeded values; the first InitTable wins
-  // and the rest find an identical table. Then everyone starts from the
-  // shards' (a restored table's, when resuming).
-  return exchange_->InitTables(MakeTableConfig(spec_));
+  auto set = MakeExchange(options_, params_, specs_, &activity_, scaler_.get());
+  if (!set.ok()) return set.status();
+  ps_ = std::move(set->ps);
+  exchange_ = std::move(set->exchange);
+  return absl::OkStatus();
 }
 
 void Trainer::RegisterHooks() {

@@ -1,0 +1,338 @@
+#include "worker/ctr_trainer.h"
+
+#include <ATen/ops/sigmoid.h>
+#include <ATen/ops/zeros_like.h>
+#include <c10/core/GradMode.h>
+#include <torch/types.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/file_util.h"
+#include "worker/activity.h"
+#include "worker/binary_metrics.h"
+#include "worker/criteo_data.h"
+#include "worker/data_root.h"
+#include "worker/device.h"
+#include "worker/dlrm_model.h"
+#include "worker/exchange_setup.h"
+#include "worker/progress_window.h"
+#include "worker/trainer_events.h"
+#include "worker/weights_file.h"
+
+namespace pstrain {
+namespace {
+
+using Clock = ProgressWindow::Clock;
+
+double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+
+// A copy of `v` as a float32 tensor of `shape` (the batch is reused).
+at::Tensor FromVector(const std::vector<float>& v, at::IntArrayRef shape) {
+  return at::from_blob(const_cast<float*>(v.data()), shape, at::kFloat).clone();
+}
+
+// What this loop does not do yet, as INVALID_ARGUMENT; the embedding width
+// all tables share into *dim.
+absl::Status CheckSupported(const TrainerOptions& options, const EmbeddingRows* rows, int64_t* dim) {
+  const JobSpec& spec = options.spec;
+  auto refuse = [](absl::string_view what) {
+    return absl::InvalidArgumentError(absl::StrCat("model dlrm: ", what, " is not supported yet"));
+  };
+  if (spec.model != "dlrm") return absl::InvalidArgumentError(absl::StrCat("not a dlrm job: model ", spec.model));
+  if (spec.allreduce() || options.collective != nullptr) return refuse("mode allreduce");
+  if (spec.min_workers >= 0 && spec.min_workers < spec.workers) return refuse("min_workers below workers");
+  if (spec.precision == Precision::kFp16 || options.loss_scaling.has_value()) return refuse("loss scaling (fp16)");
+  if (spec.accumulate_steps > 1) return refuse("accumulate_steps above 1");
+  if (spec.clip_grad_norm > 0) return refuse("clip_grad_norm");
+  if (options.start_step != 0 || options.start_epoch != 0 || options.rejoin_step >= 0) return refuse("resuming");
+  if (spec.data.format != "criteo" || spec.data.train_file.empty()) {
+    return absl::InvalidArgumentError("model dlrm reads data of format criteo with a train_file");
+  }
+  const EmbeddingsSpec& e = spec.embeddings;
+  if (e.tables.empty() || e.fields.empty()) {
+    return absl::InvalidArgumentError("model dlrm needs embeddings: tables and the fields reading them");
+  }
+  if (rows == nullptr || rows->num_tables() != e.tables.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("model dlrm: the embedding rows hold ",
+                                                   rows == nullptr ? 0 : rows->num_tables(), " tables, the spec ",
+                                                   e.tables.size()));
+  }
+  *dim = e.tables[0].dim();
+  for (size_t i = 0; i < e.tables.size(); ++i) {
+    const EmbeddingTableConfig& t = e.tables[i];
+    if (rows->dim(i) != t.dim()) {
+      return absl::InvalidArgumentError(absl::StrCat("model dlrm: embedding table ", t.name(), " has dim ", t.dim(),
+                                                     " in the spec, ", rows->dim(i), " in the rows"));
+    }
+    if (t.dim() != *dim) {
+      return absl::InvalidArgumentError(absl::StrCat("model dlrm: every embedding table must have one dim (table ",
+                                                     e.tables[0].name(), " has ", *dim, ", table ", t.name(),
+                                                     " has ", t.dim(), ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// One run of the CTR loop; RunCtrTrainer's state, its phases as methods.
+class CtrTrainer {
+ public:
+  CtrTrainer(const TrainerOptions& options, EmbeddingRows* rows)
+      : options_(options),
+        spec_(options.spec),
+        rows_(rows),
+        activity_(options.activity != nullptr ? *options.activity : own_activity_) {}
+
+  absl::StatusOr<TrainResult> Run();
+
+ private:
+  // The model, the embeddings and the exchange, its tables initialised.
+  absl::Status Build(int64_t dim);
+  // `name` (a spec's file) opened under the data root, read as rank/world.
+  absl::StatusOr<std::unique_ptr<CriteoReader>> Open(const std::string& name, int rank, int world) const;
+  absl::Status Step(int epoch, const CriteoBatch& batch);
+  void EmitProgress(int epoch);
+  // Rank 0: AUC and log loss of the test file with the final values.
+  absl::Status Evaluate();
+  // Final values, evaluation, weights, the done event.
+  absl::Status Finish(int epochs_run);
+
+  const TrainerOptions& options_;
+  const JobSpec& spec_;
+  EmbeddingRows* rows_;
+  Activity own_activity_;
+  Activity& activity_;
+  std::shared_ptr<Dlrm> model_;
+  std::unique_ptr<SparseEmbeddings> embeddings_;
+  std::vector<std::pair<std::string, at::Tensor>> named_;
+  std::vector<at::Tensor> params_;
+  std::vector<ParameterSpec> specs_;
+  ExchangeSet exchange_;
+  int64_t step_ = 0;
+  TrainResult result_;
+  Clock::time_point start_;
+  std::unique_ptr<ProgressWindow> progress_;
+};
+
+absl::Status CtrTrainer::Build(int64_t dim) {
+  DlrmConfig config;
+  config.dim = dim;
+  config.sparse_fields = static_cast<int64_t>(spec_.embeddings.fields.size());
+  config.seed = spec_.seed;
+  auto model = Dlrm::Create(config);
+  if (!model.ok()) return model.status();
+  model_ = std::move(*model);
+  model_->train();
+  for (const auto& p : model_->named_parameters()) {
+    named_.emplace_back(p.key(), p.value());
+    params_.push_back(p.value());
+    specs_.push_back({p.key(), std::vector<int64_t>(p.value().sizes().begin(), p.value().sizes().end()), DT_FLOAT32});
+  }
+  std::vector<SparseFieldConfig> fields;
+  for (const EmbeddingFieldSpec& f : spec_.embeddings.fields) {
+    fields.push_back({f.table, f.pooling == PoolingSpec::kMean ? EmbeddingPooling::kMean : EmbeddingPooling::kSum});
+  }
+  auto embeddings = SparseEmbeddings::Create(rows_, std::move(fields));
+  if (!embeddings.ok()) return embeddings.status();
+  embeddings_ = std::move(*embeddings);
+  auto set = MakeExchange(options_, params_, specs_, &activity_, /*scaler=*/nullptr);
+  if (!set.ok()) return set.status();
+  exchange_ = std::move(*set);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<CriteoReader>> CtrTrainer::Open(const std::string& name, int rank, int world) const {
+  if (options_.data_root.dir.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat("data file ", name, ": ", kDataRootName, " is not set"));
+  }
+  auto root = CanonicalRoot(options_.data_root.dir);
+  if (!root.ok()) return root.status();
+  auto path = ResolveUnderRoot(*root, name, kDataRootName);
+  if (!path.ok()) return path.status();
+  CriteoReaderOptions ro;
+  ro.rank = rank;
+  ro.world = world;
+  ro.no_follow = true;  // ResolveUnderRoot leaves the last component to the open
+  return CriteoReader::Open(*path, ro);
+}
+
+absl::Status CtrTrainer::Step(int epoch, const CriteoBatch& batch) {
+  const auto step_start = Clock::now();
+  for (auto& p : params_) {
+    if (p.grad().defined()) p.mutable_grad().reset();
+  }
+  const double lr = LearningRate(spec_, epoch, step_);
+  GradientExchange& exchange = *exchange_.exchange;
+  exchange.BeginStep(step_, lr);
+  auto fail = [&](const absl::Status& s) {
+    exchange.Abandon();
+    return absl::Status(s.code(), absl::StrCat("step ", step_, ": ", s.message()));
+  };
+  at::Tensor loss;
+  try {
+    activity_.Enter(WorkerActivity::SHARDS, step_);  // the embedding rows' lookup
+    std::vector<at::Tensor> pooled;
+    absl::Status s = embeddings_->Forward(step_, batch, &pooled);
+    if (!s.ok()) return fail(s);
+    activity_.Enter(WorkerActivity::COMPUTE, step_);
+    auto logits = model_->Forward(FromVector(batch.dense, {batch.size(), kCriteoDenseFields}), pooled);
+    if (!logits.ok()) return fail(logits.status());
+    auto l = DlrmLoss(*logits, FromVector(batch.labels, {batch.size()}));
+    if (!l.ok()) return fail(l.status());
+    loss = *l;
+    loss.backward();
+  } catch (const c10::Error& e) {
+    return fail(absl::InternalError(e.what_without_backtrace()));
+  }
+  const auto compute_end = Clock::now();
+  // Every parameter, zeros where backward left none (the shards expect
+  // every chunk).
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const at::Tensor g = params_[i].grad();
+    exchange.Offer(i, g.defined() ? g : at::zeros_like(params_[i]));
+  }
+  activity_.Enter(WorkerActivity::SHARDS, step_);
+  absl::Status s = exchange.Finish();
+  if (s.ok()) s = embeddings_->Backward(step_);
+  if (!s.ok()) return absl::Status(s.code(), absl::StrCat("step ", step_, ": ", s.message()));
+  const auto now = Clock::now();
+  progress_->Add({step_ + 1, DeferredScalar(loss.detach()), batch.size(), Seconds(step_start, now),
+                  Seconds(compute_end, now), /*data_seconds=*/0, lr, /*grad_norm=*/-1});
+  ++step_;
+  result_.samples += batch.size();
+  return absl::OkStatus();
+}
+
+void CtrTrainer::EmitProgress(int epoch) {
+  const auto now = Clock::now();
+  WorkerEvent e;
+  e.set_rank(options_.rank);
+  WorkerEvent::Progress* p = e.mutable_progress();
+  p->set_epoch(epoch + 1);
+  p->set_epochs(spec_.epochs);
+  p->set_step(step_);
+  p->set_steps(spec_.max_steps);  // 0: unknown (the file is streamed, not counted)
+  progress_->Report(p, now);
+  for (ShardCalls& c : activity_.TakeShardWindow()) *p->add_shards() = std::move(c);
+  p->set_elapsed_s(Seconds(start_, now));
+  options_.emit(e);
+}
+
+absl::Status CtrTrainer::Evaluate() {
+  activity_.Enter(WorkerActivity::EVALUATING, step_);
+  auto reader = Open(spec_.data.test_file, 0, 1);
+  if (!reader.ok()) return reader.status();
+  std::vector<float> scores, labels;
+  CriteoBatch batch;
+  c10::NoGradGuard no_grad;
+  model_->eval();
+  try {
+    while (true) {
+      absl::Status s = (*reader)->ReadBatch(std::max<int64_t>(spec_.batch_size, 1024), &batch);
+      if (!s.ok()) return s;
+      if (batch.size() == 0) break;
+      std::vector<at::Tensor> pooled;
+      s = embeddings_->Forward(step_, batch, &pooled);
+      if (!s.ok()) return s;
+      auto logits = model_->Forward(FromVector(batch.dense, {batch.size(), kCriteoDenseFields}), pooled);
+      if (!logits.ok()) return logits.status();
+      const at::Tensor p = at::sigmoid(*logits).contiguous();
+      scores.insert(scores.end(), p.data_ptr<float>(), p.data_ptr<float>() + p.numel());
+      labels.insert(labels.end(), batch.labels.begin(), batch.labels.end());
+    }
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("evaluating: ", e.what_without_backtrace()));
+  }
+  auto auc = Auc(scores, labels);
+  if (!auc.ok()) return auc.status();
+  auto log_loss = LogLoss(scores, labels);
+  if (!log_loss.ok()) return log_loss.status();
+  int64_t right = 0;
+  for (size_t i = 0; i < scores.size(); ++i) right += (scores[i] >= 0.5f) == (labels[i] > 0.5f);
+  result_.final_auc = *auc;
+  result_.final_log_loss = *log_loss;
+  result_.final_test_loss = *log_loss;
+  result_.final_accuracy = static_cast<double>(right) / static_cast<double>(scores.size());
+  WorkerEvent e = EvalEvent(options_.rank, spec_.epochs, {*log_loss, result_.final_accuracy}, /*final=*/true);
+  e.mutable_eval()->set_auc(*auc);
+  e.mutable_eval()->set_log_loss(*log_loss);
+  options_.emit(e);
+  return absl::OkStatus();
+}
+
+absl::Status CtrTrainer::Finish(int epochs_run) {
+  activity_.Enter(WorkerActivity::FINISHING, step_);
+  result_.steps = step_;
+  result_.seconds = Seconds(start_, Clock::now());
+  // Final values. Under SYNC the version is the step. Otherwise wait for
+  // every rank's last steps: a rank's share of the file may be one example
+  // longer than another's, so its step count per epoch one higher; the
+  // others ran at least step_ - epochs_run steps.
+  const int64_t others = std::max<int64_t>(0, step_ - epochs_run);
+  absl::Status s = spec_.consistency == SYNC ? exchange_.exchange->Pull(step_) : exchange_.exchange->Pull(0, others);
+  if (!s.ok()) return s;
+  if (options_.rank == 0 && !spec_.data.test_file.empty()) {
+    s = Evaluate();
+    if (!s.ok()) return s;
+  }
+  if (options_.rank == 0 && options_.write_weights) {
+    std::filesystem::create_directories(spec_.output_dir);
+    const std::string path = spec_.output_dir + "/model.pt";
+    s = SaveWeights(named_, path);
+    if (!s.ok()) return s;
+    options_.emit(WeightsEvent(options_.rank, path));
+  }
+  for (auto& [name, t] : named_) result_.parameters.emplace_back(name, t.detach().clone());
+  options_.emit(DoneEvent(options_.rank, result_.steps, result_.samples, result_.seconds, /*skipped_steps=*/0));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<TrainResult> CtrTrainer::Run() {
+  int64_t dim = 0;
+  absl::Status s = CheckSupported(options_, rows_, &dim);
+  if (s.ok()) s = Build(dim);
+  if (!s.ok()) return s;
+  if (options_.rank == 0) options_.emit(PlanEvent(options_.rank, spec_.chunk_bytes, specs_));
+  start_ = Clock::now();
+  progress_ = std::make_unique<ProgressWindow>(options_.on_step, start_);
+  const int64_t max_steps = spec_.max_steps > 0 ? spec_.max_steps : INT64_MAX;
+  const int64_t batch_size = std::max<int64_t>(spec_.batch_size, 1);
+  int epoch = 0;
+  CriteoBatch batch;
+  for (; epoch < spec_.epochs && step_ < max_steps; ++epoch) {
+    auto reader = Open(spec_.data.train_file, options_.rank, options_.world_size);
+    if (!reader.ok()) return reader.status();
+    while (step_ < max_steps) {
+      if (options_.stop != nullptr && options_.stop->load()) {
+        return absl::CancelledError(absl::StrCat("job cancelled at step ", step_));
+      }
+      activity_.Enter(WorkerActivity::DATA, step_);
+      s = (*reader)->ReadBatch(batch_size, &batch);
+      if (!s.ok()) return s;
+      if (batch.size() == 0) break;
+      s = Step(epoch, batch);
+      if (!s.ok()) return s;
+      const bool log_now = step_ % spec_.log_every_steps == 0 || step_ == max_steps;
+      progress_->ReadLosses(/*all=*/log_now);
+      if (log_now) EmitProgress(epoch);
+    }
+  }
+  progress_->ReadLosses(/*all=*/true);
+  s = Finish(epoch);
+  if (!s.ok()) return s;
+  return std::move(result_);
+}
+
+}  // namespace
+
+absl::StatusOr<TrainResult> RunCtrTrainer(const TrainerOptions& options, EmbeddingRows* rows) {
+  return CtrTrainer(options, rows).Run();
+}
+
+}  // namespace pstrain

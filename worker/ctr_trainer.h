@@ -1,0 +1,46 @@
+// The training loop of click-through-rate models (model: dlrm) in
+// parameter-server mode: dense parameters (the DLRM's MLPs) through the
+// same gradient exchange as the dense loop (worker/exchange_setup.h), sparse
+// embedding rows through an EmbeddingRows (worker/sparse_embeddings.h), data
+// streamed from Criteo-format files (worker/criteo_data.h).
+//
+// Every step, on the calling thread:
+//
+//   exchange.BeginStep(step, lr)
+//   embeddings.Forward   pull the batch's rows, pool them per field
+//   Dlrm forward, DlrmLoss, backward
+//   exchange.Offer(every dense gradient); exchange.Finish()
+//   embeddings.Backward  push one summed gradient per row pulled
+//
+// Each worker reads example i of the training file when i % world == rank,
+// batch_size at a time, `epochs` passes (the file reopened per pass), at
+// most max_steps steps. At the end the dense tables are pulled and rank 0
+// evaluates the AUC and log loss on the test file (when the spec names one).
+// Events as the dense loop's: progress every log_every_steps, the final
+// evaluation (WorkerEvent.Eval with auc and log_loss), the weights (dense
+// parameters) and done.
+//
+// Not yet: all-reduce mode, covering vacant ranks (min_workers < workers),
+// loss scaling or fp16, accumulate_steps > 1, clip_grad_norm, resuming and
+// checkpoint pauses (at_step_boundary is not called): refused with
+// INVALID_ARGUMENT, except at_step_boundary, which is ignored. Under SYNC
+// every rank must run the same number of steps (its share of the file
+// divides evenly into batches, or max_steps bounds them all).
+#ifndef PSTRAIN_WORKER_CTR_TRAINER_H_
+#define PSTRAIN_WORKER_CTR_TRAINER_H_
+
+#include "absl/status/statusor.h"
+#include "worker/sparse_embeddings.h"
+#include "worker/trainer_options.h"
+
+namespace pstrain {
+
+// Runs a dlrm job for one rank. `rows` (not owned) holds the job's
+// embedding tables in spec.embeddings.tables' order; it may be shared by
+// ranks in one process when it is thread-safe (LocalEmbeddingRows is).
+// Reads spec.data.train_file and test_file under options.data_root.
+absl::StatusOr<TrainResult> RunCtrTrainer(const TrainerOptions& options, EmbeddingRows* rows);
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_WORKER_CTR_TRAINER_H_

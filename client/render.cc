@@ -8,18 +8,26 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "client/eval_text.h"
 #include "common/activity_text.h"
 #include "common/member_role.h"
 
 const char* StateName(pstrain::JobState s) {
   switch (s) {
-    case pstrain::PENDING: return "Pending";
-    case pstrain::RUNNING: return "Running";
-    case pstrain::CHECKPOINTING: return "Checkpointing";
-    case pstrain::SUCCEEDED: return "Succeeded";
-    case pstrain::FAILED: return "Failed";
-    case pstrain::CANCELLED: return "Cancelled";
-    default: return "Unknown";
+    case pstrain::PENDING:
+      return "Pending";
+    case pstrain::RUNNING:
+      return "Running";
+    case pstrain::CHECKPOINTING:
+      return "Checkpointing";
+    case pstrain::SUCCEEDED:
+      return "Succeeded";
+    case pstrain::FAILED:
+      return "Failed";
+    case pstrain::CANCELLED:
+      return "Cancelled";
+    default:
+      return "Unknown";
   }
 }
 
@@ -48,9 +56,9 @@ void PrintJobTable(const pstrain::JobStatus& st) {
   if (st.vacant_ranks_size() > 0 || st.replacements() > 0) {
     std::string vacant;
     for (int r : st.vacant_ranks()) vacant += absl::StrCat(vacant.empty() ? "" : ", ", r);
-    std::printf("workers:    %d of %d training%s; %d replaced while running\n", st.num_workers() - st.vacant_ranks_size(),
-                st.num_workers(), vacant.empty() ? "" : absl::StrCat(" (vacant: rank ", vacant, ")").c_str(),
-                st.replacements());
+    std::printf("workers:    %d of %d training%s; %d replaced while running\n",
+                st.num_workers() - st.vacant_ranks_size(), st.num_workers(),
+                vacant.empty() ? "" : absl::StrCat(" (vacant: rank ", vacant, ")").c_str(), st.replacements());
   }
   std::printf("progress:   epoch %d, step %lld/%lld, loss %.4f, %.0f samples/s\n", st.epoch(),
               static_cast<long long>(st.step()), static_cast<long long>(st.steps()), st.loss(), st.samples_per_s());
@@ -74,9 +82,10 @@ void PrintJobTable(const pstrain::JobStatus& st) {
     }
   }
   for (const auto& e : st.evals()) {
-    std::printf("eval:       epoch %d: test accuracy %.4f, test loss %.4f\n", e.epoch(), e.accuracy(), e.test_loss());
+    std::printf("eval:       epoch %d: %s\n", e.epoch(), pstrain::EvalText(e).c_str());
   }
   if (st.final_accuracy() >= 0) std::printf("final:      test accuracy %.4f\n", st.final_accuracy());
+  if (st.final_auc() > 0) std::printf("final:      test AUC %.4f\n", st.final_auc());
   if (!st.weights_path().empty()) std::printf("weights:    %s\n", st.weights_path().c_str());
   std::printf("members:\n");
   for (const auto& m : st.members()) {
@@ -85,17 +94,19 @@ void PrintJobTable(const pstrain::JobStatus& st) {
   }
   std::printf("conditions:\n");
   for (const auto& c : st.conditions()) {
-    std::printf("  %-6s ago  %-13s %-16s %s\n", Ago(c.time_unix_ms()).c_str(), StateName(c.state()),
-                c.reason().c_str(), c.message().c_str());
+    std::printf("  %-6s ago  %-13s %-16s %s\n", Ago(c.time_unix_ms()).c_str(), StateName(c.state()), c.reason().c_str(),
+                c.message().c_str());
   }
 }
 
 void PrintJobList(const pstrain::ListJobsResponse& resp) {
   std::printf("%-12s %-24s %-13s %-13s %-8s %-9s %s\n", "JOB", "NAME", "STATE", "STEP", "LOSS", "ACCURACY", "AGE");
   for (const auto& j : resp.jobs()) {
-    std::printf("%-12s %-24s %-13s %-13s %-8.4f %-9s %s\n", j.job_id().c_str(), j.name().c_str(),
-                StateName(j.state()), absl::StrFormat("%d/%d", j.step(), j.steps()).c_str(), j.loss(),
-                j.final_accuracy() >= 0 ? absl::StrFormat("%.4f", j.final_accuracy()).c_str() : "-",
+    std::printf("%-12s %-24s %-13s %-13s %-8.4f %-9s %s\n", j.job_id().c_str(), j.name().c_str(), StateName(j.state()),
+                absl::StrFormat("%d/%d", j.step(), j.steps()).c_str(), j.loss(),
+                j.final_accuracy() >= 0 ? absl::StrFormat("%.4f", j.final_accuracy()).c_str()
+                : j.final_auc() > 0     ? absl::StrFormat("AUC %.4f", j.final_auc()).c_str()
+                                        : "-",
                 Ago(j.created_unix_ms()).c_str());
   }
 }

@@ -200,6 +200,8 @@ TEST(EmbeddingSpecTest, CrossFieldRulesNameTheirField) {
       {"model: dlrm\ncheckpoint_every_steps: 100\n" + criteo + tables,
        "checkpoint_every_steps must be 0 with embeddings: checkpoints of embedding jobs are not built yet"},
       {"model: dlrm\nworkers: 3\nmin_workers: 2\n" + criteo + tables, "min_workers must equal workers"},
+      {"model: dlrm\nconsistency: sync\n" + criteo + tables, "consistency must be async with embeddings"},
+      {"model: dlrm\nconsistency: ssp\nstaleness: 2\n" + criteo + tables, "consistency must be async with embeddings"},
       {"model: dlrn\n", "model 'dlrn' is unknown: use mlp, mlp_wide, lenet, dlrm"},
       {"data: {format: tsv}\n", "data.format must be idx, csv, synthetic or criteo"},
   };
@@ -208,7 +210,7 @@ TEST(EmbeddingSpecTest, CrossFieldRulesNameTheirField) {
         << "want '" << c.field << "' in: " << Refusal(c.yaml) << "\n" << c.yaml;
   }
   // Without test_file: no evaluation set, allowed; workers 3 = min_workers.
-  auto spec = ParseJobSpec("model: dlrm\nworkers: 3\nshards: 2\nconsistency: sync\n" + criteo + tables);
+  auto spec = ParseJobSpec("model: dlrm\nworkers: 3\nshards: 2\nconsistency: async\n" + criteo + tables);
   ASSERT_TRUE(spec.ok()) << spec.status();
   EXPECT_TRUE(spec->data.test_file.empty());
   EXPECT_EQ(spec->data.dir, "fashion-mnist");  // the default; criteo files are relative to it

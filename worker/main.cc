@@ -14,10 +14,9 @@
 // Events (one JSON object per line) go to stdout and, as a pool member, to
 // the coordinator; logs go to stderr. Exit code: 0 success, 1 a training
 // error, 2 bad flags, spec or data.
+#include <ATen/Parallel.h>
 #include <signal.h>
 #include <unistd.h>
-
-#include <ATen/Parallel.h>
 
 #include <atomic>
 #include <cstdio>
@@ -25,29 +24,33 @@
 #include <map>
 
 #include "absl/flags/flag.h"
-#include "google/protobuf/util/json_util.h"
 #include "absl/flags/parse.h"
-#include "absl/strings/str_cat.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "checkpoint/manifest.h"
-#include "common/job_spec.h"
-#include "proto/events.pb.h"
-#include "common/malloc_tuning.h"
 #include "common/binary_setup.h"
 #include "common/env_flags.h"
-#include "common/metrics_server.h"
 #include "common/file_util.h"
-#include "rpc/security_flags.h"
+#include "common/job_spec.h"
+#include "common/malloc_tuning.h"
+#include "common/metrics_server.h"
+#include "google/protobuf/util/json_util.h"
+#include "proto/events.pb.h"
 #include "rpc/cluster_member.h"
+#include "rpc/grpc_channel.h"
+#include "rpc/grpc_embedding_client.h"
 #include "rpc/grpc_remote_shard.h"
+#include "rpc/security_flags.h"
 #include "spdlog/spdlog.h"
 #include "worker/activity.h"
 #include "worker/allreduce_setup.h"
+#include "worker/ctr_trainer.h"
 #include "worker/device.h"
 #include "worker/launch_env.h"
 #include "worker/pause_protocol.h"
+#include "worker/sparse_embeddings.h"
 #include "worker/trainer.h"
 #include "worker/worker_metrics.h"
 
@@ -118,7 +121,7 @@ bool Retryable(const absl::Status& s) {
 
 // What a job runs with besides its spec; all optional.
 struct RunContext {
-  const std::atomic<bool>* stop = nullptr;  // stop at the next step boundary
+  const std::atomic<bool>* stop = nullptr;                        // stop at the next step boundary
   std::function<void(const pstrain::WorkerEvent&)> emit = Print;  // receives every event
   const pstrain::Assignment* assignment = nullptr;
   pstrain::ClusterMember* member = nullptr;
@@ -196,14 +199,41 @@ std::unique_ptr<pstrain::CheckpointPause> SetUpPause(int rank, const RunContext&
       return allreduce->SaveTable(path, flush);
     };
   }
-  auto pause = std::make_unique<pstrain::CheckpointPause>(ctx.member, rank, ctx.emit, activity, ctx.stop,
-                                                          std::move(save));
+  auto pause =
+      std::make_unique<pstrain::CheckpointPause>(ctx.member, rank, ctx.emit, activity, ctx.stop, std::move(save));
   options->at_step_boundary = [p = pause.get()](const pstrain::StepBoundary& at) { p->AtStepBoundary(at); };
   return pause;
 }
 
+// model: dlrm. The embedding tables live on the job's shards beside its
+// dense tables (the same addresses: pstrain-ps serves both services).
+absl::Status RunCtrJob(const pstrain::TrainerOptions& options, const std::vector<std::string>& targets) {
+  const pstrain::JobSpec& spec = options.spec;
+  std::vector<std::shared_ptr<grpc::Channel>> channels;
+  for (const auto& t : targets) channels.push_back(pstrain::CreateChannel(t));
+  pstrain::EmbeddingClientOptions eo;
+  eo.job = spec.name;
+  eo.attempt = options.attempt;
+  eo.rank = static_cast<uint32_t>(options.rank);
+  eo.job_secret = options.job_secret;
+  eo.table_grant = options.table_grant;
+  eo.timeout = absl::Seconds(absl::GetFlag(FLAGS_rpc_timeout_s));
+  pstrain::GrpcEmbeddingClient client(std::move(channels), eo);
+  pstrain::InitEmbeddingsRequest init;
+  init.set_num_workers(static_cast<uint32_t>(options.world_size));
+  init.set_consistency(spec.consistency);
+  init.set_staleness(spec.staleness);
+  for (const auto& table : spec.embeddings.tables) *init.add_tables() = table;
+  spdlog::info("pstrain-worker rank {}/{} of {}: {} embedding table(s) on {} shard(s)", options.rank,
+               options.world_size, spec.name, init.tables_size(), targets.size());
+  absl::Status s = client.Init(init);
+  if (!s.ok()) return s;
+  pstrain::RemoteEmbeddingRows rows(&client, spec.embeddings.tables.size());
+  return pstrain::RunCtrTrainer(options, &rows).status();
+}
+
 absl::Status RunJobOrThrow(pstrain::JobSpec spec, int rank, int world_size, const std::vector<std::string>& targets,
-                    const RunContext& ctx) {
+                           const RunContext& ctx) {
   const std::atomic<bool>* stop = ctx.stop;
   const auto& emit = ctx.emit;
   const pstrain::Assignment* assignment = ctx.assignment;
@@ -212,8 +242,8 @@ absl::Status RunJobOrThrow(pstrain::JobSpec spec, int rank, int world_size, cons
     return absl::InvalidArgumentError(absl::StrCat("need 0 <= rank < world size (", rank, ", ", world_size, ")"));
   }
   if (static_cast<int>(targets.size()) != spec.shards) {
-    return absl::InvalidArgumentError(absl::StrCat("the spec asks for ", spec.shards, " shards but ",
-                                                   targets.size(), " addresses were given"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("the spec asks for ", spec.shards, " shards but ", targets.size(), " addresses were given"));
   }
   at::set_num_threads(spec.threads_per_worker);
   auto device = pstrain::ResolveDevice(spec.device, absl::GetFlag(FLAGS_device), ctx.launch.local_rank);
@@ -262,8 +292,8 @@ absl::Status RunJobOrThrow(pstrain::JobSpec spec, int rank, int world_size, cons
   }
   if (absl::Status s = SetStart(spec, rank, world_size, assignment, &options); !s.ok()) return s;
   std::unique_ptr<pstrain::CheckpointPause> pause = SetUpPause(rank, ctx, activity.get(), allreduce.get(), &options);
-  spdlog::info("pstrain-worker rank {}/{} of {}: loading data ({})", rank, world_size, spec.name,
-               spec.data.format);
+  if (!spec.embeddings.empty()) return RunCtrJob(options, targets);
+  spdlog::info("pstrain-worker rank {}/{} of {}: loading data ({})", rank, world_size, spec.name, spec.data.format);
   auto data = pstrain::LoadData(spec.data, spec.seed, options.data_root);
   if (!data.ok()) return data.status();
   auto result = pstrain::RunTrainer(options, *data);
@@ -323,8 +353,10 @@ int RunPoolMember(pstrain::WorkerMetrics* metrics) {
           if (g_stop || member.cancelled()) stop_job = true;
           if (g_drain && drain_until == absl::InfiniteFuture()) {
             drain_until = absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_drain_timeout_s));
-            spdlog::info("pstrain-worker: SIGTERM: the coordinator checkpoints the job, then this worker leaves "
-                         "(at most {} s; a second signal stops at once)", absl::GetFlag(FLAGS_drain_timeout_s));
+            spdlog::info(
+                "pstrain-worker: SIGTERM: the coordinator checkpoints the job, then this worker leaves "
+                "(at most {} s; a second signal stops at once)",
+                absl::GetFlag(FLAGS_drain_timeout_s));
             pstrain::WorkerEvent draining;
             draining.set_rank(rank);
             draining.mutable_draining()->set_role(pstrain::MEMBER_ROLE_WORKER);
@@ -431,8 +463,7 @@ int Main(int argc, char** argv) {
     if (absl::GetFlag(FLAGS_world_size) <= 0 && launch->world_size > 0) world = launch->world_size;
   }
   if (rank < 0) rank = std::max(0, pstrain::HostOrdinal());  // a StatefulSet pod
-  const std::vector<std::string> targets =
-      absl::StrSplit(absl::GetFlag(FLAGS_shards), ',', absl::SkipEmpty());
+  const std::vector<std::string> targets = absl::StrSplit(absl::GetFlag(FLAGS_shards), ',', absl::SkipEmpty());
   RunContext ctx;
   ctx.metrics = metrics.get();
   ctx.launch = *launch;

@@ -54,6 +54,7 @@ absl::StatusOr<std::string> Coordinator::SubmitJob(const SubmitJobRequest& reque
   status.set_state(PENDING);
   status.set_created_unix_ms(absl::ToUnixMillis(Now()));
   status.set_final_accuracy(-1);
+  status.set_final_auc(-1);
   status.set_num_shards(spec->shards);
   status.set_num_workers(spec->workers);
   status.set_resumed_from(resume_dir);

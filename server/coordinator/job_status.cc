@@ -67,7 +67,13 @@ absl::Status AddEval(JobStatus& st, const WorkerEvent::Eval& eval) {
   ev->set_epoch(eval.epoch());
   ev->set_accuracy(eval.accuracy());
   ev->set_test_loss(eval.test_loss());
-  if (eval.final()) st.set_final_accuracy(eval.accuracy());
+  ev->set_auc(eval.auc());
+  ev->set_log_loss(eval.log_loss());
+  if (eval.final() && eval.auc() > 0) {
+    st.set_final_auc(eval.auc());
+  } else if (eval.final()) {
+    st.set_final_accuracy(eval.accuracy());
+  }
   return absl::OkStatus();
 }
 

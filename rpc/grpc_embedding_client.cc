@@ -178,4 +178,16 @@ absl::Status GrpcEmbeddingClient::Update(int64_t step, const std::vector<std::ve
   return calls.Wait();
 }
 
+absl::Status DropEmbeddings(const std::shared_ptr<grpc::Channel>& shard, const std::string& job, uint64_t attempt,
+                            const std::string& job_secret, absl::Duration timeout) {
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  if (!job_secret.empty()) context.AddMetadata(kJobSecretMetadata, job_secret);
+  DropEmbeddingsRequest request;
+  request.set_job(job);
+  request.set_attempt(attempt);
+  DropEmbeddingsResponse response;
+  return FromGrpcStatus(EmbeddingService::NewStub(shard)->DropEmbeddings(&context, request, &response));
+}
+
 }  // namespace pstrain

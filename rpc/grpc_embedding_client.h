@@ -61,6 +61,12 @@ class GrpcEmbeddingClient {
   std::vector<EmbeddingTableConfig> tables_;  // normalized, from Init
 };
 
+// The coordinator's call when a job's attempt ends: the shard behind
+// `shard` frees the job's embedding tables (OK when it holds none). Sends
+// `job_secret` as the shard's JobSecrets expect.
+absl::Status DropEmbeddings(const std::shared_ptr<grpc::Channel>& shard, const std::string& job, uint64_t attempt,
+                            const std::string& job_secret, absl::Duration timeout);
+
 }  // namespace pstrain
 
 #endif  // PSTRAIN_RPC_GRPC_EMBEDDING_CLIENT_H_

@@ -10,6 +10,8 @@
 #include "checkpoint/layout.h"
 #include "common/file_util.h"
 #include "common/member_role.h"
+#include "rpc/grpc_channel.h"
+#include "rpc/grpc_embedding_client.h"
 #include "rpc/grpc_remote_shard.h"
 #include "spdlog/spdlog.h"
 
@@ -292,7 +294,7 @@ void Coordinator::Transition(Job& job, JobState state, const std::string& reason
   if (IsTerminal(state)) {
     // The shards free the job's table; workers still waiting on it (a SYNC
     // step) are released at once.
-    DropTables(st);
+    DropTables(st, !job.spec.embeddings.empty());
     RefreshMembers(job);
     members_.FreeAll(st.job_id());
     telemetry_.EndAttempt(st.job_id());
@@ -308,12 +310,12 @@ void Coordinator::Transition(Job& job, JobState state, const std::string& reason
   Changed(job);
 }
 
-void Coordinator::DropTables(const JobStatus& st) {
+void Coordinator::DropTables(const JobStatus& st, bool embeddings) {
   std::vector<std::string> shard_addresses = ShardAddresses(st);
   if (shard_addresses.empty()) return;
   // The attempt that ends: a table the shards already hold for a later one
   // (this drop delayed) is kept.
-  Background([shard_addresses, id = st.job_id(), attempt = st.attempt(), secret = st.job_secret()] {
+  Background([shard_addresses, id = st.job_id(), attempt = st.attempt(), secret = st.job_secret(), embeddings] {
     for (const std::string& a : shard_addresses) {
       RemoteShardOptions ro;
       ro.target = a;
@@ -328,6 +330,9 @@ void Coordinator::DropTables(const JobStatus& st) {
       opts.job_secret = secret;
       absl::Status s = WaitFor([&](StatusCallback done) { client->DropTableAsync(req, &resp, opts, done); });
       if (!s.ok()) spdlog::warn("coordinator: dropping {} on {}: {}", id, a, s.ToString());
+      if (!embeddings) continue;
+      s = DropEmbeddings(CreateChannel(a), id, attempt, secret, absl::Seconds(10));
+      if (!s.ok()) spdlog::warn("coordinator: dropping {}'s embeddings on {}: {}", id, a, s.ToString());
     }
   });
 }
@@ -343,7 +348,7 @@ bool Coordinator::CanRestart(const Job& job) const {
 
 void Coordinator::Requeue(Job& job, const std::string& reason, const std::string& message) {
   JobStatus& st = job.stored.status;
-  DropTables(st);
+  DropTables(st, !job.spec.embeddings.empty());
   telemetry_.EndAttempt(st.job_id());
   members_.Release(st.job_id());
   rendezvous_.Close(st.job_id());

@@ -291,8 +291,9 @@ class Coordinator {
   // Where a requeued job resumes: its newest checkpoint, else the one it
   // was started from.
   static std::string ResumePoint(const Job& job);
-  // The shards free the job's table (in the background).
-  void DropTables(const JobStatus& st) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Frees the ending attempt's tables on its shards (in the background):
+  // the dense table, and with `embeddings` (a dlrm job) its embedding tables.
+  void DropTables(const JobStatus& st, bool embeddings) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Records a transition, frees the members of a job that ended, persists.
   void Transition(Job& job, JobState state, const std::string& reason, const std::string& message)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -213,17 +213,9 @@ absl::Status CtrTrainer::Step(int epoch, const CriteoBatch& batch) {
 
 void CtrTrainer::EmitProgress(int epoch) {
   const auto now = Clock::now();
-  WorkerEvent e;
-  e.set_rank(options_.rank);
-  WorkerEvent::Progress* p = e.mutable_progress();
-  p->set_epoch(epoch + 1);
-  p->set_epochs(spec_.epochs);
-  p->set_step(step_);
-  p->set_steps(spec_.max_steps);  // 0: unknown (the file is streamed, not counted)
-  progress_->Report(p, now);
-  for (ShardCalls& c : activity_.TakeShardWindow()) *p->add_shards() = std::move(c);
-  p->set_elapsed_s(Seconds(start_, now));
-  options_.emit(e);
+  // steps: max_steps, 0 when unknown (the file is streamed, not counted).
+  options_.emit(progress_->Event(options_.rank, epoch, spec_.epochs, step_, spec_.max_steps,
+                                 activity_.TakeShardWindow(), now, Seconds(start_, now)));
 }
 
 absl::Status CtrTrainer::Evaluate() {

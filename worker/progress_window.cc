@@ -41,4 +41,19 @@ void ProgressWindow::Report(WorkerEvent::Progress* p, Clock::time_point now) {
   sums_ = Sums{};
 }
 
+WorkerEvent ProgressWindow::Event(int rank, int epoch, int epochs, int64_t step, int64_t steps,
+                                  std::vector<ShardCalls> shards, Clock::time_point now, double elapsed_s) {
+  WorkerEvent e;
+  e.set_rank(rank);
+  WorkerEvent::Progress* p = e.mutable_progress();
+  p->set_epoch(epoch + 1);
+  p->set_epochs(epochs);
+  p->set_step(step);
+  p->set_steps(steps);
+  Report(p, now);
+  for (ShardCalls& c : shards) *p->add_shards() = std::move(c);
+  p->set_elapsed_s(elapsed_s);
+  return e;
+}
+
 }  // namespace pstrain

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <vector>
 
 #include "proto/events.pb.h"
 #include "worker/device.h"
@@ -46,6 +47,11 @@ class ProgressWindow {
   // exchange and data waits, gradient norm), then a new window from `now`.
   // Read the losses first.
   void Report(WorkerEvent::Progress* p, Clock::time_point now);
+  // A progress event of rank `rank` (both training loops send them): where
+  // the loop stands, the window's means (Report), the shard calls since the
+  // last event, the run's elapsed time.
+  WorkerEvent Event(int rank, int epoch, int epochs, int64_t step, int64_t steps, std::vector<ShardCalls> shards,
+                    Clock::time_point now, double elapsed_s);
 
  private:
   struct Sums {

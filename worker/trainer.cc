@@ -309,16 +309,10 @@ absl::Status Trainer::ConcludeScaling(bool finite, bool* skipped) {
 
 void Trainer::EmitProgress(int epoch) {
   const auto now = Clock::now();
-  WorkerEvent e;
-  e.set_rank(options_.rank);
-  WorkerEvent::Progress* p = e.mutable_progress();
-  p->set_epoch(epoch + 1);
-  p->set_epochs(spec_.epochs);
-  p->set_step(step_);
-  p->set_steps(schedule_.total_steps);
-  progress_->Report(p, now);
-  for (ShardCalls& c : activity_.TakeShardWindow()) *p->add_shards() = std::move(c);
+  WorkerEvent e = progress_->Event(options_.rank, epoch, spec_.epochs, step_, schedule_.total_steps,
+                                   activity_.TakeShardWindow(), now, Seconds(start_, now));
   if (scaler_ != nullptr) {
+    WorkerEvent::Progress* p = e.mutable_progress();
     // Where the scaler is on the device, its verdicts up to this step (the
     // loss was just read, so the host waits little longer); a run of
     // overflows it finds fails the next step.
@@ -326,7 +320,6 @@ void Trainer::EmitProgress(int epoch) {
     p->set_loss_scale(scaler_->scale());
     p->set_skipped_steps(scaler_->skipped_steps());
   }
-  p->set_elapsed_s(Seconds(start_, now));
   options_.emit(e);
 }
 

@@ -252,15 +252,6 @@ absl::Status CheckEmbeddingJob(const JobSpec& spec, const MappingReader& r) {
   if (criteo && !dlrm) return r.Error("data.format", "criteo is read only by model: dlrm");
   if (criteo && spec.data.train_file.empty()) return r.Error("data.train_file", "is needed for format criteo");
   if (!embeddings) return absl::OkStatus();
-  if (spec.allreduce()) {
-    return r.Error("mode", "allreduce is refused with embeddings: hybrid embeddings + all-reduce is not built yet");
-  }
-  if (spec.consistency != ASYNC) {
-    // Each rank reads its own share of the file; shares that make different
-    // numbers of batches would leave SYNC and SSP shards waiting for a rank
-    // that has finished.
-    return r.Error("consistency", "must be async with embeddings: sync and ssp for embedding jobs are not built yet");
-  }
   if (spec.checkpoint_every_steps > 0) {
     return r.Error("checkpoint_every_steps",
                    "must be 0 with embeddings: checkpoints of embedding jobs are not built yet");

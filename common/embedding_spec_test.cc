@@ -196,12 +196,10 @@ TEST(EmbeddingSpecTest, CrossFieldRulesNameTheirField) {
       {"model: mlp\n" + criteo, "data.format criteo is read only by model: dlrm"},
       {"model: dlrm\ndata: {format: criteo}\n" + tables, "data.train_file is needed for format criteo"},
       {"model: dlrm\nmode: allreduce\nshards: 0\nconsistency: sync\n" + criteo + tables,
-       "hybrid embeddings + all-reduce is not built yet"},
+       "shards must be in 1..1024 in allreduce mode with embeddings"},
       {"model: dlrm\ncheckpoint_every_steps: 100\n" + criteo + tables,
        "checkpoint_every_steps must be 0 with embeddings: checkpoints of embedding jobs are not built yet"},
       {"model: dlrm\nworkers: 3\nmin_workers: 2\n" + criteo + tables, "min_workers must equal workers"},
-      {"model: dlrm\nconsistency: sync\n" + criteo + tables, "consistency must be async with embeddings"},
-      {"model: dlrm\nconsistency: ssp\nstaleness: 2\n" + criteo + tables, "consistency must be async with embeddings"},
       {"model: dlrn\n", "model 'dlrn' is unknown: use mlp, mlp_wide, lenet, dlrm"},
       {"data: {format: tsv}\n", "data.format must be idx, csv, synthetic or criteo"},
   };
@@ -214,6 +212,17 @@ TEST(EmbeddingSpecTest, CrossFieldRulesNameTheirField) {
   ASSERT_TRUE(spec.ok()) << spec.status();
   EXPECT_TRUE(spec->data.test_file.empty());
   EXPECT_EQ(spec->data.dir, "fashion-mnist");  // the default; criteo files are relative to it
+  // Every consistency; and hybrid: the rows on the shards with the job's
+  // consistency, the dense part all-reduced.
+  for (const std::string c : {"sync", "ssp\nstaleness: 2", "async"}) {
+    auto ps = ParseJobSpec("model: dlrm\nshards: 2\nconsistency: " + c + "\n" + criteo + tables);
+    ASSERT_TRUE(ps.ok()) << c << ": " << ps.status();
+    auto hybrid = ParseJobSpec("model: dlrm\nmode: allreduce\nshards: 2\nconsistency: " + c + "\n" + criteo + tables);
+    ASSERT_TRUE(hybrid.ok()) << c << ": " << hybrid.status();
+    EXPECT_TRUE(hybrid->allreduce());
+    EXPECT_EQ(hybrid->shards, 2);
+    EXPECT_EQ(hybrid->consistency, ps->consistency);
+  }
 }
 
 TEST(EmbeddingSpecTest, CriteoFileNamesStayUnderTheDataRoot) {

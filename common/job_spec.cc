@@ -95,7 +95,9 @@ absl::Status ReadData(MappingReader& d, DataSpec& ds) {
 absl::Status CheckValues(const JobSpec& spec, const MappingReader& r) {
   if (spec.name.empty()) return r.Error("name", "must not be empty");
   if (spec.collective_timeout_s < 1) return r.Error("collective_timeout_s", "must be >= 1");
-  if (spec.allreduce()) {
+  // Hybrid (allreduce with embeddings): the shards hold the embedding rows
+  // with the job's consistency; the dense part is all-reduced.
+  if (spec.allreduce() && spec.embeddings.empty()) {
     if (spec.shards != 0) return r.Error("shards", "must be 0 in allreduce mode (workers reduce among themselves)");
     if (spec.consistency != SYNC) return r.Error("consistency", "must be sync in allreduce mode");
   }
@@ -128,7 +130,10 @@ absl::Status CheckValues(const JobSpec& spec, const MappingReader& r) {
   if (!(ls.gamma > 0)) return r.Error("lr_schedule.gamma", "must be > 0");
   if (ls.warmup_steps < 0) return r.Error("lr_schedule.warmup_steps", "must be >= 0");
   if (spec.workers < 1 || spec.workers > 1024) return r.Error("workers", "must be in 1..1024");
-  if (!spec.allreduce() && (spec.shards < 1 || spec.shards > 1024)) return r.Error("shards", "must be in 1..1024");
+  if ((!spec.allreduce() || !spec.embeddings.empty()) && (spec.shards < 1 || spec.shards > 1024)) {
+    return r.Error("shards", spec.allreduce() ? "must be in 1..1024 in allreduce mode with embeddings (they hold the rows)"
+                                              : "must be in 1..1024");
+  }
   if (spec.epochs < 1) return r.Error("epochs", "must be >= 1");
   if (spec.batch_size < 1) return r.Error("batch_size", "must be >= 1");
   if (spec.accumulate_steps < 1) return r.Error("accumulate_steps", "must be >= 1");

@@ -280,7 +280,8 @@ absl::Status EmbeddingStore::Lookup(const EmbeddingLookupRequest& request, absl:
     EmbeddingTable& table = *job.tables[tables[t]];
     std::string* values = response->add_values();
     values->resize(ids[t].size() * table.dim() * sizeof(float));
-    s = table.Lookup(ids[t], request.step(), reinterpret_cast<float*>(values->data()));
+    float* out = reinterpret_cast<float*>(values->data());
+    s = request.read_only() ? table.Read(ids[t], out) : table.Lookup(ids[t], request.step(), out);
     if (!s.ok()) return s;
   }
   return absl::OkStatus();

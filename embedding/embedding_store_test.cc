@@ -109,6 +109,24 @@ TEST(EmbeddingStoreTest, AsyncUpdatesApplyOnArrivalScaledAndRetriesApplyOnce) {
   EXPECT_EQ(Read(store, {7}), (std::vector<float>{-1, -2}));
 }
 
+TEST(EmbeddingStoreTest, AReadOnlyLookupAnswersHeldRowsAndCreatesNone) {
+  EmbeddingStore store({});
+  CreateJob(store, ASYNC, 1);
+  ASSERT_TRUE(store.Update(UpdateOf(0, 0, {7}, {2, 4})).ok());  // no row yet: dropped
+  Read(store, {7});
+  ASSERT_TRUE(store.Update(UpdateOf(0, 1, {7}, {2, 4})).ok());
+  EmbeddingLookupRequest r = LookupOf(0, 2, {9, 7});
+  r.set_read_only(true);
+  EmbeddingLookupResponse response;
+  ASSERT_TRUE(store.Lookup(r, Soon(), &response).ok());
+  EXPECT_EQ(Values(response), (std::vector<float>{0, 0, -2, -4}));
+  EmbeddingStatsRequest sr;
+  sr.set_job("ctr");
+  EmbeddingStatsResponse stats;
+  ASSERT_TRUE(store.Stats(sr, &stats).ok());
+  EXPECT_EQ(stats.tables(0).rows(), 1);  // 9 was only read: no row
+}
+
 TEST(EmbeddingStoreTest, SyncAppliesTheMeanOnceEveryRankSentItsStep) {
   EmbeddingStore store({});
   CreateJob(store, SYNC, 2);

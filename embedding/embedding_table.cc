@@ -190,6 +190,32 @@ absl::Status EmbeddingTable::Lookup(absl::Span<const int64_t> ids, int64_t step,
   return refused ? ResourceExhausted() : absl::OkStatus();
 }
 
+absl::Status EmbeddingTable::Read(absl::Span<const int64_t> ids, float* out) const {
+  if (ids.size() > kMaxEmbeddingIdsPerRequest) {
+    return absl::InvalidArgumentError(absl::StrCat("a read of ", ids.size(), " ids in embedding table '",
+                                                   config_.name(), "'; at most ", kMaxEmbeddingIdsPerRequest));
+  }
+  const int dim = this->dim(), row_floats = dim + slot_floats_;
+  std::vector<uint32_t> order, begin;
+  GroupByStripe(ids, &order, &begin);
+  for (size_t s = 0; s < stripes_.size(); ++s) {
+    if (begin[s] == begin[s + 1]) continue;
+    Stripe& stripe = *stripes_[s];
+    absl::MutexLock lock(&stripe.mu);
+    for (uint32_t k = begin[s]; k < begin[s + 1]; ++k) {
+      const uint32_t i = order[k];
+      float* dst = out + static_cast<size_t>(i) * dim;
+      auto it = stripe.index.find(IdKey{ids[i]});
+      if (it == stripe.index.end()) {
+        std::fill(dst, dst + dim, 0.0f);
+      } else {
+        std::memcpy(dst, stripe.Data(*it, row_floats), sizeof(float) * dim);
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status EmbeddingTable::Update(absl::Span<const int64_t> ids, const float* grads, int64_t step,
                                     double grad_scale) {
   if (ids.size() > kMaxEmbeddingIdsPerRequest) {

@@ -82,6 +82,12 @@ class EmbeddingTable {
   // the same values).
   absl::Status Lookup(absl::Span<const int64_t> ids, int64_t step, float* out);
 
+  // Writes the held rows of ids to `out` as Lookup does, zeros for an id
+  // without a row, and changes nothing: no admission count, no new row, no
+  // LRU move (evaluation reads the table as a checkpoint or an export of it
+  // would).
+  absl::Status Read(absl::Span<const int64_t> ids, float* out) const;
+
   // Applies grads[i * dim, (i + 1) * dim) times `grad_scale` to row ids[i]
   // with the table's optimizer at `step` (>= 1). Duplicate ids are summed
   // first. Ids without a row get nothing (dropped_updates). A NaN/Inf

@@ -77,6 +77,27 @@ TEST(EmbeddingTableTest, AnIdGetsARowOnlyOnceItWasSeenMinCountTimes) {
   EXPECT_EQ(st.rows, 1);
 }
 
+TEST(EmbeddingTableTest, AReadSeesHeldRowsAndChangesNothing) {
+  EmbeddingTableConfig c = Config(2);
+  c.mutable_admission()->set_min_count(2);
+  auto t = Make(c);
+  EXPECT_EQ(Row(*t, 7), std::vector<float>(2, 0.0f));  // first sighting
+  EXPECT_EQ(Row(*t, 7), FirstValue(*t, 7));            // admitted
+  const EmbeddingTableStats before = t->Stats();
+  std::vector<float> out(3 * 2, -1.0f);
+  // Held, never seen, and seen once: reads never count toward admission.
+  for (int k = 0; k < 3; ++k) ASSERT_TRUE(t->Read({7, 8, 9}, out.data()).ok());
+  EXPECT_EQ(std::vector<float>(out.begin(), out.begin() + 2), FirstValue(*t, 7));
+  EXPECT_EQ(std::vector<float>(out.begin() + 2, out.end()), std::vector<float>(4, 0.0f));
+  const EmbeddingTableStats after = t->Stats();
+  EXPECT_EQ(after.rows, before.rows);
+  EXPECT_EQ(after.lookups, before.lookups);
+  EXPECT_EQ(after.not_admitted, before.not_admitted);
+  EXPECT_EQ(Row(*t, 8), std::vector<float>(2, 0.0f));  // still its first sighting
+  EXPECT_EQ(t->Read(std::vector<int64_t>(kMaxEmbeddingIdsPerRequest + 1, 1), nullptr).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST(EmbeddingTableTest, AdmissionByProbabilityAdmitsAboutThatShareAndRepeats) {
   EmbeddingTableConfig c = Config(1);
   c.mutable_admission()->set_probability(0.25);

@@ -101,7 +101,7 @@ void Fill(const EmbeddingClientOptions& o, int64_t step, const std::vector<Embed
 }  // namespace
 
 absl::Status GrpcEmbeddingClient::Lookup(int64_t step, const std::vector<std::vector<int64_t>>& ids,
-                                         std::vector<std::vector<float>>* rows) {
+                                         std::vector<std::vector<float>>* rows, EmbeddingLookupKind kind) {
   if (ids.size() != tables_.size()) return absl::InvalidArgumentError("one id list per embedding table");
   const auto at = Route(ids);
   const size_t n = stubs_.size();
@@ -120,6 +120,7 @@ absl::Status GrpcEmbeddingClient::Lookup(int64_t step, const std::vector<std::ve
   for (size_t s : asked) {
     EmbeddingLookupRequest& r = requests[s];
     Fill(options_, step, tables_, ids, at[s], &r);
+    r.set_read_only(kind == EmbeddingLookupKind::kReadOnly);
     contexts[s] = Context();
     calls.Add();
     stubs_[s]->async()->Lookup(contexts[s].get(), &r, &responses[s],

@@ -31,6 +31,12 @@ struct EmbeddingClientOptions {
   absl::Duration timeout = absl::Minutes(2);  // per call
 };
 
+// What a lookup does to the rows it reads: a training step's touch (counts
+// toward admission, creates admitted rows, moves them in the LRU order), or
+// evaluation's read of the rows held, zeros for any other id, changing
+// nothing (EmbeddingLookupRequest.read_only).
+enum class EmbeddingLookupKind { kTrain, kReadOnly };
+
 class GrpcEmbeddingClient {
  public:
   // `shards`: one channel per shard of the job, in shard order.
@@ -41,9 +47,10 @@ class GrpcEmbeddingClient {
   absl::Status Init(InitEmbeddingsRequest request);
 
   // rows[t] = the rows of ids[t] (table t of Init's list), ids[t].size() x
-  // dim floats, for training step `step`.
+  // dim floats, for step `step`.
   absl::Status Lookup(int64_t step, const std::vector<std::vector<int64_t>>& ids,
-                      std::vector<std::vector<float>>* rows);
+                      std::vector<std::vector<float>>* rows,
+                      EmbeddingLookupKind kind = EmbeddingLookupKind::kTrain);
   // grads[t]: one gradient row (dim floats) per id of ids[t].
   absl::Status Update(int64_t step, const std::vector<std::vector<int64_t>>& ids,
                       const std::vector<const float*>& grads);

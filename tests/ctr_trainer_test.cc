@@ -215,7 +215,7 @@ TEST(CtrTrainerRefusalTest, RefusesWhatItDoesNotDo) {
     return RunCtrTrainer(o, rows->get()).status();
   };
   const std::vector<std::pair<std::string, std::function<void(TrainerOptions&)>>> cases = {
-      {"allreduce", [](TrainerOptions& o) { o.spec.mode = TrainMode::kAllReduce; }},
+      {"allreduce without a collective", [](TrainerOptions& o) { o.spec.mode = TrainMode::kAllReduce; }},
       {"vacant ranks",
        [](TrainerOptions& o) {
          o.spec.workers = 2;

@@ -77,7 +77,7 @@ std::vector<float> Train(EmbeddingRows* rows, const std::vector<CriteoBatch>& ba
     EXPECT_TRUE(s.ok()) << s;
     losses.push_back(loss->item<float>());
   }
-  EXPECT_TRUE(rows->Lookup(kSteps, probe, final_rows).ok());
+  EXPECT_TRUE(rows->Lookup(kSteps, probe, final_rows, EmbeddingLookupKind::kTrain).ok());
   return losses;
 }
 

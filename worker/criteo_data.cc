@@ -239,6 +239,23 @@ absl::StatusOr<bool> CriteoReader::NextLine(absl::string_view* line) {
   }
 }
 
+absl::StatusOr<int64_t> CriteoReader::CountRemainingExamples() {
+  int64_t examples = 0;
+  while (error_.ok()) {
+    absl::string_view line;
+    absl::StatusOr<bool> got = NextLine(&line);
+    if (!got.ok()) {
+      error_ = got.status();
+      break;
+    }
+    if (!*got) return examples;
+    if (line.empty()) continue;
+    ++example_index_;
+    ++examples;
+  }
+  return error_;
+}
+
 absl::Status CriteoReader::ReadBatch(int64_t max_examples, CriteoBatch* batch) {
   batch->Clear();
   if (!error_.ok()) return error_;

@@ -108,6 +108,12 @@ class CriteoReader {
   // is final: later calls return it again.
   absl::Status ReadBatch(int64_t max_examples, CriteoBatch* batch);
 
+  // Reads the rest of the file without parsing it and returns how many
+  // examples (non-empty lines) of every rank it held: on a new reader, the
+  // file's examples. After it, ReadBatch returns no more. An error is final
+  // as for ReadBatch.
+  absl::StatusOr<int64_t> CountRemainingExamples();
+
   // Lines consumed so far (the number of the last line read, from 1).
   int64_t line_number() const { return line_number_; }
 

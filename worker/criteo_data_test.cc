@@ -177,6 +177,23 @@ TEST(CriteoReaderTest, RanksSplitTheFileByExample) {
     }
   }
   EXPECT_EQ(seen, std::vector<int>(20, 1));
+  // Counting sees every rank's examples (the empty line is none), from
+  // where the reader stands.
+  auto counter = CriteoReader::Open(TempPath("ranks.tsv"), {});
+  ASSERT_TRUE(counter.ok());
+  EXPECT_EQ(*(*counter)->CountRemainingExamples(), 20);
+  EXPECT_EQ(*(*counter)->CountRemainingExamples(), 0);
+  CriteoReaderOptions second;
+  second.rank = 1;
+  second.world = 3;
+  auto partly = CriteoReader::Open(TempPath("ranks.tsv"), second);
+  ASSERT_TRUE(partly.ok());
+  CriteoBatch first;
+  ASSERT_TRUE((*partly)->ReadBatch(2, &first).ok());  // examples 1 and 4: five of the file read
+  EXPECT_EQ(*(*partly)->CountRemainingExamples(), 15);
+  CriteoBatch none;
+  ASSERT_TRUE((*partly)->ReadBatch(2, &none).ok());
+  EXPECT_EQ(none.size(), 0);
   CriteoReaderOptions bad;
   bad.rank = 3;
   bad.world = 3;

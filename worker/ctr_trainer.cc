@@ -46,7 +46,9 @@ absl::Status CheckSupported(const TrainerOptions& options, const EmbeddingRows* 
     return absl::InvalidArgumentError(absl::StrCat("model dlrm: ", what, " is not supported yet"));
   };
   if (spec.model != "dlrm") return absl::InvalidArgumentError(absl::StrCat("not a dlrm job: model ", spec.model));
-  if (spec.allreduce() || options.collective != nullptr) return refuse("mode allreduce");
+  if (spec.allreduce() != (options.collective != nullptr)) {
+    return absl::InvalidArgumentError("model dlrm: mode allreduce needs the workers' collective, and only it does");
+  }
   if (spec.min_workers >= 0 && spec.min_workers < spec.workers) return refuse("min_workers below workers");
   if (spec.precision == Precision::kFp16 || options.loss_scaling.has_value()) return refuse("loss scaling (fp16)");
   if (spec.accumulate_steps > 1) return refuse("accumulate_steps above 1");
@@ -96,6 +98,11 @@ class CtrTrainer {
   absl::Status Build(int64_t dim);
   // `name` (a spec's file) opened under the data root, read as rank/world.
   absl::StatusOr<std::unique_ptr<CriteoReader>> Open(const std::string& name, int rank, int world) const;
+  // SYNC, SSP and all-reduce need every rank to train the same number of
+  // steps: each trains the first examples_per_epoch_ examples of its share
+  // (the file's examples over the ranks, rounded down), counted once.
+  // ASYNC ranks train their whole share (examples_per_epoch_ = -1).
+  absl::Status CountExamples();
   absl::Status Step(int epoch, const CriteoBatch& batch);
   void EmitProgress(int epoch);
   // Rank 0: AUC and log loss of the test file with the final values.
@@ -115,6 +122,7 @@ class CtrTrainer {
   std::vector<ParameterSpec> specs_;
   ExchangeSet exchange_;
   int64_t step_ = 0;
+  int64_t examples_per_epoch_ = -1;
   TrainResult result_;
   Clock::time_point start_;
   std::unique_ptr<ProgressWindow> progress_;
@@ -162,6 +170,21 @@ absl::StatusOr<std::unique_ptr<CriteoReader>> CtrTrainer::Open(const std::string
   ro.world = world;
   ro.no_follow = true;  // ResolveUnderRoot leaves the last component to the open
   return CriteoReader::Open(*path, ro);
+}
+
+absl::Status CtrTrainer::CountExamples() {
+  if (spec_.consistency == ASYNC && !spec_.allreduce()) return absl::OkStatus();
+  auto reader = Open(spec_.data.train_file, 0, 1);
+  if (!reader.ok()) return reader.status();
+  auto examples = (*reader)->CountRemainingExamples();
+  if (!examples.ok()) return examples.status();
+  examples_per_epoch_ = *examples / options_.world_size;
+  if (examples_per_epoch_ == 0) {
+    return absl::FailedPreconditionError(absl::StrCat("train file ", spec_.data.train_file, " holds ", *examples,
+                                                      " examples, fewer than the job's ", options_.world_size,
+                                                      " workers"));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status CtrTrainer::Step(int epoch, const CriteoBatch& batch) {
@@ -232,7 +255,7 @@ absl::Status CtrTrainer::Evaluate() {
       if (!s.ok()) return s;
       if (batch.size() == 0) break;
       std::vector<at::Tensor> pooled;
-      s = embeddings_->Forward(step_, batch, &pooled);
+      s = embeddings_->Evaluate(step_, batch, &pooled);
       if (!s.ok()) return s;
       auto logits = model_->Forward(FromVector(batch.dense, {batch.size(), kCriteoDenseFields}), pooled);
       if (!logits.ok()) return logits.status();
@@ -265,10 +288,11 @@ absl::Status CtrTrainer::Finish(int epochs_run) {
   result_.steps = step_;
   result_.seconds = Seconds(start_, Clock::now());
   // Final values. Under SYNC the version is the step. Otherwise wait for
-  // every rank's last steps: a rank's share of the file may be one example
-  // longer than another's, so its step count per epoch one higher; the
-  // others ran at least step_ - epochs_run steps.
-  const int64_t others = std::max<int64_t>(0, step_ - epochs_run);
+  // every rank's last steps: all ran step_ steps where examples were
+  // counted; else a rank's share of the file may be one example longer than
+  // another's, so its step count per epoch one higher, and the others ran
+  // at least step_ - epochs_run steps.
+  const int64_t others = examples_per_epoch_ >= 0 ? step_ : std::max<int64_t>(0, step_ - epochs_run);
   absl::Status s = spec_.consistency == SYNC ? exchange_.exchange->Pull(step_) : exchange_.exchange->Pull(0, others);
   if (!s.ok()) return s;
   if (options_.rank == 0 && !spec_.data.test_file.empty()) {
@@ -290,6 +314,7 @@ absl::Status CtrTrainer::Finish(int epochs_run) {
 absl::StatusOr<TrainResult> CtrTrainer::Run() {
   int64_t dim = 0;
   absl::Status s = CheckSupported(options_, rows_, &dim);
+  if (s.ok()) s = CountExamples();
   if (s.ok()) s = Build(dim);
   if (!s.ok()) return s;
   if (options_.rank == 0) options_.emit(PlanEvent(options_.rank, spec_.chunk_bytes, specs_));
@@ -302,14 +327,16 @@ absl::StatusOr<TrainResult> CtrTrainer::Run() {
   for (; epoch < spec_.epochs && step_ < max_steps; ++epoch) {
     auto reader = Open(spec_.data.train_file, options_.rank, options_.world_size);
     if (!reader.ok()) return reader.status();
-    while (step_ < max_steps) {
+    int64_t left = examples_per_epoch_ >= 0 ? examples_per_epoch_ : INT64_MAX;
+    while (step_ < max_steps && left > 0) {
       if (options_.stop != nullptr && options_.stop->load()) {
         return absl::CancelledError(absl::StrCat("job cancelled at step ", step_));
       }
       activity_.Enter(WorkerActivity::DATA, step_);
-      s = (*reader)->ReadBatch(batch_size, &batch);
+      s = (*reader)->ReadBatch(std::min(batch_size, left), &batch);
       if (!s.ok()) return s;
       if (batch.size() == 0) break;
+      left -= batch.size();
       s = Step(epoch, batch);
       if (!s.ok()) return s;
       const bool log_now = step_ % spec_.log_every_steps == 0 || step_ == max_steps;

@@ -263,8 +263,10 @@ absl::Status RunJobOrThrow(pstrain::JobSpec spec, int rank, int world_size, cons
     allreduce = std::move(*ar);
   }
   // Held for the job (the shared cache destroys no client in use; see SharedRemoteShard).
+  // All-reduce jobs keep no dense table on shards (a hybrid job's shards
+  // hold only its embedding rows).
   std::vector<std::shared_ptr<pstrain::GrpcRemoteShard>> remote_shards;
-  for (const auto& t : targets) {
+  for (const auto& t : spec.allreduce() ? std::vector<std::string>() : targets) {
     pstrain::RemoteShardOptions ro;
     ro.target = t;
     ro.default_timeout = absl::Seconds(absl::GetFlag(FLAGS_rpc_timeout_s));

@@ -15,8 +15,8 @@
 namespace pstrain {
 
 absl::Status RemoteEmbeddingRows::Lookup(int64_t step, const std::vector<std::vector<int64_t>>& unique_ids,
-                                         std::vector<std::vector<float>>* rows) {
-  return client_->Lookup(step, unique_ids, rows);
+                                         std::vector<std::vector<float>>* rows, EmbeddingLookupKind kind) {
+  return client_->Lookup(step, unique_ids, rows, kind);
 }
 
 absl::Status RemoteEmbeddingRows::Update(int64_t step, const std::vector<std::vector<int64_t>>& unique_ids,
@@ -39,7 +39,7 @@ absl::StatusOr<std::unique_ptr<LocalEmbeddingRows>> LocalEmbeddingRows::Create(
 }
 
 absl::Status LocalEmbeddingRows::Lookup(int64_t step, const std::vector<std::vector<int64_t>>& unique_ids,
-                                        std::vector<std::vector<float>>* rows) {
+                                        std::vector<std::vector<float>>* rows, EmbeddingLookupKind kind) {
   if (unique_ids.size() != tables_.size()) {
     return absl::InvalidArgumentError(
         absl::StrCat("ids for ", unique_ids.size(), " tables; the job has ", tables_.size()));
@@ -47,7 +47,9 @@ absl::Status LocalEmbeddingRows::Lookup(int64_t step, const std::vector<std::vec
   rows->resize(tables_.size());
   for (size_t t = 0; t < tables_.size(); ++t) {
     (*rows)[t].resize(unique_ids[t].size() * tables_[t]->dim());
-    absl::Status s = tables_[t]->Lookup(unique_ids[t], step, (*rows)[t].data());
+    float* out = (*rows)[t].data();
+    absl::Status s = kind == EmbeddingLookupKind::kReadOnly ? tables_[t]->Read(unique_ids[t], out)
+                                                             : tables_[t]->Lookup(unique_ids[t], step, out);
     if (!s.ok()) return s;
   }
   return absl::OkStatus();
@@ -148,14 +150,15 @@ absl::Status SparseEmbeddings::Pool(const CriteoBatch& batch, const std::vector<
   return absl::OkStatus();
 }
 
-absl::Status SparseEmbeddings::Forward(int64_t step, const CriteoBatch& batch, std::vector<at::Tensor>* pooled) {
+absl::Status SparseEmbeddings::LookupAndPool(int64_t step, const CriteoBatch& batch, EmbeddingLookupKind kind,
+                                             std::vector<at::Tensor>* pooled) {
   pending_ = false;
   leaves_.clear();
   std::vector<std::vector<int64_t>> positions;
   absl::Status s = Deduplicate(batch, &positions);
   if (!s.ok()) return s;
   std::vector<std::vector<float>> rows;
-  s = rows_->Lookup(step, unique_ids_, &rows);
+  s = rows_->Lookup(step, unique_ids_, &rows, kind);
   if (!s.ok()) return s;
   if (rows.size() != unique_ids_.size()) {
     return absl::InternalError(absl::StrCat("lookup answered ", rows.size(), " tables of ", unique_ids_.size()));
@@ -169,15 +172,23 @@ absl::Status SparseEmbeddings::Forward(int64_t step, const CriteoBatch& batch, s
       }
       at::Tensor leaf = at::empty({n, dim});
       if (n > 0) std::memcpy(leaf.data_ptr<float>(), rows[t].data(), rows[t].size() * sizeof(float));
-      leaf.requires_grad_(true);
+      if (kind == EmbeddingLookupKind::kTrain) leaf.requires_grad_(true);
       leaves_.push_back(std::move(leaf));
     }
-    s = Pool(batch, positions, pooled);
+    return Pool(batch, positions, pooled);
   } catch (const c10::Error& e) {
     return absl::InternalError(absl::StrCat("pooling embeddings: ", e.what_without_backtrace()));
   }
-  if (s.ok()) pending_ = true;
+}
+
+absl::Status SparseEmbeddings::Forward(int64_t step, const CriteoBatch& batch, std::vector<at::Tensor>* pooled) {
+  absl::Status s = LookupAndPool(step, batch, EmbeddingLookupKind::kTrain, pooled);
+  pending_ = s.ok();
   return s;
+}
+
+absl::Status SparseEmbeddings::Evaluate(int64_t step, const CriteoBatch& batch, std::vector<at::Tensor>* pooled) {
+  return LookupAndPool(step, batch, EmbeddingLookupKind::kReadOnly, pooled);
 }
 
 absl::Status SparseEmbeddings::Backward(int64_t step) {

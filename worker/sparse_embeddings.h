@@ -34,9 +34,10 @@ class EmbeddingRows {
  public:
   virtual ~EmbeddingRows() = default;
   // rows[t] = the rows of unique_ids[t], unique_ids[t].size() x dim(t)
-  // floats, row-major, for training step `step`.
+  // floats, row-major, for step `step`; `kind` as for GrpcEmbeddingClient
+  // (kReadOnly: evaluation, nothing changes).
   virtual absl::Status Lookup(int64_t step, const std::vector<std::vector<int64_t>>& unique_ids,
-                              std::vector<std::vector<float>>* rows) = 0;
+                              std::vector<std::vector<float>>* rows, EmbeddingLookupKind kind) = 0;
   // grads[t]: one gradient row (dim(t) floats) per id of unique_ids[t]; the
   // gradient of step `step`. Every table is named every step, with no ids
   // where the batch had none (a SYNC shard counts a step once every rank
@@ -53,7 +54,7 @@ class RemoteEmbeddingRows : public EmbeddingRows {
  public:
   RemoteEmbeddingRows(GrpcEmbeddingClient* client, size_t num_tables) : client_(client), num_tables_(num_tables) {}
   absl::Status Lookup(int64_t step, const std::vector<std::vector<int64_t>>& unique_ids,
-                      std::vector<std::vector<float>>* rows) override;
+                      std::vector<std::vector<float>>* rows, EmbeddingLookupKind kind) override;
   absl::Status Update(int64_t step, const std::vector<std::vector<int64_t>>& unique_ids,
                       const std::vector<const float*>& grads) override;
   size_t num_tables() const override { return num_tables_; }
@@ -72,7 +73,7 @@ class LocalEmbeddingRows : public EmbeddingRows {
   // INVALID_ARGUMENT for a config EmbeddingTable refuses, or none.
   static absl::StatusOr<std::unique_ptr<LocalEmbeddingRows>> Create(const std::vector<EmbeddingTableConfig>& tables);
   absl::Status Lookup(int64_t step, const std::vector<std::vector<int64_t>>& unique_ids,
-                      std::vector<std::vector<float>>* rows) override;
+                      std::vector<std::vector<float>>* rows, EmbeddingLookupKind kind) override;
   absl::Status Update(int64_t step, const std::vector<std::vector<int64_t>>& unique_ids,
                       const std::vector<const float*>& grads) override;
   size_t num_tables() const override { return tables_.size(); }
@@ -117,6 +118,11 @@ class SparseEmbeddings {
   // describe its ids; the lookup's error as it is.
   absl::Status Forward(int64_t step, const CriteoBatch& batch, std::vector<at::Tensor>* pooled);
 
+  // Evaluation: pooled[f] as Forward gives it, from a read-only lookup
+  // (rows the shards hold, zeros for any other id; nothing is created or
+  // counted), outside autograd; no Backward follows.
+  absl::Status Evaluate(int64_t step, const CriteoBatch& batch, std::vector<at::Tensor>* pooled);
+
   // Pushes the gradient of the last Forward's rows (zeros for a row the
   // loss did not reach) for step `step`. FAILED_PRECONDITION without a
   // Forward since the last Backward.
@@ -133,6 +139,9 @@ class SparseEmbeddings {
   // Fills unique_ids_ and, per field, the positions of its ids in its
   // table's unique ids.
   absl::Status Deduplicate(const CriteoBatch& batch, std::vector<std::vector<int64_t>>* positions);
+  // Forward and Evaluate: looks the rows up into leaves_ and pools them.
+  absl::Status LookupAndPool(int64_t step, const CriteoBatch& batch, EmbeddingLookupKind kind,
+                             std::vector<at::Tensor>* pooled);
   absl::Status Pool(const CriteoBatch& batch, const std::vector<std::vector<int64_t>>& positions,
                     std::vector<at::Tensor>* pooled) const;
 

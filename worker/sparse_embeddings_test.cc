@@ -21,8 +21,9 @@ class FakeEmbeddingRows : public EmbeddingRows {
   static float Value(size_t t, int64_t id, int k) { return 0.1f * static_cast<float>(id % 13) + 0.01f * k + t; }
 
   absl::Status Lookup(int64_t step, const std::vector<std::vector<int64_t>>& ids,
-                      std::vector<std::vector<float>>* rows) override {
+                      std::vector<std::vector<float>>* rows, EmbeddingLookupKind kind) override {
     ++lookups;
+    last_kind = kind;
     looked_up = ids;
     last_step = step;
     rows->assign(ids.size(), {});
@@ -52,6 +53,7 @@ class FakeEmbeddingRows : public EmbeddingRows {
 
   int lookups = 0, updates = 0;
   int64_t last_step = -1;
+  EmbeddingLookupKind last_kind = EmbeddingLookupKind::kTrain;
   size_t pushed_tables = 0;
   std::vector<std::vector<int64_t>> looked_up;
   std::map<size_t, std::map<int64_t, std::vector<float>>> pushed;
@@ -214,6 +216,26 @@ TEST(SparseEmbeddingsTest, UnreachedRowsPushZeros) {
   EXPECT_EQ((*emb)->Backward(0).code(), absl::StatusCode::kFailedPrecondition);
 }
 
+TEST(SparseEmbeddingsTest, EvaluateReadsOnlyAndPoolsAsForwardOutsideAutograd) {
+  FakeEmbeddingRows rows({2});
+  auto emb = SparseEmbeddings::Create(&rows, {{0, EmbeddingPooling::kMean}});
+  ASSERT_TRUE(emb.ok());
+  const CriteoBatch batch = MakeBatch({{{5, 6}, {7}}});
+  std::vector<at::Tensor> trained, evaluated;
+  ASSERT_TRUE((*emb)->Forward(3, batch, &trained).ok());
+  EXPECT_EQ(rows.last_kind, EmbeddingLookupKind::kTrain);
+  ASSERT_TRUE((*emb)->Backward(3).ok());
+  ASSERT_TRUE((*emb)->Evaluate(4, batch, &evaluated).ok());
+  EXPECT_EQ(rows.last_kind, EmbeddingLookupKind::kReadOnly);
+  EXPECT_EQ(rows.last_step, 4);
+  ASSERT_EQ(evaluated.size(), 1u);
+  EXPECT_TRUE(at::equal(evaluated[0], trained[0].detach()));
+  EXPECT_FALSE(evaluated[0].requires_grad());
+  // Nothing to push after an evaluation.
+  EXPECT_EQ((*emb)->Backward(4).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(rows.updates, 1);
+}
+
 TEST(SparseEmbeddingsTest, RefusesBadConfigsAndBatches) {
   FakeEmbeddingRows rows({2});
   EXPECT_EQ(SparseEmbeddings::Create(&rows, {{1, EmbeddingPooling::kSum}}).status().code(),
@@ -242,11 +264,19 @@ TEST(LocalEmbeddingRowsTest, UpdatesAsOneAsyncWorkersShard) {
   ASSERT_TRUE(local.ok()) << local.status();
   EXPECT_EQ((*local)->dim(0), 2);
   std::vector<std::vector<float>> before, after;
-  ASSERT_TRUE((*local)->Lookup(0, {{3, -1}}, &before).ok());
+  ASSERT_TRUE((*local)->Lookup(0, {{3, -1}}, &before, EmbeddingLookupKind::kTrain).ok());
   const float grads[4] = {1.f, -2.f, 0.5f, 4.f};
   ASSERT_TRUE((*local)->Update(0, {{3, -1}}, {grads}).ok());
-  ASSERT_TRUE((*local)->Lookup(1, {{3, -1}}, &after).ok());
+  ASSERT_TRUE((*local)->Lookup(1, {{3, -1}}, &after, EmbeddingLookupKind::kTrain).ok());
   for (int i = 0; i < 4; ++i) EXPECT_NEAR(after[0][i], before[0][i] - 0.5f * grads[i], 1e-6);
+  // A read-only lookup sees the updated rows and zeros for an id never
+  // trained, and creates no row for it.
+  std::vector<std::vector<float>> read;
+  ASSERT_TRUE((*local)->Lookup(2, {{-1, 99, 3}}, &read, EmbeddingLookupKind::kReadOnly).ok());
+  EXPECT_EQ(std::vector<float>(read[0].begin(), read[0].begin() + 2), std::vector<float>(after[0].begin() + 2, after[0].end()));
+  EXPECT_EQ(std::vector<float>(read[0].begin() + 2, read[0].begin() + 4), std::vector<float>(2, 0.0f));
+  EXPECT_EQ(std::vector<float>(read[0].begin() + 4, read[0].end()), std::vector<float>(after[0].begin(), after[0].begin() + 2));
+  EXPECT_EQ((*local)->table(0).Stats().rows, 2);
   EXPECT_EQ((*local)->Update(0, {}, {}).code(), absl::StatusCode::kInvalidArgument);
 }
 

@@ -174,6 +174,7 @@ json Detail(const JobStatus& st, const JobCurves& c, const std::optional<JobTele
   json evals = json::array();
   for (const EpochEval& e : st.evals()) {
     evals.push_back({{"epoch", e.epoch()}, {"accuracy", e.accuracy()}, {"test_loss", e.test_loss()}});
+    if (e.auc() > 0) evals.back()["auc"] = e.auc();
   }
   j["ranks"] = std::move(ranks);
   j["shards"] = std::move(shards);
@@ -185,7 +186,8 @@ json Detail(const JobStatus& st, const JobCurves& c, const std::optional<JobTele
   j["curves"] = {{"loss", Curve(c.loss)},
                  {"samples_per_s", Curve(c.samples_per_s)},
                  {"accuracy", Curve(c.accuracy)},
-                 {"test_loss", Curve(c.test_loss)}};
+                 {"test_loss", Curve(c.test_loss)},
+                 {"auc", Curve(c.auc)}};
   return j;
 }
 

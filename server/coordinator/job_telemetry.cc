@@ -147,9 +147,15 @@ void JobTelemetry::Eval(const std::string& job, const WorkerEvent::Eval& e, int6
   JobData& d = Data(job);
   Append(d.curves.accuracy, {step, Unix(now), e.accuracy()});
   Append(d.curves.test_loss, {step, Unix(now), e.test_loss()});
+  const bool click = e.auc() > 0;  // 0: not a click model's evaluation
+  if (click) Append(d.curves.auc, {step, Unix(now), e.auc()});
   if (d.writer == nullptr) return;
   d.writer->AddScalar("eval/accuracy", step, e.accuracy(), now);
   d.writer->AddScalar("eval/test_loss", step, e.test_loss(), now);
+  if (click) {
+    d.writer->AddScalar("eval/auc", step, e.auc(), now);
+    d.writer->AddScalar("eval/log_loss", step, e.log_loss(), now);
+  }
 }
 
 JobCurves JobTelemetry::Curves(const std::string& job) const {

@@ -16,7 +16,8 @@
 // train/{loss (mean over ranks), samples_per_s (sum), learning_rate,
 // step_time_ms, exchange_wait_ms, data_wait_ms, grad_norm} and
 // shard_<i>/{call_ms, bytes_per_s}; per evaluation eval/{accuracy,
-// test_loss}; the spec as text (job/spec).
+// test_loss} and, for a click model (dlrm), eval/{auc, log_loss}; the spec
+// as text (job/spec).
 //
 // Calls only enqueue (the writers' threads do the disk work), so the
 // coordinator may call under its own lock. Thread-safe.
@@ -55,6 +56,7 @@ struct CurvePoint {
 // The dashboard's curves of one job (all attempts, in time order).
 struct JobCurves {
   std::vector<CurvePoint> loss, samples_per_s, accuracy, test_loss;
+  std::vector<CurvePoint> auc;  // click models' evaluations only
   // Each shard's calls in rank 0's latest progress window.
   std::map<int, ShardCalls> shards;
 };

@@ -77,6 +77,9 @@ TEST(JobTelemetryTest, OneRunPerAttemptWithTheRanksTheJobAndTheShards) {
     e.set_accuracy(0.75);
     e.set_test_loss(0.7);
     t.Eval("job-1", e, 10);
+    e.set_auc(0.8125);  // a click model's evaluation
+    e.set_log_loss(0.4375);
+    t.Eval("job-1", e, 11);
     t.EndAttempt("job-1");
     t.StartAttempt("job-1", 2, dir, "model: lenet\n");
     t.Progress("job-1", 0, Progress(20, 0.3, 0.05), st);
@@ -85,8 +88,11 @@ TEST(JobTelemetryTest, OneRunPerAttemptWithTheRanksTheJobAndTheShards) {
     ASSERT_EQ(c.loss.size(), 2u);  // rank 0's reports, both attempts
     EXPECT_EQ(c.loss[1].step, 20);
     EXPECT_DOUBLE_EQ(c.loss[0].value, 0.5);
-    ASSERT_EQ(c.accuracy.size(), 1u);
+    ASSERT_EQ(c.accuracy.size(), 2u);
     EXPECT_DOUBLE_EQ(c.accuracy[0].value, 0.75);
+    ASSERT_EQ(c.auc.size(), 1u);  // the first evaluation had none
+    EXPECT_EQ(c.auc[0].step, 11);
+    EXPECT_DOUBLE_EQ(c.auc[0].value, 0.8125);
     EXPECT_TRUE(t.Curves("job-2").loss.empty());
   }  // the writers finish
   const auto first = EventFiles(dir + "/tensorboard/attempt-1");
@@ -113,6 +119,8 @@ TEST(JobTelemetryTest, OneRunPerAttemptWithTheRanksTheJobAndTheShards) {
   EXPECT_FLOAT_EQ(scalars["shard_1/call_ms"], 1.5f);
   EXPECT_FLOAT_EQ(scalars["shard_1/bytes_per_s"], 1e6f);
   EXPECT_FLOAT_EQ(scalars["eval/accuracy"], 0.75f);
+  EXPECT_FLOAT_EQ(scalars["eval/auc"], 0.8125f);
+  EXPECT_FLOAT_EQ(scalars["eval/log_loss"], 0.4375f);
   EXPECT_EQ(scalars.count("shard_77/call_ms"), 0u);
   EXPECT_EQ(scalars.count("train/grad_norm"), 0u);  // not computed, not written
   EXPECT_EQ(scalars.count("rank_1/samples_per_s"), 1u);

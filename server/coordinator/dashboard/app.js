@@ -174,7 +174,9 @@ function renderJob(j) {
     el("div", { class: "charts" },
        chart("loss", "loss", j.curves.loss, 4),
        chart("samples/s (all ranks)", "samples_per_s", j.curves.samples_per_s, 0),
-       chart("test accuracy", "accuracy", j.curves.accuracy, 4)));
+       // A click model (dlrm) is judged by its AUC; the others by accuracy.
+       j.curves.auc && j.curves.auc.length ? chart("test AUC", "auc", j.curves.auc, 4)
+                                           : chart("test accuracy", "accuracy", j.curves.accuracy, 4)));
   const ranks = j.ranks.map((r) => {
     const stuck = r.waits && r.for_s >= STUCK_S;
     return el("tr", { class: "rank" + (stuck ? " stuck" : ""), "data-rank": r.rank },

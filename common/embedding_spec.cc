@@ -243,13 +243,19 @@ absl::Status ReadEmbeddingsSpec(MappingReader& r, uint64_t job_seed, EmbeddingsS
 }
 
 absl::Status CheckEmbeddingJob(const JobSpec& spec, const MappingReader& r) {
+  // Click models: dlrm, or a TorchScript module given the pooled embeddings
+  // (worker/ctr_model.h).
   const bool dlrm = spec.model == "dlrm";
+  const bool script = spec.model.rfind("torchscript:", 0) == 0;
   const bool criteo = spec.data.format == "criteo";
   const bool embeddings = !spec.embeddings.empty();
   if (dlrm && !criteo) return r.Error("model", "dlrm needs data.format: criteo");
   if (dlrm && !embeddings) return r.Error("model", "dlrm needs embeddings (its tables and the fields reading them)");
-  if (embeddings && !dlrm) return r.Error("embeddings", "are read only by model: dlrm");
-  if (criteo && !dlrm) return r.Error("data.format", "criteo is read only by model: dlrm");
+  if (embeddings && !dlrm && !script) return r.Error("embeddings", "are read only by model: dlrm or torchscript:<path>");
+  if (embeddings && !criteo) return r.Error("data.format", "must be criteo for a model with embeddings");
+  if (criteo && !embeddings) {
+    return r.Error("data.format", "criteo is read only by model: dlrm, or a torchscript model with embeddings");
+  }
   if (criteo && spec.data.train_file.empty()) return r.Error("data.train_file", "is needed for format criteo");
   if (!embeddings) return absl::OkStatus();
   if (spec.checkpoint_every_steps > 0) {

@@ -201,6 +201,7 @@ TEST(EmbeddingSpecTest, CrossFieldRulesNameTheirField) {
        "checkpoint_every_steps must be 0 with embeddings: checkpoints of embedding jobs are not built yet"},
       {"model: dlrm\nworkers: 3\nmin_workers: 2\n" + criteo + tables, "min_workers must equal workers"},
       {"model: dlrn\n", "model 'dlrn' is unknown: use mlp, mlp_wide, lenet, dlrm"},
+      {"model: torchscript:ctr.pt\ndata: {format: idx}\n" + tables, "data.format must be criteo for a model with embeddings"},
       {"data: {format: tsv}\n", "data.format must be idx, csv, synthetic or criteo"},
   };
   for (const Case& c : cases) {
@@ -212,6 +213,10 @@ TEST(EmbeddingSpecTest, CrossFieldRulesNameTheirField) {
   ASSERT_TRUE(spec.ok()) << spec.status();
   EXPECT_TRUE(spec->data.test_file.empty());
   EXPECT_EQ(spec->data.dir, "fashion-mnist");  // the default; criteo files are relative to it
+  // A TorchScript click model reads the embeddings as dlrm does.
+  auto script = ParseJobSpec("model: torchscript:ctr.pt\n" + criteo + tables);
+  ASSERT_TRUE(script.ok()) << script.status();
+  EXPECT_EQ(script->embeddings.fields.size(), 26u);
   // Every consistency; and hybrid: the rows on the shards with the job's
   // consistency, the dense part all-reduced.
   for (const std::string c : {"sync", "ssp\nstaleness: 2", "async"}) {

@@ -203,6 +203,43 @@ TEST(CtrTrainerEpochsTest, EpochsReopenTheFileAndMaxStepsStops) {
   EXPECT_EQ(progress[2].progress().step(), 1500);
 }
 
+// A TorchScript click model (examples/ctr_model.py: the dense features and
+// the 26 pooled fields concatenated, then an MLP) trains through the same
+// loop: forward(dense, sparse: List[Tensor]) -> logits.
+TEST(CtrTrainerTorchScriptTest, AScriptedModelLearnsFromThePooledEmbeddings) {
+  at::set_num_threads(1);
+  std::filesystem::copy_file("examples/ctr_model.pt", Data().root + "/ctr_model.pt",
+                             std::filesystem::copy_options::overwrite_existing);
+  JobSpec spec = CtrSpec("scripted", 1);
+  spec.model = "torchscript:ctr_model.pt";
+  spec.max_steps = 600;
+  Shards shards(spec.shards);
+  auto rows = LocalEmbeddingRows::Create(spec.embeddings.tables);
+  ASSERT_TRUE(rows.ok());
+  TrainerOptions o = Options(spec, 0);
+  o.shards = shards.ptrs;
+  std::vector<double> losses;
+  o.on_step = [&](int64_t, double loss, int64_t, double, double) { losses.push_back(loss); };
+  auto result = RunCtrTrainer(o, rows->get());
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->steps, 600);
+  // The module's own parameters went to the shards: its two Linear layers.
+  std::vector<std::string> names;
+  for (const auto& [name, t] : result->parameters) names.push_back(name);
+  EXPECT_EQ(names, (std::vector<std::string>{"mlp.0.weight", "mlp.0.bias", "mlp.2.weight", "mlp.2.bias"}));
+  std::cout << "scripted model: test AUC " << result->final_auc << " (Bayes " << Data().meta.bayes_auc << ")\n";
+  EXPECT_GT(result->final_auc, 0.62);  // chance 0.5
+  // A module without the calling convention is refused with its error.
+  std::filesystem::copy_file("worker/testdata/small_net.pt", Data().root + "/small_net.pt",
+                             std::filesystem::copy_options::overwrite_existing);
+  o.spec.name = "scripted-wrong";
+  o.spec.model = "torchscript:small_net.pt";
+  o.on_step = nullptr;
+  absl::Status s = RunCtrTrainer(o, rows->get()).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("forward(dense, sparse)"), std::string::npos) << s;
+}
+
 // What the loop does not do yet is refused before anything is trained.
 TEST(CtrTrainerRefusalTest, RefusesWhatItDoesNotDo) {
   auto rows = LocalEmbeddingRows::Create(Tables(kDim));

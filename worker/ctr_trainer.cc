@@ -20,6 +20,7 @@
 #include "worker/criteo_data.h"
 #include "worker/data_root.h"
 #include "worker/device.h"
+#include "worker/ctr_model.h"
 #include "worker/dlrm_model.h"
 #include "worker/exchange_setup.h"
 #include "worker/progress_window.h"
@@ -38,16 +39,14 @@ at::Tensor FromVector(const std::vector<float>& v, at::IntArrayRef shape) {
   return at::from_blob(const_cast<float*>(v.data()), shape, at::kFloat).clone();
 }
 
-// What this loop does not do yet, as INVALID_ARGUMENT; the embedding width
-// all tables share into *dim.
-absl::Status CheckSupported(const TrainerOptions& options, const EmbeddingRows* rows, int64_t* dim) {
+// What this loop does not do yet, as INVALID_ARGUMENT.
+absl::Status CheckSupported(const TrainerOptions& options, const EmbeddingRows* rows) {
   const JobSpec& spec = options.spec;
   auto refuse = [](absl::string_view what) {
-    return absl::InvalidArgumentError(absl::StrCat("model dlrm: ", what, " is not supported yet"));
+    return absl::InvalidArgumentError(absl::StrCat("a job with embeddings: ", what, " is not supported yet"));
   };
-  if (spec.model != "dlrm") return absl::InvalidArgumentError(absl::StrCat("not a dlrm job: model ", spec.model));
   if (spec.allreduce() != (options.collective != nullptr)) {
-    return absl::InvalidArgumentError("model dlrm: mode allreduce needs the workers' collective, and only it does");
+    return absl::InvalidArgumentError("a job with embeddings: mode allreduce needs the workers' collective, and only it does");
   }
   if (spec.min_workers >= 0 && spec.min_workers < spec.workers) return refuse("min_workers below workers");
   if (spec.precision == Precision::kFp16 || options.loss_scaling.has_value()) return refuse("loss scaling (fp16)");
@@ -55,28 +54,22 @@ absl::Status CheckSupported(const TrainerOptions& options, const EmbeddingRows* 
   if (spec.clip_grad_norm > 0) return refuse("clip_grad_norm");
   if (options.start_step != 0 || options.start_epoch != 0 || options.rejoin_step >= 0) return refuse("resuming");
   if (spec.data.format != "criteo" || spec.data.train_file.empty()) {
-    return absl::InvalidArgumentError("model dlrm reads data of format criteo with a train_file");
+    return absl::InvalidArgumentError("a job with embeddings reads data of format criteo with a train_file");
   }
   const EmbeddingsSpec& e = spec.embeddings;
   if (e.tables.empty() || e.fields.empty()) {
-    return absl::InvalidArgumentError("model dlrm needs embeddings: tables and the fields reading them");
+    return absl::InvalidArgumentError("a CTR job needs embeddings: tables and the fields reading them");
   }
   if (rows == nullptr || rows->num_tables() != e.tables.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("model dlrm: the embedding rows hold ",
+    return absl::InvalidArgumentError(absl::StrCat("the embedding rows hold ",
                                                    rows == nullptr ? 0 : rows->num_tables(), " tables, the spec ",
                                                    e.tables.size()));
   }
-  *dim = e.tables[0].dim();
   for (size_t i = 0; i < e.tables.size(); ++i) {
     const EmbeddingTableConfig& t = e.tables[i];
-    if (rows->dim(i) != t.dim()) {
-      return absl::InvalidArgumentError(absl::StrCat("model dlrm: embedding table ", t.name(), " has dim ", t.dim(),
+    if (rows->dim(i) != static_cast<int>(t.dim())) {
+      return absl::InvalidArgumentError(absl::StrCat("embedding table ", t.name(), " has dim ", t.dim(),
                                                      " in the spec, ", rows->dim(i), " in the rows"));
-    }
-    if (t.dim() != *dim) {
-      return absl::InvalidArgumentError(absl::StrCat("model dlrm: every embedding table must have one dim (table ",
-                                                     e.tables[0].name(), " has ", *dim, ", table ", t.name(),
-                                                     " has ", t.dim(), ")"));
     }
   }
   return absl::OkStatus();
@@ -95,7 +88,7 @@ class CtrTrainer {
 
  private:
   // The model, the embeddings and the exchange, its tables initialised.
-  absl::Status Build(int64_t dim);
+  absl::Status Build();
   // `name` (a spec's file) opened under the data root, read as rank/world.
   absl::StatusOr<std::unique_ptr<CriteoReader>> Open(const std::string& name, int rank, int world) const;
   // SYNC, SSP and all-reduce need every rank to train the same number of
@@ -115,7 +108,7 @@ class CtrTrainer {
   EmbeddingRows* rows_;
   Activity own_activity_;
   Activity& activity_;
-  std::shared_ptr<Dlrm> model_;
+  std::unique_ptr<CtrModel> model_;
   std::unique_ptr<SparseEmbeddings> embeddings_;
   std::vector<std::pair<std::string, at::Tensor>> named_;
   std::vector<at::Tensor> params_;
@@ -128,19 +121,20 @@ class CtrTrainer {
   std::unique_ptr<ProgressWindow> progress_;
 };
 
-absl::Status CtrTrainer::Build(int64_t dim) {
-  DlrmConfig config;
-  config.dim = dim;
-  config.sparse_fields = static_cast<int64_t>(spec_.embeddings.fields.size());
+absl::Status CtrTrainer::Build() {
+  CtrModelConfig config;
+  config.model = spec_.model;
+  for (const EmbeddingFieldSpec& f : spec_.embeddings.fields) config.field_dims.push_back(rows_->dim(f.table));
   config.seed = spec_.seed;
-  auto model = Dlrm::Create(config);
+  config.root = options_.data_root;
+  auto model = CreateCtrModel(config);
   if (!model.ok()) return model.status();
   model_ = std::move(*model);
-  model_->train();
-  for (const auto& p : model_->named_parameters()) {
-    named_.emplace_back(p.key(), p.value());
-    params_.push_back(p.value());
-    specs_.push_back({p.key(), std::vector<int64_t>(p.value().sizes().begin(), p.value().sizes().end()), DT_FLOAT32});
+  model_->SetTraining(true);
+  named_ = model_->NamedParameters();
+  for (const auto& [name, p] : named_) {
+    params_.push_back(p);
+    specs_.push_back({name, std::vector<int64_t>(p.sizes().begin(), p.sizes().end()), DT_FLOAT32});
   }
   std::vector<SparseFieldConfig> fields;
   for (const EmbeddingFieldSpec& f : spec_.embeddings.fields) {
@@ -248,7 +242,7 @@ absl::Status CtrTrainer::Evaluate() {
   std::vector<float> scores, labels;
   CriteoBatch batch;
   c10::NoGradGuard no_grad;
-  model_->eval();
+  model_->SetTraining(false);
   try {
     while (true) {
       absl::Status s = (*reader)->ReadBatch(std::max<int64_t>(spec_.batch_size, 1024), &batch);
@@ -312,10 +306,9 @@ absl::Status CtrTrainer::Finish(int epochs_run) {
 }
 
 absl::StatusOr<TrainResult> CtrTrainer::Run() {
-  int64_t dim = 0;
-  absl::Status s = CheckSupported(options_, rows_, &dim);
+  absl::Status s = CheckSupported(options_, rows_);
   if (s.ok()) s = CountExamples();
-  if (s.ok()) s = Build(dim);
+  if (s.ok()) s = Build();
   if (!s.ok()) return s;
   if (options_.rank == 0) options_.emit(PlanEvent(options_.rank, spec_.chunk_bytes, specs_));
   start_ = Clock::now();

@@ -1,31 +1,32 @@
-// The training loop of click-through-rate models (model: dlrm) in
-// parameter-server mode: dense parameters (the DLRM's MLPs) through the
-// same gradient exchange as the dense loop (worker/exchange_setup.h), sparse
-// embedding rows through an EmbeddingRows (worker/sparse_embeddings.h), data
-// streamed from Criteo-format files (worker/criteo_data.h).
+// The training loop of click-through-rate models (a spec with embeddings:
+// model dlrm or torchscript:PATH, worker/ctr_model.h): dense parameters
+// through the same gradient exchange as the dense loop
+// (worker/exchange_setup.h: the shards' tables, or an all-reduce in hybrid
+// mode), sparse embedding rows through an EmbeddingRows
+// (worker/sparse_embeddings.h), data streamed from Criteo-format files
+// (worker/criteo_data.h).
 //
 // Every step, on the calling thread:
 //
 //   exchange.BeginStep(step, lr)
 //   embeddings.Forward   pull the batch's rows, pool them per field
-//   Dlrm forward, DlrmLoss, backward
+//   model forward, DlrmLoss, backward
 //   exchange.Offer(every dense gradient); exchange.Finish()
 //   embeddings.Backward  push one summed gradient per row pulled
 //
 // Each worker reads example i of the training file when i % world == rank,
 // batch_size at a time, `epochs` passes (the file reopened per pass), at
-// most max_steps steps. At the end the dense tables are pulled and rank 0
+// most max_steps steps; under SYNC, SSP and all-reduce only the first
+// (examples / world) of its share, so that every rank runs the same steps. At the end the dense tables are pulled and rank 0
 // evaluates the AUC and log loss on the test file (when the spec names one).
 // Events as the dense loop's: progress every log_every_steps, the final
 // evaluation (WorkerEvent.Eval with auc and log_loss), the weights (dense
 // parameters) and done.
 //
-// Not yet: all-reduce mode, covering vacant ranks (min_workers < workers),
-// loss scaling or fp16, accumulate_steps > 1, clip_grad_norm, resuming and
-// checkpoint pauses (at_step_boundary is not called): refused with
-// INVALID_ARGUMENT, except at_step_boundary, which is ignored. Under SYNC
-// every rank must run the same number of steps (its share of the file
-// divides evenly into batches, or max_steps bounds them all).
+// Not yet: covering vacant ranks (min_workers < workers), loss scaling or
+// fp16, accumulate_steps > 1, clip_grad_norm, resuming and checkpoint
+// pauses (at_step_boundary is not called): refused with INVALID_ARGUMENT,
+// except at_step_boundary, which is ignored.
 #ifndef PSTRAIN_WORKER_CTR_TRAINER_H_
 #define PSTRAIN_WORKER_CTR_TRAINER_H_
 
@@ -35,7 +36,7 @@
 
 namespace pstrain {
 
-// Runs a dlrm job for one rank. `rows` (not owned) holds the job's
+// Runs a CTR job for one rank. `rows` (not owned) holds the job's
 // embedding tables in spec.embeddings.tables' order; it may be shared by
 // ranks in one process when it is thread-safe (LocalEmbeddingRows is).
 // Reads spec.data.train_file and test_file under options.data_root.

@@ -9,10 +9,49 @@
 
 namespace pstrain {
 
+namespace {
+
+// Each round gives every chunk (largest first, `order`) one more backup on
+// the shard, among those holding no copy of it yet, with the fewest backup
+// bytes, then the fewest bytes in all, then the lowest index.
+void PlaceBackups(const std::vector<size_t>& order, PartitionPlan* plan) {
+  const int n = plan->num_shards;
+  plan->shard_backup_bytes.assign(n, 0);
+  plan->shard_backup_chunks.assign(n, {});
+  for (int round = 0; round < plan->replicas; ++round) {
+    for (size_t idx : order) {
+      ChunkSpec& c = plan->chunks[idx];
+      int best = -1;
+      for (int s = 0; s < n; ++s) {
+        if (s == c.shard || std::find(c.backups.begin(), c.backups.end(), s) != c.backups.end()) continue;
+        if (best < 0) {
+          best = s;
+          continue;
+        }
+        const size_t b = plan->shard_backup_bytes[s], bb = plan->shard_backup_bytes[best];
+        const size_t all = b + plan->shard_bytes[s], best_all = bb + plan->shard_bytes[best];
+        if (b < bb || (b == bb && all < best_all)) best = s;
+      }
+      c.backups.push_back(best);  // replicas < n: some shard holds no copy yet
+      plan->shard_backup_bytes[best] += c.bytes;
+    }
+  }
+  for (size_t i = 0; i < plan->chunks.size(); ++i) {
+    for (int s : plan->chunks[i].backups) plan->shard_backup_chunks[s].push_back(i);
+  }
+}
+
+}  // namespace
+
 absl::StatusOr<PartitionPlan> MakePartitionPlan(const std::vector<ParameterSpec>& params,
-                                                int num_shards, size_t chunk_bytes) {
+                                                int num_shards, size_t chunk_bytes, int replicas) {
   if (num_shards < 1) return absl::InvalidArgumentError("num_shards must be >= 1");
   if (chunk_bytes == 0) return absl::InvalidArgumentError("chunk_bytes must be > 0");
+  if (replicas < 0 || replicas >= num_shards) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("replicas must be in 0..", num_shards - 1, " (each copy of a chunk on another of the ",
+                     num_shards, " shards), not ", replicas));
+  }
   PartitionPlan plan;
   plan.num_shards = num_shards;
   plan.chunk_bytes = chunk_bytes;
@@ -63,6 +102,8 @@ absl::StatusOr<PartitionPlan> MakePartitionPlan(const std::vector<ParameterSpec>
     plan.shard_bytes[shard] += plan.chunks[idx].bytes;
   }
   for (size_t i = 0; i < plan.chunks.size(); ++i) plan.shard_chunks[plan.chunks[i].shard].push_back(i);
+  plan.replicas = replicas;
+  PlaceBackups(order, &plan);
   return plan;
 }
 

@@ -7,6 +7,14 @@
 // near-equal size (never above chunk_bytes). Chunks are assigned largest first
 // to the shard with the fewest bytes so far (lowest index on ties): the
 // largest shard then holds at most the mean plus one chunk.
+//
+// With `replicas` R (issue 34, replicated shards), each chunk also gets R
+// backups on R other shards, no two copies of a chunk on one shard. Backups
+// are placed after the primaries, one round per replica, largest chunk
+// first, each on the allowed shard with the fewest backup bytes so far
+// (then the fewest bytes of both kinds, then the lowest index), so backups
+// spread as primaries do. The primaries are those of R = 0: a plan with
+// replicas never moves a primary. backups[0] is the first to take over.
 #ifndef PSTRAIN_COMMON_PARTITION_PLAN_H_
 #define PSTRAIN_COMMON_PARTITION_PLAN_H_
 
@@ -33,7 +41,8 @@ struct ChunkSpec {
   int64_t offset = 0;    // first element of the flattened parameter
   int64_t numel = 0;     // elements in this chunk (its wire shape is [numel])
   size_t bytes = 0;
-  int shard = 0;
+  int shard = 0;             // the primary
+  std::vector<int> backups;  // the plan's `replicas` other shards, in takeover order
 };
 
 struct PartitionPlan {
@@ -43,13 +52,16 @@ struct PartitionPlan {
   std::vector<ChunkSpec> chunks;        // in parameter order, then offset order
   std::vector<size_t> shard_bytes;      // bytes assigned to each shard
   std::vector<std::vector<size_t>> shard_chunks;  // chunk indices per shard
+  int replicas = 0;
+  std::vector<size_t> shard_backup_bytes;               // backup bytes per shard
+  std::vector<std::vector<size_t>> shard_backup_chunks;  // chunks each shard backs up
 };
 
 // INVALID_ARGUMENT for no shards, a zero chunk size, duplicate or empty names,
-// negative dimensions, or an unknown dtype.
+// negative dimensions, an unknown dtype, or replicas outside 0..num_shards-1.
 absl::StatusOr<PartitionPlan> MakePartitionPlan(const std::vector<ParameterSpec>& params,
                                                 int num_shards,
-                                                size_t chunk_bytes = kDefaultChunkBytes);
+                                                size_t chunk_bytes = kDefaultChunkBytes, int replicas = 0);
 
 }  // namespace pstrain
 

@@ -93,7 +93,64 @@ TEST(PartitionPlanTest, SplitsOneLargeTensorEvenlyAcrossShards) {
   EXPECT_EQ(plan->shard_bytes[0], plan->shard_bytes[1]);
 }
 
+// Issue 34's placement: R backups per chunk on R other shards, spread as
+// the primaries are, and the primaries where R = 0 put them.
+TEST(PartitionPlanTest, ReplicasGoToDistinctShardsAndSpreadLikePrimaries) {
+  for (int seed = 0; seed < 12; ++seed) {
+    std::mt19937 rng(seed);
+    auto params = RandomModel(&rng, 6 + seed * 3);
+    for (int shards : {2, 3, 4, 7, 16}) {
+      auto plain = MakePartitionPlan(params, shards, 512 << 10);
+      ASSERT_TRUE(plain.ok());
+      for (int replicas = 1; replicas < std::min(shards, 4); ++replicas) {
+        SCOPED_TRACE(::testing::Message() << "seed " << seed << " shards " << shards << " replicas " << replicas);
+        auto plan = MakePartitionPlan(params, shards, 512 << 10, replicas);
+        ASSERT_TRUE(plan.ok()) << plan.status();
+        ASSERT_EQ(plan->chunks.size(), plain->chunks.size());
+        size_t largest_chunk = 0, total = 0;
+        std::vector<size_t> backup_bytes(shards, 0);
+        for (size_t i = 0; i < plan->chunks.size(); ++i) {
+          const ChunkSpec& c = plan->chunks[i];
+          EXPECT_EQ(c.shard, plain->chunks[i].shard) << c.key;  // primaries never move
+          ASSERT_EQ(c.backups.size(), static_cast<size_t>(replicas)) << c.key;
+          std::vector<int> copies = c.backups;
+          copies.push_back(c.shard);
+          std::sort(copies.begin(), copies.end());
+          EXPECT_EQ(std::adjacent_find(copies.begin(), copies.end()), copies.end()) << c.key << ": two copies on a shard";
+          for (int s : c.backups) {
+            ASSERT_GE(s, 0);
+            ASSERT_LT(s, shards);
+            backup_bytes[s] += c.bytes;
+          }
+          largest_chunk = std::max(largest_chunk, c.bytes);
+          total += c.bytes;
+        }
+        EXPECT_EQ(backup_bytes, plan->shard_backup_bytes);
+        // Each shard's backups: within the mean plus two chunks (the
+        // distinct-shard rule can cost one more than the primaries' bound).
+        const double mean = static_cast<double>(total) * replicas / shards;
+        for (int s = 0; s < shards; ++s) {
+          EXPECT_LE(backup_bytes[s], 1.1 * mean + 2 * largest_chunk) << "shard " << s;
+          size_t listed = 0;
+          for (size_t i : plan->shard_backup_chunks[s]) listed += plan->chunks[i].bytes;
+          EXPECT_EQ(listed, backup_bytes[s]);
+        }
+      }
+    }
+  }
+  // Deterministic.
+  std::mt19937 rng(3);
+  auto params = RandomModel(&rng, 20);
+  auto a = MakePartitionPlan(params, 5, 256 << 10, 2), b = MakePartitionPlan(params, 5, 256 << 10, 2);
+  ASSERT_TRUE(a.ok() && b.ok());
+  for (size_t i = 0; i < a->chunks.size(); ++i) EXPECT_EQ(a->chunks[i].backups, b->chunks[i].backups);
+}
+
 TEST(PartitionPlanTest, RejectsBadInput) {
+  EXPECT_EQ(MakePartitionPlan({{"a", {2}, DT_FLOAT32}}, 2, 1024, 2).status().code(),
+            absl::StatusCode::kInvalidArgument);  // two backups need three shards
+  EXPECT_EQ(MakePartitionPlan({{"a", {2}, DT_FLOAT32}}, 2, 1024, -1).status().code(),
+            absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(MakePartitionPlan({{"a", {2}, DT_FLOAT32}}, 0).status().code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(MakePartitionPlan({{"a", {2}, DT_FLOAT32}}, 1, 0).status().code(),

@@ -81,6 +81,12 @@ class Collective {
   // outputs[r] receives rank r's `input` (size() outputs, each shaped like it).
   virtual std::unique_ptr<CollectiveWork> AllGather(std::vector<at::Tensor> outputs, at::Tensor input) = 0;
   virtual std::unique_ptr<CollectiveWork> Barrier() = 0;
+  // Point-to-point (pipeline stages): `tensor` to rank `dst`; from rank
+  // `src` into `tensor`, which must have the sent tensor's shape and dtype.
+  // Matched by (peer, tag); a Send completes without waiting for its Recv.
+  // Gloo only for now: elsewhere a work that fails with UNIMPLEMENTED.
+  virtual std::unique_ptr<CollectiveWork> Send(at::Tensor tensor, int dst, int tag);
+  virtual std::unique_ptr<CollectiveWork> Recv(at::Tensor tensor, int src, int tag);
 };
 
 struct CollectiveOptions {

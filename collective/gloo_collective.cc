@@ -209,6 +209,26 @@ class GlooCollective : public Collective {
   std::unique_ptr<CollectiveWork> Barrier() override {
     return Run("barrier", {}, [&] { return pg_->barrier(); });
   }
+  std::unique_ptr<CollectiveWork> Send(at::Tensor tensor, int dst, int tag) override {
+    if (dst < 0 || dst >= size() || dst == rank() || tag < 0) {
+      return std::make_unique<GlooWork>(absl::InvalidArgumentError(
+          absl::StrCat("send: rank ", dst, " (tag ", tag, ") from rank ", rank(), " of ", size())));
+    }
+    return Run("send", {tensor}, [&] {
+      std::vector<at::Tensor> v{tensor};
+      return pg_->send(v, dst, tag);
+    });
+  }
+  std::unique_ptr<CollectiveWork> Recv(at::Tensor tensor, int src, int tag) override {
+    if (src < 0 || src >= size() || src == rank() || tag < 0) {
+      return std::make_unique<GlooWork>(absl::InvalidArgumentError(
+          absl::StrCat("receive: rank ", src, " (tag ", tag, ") at rank ", rank(), " of ", size())));
+    }
+    return Run("receive", {tensor}, [&] {
+      std::vector<at::Tensor> v{tensor};
+      return pg_->recv(v, src, tag);
+    });
+  }
 
  private:
   // The caller's mistakes (INVALID_ARGUMENT, the job's fault) are told

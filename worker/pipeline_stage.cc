@@ -1,6 +1,8 @@
 #include "worker/pipeline_stage.h"
 
+#include <ATen/ops/empty.h>
 #include <ATen/ops/mul.h>
+#include <ATen/ops/zeros.h>
 #include <c10/util/Exception.h>
 
 #include <deque>
@@ -59,6 +61,71 @@ InProcessStageLinks::InProcessStageLinks(int stages, absl::Duration timeout)
 InProcessStageLinks::~InProcessStageLinks() = default;
 
 StageLink* InProcessStageLinks::link(int stage) { return links_[stage].get(); }
+
+namespace {
+
+constexpr int kMaxDims = 8;
+constexpr int kHeaderLongs = 2 + kMaxDims;  // dtype, dims, sizes
+
+}  // namespace
+
+CollectiveStageLink::~CollectiveStageLink() { Flush().IgnoreError(); }
+
+absl::StatusOr<int> CollectiveStageLink::RankOf(int stage) const {
+  if (stage < 0 || stage >= static_cast<int>(stage_ranks_.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("no stage ", stage, " of ", stage_ranks_.size()));
+  }
+  return stage_ranks_[stage];
+}
+
+absl::Status CollectiveStageLink::Send(int to_stage, int64_t tag, const at::Tensor& tensor) {
+  auto rank = RankOf(to_stage);
+  if (!rank.ok()) return rank.status();
+  if (tensor.dim() > kMaxDims || tag < 0 || tag > (1 << 29)) {
+    return absl::InvalidArgumentError(absl::StrCat("a stage message of ", tensor.dim(), " dims, tag ", tag));
+  }
+  at::Tensor header = at::zeros({kHeaderLongs}, at::kLong);
+  int64_t* h = header.data_ptr<int64_t>();
+  h[0] = static_cast<int64_t>(tensor.scalar_type());
+  h[1] = tensor.dim();
+  for (int64_t d = 0; d < tensor.dim(); ++d) h[2 + d] = tensor.size(d);
+  at::Tensor payload = tensor.detach().contiguous();
+  const int t = static_cast<int>(tag);
+  pending_.emplace_back(group_->Send(header, *rank, 2 * t), header);
+  pending_.emplace_back(group_->Send(payload, *rank, 2 * t + 1), payload);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<at::Tensor> CollectiveStageLink::Recv(int from_stage, int64_t tag) {
+  auto rank = RankOf(from_stage);
+  if (!rank.ok()) return rank.status();
+  const int t = static_cast<int>(tag);
+  at::Tensor header = at::zeros({kHeaderLongs}, at::kLong);
+  absl::Status s = group_->Recv(header, *rank, 2 * t)->Wait();
+  if (!s.ok()) return s;
+  const int64_t* h = header.data_ptr<int64_t>();
+  if (h[1] < 0 || h[1] > kMaxDims || h[0] < 0 || h[0] >= static_cast<int64_t>(at::ScalarType::NumOptions)) {
+    return absl::DataLossError(absl::StrCat("stage ", from_stage, " sent a header of ", h[1], " dims, dtype ", h[0]));
+  }
+  std::vector<int64_t> sizes(h + 2, h + 2 + h[1]);
+  for (int64_t d : sizes) {
+    if (d < 0) return absl::DataLossError(absl::StrCat("stage ", from_stage, " sent a negative size"));
+  }
+  at::Tensor out = at::empty(sizes, at::TensorOptions().dtype(static_cast<at::ScalarType>(h[0])));
+  s = group_->Recv(out, *rank, 2 * t + 1)->Wait();
+  if (!s.ok()) return s;
+  return out;
+}
+
+absl::Status CollectiveStageLink::Flush() {
+  absl::Status first;
+  for (auto& [work, tensor] : pending_) {
+    absl::Status s = work->Wait();
+    if (!s.ok() && first.ok()) first = s;
+  }
+  pending_.clear();
+  return first;
+}
 
 PipelineStage::PipelineStage(PipelineStageOptions options, StageLink* link)
     : options_(std::move(options)), link_(link) {}
@@ -140,6 +207,8 @@ absl::StatusOr<double> PipelineStage::Step(const std::vector<int64_t>& sizes, co
   } catch (const c10::Error& e) {
     return absl::InvalidArgumentError(absl::StrCat("stage ", s, ": ", e.what_without_backtrace()));
   }
+  absl::Status flushed = link_->Flush();
+  if (!flushed.ok()) return flushed;
   return s == options_.stages - 1 ? loss_ : 0.0;
 }
 

@@ -21,6 +21,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "collective/collective.h"
 #include "pipeline/schedule.h"
 
 namespace pstrain {
@@ -33,6 +34,30 @@ class StageLink {
   virtual ~StageLink() = default;
   virtual absl::Status Send(int to_stage, int64_t tag, const at::Tensor& tensor) = 0;
   virtual absl::StatusOr<at::Tensor> Recv(int from_stage, int64_t tag) = 0;
+  // Waits until every message sent has left (the end of a step).
+  virtual absl::Status Flush() { return absl::OkStatus(); }
+};
+
+// Stages as ranks of a Collective's point-to-point (Gloo): stage s is rank
+// stage_ranks[s]. A message is a header (dtype, rank, dims; int64) and then
+// the tensor, so its shape may change from one micro-batch to the next.
+// Sends are asynchronous (c10d's isend); Flush waits for them. Not
+// thread-safe: one stage's thread uses it.
+class CollectiveStageLink : public StageLink {
+ public:
+  CollectiveStageLink(Collective* group, std::vector<int> stage_ranks)
+      : group_(group), stage_ranks_(std::move(stage_ranks)) {}
+  ~CollectiveStageLink() override;
+  absl::Status Send(int to_stage, int64_t tag, const at::Tensor& tensor) override;
+  absl::StatusOr<at::Tensor> Recv(int from_stage, int64_t tag) override;
+  absl::Status Flush() override;
+
+ private:
+  absl::StatusOr<int> RankOf(int stage) const;
+  Collective* group_;
+  const std::vector<int> stage_ranks_;
+  // Sends in flight, with the tensors they read.
+  std::vector<std::pair<std::unique_ptr<CollectiveWork>, at::Tensor>> pending_;
 };
 
 // Every stage of a pipeline in one process (tests, one-machine runs):

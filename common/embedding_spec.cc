@@ -261,10 +261,6 @@ absl::Status CheckEmbeddingJob(const JobSpec& spec, const MappingReader& r) {
     // that has finished.
     return r.Error("consistency", "must be async with embeddings: sync and ssp for embedding jobs are not built yet");
   }
-  if (spec.checkpoint_every_steps > 0) {
-    return r.Error("checkpoint_every_steps",
-                   "must be 0 with embeddings: checkpoints of embedding jobs are not built yet");
-  }
   if (spec.min_workers < spec.workers) {
     return r.Error("min_workers", "must equal workers with embeddings: a job with embeddings cannot go on with "
                                   "fewer workers yet (a lost worker restarts the job)");

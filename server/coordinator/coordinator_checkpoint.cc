@@ -166,6 +166,7 @@ absl::StatusOr<CheckpointWrite> Coordinator::PauseForCheckpoint(const std::strin
   w.pause_id = c.pause_id;
   w.allreduce = allreduce;
   w.shards = ShardAddresses(s);
+  w.embeddings = !job->spec.embeddings.empty();
   // The job's own directory: jobs sharing an output_dir never touch each
   // other's checkpoints.
   w.dir = CheckpointDir(JobDir(job->stored.output_dir, job_id), manifest.step);

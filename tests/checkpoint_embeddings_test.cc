@@ -12,17 +12,21 @@
 //    hold together are the checkpoint's rows -- every id of every table, its
 //    value, its Adagrad slots, its last step and count, bit for bit.
 // 3. The workers go on: the restored job trains past the checkpoint to its
-//    max_steps and reports a test AUC well above chance.
+//    max_steps and reports a test AUC well above chance; each rank started
+//    at its checkpointed step, and its epoch ended where its share of the
+//    file does (the batches it had trained were skipped, not trained again).
 // Left out, the coordinator's SaveEmbeddings (no embedding files: the
 // restore fails) or its LoadEmbeddings (the new shards hold no tables)
 // fails this test.
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <map>
 #include <memory>
 #include <regex>
+#include <sstream>
 #include <vector>
 
 #include "checkpoint/manifest.h"
@@ -96,13 +100,42 @@ std::string RowDifference(const Rows& a, const Rows& b) {
   return "";
 }
 
+// 40000 training examples, every other one a rank's: 20000, 313 batches of 64.
+constexpr int64_t kBatchesPerEpoch = (20000 + 63) / 64;
+constexpr int64_t kLogEvery = 5;
+
+// A worker's progress events, from its log (JSON lines; proto3 leaves out
+// a rank of 0).
+struct Progress {
+  int rank = 0;
+  int epoch = 0;  // from 0, as a checkpoint counts
+  int64_t step = 0;
+};
+std::vector<Progress> ProgressLines(const std::string& log) {
+  std::vector<Progress> out;
+  const std::regex step("\"progress\":\\{.*\"step\":\"(\\d+)\""), rank("^\\{\"rank\":(\\d+)"),
+      epoch("\"progress\":\\{\"epoch\":(\\d+)");
+  std::istringstream lines(log);
+  std::string line;
+  while (std::getline(lines, line)) {
+    std::smatch m;
+    if (!std::regex_search(line, m, step)) continue;
+    Progress p;
+    p.step = std::stoll(m[1]);
+    if (std::regex_search(line, m, rank)) p.rank = std::stoi(m[1]);
+    if (std::regex_search(line, m, epoch)) p.epoch = std::stoi(m[1]) - 1;  // the event counts from 1
+    out.push_back(p);
+  }
+  return out;
+}
+
 std::string SpecYaml(int shards, const std::string& extra) {
   std::string yaml =
       "name: ctr\nmodel: dlrm\ndata: {format: criteo, dir: criteo, train_file: train.tsv, test_file: test.tsv}\n"
       "workers: 2\nshards: " +
       std::to_string(shards) +
-      "\nconsistency: async\nbatch_size: 64\nlog_every_steps: 5\n"
-      "optimizer: {kind: adagrad, lr: 0.02}\nembeddings:\n  tables:\n";
+      "\nconsistency: async\nbatch_size: 64\nlog_every_steps: " + std::to_string(kLogEvery) +
+      "\noptimizer: {kind: adagrad, lr: 0.02}\nembeddings:\n  tables:\n";
   for (int t = 0; t < kCriteoSparseFields; ++t) {
     yaml += "    - {name: c" + std::to_string(t) + ", dim: 8, optimizer: {kind: adagrad, lr: 0.05}}\n";
   }
@@ -244,7 +277,12 @@ TEST_F(CheckpointEmbeddingsTest, ARestoreOntoAnotherShardCountHoldsTheCheckpoint
   ASSERT_TRUE(loaded.ok()) << loaded.status();
   EXPECT_EQ(RowDifference(*saved, *loaded), "") << "the restored shards do not hold the checkpoint's rows";
 
-  // 3. It trains on to max_steps from there.
+  // 3. It trains on to max_steps from there. What the workers log from now
+  // on is the restored job's.
+  std::map<std::string, size_t> offsets;
+  for (const char* name : {"worker-0", "worker-1"}) {
+    offsets[name] = ReadFile(dir_ + "/" + name + ".log").value_or("").size();
+  }
   for (size_t w : workers_) pool_[w]->Signal(SIGCONT);
   CliResult watch = Cli({"watch", restored}, absl::Seconds(300));
   ASSERT_EQ(watch.code, 0) << watch.out << Logs();
@@ -253,6 +291,31 @@ TEST_F(CheckpointEmbeddingsTest, ARestoreOntoAnotherShardCountHoldsTheCheckpoint
   std::printf("restored dlrm job: final test AUC %s after steps %lld..%lld\n", m[1].str().c_str(),
               static_cast<long long>(manifest->step), static_cast<long long>(max_steps));
   EXPECT_GT(std::stod(m[1]), 0.65) << watch.out;  // chance 0.5; the example reaches 0.74
+
+  // Each rank went on from its place: its first step was the checkpoint's
+  // next, and its epoch ended where its share of the file did -- the
+  // batches it trained before the checkpoint were skipped, not trained again.
+  std::map<int, std::vector<Progress>> progress;
+  for (const auto& [name, offset] : offsets) {
+    for (const Progress& p : ProgressLines(ReadFile(dir_ + "/" + name + ".log").value_or("").substr(offset))) {
+      progress[p.rank].push_back(p);
+    }
+  }
+  ASSERT_EQ(progress.size(), 2u) << Logs();
+  for (const CheckpointManifest::Worker& w : manifest->workers) {
+    SCOPED_TRACE("rank " + std::to_string(w.rank));
+    const std::vector<Progress>& seen = progress[w.rank];
+    ASSERT_FALSE(seen.empty());
+    EXPECT_GT(seen.front().step, w.step);
+    EXPECT_LE(seen.front().step, w.step + kLogEvery) << "the rank did not resume at its checkpointed step";
+    EXPECT_EQ(seen.front().epoch, w.epoch);
+    const int64_t next_epoch = w.step + (kBatchesPerEpoch - w.epoch_step);  // its first step
+    if (next_epoch + kLogEvery > max_steps) continue;
+    auto first = std::find_if(seen.begin(), seen.end(), [&](const Progress& p) { return p.epoch > w.epoch; });
+    ASSERT_NE(first, seen.end());
+    EXPECT_GT(first->step, next_epoch) << "epoch " << w.epoch << " did not end where the rank's share did";
+    EXPECT_LE(first->step, next_epoch + kLogEvery) << "epoch " << w.epoch << " did not end where the rank's share did";
+  }
 }
 
 }  // namespace

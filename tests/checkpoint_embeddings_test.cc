@@ -15,6 +15,7 @@
 //    max_steps and reports a test AUC well above chance; each rank started
 //    at its checkpointed step, and its epoch ended where its share of the
 //    file does (the batches it had trained were skipped, not trained again).
+// And `pstrain export --embeddings` writes a checkpoint's tables for PyTorch.
 // Left out, the coordinator's SaveEmbeddings (no embedding files: the
 // restore fails) or its LoadEmbeddings (the new shards hold no tables)
 // fails this test.
@@ -22,6 +23,8 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -103,6 +106,7 @@ std::string RowDifference(const Rows& a, const Rows& b) {
 // 40000 training examples, every other one a rank's: 20000, 313 batches of 64.
 constexpr int64_t kBatchesPerEpoch = (20000 + 63) / 64;
 constexpr int64_t kLogEvery = 5;
+constexpr int kDim = 8;
 
 // A worker's progress events, from its log (JSON lines; proto3 leaves out
 // a rank of 0).
@@ -137,7 +141,8 @@ std::string SpecYaml(int shards, const std::string& extra) {
       "\nconsistency: async\nbatch_size: 64\nlog_every_steps: " + std::to_string(kLogEvery) +
       "\noptimizer: {kind: adagrad, lr: 0.02}\nembeddings:\n  tables:\n";
   for (int t = 0; t < kCriteoSparseFields; ++t) {
-    yaml += "    - {name: c" + std::to_string(t) + ", dim: 8, optimizer: {kind: adagrad, lr: 0.05}}\n";
+    yaml += "    - {name: c" + std::to_string(t) + ", dim: " + std::to_string(kDim) +
+            ", optimizer: {kind: adagrad, lr: 0.05}}\n";
   }
   return yaml + extra;
 }
@@ -316,6 +321,54 @@ TEST_F(CheckpointEmbeddingsTest, ARestoreOntoAnotherShardCountHoldsTheCheckpoint
     EXPECT_GT(first->step, next_epoch) << "epoch " << w.epoch << " did not end where the rank's share did";
     EXPECT_LE(first->step, next_epoch + kLogEvery) << "epoch " << w.epoch << " did not end where the rank's share did";
   }
+}
+
+// `pstrain export JOB --embeddings FILE` writes the tables of the job's
+// newest checkpoint as torch.load reads them: PyTorch finds every row of
+// the checkpoint's files with its value.
+TEST_F(CheckpointEmbeddingsTest, ExportWritesTheNewestCheckpointsTablesForPyTorch) {
+  if (std::system("/usr/bin/python3 -c 'import torch' 2>/dev/null") != 0) {
+    GTEST_SKIP() << "python3-torch is missing (make setup installs it)";
+  }
+  const std::string job = Submit(WriteSpec("a", SpecYaml(2, "epochs: 1000\ncheckpoint_every_steps: 40\n")));
+  const std::string ck = WaitForCheckpoint(job, absl::Seconds(180));
+  ASSERT_FALSE(ck.empty());
+  ASSERT_EQ(Cli({"cancel", job}).code, 0);
+  WaitForState(job, "CANCELLED", absl::Seconds(60));
+  auto manifest = ReadManifest(ck);
+  ASSERT_TRUE(manifest.ok()) << manifest.status();
+  std::vector<std::string> files;
+  for (const auto& f : manifest->embeddings) files.push_back(ck + "/" + f.file);
+  auto rows = ReadRows(files);
+  ASSERT_TRUE(rows.ok()) << rows.status();
+  std::string expected;
+  for (const auto& [table, by_id] : *rows) {
+    for (const auto& [id, bytes] : by_id) {
+      expected += "row " + table + " " + std::to_string(id);
+      for (int k = 0; k < kDim; ++k) {
+        float v;
+        std::memcpy(&v, bytes.data() + k * sizeof(float), sizeof(float));
+        char buf[32];
+        std::snprintf(buf, sizeof(buf), " %.9g", v);
+        expected += buf;
+      }
+      expected += "\n";
+    }
+  }
+  ASSERT_TRUE(WriteFileAtomically(dir_ + "/expected.txt", expected).ok());
+  const std::string out = dir_ + "/embeddings.pt";
+  CliResult r = Cli({"export", job, "--embeddings", out});
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("step " + std::to_string(manifest->step)), std::string::npos) << r.out;
+  EXPECT_EQ(std::system(("/usr/bin/python3 tests/check_embedding_export.py " + out + " " + dir_ + "/expected.txt")
+                            .c_str()),
+            0);
+  // A job without a checkpoint has none to export.
+  const std::string fresh = Submit(WriteSpec("c", SpecYaml(2, "max_steps: 10\n")));
+  WaitForState(fresh, "SUCCEEDED", absl::Seconds(120));
+  r = Cli({"export", fresh, "--embeddings", dir_ + "/none.pt"});
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("has no checkpoint"), std::string::npos) << r.out;
 }
 
 }  // namespace

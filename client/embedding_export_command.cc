@@ -43,8 +43,8 @@ absl::StatusOr<int64_t> ExportCheckpointEmbeddings(const std::string& checkpoint
   const std::string log = ReadFile(o.log_path).value_or("");
   std::filesystem::remove(o.log_path);
   if (*code != 0) {
-    return absl::InternalError(absl::StrCat(tool, " exited with ", *code, ": ",
-                                            log.size() > 2048 ? log.substr(log.size() - 2048) : log));
+    return absl::InternalError(
+        absl::StrCat(tool, " exited with ", *code, ": ", log.size() > 2048 ? log.substr(log.size() - 2048) : log));
   }
   return manifest->step;
 }

@@ -32,10 +32,10 @@
 #include <sstream>
 #include <vector>
 
+#include "absl/synchronization/notification.h"
 #include "checkpoint/manifest.h"
 #include "embedding/embedding_files.h"
 #include "embedding/embedding_table.h"
-#include "absl/synchronization/notification.h"
 #include "embedding/row_math.h"
 #include "rpc/grpc_channel.h"
 #include "rpc/grpc_embedding_client.h"
@@ -137,8 +137,7 @@ std::string SpecYaml(int shards, const std::string& extra) {
   std::string yaml =
       "name: ctr\nmodel: dlrm\ndata: {format: criteo, dir: criteo, train_file: train.tsv, test_file: test.tsv}\n"
       "workers: 2\nshards: " +
-      std::to_string(shards) +
-      "\nconsistency: async\nbatch_size: 64\nlog_every_steps: " + std::to_string(kLogEvery) +
+      std::to_string(shards) + "\nconsistency: async\nbatch_size: 64\nlog_every_steps: " + std::to_string(kLogEvery) +
       "\noptimizer: {kind: adagrad, lr: 0.02}\nembeddings:\n  tables:\n";
   for (int t = 0; t < kCriteoSparseFields; ++t) {
     yaml += "    - {name: c" + std::to_string(t) + ", dim: " + std::to_string(kDim) +
@@ -241,10 +240,18 @@ TEST_F(CheckpointEmbeddingsTest, ARestoreOntoAnotherShardCountHoldsTheCheckpoint
   for (const auto& [name, table] : *saved) rows += table.size();
   EXPECT_GT(rows, 26u * 20) << "the checkpoint holds the trained rows";
 
-  // 2. Restored onto 3 shards, the workers stopped: nothing trains.
+  // 2. Restored onto 3 shards, the workers stopped: nothing trains. They
+  // are stopped once free of the cancelled job (a worker holds it until its
+  // heartbeat says it stopped), so that the restored job can be assigned.
+  const absl::Time freed = absl::Now() + absl::Seconds(30);
+  while (Cli({"cluster", "-o", "json"}).out.find(job) != std::string::npos) {
+    ASSERT_LT(absl::Now(), freed) << Cli({"cluster"}).out;
+    absl::SleepFor(absl::Milliseconds(100));
+  }
   for (size_t w : workers_) pool_[w]->Signal(SIGSTOP);
   const int64_t max_steps = manifest->step + 300;
-  const std::string spec_b = WriteSpec("b", SpecYaml(3, "epochs: 1000\nmax_steps: " + std::to_string(max_steps) + "\n"));
+  const std::string spec_b =
+      WriteSpec("b", SpecYaml(3, "epochs: 1000\nmax_steps: " + std::to_string(max_steps) + "\n"));
   CliResult r = Cli({"restore", "--from", ck, "--spec", spec_b, "--output_dir", dir_ + "/out"});
   ASSERT_EQ(r.code, 0) << r.out;
   const std::string restored = r.out.substr(0, r.out.find('\n'));
@@ -360,9 +367,9 @@ TEST_F(CheckpointEmbeddingsTest, ExportWritesTheNewestCheckpointsTablesForPyTorc
   CliResult r = Cli({"export", job, "--embeddings", out});
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("step " + std::to_string(manifest->step)), std::string::npos) << r.out;
-  EXPECT_EQ(std::system(("/usr/bin/python3 tests/check_embedding_export.py " + out + " " + dir_ + "/expected.txt")
-                            .c_str()),
-            0);
+  EXPECT_EQ(
+      std::system(("/usr/bin/python3 tests/check_embedding_export.py " + out + " " + dir_ + "/expected.txt").c_str()),
+      0);
   // A job without a checkpoint has none to export.
   const std::string fresh = Submit(WriteSpec("c", SpecYaml(2, "max_steps: 10\n")));
   WaitForState(fresh, "SUCCEEDED", absl::Seconds(120));

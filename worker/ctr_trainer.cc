@@ -217,8 +217,7 @@ absl::Status CtrTrainer::Step(int epoch, const CriteoBatch& batch) {
   return absl::OkStatus();
 }
 
-absl::Status CtrTrainer::SkipTrained(CriteoReader& reader, int64_t batches, int64_t batch_size,
-                                     CriteoBatch* scratch) {
+absl::Status CtrTrainer::SkipTrained(CriteoReader& reader, int64_t batches, int64_t batch_size, CriteoBatch* scratch) {
   activity_.Enter(WorkerActivity::DATA, step_);
   for (int64_t i = 0; i < batches; ++i) {
     if (options_.stop != nullptr && options_.stop->load()) {

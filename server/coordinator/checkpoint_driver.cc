@@ -55,12 +55,11 @@ absl::Status SaveOnShards(const CheckpointWrite& w, const std::string& pending_n
       req.set_job(w.job_id);
       req.set_attempt(w.attempt);
       req.set_path(absl::StrCat(pending_name, "/", EmbeddingFileName(i)));
-      SaveEmbeddingsAsync(CreateChannel(w.shards[i]), req, w.job_secret, absl::Now() + w.save_timeout,
-                          &embeddings[i], [&calls, i](absl::Status s) {
-                            calls.Done(s.ok() ? s
-                                              : absl::Status(s.code(), absl::StrCat("shard ", i, "'s embeddings: ",
-                                                                                    s.message())));
-                          });
+      SaveEmbeddingsAsync(
+          CreateChannel(w.shards[i]), req, w.job_secret, absl::Now() + w.save_timeout, &embeddings[i],
+          [&calls, i](absl::Status s) {
+            calls.Done(s.ok() ? s : absl::Status(s.code(), absl::StrCat("shard ", i, "'s embeddings: ", s.message())));
+          });
     }
   }
   for (size_t i = 0; i < w.shards.size(); ++i) {
@@ -85,11 +84,6 @@ absl::Status SaveOnShards(const CheckpointWrite& w, const std::string& pending_n
 absl::Status LoadEmbeddingsOnShards(const CheckpointManifest& manifest, const std::string& job_id, uint64_t attempt,
                                     const std::string& job_secret, const std::string& dir, const JobSpec& spec,
                                     const std::vector<std::string>& shards, absl::Duration timeout) {
-  if (manifest.embeddings.empty()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("checkpoint ", dir, " holds no embedding tables (was it written by a job without embeddings, "
-                     "or by a pstrain older than embedding checkpoints?); a job with embeddings cannot start from it"));
-  }
   LoadEmbeddingsRequest req;
   InitEmbeddingsRequest& init = *req.mutable_init();
   init.set_job(job_id);
@@ -192,6 +186,13 @@ absl::StatusOr<CheckpointManifest> LoadCheckpoint(const std::string& job_id, uin
   if (!status.ok()) return status;
   auto manifest = ReadManifest(dir);
   if (!manifest.ok() || shards.empty()) return manifest;
+  // Before any shard loads anything.
+  if (!spec.embeddings.empty() && manifest->embeddings.empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("checkpoint ", dir,
+                     " holds no embedding tables (was it written by a job without embeddings, "
+                     "or by a pstrain older than embedding checkpoints?); a job with embeddings cannot start from it"));
+  }
   auto plan = MakePartitionPlan(manifest->params, spec.shards, static_cast<size_t>(manifest->chunk_bytes));
   if (!plan.ok()) return plan.status();
   for (size_t i = 0; i < shards.size(); ++i) {

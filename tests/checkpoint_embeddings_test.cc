@@ -15,7 +15,9 @@
 //    max_steps and reports a test AUC well above chance; each rank started
 //    at its checkpointed step, and its epoch ended where its share of the
 //    file does (the batches it had trained were skipped, not trained again).
-// And `pstrain export --embeddings` writes a checkpoint's tables for PyTorch.
+// And `pstrain export --embeddings` writes a checkpoint's tables for
+// PyTorch; a shard leaving (SIGTERM) checkpoints a dlrm job, which resumes
+// on the others.
 // Left out, the coordinator's SaveEmbeddings (no embedding files: the
 // restore fails) or its LoadEmbeddings (the new shards hold no tables)
 // fails this test.
@@ -376,6 +378,29 @@ TEST_F(CheckpointEmbeddingsTest, ExportWritesTheNewestCheckpointsTablesForPyTorc
   r = Cli({"export", fresh, "--embeddings", dir_ + "/none.pt"});
   EXPECT_NE(r.code, 0);
   EXPECT_NE(r.out.find("has no checkpoint"), std::string::npos) << r.out;
+}
+
+// SIGTERM on a shard of a running dlrm job: the coordinator checkpoints it
+// (the CTR loop pauses; the shards save dense and embedding tables) while
+// the shard still serves, requeues it, and restores it onto the shards left
+// (the pool's spare among them); the job trains on to its end.
+TEST_F(CheckpointEmbeddingsTest, ADrainedShardsJobResumesFromItsCheckpointOnTheOthers) {
+  const std::string job = Submit(WriteSpec("d", SpecYaml(2, "epochs: 1000\nmax_steps: 2000\n")));
+  ASSERT_NO_FATAL_FAILURE(WaitForStep(job, 40));
+  std::smatch m;
+  const std::string st = Cli({"status", job, "-o", "json"}).out;
+  ASSERT_TRUE(std::regex_search(st, m, std::regex("\"name\": \"shard-(\\d)\""))) << st;
+  ChildProcess& shard = *pool_[std::stoi(m[1])];  // shard-i is pool_[i]
+  shard.Signal(SIGTERM);
+  EXPECT_EQ(shard.Wait(absl::Seconds(120)), 0) << Logs();
+  EXPECT_GT(WaitUntilRestoredAndTraining(job), 40);
+  CliResult watch = Cli({"watch", job}, absl::Seconds(300));
+  ASSERT_EQ(watch.code, 0) << watch.out << Logs();
+  const std::string done = Cli({"status", job, "-o", "json"}).out;
+  EXPECT_NE(done.find("\"reason\": \"CheckpointSaved\""), std::string::npos) << done;
+  EXPECT_NE(done.find("\"reason\": \"MemberLeft\""), std::string::npos) << done;
+  ASSERT_TRUE(std::regex_search(watch.out, m, std::regex("final test AUC ([0-9.]+)"))) << watch.out;
+  EXPECT_GT(std::stod(m[1]), 0.65) << watch.out;
 }
 
 }  // namespace

@@ -37,6 +37,11 @@ absl::Status WriteManifest(const std::string& dir, const CheckpointManifest& m) 
   for (const auto& s : m.shards) {
     j["shards"].push_back({{"index", s.index}, {"file", s.file}, {"bytes", s.bytes}, {"crc32", s.crc32}});
   }
+  // Only where there are some: a manifest without embeddings reads as
+  // before in every version.
+  for (const auto& s : m.embeddings) {
+    j["embeddings"].push_back({{"index", s.index}, {"file", s.file}, {"bytes", s.bytes}, {"crc32", s.crc32}});
+  }
   return WriteFileAtomically(dir + "/" + kManifestName, j.dump(2) + "\n");
 }
 
@@ -86,14 +91,22 @@ absl::StatusOr<CheckpointManifest> ReadManifest(const std::string& dir) {
       m.shards.push_back({s.at("index").get<int>(), s.at("file").get<std::string>(), s.at("bytes").get<uint64_t>(),
                           s.at("crc32").get<uint32_t>()});
     }
+    if (j.contains("embeddings")) {
+      for (const auto& s : j.at("embeddings")) {
+        m.embeddings.push_back({s.at("index").get<int>(), s.at("file").get<std::string>(),
+                                s.at("bytes").get<uint64_t>(), s.at("crc32").get<uint32_t>()});
+      }
+    }
   } catch (const nlohmann::json::exception& e) {
     return absl::DataLossError(absl::StrCat(path, " is incomplete: ", e.what()));
   }
   if (m.params.empty() || m.shards.empty()) {
     return absl::DataLossError(absl::StrCat(path, " lists no parameters or no shard files"));
   }
-  for (const auto& s : m.shards) {
-    // Shard files lie in the checkpoint directory itself.
+  std::vector<CheckpointManifest::ShardFile> files = m.shards;
+  files.insert(files.end(), m.embeddings.begin(), m.embeddings.end());
+  for (const auto& s : files) {
+    // Shard and embedding files lie in the checkpoint directory itself.
     if (s.file.empty() || s.file.size() > 255 || s.file.find('/') != std::string::npos || s.file == "." ||
         s.file == ".." || s.file.find('\0') != std::string::npos) {
       return absl::DataLossError(absl::StrCat(path, " names a shard file '", Quote(s.file),

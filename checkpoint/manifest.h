@@ -1,7 +1,9 @@
 // The manifest of a checkpoint directory ckpt-<step>/: which job and step,
 // the job's spec, the model's parameters and chunk size (so a restore can
 // re-partition onto any number of shards), where each worker was in its
-// epochs, and each shard file with its size and crc32. JSON, written last
+// epochs, each shard file with its size and crc32, and (a job with
+// embedding tables, model dlrm) each shard's embedding file, the same way
+// (absent from older manifests: read as none). JSON, written last
 // and atomically: a directory without a readable manifest whose files all
 // match is not a checkpoint.
 #ifndef PSTRAIN_CHECKPOINT_MANIFEST_H_
@@ -40,6 +42,10 @@ struct CheckpointManifest {
     uint32_t crc32 = 0;
   };
   std::vector<ShardFile> shards;
+  // The shards' SaveEmbeddings files (embedding/embedding_files.h), one per
+  // shard of the checkpointed job; empty for a job without embeddings. A
+  // restore hands every one of them to every new shard, which keeps its rows.
+  std::vector<ShardFile> embeddings;
 };
 
 constexpr char kManifestName[] = "manifest.json";
@@ -49,7 +55,7 @@ constexpr char kManifestName[] = "manifest.json";
 bool ValidLossScale(double scale);
 
 absl::Status WriteManifest(const std::string& dir, const CheckpointManifest& manifest);
-// Reads and checks a manifest: every shard file must exist with its size
+// Reads and checks a manifest: every shard and embedding file must exist with its size
 // (the crc32 is checked by the shards when they load the files).
 absl::StatusOr<CheckpointManifest> ReadManifest(const std::string& dir);
 

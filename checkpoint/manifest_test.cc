@@ -1,5 +1,6 @@
 // The manifest's workers with their fp16 loss scales: written and read back,
-// absent for fp32 jobs, and a crafted scale refused.
+// absent for fp32 jobs, and a crafted scale refused. Embedding files: kept,
+// absent (and read as none) without them, checked like shard files.
 #include "checkpoint/manifest.h"
 
 #include <gtest/gtest.h>
@@ -65,6 +66,37 @@ TEST(ManifestTest, ACraftedLossScaleIsRefused) {
     ASSERT_FALSE(m.ok()) << bad;
     EXPECT_EQ(m.status().code(), absl::StatusCode::kDataLoss) << bad << ": " << m.status();
   }
+}
+
+TEST(ManifestTest, EmbeddingFilesAreListedOnlyWhereThereAreSome) {
+  const std::string dir = Dir("embeddings");
+  ASSERT_TRUE(WriteManifest(dir, Sample()).ok());
+  EXPECT_EQ(Text(dir).find("embeddings"), std::string::npos) << "a job without embeddings lists none";
+  auto plain = ReadManifest(dir);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_TRUE(plain->embeddings.empty());
+
+  CheckpointManifest m = Sample();
+  m.embeddings.push_back({0, "emb-0.bin", 3, 77});
+  m.embeddings.push_back({1, "emb-1.bin", 2, 78});
+  std::ofstream(dir + "/emb-0.bin") << "xyz";
+  std::ofstream(dir + "/emb-1.bin") << "xy";
+  ASSERT_TRUE(WriteManifest(dir, m).ok());
+  auto read = ReadManifest(dir);
+  ASSERT_TRUE(read.ok()) << read.status();
+  ASSERT_EQ(read->embeddings.size(), 2u);
+  EXPECT_EQ(read->embeddings[1].file, "emb-1.bin");
+  EXPECT_EQ(read->embeddings[1].bytes, 2u);
+  EXPECT_EQ(read->embeddings[1].crc32, 78u);
+
+  // A missing, resized or escaping embedding file is refused as a shard file is.
+  std::ofstream(dir + "/emb-1.bin") << "xyzw";
+  EXPECT_EQ(ReadManifest(dir).status().code(), absl::StatusCode::kDataLoss);
+  std::filesystem::remove(dir + "/emb-1.bin");
+  EXPECT_EQ(ReadManifest(dir).status().code(), absl::StatusCode::kDataLoss);
+  m.embeddings[1].file = "../emb-1.bin";
+  ASSERT_TRUE(WriteManifest(dir, m).ok());
+  EXPECT_EQ(ReadManifest(dir).status().code(), absl::StatusCode::kDataLoss);
 }
 
 }  // namespace

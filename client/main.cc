@@ -25,6 +25,7 @@
 #include "checkpoint/layout.h"
 #include "client/cli_security.h"
 #include "client/credentials_command.h"
+#include "client/embedding_export_command.h"
 #include "client/local_cluster.h"
 #include "rpc/health_check.h"
 #include "client/progress_view.h"
@@ -135,7 +136,7 @@ absl::Status Call(Client& c,
 struct Args {
   std::string coordinator;
   bool json = false;
-  std::string spec_path, output_dir, job_id, resume, export_path, health_target, health_service;
+  std::string spec_path, output_dir, job_id, resume, export_path, export_embeddings, health_target, health_service;
   int workers = 0;
   bool secure = false;
   int http_port = 0;
@@ -283,12 +284,39 @@ int RunCheckpoint(Client& client, const Args& a) {
   return 0;
 }
 
+// --embeddings: a dlrm job's tables, from its newest checkpoint.
+int ExportEmbeddings(const pstrain::JobStatus& st, const Args& a) {
+  const std::string dir = st.last_checkpoint().empty() ? st.resumed_from() : st.last_checkpoint();
+  if (dir.empty()) {
+    std::fprintf(stderr,
+                 "pstrain: job %s has no checkpoint; its embedding tables are exported from its newest checkpoint "
+                 "(checkpoint_every_steps, or `pstrain checkpoint %s` while it runs)\n",
+                 a.job_id.c_str(), a.job_id.c_str());
+    return kFailed;
+  }
+  const std::string tool = FindBinary("PSTRAIN_EMBEDDING_EXPORT_BIN", "embedding_export_tool",
+                                      "worker/embedding_export_tool");
+  auto step = pstrain::ExportCheckpointEmbeddings(dir, a.export_embeddings, tool, absl::Minutes(30));
+  if (!step.ok()) return Fail(step.status(), a.coordinator);
+  std::printf("%s (embedding tables of %s, step %lld)\n", a.export_embeddings.c_str(), dir.c_str(),
+              static_cast<long long>(*step));
+  return 0;
+}
+
 int RunExport(Client& client, const Args& a) {
+  if (a.export_path.empty() && a.export_embeddings.empty()) {
+    std::fprintf(stderr, "pstrain: export needs -f FILE (the final weights), --embeddings FILE, or both\n");
+    return kUsage;
+  }
   pstrain::GetJobRequest req;
   req.set_job_id(a.job_id);
   pstrain::JobStatus st;
   absl::Status s = Call(client, &pstrain::JobService::Stub::GetJob, req, &st);
   if (!s.ok()) return Fail(s, a.coordinator);
+  if (!a.export_embeddings.empty()) {
+    const int code = ExportEmbeddings(st, a);
+    if (code != 0 || a.export_path.empty()) return code;
+  }
   if (st.weights_path().empty()) {
     std::fprintf(stderr, "pstrain: job %s has no final weights yet (it is %s); export works on a finished job\n",
                  a.job_id.c_str(), StateName(st.state()));
@@ -389,9 +417,13 @@ int Main(int argc, char** argv) {
   restore->add_option("--spec", a.spec_path, "job spec to use instead of the checkpoint's (e.g. more shards)");
   restore->add_option("--output_dir", a.output_dir, "overrides the spec's output_dir");
   CLI::App* export_cmd = with_client(
-      app.add_subcommand("export", "write a finished job's weights (torch.load reads them)"), RunExport);
+      app.add_subcommand("export", "write a finished job's weights, or a dlrm job's embedding tables (torch.load "
+                                   "reads them)"),
+      RunExport);
   export_cmd->add_option("job", a.job_id)->required();
-  export_cmd->add_option("-f,--file", a.export_path, "destination file")->required();
+  export_cmd->add_option("-f,--file", a.export_path, "destination of the final weights");
+  export_cmd->add_option("--embeddings", a.export_embeddings,
+                         "destination of the embedding tables of the job's newest checkpoint (model dlrm)");
   CLI::App* health = standalone(
       app.add_subcommand("health", "ask a server (coordinator, shard) for its gRPC health; exit 0 when SERVING"),
       RunHealth);

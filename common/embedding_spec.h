@@ -46,8 +46,9 @@ struct JobSpec;
 absl::Status ReadEmbeddingsSpec(MappingReader& r, uint64_t job_seed, EmbeddingsSpec* out);
 
 // The rules that tie `embeddings`, `model: dlrm` and `data.format: criteo`
-// together, and what embedding jobs cannot do yet (all-reduce, periodic
-// checkpoints, shrinking below `workers`). INVALID_ARGUMENT names the field.
+// together, and what embedding jobs cannot do yet (all-reduce, consistency
+// other than async, shrinking below `workers`). INVALID_ARGUMENT names the
+// field.
 absl::Status CheckEmbeddingJob(const JobSpec& spec, const MappingReader& r);
 
 }  // namespace pstrain

@@ -197,8 +197,8 @@ TEST(EmbeddingSpecTest, CrossFieldRulesNameTheirField) {
       {"model: dlrm\ndata: {format: criteo}\n" + tables, "data.train_file is needed for format criteo"},
       {"model: dlrm\nmode: allreduce\nshards: 0\nconsistency: sync\n" + criteo + tables,
        "shards must be in 1..1024 in allreduce mode with embeddings"},
-      {"model: dlrm\ncheckpoint_every_steps: 100\n" + criteo + tables,
-       "checkpoint_every_steps must be 0 with embeddings: checkpoints of embedding jobs are not built yet"},
+      {"model: dlrm\nmode: allreduce\nshards: 2\ncheckpoint_every_steps: 100\n" + criteo + tables,
+       "checkpoint_every_steps must be 0 in hybrid mode"},
       {"model: dlrm\nworkers: 3\nmin_workers: 2\n" + criteo + tables, "min_workers must equal workers"},
       {"model: dlrn\n", "model 'dlrn' is unknown: use mlp, mlp_wide, lenet, dlrm"},
       {"model: torchscript:ctr.pt\ndata: {format: idx}\n" + tables, "data.format must be criteo for a model with embeddings"},
@@ -208,6 +208,8 @@ TEST(EmbeddingSpecTest, CrossFieldRulesNameTheirField) {
     EXPECT_NE(Refusal(c.yaml).find(c.field), std::string::npos)
         << "want '" << c.field << "' in: " << Refusal(c.yaml) << "\n" << c.yaml;
   }
+  // Periodic checkpoints of an embedding job: allowed (the shards save its rows).
+  EXPECT_TRUE(ParseJobSpec("model: dlrm\ncheckpoint_every_steps: 100\n" + criteo + tables).ok());
   // Without test_file: no evaluation set, allowed; workers 3 = min_workers.
   auto spec = ParseJobSpec("model: dlrm\nworkers: 3\nshards: 2\nconsistency: async\n" + criteo + tables);
   ASSERT_TRUE(spec.ok()) << spec.status();

@@ -131,7 +131,9 @@ absl::StatusOr<EmbeddingFileInfo> WriteEmbeddingFile(const std::string& path, co
   info.bytes = w.bytes();
   struct stat st;
   if (::stat(path.c_str(), &st) == 0) info.bytes = static_cast<uint64_t>(st.st_size);
-  info.crc32 = Crc(w.crc(), nullptr, 0);
+  // Of the whole file, as a checkpoint's manifest lists it. (zlib's crc32
+  // of no buffer is its initial value, 0, whatever the running crc.)
+  info.crc32 = w.crc();
   return info;
 }
 

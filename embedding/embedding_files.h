@@ -27,7 +27,7 @@ namespace pstrain {
 
 struct EmbeddingFileInfo {
   uint64_t bytes = 0;
-  uint32_t crc32 = 0;
+  uint32_t crc32 = 0;  // of the whole file
   int64_t rows = 0;
 };
 

@@ -12,6 +12,7 @@
 
 #include <grpcpp/channel.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -73,6 +74,16 @@ class GrpcEmbeddingClient {
 // `job_secret` as the shard's JobSecrets expect.
 absl::Status DropEmbeddings(const std::shared_ptr<grpc::Channel>& shard, const std::string& job, uint64_t attempt,
                             const std::string& job_secret, absl::Duration timeout);
+
+// The coordinator's checkpoint calls on the shard behind `shard`, with
+// `job_secret` and a deadline. SaveEmbeddingsAsync returns at once; `done`
+// runs once, on a gRPC thread, after *response (the caller's, kept until
+// then) is filled.
+void SaveEmbeddingsAsync(const std::shared_ptr<grpc::Channel>& shard, const SaveEmbeddingsRequest& request,
+                         const std::string& job_secret, absl::Time deadline, SaveEmbeddingsResponse* response,
+                         std::function<void(absl::Status)> done);
+absl::Status LoadEmbeddings(const std::shared_ptr<grpc::Channel>& shard, const LoadEmbeddingsRequest& request,
+                            const std::string& job_secret, absl::Time deadline);
 
 }  // namespace pstrain
 

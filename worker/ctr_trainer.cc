@@ -52,7 +52,7 @@ absl::Status CheckSupported(const TrainerOptions& options, const EmbeddingRows* 
   if (spec.precision == Precision::kFp16 || options.loss_scaling.has_value()) return refuse("loss scaling (fp16)");
   if (spec.accumulate_steps > 1) return refuse("accumulate_steps above 1");
   if (spec.clip_grad_norm > 0) return refuse("clip_grad_norm");
-  if (options.start_step != 0 || options.start_epoch != 0 || options.rejoin_step >= 0) return refuse("resuming");
+  if (options.rejoin_step >= 0) return refuse("taking over a lost worker's rank mid-run (rejoin)");
   if (spec.data.format != "criteo" || spec.data.train_file.empty()) {
     return absl::InvalidArgumentError("a job with embeddings reads data of format criteo with a train_file");
   }
@@ -97,6 +97,12 @@ class CtrTrainer {
   // ASYNC ranks train their whole share (examples_per_epoch_ = -1).
   absl::Status CountExamples();
   absl::Status Step(int epoch, const CriteoBatch& batch);
+  // Resuming: the first batches of the rank's share this epoch, which it
+  // trained before the checkpoint, read and dropped.
+  absl::Status SkipTrained(CriteoReader& reader, int64_t batches, int64_t batch_size, CriteoBatch* scratch);
+  // Before step step_, the epoch_step'th of `epoch`: a checkpoint may pause
+  // the rank here (TrainerOptions::at_step_boundary).
+  void AtStepBoundary(int epoch, int64_t epoch_step);
   void EmitProgress(int epoch);
   // Rank 0: AUC and log loss of the test file with the final values.
   absl::Status Evaluate();
@@ -228,6 +234,28 @@ absl::Status CtrTrainer::Step(int epoch, const CriteoBatch& batch) {
   return absl::OkStatus();
 }
 
+absl::Status CtrTrainer::SkipTrained(CriteoReader& reader, int64_t batches, int64_t batch_size, CriteoBatch* scratch) {
+  activity_.Enter(WorkerActivity::DATA, step_);
+  for (int64_t i = 0; i < batches; ++i) {
+    if (options_.stop != nullptr && options_.stop->load()) {
+      return absl::CancelledError(absl::StrCat("job cancelled at step ", step_));
+    }
+    absl::Status s = reader.ReadBatch(batch_size, scratch);
+    if (!s.ok() || scratch->size() == 0) return s;  // a share ending early: the epoch is over
+  }
+  return absl::OkStatus();
+}
+
+void CtrTrainer::AtStepBoundary(int epoch, int64_t epoch_step) {
+  if (!options_.at_step_boundary) return;
+  StepBoundary at;
+  at.step = step_;
+  at.epoch = epoch;
+  at.epoch_step = epoch_step;
+  at.flush = [this, step = step_] { return exchange_.exchange->Flush(step); };
+  options_.at_step_boundary(at);
+}
+
 void CtrTrainer::EmitProgress(int epoch) {
   const auto now = Clock::now();
   // steps: max_steps, 0 when unknown (the file is streamed, not counted).
@@ -315,12 +343,19 @@ absl::StatusOr<TrainResult> CtrTrainer::Run() {
   progress_ = std::make_unique<ProgressWindow>(options_.on_step, start_);
   const int64_t max_steps = spec_.max_steps > 0 ? spec_.max_steps : INT64_MAX;
   const int64_t batch_size = std::max<int64_t>(spec_.batch_size, 1);
-  int epoch = 0;
+  // Resuming: at the checkpoint's place (step, epoch, batches into it).
+  int epoch = options_.start_epoch;
+  step_ = options_.start_step;
   CriteoBatch batch;
   for (; epoch < spec_.epochs && step_ < max_steps; ++epoch) {
     auto reader = Open(spec_.data.train_file, options_.rank, options_.world_size);
     if (!reader.ok()) return reader.status();
-    int64_t left = examples_per_epoch_ >= 0 ? examples_per_epoch_ : INT64_MAX;
+    int64_t epoch_step = epoch == options_.start_epoch ? options_.start_epoch_step : 0;
+    s = SkipTrained(**reader, epoch_step, batch_size, &batch);
+    if (!s.ok()) return s;
+    // Counted examples (SYNC, SSP, all-reduce): what is left of this rank's
+    // part of the epoch after the batches skipped.
+    int64_t left = examples_per_epoch_ >= 0 ? examples_per_epoch_ - epoch_step * batch_size : INT64_MAX;
     while (step_ < max_steps && left > 0) {
       if (options_.stop != nullptr && options_.stop->load()) {
         return absl::CancelledError(absl::StrCat("job cancelled at step ", step_));
@@ -330,6 +365,10 @@ absl::StatusOr<TrainResult> CtrTrainer::Run() {
       if (!s.ok()) return s;
       if (batch.size() == 0) break;
       left -= batch.size();
+      AtStepBoundary(epoch, epoch_step++);
+      if (options_.stop != nullptr && options_.stop->load()) {
+        return absl::CancelledError(absl::StrCat("job cancelled at step ", step_));
+      }
       s = Step(epoch, batch);
       if (!s.ok()) return s;
       const bool log_now = step_ % spec_.log_every_steps == 0 || step_ == max_steps;

@@ -23,10 +23,16 @@
 // evaluation (WorkerEvent.Eval with auc and log_loss), the weights (dense
 // parameters) and done.
 //
-// Not yet: covering vacant ranks (min_workers < workers), loss scaling or
-// fp16, accumulate_steps > 1, clip_grad_norm, resuming and checkpoint
-// pauses (at_step_boundary is not called): refused with INVALID_ARGUMENT,
-// except at_step_boundary, which is ignored.
+// Checkpoints: before every step (a batch in hand) the loop calls
+// at_step_boundary with its step, epoch and batches into the epoch, where a
+// checkpoint's pause holds it (worker/pause_protocol.h; the shards save the
+// dense and embedding tables). Resuming at start_step/start_epoch/
+// start_epoch_step, the rank reads and drops the first start_epoch_step
+// batches of its share of that epoch (the file is streamed, not indexed).
+//
+// Not yet: covering vacant ranks (min_workers < workers), taking over a lost
+// rank mid-run (rejoin_step), loss scaling or fp16, accumulate_steps > 1,
+// clip_grad_norm: refused with INVALID_ARGUMENT.
 #ifndef PSTRAIN_WORKER_CTR_TRAINER_H_
 #define PSTRAIN_WORKER_CTR_TRAINER_H_
 

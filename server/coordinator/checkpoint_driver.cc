@@ -11,6 +11,8 @@
 #include "common/partition_plan.h"
 #include "common/quote.h"
 #include "proto/checkpoint.pb.h"
+#include "rpc/grpc_channel.h"
+#include "rpc/grpc_embedding_client.h"
 #include "rpc/grpc_remote_shard.h"
 
 namespace pstrain {
@@ -36,11 +38,30 @@ absl::Status SaveOnWorker0(const CheckpointWrite& w, const std::string& pending,
   return absl::OkStatus();
 }
 
-// Every shard writes its table at once; the first failure is returned.
+// The name of shard i's embedding file in a checkpoint directory.
+std::string EmbeddingFileName(size_t i) { return absl::StrCat("emb-", i, ".bin"); }
+
+// Every shard writes its table (and its embedding tables) at once; the
+// first failure is returned once every call has ended.
 absl::Status SaveOnShards(const CheckpointWrite& w, const std::string& pending_name,
-                          std::vector<SaveTableResponse>& saved) {
+                          std::vector<SaveTableResponse>& saved, std::vector<SaveEmbeddingsResponse>& embeddings) {
   FanOut calls;
   calls.Add(static_cast<int>(w.shards.size()));
+  if (w.embeddings) {
+    embeddings.resize(w.shards.size());
+    calls.Add(static_cast<int>(w.shards.size()));
+    for (size_t i = 0; i < w.shards.size(); ++i) {
+      SaveEmbeddingsRequest req;
+      req.set_job(w.job_id);
+      req.set_attempt(w.attempt);
+      req.set_path(absl::StrCat(pending_name, "/", EmbeddingFileName(i)));
+      SaveEmbeddingsAsync(
+          CreateChannel(w.shards[i]), req, w.job_secret, absl::Now() + w.save_timeout, &embeddings[i],
+          [&calls, i](absl::Status s) {
+            calls.Done(s.ok() ? s : absl::Status(s.code(), absl::StrCat("shard ", i, "'s embeddings: ", s.message())));
+          });
+    }
+  }
   for (size_t i = 0; i < w.shards.size(); ++i) {
     RemoteShardOptions ro;
     ro.target = w.shards[i];
@@ -56,6 +77,30 @@ absl::Status SaveOnShards(const CheckpointWrite& w, const std::string& pending_n
     });
   }
   return calls.Wait();
+}
+
+// Every new shard loads every embedding file of the checkpoint (`dir`:
+// relative to the root) and keeps its rows, continuing at its step.
+absl::Status LoadEmbeddingsOnShards(const CheckpointManifest& manifest, const std::string& job_id, uint64_t attempt,
+                                    const std::string& job_secret, const std::string& dir, const JobSpec& spec,
+                                    const std::vector<std::string>& shards, absl::Duration timeout) {
+  LoadEmbeddingsRequest req;
+  InitEmbeddingsRequest& init = *req.mutable_init();
+  init.set_job(job_id);
+  init.set_attempt(attempt);
+  init.set_num_workers(static_cast<uint32_t>(spec.workers));
+  init.set_consistency(spec.consistency);
+  init.set_staleness(spec.staleness);
+  init.set_num_shards(static_cast<uint32_t>(shards.size()));
+  for (const EmbeddingTableConfig& t : spec.embeddings.tables) *init.add_tables() = t;
+  for (const auto& f : manifest.embeddings) req.add_paths(absl::StrCat(dir, "/", f.file));
+  req.set_start_step(manifest.step);
+  for (size_t i = 0; i < shards.size(); ++i) {
+    init.set_shard_index(static_cast<uint32_t>(i));
+    absl::Status s = LoadEmbeddings(CreateChannel(shards[i]), req, job_secret, absl::Now() + timeout);
+    if (!s.ok()) return absl::Status(s.code(), absl::StrCat("shard ", i, "'s embeddings: ", s.message()));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -84,7 +129,9 @@ bool PeriodicCheckpointDue(const JobStatus& st, const JobSpec& spec, const Check
       st.params_size() == 0 || st.workers_size() < spec.workers) {
     return false;
   }
-  return st.step() >= c.last_step + spec.checkpoint_every_steps && st.step() < st.steps();
+  // A dlrm job streams its data: its steps are unknown (0) without max_steps.
+  const bool steps_left = st.step() < st.steps() || (st.steps() == 0 && !spec.embeddings.empty());
+  return st.step() >= c.last_step + spec.checkpoint_every_steps && steps_left;
 }
 
 std::vector<std::string> ShardAddresses(const JobStatus& status) {
@@ -108,15 +155,20 @@ absl::Status WriteCheckpoint(const CheckpointWrite& w, const std::string& root, 
     if (ec) status = ErrnoToStatus(ec.value(), "cannot create", pending);
   }
   std::vector<SaveTableResponse> saved(w.allreduce ? 1 : w.shards.size());
+  std::vector<SaveEmbeddingsResponse> embeddings;
   if (status.ok()) {
     status = w.allreduce ? SaveOnWorker0(w, pending, rendezvous, &saved[0])
-                         : SaveOnShards(w, RelativeToRoot(root, pending), saved);
+                         : SaveOnShards(w, RelativeToRoot(root, pending), saved, embeddings);
   }
   if (status.ok()) {
     CheckpointManifest manifest = w.manifest;
     for (size_t i = 0; i < saved.size(); ++i) {
       manifest.shards.push_back({static_cast<int>(i), absl::StrCat("shard-", i, ".bin"), saved[i].bytes(),
                                  saved[i].crc32()});
+    }
+    for (size_t i = 0; i < embeddings.size(); ++i) {
+      manifest.embeddings.push_back(
+          {static_cast<int>(i), EmbeddingFileName(i), embeddings[i].bytes(), embeddings[i].crc32()});
     }
     status = WriteManifest(pending, manifest);
   }
@@ -134,6 +186,13 @@ absl::StatusOr<CheckpointManifest> LoadCheckpoint(const std::string& job_id, uin
   if (!status.ok()) return status;
   auto manifest = ReadManifest(dir);
   if (!manifest.ok() || shards.empty()) return manifest;
+  // Before any shard loads anything.
+  if (!spec.embeddings.empty() && manifest->embeddings.empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("checkpoint ", dir,
+                     " holds no embedding tables (was it written by a job without embeddings, "
+                     "or by a pstrain older than embedding checkpoints?); a job with embeddings cannot start from it"));
+  }
   auto plan = MakePartitionPlan(manifest->params, spec.shards, static_cast<size_t>(manifest->chunk_bytes));
   if (!plan.ok()) return plan.status();
   for (size_t i = 0; i < shards.size(); ++i) {
@@ -149,6 +208,11 @@ absl::StatusOr<CheckpointManifest> LoadCheckpoint(const std::string& job_id, uin
     opts.table_grant = table_grant;
     absl::Status s = WaitFor([&](StatusCallback done) { client->LoadTableAsync(req, &resp, opts, done); });
     if (!s.ok()) return absl::Status(s.code(), absl::StrCat("shard ", i, ": ", s.message()));
+  }
+  if (!spec.embeddings.empty()) {
+    status = LoadEmbeddingsOnShards(*manifest, job_id, attempt, job_secret, RelativeToRoot(root, dir), spec, shards,
+                                    timeout);
+    if (!status.ok()) return status;
   }
   return manifest;
 }

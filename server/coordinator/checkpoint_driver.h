@@ -68,6 +68,9 @@ struct CheckpointWrite {
   // through the job's rendezvous store.
   bool allreduce = false;
   std::vector<std::string> shards;  // addresses, by rank
+  // Model dlrm: every shard also writes the job's embedding tables
+  // (SaveEmbeddings) to emb-<rank>.bin, beside its dense shard file.
+  bool embeddings = false;
   std::string dir;                  // ckpt-<step>, absolute, under the root
   int keep = 1;                     // newest checkpoints kept
   CheckpointManifest manifest;      // all but the shards' files
@@ -82,14 +85,19 @@ struct CheckpointWrite {
 // such report (any bytes give a status, never a crash).
 absl::StatusOr<SaveTableResponse> ParseWorkerSaveReport(const std::string& value);
 
-// Has every shard (or worker 0) write its table into the pending
+// Has every shard (or worker 0) write its table (and, `embeddings`, its
+// embedding tables: all the shards' calls at once) into the pending
 // directory, writes the manifest, and commits the directory whole (older
-// ones beyond `keep` go). On failure nothing is left behind.
+// ones beyond `keep` go). On any failure nothing is left behind.
 absl::Status WriteCheckpoint(const CheckpointWrite& write, const std::string& root, Rendezvous& rendezvous);
 
 // Loads the checkpoint in `dir` into a job's (new) shards, cut by a fresh
 // partition plan for their number; returns its manifest. All-reduce jobs
-// (no shards) only read the manifest: the workers load the file.
+// (no shards) only read the manifest: the workers load the file. A job
+// with embeddings (spec.embeddings) has every new shard load every
+// embedding file of the checkpoint (LoadEmbeddings keeps the rows it owns
+// under the new shard count), continuing at the checkpoint's step; a
+// checkpoint without embedding files cannot restore such a job.
 // `table_grant`: the coordinator's grant for the job's attempt and secret
 // (empty without a grant key). `timeout`: each shard's LoadTable call
 // (CoordinatorOptions::checkpoint_load_timeout).

@@ -21,6 +21,12 @@ absl::StatusOr<uint64_t> Coordinator::ClaimCheckpoint(const std::string& job_id)
     return absl::FailedPreconditionError(
         absl::StrCat("job ", job_id, " is ", JobStateName(state), ": only a running job can be checkpointed"));
   }
+  if (job->spec.allreduce() && !job->spec.embeddings.empty()) {
+    // Worker 0 would save its dense store and no shard its rows: a restore
+    // of that would silently start the rows over.
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job ", job_id, " is hybrid (all-reduce with embeddings): its checkpoints are not built yet"));
+  }
   if (job->checkpoint.claimed) {
     return absl::UnavailableError(
         absl::StrCat("a checkpoint of job ", job_id, " is already in progress; try again when it is done"));
@@ -166,6 +172,7 @@ absl::StatusOr<CheckpointWrite> Coordinator::PauseForCheckpoint(const std::strin
   w.pause_id = c.pause_id;
   w.allreduce = allreduce;
   w.shards = ShardAddresses(s);
+  w.embeddings = !job->spec.embeddings.empty();
   // The job's own directory: jobs sharing an output_dir never touch each
   // other's checkpoints.
   w.dir = CheckpointDir(JobDir(job->stored.output_dir, job_id), manifest.step);

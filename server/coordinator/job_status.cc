@@ -45,7 +45,10 @@ void MergeProgress(JobStatus& st, int workers, int rank, const WorkerEvent::Prog
   int epoch = INT32_MAX, reporting = 0;
   double loss = 0, rate = 0;
   for (const WorkerProgress& wp : st.workers()) {
-    if (wp.steps() == 0) continue;  // not reported yet
+    // Not reported yet, or vacated (coordinator_elastic.cc clears both). A
+    // dlrm job streaming its data without max_steps reports steps 0 (unknown)
+    // with a rate, and counts.
+    if (wp.steps() == 0 && wp.samples_per_s() == 0) continue;
     ++reporting;
     step = std::min(step, wp.step());
     epoch = std::min(epoch, wp.epoch());

@@ -12,7 +12,7 @@
 #                   the rows on the shards); "not supported yet" while the
 #                   spec refuses it;
 #   torch           bench/torch_dlrm.py, one process, batch 256 (the global
-#                   batch), 2 threads; torch DDP: 2 ranks (gloo) x batch 128,
+#                   batch), EMB_TORCH_THREADS threads (1); torch DDP: 2 ranks (gloo) x batch 128,
 #                   1 thread each. Tables of EMB_IDS rows (id mod rows).
 # Then the scale line: the capped job on data with EMB_SCALE x the ids.
 # Peak RSS: workers under /usr/bin/time (%M), shards' VmHWM read before
@@ -24,6 +24,10 @@ EMB_SCALE=${EMB_SCALE:-100}
 EMB_TRAIN=${EMB_TRAIN:-200000}
 EMB_TEST=${EMB_TEST:-20000}
 EMB_CAP_MB=${EMB_CAP_MB:-4}
+# The one-process peer's threads: 1 is its fastest here (2 threads: 20.5k
+# samples/s on a quiet machine against 24.4k with 1, and OpenMP's spinning
+# collapses to under 1k when other processes load the 2 cores).
+EMB_TORCH_THREADS=${EMB_TORCH_THREADS:-1}
 
 emb_gen() {  # emb_gen DATA_ROOT IDS -> the Bayes AUC
   mkdir -p "$1/criteo"
@@ -60,7 +64,9 @@ emb_ours_once() {  # emb_ours_once async|hybrid DATA_ROOT CAP_MB
   for i in 0 1; do wait_file "$run/s$i" 30; targets+="${targets:+,}$(head -1 "$run/s$i")"; done
   port=$(free_port)
   for w in 0 1; do
-    RANK=$w WORLD_SIZE=2 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+    # One BLAS and OpenMP thread, as pstrain local gives its workers (an idle
+    # OpenBLAS thread spinning in sched_yield doubled a worker's CPU time).
+    OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 RANK=$w WORLD_SIZE=2 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
       /usr/bin/time -f %M -o "$run/w$w.rss" $BIN/worker/pstrain-worker --spec="$run/job.yaml" --rank=$w \
         --world_size=2 --shards="$targets" --data_root="$2" --output_dir="$run/out" \
       >"$run/w$w.jsonl" 2>"$run/w$w.log" &
@@ -77,11 +83,14 @@ emb_ours_once() {  # emb_ours_once async|hybrid DATA_ROOT CAP_MB
   kill "${pids[@]}" 2>/dev/null || true
   wait "${pids[@]}" 2>/dev/null || true
   if [ $failed = 1 ]; then
-    if grep -qE "not built yet|not supported yet" "$run"/w*.log; then
-      log "pstrain $1: refused: $(grep -hoE '[^:]*(not built yet|not supported yet)[^"]*' "$run"/w*.log | head -1)"
+    # A spec the worker refuses (hybrid, until it is built): its error names
+    # the spec file. Anything else fails the bench.
+    local refusal; refusal=$(grep -h "\[error\].*job.yaml: " "$run"/w*.jsonl "$run"/w*.log | head -1)
+    if [ -n "$refusal" ]; then
+      log "pstrain $1: the spec is refused: ${refusal#*job.yaml: }"
       echo unsupported; return
     fi
-    tail -20 "$run"/w*.log >&2; exit 1
+    tail -n 20 "$run"/w*.log "$run"/w*.jsonl >&2; exit 1
   fi
   $PY - "$stats" "$hwm" "$run"/w0.rss "$run"/w1.rss "$run"/w0.jsonl "$run"/w1.jsonl <<'PYEOF'
 import json, sys
@@ -90,6 +99,8 @@ rss = max(int(open(p).read().split()[-1]) for p in sys.argv[3:5])
 done, auc = [], None
 for path in sys.argv[5:]:
     for line in open(path):
+        if not line.startswith("{"):
+            continue  # the log lines among the events
         e = json.loads(line)
         if "done" in e:
             done.append(e["done"])
@@ -102,7 +113,7 @@ PYEOF
 }
 
 emb_torch_once() {  # emb_torch_once WORKERS BATCH THREADS DATA_ROOT ROWS -> "samples/s auc rss_mb_max"
-  $PY bench/torch_dlrm.py --train "$4/criteo/train.tsv" --test "$4/criteo/test.tsv" --rows "$5" \
+  OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=$3 $PY bench/torch_dlrm.py --train "$4/criteo/train.tsv" --test "$4/criteo/test.tsv" --rows "$5" \
     --workers "$1" --batch "$2" --threads "$3" 2>"$WORK/torch_dlrm.log" | tail -1 \
     | $PY -c 'import json,sys; r=json.loads(sys.stdin.read()); print(r["samples_per_s"], r["auc"], max(r["peak_rss_mb"]))' \
     || { tail -5 "$WORK/torch_dlrm.log" >&2; exit 1; }
@@ -121,7 +132,7 @@ embeddings() {
   for r in $(seq "$reps"); do
     log "rep $r/$reps: pstrain async"; runs[async]+="$(emb_ours_once async "$base" "$EMB_CAP_MB")"$'\n'
     log "rep $r/$reps: pstrain hybrid"; runs[hybrid]+="$(emb_ours_once hybrid "$base" "$EMB_CAP_MB")"$'\n'
-    log "rep $r/$reps: torch, one process"; runs[torch]+="$(emb_torch_once 1 256 2 "$base" "$EMB_IDS")"$'\n'
+    log "rep $r/$reps: torch, one process"; runs[torch]+="$(emb_torch_once 1 256 "$EMB_TORCH_THREADS" "$base" "$EMB_IDS")"$'\n'
     log "rep $r/$reps: torch DDP (gloo, 2 ranks)"; runs[ddp]+="$(emb_torch_once 2 128 1 "$base" "$EMB_IDS")"$'\n'
     log "rep $r/$reps: pstrain async, ${EMB_SCALE}x ids"; runs[big]+="$(emb_ours_once async "$big" "$EMB_CAP_MB")"$'\n'
   done

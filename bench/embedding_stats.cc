@@ -74,8 +74,7 @@ int main(int argc, char** argv) {
   Totals total;
   std::vector<std::string> per_shard;
   for (size_t s = 0; s < shards.size(); ++s) {
-    auto stub = pstrain::EmbeddingService::NewStub(
-        grpc::CreateChannel(shards[s], grpc::InsecureChannelCredentials()));
+    auto stub = pstrain::EmbeddingService::NewStub(grpc::CreateChannel(shards[s], grpc::InsecureChannelCredentials()));
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(absl::GetFlag(FLAGS_timeout_s)));
     if (!secret.empty()) context.AddMetadata(pstrain::kJobSecretMetadata, secret);

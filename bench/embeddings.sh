@@ -122,9 +122,10 @@ emb_torch_once() {  # emb_torch_once WORKERS BATCH THREADS DATA_ROOT ROWS -> "sa
 embeddings() {
   local reps=${1:-3} base=$WORK/emb-data big=$WORK/emb-data-big
   local ids_big; ids_big=$(awk -v a="$EMB_IDS" -v s="$EMB_SCALE" 'BEGIN {printf "%.0f", a * s}')
-  log "building"
-  bazel build //client:pstrain //server/ps:pstrain-ps //worker:pstrain-worker //worker:criteo_gen \
-    //bench:embedding_stats >&2
+  if [ -z "${PSTRAIN_BIN:-}" ]; then  # given binaries (the smoke test's) are not rebuilt
+    log "building"
+    bazel build //server/ps:pstrain-ps //worker:pstrain-worker //worker:criteo_gen //bench:embedding_stats >&2
+  fi
   log "data: $EMB_TRAIN + $EMB_TEST lines, $EMB_IDS and $ids_big ids per field"
   local bayes bayes_big
   bayes=$(emb_gen "$base" "$EMB_IDS"); bayes_big=$(emb_gen "$big" "$ids_big")
@@ -167,7 +168,7 @@ big = line("big", ($(col big 1), $(col big 2), $(col big 3), $(col big 4), $(col
 t = {"samples_per_s": $(col torch 1), "auc": $(col torch 2), "peak_rss_mb": $(col torch 3)}
 d = {"samples_per_s": $(col ddp 1), "auc": $(col ddp 2), "peak_rss_mb_max_rank": $(col ddp 3)}
 ids, ids_big, dim, tables = $EMB_IDS, $ids_big, 16, 26
-need = lambda rows: tables * rows * dim * 4 * (1 + 1) / 2**30  # value + Adagrad's sum, GiB
+need = lambda rows: tables * rows * dim * 4 * (1 + 1)  # bytes: value + Adagrad's sum per element
 ratio = lambda x, y: round(x / y, 3) if x and y else 0
 print(json.dumps({
     "bench": "embeddings", "reps": $reps,
@@ -178,8 +179,9 @@ print(json.dumps({
     "pstrain_async": a, "pstrain_hybrid": h if $hybrid_ok else "not supported yet",
     "torch_one_process": t, "torch_ddp_gloo_2": d,
     "scale": {"ids_per_field": ids_big, "pstrain_async": big,
-              "torch_full_table_gib_per_process": round(need(ids_big), 2),
-              "torch_table_gib_per_process_at_1x": round(need(ids), 3)},
+              "torch_full_table_bytes_per_process": need(ids_big),
+              "torch_full_table_gib_per_process": round(need(ids_big) / 2**30, 2),
+              "torch_table_gib_per_process_at_1x": round(need(ids) / 2**30, 3)},
     "ratios": {"vs_torch_ddp": ratio(a["samples_per_s"], d["samples_per_s"]),
                "vs_torch_single": ratio(a["samples_per_s"], t["samples_per_s"]),
                "hybrid_vs_torch_ddp": ratio(h["samples_per_s"], d["samples_per_s"]) if $hybrid_ok else None,

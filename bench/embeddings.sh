@@ -85,7 +85,7 @@ emb_ours_once() {  # emb_ours_once async|hybrid DATA_ROOT CAP_MB
   if [ $failed = 1 ]; then
     # A spec the worker refuses (hybrid, until it is built): its error names
     # the spec file. Anything else fails the bench.
-    local refusal; refusal=$(grep -h "\[error\].*job.yaml: " "$run"/w*.jsonl "$run"/w*.log | head -1)
+    local refusal; refusal=$(grep -h "\[error\].*job.yaml: " "$run"/w*.jsonl "$run"/w*.log | head -1 || true)
     if [ -n "$refusal" ]; then
       log "pstrain $1: the spec is refused: ${refusal#*job.yaml: }"
       echo unsupported; return

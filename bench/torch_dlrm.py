@@ -5,8 +5,9 @@ The model is worker/dlrm_model.cc's, layer for layer: bottom MLP 13 -> 64 ->
 dim (ReLU after every layer), the dot interaction of [x, e_1..e_26] (the
 upper triangle, i < j, flattened), top MLP (dim + 351) -> 64 -> 32 -> 1 (ReLU
 between layers), BCE with logits; weights N(0, 2 / (in + out)) and biases
-N(0, 1 / out) drawn in the same order from a generator seeded with the job's
-seed (42), as the C++ model draws them. Embeddings: one
+N(0, 1 / out) drawn in the C++ model's order from a generator seeded with
+the job's seed (42) (the same distributions; equal values are likely, as
+both draw from LibTorch's CPU generator, but not checked). Embeddings: one
 nn.EmbeddingBag(rows, dim, mode=sum, sparse=True) per field, the hashing
 trick (id mod rows) to --rows rows, rows U(-1/sqrt(dim), 1/sqrt(dim)) as the
 shards' default initializer. Optimizer: torch.optim.Adagrad (it takes sparse

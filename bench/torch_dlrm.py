@@ -150,6 +150,7 @@ def train(rank, args, port, results):
         os.environ["MASTER_PORT"] = str(port)
         dist.init_process_group("gloo", rank=rank, world_size=args.workers)
     labels, dense, ids = read_criteo(args.train, rank, args.workers)
+    torch.manual_seed(args.seed)  # the tables' rows: every run, and every DDP rank, starts from the same values
     model = Dlrm(args.rows, args.dim, args.seed)
     net = nn.parallel.DistributedDataParallel(model) if ddp else model
     dense_params = [p for n, p in model.named_parameters() if not n.startswith("tables.")]

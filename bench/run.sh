@@ -26,6 +26,10 @@
 #                                  halves pstrain's bytes to and from the shards (ps);
 #                                  GPU_REQUESTS_IN_FLIGHT (default 2; 0: no limit);
 #                                  GPU_DEVICE=cpu runs it all on the CPU (Gloo)
+#   bench/run.sh embeddings [REPS] DLRM on criteo_gen data: pstrain's sparse tables
+#                                  (2 shards, 2 workers, async; hybrid) vs PyTorch
+#                                  EmbeddingBag(sparse=True), one process and DDP
+#                                  (gloo); then 100x the ids (bench/embeddings.sh)
 #
 # Prints a readable table and, as its last line, one JSON object.
 set -euo pipefail
@@ -713,7 +717,10 @@ elastic() {
     "$(awk -v a="$restart" -v b="$sync_step" 'BEGIN {print a / b}')"
 }
 
+source bench/embeddings.sh
+
 case "${1:-}" in
+  embeddings) shift; embeddings "$@" ;;
   elastic) shift; elastic "$@" ;;
   gpu) shift; gpu "$@" ;;
   pushpull) shift; pushpull "$@" ;;
@@ -722,5 +729,5 @@ case "${1:-}" in
   telemetry) shift; telemetry "$@" ;;
   commhosts) shift; commhosts "$@" ;;
   allreduce) shift; allreduce "$@" ;;
-  *) echo "usage: bench/run.sh pushpull|train|comm|commhosts|allreduce|gpu|elastic|telemetry [REPS]" >&2; exit 2 ;;
+  *) echo "usage: bench/run.sh pushpull|train|comm|commhosts|allreduce|gpu|elastic|telemetry|embeddings [REPS]" >&2; exit 2 ;;
 esac

@@ -2,6 +2,7 @@
 
 #include <ATen/ops/embedding_bag.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/index_select.h>
 #include <ATen/ops/zeros.h>
 #include <ATen/ops/zeros_like.h>
 #include <c10/util/Exception.h>
@@ -83,7 +84,10 @@ absl::StatusOr<std::unique_ptr<SparseEmbeddings>> SparseEmbeddings::Create(Embed
           absl::StrCat("field ", f, " reads table ", fields[f].table, "; there are ", rows->num_tables()));
     }
   }
-  return std::unique_ptr<SparseEmbeddings>(new SparseEmbeddings(rows, std::move(fields)));
+  bool fused = !fields.empty();
+  for (size_t t = 1; t < rows->num_tables(); ++t) fused = fused && rows->dim(t) == rows->dim(0);
+  for (const SparseFieldConfig& f : fields) fused = fused && f.pooling == fields[0].pooling;
+  return std::unique_ptr<SparseEmbeddings>(new SparseEmbeddings(rows, std::move(fields), fused));
 }
 
 absl::Status SparseEmbeddings::Deduplicate(const CriteoBatch& batch, std::vector<std::vector<int64_t>>* positions) {
@@ -110,6 +114,7 @@ absl::Status SparseEmbeddings::Deduplicate(const CriteoBatch& batch, std::vector
     const int t = fields_[f].table;
     std::vector<int64_t>& pos = (*positions)[f];
     pos.reserve(ids.size());
+    index[t].reserve(index[t].size() + ids.size());
     for (int64_t id : ids) {
       auto [it, inserted] = index[t].try_emplace(id, static_cast<int64_t>(unique_ids_[t].size()));
       if (inserted) unique_ids_[t].push_back(id);
@@ -150,10 +155,54 @@ absl::Status SparseEmbeddings::Pool(const CriteoBatch& batch, const std::vector<
   return absl::OkStatus();
 }
 
+void SparseEmbeddings::PoolFused(const CriteoBatch& batch, const std::vector<std::vector<int64_t>>& positions,
+                                 std::vector<at::Tensor>* pooled) const {
+  const int64_t b = batch.size(), dim = rows_->dim(0), nf = static_cast<int64_t>(fields_.size());
+  pooled->clear();
+  if (base_.back() == 0) {  // no ids at all: every bag empty
+    for (int64_t f = 0; f < nf; ++f) pooled->push_back(at::zeros({b, dim}));
+    return;
+  }
+  // Field f's positions into all_ (its table's from base_), field after field.
+  int64_t total = 0;
+  bool one_hot = true;  // every bag one id: pooling is a gather, sum and mean alike
+  for (int64_t f = 0; f < nf; ++f) {
+    total += static_cast<int64_t>(positions[f].size());
+    const std::vector<int64_t>& offsets = batch.sparse_offsets[f];
+    for (int64_t i = 0; one_hot && i <= b; ++i) one_hot = offsets[i] == i;
+  }
+  const auto i64 = at::TensorOptions().dtype(at::kLong);
+  at::Tensor indices = at::empty({total}, i64);
+  int64_t* out = indices.data_ptr<int64_t>();
+  for (int64_t f = 0; f < nf; ++f) {
+    const int64_t base = base_[fields_[f].table];
+    for (int64_t p : positions[f]) *out++ = base + p;
+  }
+  at::Tensor all_fields;  // [nf * b, dim]: field f's bags from row f * b
+  if (one_hot) {
+    all_fields = at::index_select(all_, 0, indices);
+  } else {
+    at::Tensor offsets = at::empty({nf * b + 1}, i64);
+    int64_t* o = offsets.data_ptr<int64_t>();
+    int64_t start = 0;
+    for (int64_t f = 0; f < nf; ++f) {
+      for (int64_t i = 0; i < b; ++i) *o++ = start + batch.sparse_offsets[f][i];
+      start += static_cast<int64_t>(positions[f].size());
+    }
+    *o = start;
+    const int64_t mode = fields_[0].pooling == EmbeddingPooling::kMean ? 1 : 0;
+    all_fields = std::get<0>(at::embedding_bag(all_, indices, offsets, /*scale_grad_by_freq=*/false, mode,
+                                               /*sparse=*/false, /*per_sample_weights=*/{},
+                                               /*include_last_offset=*/true));
+  }
+  for (int64_t f = 0; f < nf; ++f) pooled->push_back(all_fields.narrow(0, f * b, b));
+}
+
 absl::Status SparseEmbeddings::LookupAndPool(int64_t step, const CriteoBatch& batch, EmbeddingLookupKind kind,
                                              std::vector<at::Tensor>* pooled) {
   pending_ = false;
   leaves_.clear();
+  all_ = at::Tensor();
   std::vector<std::vector<int64_t>> positions;
   absl::Status s = Deduplicate(batch, &positions);
   if (!s.ok()) return s;
@@ -163,13 +212,30 @@ absl::Status SparseEmbeddings::LookupAndPool(int64_t step, const CriteoBatch& ba
   if (rows.size() != unique_ids_.size()) {
     return absl::InternalError(absl::StrCat("lookup answered ", rows.size(), " tables of ", unique_ids_.size()));
   }
+  base_.assign(unique_ids_.size() + 1, 0);
+  for (size_t t = 0; t < unique_ids_.size(); ++t) {
+    const int64_t n = static_cast<int64_t>(unique_ids_[t].size()), dim = rows_->dim(t);
+    if (static_cast<int64_t>(rows[t].size()) != n * dim) {
+      return absl::InternalError(
+          absl::StrCat("lookup answered ", rows[t].size(), " floats for table ", t, "; expected ", n * dim));
+    }
+    base_[t + 1] = base_[t] + n;
+  }
   try {
+    if (fused_) {
+      const int64_t dim = rows_->dim(0);
+      all_ = at::empty({base_.back(), dim});
+      for (size_t t = 0; t < rows.size(); ++t) {
+        if (!rows[t].empty()) {
+          std::memcpy(all_.data_ptr<float>() + base_[t] * dim, rows[t].data(), rows[t].size() * sizeof(float));
+        }
+      }
+      if (kind == EmbeddingLookupKind::kTrain) all_.requires_grad_(true);
+      PoolFused(batch, positions, pooled);
+      return absl::OkStatus();
+    }
     for (size_t t = 0; t < unique_ids_.size(); ++t) {
       const int64_t n = static_cast<int64_t>(unique_ids_[t].size()), dim = rows_->dim(t);
-      if (static_cast<int64_t>(rows[t].size()) != n * dim) {
-        return absl::InternalError(
-            absl::StrCat("lookup answered ", rows[t].size(), " floats for table ", t, "; expected ", n * dim));
-      }
       at::Tensor leaf = at::empty({n, dim});
       if (n > 0) std::memcpy(leaf.data_ptr<float>(), rows[t].data(), rows[t].size() * sizeof(float));
       if (kind == EmbeddingLookupKind::kTrain) leaf.requires_grad_(true);
@@ -195,10 +261,16 @@ absl::Status SparseEmbeddings::Backward(int64_t step) {
   if (!pending_) return absl::FailedPreconditionError("Backward without a Forward since the last one");
   pending_ = false;
   // Kept alive until Update returns: grads point into them.
-  std::vector<at::Tensor> grads(leaves_.size());
-  std::vector<const float*> pointers(leaves_.size(), nullptr);
+  std::vector<at::Tensor> grads(fused_ ? 1 : leaves_.size());
+  std::vector<const float*> pointers(unique_ids_.size(), nullptr);
   try {
-    for (size_t t = 0; t < leaves_.size(); ++t) {
+    if (fused_) {
+      // all_'s grad row i is already the sum over every occurrence of its id.
+      const at::Tensor& g = all_.grad();
+      grads[0] = g.defined() ? g.contiguous() : at::zeros_like(all_);
+      for (size_t t = 0; t < pointers.size(); ++t) pointers[t] = grads[0].data_ptr<float>() + base_[t] * rows_->dim(0);
+    }
+    for (size_t t = 0; !fused_ && t < leaves_.size(); ++t) {
       const at::Tensor& g = leaves_[t].grad();
       // A row the loss never reached (a field the model ignores) has no
       // gradient; the shard still expects one row per id.

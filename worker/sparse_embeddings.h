@@ -104,6 +104,12 @@ struct SparseFieldConfig {
 // at::embedding_bag. After loss.backward(), a leaf's grad row is already the
 // sum over every occurrence of that id, so Backward pushes it as it is.
 //
+// Fused (every table of one dim, every field pooled alike: DLRM's case):
+// the tables' rows are one leaf [sum of unique, dim], and all fields pool in
+// one operation, whose output's field f is pooled[f] -- an index_select when
+// every bag holds one id (Criteo), else one embedding_bag. One op and one
+// backward instead of one per field: the same values and gradients.
+//
 // Not thread-safe: one thread runs Forward, then Backward, per step. Holds
 // the last Forward's leaves until the next Forward. `rows` must outlive it.
 class SparseEmbeddings {
@@ -130,12 +136,12 @@ class SparseEmbeddings {
 
   // The last Forward's unique ids per table, in the order of its rows.
   const std::vector<std::vector<int64_t>>& unique_ids() const { return unique_ids_; }
-  // The last Forward's leaf per table ([unique, dim]; undefined with none).
-  const std::vector<at::Tensor>& leaves() const { return leaves_; }
+  // Whether Forward pools all fields in one operation (see above).
+  bool fused() const { return fused_; }
 
  private:
-  SparseEmbeddings(EmbeddingRows* rows, std::vector<SparseFieldConfig> fields)
-      : rows_(rows), fields_(std::move(fields)) {}
+  SparseEmbeddings(EmbeddingRows* rows, std::vector<SparseFieldConfig> fields, bool fused)
+      : rows_(rows), fields_(std::move(fields)), fused_(fused) {}
   // Fills unique_ids_ and, per field, the positions of its ids in its
   // table's unique ids.
   absl::Status Deduplicate(const CriteoBatch& batch, std::vector<std::vector<int64_t>>* positions);
@@ -144,11 +150,17 @@ class SparseEmbeddings {
                              std::vector<at::Tensor>* pooled);
   absl::Status Pool(const CriteoBatch& batch, const std::vector<std::vector<int64_t>>& positions,
                     std::vector<at::Tensor>* pooled) const;
+  // The fused path's Pool, from all_.
+  void PoolFused(const CriteoBatch& batch, const std::vector<std::vector<int64_t>>& positions,
+                 std::vector<at::Tensor>* pooled) const;
 
   EmbeddingRows* rows_;
   const std::vector<SparseFieldConfig> fields_;
+  const bool fused_;
   std::vector<std::vector<int64_t>> unique_ids_;
-  std::vector<at::Tensor> leaves_;
+  std::vector<at::Tensor> leaves_;  // per table (the path that is not fused)
+  at::Tensor all_;                  // the fused path's one leaf: table t's rows from base_[t]
+  std::vector<int64_t> base_;
   bool pending_ = false;  // a Forward whose gradient is not pushed yet
 };
 

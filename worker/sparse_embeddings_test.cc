@@ -116,27 +116,28 @@ TEST(SparseEmbeddingsTest, PoolsSumAndMeanAsByHand) {
 // and across fields: each distinct id is looked up once, and the gradient
 // pushed for it equals the gradient of that row in a dense reference
 // (embedding_bag over a full weight tensor holding the same rows).
-TEST(SparseEmbeddingsTest, LooksUpEachIdOnceAndPushesSummedGradients) {
-  FakeEmbeddingRows rows({3, 2});
-  const std::vector<SparseFieldConfig> fields = {
-      {0, EmbeddingPooling::kSum}, {1, EmbeddingPooling::kMean}, {0, EmbeddingPooling::kMean}};
+using Bags = std::vector<std::vector<std::vector<int64_t>>>;
+
+// Tables of `dims`, `fields` reading them, a batch of `bags`: every id looked
+// up once, every field's pooled rows and every row's pushed gradient as
+// at::embedding_bag over a dense table gives them. `fused`: the path
+// expected.
+void CheckAgainstEmbeddingBag(const std::vector<int>& dims, const std::vector<SparseFieldConfig>& fields,
+                              const Bags& bags, bool fused) {
+  FakeEmbeddingRows rows(dims);
   auto emb = SparseEmbeddings::Create(&rows, fields);
   ASSERT_TRUE(emb.ok()) << emb.status();
-  const std::vector<std::vector<std::vector<int64_t>>> bags = {
-      {{7, 7, 3}, {3}, {}, {-1, 9}},
-      {{4}, {4, 4, 4}, {8}, {}},
-      {{9, 7}, {}, {3, 3}, {100}},
-  };
+  EXPECT_EQ((*emb)->fused(), fused);
   CriteoBatch batch = MakeBatch(bags);
   std::vector<at::Tensor> pooled;
   ASSERT_TRUE((*emb)->Forward(11, batch, &pooled).ok());
   EXPECT_EQ(rows.lookups, 1);
-  ASSERT_EQ(rows.looked_up.size(), 2u);
-  std::vector<std::set<int64_t>> distinct(2);
+  ASSERT_EQ(rows.looked_up.size(), dims.size());
+  std::vector<std::set<int64_t>> distinct(dims.size());
   for (size_t f = 0; f < fields.size(); ++f) {
     for (const auto& bag : bags[f]) distinct[fields[f].table].insert(bag.begin(), bag.end());
   }
-  for (size_t t = 0; t < 2; ++t) {
+  for (size_t t = 0; t < dims.size(); ++t) {
     std::set<int64_t> seen(rows.looked_up[t].begin(), rows.looked_up[t].end());
     EXPECT_EQ(seen.size(), rows.looked_up[t].size()) << "table " << t << " looked an id up twice";
     EXPECT_EQ(seen, distinct[t]);
@@ -151,11 +152,15 @@ TEST(SparseEmbeddingsTest, LooksUpEachIdOnceAndPushesSummedGradients) {
   loss.backward();
   ASSERT_TRUE((*emb)->Backward(11).ok());
   EXPECT_EQ(rows.updates, 1);
-  EXPECT_EQ(rows.pushed_tables, 2u);
+  EXPECT_EQ(rows.pushed_tables, dims.size());
 
   // The dense reference: table t as a [distinct, dim] weight in sorted id
   // order (another order than the one under test).
-  for (size_t t = 0; t < 2; ++t) {
+  for (size_t t = 0; t < dims.size(); ++t) {
+    if (distinct[t].empty()) {  // a table no field reads, or only empty bags
+      EXPECT_TRUE(rows.pushed[t].empty()) << "table " << t;
+      continue;
+    }
     const std::vector<int64_t> sorted(distinct[t].begin(), distinct[t].end());
     std::vector<std::vector<float>> values;
     for (int64_t id : sorted) {
@@ -188,6 +193,36 @@ TEST(SparseEmbeddingsTest, LooksUpEachIdOnceAndPushesSummedGradients) {
   }
 }
 
+const Bags kMultiHot = {
+    {{7, 7, 3}, {3}, {}, {-1, 9}},
+    {{4}, {4, 4, 4}, {8}, {}},
+    {{9, 7}, {}, {3, 3}, {100}},
+};
+// Criteo's shape: one id per field and example (-1: missing).
+const Bags kOneHot = {
+    {{7}, {3}, {-1}, {9}},
+    {{4}, {4}, {8}, {100}},
+    {{9}, {7}, {3}, {3}},
+};
+
+TEST(SparseEmbeddingsTest, LooksUpEachIdOnceAndPushesSummedGradients) {
+  // Tables of two dims, fields pooled two ways: one pooling per field.
+  CheckAgainstEmbeddingBag({3, 2},
+                           {{0, EmbeddingPooling::kSum}, {1, EmbeddingPooling::kMean}, {0, EmbeddingPooling::kMean}},
+                           kMultiHot, /*fused=*/false);
+}
+
+TEST(SparseEmbeddingsTest, FusedPoolingMatchesOneEmbeddingBagPerField) {
+  for (EmbeddingPooling pooling : {EmbeddingPooling::kSum, EmbeddingPooling::kMean}) {
+    SCOPED_TRACE(pooling == EmbeddingPooling::kSum ? "sum" : "mean");
+    const std::vector<SparseFieldConfig> fields = {{0, pooling}, {1, pooling}, {0, pooling}};
+    CheckAgainstEmbeddingBag({3, 3}, fields, kMultiHot, /*fused=*/true);  // one embedding_bag
+    CheckAgainstEmbeddingBag({3, 3}, fields, kOneHot, /*fused=*/true);    // a gather
+    // Three tables, one unread: its update is empty.
+    CheckAgainstEmbeddingBag({2, 2, 2}, {{2, pooling}, {0, pooling}, {2, pooling}}, kOneHot, /*fused=*/true);
+  }
+}
+
 TEST(SparseEmbeddingsTest, TableWithNoIdsGivesZerosAndAnEmptyUpdate) {
   FakeEmbeddingRows rows({2, 4});
   auto emb = SparseEmbeddings::Create(&rows, {{0, EmbeddingPooling::kSum}, {1, EmbeddingPooling::kMean}});
@@ -203,6 +238,23 @@ TEST(SparseEmbeddingsTest, TableWithNoIdsGivesZerosAndAnEmptyUpdate) {
   EXPECT_EQ(rows.pushed_tables, 2u);
   EXPECT_TRUE(rows.pushed[1].empty());
   EXPECT_EQ(rows.pushed[0][5], (std::vector<float>{1.f, 1.f}));
+}
+
+TEST(SparseEmbeddingsTest, FusedBatchWithNoIdsGivesZerosAndEmptyUpdates) {
+  FakeEmbeddingRows rows({2, 2});
+  auto emb = SparseEmbeddings::Create(&rows, {{0, EmbeddingPooling::kSum}, {1, EmbeddingPooling::kSum}});
+  ASSERT_TRUE(emb.ok());
+  ASSERT_TRUE((*emb)->fused());
+  std::vector<at::Tensor> pooled;
+  ASSERT_TRUE((*emb)->Forward(0, MakeBatch({{{}, {}}, {{}, {}}}), &pooled).ok());
+  ASSERT_EQ(pooled.size(), 2u);
+  for (const at::Tensor& p : pooled) {
+    EXPECT_EQ(p.sizes(), (at::IntArrayRef{2, 2}));
+    EXPECT_EQ(p.abs().sum().item<float>(), 0.f);
+  }
+  ASSERT_TRUE((*emb)->Backward(0).ok());
+  EXPECT_EQ(rows.pushed_tables, 2u);
+  EXPECT_TRUE(rows.pushed[0].empty() && rows.pushed[1].empty());
 }
 
 TEST(SparseEmbeddingsTest, UnreachedRowsPushZeros) {

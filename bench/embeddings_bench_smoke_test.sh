@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# `bench/run.sh embeddings`, tiny (4,000 lines, 50 ids per field), through
+# every line: pstrain async on 2 real shards and 2 workers, hybrid (figures
+# or "not supported yet"), the PyTorch peers (bench/torch_dlrm.py) in one
+# process and DDP on 2 ranks, and the scale line; its last line must be the
+# JSON with every figure and ratio. No speed or AUC target is asserted here
+# (bench/README.md has the figures); only that each line ran and learned
+# something (AUC above chance on the planted data).
+set -euo pipefail
+export TMPDIR=${TEST_TMPDIR:-/tmp}
+export PSTRAIN_BIN=$PWD  # the runfiles tree has Bazel's layout
+out=$(EMB_TRAIN=4000 EMB_TEST=1000 EMB_IDS=50 EMB_CAP_MB=3 EMB_SCALE=10 bench/run.sh embeddings 1 | tail -1)
+/usr/bin/python3 -c '
+import json, sys
+r = json.loads(sys.argv[1])
+assert r["bench"] == "embeddings", r
+for line in (r["pstrain_async"], r["scale"]["pstrain_async"]):
+    assert line["samples_per_s"] > 0 and line["worker_rss_mb"] > 0 and line["shard_rss_mb"] > 0, line
+    assert line["rows_held"] > 0 and line["evicted"] >= 0, line
+    assert 0.55 < line["auc"] < 1, line
+for line in (r["torch_one_process"], r["torch_ddp_gloo_2"]):
+    assert line["samples_per_s"] > 0 and 0.55 < line["auc"] < 1, line
+assert r["pstrain_hybrid"] == "not supported yet" or r["pstrain_hybrid"]["samples_per_s"] > 0, r
+assert 0.5 < r["bayes_auc"] < 1 and r["scale"]["ids_per_field"] == 500, r
+assert r["scale"]["torch_full_table_bytes_per_process"] == 26 * 500 * 16 * 4 * 2, r  # rows x dim x 4 B x (1 + Adagrad)
+for k in ("vs_torch_ddp", "vs_torch_single", "worker_rss_growth", "auc_gap_to_bayes"):
+    assert k in r["ratios"], k
+assert r["ratios"]["vs_torch_ddp"] > 0 and r["ratios"]["worker_rss_growth"] > 0, r
+print("ok:", json.dumps(r["ratios"]))
+' "$out"

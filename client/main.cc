@@ -28,6 +28,7 @@
 #include "client/local_cluster.h"
 #include "rpc/health_check.h"
 #include "client/progress_view.h"
+#include "client/quantize_command.h"
 #include "client/render.h"
 #include "common/file_util.h"
 #include "common/job_spec.h"
@@ -140,6 +141,7 @@ struct Args {
   bool secure = false;
   int http_port = 0;
   std::string data_root;
+  pstrain::QuantizeArgs quantize;
 };
 
 // A command's answer: the call's failure (Fail), or the message `m`, as
@@ -302,7 +304,9 @@ int RunExport(Client& client, const Args& a) {
   s = pstrain::WriteFileAtomically(a.export_path, *bytes);
   if (!s.ok()) return Fail(s, a.coordinator);
   std::printf("%s\n", a.export_path.c_str());
-  return 0;
+  if (a.quantize.mode.empty()) return 0;
+  return pstrain::RunQuantize(
+      a.quantize, FindBinary("PSTRAIN_QUANTIZE_BIN", "pstrain-quantize", "quantize/pstrain-quantize"), a.export_path);
 }
 
 int RunCancel(Client& client, const Args& a) {
@@ -392,6 +396,7 @@ int Main(int argc, char** argv) {
       app.add_subcommand("export", "write a finished job's weights (torch.load reads them)"), RunExport);
   export_cmd->add_option("job", a.job_id)->required();
   export_cmd->add_option("-f,--file", a.export_path, "destination file")->required();
+  pstrain::AddQuantizeOptions(export_cmd, &a.quantize);
   CLI::App* health = standalone(
       app.add_subcommand("health", "ask a server (coordinator, shard) for its gRPC health; exit 0 when SERVING"),
       RunHealth);

@@ -13,6 +13,7 @@
 
 #include <chrono>
 #include <map>
+#include <set>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
@@ -147,6 +148,21 @@ absl::StatusOr<Int8Mode> ParseInt8Mode(const std::string& text) {
   if (text == "dynamic") return Int8Mode::kDynamic;
   if (text == "static") return Int8Mode::kStatic;
   return absl::InvalidArgumentError(absl::StrCat("quantize mode ", Quote(text), " is none of dynamic, static"));
+}
+
+absl::StatusOr<std::string> InferModel(const NamedTensors& weights) {
+  static const std::set<std::string> kLeNet = {"conv1.weight", "conv1.bias", "conv2.weight", "conv2.bias",
+                                               "fc1.weight",   "fc1.bias",   "fc2.weight",   "fc2.bias",
+                                               "fc3.weight",   "fc3.bias"};
+  bool conv = false;
+  for (const auto& [name, t] : weights) {
+    if (!kLeNet.count(name)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "parameter ", Quote(name), " is in no built-in model; the int8 export knows mlp, mlp_wide and lenet"));
+    }
+    conv = conv || name.rfind("conv", 0) == 0;
+  }
+  return std::string(conv ? "lenet" : "mlp");
 }
 
 absl::StatusOr<NamedTensors> ReadWeightsFile(const std::string& path) {

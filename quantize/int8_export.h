@@ -49,6 +49,11 @@ struct Int8Module {
 // export` writes, or torch.save(model.state_dict()) in Python).
 absl::StatusOr<NamedTensors> ReadWeightsFile(const std::string& path);
 
+// The built-in model whose parameter names `weights` has: "lenet" with
+// conv1/conv2 and fc1..fc3, "mlp" with fc1..fc3 only; INVALID_ARGUMENT,
+// naming a parameter neither has, otherwise.
+absl::StatusOr<std::string> InferModel(const NamedTensors& weights);
+
 // Builds the module for built-in model `model` ("mlp", "mlp_wide",
 // "lenet") from its fp32 weights. Errors: INVALID_ARGUMENT for another
 // model (naming what is known) or weights that do not fit it (naming the

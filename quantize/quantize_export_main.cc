@@ -3,6 +3,8 @@
 // (quantize/int8_export.h), with the sizes and one-thread latencies of the
 // fp32 and int8 modules printed as one JSON line.
 //
+// MODEL is mlp, mlp_wide, lenet or auto (told by the parameter names).
+//
 //   pstrain-quantize MODEL WEIGHTS OUT dynamic|static [--engine E]
 //       [--calibration FILE] [--per_tensor] [--fp32_out FILE]
 //
@@ -34,7 +36,8 @@ int Run(int argc, char** argv) {
                  argv[0]);
     return 2;
   }
-  const std::string model = argv[1], weights_path = argv[2], out_path = argv[3];
+  std::string model = argv[1];
+  const std::string weights_path = argv[2], out_path = argv[3];
   Int8Options options;
   std::string calibration_path, fp32_out;
   for (int i = 5; i < argc; ++i) {
@@ -56,6 +59,11 @@ int Run(int argc, char** argv) {
   if (!mode.ok()) return Fail(mode.status());
   auto weights = ReadWeightsFile(weights_path);
   if (!weights.ok()) return Fail(weights.status());
+  if (model == "auto") {
+    auto inferred = InferModel(*weights);
+    if (!inferred.ok()) return Fail(inferred.status());
+    model = *inferred;
+  }
   if (!calibration_path.empty()) {
     auto calibration = ReadWeightsFile(calibration_path);
     if (!calibration.ok()) return Fail(calibration.status());

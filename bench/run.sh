@@ -26,6 +26,11 @@
 #                                  halves pstrain's bytes to and from the shards (ps);
 #                                  GPU_REQUESTS_IN_FLIGHT (default 2; 0: no limit);
 #                                  GPU_DEVICE=cpu runs it all on the CPU (Gloo)
+#   bench/run.sh quantize          int8 exports (docs/quantization.md): an MLP and a
+#                                  LeNet trained by pstrain local, exported dynamic
+#                                  and static by pstrain-quantize, vs PyTorch's own
+#                                  quantize_dynamic, FX static and FX QAT of the same
+#                                  weights: size, 1-thread latency, accuracy
 #
 # Prints a readable table and, as its last line, one JSON object.
 set -euo pipefail
@@ -713,6 +718,29 @@ elastic() {
     "$(awk -v a="$restart" -v b="$sync_step" 'BEGIN {print a / b}')"
 }
 
+# bench/run.sh quantize (bench/quantize_bench.py measures; this trains and exports).
+quantize() {
+  log "building"
+  bazel build //client:pstrain //quantize:pstrain-quantize >&2
+  $PY tests/quantize_models.py calibration "$WORK"
+  local args=() model spec out w
+  for model in mlp lenet; do
+    spec=examples/fashion_mnist_mlp.yaml
+    [ $model = lenet ] && spec=examples/fashion_mnist.yaml
+    out=$WORK/train-$model
+    log "training $model ($spec)"
+    "$BIN/client/pstrain" local "$spec" --output_dir "$out" --data_root "$DATA_ROOT" >"$out.log" 2>&1 \
+      || { cat "$out.log" >&2; exit 1; }
+    w=$(sed -n 's/^weights: //p' "$out.log")
+    log "exporting $model in int8 (dynamic, static)"
+    "$BIN/quantize/pstrain-quantize" $model "$w" "$WORK/$model-dynamic.pt" dynamic >&2
+    "$BIN/quantize/pstrain-quantize" $model "$w" "$WORK/$model-static.pt" static --calibration "$WORK/calibration.pt" >&2
+    args+=("$model=$w")
+  done
+  log "measuring ours and PyTorch's (QAT fine-tunes one epoch)"
+  $PY bench/quantize_bench.py "$WORK" "${args[@]}"
+}
+
 case "${1:-}" in
   elastic) shift; elastic "$@" ;;
   gpu) shift; gpu "$@" ;;
@@ -722,5 +750,6 @@ case "${1:-}" in
   telemetry) shift; telemetry "$@" ;;
   commhosts) shift; commhosts "$@" ;;
   allreduce) shift; allreduce "$@" ;;
-  *) echo "usage: bench/run.sh pushpull|train|comm|commhosts|allreduce|gpu|elastic|telemetry [REPS]" >&2; exit 2 ;;
+  quantize) shift; quantize "$@" ;;
+  *) echo "usage: bench/run.sh pushpull|train|comm|commhosts|allreduce|gpu|elastic|telemetry|quantize [REPS]" >&2; exit 2 ;;
 esac

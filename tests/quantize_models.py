@@ -5,6 +5,8 @@
       trains mlp or lenet (seeded, Adam) and writes OUT_DIR/MODEL.pt (its
       state_dict, the names and format `pstrain export` writes) and
       OUT_DIR/calibration.pt ({"inputs": 256 training images}).
+  quantize_models.py calibration OUT_DIR
+      writes only OUT_DIR/calibration.pt.
   quantize_models.py score MODEL FP32_WEIGHTS MAX_DROP INT8_MODULE...
       scores the fp32 weights (rebuilt as in tests/eval_exported.py) and each
       module (torch.jit.load) on the 10,000 test images; prints one JSON line
@@ -48,6 +50,10 @@ def train(name, out_dir, epochs):
     # A plain dict, as `pstrain export` writes (LibTorch 1.13 cannot unpickle
     # the OrderedDict of state_dict()).
     torch.save(dict(model.state_dict()), f"{out_dir}/{name}.pt")
+    calibration(out_dir, x, y)
+
+
+def calibration(out_dir, x, y):
     # Two entries: LibTorch 1.13 cannot unpickle the SETITEM of a one-item dict.
     torch.save({"inputs": x[:256].clone(), "labels": y[:256].clone()}, f"{out_dir}/calibration.pt")
 
@@ -72,6 +78,8 @@ def score(name, weights, max_drop, modules):
 def main():
     if sys.argv[1] == "train":
         train(sys.argv[2], sys.argv[3], int(sys.argv[4]) if len(sys.argv) > 4 else 2)
+    elif sys.argv[1] == "calibration":
+        calibration(sys.argv[2], *images("train"))
     elif sys.argv[1] == "score":
         score(sys.argv[2], sys.argv[3], float(sys.argv[4]), sys.argv[5:])
     else:

@@ -21,35 +21,15 @@
 #include "absl/strings/str_join.h"
 #include "common/file_util.h"
 #include "common/quote.h"
+#include "quantize/builtin_layers.h"
 #include "quantize/fake_quant.h"
 
 namespace pstrain {
 namespace {
 
-// One layer of a built-in model, in forward order.
-struct Layer {
-  std::string name;
-  bool conv = false;
-  int64_t padding = 0;
-  bool relu = false;
-  bool pool = false;            // a 2x2 max-pool after it
-  bool flatten_before = false;  // x.flatten(1) before it
-};
+using Layer = QuantLayer;
 
-// The built-in models of worker/model.cc, layer by layer.
-absl::StatusOr<std::vector<Layer>> LayersOf(const std::string& model) {
-  if (model == "mlp" || model == "mlp_wide") {
-    return std::vector<Layer>{{"fc1", false, 0, true, false, true}, {"fc2", false, 0, true}, {"fc3"}};
-  }
-  if (model == "lenet") {
-    return std::vector<Layer>{{"conv1", true, 2, true, true},      {"conv2", true, 0, true, true},
-                              {"fc1", false, 0, true, false, true}, {"fc2", false, 0, true},
-                              {"fc3"}};
-  }
-  return absl::InvalidArgumentError(
-      absl::StrCat("the int8 export knows the built-in models mlp, mlp_wide and lenet, not ", Quote(model),
-                   " (a torchscript model's layers cannot be exported in int8 yet)"));
-}
+absl::StatusOr<std::vector<Layer>> LayersOf(const std::string& model) { return BuiltinLayers(model); }
 
 absl::StatusOr<at::QEngine> SelectEngine(const std::string& name) {
   static const std::map<std::string, at::QEngine> kNames = {

@@ -63,11 +63,12 @@ absl::StatusOr<at::Tensor> Param(const NamedTensors& weights, const std::string&
 
 // qint8, symmetric, per output channel or per tensor, with the scales
 // PyTorch's weight observers give.
-at::Tensor QuantizeWeight(const at::Tensor& w, bool per_channel) {
+// `learned`: a QAT quantizer's (scale, zero point), used as they are.
+at::Tensor QuantizeWeight(const at::Tensor& w, bool per_channel, const std::pair<at::Tensor, at::Tensor>* learned) {
   MovingAverageMinMaxObserver obs(QuantConfig::Weight(per_channel), w.size(0));
   obs.Observe(w);
-  auto [scale, zero_point] = obs.QParams();
-  if (per_channel) {
+  auto [scale, zero_point] = learned ? *learned : obs.QParams();
+  if (scale.numel() > 1) {
     return at::quantize_per_channel(w, scale.to(at::kDouble), zero_point.to(at::kLong), 0, at::kQInt8);
   }
   return at::quantize_per_tensor(w, scale.item<float>(), zero_point.item<int>(), at::kQInt8);
@@ -180,14 +181,22 @@ absl::StatusOr<Int8Module> BuildInt8Module(const std::string& model, const Named
     if (!b.ok()) return b.status();
     wb.emplace_back(*w, *b);
   }
-  if (mode == Int8Mode::kStatic && (!options.calibration.defined() || options.calibration.size(0) == 0)) {
+  const bool learned = !options.activation_qparams.empty();
+  if (learned && (options.activation_qparams.size() != layers->size() + 1 ||
+                  options.weight_qparams.size() != layers->size())) {
+    return absl::InvalidArgumentError(absl::StrCat("learned quantization parameters for ",
+                                                   options.weight_qparams.size(), " layers; ", model, " has ",
+                                                   layers->size()));
+  }
+  if (mode == Int8Mode::kStatic && !learned &&
+      (!options.calibration.defined() || options.calibration.size(0) == 0)) {
     return absl::InvalidArgumentError("static quantization needs calibration inputs (--calibration N > 0)");
   }
   Int8Module out;
   try {
     c10::NoGradGuard no_grad;
     std::vector<std::pair<double, int64_t>> act;
-    if (mode == Int8Mode::kStatic) act = Calibrate(*layers, wb, options.calibration);
+    if (mode == Int8Mode::kStatic) act = learned ? options.activation_qparams : Calibrate(*layers, wb, options.calibration);
     torch::jit::Module m{c10::QualifiedName(ClassName(model, mode))};
     std::string src = "def forward(self, x: Tensor) -> Tensor:\n";
     auto line = [&](const std::string& s) { absl::StrAppend(&src, "    ", s, "\n"); };
@@ -208,7 +217,8 @@ absl::StatusOr<Int8Module> BuildInt8Module(const std::string& model, const Named
         if (l.relu) line("h = torch.relu(h)");
         if (mode != Int8Mode::kFloat) out.fp32_layers.push_back(l.name);
       } else {
-        const at::Tensor qw = QuantizeWeight(w, options.per_channel_weights);
+        const at::Tensor qw =
+            QuantizeWeight(w, options.per_channel_weights, learned ? &options.weight_qparams[i] : nullptr);
         c10::IValue packed =
             l.conv ? CallOp("quantized::conv2d_prepack", {qw, b, std::vector<int64_t>{1, 1},
                                                           std::vector<int64_t>{l.padding, l.padding},

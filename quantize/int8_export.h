@@ -37,6 +37,11 @@ struct Int8Options {
   // static: example inputs (N, input shape...) whose activation ranges set
   // the scales; ignored by the other modes.
   at::Tensor calibration;
+  // static, converting a QAT model (QatNetwork's learned quantizers) in
+  // place of calibration: (scale, zero point) of the input and of each
+  // layer's output, and each layer's weight scales and zero points.
+  std::vector<std::pair<double, int64_t>> activation_qparams;
+  std::vector<std::pair<at::Tensor, at::Tensor>> weight_qparams;
 };
 
 struct Int8Module {

@@ -78,6 +78,21 @@ void QatNetwork::EnableObservers(bool on) {
   }
 }
 
+std::vector<std::pair<double, int64_t>> QatNetwork::ActivationQParams() const {
+  auto of = [](const FakeQuantize& fq) {
+    return std::make_pair(static_cast<double>(fq.scale().item<float>()), int64_t{fq.zero_point().item<int>()});
+  };
+  std::vector<std::pair<double, int64_t>> out = {of(*input_)};
+  for (const Layer& l : layers_) out.push_back(of(*l.out));
+  return out;
+}
+
+std::vector<std::pair<at::Tensor, at::Tensor>> QatNetwork::WeightQParams() const {
+  std::vector<std::pair<at::Tensor, at::Tensor>> out;
+  for (const Layer& l : layers_) out.emplace_back(l.weight_fq->scale().clone(), l.weight_fq->zero_point().clone());
+  return out;
+}
+
 std::vector<std::pair<std::string, at::Tensor>> QatNetwork::NamedBuffers() {
   std::vector<std::pair<std::string, at::Tensor>> out = input_->NamedBuffers("input.");
   auto add = [&](FakeQuantize* fq, const std::string& prefix) {

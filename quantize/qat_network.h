@@ -45,6 +45,12 @@ class QatNetwork {
   // per layer "<layer>.weight_fq." and "<layer>.out.", "<layer>.flatten."
   // (in forward order).
   std::vector<std::pair<std::string, at::Tensor>> NamedBuffers();
+  // What the static int8 export converts with (Int8Options): the input's
+  // and each layer's output quantizer's (scale, zero point), and each
+  // layer's weight quantizer's scales and zero points.
+  std::vector<std::pair<double, int64_t>> ActivationQParams() const;
+  std::vector<std::pair<at::Tensor, at::Tensor>> WeightQParams() const;
+
   // The activation quantizers in forward order (input first), what the
   // static int8 export needs: out_quantizer(i) is layer i's output's.
   FakeQuantize& input_quantizer() { return *input_; }

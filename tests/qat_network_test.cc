@@ -9,12 +9,15 @@
 #include <ATen/TensorOperators.h>
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/jit/serialization/import.h>
 
 #include <cstdlib>
+#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "quantize/int8_export.h"
 #include "worker/weights_file.h"
 
 namespace pstrain {
@@ -104,6 +107,50 @@ TEST(QatNetworkRefusalTest, FakeQuantOffIsTheFloatModel) {
   h = at::relu(at::linear(h, params[2].second, params[3].second));
   h = at::linear(h, params[4].second, params[5].second);
   EXPECT_TRUE(at::equal((*net)->Forward(x), h));
+}
+
+// A QAT network's learned quantizers convert to a static int8 module (as
+// PyTorch's convert does) that computes what the fake-quantized network
+// computes: int8 kernels round where fp32 fake quantization does, so the
+// logits differ by at most a couple of output steps and the classes agree.
+TEST_P(QatNetworkTest, LearnedScalesConvertToAStaticInt8ModuleThatAgrees) {
+  const std::string model = GetParam();
+  at::manual_seed(7);
+  NamedTensors params = Params(model);
+  auto net = QatNetwork::Create(model, params, /*per_channel_weights=*/true);
+  ASSERT_TRUE(net.ok()) << net.status();
+  for (int k = 0; k < 20; ++k) {  // training steps: the observers settle
+    (*net)->Forward(at::randn({16, 1, 28, 28})).logsumexp(1).sum().backward();
+    at::NoGradGuard no_grad;
+    for (auto& [name, p] : params) {
+      p.add_(p.grad(), -0.01);
+      p.mutable_grad().zero_();
+    }
+  }
+  (*net)->EnableObservers(false);  // freeze_observers_step
+  Int8Options options;
+  options.activation_qparams = (*net)->ActivationQParams();
+  options.weight_qparams = (*net)->WeightQParams();
+  auto int8 = BuildInt8Module(model, params, Int8Mode::kStatic, options);
+  ASSERT_TRUE(int8.ok()) << int8.status();
+  EXPECT_TRUE(int8->fp32_layers.empty());
+  std::istringstream in(int8->bytes);
+  torch::jit::Module m = torch::jit::load(in);
+  at::NoGradGuard no_grad;
+  const at::Tensor x = at::randn({256, 1, 28, 28});
+  const at::Tensor want = (*net)->Forward(x);
+  const at::Tensor got = m.forward({model == "lenet" ? x : x.flatten(1)}).toTensor();
+  const double out_scale = options.activation_qparams.back().first;
+  EXPECT_LE((got - want).abs().max().item<double>(), 3 * out_scale + 1e-6);
+  const double agree = got.argmax(1).eq(want.argmax(1)).to(at::kFloat).mean().item<double>();
+  EXPECT_GE(agree, 0.97);
+}
+
+TEST(QatNetworkRefusalTest, LearnedQParamsMustFitTheModel) {
+  Int8Options options;
+  options.activation_qparams = {{0.1, 0}};
+  auto m = BuildInt8Module("mlp", Params("mlp"), Int8Mode::kStatic, options);
+  EXPECT_EQ(m.status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

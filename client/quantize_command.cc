@@ -19,15 +19,12 @@ void AddQuantizeOptions(CLI::App* export_cmd, QuantizeArgs* args) {
       ->check(CLI::IsMember({"dynamic", "static"}));
   export_cmd->add_option("--int8_file", args->int8_path, "where the int8 module goes (default: FILE.int8.pt)");
   export_cmd->add_option("--calibration", args->calibration,
-                         "static: a torch.save file whose \"inputs\" are example inputs, normalised as in training");
+                         "static: a torch.save file whose \"inputs\" are example inputs, normalised as in training "
+                         "(a QAT job's learned scales need none)");
   export_cmd->add_option("--engine", args->engine, "quantized engine (default onednn; qnnpack)");
 }
 
 int RunQuantize(const QuantizeArgs& args, const std::string& binary, const std::string& weights_path) {
-  if (args.mode == "static" && args.calibration.empty()) {
-    std::fprintf(stderr, "pstrain: --quantize static needs --calibration FILE (example inputs)\n");
-    return 2;
-  }
   std::string out = args.int8_path;
   if (out.empty()) {
     out = weights_path;

@@ -117,6 +117,13 @@ at::Tensor FakeQuantize::Forward(const at::Tensor& x) {
   return at::fake_quantize_per_tensor_affine(x, scale_, zero_point_, c.quant_min, c.quant_max);
 }
 
+void FakeQuantize::To(const c10::Device& device) {
+  observer_.min_val() = observer_.min_val().to(device);
+  observer_.max_val() = observer_.max_val().to(device);
+  scale_ = scale_.to(device);
+  zero_point_ = zero_point_.to(device);
+}
+
 std::vector<std::pair<std::string, at::Tensor>> FakeQuantize::NamedBuffers(const std::string& prefix) {
   return {{prefix + "min_val", observer_.min_val()},
           {prefix + "max_val", observer_.max_val()},

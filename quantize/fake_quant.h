@@ -75,6 +75,8 @@ class FakeQuantize {
   FakeQuantize(const QuantConfig& config, int64_t channels = 0);
 
   at::Tensor Forward(const at::Tensor& x);
+  // Moves the buffers (observer min/max, scale, zero point) to `device`.
+  void To(const c10::Device& device);
   void EnableObserver(bool on) { observer_enabled_ = on; }
   void EnableFakeQuant(bool on) { fake_quant_enabled_ = on; }
   bool observer_enabled() const { return observer_enabled_; }

@@ -137,6 +137,7 @@ absl::StatusOr<std::string> InferModel(const NamedTensors& weights) {
                                                "fc3.weight",   "fc3.bias"};
   bool conv = false;
   for (const auto& [name, t] : weights) {
+    if (name.rfind("qat.", 0) == 0) continue;  // a QAT job's quantizers
     if (!kLeNet.count(name)) {
       return absl::InvalidArgumentError(absl::StrCat(
           "parameter ", Quote(name), " is in no built-in model; the int8 export knows mlp, mlp_wide and lenet"));
@@ -144,6 +145,39 @@ absl::StatusOr<std::string> InferModel(const NamedTensors& weights) {
     conv = conv || name.rfind("conv", 0) == 0;
   }
   return std::string(conv ? "lenet" : "mlp");
+}
+
+absl::StatusOr<bool> UseLearnedQParams(const std::string& model, const NamedTensors& weights, Int8Options* options) {
+  auto layers = LayersOf(model);
+  if (!layers.ok()) return layers.status();
+  auto get = [&](const std::string& name) -> at::Tensor {
+    for (const auto& [n, t] : weights) {
+      if (n == name) return t;
+    }
+    return at::Tensor();
+  };
+  if (!get("qat.input.scale").defined()) return false;
+  std::vector<std::pair<double, int64_t>> act;
+  std::vector<std::pair<at::Tensor, at::Tensor>> wq;
+  std::vector<std::string> prefixes = {"qat.input."};
+  for (const Layer& l : *layers) prefixes.push_back("qat." + l.name + ".out.");
+  for (const std::string& p : prefixes) {
+    const at::Tensor s = get(p + "scale"), z = get(p + "zero_point");
+    if (!s.defined() || !z.defined() || s.numel() != 1 || z.numel() != 1) {
+      return absl::InvalidArgumentError(absl::StrCat("the QAT quantizer ", p, " is missing or not per tensor"));
+    }
+    act.emplace_back(s.item<float>(), z.item<int64_t>());
+  }
+  for (const Layer& l : *layers) {
+    const at::Tensor s = get("qat." + l.name + ".weight_fq.scale"), z = get("qat." + l.name + ".weight_fq.zero_point");
+    if (!s.defined() || !z.defined()) {
+      return absl::InvalidArgumentError(absl::StrCat("the QAT weight quantizer of ", l.name, " is missing"));
+    }
+    wq.emplace_back(s, z);
+  }
+  options->activation_qparams = std::move(act);
+  options->weight_qparams = std::move(wq);
+  return true;
 }
 
 absl::StatusOr<NamedTensors> ReadWeightsFile(const std::string& path) {

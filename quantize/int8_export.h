@@ -59,6 +59,11 @@ absl::StatusOr<NamedTensors> ReadWeightsFile(const std::string& path);
 // naming a parameter neither has, otherwise.
 absl::StatusOr<std::string> InferModel(const NamedTensors& weights);
 
+// A QAT job's final weights carry its quantizers ("qat.input.scale", ...,
+// worker/qat_model.h): fills options' activation_qparams and weight_qparams
+// from them and returns true; false when `weights` has none.
+absl::StatusOr<bool> UseLearnedQParams(const std::string& model, const NamedTensors& weights, Int8Options* options);
+
 // Builds the module for built-in model `model` ("mlp", "mlp_wide",
 // "lenet") from its fp32 weights. Errors: INVALID_ARGUMENT for another
 // model (naming what is known) or weights that do not fit it (naming the

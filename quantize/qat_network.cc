@@ -69,6 +69,15 @@ void QatNetwork::EnableFakeQuant(bool on) {
   }
 }
 
+void QatNetwork::To(const c10::Device& device) {
+  input_->To(device);
+  for (Layer& l : layers_) {
+    for (FakeQuantize* fq : {l.weight_fq.get(), l.out.get(), l.flatten.get()}) {
+      if (fq) fq->To(device);
+    }
+  }
+}
+
 void QatNetwork::EnableObservers(bool on) {
   input_->EnableObserver(on);
   for (Layer& l : layers_) {

@@ -40,6 +40,7 @@ class QatNetwork {
   // start_step / freeze_observers_step of the spec: every quantizer at once.
   void EnableFakeQuant(bool on);
   void EnableObservers(bool on);
+  void To(const c10::Device& device);
 
   // Every quantizer's min_val, max_val, scale, zero_point: "input.", then
   // per layer "<layer>.weight_fq." and "<layer>.out.", "<layer>.flatten."

@@ -74,6 +74,16 @@ int Run(int argc, char** argv) {
       return Fail(absl::InvalidArgumentError(calibration_path + " has no \"inputs\" tensor"));
     }
   }
+  // A QAT job's weights: static mode converts with the learned scales.
+  bool qat = false;
+  if (*mode == Int8Mode::kStatic) {
+    auto learned = UseLearnedQParams(model, *weights, &options);
+    if (!learned.ok()) return Fail(learned.status());
+    qat = *learned;
+  }
+  if (*mode == Int8Mode::kStatic && !qat && calibration_path.empty()) {
+    return Fail(absl::InvalidArgumentError("static mode needs --calibration FILE (or the weights of a QAT job)"));
+  }
   auto int8 = BuildInt8Module(model, *weights, *mode, options);
   if (!int8.ok()) return Fail(int8.status());
   auto fp32 = BuildInt8Module(model, *weights, Int8Mode::kFloat, options);
@@ -104,9 +114,9 @@ int Run(int argc, char** argv) {
     return s;
   };
   std::printf(
-      "{\"model\": \"%s\", \"mode\": \"%s\", \"engine\": \"%s\", \"out\": \"%s\", \"int8_bytes\": %zu, "
+      "{\"model\": \"%s\", \"mode\": \"%s\", \"qat_scales\": %s, \"engine\": \"%s\", \"out\": \"%s\", \"int8_bytes\": %zu, "
       "\"fp32_bytes\": %zu, \"int8_layers\": [%s], \"fp32_layers\": [%s], \"threads\": 1, %s}\n",
-      model.c_str(), argv[4], options.engine.c_str(), out_path.c_str(), int8->bytes.size(), fp32->bytes.size(),
+      model.c_str(), argv[4], qat ? "true" : "false", options.engine.c_str(), out_path.c_str(), int8->bytes.size(), fp32->bytes.size(),
       quote_list(int8->int8_layers).c_str(), quote_list(int8->fp32_layers).c_str(), latency.c_str());
   return 0;
 }

@@ -4,9 +4,10 @@ quantization of the same trained weights, measured in one process.
 
   quantize_bench.py WORK MODEL=WEIGHTS... 
 
-For each MODEL (mlp, lenet) WORK holds MODEL-fp32.ts, MODEL-dynamic.pt and
-MODEL-static.pt (pstrain-quantize's output for WEIGHTS, the fp32 weights a
-pstrain job exported) and calibration.pt (the inputs the static export was
+For each MODEL (mlp, lenet) WORK holds MODEL-dynamic.pt and MODEL-static.pt
+(pstrain-quantize's output for WEIGHTS, the fp32 weights a pstrain job
+exported), MODEL-qat.pt (a QAT job of the same settings, converted with its
+learned scales) and calibration.pt (the inputs the static export was
 calibrated on). The peer: torch.ao.quantization.quantize_dynamic (Linear),
 FX static (prepare_fx with the engine's default qconfig mapping, the same
 calibration inputs, convert_fx) and FX QAT (prepare_qat_fx, one epoch of
@@ -98,7 +99,7 @@ def main():
         fp32.eval()
         fp32_bytes = os.path.getsize(weights)
         modules = {"fp32": (torch.jit.script(fp32), fp32_bytes)}
-        for mode in ("dynamic", "static"):
+        for mode in ("dynamic", "static", "qat"):
             path = f"{work}/{name}-{mode}.pt"
             modules[f"pstrain {mode}"] = (torch.jit.load(path).eval(), os.path.getsize(path))
         modules.update(peers(fp32, calib, train_x, train_y, test_x[:1], work, name))
@@ -120,7 +121,7 @@ def main():
         "int8_size_vs_fp32": max(mlp["pstrain dynamic"]["size_vs_fp32"], mlp["pstrain static"]["size_vs_fp32"]),
         "dynamic_accuracy_drop": drop("pstrain dynamic"),  # points, the worse of the two models
         "static_accuracy_drop": drop("pstrain static"),
-        "qat_accuracy_drop": None,  # pstrain has no QAT training yet (docs/quantization.md)
+        "qat_accuracy_drop": drop("pstrain qat"),  # a QAT job of the same settings, converted
         "torch_qat_accuracy_drop": drop("torch qat"),
         # The MLP at batch 64: dynamic is the mode for a Linear-only model
         # (static is reported beside it); vs PyTorch, the worse of the two.

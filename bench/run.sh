@@ -27,10 +27,11 @@
 #                                  GPU_REQUESTS_IN_FLIGHT (default 2; 0: no limit);
 #                                  GPU_DEVICE=cpu runs it all on the CPU (Gloo)
 #   bench/run.sh quantize          int8 exports (docs/quantization.md): an MLP and a
-#                                  LeNet trained by pstrain local, exported dynamic
-#                                  and static by pstrain-quantize, vs PyTorch's own
-#                                  quantize_dynamic, FX static and FX QAT of the same
-#                                  weights: size, 1-thread latency, accuracy
+#                                  LeNet trained by pstrain local (fp32, and QAT),
+#                                  exported dynamic, static and from QAT by
+#                                  pstrain-quantize, vs PyTorch's own quantize_dynamic,
+#                                  FX static and FX QAT of the same fp32 weights:
+#                                  size, 1-thread latency, accuracy
 #
 # Prints a readable table and, as its last line, one JSON object.
 set -euo pipefail
@@ -719,25 +720,50 @@ elastic() {
 }
 
 # bench/run.sh quantize (bench/quantize_bench.py measures; this trains and exports).
+quantize_spec() {  # quantize_spec MODEL qat|fp32 -> a spec file: 1 worker, 1 shard, 3 epochs
+  local f=$WORK/$1-$2.yaml
+  {
+    echo "name: quantize-$1-$2"
+    echo "model: $1"
+    echo "data: {format: idx, dir: fashion-mnist}"
+    echo "optimizer: {kind: sgd, lr: 0.05, momentum: 0.9}"
+    echo "lr_schedule: {kind: cosine}"
+    echo "mode: ps"
+    echo "workers: 1"
+    echo "shards: 1"
+    echo "epochs: 3"
+    echo "batch_size: 64"
+    echo "seed: 42"
+    [ "$2" = qat ] && echo "quantization: {mode: qat, start_step: 500}"
+  } >"$f"
+  echo "$f"
+}
+
 quantize() {
   log "building"
   bazel build //client:pstrain //quantize:pstrain-quantize >&2
   $PY tests/quantize_models.py calibration "$WORK"
-  local args=() model spec out w
+  local args=() model kind out w
   for model in mlp lenet; do
-    spec=examples/fashion_mnist_mlp.yaml
-    [ $model = lenet ] && spec=examples/fashion_mnist.yaml
-    out=$WORK/train-$model
-    log "training $model ($spec)"
-    "$BIN/client/pstrain" local "$spec" --output_dir "$out" --data_root "$DATA_ROOT" >"$out.log" 2>&1 \
-      || { cat "$out.log" >&2; exit 1; }
-    w=$(sed -n 's/^weights: //p' "$out.log")
-    log "exporting $model in int8 (dynamic, static)"
-    "$BIN/quantize/pstrain-quantize" $model "$w" "$WORK/$model-dynamic.pt" dynamic >&2
-    "$BIN/quantize/pstrain-quantize" $model "$w" "$WORK/$model-static.pt" static --calibration "$WORK/calibration.pt" >&2
-    args+=("$model=$w")
+    for kind in fp32 qat; do
+      out=$WORK/train-$model-$kind
+      log "training $model ($kind)"
+      "$BIN/client/pstrain" local "$(quantize_spec $model $kind)" --output_dir "$out" --data_root "$DATA_ROOT" \
+        >"$out.log" 2>&1 || { cat "$out.log" >&2; exit 1; }
+      w=$(sed -n 's/^weights: //p' "$out.log")
+      if [ $kind = qat ]; then
+        log "converting the QAT $model with its learned scales"
+        "$BIN/quantize/pstrain-quantize" $model "$w" "$WORK/$model-qat.pt" static >&2
+        continue
+      fi
+      log "exporting $model in int8 (dynamic, static)"
+      "$BIN/quantize/pstrain-quantize" $model "$w" "$WORK/$model-dynamic.pt" dynamic >&2
+      "$BIN/quantize/pstrain-quantize" $model "$w" "$WORK/$model-static.pt" static \
+        --calibration "$WORK/calibration.pt" >&2
+      args+=("$model=$w")
+    done
   done
-  log "measuring ours and PyTorch's (QAT fine-tunes one epoch)"
+  log "measuring ours and PyTorch's (PyTorch's QAT fine-tunes one epoch)"
   $PY bench/quantize_bench.py "$WORK" "${args[@]}"
 }
 

@@ -6,7 +6,6 @@
 #define PSTRAIN_CLIENT_QUANTIZE_COMMAND_H_
 
 #include <CLI/CLI.hpp>
-
 #include <string>
 
 namespace pstrain {

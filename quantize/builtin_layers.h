@@ -29,16 +29,19 @@ inline absl::StatusOr<std::vector<QuantLayer>> BuiltinLayers(const std::string& 
     return std::vector<QuantLayer>{{"fc1", false, 0, true, false, true}, {"fc2", false, 0, true}, {"fc3"}};
   }
   if (model == "lenet") {
-    return std::vector<QuantLayer>{{"conv1", true, 2, true, true},      {"conv2", true, 0, true, true},
-                                   {"fc1", false, 0, true, false, true}, {"fc2", false, 0, true},
+    return std::vector<QuantLayer>{{"conv1", true, 2, true, true},
+                                   {"conv2", true, 0, true, true},
+                                   {"fc1", false, 0, true, false, true},
+                                   {"fc2", false, 0, true},
                                    {"fc3"}};
   }
   std::string shown = model.substr(0, 64);
   for (char& c : shown) {
     if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = '?';
   }
-  return absl::InvalidArgumentError(absl::StrCat("quantization knows the built-in models mlp, mlp_wide and lenet, not '",
-                                                 shown, "' (a torchscript model's layers are not known to it yet)"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("quantization knows the built-in models mlp, mlp_wide and lenet, not '", shown,
+                   "' (a torchscript model's layers are not known to it yet)"));
 }
 
 }  // namespace pstrain

@@ -26,8 +26,7 @@ QuantConfig QuantConfig::Weight(bool per_channel) {
 
 MovingAverageMinMaxObserver::MovingAverageMinMaxObserver(const QuantConfig& config, int64_t channels)
     : config_(config) {
-  const std::vector<int64_t> shape =
-      config.per_channel() ? std::vector<int64_t>{channels} : std::vector<int64_t>{};
+  const std::vector<int64_t> shape = config.per_channel() ? std::vector<int64_t>{channels} : std::vector<int64_t>{};
   min_val_ = at::full(shape, kInf, at::kFloat);
   max_val_ = at::full(shape, -kInf, at::kFloat);
 }

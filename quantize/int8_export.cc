@@ -132,9 +132,8 @@ absl::StatusOr<Int8Mode> ParseInt8Mode(const std::string& text) {
 }
 
 absl::StatusOr<std::string> InferModel(const NamedTensors& weights) {
-  static const std::set<std::string> kLeNet = {"conv1.weight", "conv1.bias", "conv2.weight", "conv2.bias",
-                                               "fc1.weight",   "fc1.bias",   "fc2.weight",   "fc2.bias",
-                                               "fc3.weight",   "fc3.bias"};
+  static const std::set<std::string> kLeNet = {"conv1.weight", "conv1.bias", "conv2.weight", "conv2.bias", "fc1.weight",
+                                               "fc1.bias",     "fc2.weight", "fc2.bias",     "fc3.weight", "fc3.bias"};
   bool conv = false;
   for (const auto& [name, t] : weights) {
     if (name.rfind("qat.", 0) == 0) continue;  // a QAT job's quantizers
@@ -216,27 +215,26 @@ absl::StatusOr<Int8Module> BuildInt8Module(const std::string& model, const Named
     wb.emplace_back(*w, *b);
   }
   const bool learned = !options.activation_qparams.empty();
-  if (learned && (options.activation_qparams.size() != layers->size() + 1 ||
-                  options.weight_qparams.size() != layers->size())) {
+  if (learned &&
+      (options.activation_qparams.size() != layers->size() + 1 || options.weight_qparams.size() != layers->size())) {
     return absl::InvalidArgumentError(absl::StrCat("learned quantization parameters for ",
                                                    options.weight_qparams.size(), " layers; ", model, " has ",
                                                    layers->size()));
   }
-  if (mode == Int8Mode::kStatic && !learned &&
-      (!options.calibration.defined() || options.calibration.size(0) == 0)) {
+  if (mode == Int8Mode::kStatic && !learned && (!options.calibration.defined() || options.calibration.size(0) == 0)) {
     return absl::InvalidArgumentError("static quantization needs calibration inputs (--calibration N > 0)");
   }
   Int8Module out;
   try {
     c10::NoGradGuard no_grad;
     std::vector<std::pair<double, int64_t>> act;
-    if (mode == Int8Mode::kStatic) act = learned ? options.activation_qparams : Calibrate(*layers, wb, options.calibration);
+    if (mode == Int8Mode::kStatic)
+      act = learned ? options.activation_qparams : Calibrate(*layers, wb, options.calibration);
     torch::jit::Module m{c10::QualifiedName(ClassName(model, mode))};
     std::string src = "def forward(self, x: Tensor) -> Tensor:\n";
     auto line = [&](const std::string& s) { absl::StrAppend(&src, "    ", s, "\n"); };
     auto qparams = [&](size_t i) { return absl::StrFormat("%.17g, %d", act[i].first, act[i].second); };
-    line(mode == Int8Mode::kStatic ? absl::StrCat("h = torch.quantize_per_tensor(x, ", qparams(0), ", 13)")
-                                   : "h = x");
+    line(mode == Int8Mode::kStatic ? absl::StrCat("h = torch.quantize_per_tensor(x, ", qparams(0), ", 13)") : "h = x");
     for (size_t i = 0; i < layers->size(); ++i) {
       const Layer& l = (*layers)[i];
       const auto& [w, b] = wb[i];
@@ -253,11 +251,10 @@ absl::StatusOr<Int8Module> BuildInt8Module(const std::string& model, const Named
       } else {
         const at::Tensor qw =
             QuantizeWeight(w, options.per_channel_weights, learned ? &options.weight_qparams[i] : nullptr);
-        c10::IValue packed =
-            l.conv ? CallOp("quantized::conv2d_prepack", {qw, b, std::vector<int64_t>{1, 1},
-                                                          std::vector<int64_t>{l.padding, l.padding},
-                                                          std::vector<int64_t>{1, 1}, int64_t{1}})
-                   : CallOp("quantized::linear_prepack", {qw, b});
+        c10::IValue packed = l.conv ? CallOp("quantized::conv2d_prepack", {qw, b, std::vector<int64_t>{1, 1},
+                                                                           std::vector<int64_t>{l.padding, l.padding},
+                                                                           std::vector<int64_t>{1, 1}, int64_t{1}})
+                                    : CallOp("quantized::linear_prepack", {qw, b});
         m.register_attribute(l.name, packed.type(), packed);
         if (mode == Int8Mode::kDynamic) {
           line(absl::StrFormat("h = quantized.linear_dynamic(h, self.%s, False)", l.name));

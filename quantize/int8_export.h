@@ -45,7 +45,7 @@ struct Int8Options {
 };
 
 struct Int8Module {
-  std::string bytes;                    // the TorchScript archive
+  std::string bytes;                     // the TorchScript archive
   std::vector<std::string> int8_layers;  // layers that run in int8
   std::vector<std::string> fp32_layers;  // layers kept in fp32 (named)
 };

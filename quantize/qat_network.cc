@@ -7,8 +7,7 @@
 namespace pstrain {
 
 absl::StatusOr<std::unique_ptr<QatNetwork>> QatNetwork::Create(
-    const std::string& model, const std::vector<std::pair<std::string, at::Tensor>>& params,
-    bool per_channel_weights) {
+    const std::string& model, const std::vector<std::pair<std::string, at::Tensor>>& params, bool per_channel_weights) {
   auto specs = BuiltinLayers(model);
   if (!specs.ok()) return specs.status();
   auto find = [&](const std::string& name, int64_t dim) -> absl::StatusOr<at::Tensor> {

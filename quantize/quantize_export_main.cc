@@ -105,8 +105,8 @@ int Run(int argc, char** argv) {
     if (!t32.ok()) return Fail(t32.status());
     auto t8 = TimeForward(int8->bytes, x, options.engine, repeats);
     if (!t8.ok()) return Fail(t8.status());
-    absl::StrAppendFormat(&latency, "%s\"batch%d_ms\": {\"fp32\": %.4f, \"int8\": %.4f}", batch == 1 ? "" : ", ",
-                          batch, *t32 * 1e3, *t8 * 1e3);
+    absl::StrAppendFormat(&latency, "%s\"batch%d_ms\": {\"fp32\": %.4f, \"int8\": %.4f}", batch == 1 ? "" : ", ", batch,
+                          *t32 * 1e3, *t8 * 1e3);
   }
   auto quote_list = [](const std::vector<std::string>& v) {
     std::string s;
@@ -114,10 +114,12 @@ int Run(int argc, char** argv) {
     return s;
   };
   std::printf(
-      "{\"model\": \"%s\", \"mode\": \"%s\", \"qat_scales\": %s, \"engine\": \"%s\", \"out\": \"%s\", \"int8_bytes\": %zu, "
+      "{\"model\": \"%s\", \"mode\": \"%s\", \"qat_scales\": %s, \"engine\": \"%s\", \"out\": \"%s\", \"int8_bytes\": "
+      "%zu, "
       "\"fp32_bytes\": %zu, \"int8_layers\": [%s], \"fp32_layers\": [%s], \"threads\": 1, %s}\n",
-      model.c_str(), argv[4], qat ? "true" : "false", options.engine.c_str(), out_path.c_str(), int8->bytes.size(), fp32->bytes.size(),
-      quote_list(int8->int8_layers).c_str(), quote_list(int8->fp32_layers).c_str(), latency.c_str());
+      model.c_str(), argv[4], qat ? "true" : "false", options.engine.c_str(), out_path.c_str(), int8->bytes.size(),
+      fp32->bytes.size(), quote_list(int8->int8_layers).c_str(), quote_list(int8->fp32_layers).c_str(),
+      latency.c_str());
   return 0;
 }
 

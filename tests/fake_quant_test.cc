@@ -22,14 +22,21 @@ namespace {
 // Input `kind` of shape `shape`; draws from the global generator.
 at::Tensor Input(int kind, at::IntArrayRef shape) {
   switch (kind) {
-    case 0: return at::randn(shape) * 3;
-    case 1: return at::randn(shape) * 3 + 1;
-    case 2: return at::zeros(shape);                    // zero range
-    case 3: return at::full(shape, 1.5f);               // constant, positive only
-    case 4: return at::randn(shape) * 1e-3;             // tiny range
-    case 5: return at::randn(shape) * 50;               // outliers beyond the averaged range
-    case 6: return -at::randn(shape).abs();             // negative only
-    default: {  // one channel (axis 0) all zeros, the rest normal
+    case 0:
+      return at::randn(shape) * 3;
+    case 1:
+      return at::randn(shape) * 3 + 1;
+    case 2:
+      return at::zeros(shape);  // zero range
+    case 3:
+      return at::full(shape, 1.5f);  // constant, positive only
+    case 4:
+      return at::randn(shape) * 1e-3;  // tiny range
+    case 5:
+      return at::randn(shape) * 50;  // outliers beyond the averaged range
+    case 6:
+      return -at::randn(shape).abs();  // negative only
+    default: {                         // one channel (axis 0) all zeros, the rest normal
       at::Tensor x = at::randn(shape);
       x[1].zero_();
       return x;

@@ -64,9 +64,8 @@ TEST_P(Int8ExportTest, PythonLoadsTheModulesAndTheyScoreWithinOnePoint) {
 INSTANTIATE_TEST_SUITE_P(BuiltInModels, Int8ExportTest, ::testing::Values("mlp", "lenet"));
 
 NamedTensors MlpWeights() {
-  return {{"fc1.weight", at::randn({16, 784})}, {"fc1.bias", at::zeros({16})},
-          {"fc2.weight", at::randn({8, 16})},   {"fc2.bias", at::zeros({8})},
-          {"fc3.weight", at::randn({10, 8})},   {"fc3.bias", at::zeros({10})}};
+  return {{"fc1.weight", at::randn({16, 784})}, {"fc1.bias", at::zeros({16})},      {"fc2.weight", at::randn({8, 16})},
+          {"fc2.bias", at::zeros({8})},         {"fc3.weight", at::randn({10, 8})}, {"fc3.bias", at::zeros({10})}};
 }
 
 TEST(Int8ExportRefusalTest, UnknownModelIsNamedWithTheKnownOnes) {

@@ -66,8 +66,8 @@ TEST(QatJobTest, AQatJobExportsAnInt8ModelThatScoresLikeFp32) {
     const std::string name = qat ? "qat" : "fp32";
     ASSERT_TRUE(WriteFileAtomically(dir + "/" + name + ".yaml", Spec(qat)).ok());
     ChildRun run = RunChild({"client/pstrain", "local", dir + "/" + name + ".yaml", "--output_dir", dir + "/" + name,
-                        "--data_root", "/usr/share/datasets"},
-                       dir + "/" + name + ".log");
+                             "--data_root", "/usr/share/datasets"},
+                            dir + "/" + name + ".log");
     ASSERT_EQ(run.code, 0) << run.output;
     std::smatch m;
     ASSERT_TRUE(std::regex_search(run.output, m, std::regex("final test accuracy ([0-9.]+)"))) << run.output;
@@ -80,11 +80,12 @@ TEST(QatJobTest, AQatJobExportsAnInt8ModelThatScoresLikeFp32) {
   ASSERT_EQ(convert.code, 0) << convert.output;
   EXPECT_NE(convert.output.find("\"qat_scales\": true"), std::string::npos) << convert.output;
   // The fp32 job's weights have no quantizers: static mode needs calibration.
-  ChildRun refused = RunChild({"quantize/pstrain-quantize", "auto", weights[0], dir + "/x.pt", "static"}, dir + "/r.log");
+  ChildRun refused =
+      RunChild({"quantize/pstrain-quantize", "auto", weights[0], dir + "/x.pt", "static"}, dir + "/r.log");
   EXPECT_EQ(refused.code, 1) << refused.output;
   EXPECT_NE(refused.output.find("--calibration"), std::string::npos) << refused.output;
   ChildRun score = RunChild({"/usr/bin/python3", "tests/quantize_models.py", "score", "mlp", weights[0], "1.0", int8},
-                       dir + "/score.log");
+                            dir + "/score.log");
   EXPECT_EQ(score.code, 0) << score.output;
   std::smatch m;
   ASSERT_TRUE(std::regex_search(score.output, m, std::regex("qat-int8.pt\": ([0-9.]+)"))) << score.output;

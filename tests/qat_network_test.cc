@@ -28,8 +28,8 @@ using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
 NamedTensors Params(const std::string& model) {
   std::vector<std::pair<std::string, std::vector<int64_t>>> shapes;
   if (model == "lenet") {
-    shapes = {{"conv1", {6, 1, 5, 5}}, {"conv2", {16, 6, 5, 5}}, {"fc1", {120, 400}}, {"fc2", {84, 120}},
-              {"fc3", {10, 84}}};
+    shapes = {
+        {"conv1", {6, 1, 5, 5}}, {"conv2", {16, 6, 5, 5}}, {"fc1", {120, 400}}, {"fc2", {84, 120}}, {"fc3", {10, 84}}};
   } else {
     shapes = {{"fc1", {256, 784}}, {"fc2", {128, 256}}, {"fc3", {10, 128}}};
   }
@@ -57,7 +57,7 @@ TEST_P(QatNetworkTest, MatchesPyTorchPrepareQatFxBitForBit) {
   const int kSteps = 6;
   for (int k = 0; k < kSteps; ++k) {
     at::Tensor x = at::randn({8, 1, 28, 28});
-    if (k == 2) x = x * 6;           // outliers past the averaged ranges
+    if (k == 2) x = x * 6;              // outliers past the averaged ranges
     if (k == 3) x = at::zeros_like(x);  // a collapsed input range
     const at::Tensor y = at::randint(0, 10, {8});
     const bool observe = k < kSteps - 1;  // the last step with observers frozen

@@ -273,6 +273,7 @@ absl::Status CheckQuantization(const JobSpec& spec, const MappingReader& r) {
     return r.Error("quantization", "runs with workers: 1 for now (observers are not yet synchronised across workers)");
   }
   if (spec.device == DeviceChoice::kCuda) return r.Error("quantization", "runs on the CPU for now (device: cpu)");
+  if (spec.precision != Precision::kFp32) return r.Error("quantization", "trains in fp32 (precision: fp32)");
   return absl::OkStatus();
 }
 

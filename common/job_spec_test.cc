@@ -82,6 +82,8 @@ TEST(JobSpecTest, QuantizationIsParsedAndItsLimitsAreNamed) {
   refused("model: torchscript:net.pt\nquantization: {mode: qat}\n", "'torchscript:net.pt' cannot be quantized");
   refused("model: mlp\nworkers: 2\nshards: 1\nquantization: {mode: qat}\n", "workers: 1");
   refused("quantization: {mode: qat, bits: 4}\n", "bits");
+  refused("precision: bf16\nquantization: {mode: qat}\n", "precision: fp32");
+  refused("device: cuda\nquantization: {mode: qat}\n", "device: cpu");
 }
 
 // A restore's spec that leaves chunk_bytes to the default takes the

@@ -30,6 +30,12 @@
 #                                  (2 shards, 2 workers, async; hybrid) vs PyTorch
 #                                  EmbeddingBag(sparse=True), one process and DDP
 #                                  (gloo); then 100x the ids (bench/embeddings.sh)
+#   bench/run.sh quantize          int8 exports (docs/quantization.md): an MLP and a
+#                                  LeNet trained by pstrain local (fp32, and QAT),
+#                                  exported dynamic, static and from QAT by
+#                                  pstrain-quantize, vs PyTorch's own quantize_dynamic,
+#                                  FX static and FX QAT of the same fp32 weights:
+#                                  size, 1-thread latency, accuracy
 #
 # Prints a readable table and, as its last line, one JSON object.
 set -euo pipefail
@@ -719,6 +725,54 @@ elastic() {
 
 source bench/embeddings.sh
 
+# bench/run.sh quantize (bench/quantize_bench.py measures; this trains and exports).
+quantize_spec() {  # quantize_spec MODEL qat|fp32 -> a spec file: 1 worker, 1 shard, 3 epochs
+  local f=$WORK/$1-$2.yaml
+  {
+    echo "name: quantize-$1-$2"
+    echo "model: $1"
+    echo "data: {format: idx, dir: fashion-mnist}"
+    echo "optimizer: {kind: sgd, lr: 0.05, momentum: 0.9}"
+    echo "lr_schedule: {kind: cosine}"
+    echo "mode: ps"
+    echo "workers: 1"
+    echo "shards: 1"
+    echo "epochs: 3"
+    echo "batch_size: 64"
+    echo "seed: 42"
+    [ "$2" = qat ] && echo "quantization: {mode: qat, start_step: 500}"
+  } >"$f"
+  echo "$f"
+}
+
+quantize() {
+  log "building"
+  bazel build //client:pstrain //quantize:pstrain-quantize >&2
+  $PY tests/quantize_models.py calibration "$WORK"
+  local args=() model kind out w
+  for model in mlp lenet; do
+    for kind in fp32 qat; do
+      out=$WORK/train-$model-$kind
+      log "training $model ($kind)"
+      "$BIN/client/pstrain" local "$(quantize_spec $model $kind)" --output_dir "$out" --data_root "$DATA_ROOT" \
+        >"$out.log" 2>&1 || { cat "$out.log" >&2; exit 1; }
+      w=$(sed -n 's/^weights: //p' "$out.log")
+      if [ $kind = qat ]; then
+        log "converting the QAT $model with its learned scales"
+        "$BIN/quantize/pstrain-quantize" $model "$w" "$WORK/$model-qat.pt" static >&2
+        continue
+      fi
+      log "exporting $model in int8 (dynamic, static)"
+      "$BIN/quantize/pstrain-quantize" $model "$w" "$WORK/$model-dynamic.pt" dynamic >&2
+      "$BIN/quantize/pstrain-quantize" $model "$w" "$WORK/$model-static.pt" static \
+        --calibration "$WORK/calibration.pt" >&2
+      args+=("$model=$w")
+    done
+  done
+  log "measuring ours and PyTorch's (PyTorch's QAT fine-tunes one epoch)"
+  $PY bench/quantize_bench.py "$WORK" "${args[@]}"
+}
+
 case "${1:-}" in
   embeddings) shift; embeddings "$@" ;;
   elastic) shift; elastic "$@" ;;
@@ -729,5 +783,6 @@ case "${1:-}" in
   telemetry) shift; telemetry "$@" ;;
   commhosts) shift; commhosts "$@" ;;
   allreduce) shift; allreduce "$@" ;;
-  *) echo "usage: bench/run.sh pushpull|train|comm|commhosts|allreduce|gpu|elastic|telemetry|embeddings [REPS]" >&2; exit 2 ;;
+  quantize) shift; quantize "$@" ;;
+  *) echo "usage: bench/run.sh pushpull|train|comm|commhosts|allreduce|gpu|elastic|telemetry|embeddings|quantize [REPS]" >&2; exit 2 ;;
 esac

@@ -29,6 +29,7 @@
 #include "client/local_cluster.h"
 #include "rpc/health_check.h"
 #include "client/progress_view.h"
+#include "client/quantize_command.h"
 #include "client/render.h"
 #include "common/file_util.h"
 #include "common/job_spec.h"
@@ -141,6 +142,7 @@ struct Args {
   bool secure = false;
   int http_port = 0;
   std::string data_root;
+  pstrain::QuantizeArgs quantize;
 };
 
 // A command's answer: the call's failure (Fail), or the message `m`, as
@@ -308,6 +310,10 @@ int RunExport(Client& client, const Args& a) {
     std::fprintf(stderr, "pstrain: export needs -f FILE (the final weights), --embeddings FILE, or both\n");
     return kUsage;
   }
+  if (!a.quantize.mode.empty() && a.export_path.empty()) {
+    std::fprintf(stderr, "pstrain: export --quantize converts the final weights: it needs -f FILE\n");
+    return kUsage;
+  }
   pstrain::GetJobRequest req;
   req.set_job_id(a.job_id);
   pstrain::JobStatus st;
@@ -330,7 +336,9 @@ int RunExport(Client& client, const Args& a) {
   s = pstrain::WriteFileAtomically(a.export_path, *bytes);
   if (!s.ok()) return Fail(s, a.coordinator);
   std::printf("%s\n", a.export_path.c_str());
-  return 0;
+  if (a.quantize.mode.empty()) return 0;
+  return pstrain::RunQuantize(
+      a.quantize, FindBinary("PSTRAIN_QUANTIZE_BIN", "pstrain-quantize", "quantize/pstrain-quantize"), a.export_path);
 }
 
 int RunCancel(Client& client, const Args& a) {
@@ -424,6 +432,7 @@ int Main(int argc, char** argv) {
   export_cmd->add_option("-f,--file", a.export_path, "destination of the final weights");
   export_cmd->add_option("--embeddings", a.export_embeddings,
                          "destination of the embedding tables of the job's newest checkpoint (model dlrm)");
+  pstrain::AddQuantizeOptions(export_cmd, &a.quantize);
   CLI::App* health = standalone(
       app.add_subcommand("health", "ask a server (coordinator, shard) for its gRPC health; exit 0 when SERVING"),
       RunHealth);

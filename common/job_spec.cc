@@ -250,6 +250,38 @@ absl::Status ReadLrSchedule(MappingReader& l, LrScheduleSpec& schedule) {
   return absl::OkStatus();
 }
 
+absl::Status ReadQuantization(MappingReader& q, QuantizationSpec& spec) {
+  RETURN_IF_ERROR(q.Read("mode", &spec.mode));
+  RETURN_IF_ERROR(q.Read("weights", &spec.weights));
+  RETURN_IF_ERROR(q.Read("activations", &spec.activations));
+  RETURN_IF_ERROR(q.Read("start_step", &spec.start_step));
+  RETURN_IF_ERROR(q.Read("freeze_observers_step", &spec.freeze_observers_step));
+  RETURN_IF_ERROR(q.Read("freeze_bn_step", &spec.freeze_bn_step));
+  return absl::OkStatus();
+}
+
+absl::Status CheckQuantization(const JobSpec& spec, const MappingReader& r) {
+  const QuantizationSpec& q = spec.quantization;
+  if (!q.qat()) return r.Error("quantization.mode", "must be qat (post-training modes are `pstrain export --quantize`)");
+  if (q.weights != "per_channel" && q.weights != "per_tensor") {
+    return r.Error("quantization.weights", "must be per_channel or per_tensor");
+  }
+  if (q.activations != "per_tensor") return r.Error("quantization.activations", "must be per_tensor");
+  if (q.start_step < 0 || q.freeze_observers_step < 0 || q.freeze_bn_step < 0) {
+    return r.Error("quantization.start_step", "and freeze_observers_step, freeze_bn_step must be >= 0");
+  }
+  if (spec.model != "mlp" && spec.model != "mlp_wide" && spec.model != "lenet") {
+    return r.Error("quantization", absl::StrCat("knows the layers of the built-in models mlp, mlp_wide and lenet; "
+                                                "model '", spec.model.substr(0, 64), "' cannot be quantized yet"));
+  }
+  if (spec.workers != 1) {
+    return r.Error("quantization", "runs with workers: 1 for now (observers are not yet synchronised across workers)");
+  }
+  if (spec.device == DeviceChoice::kCuda) return r.Error("quantization", "runs on the CPU for now (device: cpu)");
+  if (spec.precision != Precision::kFp32) return r.Error("quantization", "trains in fp32 (precision: fp32)");
+  return absl::OkStatus();
+}
+
 // The fields that size and pace the run: consistency's staleness, the
 // cluster, batches, transfers, checkpoints, elasticity and logging.
 absl::Status ReadRunFields(MappingReader& r, JobSpec& spec) {
@@ -299,6 +331,11 @@ absl::StatusOr<JobSpec> ParseJobSpecOrThrow(const std::string& yaml, const std::
   RETURN_IF_ERROR(r.Read("consistency", &consistency));
   RETURN_IF_ERROR(ReadRunFields(r, spec));
   RETURN_IF_ERROR(ReadEmbeddingsSpec(r, spec.seed, &spec.embeddings));  // after seed: a table's default
+  bool quantization = false;
+  RETURN_IF_ERROR(r.Nested("quantization", [&](MappingReader& q) {
+    quantization = true;
+    return ReadQuantization(q, spec.quantization);
+  }));
   RETURN_IF_ERROR(r.Check());
 
   if (consistency == "async") {
@@ -312,6 +349,7 @@ absl::StatusOr<JobSpec> ParseJobSpecOrThrow(const std::string& yaml, const std::
   }
   if (spec.min_workers == -1) spec.min_workers = spec.workers;
   RETURN_IF_ERROR(CheckValues(spec, r));
+  if (quantization) RETURN_IF_ERROR(CheckQuantization(spec, r));
   return spec;
 }
 

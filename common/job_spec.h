@@ -56,6 +56,20 @@ struct LrScheduleSpec {
   int64_t warmup_steps = 0;
 };
 
+// quantization: quantization-aware training (docs/quantization.md). The
+// built-in models' Linear and Conv layers train with fake-quantized weights
+// and activations (quantize/qat_network.h); fp32 master weights and the
+// optimizer stay as they are.
+struct QuantizationSpec {
+  std::string mode;                     // "" (off) | qat
+  std::string weights = "per_channel";  // per_channel | per_tensor
+  std::string activations = "per_tensor";
+  int64_t start_step = 0;             // fake quantization from this step on
+  int64_t freeze_observers_step = 0;  // observers frozen from this step on (0: never)
+  int64_t freeze_bn_step = 0;         // accepted; the built-in models have no BatchNorm
+  bool qat() const { return mode == "qat"; }
+};
+
 // The spec's enumerated fields; in YAML (and in messages) by their names.
 enum class TrainMode { kParameterServer, kAllReduce };  // ps | allreduce
 enum class CollectiveBackend { kAuto, kGloo, kNccl };   // auto | gloo | nccl
@@ -98,6 +112,7 @@ struct JobSpec {
   DataSpec data;
   // model dlrm: the embedding tables on the shards and the fields reading them.
   EmbeddingsSpec embeddings;
+  QuantizationSpec quantization;
   OptimizerConfig optimizer;    // kind SGD, lr 0.05 unless set
   LrScheduleSpec lr_schedule;
   Consistency consistency = ASYNC;

@@ -59,6 +59,33 @@ TEST(JobSpecTest, WireDtypeIsParsed) {
   EXPECT_EQ(ParseJobSpec("name: x\n")->wire_dtype, WireDtype::kFp32);
 }
 
+// quantization: QAT's fields, and what it cannot do yet refused by name.
+TEST(JobSpecTest, QuantizationIsParsedAndItsLimitsAreNamed) {
+  auto spec = ParseJobSpec(
+      "model: mlp\nquantization: {mode: qat, weights: per_tensor, start_step: 10, freeze_observers_step: 50}\n");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_TRUE(spec->quantization.qat());
+  EXPECT_EQ(spec->quantization.weights, "per_tensor");
+  EXPECT_EQ(spec->quantization.start_step, 10);
+  EXPECT_EQ(spec->quantization.freeze_observers_step, 50);
+  EXPECT_FALSE(ParseJobSpec("model: mlp\n")->quantization.qat());
+  EXPECT_EQ(ParseJobSpec("quantization: {mode: qat}\n")->quantization.weights, "per_channel");  // lenet
+  auto refused = [](const std::string& yaml, const std::string& words) {
+    auto s = ParseJobSpec(yaml);
+    EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument) << yaml;
+    EXPECT_NE(s.status().message().find(words), std::string::npos) << s.status();
+  };
+  refused("quantization: {mode: static}\n", "must be qat");
+  refused("quantization: {mode: qat, weights: per_row}\n", "per_channel or per_tensor");
+  refused("quantization: {mode: qat, activations: per_channel}\n", "must be per_tensor");
+  refused("quantization: {mode: qat, start_step: -1}\n", ">= 0");
+  refused("model: torchscript:net.pt\nquantization: {mode: qat}\n", "'torchscript:net.pt' cannot be quantized");
+  refused("model: mlp\nworkers: 2\nshards: 1\nquantization: {mode: qat}\n", "workers: 1");
+  refused("quantization: {mode: qat, bits: 4}\n", "bits");
+  refused("precision: bf16\nquantization: {mode: qat}\n", "precision: fp32");
+  refused("device: cuda\nquantization: {mode: qat}\n", "device: cpu");
+}
+
 // A restore's spec that leaves chunk_bytes to the default takes the
 // checkpoint's; one that sets it keeps it (and the coordinator refuses a
 // mismatch).

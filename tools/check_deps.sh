@@ -17,6 +17,7 @@ rules=(
   "deps(//checkpoint/...) intersect (//rpc/... + //collective/... + //server/... + //worker/... + //client/...)"
   "deps(//embedding/...) intersect (//rpc/... + //collective/... + //table/... + //checkpoint/... + //server/... + //worker/... + //client/...)"
   "deps(//pipeline/...) intersect (//rpc/... + //collective/... + //table/... + //embedding/... + //checkpoint/... + //server/... + //worker/... + //client/...)"
+  "deps(//quantize/...) intersect (//rpc/... + //collective/... + //table/... + //embedding/... + //checkpoint/... + //server/... + //worker/... + //client/...)"
   "deps(//common/...) intersect (//rpc/... + //collective/... + //table/... + //embedding/... + //checkpoint/... + //server/... + //worker/... + //client/...)"
 )
 

@@ -44,6 +44,12 @@ class Model {
   // Moves the parameters and buffers to `device` (before NamedParameters is
   // read: the tensors it returns are then the device's).
   virtual void To(const c10::Device& device) = 0;
+  // The training step about to run (quantization-aware training switches
+  // fake quantization and observers by step; other models ignore it).
+  virtual void SetStep(int64_t /*step*/) {}
+  // State that is not trained but belongs to the model (QAT's quantizers),
+  // saved beside the parameters in the final weights.
+  virtual std::vector<std::pair<std::string, at::Tensor>> NamedBuffers() { return {}; }
 };
 
 // `input_shape` is one example's shape, e.g. {1, 28, 28} or {F}.

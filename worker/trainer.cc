@@ -27,6 +27,7 @@
 #include "worker/loss_scaler.h"
 #include "worker/model.h"
 #include "worker/progress_window.h"
+#include "worker/qat_model.h"
 #include "worker/ps_client.h"
 #include "worker/sampler.h"
 #include "worker/step_schedule.h"
@@ -113,6 +114,7 @@ class Trainer {
 absl::Status Trainer::BuildModel() {
   std::vector<int64_t> input_shape(data_.train.inputs.sizes().begin() + 1, data_.train.inputs.sizes().end());
   auto model = CreateModel(spec_.model, input_shape, spec_.data.num_classes, spec_.seed, options_.data_root);
+  if (model.ok() && spec_.quantization.qat()) model = WrapForQat(*std::move(model), spec_.model, spec_.quantization);
   if (!model.ok()) return model.status();
   model_ = std::move(*model);
   model_->To(device_);
@@ -168,6 +170,7 @@ void Trainer::TrainMicro(const BatchLoader::Batch& batch, double scale, bool arm
   at::Tensor logits;
   {
     AutocastScope autocast(device_, spec_.precision);
+    model_->SetStep(step_);
     logits = model_->Forward(x);
   }
   // The loss in fp32 whatever the forward's precision.
@@ -343,7 +346,9 @@ absl::Status Trainer::Finish() {
   if (options_.rank == 0 && options_.write_weights) {
     std::filesystem::create_directories(spec_.output_dir);
     const std::string path = spec_.output_dir + "/model.pt";
-    s = SaveWeights(named_, path);
+    std::vector<std::pair<std::string, at::Tensor>> state = named_;
+    for (auto& b : model_->NamedBuffers()) state.push_back(std::move(b));  // QAT's quantizers
+    s = SaveWeights(state, path);
     if (!s.ok()) return s;
     options_.emit(WeightsEvent(options_.rank, path));
   }

@@ -1,0 +1,99 @@
+// Quantization-aware training end to end: `pstrain local` trains the MLP on
+// Fashion-MNIST twice, in fp32 and with `quantization: {mode: qat}`; the
+// QAT job's final weights carry its quantizers, pstrain-quantize converts
+// them to a static int8 module with the learned scales (no calibration),
+// and Python's torch.jit.load scores it on the 10,000 test images within a
+// point of the fp32 job (the target is 0.5; the margin is for other CPUs)
+// and within 0.3 point of the accuracy the QAT job reported from its
+// fake-quantized evaluation (int8 kernels round where fake quantization
+// does).
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "common/file_util.h"
+#include "tests/child_process.h"
+
+namespace pstrain {
+namespace {
+
+struct ChildRun {
+  int code;
+  std::string output;
+};
+
+ChildRun RunChild(const std::vector<std::string>& argv, const std::string& log) {
+  auto child = ChildProcess::Start(argv, log);
+  EXPECT_TRUE(child.ok());
+  if (!child.ok()) return {-1, ""};
+  const int code = (*child)->Wait(absl::Minutes(5));
+  return {code, ReadFile(log).value_or("")};
+}
+
+std::string Spec(bool qat) {
+  return std::string(R"(name: qat-test
+model: mlp
+data: {format: idx, dir: fashion-mnist}
+optimizer: {kind: sgd, lr: 0.05, momentum: 0.9}
+lr_schedule: {kind: cosine}
+mode: ps
+workers: 1
+shards: 1
+epochs: 2
+batch_size: 64
+seed: 42
+)") + (qat ? "quantization: {mode: qat, start_step: 200}\n" : "");
+}
+
+TEST(QatJobTest, AQatJobExportsAnInt8ModelThatScoresLikeFp32) {
+  if (!std::filesystem::exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz")) {
+    GTEST_SKIP() << "Fashion-MNIST is missing under /usr/share/datasets (make setup)";
+  }
+  if (std::system("/usr/bin/python3 -c 'import torch' 2>/dev/null") != 0) {
+    GTEST_SKIP() << "python3-torch is missing (make setup installs it)";
+  }
+  const std::string dir = ::testing::TempDir() + "/qat_job";
+  std::filesystem::create_directories(dir);
+  std::string weights[2];
+  double reported[2];
+  for (int qat = 0; qat < 2; ++qat) {
+    const std::string name = qat ? "qat" : "fp32";
+    ASSERT_TRUE(WriteFileAtomically(dir + "/" + name + ".yaml", Spec(qat)).ok());
+    ChildRun run = RunChild({"client/pstrain", "local", dir + "/" + name + ".yaml", "--output_dir", dir + "/" + name,
+                             "--data_root", "/usr/share/datasets"},
+                            dir + "/" + name + ".log");
+    ASSERT_EQ(run.code, 0) << run.output;
+    std::smatch m;
+    ASSERT_TRUE(std::regex_search(run.output, m, std::regex("final test accuracy ([0-9.]+)"))) << run.output;
+    reported[qat] = std::stod(m[1]);
+    ASSERT_TRUE(std::regex_search(run.output, m, std::regex("weights: (\\S+/model.pt)"))) << run.output;
+    weights[qat] = m[1];
+  }
+  const std::string int8 = dir + "/qat-int8.pt";
+  ChildRun convert = RunChild({"quantize/pstrain-quantize", "auto", weights[1], int8, "static"}, dir + "/convert.log");
+  ASSERT_EQ(convert.code, 0) << convert.output;
+  EXPECT_NE(convert.output.find("\"qat_scales\": true"), std::string::npos) << convert.output;
+  // The fp32 job's weights have no quantizers: static mode needs calibration.
+  ChildRun refused =
+      RunChild({"quantize/pstrain-quantize", "auto", weights[0], dir + "/x.pt", "static"}, dir + "/r.log");
+  EXPECT_EQ(refused.code, 1) << refused.output;
+  EXPECT_NE(refused.output.find("--calibration"), std::string::npos) << refused.output;
+  ChildRun score = RunChild({"/usr/bin/python3", "tests/quantize_models.py", "score", "mlp", weights[0], "1.0", int8},
+                            dir + "/score.log");
+  EXPECT_EQ(score.code, 0) << score.output;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(score.output, m, std::regex("qat-int8.pt\": ([0-9.]+)"))) << score.output;
+  const double int8_accuracy = std::stod(m[1]);
+  EXPECT_NEAR(int8_accuracy, reported[1], 0.003) << score.output;
+  std::printf("fp32 job %.4f, QAT job (fake-quantized) %.4f, its int8 module %.4f\n", reported[0], reported[1],
+              int8_accuracy);
+}
+
+}  // namespace
+}  // namespace pstrain

@@ -293,4 +293,24 @@ absl::StatusOr<EmbeddingFileHeader> ReadEmbeddingFileHeader(const std::string& p
   return head;
 }
 
+absl::StatusOr<std::vector<std::unique_ptr<EmbeddingTable>>> ReadEmbeddingFiles(const std::vector<std::string>& paths) {
+  if (paths.empty()) return absl::InvalidArgumentError("no embedding checkpoint files");
+  auto header = ReadEmbeddingFileHeader(paths.front());
+  if (!header.ok()) return header.status();
+  std::vector<std::unique_ptr<EmbeddingTable>> tables;
+  std::vector<EmbeddingTable*> targets;
+  for (const EmbeddingTableConfig& config : header->tables()) {
+    auto table = EmbeddingTable::Create(config, /*budget=*/nullptr);
+    if (!table.ok()) return table.status();
+    targets.push_back(table->get());
+    tables.push_back(std::move(*table));
+  }
+  for (const std::string& path : paths) {
+    absl::Status s = ReadEmbeddingFile(
+        path, targets, [](size_t, int64_t) { return true; }, nullptr);
+    if (!s.ok()) return s;
+  }
+  return tables;
+}
+
 }  // namespace pstrain

@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -49,6 +50,11 @@ absl::Status ReadEmbeddingFile(const std::string& path, const std::vector<Embedd
 // The header alone (which tables, of which job and shard): what a reader
 // needs to make the tables ReadEmbeddingFile fills.
 absl::StatusOr<EmbeddingFileHeader> ReadEmbeddingFileHeader(const std::string& path);
+
+// Every row of a checkpoint's embedding files (written by any number of
+// shards), in tables of this process with the first file's configs and no
+// memory budget: what an export or a check of a checkpoint reads.
+absl::StatusOr<std::vector<std::unique_ptr<EmbeddingTable>>> ReadEmbeddingFiles(const std::vector<std::string>& paths);
 
 }  // namespace pstrain
 

@@ -144,6 +144,18 @@ bool EmbeddingTable::Admit(Stripe& stripe, int64_t id, int64_t step) ABSL_NO_THR
   return true;
 }
 
+template <typename Visit>
+void EmbeddingTable::ForEachIdByStripe(absl::Span<const int64_t> ids, Visit visit) const {
+  std::vector<uint32_t> order, begin;
+  GroupByStripe(ids, &order, &begin);
+  for (size_t s = 0; s < stripes_.size(); ++s) {
+    if (begin[s] == begin[s + 1]) continue;
+    Stripe& stripe = *stripes_[s];
+    absl::MutexLock lock(&stripe.mu);
+    for (uint32_t k = begin[s]; k < begin[s + 1]; ++k) visit(stripe, order[k]);
+  }
+}
+
 absl::Status EmbeddingTable::Lookup(absl::Span<const int64_t> ids, int64_t step, float* out) {
   if (ids.size() > kMaxEmbeddingIdsPerRequest) {
     return absl::InvalidArgumentError(absl::StrCat("a lookup of ", ids.size(), " ids in embedding table '",
@@ -151,42 +163,34 @@ absl::Status EmbeddingTable::Lookup(absl::Span<const int64_t> ids, int64_t step,
   }
   const int dim = this->dim(), row_floats = dim + slot_floats_;
   counters_.lookups += static_cast<int64_t>(ids.size());
-  std::vector<uint32_t> order, begin;
-  GroupByStripe(ids, &order, &begin);
   bool refused = false;
-  for (size_t s = 0; s < stripes_.size(); ++s) {
-    if (begin[s] == begin[s + 1]) continue;
-    Stripe& stripe = *stripes_[s];
-    absl::MutexLock lock(&stripe.mu);
-    for (uint32_t k = begin[s]; k < begin[s + 1]; ++k) {
-      const uint32_t i = order[k];
-      const int64_t id = ids[i];
-      float* dst = out + static_cast<size_t>(i) * dim;
-      auto it = stripe.index.find(IdKey{id});
-      uint32_t r;
-      if (it != stripe.index.end()) {
-        r = *it;
-      } else if (!Admit(stripe, id, step)) {
-        std::fill(dst, dst + dim, 0.0f);
-        ++counters_.not_admitted;
-        continue;
-      } else if (!stripe.MakeRoom(evicts_, counters_.evicted_lru)) {
-        std::fill(dst, dst + dim, 0.0f);
-        ++counters_.refused;
-        refused = true;
-        continue;
-      } else {
-        r = stripe.Take(id, step, 0);
-        float* row = stripe.Data(r, row_floats);
-        InitRow(config_, salt_, id, row, row + dim);
-        ++counters_.created;
-      }
-      RowMeta& m = stripe.Meta(r);
-      if (m.count < std::numeric_limits<uint32_t>::max()) ++m.count;
-      stripe.Touch(r, step);
-      std::memcpy(dst, stripe.Data(r, row_floats), sizeof(float) * dim);
+  ForEachIdByStripe(ids, [&](Stripe& stripe, uint32_t i) {
+    const int64_t id = ids[i];
+    float* dst = out + static_cast<size_t>(i) * dim;
+    auto it = stripe.index.find(IdKey{id});
+    uint32_t r;
+    if (it != stripe.index.end()) {
+      r = *it;
+    } else if (!Admit(stripe, id, step)) {
+      std::fill(dst, dst + dim, 0.0f);
+      ++counters_.not_admitted;
+      return;
+    } else if (!stripe.MakeRoom(evicts_, counters_.evicted_lru)) {
+      std::fill(dst, dst + dim, 0.0f);
+      ++counters_.refused;
+      refused = true;
+      return;
+    } else {
+      r = stripe.Take(id, step, 0);
+      float* row = stripe.Data(r, row_floats);
+      InitRow(config_, salt_, id, row, row + dim);
+      ++counters_.created;
     }
-  }
+    RowMeta& m = stripe.Meta(r);
+    if (m.count < std::numeric_limits<uint32_t>::max()) ++m.count;
+    stripe.Touch(r, step);
+    std::memcpy(dst, stripe.Data(r, row_floats), sizeof(float) * dim);
+  });
   return refused ? ResourceExhausted() : absl::OkStatus();
 }
 
@@ -196,23 +200,15 @@ absl::Status EmbeddingTable::Read(absl::Span<const int64_t> ids, float* out) con
                                                    config_.name(), "'; at most ", kMaxEmbeddingIdsPerRequest));
   }
   const int dim = this->dim(), row_floats = dim + slot_floats_;
-  std::vector<uint32_t> order, begin;
-  GroupByStripe(ids, &order, &begin);
-  for (size_t s = 0; s < stripes_.size(); ++s) {
-    if (begin[s] == begin[s + 1]) continue;
-    Stripe& stripe = *stripes_[s];
-    absl::MutexLock lock(&stripe.mu);
-    for (uint32_t k = begin[s]; k < begin[s + 1]; ++k) {
-      const uint32_t i = order[k];
-      float* dst = out + static_cast<size_t>(i) * dim;
-      auto it = stripe.index.find(IdKey{ids[i]});
-      if (it == stripe.index.end()) {
-        std::fill(dst, dst + dim, 0.0f);
-      } else {
-        std::memcpy(dst, stripe.Data(*it, row_floats), sizeof(float) * dim);
-      }
+  ForEachIdByStripe(ids, [&](Stripe& stripe, uint32_t i) {
+    float* dst = out + static_cast<size_t>(i) * dim;
+    auto it = stripe.index.find(IdKey{ids[i]});
+    if (it == stripe.index.end()) {
+      std::fill(dst, dst + dim, 0.0f);
+    } else {
+      std::memcpy(dst, stripe.Data(*it, row_floats), sizeof(float) * dim);
     }
-  }
+  });
   return absl::OkStatus();
 }
 
@@ -249,29 +245,21 @@ absl::Status EmbeddingTable::Update(absl::Span<const int64_t> ids, const float* 
                        "' has NaN or Inf; nothing was applied (the table's nonfinite policy is reject)"));
     }
   }
-  std::vector<uint32_t> order, begin;
-  GroupByStripe(unique, &order, &begin);
-  for (size_t s = 0; s < stripes_.size(); ++s) {
-    if (begin[s] == begin[s + 1]) continue;
-    Stripe& stripe = *stripes_[s];
-    absl::MutexLock lock(&stripe.mu);
-    for (uint32_t k = begin[s]; k < begin[s + 1]; ++k) {
-      const uint32_t u = order[k];
-      auto it = stripe.index.find(IdKey{unique[u]});
-      if (it == stripe.index.end()) {
-        ++counters_.dropped_updates;
-        continue;
-      }
-      float* row = stripe.Data(*it, row_floats);
-      if (!finite[u] ||
-          !ApplyRowUpdate(config_, step, summed.data() + static_cast<size_t>(u) * dim, grad_scale, row, row + dim)) {
-        ++counters_.nonfinite;
-        continue;
-      }
-      ++counters_.updates;
-      stripe.Touch(*it, step);
+  ForEachIdByStripe(unique, [&](Stripe& stripe, uint32_t u) {
+    auto it = stripe.index.find(IdKey{unique[u]});
+    if (it == stripe.index.end()) {
+      ++counters_.dropped_updates;
+      return;
     }
-  }
+    float* row = stripe.Data(*it, row_floats);
+    if (!finite[u] ||
+        !ApplyRowUpdate(config_, step, summed.data() + static_cast<size_t>(u) * dim, grad_scale, row, row + dim)) {
+      ++counters_.nonfinite;
+      return;
+    }
+    ++counters_.updates;
+    stripe.Touch(*it, step);
+  });
   return absl::OkStatus();
 }
 

@@ -124,6 +124,10 @@ class EmbeddingTable {
   // Groups [0, n) by stripe: order holds the indices stripe by stripe, and
   // stripe s's are order[begin[s], begin[s + 1]).
   void GroupByStripe(absl::Span<const int64_t> ids, std::vector<uint32_t>* order, std::vector<uint32_t>* begin) const;
+  // visit(stripe, i) for every index i of ids, a stripe's ids together under
+  // its lock (defined and used in embedding_table.cc only).
+  template <typename Visit>
+  void ForEachIdByStripe(absl::Span<const int64_t> ids, Visit visit) const;
   bool Admit(Stripe& stripe, int64_t id, int64_t step);
   absl::Status ResourceExhausted() const;
 

@@ -53,24 +53,10 @@ namespace {
 using Rows = std::map<std::string, std::map<int64_t, std::string>>;
 
 absl::StatusOr<Rows> ReadRows(const std::vector<std::string>& files) {
-  if (files.empty()) return absl::InvalidArgumentError("no files");
-  auto header = ReadEmbeddingFileHeader(files.front());
-  if (!header.ok()) return header.status();
-  std::vector<std::unique_ptr<EmbeddingTable>> tables;
-  std::vector<EmbeddingTable*> targets;
-  for (const EmbeddingTableConfig& config : header->tables()) {
-    auto table = EmbeddingTable::Create(config, /*budget=*/nullptr);
-    if (!table.ok()) return table.status();
-    targets.push_back(table->get());
-    tables.push_back(std::move(*table));
-  }
-  for (const std::string& file : files) {
-    absl::Status s = ReadEmbeddingFile(
-        file, targets, [](size_t, int64_t) { return true; }, nullptr);
-    if (!s.ok()) return s;
-  }
+  auto tables = ReadEmbeddingFiles(files);
+  if (!tables.ok()) return tables.status();
   Rows rows;
-  for (const auto& table : tables) {
+  for (const auto& table : *tables) {
     const size_t dim = table->dim();
     const size_t slots = SlotFloats(table->config().optimizer().kind(), dim);
     auto& out = rows[table->config().name()];

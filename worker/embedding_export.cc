@@ -16,21 +16,9 @@ namespace pstrain {
 
 absl::Status ExportEmbeddings(const std::vector<std::string>& files, const std::string& out) {
   if (files.empty()) return absl::InvalidArgumentError("no embedding checkpoint files to export");
-  auto header = ReadEmbeddingFileHeader(files.front());
-  if (!header.ok()) return header.status();
-  std::vector<std::unique_ptr<EmbeddingTable>> tables;
-  std::vector<EmbeddingTable*> targets;
-  for (const EmbeddingTableConfig& config : header->tables()) {
-    auto table = EmbeddingTable::Create(config, /*budget=*/nullptr);
-    if (!table.ok()) return table.status();
-    targets.push_back(table->get());
-    tables.push_back(std::move(*table));
-  }
-  for (const std::string& file : files) {
-    absl::Status s = ReadEmbeddingFile(
-        file, targets, [](size_t, int64_t) { return true; }, nullptr);
-    if (!s.ok()) return s;
-  }
+  auto read = ReadEmbeddingFiles(files);
+  if (!read.ok()) return read.status();
+  const std::vector<std::unique_ptr<EmbeddingTable>>& tables = *read;
   std::vector<std::pair<std::string, at::Tensor>> named;
   for (const auto& table : tables) {
     std::vector<std::pair<int64_t, std::vector<float>>> rows;

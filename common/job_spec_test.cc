@@ -84,6 +84,7 @@ TEST(JobSpecTest, QuantizationIsParsedAndItsLimitsAreNamed) {
   refused("quantization: {mode: qat, bits: 4}\n", "bits");
   refused("precision: bf16\nquantization: {mode: qat}\n", "precision: fp32");
   refused("device: cuda\nquantization: {mode: qat}\n", "device: cpu");
+  refused("checkpoint_every_steps: 100\nquantization: {mode: qat}\n", "checkpoint_every_steps must be 0 with quantization");
 }
 
 // A restore's spec that leaves chunk_bytes to the default takes the

@@ -124,6 +124,23 @@ absl::StatusOr<SaveTableResponse> ParseWorkerSaveReport(const std::string& value
   return absl::InternalError("worker 0: the saved-file report names neither a file nor an error");
 }
 
+absl::Status CheckpointSupported(const std::string& job_id, const JobSpec& spec) {
+  if (spec.allreduce() && !spec.embeddings.empty()) {
+    // Worker 0 would save its dense store and no shard its rows: a restore
+    // of that would silently start the rows over.
+    return absl::FailedPreconditionError(
+        absl::StrCat("job ", job_id, " is hybrid (all-reduce with embeddings): its checkpoints are not built yet"));
+  }
+  if (spec.quantization.qat()) {
+    // A resumed job would quantize with fresh observers (frozen ones, past
+    // freeze_observers_step).
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job ", job_id, " trains with quantization (qat): its checkpoints are not built yet (the observers are not "
+        "saved)"));
+  }
+  return absl::OkStatus();
+}
+
 bool PeriodicCheckpointDue(const JobStatus& st, const JobSpec& spec, const CheckpointState& c) {
   if (st.state() != RUNNING || c.claimed || c.restoring || spec.checkpoint_every_steps <= 0 ||
       st.params_size() == 0 || st.workers_size() < spec.workers) {

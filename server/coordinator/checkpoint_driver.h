@@ -52,6 +52,11 @@ struct CheckpointState {
   }
 };
 
+// OK when a job of this spec can be checkpointed and resumed from the
+// checkpoint with nothing lost; else FAILED_PRECONDITION saying what a
+// checkpoint would leave out (a hybrid job's rows, a QAT job's observers).
+absl::Status CheckpointSupported(const std::string& job_id, const JobSpec& spec);
+
 // Whether the spec's periodic checkpoint is due for a job in this state.
 bool PeriodicCheckpointDue(const JobStatus& status, const JobSpec& spec, const CheckpointState& checkpoint);
 

@@ -112,5 +112,29 @@ TEST(WriteCheckpointTest, AllReduceWorkerThatNeverAnswers) {
   EXPECT_FALSE(std::filesystem::exists(PendingCheckpointDir(w.dir)));
 }
 
+// What a checkpoint would leave out is refused before anything pauses.
+TEST(CheckpointSupportedTest, HybridAndQatJobsAreRefusedTheRestAccepted) {
+  JobSpec ps;
+  EXPECT_TRUE(CheckpointSupported("job-1", ps).ok());
+  JobSpec hybrid;
+  hybrid.mode = TrainMode::kAllReduce;
+  hybrid.embeddings.tables.emplace_back();
+  hybrid.embeddings.fields.push_back({0, PoolingSpec::kSum});
+  absl::Status s = CheckpointSupported("job-2", hybrid);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("hybrid"), std::string::npos) << s;
+  JobSpec ctr = hybrid;
+  ctr.mode = TrainMode::kParameterServer;  // rows and dense tables on the shards: saved
+  EXPECT_TRUE(CheckpointSupported("job-3", ctr).ok());
+  JobSpec allreduce;
+  allreduce.mode = TrainMode::kAllReduce;
+  EXPECT_TRUE(CheckpointSupported("job-4", allreduce).ok());
+  JobSpec qat;
+  qat.quantization.mode = "qat";
+  s = CheckpointSupported("job-5", qat);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("observers"), std::string::npos) << s;
+}
+
 }  // namespace
 }  // namespace pstrain

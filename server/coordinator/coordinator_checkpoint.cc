@@ -21,12 +21,7 @@ absl::StatusOr<uint64_t> Coordinator::ClaimCheckpoint(const std::string& job_id)
     return absl::FailedPreconditionError(
         absl::StrCat("job ", job_id, " is ", JobStateName(state), ": only a running job can be checkpointed"));
   }
-  if (job->spec.allreduce() && !job->spec.embeddings.empty()) {
-    // Worker 0 would save its dense store and no shard its rows: a restore
-    // of that would silently start the rows over.
-    return absl::FailedPreconditionError(absl::StrCat(
-        "job ", job_id, " is hybrid (all-reduce with embeddings): its checkpoints are not built yet"));
-  }
+  if (absl::Status s = CheckpointSupported(job_id, job->spec); !s.ok()) return s;
   if (job->checkpoint.claimed) {
     return absl::UnavailableError(
         absl::StrCat("a checkpoint of job ", job_id, " is already in progress; try again when it is done"));

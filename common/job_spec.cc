@@ -80,6 +80,7 @@ absl::Status ReadData(MappingReader& d, DataSpec& ds) {
   RETURN_IF_ERROR(d.Read("test_csv", &ds.test_csv));
   RETURN_IF_ERROR(d.Read("train_file", &ds.train_file));
   RETURN_IF_ERROR(d.Read("test_file", &ds.test_file));
+  RETURN_IF_ERROR(d.Read("train_examples", &ds.train_examples));
   RETURN_IF_ERROR(d.Read("synthetic_train", &ds.synthetic_train));
   RETURN_IF_ERROR(d.Read("synthetic_test", &ds.synthetic_test));
   RETURN_IF_ERROR(d.Read("num_classes", &ds.num_classes));
@@ -121,6 +122,7 @@ absl::Status CheckValues(const JobSpec& spec, const MappingReader& r) {
   if (d.num_classes < 2) return r.Error("data.num_classes", "must be >= 2");
   if (!(d.std > 0)) return r.Error("data.std", "must be > 0");
   if (d.limit_train < 0 || d.limit_test < 0) return r.Error("data.limit_train", "must be >= 0");
+  if (d.train_examples < 0) return r.Error("data.train_examples", "must be >= 0 (0: counted by the workers)");
   if (!(spec.optimizer.lr() > 0)) return r.Error("optimizer.lr", "must be > 0");
   const auto& ls = spec.lr_schedule;
   if (ls.kind != "constant" && ls.kind != "step" && ls.kind != "cosine") {

@@ -34,6 +34,10 @@ struct DataSpec {
   // `dir`, as the idx files are. test_file may be empty (no evaluation).
   std::string train_file;
   std::string test_file;
+  // The examples train_file holds, when known: workers that must train
+  // equal steps (sync, ssp, hybrid) then skip counting them (a pass over
+  // the file). 0: counted.
+  int64_t train_examples = 0;
   // synthetic: class blobs shaped like 28x28 images (for tests).
   int64_t synthetic_train = 4096;
   int64_t synthetic_test = 1024;

@@ -240,6 +240,31 @@ TEST(CtrTrainerTorchScriptTest, AScriptedModelLearnsFromThePooledEmbeddings) {
   EXPECT_NE(s.message().find("forward(dense, sparse)"), std::string::npos) << s;
 }
 
+// SYNC ranks train (examples / workers) examples per epoch: counted, or as
+// data.train_examples declares them; a file shorter than declared fails
+// the rank (FAILED_PRECONDITION) instead of leaving the others waiting.
+TEST(CtrTrainerEqualStepsTest, DeclaredExamplesSkipTheCountAndAShortFileFails) {
+  at::set_num_threads(1);
+  JobSpec spec = CtrSpec("declared", 1);
+  spec.consistency = SYNC;
+  spec.data.test_file.clear();
+  spec.data.train_examples = 1000;
+  Shards shards(spec.shards);
+  auto rows = LocalEmbeddingRows::Create(spec.embeddings.tables);
+  ASSERT_TRUE(rows.ok());
+  TrainerOptions o = Options(spec, 0);
+  o.shards = shards.ptrs;
+  auto result = RunCtrTrainer(o, rows->get());
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->samples, 1000);
+  EXPECT_EQ(result->steps, 8);  // 7 x 128 + 104
+  o.spec.name = "declared-long";
+  o.spec.data.train_examples = kTrainExamples + 1000;
+  absl::Status s = RunCtrTrainer(o, rows->get()).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("data.train_examples"), std::string::npos) << s;
+}
+
 // What the loop does not do yet is refused before anything is trained.
 TEST(CtrTrainerRefusalTest, RefusesWhatItDoesNotDo) {
   auto rows = LocalEmbeddingRows::Create(Tables(kDim));

@@ -93,8 +93,9 @@ class CtrTrainer {
   absl::StatusOr<std::unique_ptr<CriteoReader>> Open(const std::string& name, int rank, int world) const;
   // SYNC, SSP and all-reduce need every rank to train the same number of
   // steps: each trains the first examples_per_epoch_ examples of its share
-  // (the file's examples over the ranks, rounded down), counted once.
-  // ASYNC ranks train their whole share (examples_per_epoch_ = -1).
+  // (the file's examples over the ranks, rounded down), counted once (or
+  // as data.train_examples declares them). ASYNC ranks train their whole
+  // share (examples_per_epoch_ = -1).
   absl::Status CountExamples();
   absl::Status Step(int epoch, const CriteoBatch& batch);
   // Resuming: the first batches of the rank's share this epoch, which it
@@ -174,10 +175,14 @@ absl::StatusOr<std::unique_ptr<CriteoReader>> CtrTrainer::Open(const std::string
 
 absl::Status CtrTrainer::CountExamples() {
   if (spec_.consistency == ASYNC && !spec_.allreduce()) return absl::OkStatus();
-  auto reader = Open(spec_.data.train_file, 0, 1);
-  if (!reader.ok()) return reader.status();
-  auto examples = (*reader)->CountRemainingExamples();
-  if (!examples.ok()) return examples.status();
+  absl::StatusOr<int64_t> examples = spec_.data.train_examples;
+  if (*examples == 0) {
+    activity_.Enter(WorkerActivity::DATA, step_);
+    auto reader = Open(spec_.data.train_file, 0, 1);
+    if (!reader.ok()) return reader.status();
+    examples = (*reader)->CountRemainingExamples();
+    if (!examples.ok()) return examples.status();
+  }
   examples_per_epoch_ = *examples / options_.world_size;
   if (examples_per_epoch_ == 0) {
     return absl::FailedPreconditionError(absl::StrCat("train file ", spec_.data.train_file, " holds ", *examples,
@@ -363,6 +368,13 @@ absl::StatusOr<TrainResult> CtrTrainer::Run() {
       activity_.Enter(WorkerActivity::DATA, step_);
       s = (*reader)->ReadBatch(std::min(batch_size, left), &batch);
       if (!s.ok()) return s;
+      if (batch.size() == 0 && examples_per_epoch_ >= 0) {
+        // The other ranks would wait for this one's steps.
+        return absl::FailedPreconditionError(absl::StrCat(
+            "train file ", spec_.data.train_file, " ended ", left, " examples short of this rank's ",
+            examples_per_epoch_, " per epoch (", spec_.data.train_examples > 0 ? "data.train_examples" : "counted",
+            ": ", examples_per_epoch_ * options_.world_size, " examples in all); did the file change?"));
+      }
       if (batch.size() == 0) break;
       left -= batch.size();
       AtStepBoundary(epoch, epoch_step++);

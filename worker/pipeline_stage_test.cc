@@ -160,6 +160,40 @@ TEST(PipelineStageTest, GlooCarriesTheStagesMessagesExactly) {
   }
 }
 
+// A peer's header is input like any other: one that claims 1000 dims or an
+// unknown dtype is DATA_LOSS, never an allocation of what it says.
+TEST(PipelineStageTest, AMalformedStageHeaderIsRefused) {
+  auto store = NewInMemoryStore();
+  std::vector<std::unique_ptr<Collective>> group(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      CollectiveOptions co;
+      co.rank = r;
+      co.size = 2;
+      co.store = store;
+      co.prefix = "malformed";
+      co.hostname = "127.0.0.1";
+      co.timeout = absl::Seconds(30);
+      auto c = CreateCollective(Collective::Backend::kGloo, co);
+      ASSERT_TRUE(c.ok()) << c.status();
+      group[r] = std::move(*c);
+    });
+  }
+  for (auto& t : threads) t.join();
+  ASSERT_TRUE(group[0] && group[1]);
+  CollectiveStageLink receiver(group[1].get(), {0, 1});
+  for (const std::vector<int64_t>& bad : {std::vector<int64_t>{6, 1000}, std::vector<int64_t>{999, 1, 4}}) {
+    at::Tensor header = at::zeros({10}, at::kLong);
+    for (size_t i = 0; i < bad.size(); ++i) header[static_cast<int64_t>(i)] = bad[i];
+    auto sent = group[0]->Send(header, 1, 2 * 7);  // the header of message tag 7
+    auto got = receiver.Recv(0, 7);
+    EXPECT_EQ(got.status().code(), absl::StatusCode::kDataLoss) << got.status();
+    EXPECT_TRUE(sent->Wait().ok());
+  }
+  EXPECT_EQ(receiver.Recv(5, 1).status().code(), absl::StatusCode::kInvalidArgument);  // no stage 5
+}
+
 TEST(PipelineStageTest, ALostNeighbourFailsTheStepInsteadOfHangingIt) {
   InProcessStageLinks links(2, absl::Milliseconds(200));
   PipelineStageOptions o;

@@ -204,16 +204,23 @@ class CheckpointEmbeddingsTest : public ControlPlaneTest {
     return last;
   }
 
+  // An open-ended job on 2 shards, checkpointed every 40 steps, cancelled
+  // after its first checkpoint: its id and that checkpoint's directory.
+  void CheckpointThenCancel(std::string* job, std::string* ck) {
+    *job = Submit(WriteSpec("a", SpecYaml(2, "epochs: 1000\ncheckpoint_every_steps: 40\n")));
+    *ck = WaitForCheckpoint(*job, absl::Seconds(180));
+    ASSERT_FALSE(ck->empty());
+    ASSERT_EQ(Cli({"cancel", *job}).code, 0);
+    WaitForState(*job, "CANCELLED", absl::Seconds(60));
+  }
+
   std::vector<size_t> workers_;  // indexes into pool_
 };
 
 TEST_F(CheckpointEmbeddingsTest, ARestoreOntoAnotherShardCountHoldsTheCheckpointsRowsAndTrainsOn) {
   // 1. Checkpointed every 40 steps, open-ended until cancelled.
-  const std::string job = Submit(WriteSpec("a", SpecYaml(2, "epochs: 1000\ncheckpoint_every_steps: 40\n")));
-  const std::string ck = WaitForCheckpoint(job, absl::Seconds(180));
-  ASSERT_FALSE(ck.empty());
-  ASSERT_EQ(Cli({"cancel", job}).code, 0);
-  WaitForState(job, "CANCELLED", absl::Seconds(60));
+  std::string job, ck;
+  ASSERT_NO_FATAL_FAILURE(CheckpointThenCancel(&job, &ck));
   auto manifest = ReadManifest(ck);
   ASSERT_TRUE(manifest.ok()) << manifest.status();
   ASSERT_EQ(manifest->embeddings.size(), 2u) << "one embedding file per shard";
@@ -325,11 +332,8 @@ TEST_F(CheckpointEmbeddingsTest, ExportWritesTheNewestCheckpointsTablesForPyTorc
   if (std::system("/usr/bin/python3 -c 'import torch' 2>/dev/null") != 0) {
     GTEST_SKIP() << "python3-torch is missing (make setup installs it)";
   }
-  const std::string job = Submit(WriteSpec("a", SpecYaml(2, "epochs: 1000\ncheckpoint_every_steps: 40\n")));
-  const std::string ck = WaitForCheckpoint(job, absl::Seconds(180));
-  ASSERT_FALSE(ck.empty());
-  ASSERT_EQ(Cli({"cancel", job}).code, 0);
-  WaitForState(job, "CANCELLED", absl::Seconds(60));
+  std::string job, ck;
+  ASSERT_NO_FATAL_FAILURE(CheckpointThenCancel(&job, &ck));
   auto manifest = ReadManifest(ck);
   ASSERT_TRUE(manifest.ok()) << manifest.status();
   std::vector<std::string> files;

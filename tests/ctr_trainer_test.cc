@@ -218,8 +218,6 @@ TEST(CtrTrainerTorchScriptTest, AScriptedModelLearnsFromThePooledEmbeddings) {
   ASSERT_TRUE(rows.ok());
   TrainerOptions o = Options(spec, 0);
   o.shards = shards.ptrs;
-  std::vector<double> losses;
-  o.on_step = [&](int64_t, double loss, int64_t, double, double) { losses.push_back(loss); };
   auto result = RunCtrTrainer(o, rows->get());
   ASSERT_TRUE(result.ok()) << result.status();
   EXPECT_EQ(result->steps, 600);
@@ -234,7 +232,6 @@ TEST(CtrTrainerTorchScriptTest, AScriptedModelLearnsFromThePooledEmbeddings) {
                              std::filesystem::copy_options::overwrite_existing);
   o.spec.name = "scripted-wrong";
   o.spec.model = "torchscript:small_net.pt";
-  o.on_step = nullptr;
   absl::Status s = RunCtrTrainer(o, rows->get()).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
   EXPECT_NE(s.message().find("forward(dense, sparse)"), std::string::npos) << s;

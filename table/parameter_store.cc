@@ -7,6 +7,12 @@
 
 namespace pstrain {
 
+void ParameterStore::ReplicateAsync(const ReplicateRequest& /*request*/, std::vector<TensorBuffer> /*tensors*/,
+                                    ReplicateResponse* /*response*/, const CallOptions& /*options*/,
+                                    StatusCallback done) {
+  done(absl::UnimplementedError("this parameter store does not hold replicated tables"));
+}
+
 absl::Status WaitFor(const std::function<void(StatusCallback)>& call) {
   // Shared with the callback: the waiter may return, and its frame go,
   // while `done` is still unlocking mu.

@@ -67,6 +67,10 @@ class ParameterStore {
                               const CallOptions& options, StatusCallback done) = 0;
   virtual void SetWorkersAsync(const SetWorkersRequest& request, SetWorkersResponse* response,
                                const CallOptions& options, StatusCallback done) = 0;
+  // Replicated shards: a primary's updated chunks, to a backup
+  // (ReplicateRequest). UNIMPLEMENTED unless a store replicates.
+  virtual void ReplicateAsync(const ReplicateRequest& request, std::vector<TensorBuffer> tensors,
+                              ReplicateResponse* response, const CallOptions& options, StatusCallback done);
 };
 
 // Runs one asynchronous call and waits for its `done`. For tests, tools and

@@ -41,11 +41,17 @@ ShardStore::ShardStore(ShardStoreOptions options)
       own_budget_(options_.budget == nullptr ? std::make_unique<ByteBudget>(options_.max_bytes) : nullptr),
       budget_(options_.budget != nullptr ? options_.budget : own_budget_.get()) {
   reaper_ = std::thread([this] { ReaperLoop(); });
+  replicator_ = std::thread([this] { ReplicationLoop(); });
 }
 
 ShardStore::~ShardStore() {
   Shutdown();
   if (reaper_.joinable()) reaper_.join();
+  {
+    absl::MutexLock lock(&repl_mu_);
+    repl_stop_ = true;
+  }
+  if (replicator_.joinable()) replicator_.join();
 }
 
 namespace {
@@ -282,6 +288,11 @@ void ShardStore::InitTableAsync(const InitTableRequest& request, std::vector<Ten
       const Chunk& c = *existing->chunks[i];
       same = c.key == request.keys(static_cast<int>(i)) && c.dtype == values[i].dtype && c.shape == values[i].shape;
     }
+    same = same && (existing->replica == nullptr) == (request.copies_size() == 0);
+    for (int i = 0; same && existing->replica != nullptr && i < request.copies_size(); ++i) {
+      const auto& want = request.copies(i).shards();
+      same = existing->replica->copies[i] == std::vector<uint32_t>(want.begin(), want.end());
+    }
     if (!same) {
       return done(absl::AlreadyExistsError(absl::StrCat(
           "job '", Quote(request.job()), "' already has a table on shard ", options_.shard_index,
@@ -301,9 +312,11 @@ void ShardStore::InitTableAsync(const InitTableRequest& request, std::vector<Ten
     (*table)->index.emplace(key, i);
     (*table)->chunks.push_back(std::move(*chunk));
   }
+  if (s = SetUpReplica(**table, request); !s.ok()) return done(s);
   bool created = false;
   absl::StatusOr<std::shared_ptr<Table>> installed = Install(std::move(*table), /*keep_identical=*/true, &created);
   if (!installed.ok()) return done(installed.status());
+  if (created && (*installed)->replica != nullptr) ApplyRouting(*installed, request.routing());
   response->set_created(created);
   done(absl::OkStatus());
 }
@@ -314,6 +327,7 @@ void ShardStore::PullAsync(const PullRequest& request, PullResponse* response, s
   if (!table.ok()) return done(table.status());
   absl::StatusOr<std::vector<size_t>> chunks = ResolveKeys(**table, request.keys());
   if (!chunks.ok()) return done(chunks.status());
+  if (absl::Status leads = CheckLeads(**table, *chunks); !leads.ok()) return done(leads);
   if (request.min_version() >= kMaxStep || request.min_worker_steps() < 0 || request.min_worker_steps() >= kMaxStep) {
     return done(absl::InvalidArgumentError("min_version and min_worker_steps must be in [0, 2^40)"));
   }
@@ -335,7 +349,7 @@ void ShardStore::PullAsync(const PullRequest& request, PullResponse* response, s
 }
 
 void ShardStore::PushAsync(const PushRequest& request, std::vector<TensorBuffer> grads, PushResponse* response,
-                           const CallOptions& /*options*/, StatusCallback done) {
+                           const CallOptions& options, StatusCallback done) {
   if (options_.before_push) options_.before_push(request.job(), request.attempt(), request.worker(), request.step());
   absl::StatusOr<std::shared_ptr<Table>> table = FindTable(request.job(), request.attempt());
   if (!table.ok()) return done(table.status());
@@ -343,9 +357,14 @@ void ShardStore::PushAsync(const PushRequest& request, std::vector<TensorBuffer>
   PushInput in{request.job(), request.worker(), request.generation(), request.step(), request.lr(), &request.keys(),
                &grads, request.extra_batches(), request.empty()};
   std::vector<size_t> chunks;
-  absl::Status s = ApplyPush(**table, in, &chunks, response);
-  if (s.ok()) NotifyWaiters();
-  done(s);
+  std::vector<int64_t> seqs;
+  absl::Status s = ApplyPush(**table, in, &chunks, response, &seqs);
+  if (!s.ok()) return done(s);
+  NotifyWaiters();
+  if ((*table)->replica == nullptr) return done(s);
+  // Answered once the backups hold the update.
+  KickReplication();
+  WhenReadyAsync(*table, std::move(chunks), false, 0, options.deadline, std::move(done), std::move(seqs));
 }
 
 void ShardStore::PushPullAsync(const PushPullRequest& request, std::vector<TensorBuffer> grads,
@@ -362,9 +381,17 @@ void ShardStore::PushPullAsync(const PushPullRequest& request, std::vector<Tenso
   PushInput in{request.job(), request.worker(), request.generation(), request.step(), request.lr(), &request.keys(),
                &grads, request.extra_batches(), request.empty()};
   auto idx = std::make_shared<std::vector<size_t>>();
-  absl::Status s = ApplyPush(*t, in, idx.get(), response->mutable_push());
+  std::vector<int64_t> seqs;
+  absl::Status s = ApplyPush(*t, in, idx.get(), response->mutable_push(), &seqs);
   if (!s.ok()) return done(s);
   NotifyWaiters();
+  // A replicated table's callers also wait for the backups to hold the
+  // update (and under SYNC the step's result).
+  if (t->replica != nullptr) {
+    KickReplication();
+  } else {
+    seqs.clear();
+  }
   bool by_clock = false;
   int64_t threshold = 0;
   switch (t->config.consistency()) {
@@ -378,11 +405,13 @@ void ShardStore::PushPullAsync(const PushPullRequest& request, std::vector<Tenso
     default:
       break;
   }
-  WhenReadyAsync(t, *idx, by_clock, threshold, options.deadline,
-                 [this, t, idx, response, values, value_dtype, done = std::move(done)](absl::Status s) {
-                   if (s.ok()) Snapshot(*t, *idx, value_dtype, response->mutable_versions(), values, response->mutable_vacant_ranks());
-                   done(s);
-                 });
+  WhenReadyAsync(
+      t, *idx, by_clock, threshold, options.deadline,
+      [this, t, idx, response, values, value_dtype, done = std::move(done)](absl::Status s) {
+        if (s.ok()) Snapshot(*t, *idx, value_dtype, response->mutable_versions(), values, response->mutable_vacant_ranks());
+        done(s);
+      },
+      std::move(seqs));
 }
 
 void ShardStore::StatsAsync(const StatsRequest& request, StatsResponse* response, const CallOptions& /*options*/,
@@ -426,6 +455,34 @@ void ShardStore::StatsAsync(const StatsRequest& request, StatsResponse* response
     s->set_pulls(t->pulls.load());
     s->set_bytes_pushed(t->bytes_pushed.load());
     s->set_bytes_pulled(t->bytes_pulled.load());
+    if (t->replica != nullptr) {
+      ReplicationStats* r = s->mutable_replication();
+      {
+        absl::MutexLock lock(&t->replica->mu);
+        r->set_generation(t->replica->routing.generation());
+        r->set_fenced(!t->replica->fenced.empty() || !t->replica->fenced_chunks.empty());
+        for (const auto& [b, peer] : t->replica->peers) {
+          for (size_t c = 0; c < t->chunks.size(); ++c) {
+            const auto& backups = t->replica->backups[c];
+            if (peer.acked_seq[c] < 0 && std::find(backups.begin(), backups.end(), b) != backups.end()) {
+              r->add_copying_to(b);
+              break;
+            }
+          }
+        }
+        for (const auto& c : t->chunks) {
+          if (!c->led.load()) continue;
+          r->set_chunks_led(r->chunks_led() + 1);
+          if (!c->awaits_ack.load()) continue;
+          std::lock_guard<std::mutex> chunk_lock(c->mu);
+          r->set_unacked_seqs(r->unacked_seqs() + std::max<int64_t>(0, c->seq - c->acked_seq.load()));
+        }
+      }
+      r->set_forwards(t->replica->forwards.load());
+      r->set_forward_bytes(t->replica->forward_bytes.load());
+      r->set_forward_failures(t->replica->forward_failures.load());
+      r->set_chunks_applied(t->replica->chunks_applied.load());
+    }
   }
   done(absl::OkStatus());
 }

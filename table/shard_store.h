@@ -73,6 +73,16 @@ struct ShardStoreOptions {
   // it locks its chunks, with no lock held: it may call back into the store
   // (a SetWorkersAsync that replaces the pusher in the window).
   std::function<void(const std::string& job, uint32_t worker, uint32_t generation)> before_push_locks;
+  // Replicated tables (docs/replication.md): sends a primary's forward to
+  // the backup shard at `target` (Routing.targets) and runs `done` once;
+  // `request`, `tensors` and `response` live until then. The job's secret
+  // is the forwarder's business (server/ps looks it up). Unset: replicated
+  // tables are refused (FAILED_PRECONDITION).
+  std::function<void(const std::string& target, const ReplicateRequest& request,
+                     const std::vector<TensorBuffer>& tensors, ReplicateResponse* response, StatusCallback done)>
+      forward;
+  // Tensor bytes one forward carries at most (at least one chunk).
+  uint64_t max_forward_bytes = uint64_t{32} << 20;
 };
 
 // What a shard may hold when --max_memory_mb is 0: 80% of the machine's
@@ -131,6 +141,14 @@ class ShardStore : public ParameterStore {
   // ignored for that rank).
   void SetWorkersAsync(const SetWorkersRequest& request, SetWorkersResponse* response,
                        const CallOptions& options, StatusCallback done) override;
+
+  // --- Replicated tables (shard_store_replication.cc).
+  // A backup applies its primary's updated chunks (ReplicateRequest): in
+  // order and at most once each (ReplicatedChunk.seq), only from the
+  // chunk's primary under the current routing (ABORTED otherwise: a
+  // replaced primary is fenced).
+  void ReplicateAsync(const ReplicateRequest& request, std::vector<TensorBuffer> tensors,
+                      ReplicateResponse* response, const CallOptions& options, StatusCallback done) override;
 
   // Bytes reserved by the tables now (values, state, accumulators).
   uint64_t reserved_bytes() const { return budget_->used(); }
@@ -222,8 +240,26 @@ class ShardStore : public ParameterStore {
     uint32_t extra_batches = 0;  // see PushRequest
     bool empty = false;
   };
+  // `seqs` (may be null): each chunk's seq after the push, what a caller
+  // of a replicated table waits for its backups to hold.
   absl::Status ApplyPush(Table& table, const PushInput& in, std::vector<size_t>* chunks,
-                         PushResponse* response);
+                         PushResponse* response, std::vector<int64_t>* seqs = nullptr);
+
+  // --- Replicated tables (shard_store_replication.cc).
+  // InitTable's copies and routing, checked and kept with the table.
+  absl::Status SetUpReplica(Table& table, const InitTableRequest& request);
+  // A newer routing (SetWorkers): who leads and backs up each chunk; a
+  // chunk newly led here is copied in full to its backups.
+  void ApplyRouting(const std::shared_ptr<Table>& table, const Routing& routing);
+  // Pushes and pulls of a replicated table go to each chunk's primary only.
+  absl::Status CheckLeads(const Table& table, const std::vector<size_t>& chunks) const;
+  void KickReplication();
+  void ReplicationLoop();
+  // One forward to backup `peer` of the chunks it lacks; false if none.
+  bool StartForward(const std::shared_ptr<Table>& table, uint32_t peer);
+  // ReplicateAsync's work, under the table's replica mutex.
+  absl::Status ApplyForward(const ReplicateRequest& request, const std::vector<TensorBuffer>& tensors,
+                            ReplicateResponse* response);
 
   // --- Parked calls and handing out values (shard_store_waiters.cc).
   void AbortWaiters(const std::shared_ptr<Table>& table, const std::string& why);
@@ -236,7 +272,8 @@ class ShardStore : public ParameterStore {
   // its slowest worker's last step) is >= threshold; ready(error) at the
   // deadline, on shutdown, or at once when max_waiters are parked.
   void WhenReadyAsync(std::shared_ptr<Table> table, std::vector<size_t> chunks, bool by_clock,
-                      int64_t threshold, absl::Time deadline, StatusCallback ready);
+                      int64_t threshold, absl::Time deadline, StatusCallback ready,
+                      std::vector<int64_t> ack_seqs = {});
   void NotifyWaiters();
   void ReaperLoop();
 
@@ -252,6 +289,11 @@ class ShardStore : public ParameterStore {
   std::list<std::shared_ptr<Waiter>> waiters_ ABSL_GUARDED_BY(waiters_mu_);
   bool shutdown_ ABSL_GUARDED_BY(waiters_mu_) = false;
   std::thread reaper_;
+
+  absl::Mutex repl_mu_;
+  bool repl_kicked_ ABSL_GUARDED_BY(repl_mu_) = false;
+  bool repl_stop_ ABSL_GUARDED_BY(repl_mu_) = false;
+  std::thread replicator_;
 };
 
 // Checks a table config against the ranges that make sense (docs/errors.md), filling

@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -64,6 +65,22 @@ struct ShardStore::Chunk {
   std::atomic<int64_t> version{0};
   std::atomic<int64_t> clock{-1};  // min over active ranks of last_step
   double pending_lr = 0;  // SYNC: the lr of the step in flight (0: the table's)
+
+  // Replicated tables (shard_store_replication.cc). `seq` counts the
+  // chunk's mutations (MarkChanged); set_seq[k]: the seq at which state
+  // set k last changed (what a forward to a backup that has an earlier seq
+  // must carry). Under mu.
+  int64_t seq = 0;
+  std::vector<int64_t> set_seq;
+  uint64_t term = 0;  // a backup's: the routing generation of the last forward applied
+  // Whether this shard leads the chunk (serves its pushes and pulls), and
+  // whether callers then wait for its backups (acked_*: the newest seq and
+  // version every live backup holds). Written under the table's replica
+  // mutex, read without it.
+  std::atomic<bool> led{true};
+  std::atomic<bool> awaits_ack{false};
+  std::atomic<int64_t> acked_seq{0};
+  std::atomic<int64_t> acked_version{0};
 };
 
 struct ShardStore::Table {
@@ -106,6 +123,34 @@ struct ShardStore::Table {
     for (const Seat& seat : seats) out.push_back(seat.active);
     return out;
   }
+
+  // Replicated tables (shard_store_replication.cc): what this shard knows
+  // of the other copies. Lock order: replica->mu, then chunk mutexes (a
+  // push never takes it: it reads the chunks' atomics).
+  struct Peer {  // a backup of chunks led here
+    bool in_flight = false;
+    int failures = 0;  // forwards failed in a row
+    absl::Time next_try = absl::InfinitePast();
+    std::vector<int64_t> acked_seq;      // per chunk; -1: unknown (a full copy next)
+    std::vector<int64_t> acked_version;  // per chunk, at acked_seq
+  };
+  struct Replica {
+    uint32_t self = 0;
+    std::vector<std::vector<uint32_t>> copies;  // per chunk: primary, then backups
+    absl::Mutex mu;
+    Routing routing ABSL_GUARDED_BY(mu);
+    std::vector<std::vector<uint32_t>> backups ABSL_GUARDED_BY(mu);  // per chunk led here, its live backups
+    std::map<uint32_t, Peer> peers ABSL_GUARDED_BY(mu);
+    std::string fenced ABSL_GUARDED_BY(mu);  // why this shard may no longer lead; empty: it may
+    // Chunks a backup refused this shard as the primary of (it holds a
+    // newer routing), and why; until a routing says this shard leads them.
+    std::map<size_t, std::string> fenced_chunks ABSL_GUARDED_BY(mu);
+    std::atomic<uint64_t> forwards{0};
+    std::atomic<uint64_t> forward_bytes{0};
+    std::atomic<uint64_t> forward_failures{0};
+    std::atomic<uint64_t> chunks_applied{0};  // as a backup
+  };
+  std::unique_ptr<Replica> replica;  // null: not replicated
 };
 
 struct ShardStore::Waiter {
@@ -113,15 +158,21 @@ struct ShardStore::Waiter {
   std::vector<size_t> chunks;
   bool by_clock = false;
   int64_t threshold = 0;
+  // Replicated tables: per chunk, the seq its backups must hold (the
+  // caller's own push); empty: none. A version threshold of a chunk whose
+  // backups are awaited counts the version they hold.
+  std::vector<int64_t> ack_seqs;
   absl::Time deadline;
   StatusCallback ready;
 
   bool Satisfied() const {
-    for (size_t c : chunks) {
-      const Chunk& chunk = *table->chunks[c];
+    for (size_t i = 0; i < chunks.size(); ++i) {
+      const Chunk& chunk = *table->chunks[chunks[i]];
+      const bool ack = chunk.awaits_ack.load(std::memory_order_acquire);
       int64_t v = by_clock ? chunk.clock.load(std::memory_order_acquire)
-                           : chunk.version.load(std::memory_order_acquire);
+                           : (ack ? chunk.acked_version : chunk.version).load(std::memory_order_acquire);
       if (v < threshold) return false;
+      if (ack && i < ack_seqs.size() && chunk.acked_seq.load(std::memory_order_acquire) < ack_seqs[i]) return false;
     }
     return true;
   }
@@ -136,7 +187,7 @@ struct ShardStore::Waiter {
                             ", waited for ", threshold);
       }
     }
-    return "";
+    return "its backup shards have not confirmed the update (a backup is slow or lost)";
   }
 };
 
@@ -175,6 +226,12 @@ absl::StatusOr<std::vector<TensorBuffer>> NewStateSet(const OptimizerConfig& opt
 // `grad` may be in pieces.
 bool ComputeUpdate(const OptimizerConfig& config, int64_t step, const TensorBuffer& value, const TensorBuffer& grad,
                    const std::vector<TensorBuffer>& state, double scale, TensorBuffer* out);
+// Records a mutation of the chunk (and of its state set `set`, if >= 0)
+// for its backups (see Chunk::seq). Under the chunk's lock.
+void MarkChanged(ShardStore::Chunk& c, int set = -1);
+// A routing's bounds, for a table whose routing names `targets` shards.
+// (shard_store_replication.cc)
+absl::Status ValidateRouting(const Routing& routing, int targets);
 // Back to the state of a fresh table (zeros; Adagrad's initial accumulator).
 void ResetStateSet(const OptimizerConfig& optimizer, std::vector<TensorBuffer>& set);
 // SYNC: whether the chunk's step is complete once `worker` (-1: nobody

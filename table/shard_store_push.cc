@@ -79,7 +79,7 @@ class ShardStore::PushTransaction {
   // ASYNC/SSP: the updates into the new buffers; under REJECT a
   // non-finite one undoes them all.
   absl::Status ComputeUpdates();
-  void Commit(PushResponse* response);
+  void Commit(PushResponse* response, std::vector<int64_t>* seqs);
 
  private:
   // What the push does to a chunk: nothing (a duplicate), count an arrival
@@ -203,6 +203,7 @@ absl::Status ShardStore::PushTransaction::Prepare() {
 void ShardStore::PushTransaction::Discard(Chunk& c, size_t k, TensorBuffer& value) {
   ResetStateSet(optimizer_, c.state[k]);
   c.optimizer_step[k] = 0;
+  shard_internal::MarkChanged(c, static_cast<int>(k));
   c.spare = std::move(value);
 }
 
@@ -237,7 +238,7 @@ void ShardStore::PushTransaction::Install(Chunk& c, TensorBuffer value) {
   if (old.owner.use_count() == 1) c.spare = std::move(old);  // else a reader still has it
 }
 
-void ShardStore::PushTransaction::Commit(PushResponse* response) {
+void ShardStore::PushTransaction::Commit(PushResponse* response, std::vector<int64_t>* seqs) {
   uint32_t applied = 0, duplicates = 0, skipped = 0;
   uint64_t bytes = 0;
   for (size_t i = 0; i < chunks_.size(); ++i) {
@@ -285,8 +286,17 @@ void ShardStore::PushTransaction::Commit(PushResponse* response) {
         bytes += g.nbytes;
         break;
     }
+    // For the backups: an update, and a rank's step counted without one.
+    // A SYNC arrival is not (the step's arrivals are pushed again after a
+    // failover); the step it completes marked its state set itself.
+    if (action_[i] == Action::kUpdate) {
+      shard_internal::MarkChanged(c, static_cast<int>(set_));
+    } else if (action_[i] == Action::kSkip || action_[i] == Action::kEmpty) {
+      shard_internal::MarkChanged(c);
+    }
     if (!sync_ && action_[i] != Action::kDuplicate) c.clock.store(ActiveClock(c, active_), std::memory_order_release);
     response->add_versions(c.version.load(std::memory_order_relaxed));
+    if (seqs != nullptr) seqs->push_back(c.seq);
   }
   response->set_applied(applied);
   response->set_duplicates(duplicates);
@@ -298,7 +308,7 @@ void ShardStore::PushTransaction::Commit(PushResponse* response) {
 }
 
 absl::Status ShardStore::ApplyPush(Table& table, const PushInput& in, std::vector<size_t>* chunks,
-                                   PushResponse* response) {
+                                   PushResponse* response, std::vector<int64_t>* seqs) {
   const TableConfig& config = table.config;
   response->Clear();
   if (static_cast<size_t>(in.keys->size()) != in.grads->size()) {
@@ -327,6 +337,7 @@ absl::Status ShardStore::ApplyPush(Table& table, const PushInput& in, std::vecto
   absl::StatusOr<std::vector<size_t>> resolved = ResolveKeys(table, *in.keys);
   if (!resolved.ok()) return resolved.status();
   *chunks = std::move(*resolved);
+  if (absl::Status leads = CheckLeads(table, *chunks); !leads.ok()) return leads;
   PushTransaction push(table, in, *chunks);
   // Validate everything before touching anything.
   absl::Status s = push.Validate();
@@ -347,7 +358,7 @@ absl::Status ShardStore::ApplyPush(Table& table, const PushInput& in, std::vecto
   if (s.ok()) s = push.Prepare();
   if (s.ok()) s = push.ComputeUpdates();
   if (!s.ok()) return s;
-  push.Commit(response);  // nothing in it can fail
+  push.Commit(response, seqs);  // nothing in it can fail
   return absl::OkStatus();
 }
 

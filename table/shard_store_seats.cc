@@ -13,6 +13,7 @@ using shard_internal::CompleteSyncStep;
 using shard_internal::EnsureStateSet;
 using shard_internal::StepComplete;
 using shard_internal::TakeSpare;
+using shard_internal::ValidateRouting;
 
 namespace {
 
@@ -39,6 +40,14 @@ void ShardStore::SetWorkersAsync(const SetWorkersRequest& request, SetWorkersRes
   if (!found.ok()) return done(found.status());
   Table& table = **found;
   const uint32_t n = table.config.num_workers();
+  if (request.has_routing()) {
+    if (table.replica == nullptr) {
+      return done(absl::FailedPreconditionError(
+          absl::StrCat("job '", Quote(table.job), "' has no replicated table on this shard: a routing is for one")));
+    }
+    absl::Status routing = ValidateRouting(request.routing(), table.replica->routing.targets_size());
+    if (!routing.ok()) return done(routing);
+  }
   if (static_cast<uint32_t>(request.seats_size()) != n) {
     return done(absl::InvalidArgumentError(absl::StrCat("job '", Quote(table.job), "' has ", n, " ranks; got ",
                                                         request.seats_size(), " seats")));
@@ -67,7 +76,9 @@ void ShardStore::SetWorkersAsync(const SetWorkersRequest& request, SetWorkersRes
   } catch (const std::bad_alloc&) {
     status = absl::ResourceExhaustedError("out of memory while completing a step for the new ranks");
   }
+  if (request.has_routing()) ApplyRouting(*found, request.routing());
   NotifyWaiters();
+  if (table.replica != nullptr) KickReplication();
   for (int64_t l : last) response->add_last_steps(l == INT64_MAX ? -1 : l);
   response->set_min_version(min_version == INT64_MAX ? 0 : min_version);
   done(status);

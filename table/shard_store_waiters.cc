@@ -10,6 +10,10 @@ namespace pstrain {
 using shard_internal::Unavailable;
 
 void ShardStore::Shutdown() {
+  {
+    absl::MutexLock lock(&repl_mu_);
+    repl_stop_ = true;
+  }
   std::list<std::shared_ptr<Waiter>> waiters;
   {
     absl::MutexLock lock(&waiters_mu_);
@@ -38,8 +42,10 @@ void ShardStore::AbortWaiters(const std::shared_ptr<Table>& table, const std::st
 }
 
 void ShardStore::WhenReadyAsync(std::shared_ptr<Table> table, std::vector<size_t> chunks, bool by_clock,
-                                int64_t threshold, absl::Time deadline, StatusCallback ready) {
+                                int64_t threshold, absl::Time deadline, StatusCallback ready,
+                                std::vector<int64_t> ack_seqs) {
   auto w = std::make_shared<Waiter>();
+  w->ack_seqs = std::move(ack_seqs);
   w->table = std::move(table);
   w->chunks = std::move(chunks);
   w->by_clock = by_clock;

@@ -139,6 +139,11 @@ void GrpcRemoteShard::InitTableAsync(const InitTableRequest& request, std::vecto
   StartAsync("InitTable", request, values, response, nullptr, options, std::move(done));
 }
 
+void GrpcRemoteShard::ReplicateAsync(const ReplicateRequest& request, std::vector<TensorBuffer> tensors,
+                                     ReplicateResponse* response, const CallOptions& options, StatusCallback done) {
+  StartAsync("Replicate", request, tensors, response, nullptr, options, std::move(done));
+}
+
 void GrpcRemoteShard::PullAsync(const PullRequest& request, PullResponse* response,
                                 std::vector<TensorBuffer>* values, const CallOptions& options,
                                 StatusCallback done) {

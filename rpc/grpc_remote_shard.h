@@ -64,6 +64,8 @@ class GrpcRemoteShard : public ParameterStore {
                       const CallOptions& options, StatusCallback done) override;
   void SetWorkersAsync(const SetWorkersRequest& request, SetWorkersResponse* response, const CallOptions& options,
                        StatusCallback done) override;
+  void ReplicateAsync(const ReplicateRequest& request, std::vector<TensorBuffer> tensors, ReplicateResponse* response,
+                      const CallOptions& options, StatusCallback done) override;
 
  private:
   struct Call;

@@ -81,7 +81,8 @@ grpc::ServerUnaryReactor* Serve(const char* method, ParameterServiceMetrics* met
   // A push's gradients are read once, by the optimizer, which takes them in
   // the pieces they arrived in: no copy into one buffer first.
   DecodeOptions decode;
-  decode.pieces = std::is_same_v<Request, PushRequest> || std::is_same_v<Request, PushPullRequest>;
+  decode.pieces = std::is_same_v<Request, PushRequest> || std::is_same_v<Request, PushPullRequest> ||
+                  std::is_same_v<Request, ReplicateRequest>;
   absl::Status decoded = DecodeTensorMessage(*request, &state->request, &state->in_tensors, decode);
   if (!decoded.ok()) {
     finish(decoded);
@@ -195,6 +196,18 @@ grpc::ServerUnaryReactor* GrpcParameterService::PushPull(grpc::CallbackServerCon
       [this](auto state, const CallOptions& options, auto done) {
         store_->PushPullAsync(state->request, std::move(state->in_tensors), &state->response,
                               &state->out_tensors, options, std::move(done));
+      });
+}
+
+grpc::ServerUnaryReactor* GrpcParameterService::Replicate(grpc::CallbackServerContext* context,
+                                                          const grpc::ByteBuffer* request,
+                                                          grpc::ByteBuffer* response) {
+  // Shard tokens only (rpc/security.cc's access rule), with the job's secret.
+  return Serve<ReplicateRequest, ReplicateResponse>(
+      "Replicate", metrics_, &secrets_, SecretUse::kCheck, context, request, response, Anyone<ReplicateRequest>,
+      [this](auto state, const CallOptions& options, auto done) {
+        store_->ReplicateAsync(state->request, std::move(state->in_tensors), &state->response, options,
+                               std::move(done));
       });
 }
 

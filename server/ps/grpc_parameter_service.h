@@ -31,7 +31,8 @@
 namespace pstrain {
 
 class GrpcParameterService final
-    : public ParameterService::WithRawCallbackMethod_SetWorkers<
+    : public ParameterService::WithRawCallbackMethod_Replicate<
+          ParameterService::WithRawCallbackMethod_SetWorkers<
           ParameterService::WithRawCallbackMethod_DropTable<
           ParameterService::WithRawCallbackMethod_SaveTable<
           ParameterService::WithRawCallbackMethod_LoadTable<
@@ -39,7 +40,7 @@ class GrpcParameterService final
           ParameterService::WithRawCallbackMethod_Pull<
               ParameterService::WithRawCallbackMethod_Push<
                   ParameterService::WithRawCallbackMethod_PushPull<
-                      ParameterService::WithRawCallbackMethod_Stats<ParameterService::Service>>>>>>>>> {
+                      ParameterService::WithRawCallbackMethod_Stats<ParameterService::Service>>>>>>>>>> {
  public:
   struct Options {
     ParameterServiceMetrics* metrics = nullptr;  // not owned; may be null
@@ -82,6 +83,13 @@ class GrpcParameterService final
                                       grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* SetWorkers(grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
                                        grpc::ByteBuffer* response) override;
+  // A primary shard's forward to this backup (shard tokens only).
+  grpc::ServerUnaryReactor* Replicate(grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
+                                      grpc::ByteBuffer* response) override;
+
+  // The jobs' secrets as the callers presented them: what this shard
+  // presents when it forwards a job's updates to its other shards.
+  const JobSecrets& secrets() const { return secrets_; }
 
  private:
   // What a call needs besides the job secret: the coordinator's token,

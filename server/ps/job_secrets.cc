@@ -20,6 +20,12 @@ absl::Status JobSecrets::Check(const std::string& job, absl::string_view present
                                                   "their assignment)"));
 }
 
+std::string JobSecrets::SecretOf(const std::string& job) const {
+  absl::MutexLock lock(&mu_);
+  auto it = entries_.find(job);
+  return it == entries_.end() || !it->second.recorded ? std::string() : it->second.secret;
+}
+
 void JobSecrets::BeginMake(const std::string& job) {
   absl::MutexLock lock(&mu_);
   Entry& e = entries_[job];

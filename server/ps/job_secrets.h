@@ -43,6 +43,9 @@ class JobSecrets {
 
   // OK when the job has no recorded secret or `presented` is it.
   absl::Status Check(const std::string& job, absl::string_view presented) const ABSL_LOCKS_EXCLUDED(mu_);
+  // The job's recorded secret (empty if none): what this shard presents
+  // when it forwards the job's updates to another shard.
+  std::string SecretOf(const std::string& job) const ABSL_LOCKS_EXCLUDED(mu_);
   // Before an InitTable/LoadTable reaches the store.
   void BeginMake(const std::string& job) ABSL_LOCKS_EXCLUDED(mu_);
   // After it: if `made` (it succeeded), records `presented` unless the job

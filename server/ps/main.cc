@@ -26,6 +26,7 @@
 #include "common/metrics_server.h"
 #include "embedding/embedding_store.h"
 #include "rpc/cluster_member.h"
+#include "rpc/grpc_remote_shard.h"
 #include "rpc/grpc_server.h"
 #include "rpc/security_flags.h"
 #include "rpc/server_flags.h"
@@ -165,6 +166,20 @@ int main(int argc, char** argv) {
     return 2;
   }
   store_options.checkpoint_root = *root;
+  // Replicated tables: a primary forwards to its backups over gRPC, with
+  // the job's secret and this shard's token.
+  const pstrain::GrpcParameterService* forwarding_service = nullptr;  // set below, before any table exists
+  store_options.forward = [&forwarding_service](const std::string& target, const pstrain::ReplicateRequest& request,
+                                                const std::vector<pstrain::TensorBuffer>& tensors,
+                                                pstrain::ReplicateResponse* response, pstrain::StatusCallback done) {
+    pstrain::RemoteShardOptions ro;
+    ro.target = target;
+    ro.max_attempts = 1;  // the store tries again itself
+    pstrain::CallOptions options;
+    options.deadline = absl::Now() + absl::Seconds(5);
+    options.job_secret = forwarding_service->secrets().SecretOf(request.job());
+    pstrain::SharedRemoteShard(ro)->ReplicateAsync(request, tensors, response, options, std::move(done));
+  };
   pstrain::ShardStore store(store_options);
   pstrain::EmbeddingStoreOptions embedding_options;
   embedding_options.budget = &budget;
@@ -210,6 +225,7 @@ int main(int argc, char** argv) {
   pstrain::GrpcEmbeddingService embedding_service(
       &embeddings, {service_options.tokens, service_options.grants, store_options.checkpoint_root});
   pstrain::GrpcParameterService service(&store, std::move(service_options));
+  forwarding_service = &service;
   pstrain::GrpcServerOptions server_options = pstrain::GrpcServerOptionsFromFlags(*server_security);
   server_options.max_message_bytes = max_mb << 20;
   auto server = pstrain::GrpcServer::Create(server_options, {&service, &embedding_service});

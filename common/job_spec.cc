@@ -136,6 +136,18 @@ absl::Status CheckValues(const JobSpec& spec, const MappingReader& r) {
     return r.Error("shards", spec.allreduce() ? "must be in 1..1024 in allreduce mode with embeddings (they hold the rows)"
                                               : "must be in 1..1024");
   }
+  if (spec.replicas != 0) {
+    if (spec.allreduce()) return r.Error("replicas", "is for ps mode (all-reduce workers hold no shards)");
+    if (spec.replicas < 0 || spec.replicas >= spec.shards) {
+      return r.Error("replicas", absl::StrCat("must be in 0..", spec.shards - 1, " (a chunk's copies are on distinct "
+                                              "shards: at most shards - 1 backups)"));
+    }
+    if (!spec.embeddings.empty()) return r.Error("replicas", "does not replicate embedding tables yet");
+    if (spec.checkpoint_every_steps > 0) {
+      return r.Error("checkpoint_every_steps", "must be 0 with replicas for now: checkpoints of replicated "
+                                               "tables are not built yet (docs/replication.md)");
+    }
+  }
   if (spec.epochs < 1) return r.Error("epochs", "must be >= 1");
   if (spec.batch_size < 1) return r.Error("batch_size", "must be >= 1");
   if (spec.accumulate_steps < 1) return r.Error("accumulate_steps", "must be >= 1");
@@ -294,6 +306,7 @@ absl::Status ReadRunFields(MappingReader& r, JobSpec& spec) {
   RETURN_IF_ERROR(r.Read("staleness", &spec.staleness));
   RETURN_IF_ERROR(r.Read("workers", &spec.workers));
   RETURN_IF_ERROR(r.Read("shards", &spec.shards));
+  RETURN_IF_ERROR(r.Read("replicas", &spec.replicas));
   RETURN_IF_ERROR(r.Read("epochs", &spec.epochs));
   RETURN_IF_ERROR(r.Read("batch_size", &spec.batch_size));
   RETURN_IF_ERROR(r.Read("accumulate_steps", &spec.accumulate_steps));

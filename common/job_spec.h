@@ -123,6 +123,10 @@ struct JobSpec {
   uint32_t staleness = 0;
   int workers = 1;
   int shards = 1;                 // ps mode; allreduce uses none
+  // ps mode: backups of each chunk on other shards (docs/replication.md);
+  // a lost shard's chunks are then led by a backup and the job goes on
+  // without a restart. 0..shards-1.
+  int replicas = 0;
   int epochs = 1;
   int64_t batch_size = 64;      // per worker
   int accumulate_steps = 1;

@@ -17,7 +17,8 @@ absl::StatusOr<ExchangeSet> MakeExchange(const TrainerOptions& options, const st
   if (allreduce && (options.local_store == nullptr || !options.shards.empty())) {
     return absl::InvalidArgumentError("all-reduce mode needs a local store and no shards");
   }
-  auto plan = MakePartitionPlan(specs, allreduce ? 1 : spec.shards, static_cast<size_t>(spec.chunk_bytes));
+  auto plan = MakePartitionPlan(specs, allreduce ? 1 : spec.shards, static_cast<size_t>(spec.chunk_bytes),
+                                allreduce ? 0 : spec.replicas);
   if (!plan.ok()) return plan.status();
   PsClientOptions po;
   po.job = spec.name;
@@ -33,6 +34,8 @@ absl::StatusOr<ExchangeSet> MakeExchange(const TrainerOptions& options, const st
   po.error_feedback = spec.wire_error_feedback;
   po.max_in_flight_per_shard = allreduce ? 0 : spec.requests_in_flight;
   po.plan = *plan;
+  po.shard_targets = options.shard_targets;
+  po.next_routing = options.next_routing;
   auto ps = PsClient::Create(po, allreduce ? std::vector<ParameterStore*>{options.local_store} : options.shards);
   if (!ps.ok()) return ps.status();
   ExchangeSet set;

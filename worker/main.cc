@@ -36,6 +36,7 @@
 #include "common/job_spec.h"
 #include "common/malloc_tuning.h"
 #include "common/metrics_server.h"
+#include "common/routing_key.h"
 #include "google/protobuf/util/json_util.h"
 #include "proto/events.pb.h"
 #include "rpc/cluster_member.h"
@@ -272,6 +273,20 @@ absl::Status RunJobOrThrow(pstrain::JobSpec spec, int rank, int world_size, cons
     ro.default_timeout = absl::Seconds(absl::GetFlag(FLAGS_rpc_timeout_s));
     remote_shards.push_back(pstrain::SharedRemoteShard(ro));
     options.shards.push_back(remote_shards.back().get());
+  }
+  if (spec.replicas > 0 && !spec.allreduce()) {
+    options.shard_targets = targets;
+    // The coordinator publishes each new routing in the job's KV store.
+    if (member != nullptr) {
+      options.next_routing = [member](uint64_t generation,
+                                      absl::Duration wait) -> absl::StatusOr<pstrain::Routing> {
+        absl::StatusOr<std::string> value = member->KvGet(pstrain::RoutingKey(generation + 1), wait);
+        if (!value.ok()) return value.status();
+        pstrain::Routing routing;
+        if (!routing.ParseFromString(*value)) return absl::DataLossError("the coordinator's routing does not parse");
+        return routing;
+      };
+    }
   }
   options.emit = emit;
   // The heartbeat says what the loop is doing (a stuck rank included).

@@ -14,21 +14,23 @@ namespace pstrain {
 absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Create(PsClientOptions options,
                                                            std::vector<ParameterStore*> shards) {
   if (static_cast<int>(shards.size()) != options.plan.num_shards) {
-    return absl::InvalidArgumentError(absl::StrCat("the plan has ", options.plan.num_shards,
-                                                   " shards but ", shards.size(), " were given"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("the plan has ", options.plan.num_shards, " shards but ", shards.size(), " were given"));
   }
   if (options.job.empty()) return absl::InvalidArgumentError("job must not be empty");
+  if (options.plan.replicas > 0 && static_cast<int>(options.shard_targets.size()) != options.plan.num_shards) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a replicated plan needs the address of each of its ", options.plan.num_shards, " shards"));
+  }
   return std::unique_ptr<PsClient>(new PsClient(std::move(options), std::move(shards)));
 }
 
 PsClient::PsClient(PsClientOptions options, std::vector<ParameterStore*> shards)
     : options_(std::move(options)), shards_(std::move(shards)) {
-  param_chunks_.assign(options_.plan.params.size(),
-                       std::vector<std::vector<size_t>>(shards_.size()));
-  for (size_t i = 0; i < options_.plan.chunks.size(); ++i) {
-    const ChunkSpec& c = options_.plan.chunks[i];
-    param_chunks_[c.param][c.shard].push_back(i);
+  if (!options_.plan.shard_chunks.empty() && !options_.plan.shard_chunks[0].empty()) {
+    view_chunk_ = options_.plan.shard_chunks[0][0];
   }
+  route_ = MakeRoute(Routing());
   for (size_t s = 0; s < shards_.size(); ++s) turns_.push_back(std::make_unique<ShardTurns>());
   // Allocated at a chunk's first narrowing (ForWire): gradients that come
   // narrowed already (an exchange narrowing on the device) need none.
@@ -43,7 +45,7 @@ bool PsClient::TravelsAs(const ParameterSpec& spec, const at::Tensor& t) const {
 }
 
 absl::StatusOr<std::vector<TensorBuffer>> PsClient::ForWire(std::vector<TensorBuffer> views,
-                                                           const std::vector<size_t>& ids) {
+                                                            const std::vector<size_t>& ids) {
   if (!IsNarrowFloat(options_.wire_dtype)) return views;
   for (size_t k = 0; k < views.size(); ++k) {
     TensorBuffer& v = views[k];
@@ -80,8 +82,8 @@ absl::Status PsClient::CheckTensors(const std::vector<at::Tensor>& tensors, cons
     const at::Tensor& t = tensors[i];
     if (!t.defined() || !t.is_contiguous() || !t.device().is_cpu() ||
         std::vector<int64_t>(t.sizes().begin(), t.sizes().end()) != params[i].shape) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          what, " ", i, " (", params[i].name, ") must be a contiguous CPU tensor of the planned shape"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, " ", i, " (", params[i].name, ") must be a contiguous CPU tensor of the planned shape"));
     }
   }
   return absl::OkStatus();
@@ -92,9 +94,8 @@ namespace {
 // Views of the chunks `ids` of the plan, each cut from the flattened tensor
 // of its parameter: `tensor_of(param)`. No bytes are copied.
 template <typename TensorOf>
-absl::StatusOr<std::vector<TensorBuffer>> ChunkViewsOf(const PartitionPlan& plan,
-                                                      const std::vector<size_t>& ids,
-                                                      const TensorOf& tensor_of) {
+absl::StatusOr<std::vector<TensorBuffer>> ChunkViewsOf(const PartitionPlan& plan, const std::vector<size_t>& ids,
+                                                       const TensorOf& tensor_of) {
   std::vector<TensorBuffer> out;
   out.reserve(ids.size());
   for (size_t idx : ids) {
@@ -111,18 +112,17 @@ absl::StatusOr<std::vector<TensorBuffer>> ChunkViewsOf(const PartitionPlan& plan
   return out;
 }
 
-// A shard's error says which shard; OK stays OK.
-absl::Status ShardError(size_t shard, const absl::Status& status) {
-  if (status.ok()) return status;
-  return absl::Status(status.code(), absl::StrCat("shard ", shard, ": ", status.message()));
-}
-
 void AddKeys(const PartitionPlan& plan, const std::vector<size_t>& ids,
              google::protobuf::RepeatedPtrField<std::string>* keys) {
   for (size_t idx : ids) keys->Add()->assign(plan.chunks[idx].key);
 }
 
 }  // namespace
+
+absl::Status PsClient::ShardError(size_t shard, const absl::Status& status) {
+  if (status.ok()) return status;
+  return absl::Status(status.code(), absl::StrCat("shard ", shard, ": ", status.message()));
+}
 
 template <typename Request>
 Request& PsClient::Addressed(Request& req, const std::vector<size_t>& chunks) const {
@@ -161,18 +161,15 @@ void PsClient::RecordView(const google::protobuf::RepeatedField<uint32_t>& vacan
   vacant_ranks_.assign(vacant.begin(), vacant.end());
 }
 
-absl::StatusOr<std::vector<TensorBuffer>> PsClient::ChunkViews(
-    const std::vector<at::Tensor>& tensors, int shard) const {
-  return ChunkViewsOf(options_.plan, options_.plan.shard_chunks[shard],
-                      [&](size_t param) -> const at::Tensor& { return tensors[param]; });
+absl::StatusOr<std::vector<TensorBuffer>> PsClient::ChunkViews(const std::vector<at::Tensor>& tensors,
+                                                               const std::vector<size_t>& ids) const {
+  return ChunkViewsOf(options_.plan, ids, [&](size_t param) -> const at::Tensor& { return tensors[param]; });
 }
 
-absl::Status PsClient::CopyIntoParams(int shard, const std::vector<TensorBuffer>& values,
+absl::Status PsClient::CopyIntoParams(const std::vector<size_t>& ids, const std::vector<TensorBuffer>& values,
                                       const std::vector<at::Tensor>& params) const {
-  const auto& ids = options_.plan.shard_chunks[shard];
   if (values.size() != ids.size()) {
-    return absl::InternalError(absl::StrCat("shard ", shard, " returned ", values.size(),
-                                            " values for ", ids.size(), " keys"));
+    return absl::InternalError(absl::StrCat("a shard returned ", values.size(), " values for ", ids.size(), " keys"));
   }
   for (size_t i = 0; i < ids.size(); ++i) {
     const ChunkSpec& c = options_.plan.chunks[ids[i]];
@@ -183,8 +180,8 @@ absl::Status PsClient::CopyIntoParams(int shard, const std::vector<TensorBuffer>
       continue;
     }
     if (values[i].nbytes != c.bytes) {
-      return absl::InternalError(absl::StrCat("shard ", shard, " returned ", values[i].nbytes,
-                                              " bytes for ", c.key, ", expected ", c.bytes));
+      return absl::InternalError(
+          absl::StrCat("a shard returned ", values[i].nbytes, " bytes for ", c.key, ", expected ", c.bytes));
     }
     // Usually the store wrote straight into the parameter (see ChunkViews
     // passed as destinations); copy only if it did not.
@@ -193,10 +190,18 @@ absl::Status PsClient::CopyIntoParams(int shard, const std::vector<TensorBuffer>
   return absl::OkStatus();
 }
 
-absl::Status PsClient::ForEachShard(const std::function<void(int, StatusCallback)>& call) {
+absl::Status PsClient::ForEachShard(const Route& route, const std::function<void(int, StatusCallback)>& call,
+                                    bool every_shard) {
   FanOut calls;
-  calls.Add(static_cast<int>(shards_.size()));
+  std::vector<int> involved;
   for (int s = 0; s < static_cast<int>(shards_.size()); ++s) {
+    // A replicated table's shards that lead nothing (lost ones) are not called.
+    if (options_.plan.replicas == 0 || !route.shard_chunks[s].empty() || (every_shard && !route.lost[s])) {
+      involved.push_back(s);
+    }
+  }
+  calls.Add(static_cast<int>(involved.size()));
+  for (int s : involved) {
     const absl::Time start = absl::Now();
     if (options_.activity != nullptr) options_.activity->ShardCallStarted(s);
     call(s, [&, s, start](absl::Status status) {
@@ -212,53 +217,91 @@ absl::Status PsClient::InitTables(const std::vector<at::Tensor>& params, const T
   if (!s.ok()) return s;
   CallOptions opts = NewCallOptions();
   opts.table_grant = options_.table_grant;
-  std::vector<InitTableRequest> requests(shards_.size());
-  std::vector<InitTableResponse> responses(shards_.size());
-  return ForEachShard([&](int shard, StatusCallback done) {
-    auto views = ChunkViews(params, shard);
-    if (!views.ok()) return done(views.status());
-    InitTableRequest& req = Addressed(requests[shard], options_.plan.shard_chunks[shard]);
-    *req.mutable_config() = config;
-    shards_[shard]->InitTableAsync(req, std::move(*views), &responses[shard], opts, std::move(done));
+  const PartitionPlan& plan = options_.plan;
+  // A replacement worker may join after a shard was lost: the tables are
+  // made on those that are left (a repeat of an identical InitTable is kept).
+  return WithFailover([&](const Route& route) {
+    std::vector<InitTableRequest> requests(shards_.size());
+    std::vector<InitTableResponse> responses(shards_.size());
+    return ForEachShard(
+        route,
+        [&](int shard, StatusCallback done) {
+          // A replicated table: the chunks the shard leads and those it backs
+          // up, each with its copies (primary first), in chunk order.
+          std::vector<size_t> ids = plan.shard_chunks[shard];
+          if (plan.replicas > 0) {
+            ids.insert(ids.end(), plan.shard_backup_chunks[shard].begin(), plan.shard_backup_chunks[shard].end());
+            std::sort(ids.begin(), ids.end());
+          }
+          auto views = ChunkViews(params, ids);
+          if (!views.ok()) return done(views.status());
+          InitTableRequest& req = Addressed(requests[shard], ids);
+          *req.mutable_config() = config;
+          if (plan.replicas > 0) {
+            req.set_shard(static_cast<uint32_t>(shard));
+            for (const std::string& t : options_.shard_targets) req.mutable_routing()->add_targets(t);
+            for (size_t id : ids) {
+              auto* copies = req.add_copies()->mutable_shards();
+              copies->Add(plan.chunks[id].shard);
+              for (int b : plan.chunks[id].backups) copies->Add(b);
+            }
+          }
+          shards_[shard]->InitTableAsync(req, std::move(*views), &responses[shard], opts, std::move(done));
+        },
+        /*every_shard=*/true);
   });
 }
 
 absl::Status PsClient::Pull(const std::vector<at::Tensor>& params, int64_t min_version, int64_t min_worker_steps) {
   absl::Status s = CheckTensors(params, "parameters");
   if (!s.ok()) return s;
-  const CallOptions opts = NewCallOptions();
-  std::vector<PullRequest> requests(shards_.size());
-  std::vector<PullResponse> responses(shards_.size());
-  std::vector<std::vector<TensorBuffer>> values(shards_.size());
-  return ForEachShard([&](int shard, StatusCallback done) {
-    auto dest = ChunkViews(params, shard);
-    if (!dest.ok()) return done(dest.status());
-    values[shard] = std::move(*dest);
-    PullRequest& req = Addressed(requests[shard], options_.plan.shard_chunks[shard]);
-    req.set_min_version(min_version);
-    req.set_min_worker_steps(min_worker_steps);
-    shards_[shard]->PullAsync(req, &responses[shard], &values[shard], opts,
-                              [&, shard, done = std::move(done)](absl::Status st) {
-                           if (st.ok() && shard == 0) RecordView(responses[0].vacant_ranks());
-                           if (st.ok()) st = CopyIntoParams(shard, values[shard], params);
-                           values[shard].clear();
-                           done(st);
-                         });
+  return WithFailover([&](const Route& route) {
+    const CallOptions opts = NewCallOptions();
+    std::vector<PullRequest> requests(shards_.size());
+    std::vector<PullResponse> responses(shards_.size());
+    std::vector<std::vector<TensorBuffer>> values(shards_.size());
+    return ForEachShard(route, [&](int shard, StatusCallback done) {
+      const std::vector<size_t>& ids = route.shard_chunks[shard];
+      auto dest = ChunkViews(params, ids);
+      if (!dest.ok()) return done(dest.status());
+      values[shard] = std::move(*dest);
+      PullRequest& req = Addressed(requests[shard], ids);
+      req.set_min_version(min_version);
+      req.set_min_worker_steps(min_worker_steps);
+      shards_[shard]->PullAsync(req, &responses[shard], &values[shard], opts,
+                                [&, shard, done = std::move(done)](absl::Status st) {
+                                  const auto& ids = route.shard_chunks[shard];
+                                  if (st.ok() && shard == static_cast<int>(route.view_shard)) {
+                                    RecordView(responses[shard].vacant_ranks());
+                                  }
+                                  if (st.ok()) st = CopyIntoParams(ids, values[shard], params);
+                                  values[shard].clear();
+                                  done(st);
+                                });
+    });
   });
 }
 
 absl::Status PsClient::Push(int64_t step, const std::vector<at::Tensor>& grads, double lr) {
   absl::Status s = CheckTensors(grads, "gradients");
   if (!s.ok()) return s;
-  const CallOptions opts = NewCallOptions();
-  std::vector<PushRequest> requests(shards_.size());
-  std::vector<PushResponse> responses(shards_.size());
-  return ForEachShard([&](int shard, StatusCallback done) {
-    auto views = ChunkViews(grads, shard);
-    if (views.ok()) views = ForWire(std::move(*views), options_.plan.shard_chunks[shard]);
-    if (!views.ok()) return done(views.status());
-    PushRequest& req = AddressedPush(requests[shard], options_.plan.shard_chunks[shard], step, lr);
-    shards_[shard]->PushAsync(req, std::move(*views), &responses[shard], opts, std::move(done));
+  // Narrowed once (error feedback), sent again as they are after a failover.
+  std::vector<size_t> all(options_.plan.chunks.size());
+  for (size_t i = 0; i < all.size(); ++i) all[i] = i;
+  auto wire = ChunkViews(grads, all);
+  if (wire.ok()) wire = ForWire(std::move(*wire), all);
+  if (!wire.ok()) return wire.status();
+  return WithFailover([&](const Route& route) {
+    const CallOptions opts = NewCallOptions();
+    std::vector<PushRequest> requests(shards_.size());
+    std::vector<PushResponse> responses(shards_.size());
+    return ForEachShard(route, [&](int shard, StatusCallback done) {
+      const std::vector<size_t>& ids = route.shard_chunks[shard];
+      std::vector<TensorBuffer> views;
+      for (size_t id : ids) views.push_back((*wire)[id]);
+      PushRequest& req = AddressedPush(requests[shard], ids, step, lr);
+      shards_[shard]->PushAsync(req, std::move(views), &responses[shard], opts, std::move(done));
+    });
   });
 }
 
@@ -267,37 +310,45 @@ absl::Status PsClient::PushPull(int64_t step, const std::vector<at::Tensor>& gra
   absl::Status s = CheckTensors(grads, "gradients");
   if (s.ok()) s = CheckTensors(params, "parameters");
   if (!s.ok()) return s;
-  const CallOptions opts = NewCallOptions();
-  std::vector<PushPullRequest> requests(shards_.size());
-  std::vector<PushPullResponse> responses(shards_.size());
-  std::vector<std::vector<TensorBuffer>> values(shards_.size());
-  return ForEachShard([&](int shard, StatusCallback done) {
-    auto views = ChunkViews(grads, shard);
-    if (views.ok()) views = ForWire(std::move(*views), options_.plan.shard_chunks[shard]);
-    if (!views.ok()) return done(views.status());
-    auto dest = ChunkViews(params, shard);
-    if (!dest.ok()) return done(dest.status());
-    values[shard] = std::move(*dest);
-    PushPullRequest& req = AddressedPush(requests[shard], options_.plan.shard_chunks[shard], step, lr);
-    shards_[shard]->PushPullAsync(req, std::move(*views), &responses[shard], &values[shard], opts,
-                                  [&, shard, done = std::move(done)](absl::Status st) {
-                               if (st.ok() && shard == 0) RecordView(responses[0].vacant_ranks());
-                               if (st.ok()) st = CopyIntoParams(shard, values[shard], params);
-                               values[shard].clear();
-                               done(st);
-                             });
+  std::vector<size_t> all(options_.plan.chunks.size());
+  for (size_t i = 0; i < all.size(); ++i) all[i] = i;
+  auto wire = ChunkViews(grads, all);
+  if (wire.ok()) wire = ForWire(std::move(*wire), all);
+  if (!wire.ok()) return wire.status();
+  return WithFailover([&](const Route& route) {
+    const CallOptions opts = NewCallOptions();
+    std::vector<PushPullRequest> requests(shards_.size());
+    std::vector<PushPullResponse> responses(shards_.size());
+    std::vector<std::vector<TensorBuffer>> values(shards_.size());
+    return ForEachShard(route, [&](int shard, StatusCallback done) {
+      const std::vector<size_t>& ids = route.shard_chunks[shard];
+      std::vector<TensorBuffer> views;
+      for (size_t id : ids) views.push_back((*wire)[id]);
+      auto dest = ChunkViews(params, ids);
+      if (!dest.ok()) return done(dest.status());
+      values[shard] = std::move(*dest);
+      PushPullRequest& req = AddressedPush(requests[shard], ids, step, lr);
+      shards_[shard]->PushPullAsync(req, std::move(views), &responses[shard], &values[shard], opts,
+                                    [&, shard, done = std::move(done)](absl::Status st) {
+                                      if (st.ok() && shard == static_cast<int>(route.view_shard)) {
+                                        RecordView(responses[shard].vacant_ranks());
+                                      }
+                                      if (st.ok())
+                                        st = CopyIntoParams(route.shard_chunks[shard], values[shard], params);
+                                      values[shard].clear();
+                                      done(st);
+                                    });
+    });
   });
 }
 
-std::vector<PsClient::RequestPart> PsClient::SplitRequests(const std::vector<size_t>& params) const {
+std::vector<PsClient::RequestPart> PsClient::SplitRequests(const Route& route,
+                                                           const std::vector<size_t>& params) const {
   std::vector<RequestPart> parts;
-  const size_t view_chunk = options_.plan.shard_chunks.empty() || options_.plan.shard_chunks[0].empty()
-                                ? SIZE_MAX
-                                : options_.plan.shard_chunks[0][0];
   for (size_t s = 0; s < shards_.size(); ++s) {
     size_t bytes = 0;
     for (size_t p : params) {
-      for (size_t id : param_chunks_[p][s]) {
+      for (size_t id : route.param_chunks[p][s]) {
         const size_t b = options_.plan.chunks[id].bytes;
         if (parts.empty() || parts.back().shard != s || (bytes > 0 && bytes + b > options_.max_request_bytes)) {
           parts.push_back(RequestPart{s, {}, false});
@@ -308,12 +359,12 @@ std::vector<PsClient::RequestPart> PsClient::SplitRequests(const std::vector<siz
       }
     }
   }
-  // The part holding shard 0's view chunk (the first of its list, the first
-  // key of a Pull) puts it first, so the shard reports that chunk's view:
-  // the same one for every worker, whose buckets and parts are the same.
+  // The part holding the view chunk (the first key of its shard's Pull)
+  // puts it first, so the shard reports that chunk's view: the same one for
+  // every worker, whose buckets and parts are the same.
   for (RequestPart& part : parts) {
-    auto at = std::find(part.ids.begin(), part.ids.end(), view_chunk);
-    if (part.shard == 0 && at != part.ids.end()) {
+    auto at = std::find(part.ids.begin(), part.ids.end(), view_chunk_);
+    if (at != part.ids.end()) {
       std::iter_swap(part.ids.begin(), at);
       part.has_view = true;
     }
@@ -321,33 +372,20 @@ std::vector<PsClient::RequestPart> PsClient::SplitRequests(const std::vector<siz
   return parts;
 }
 
-void PsClient::PushPullAsync(int64_t step, const std::vector<size_t>& params,
-                             const std::vector<at::Tensor>& grads,
-                             const std::vector<at::Tensor>& intos, double lr,
-                             StatusCallback done) {
+void PsClient::PushPullAsync(int64_t step, const std::vector<size_t>& params, const std::vector<at::Tensor>& grads,
+                             const std::vector<at::Tensor>& intos, double lr, StatusCallback done) {
   // One request per part: a shard's chunks of the bucket, cut at
   // max_request_bytes of values, so a large bucket's values come back part
   // by part while its later parts still go out (upload and download
   // overlap on a full-duplex link).
-  using Part = RequestPart;
-  struct State {
-    FanOut calls;
-    std::vector<Part> parts;
-    std::vector<PushPullRequest> requests;
-    std::vector<PushPullResponse> responses;
-    std::vector<std::vector<TensorBuffer>> values;
-    std::vector<int64_t> bytes;  // per part: the gradients' wire bytes, and as many back
-    std::vector<absl::Time> sent;  // per part: when it went out (after its turn came)
-    StatusCallback done;
-  };
   if (grads.size() != params.size() || intos.size() != params.size()) {
     return done(absl::InvalidArgumentError("one gradient and one destination per parameter"));
   }
   // position[p]: where parameter p is in `params`.
-  std::vector<int> position(param_chunks_.size(), -1);
+  std::vector<int> position(options_.plan.params.size(), -1);
   for (size_t k = 0; k < params.size(); ++k) {
     const size_t p = params[k];
-    if (p >= param_chunks_.size() || position[p] != -1) {
+    if (p >= position.size() || position[p] != -1) {
       return done(absl::InvalidArgumentError("unknown or repeated parameter index"));
     }
     position[p] = static_cast<int>(k);
@@ -355,27 +393,27 @@ void PsClient::PushPullAsync(int64_t step, const std::vector<size_t>& params,
     for (const at::Tensor* t : {&grads[k], &intos[k]}) {
       if (!t->defined() || !t->is_contiguous() || !t->device().is_cpu() ||
           std::vector<int64_t>(t->sizes().begin(), t->sizes().end()) != spec.shape || !TravelsAs(spec, *t)) {
-        return done(absl::InvalidArgumentError(absl::StrCat(
-            "parameter ", spec.name,
-            ": gradient and destination must be contiguous CPU tensors of the planned shape and dtype (or, "
-            "float32 under a narrow wire dtype, of the wire's)")));
+        return done(absl::InvalidArgumentError(absl::StrCat("parameter ", spec.name,
+                                                            ": gradient and destination must be contiguous CPU "
+                                                            "tensors of the planned shape and dtype (or, "
+                                                            "float32 under a narrow wire dtype, of the wire's)")));
       }
     }
   }
-  auto state = std::make_shared<State>();
+  auto state = std::make_shared<AsyncPushPull>();
+  state->step = step;
+  state->lr = lr;
+  state->deadline = absl::Now() + options_.timeout;
   state->done = std::move(done);
-  state->parts = SplitRequests(params);
+  const std::shared_ptr<const Route> r = route();
+  state->generation = r->generation;
+  state->parts = SplitRequests(*r, params);
   const size_t n = state->parts.size();
-  state->requests.resize(n);
-  state->responses.resize(n);
-  state->values.resize(n);
-  state->bytes.assign(n, 0);
-  state->sent.resize(n);
-  state->calls.Add(static_cast<int>(n));
+  state->Reset(n);
   if (n == 0) return state->done(absl::OkStatus());
   const CallOptions opts = NewCallOptions();
   for (size_t k = 0; k < n; ++k) {
-    const Part& part = state->parts[k];
+    const RequestPart& part = state->parts[k];
     const size_t s = part.shard;
     Activity* activity = options_.activity;
     // A part's call is timed from when its turn came, not while it waited
@@ -389,16 +427,12 @@ void PsClient::PushPullAsync(int64_t step, const std::vector<size_t>& params,
       if (activity != nullptr) {
         activity->ShardCallEnded(static_cast<int>(s), absl::Now() - state->sent[k], state->bytes[k]);
       }
-      if (st.ok() && state->parts[k].has_view) RecordView(state->responses[k].vacant_ranks());
-      // The last part to end hands the bucket's outcome on.
-      if (state->calls.Done(ShardError(s, st))) state->done(state->calls.Wait());
+      PartDone(state, k, std::move(st));
     };
-    auto grad_views = ChunkViewsOf(options_.plan, part.ids, [&](size_t p) -> const at::Tensor& {
-      return grads[position[p]];
-    });
-    auto dest = ChunkViewsOf(options_.plan, part.ids, [&](size_t p) -> const at::Tensor& {
-      return intos[position[p]];
-    });
+    auto grad_views =
+        ChunkViewsOf(options_.plan, part.ids, [&](size_t p) -> const at::Tensor& { return grads[position[p]]; });
+    auto dest =
+        ChunkViewsOf(options_.plan, part.ids, [&](size_t p) -> const at::Tensor& { return intos[position[p]]; });
     if (!grad_views.ok() || !dest.ok()) {
       Admit(s, [sent, finish, st = grad_views.ok() ? dest.status() : grad_views.status()] {
         sent();
@@ -406,7 +440,8 @@ void PsClient::PushPullAsync(int64_t step, const std::vector<size_t>& params,
       });
       continue;
     }
-    state->values[k] = std::move(*dest);
+    state->values[k] = *dest;
+    state->dest[k] = std::move(*dest);  // kept for a retry: the shard may write into values[k]'s
     AddressedPush(state->requests[k], part.ids, step, lr);
     // A narrow wire dtype: the part's gradients are narrowed when its turn
     // comes, on the thread that sends it (a gRPC thread once the shard's
@@ -415,12 +450,13 @@ void PsClient::PushPullAsync(int64_t step, const std::vector<size_t>& params,
     // narrowing overlaps the requests in flight. Each chunk is in one part,
     // so its error feedback residual is touched by one thread per step.
     // The shard writes into the destination views (the `intos` tensors).
-    Admit(s, [this, s, state, k, opts, sent, finish, views = std::make_shared<std::vector<TensorBuffer>>(
-                                                      std::move(*grad_views))]() mutable {
+    Admit(s, [this, s, state, k, opts, sent, finish,
+              views = std::make_shared<std::vector<TensorBuffer>>(std::move(*grad_views))]() mutable {
       absl::StatusOr<std::vector<TensorBuffer>> wire = ForWire(std::move(*views), state->parts[k].ids);
       sent();
       if (!wire.ok()) return finish(wire.status());
       for (const TensorBuffer& b : *wire) state->bytes[k] += 2 * static_cast<int64_t>(b.nbytes);
+      state->wire[k] = *wire;  // as sent: a retry sends the same bytes
       shards_[s]->PushPullAsync(state->requests[k], std::move(*wire), &state->responses[k], &state->values[k], opts,
                                 finish);
     });
@@ -454,5 +490,9 @@ void PsClient::Release(size_t s) {
   }
   next();
 }
+
+// IssueParts (ps_client_failover.cc) addresses its retries with these.
+template PushPullRequest& PsClient::AddressedPush<PushPullRequest>(PushPullRequest&, const std::vector<size_t>&,
+                                                                   int64_t, double) const;
 
 }  // namespace pstrain

@@ -14,7 +14,9 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -54,13 +56,20 @@ struct PsClientOptions {
   int max_in_flight_per_shard = 0;
   // Told of every shard call's start and end (not owned; may be null).
   Activity* activity = nullptr;
+  // Replicated shards (plan.replicas > 0; docs/replication.md): host:port
+  // of each shard (the tables' routing), and where the coordinator's newer
+  // routings come from: the first one after `generation`, waiting up to
+  // `wait` (NOT_FOUND: none yet). A call that failed on a lost shard is then
+  // tried again where the new routing says, until `timeout`. Unset: a
+  // shard's failure fails the call.
+  std::vector<std::string> shard_targets;
+  std::function<absl::StatusOr<Routing>(uint64_t generation, absl::Duration wait)> next_routing;
 };
 
 class PsClient {
  public:
   // `shards[i]` serves shard i of the plan; not owned, must outlive the client.
-  static absl::StatusOr<std::unique_ptr<PsClient>> Create(PsClientOptions options,
-                                                          std::vector<ParameterStore*> shards);
+  static absl::StatusOr<std::unique_ptr<PsClient>> Create(PsClientOptions options, std::vector<ParameterStore*> shards);
 
   // Creates every shard's table from `params` (idempotent for identical
   // tables, so every worker may call it with the same seeded values).
@@ -71,8 +80,8 @@ class PsClient {
   // `lr` > 0 overrides the table's learning rate for this update (schedules).
   absl::Status Push(int64_t step, const std::vector<at::Tensor>& grads, double lr = 0);
   // Push, then the new values into `params`, in one round trip per shard.
-  absl::Status PushPull(int64_t step, const std::vector<at::Tensor>& grads,
-                        const std::vector<at::Tensor>& params, double lr = 0);
+  absl::Status PushPull(int64_t step, const std::vector<at::Tensor>& grads, const std::vector<at::Tensor>& params,
+                        double lr = 0);
 
   // PushPull of some parameters (a bucket), asynchronous: pushes grads[k]
   // (the gradient of parameter params[k]) to the shards holding its chunks,
@@ -84,11 +93,11 @@ class PsClient {
   // parameter's gradient and destination may be in the wire dtype already
   // (narrowed, and to be widened, by the caller -- on a GPU, say): they
   // travel as they are, with no error feedback of the client's.
-  void PushPullAsync(int64_t step, const std::vector<size_t>& params,
-                     const std::vector<at::Tensor>& grads, const std::vector<at::Tensor>& intos,
-                     double lr, StatusCallback done);
+  void PushPullAsync(int64_t step, const std::vector<size_t>& params, const std::vector<at::Tensor>& grads,
+                     const std::vector<at::Tensor>& intos, double lr, StatusCallback done);
 
   const PartitionPlan& plan() const { return options_.plan; }
+  ~PsClient();
 
   // SYNC, covering vacant ranks: this step's pushes sum `extra_batches`
   // batches besides the worker's own, or carry none (`empty`: a
@@ -108,10 +117,30 @@ class PsClient {
   absl::Status CheckTensors(const std::vector<at::Tensor>& tensors, const char* what) const;
   // One operation's options: its deadline, the job's secret.
   CallOptions NewCallOptions() const;
-  // The chunks of shard `s` as views of `tensors`.
+  // A shard's error says which shard; OK stays OK.
+  static absl::Status ShardError(size_t shard, const absl::Status& status);
+  // Where each chunk goes under one routing (ps_client_failover.cc): every
+  // call uses one Route from start to end.
+  struct Route {
+    uint64_t generation = 0;
+    std::vector<int> leader;                        // per chunk; -1: no copy left
+    std::vector<bool> lost;                         // per shard
+    std::vector<std::vector<size_t>> shard_chunks;  // per shard, the chunks it leads (the view chunk first)
+    std::vector<std::vector<std::vector<size_t>>> param_chunks;  // [p][s]: chunks of parameter p led by s
+    size_t view_shard = 0;                                       // the shard leading view_chunk_
+  };
+  std::shared_ptr<const Route> route() const;
+  std::shared_ptr<const Route> MakeRoute(const Routing& routing) const;
+  bool replicated() const { return options_.plan.replicas > 0 && static_cast<bool>(options_.next_routing); }
+  // Runs `op` (one whole operation) and, for a replicated table, again
+  // under a newer routing while it fails on a lost shard, until `timeout`.
+  absl::Status WithFailover(const std::function<absl::Status(const Route&)>& op);
+  // Waits (up to `deadline`) for a routing newer than `seen`, and uses it.
+  void AwaitRouting(uint64_t seen, absl::Time deadline);
+  // The chunks `ids` as views of `tensors`.
   absl::StatusOr<std::vector<TensorBuffer>> ChunkViews(const std::vector<at::Tensor>& tensors,
-                                                      int shard) const;
-  absl::Status CopyIntoParams(int shard, const std::vector<TensorBuffer>& values,
+                                                       const std::vector<size_t>& ids) const;
+  absl::Status CopyIntoParams(const std::vector<size_t>& ids, const std::vector<TensorBuffer>& values,
                               const std::vector<at::Tensor>& params) const;
   // Gradient views of chunks `ids` as they go on the wire: narrowed (with
   // error feedback) when the wire dtype is narrow, else unchanged.
@@ -128,11 +157,50 @@ class PsClient {
   struct RequestPart {
     size_t shard = 0;
     std::vector<size_t> ids;
-    bool has_view = false;  // holds shard 0's view chunk, first
+    bool has_view = false;  // holds the view chunk, first
   };
-  std::vector<RequestPart> SplitRequests(const std::vector<size_t>& params) const;
-  // Runs call(shard, done) for every shard at once and waits for all.
-  absl::Status ForEachShard(const std::function<void(int, StatusCallback)>& call);
+  std::vector<RequestPart> SplitRequests(const Route& route, const std::vector<size_t>& params) const;
+  // Runs call(shard, done) for every shard that leads chunks under `route`
+  // (or every shard) at once and waits for all.
+  absl::Status ForEachShard(const Route& route, const std::function<void(int, StatusCallback)>& call,
+                            bool every_shard = false);
+  // PushPullAsync's bucket (ps_client_failover.cc retries its failed parts).
+  struct AsyncPushPull {
+    int64_t step = 0;
+    double lr = 0;
+    absl::Time deadline;
+    uint64_t generation = 0;  // of the route the current round went out under
+    StatusCallback done;
+    std::vector<RequestPart> parts;
+    std::vector<PushPullRequest> requests;
+    std::vector<PushPullResponse> responses;
+    std::vector<std::vector<TensorBuffer>> values;  // what the shard writes into
+    std::vector<std::vector<TensorBuffer>> dest;    // per part: the destination views
+    std::vector<std::vector<TensorBuffer>> wire;    // per part: the gradients as sent
+    std::vector<int64_t> bytes;                     // per part: the gradients' wire bytes, and as many back
+    std::vector<absl::Time> sent;                   // per part: when it went out (after its turn came)
+    absl::Mutex mu;
+    size_t outstanding ABSL_GUARDED_BY(mu) = 0;
+    std::vector<absl::Status> status ABSL_GUARDED_BY(mu);  // per part
+
+    // A new round of n parts.
+    void Reset(size_t n) {
+      requests.assign(n, PushPullRequest());
+      responses.assign(n, PushPullResponse());
+      values.assign(n, {});
+      dest.assign(n, {});
+      wire.assign(n, {});
+      bytes.assign(n, 0);
+      sent.assign(n, absl::InfinitePast());
+      absl::MutexLock lock(&mu);
+      outstanding = n;
+      status.assign(n, absl::OkStatus());
+    }
+  };
+  void IssueParts(const std::shared_ptr<AsyncPushPull>& state, const Route& route);
+  void PartDone(const std::shared_ptr<AsyncPushPull>& state, size_t k, absl::Status status);
+  // Runs `task` on the failover thread (started on first use).
+  void OnFailoverThread(std::function<void()> task);
   // Starts `issue` (one PushPull to shard s) now, or when one of the
   // shard's requests in flight ends (max_in_flight_per_shard); Release
   // ends one.
@@ -141,8 +209,16 @@ class PsClient {
 
   const PsClientOptions options_;
   std::vector<ParameterStore*> shards_;
-  // param_chunks_[p][s]: chunk indices of parameter p on shard s.
-  std::vector<std::vector<std::vector<size_t>>> param_chunks_;
+  // The chunk whose shard reports the ranks' view (PullResponse.vacant_ranks):
+  // shard 0's first under the plan, wherever it is led from.
+  size_t view_chunk_ = SIZE_MAX;
+  mutable absl::Mutex route_mu_;
+  std::shared_ptr<const Route> route_ ABSL_GUARDED_BY(route_mu_);
+  // Failed async parts are tried again here, off the gRPC threads.
+  absl::Mutex failover_mu_;
+  std::deque<std::function<void()>> failover_tasks_ ABSL_GUARDED_BY(failover_mu_);
+  bool failover_stop_ ABSL_GUARDED_BY(failover_mu_) = false;
+  std::unique_ptr<std::thread> failover_thread_;
   // Error feedback: per chunk, what rounding lost (a chunk is in one
   // request of a step, narrowed by the thread that sends it); empty until
   // the chunk's first narrowing.

@@ -55,6 +55,10 @@ struct TrainerOptions {
   // Where a torchscript:<path> model is read from (the worker's --data_root).
   DataRoot data_root;
   std::vector<ParameterStore*> shards;  // not owned; shard i of the plan
+  // Replicated shards (spec replicas > 0): each shard's host:port, and the
+  // coordinator's routings (PsClientOptions::shard_targets, next_routing).
+  std::vector<std::string> shard_targets;
+  std::function<absl::StatusOr<Routing>(uint64_t generation, absl::Duration wait)> next_routing;
   // All-reduce mode: the group of workers (not owned), and the in-process
   // store holding the whole model (not owned; the checkpoint format);
   // `shards` is then empty.

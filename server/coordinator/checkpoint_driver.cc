@@ -162,6 +162,11 @@ std::vector<std::string> ShardAddresses(const JobStatus& status) {
   return out;
 }
 
+bool ShardLost(const JobStatus& status, const MemberStatus& m) {
+  return m.role() == MEMBER_ROLE_SHARD &&
+         std::find(status.lost_shards().begin(), status.lost_shards().end(), m.rank()) != status.lost_shards().end();
+}
+
 absl::Status WriteCheckpoint(const CheckpointWrite& w, const std::string& root, Rendezvous& rendezvous) {
   const std::string pending = PendingCheckpointDir(w.dir);
   std::error_code ec;

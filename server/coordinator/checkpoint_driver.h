@@ -60,8 +60,11 @@ absl::Status CheckpointSupported(const std::string& job_id, const JobSpec& spec)
 // Whether the spec's periodic checkpoint is due for a job in this state.
 bool PeriodicCheckpointDue(const JobStatus& status, const JobSpec& spec, const CheckpointState& checkpoint);
 
-// The shards' addresses in rank order, from a job's member list.
+// The shards' addresses in rank order, from a job's member list (a lost
+// shard of a replicated job keeps its place: routings index shards).
 std::vector<std::string> ShardAddresses(const JobStatus& status);
+// Whether `m` is a shard the job declared lost (replicated shards).
+bool ShardLost(const JobStatus& status, const MemberStatus& m);
 
 // What one checkpoint writes, decided under the coordinator's lock.
 struct CheckpointWrite {

@@ -403,10 +403,11 @@ void Coordinator::ExpireLeases() {
     for (const MemberStatus& jm : present) {
       // A vacated rank may have ended the job (the others were done).
       if (st.state() != RUNNING && st.state() != CHECKPOINTING) break;
-      if (members_.Attached(jm.name(), id)) continue;
+      if (members_.Attached(jm.name(), id) || ShardLost(st, jm)) continue;
       const std::string what = absl::StrCat(RoleName(jm.role()), " ", jm.name(), " (rank ", jm.rank(),
                                             ") was lost: missed ", options_.missed_heartbeats, " heartbeats");
       if (VacateRank(job, jm, what)) continue;  // a parameter-server job goes on without it
+      if (LoseShard(job, jm, what)) continue;   // its chunks' backups lead them now
       RestartOrFail(job, "MemberLost", what, /*retryable=*/true);
       break;
     }

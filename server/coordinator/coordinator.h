@@ -266,6 +266,9 @@ class Coordinator {
     // durable, so a coordinator killed in between cannot hand the same
     // number to another run after its restart.
     uint64_t durable_attempt = 0;
+    // Replicated shards: the routing generations the workers were told
+    // (the job's KV store) up to this one.
+    uint64_t routing_published = 0;
   };
 
   Coordinator(CoordinatorOptions options, std::unique_ptr<JobStore> store);
@@ -301,6 +304,11 @@ class Coordinator {
   void RefreshMembers(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MaybeSucceed(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ExpireLeases() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Replicated shards (coordinator_elastic.cc): a lost shard's chunks are
+  // led by their backups from a new routing generation, and the job goes on;
+  // false (the caller restarts the job) when `lost` is not a shard of a
+  // replicated job or a chunk could be left with no copy.
+  bool LoseShard(Job& job, const MemberStatus& lost, const std::string& what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // The coordinator's threads (coordinator.cc): the tick, the persister and
   // background work.

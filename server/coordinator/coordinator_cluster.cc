@@ -7,6 +7,7 @@
 #include "checkpoint/manifest.h"
 #include "common/member_role.h"
 #include "common/quote.h"
+#include "common/routing_key.h"
 #include "rpc/table_grant.h"
 #include "server/coordinator/coordinator.h"
 #include "spdlog/spdlog.h"
@@ -343,6 +344,10 @@ absl::Status Coordinator::CheckJobMember(const std::string& member_id, const std
 absl::Status Coordinator::KvSet(const std::string& member_id, const std::string& job_id, uint64_t attempt,
                                 const std::string& key, const std::string& value) {
   if (absl::Status s = CheckJobMember(member_id, job_id); !s.ok()) return s;
+  if (IsRoutingKey(key)) {
+    return absl::PermissionDeniedError(absl::StrCat("keys under '", kRoutingKeyPrefix,
+                                                    "' are the coordinator's (shard routings): members only read them"));
+  }
   return rendezvous_.Set(job_id, attempt, key, value);
 }
 
@@ -361,6 +366,9 @@ absl::StatusOr<std::string> Coordinator::KvGet(const std::string& member_id, con
 absl::StatusOr<int64_t> Coordinator::KvAdd(const std::string& member_id, const std::string& job_id,
                                            uint64_t attempt, const std::string& key, int64_t delta) {
   if (absl::Status s = CheckJobMember(member_id, job_id); !s.ok()) return s;
+  if (IsRoutingKey(key)) {
+    return absl::PermissionDeniedError(absl::StrCat("keys under '", kRoutingKeyPrefix, "' are the coordinator's"));
+  }
   return rendezvous_.Add(job_id, attempt, key, delta);
 }
 

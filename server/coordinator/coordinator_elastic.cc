@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/quote.h"
+#include "common/routing_key.h"
 #include "rpc/grpc_remote_shard.h"
 #include "server/coordinator/coordinator.h"
 #include "spdlog/spdlog.h"
@@ -33,11 +34,13 @@ struct SeatsAnswer {
   int64_t min_version = INT64_MAX;
 };
 
+// Tells every shard but the lost ones (`lost`: replicated shards).
 SeatsAnswer SendSeats(const std::vector<std::string>& shards, const SetWorkersRequest& req,
-                      const std::string& job_secret) {
+                      const std::string& job_secret, const std::vector<int>& lost) {
   SeatsAnswer a;
   a.last_steps.assign(req.seats_size(), INT64_MAX);
   for (size_t i = 0; i < shards.size() && a.status.ok(); ++i) {
+    if (std::count(lost.begin(), lost.end(), static_cast<int>(i)) > 0) continue;
     RemoteShardOptions ro;
     ro.target = shards[i];
     ro.default_timeout = absl::Seconds(10);
@@ -58,7 +61,36 @@ SeatsAnswer SendSeats(const std::vector<std::string>& shards, const SetWorkersRe
   return a;
 }
 
+// The routing of a replicated job's tables as the coordinator sees it.
+Routing RoutingOf(const JobStatus& st) {
+  Routing r;
+  r.set_generation(st.routing_generation());
+  for (int s : st.lost_shards()) r.add_lost_shards(static_cast<uint32_t>(s));
+  for (std::string& t : ShardAddresses(st)) r.add_targets(std::move(t));
+  return r;
+}
+
 }  // namespace
+
+bool Coordinator::LoseShard(Job& job, const MemberStatus& lost, const std::string& what) {
+  JobStatus& st = job.stored.status;
+  if (job.spec.allreduce() || job.spec.replicas == 0 || lost.role() != MEMBER_ROLE_SHARD || ShardLost(st, lost) ||
+      lost.rank() < 0 || lost.rank() >= job.spec.shards) {
+    return false;
+  }
+  // Each chunk has replicas + 1 copies on distinct shards: up to `replicas`
+  // losses leave every chunk one. (No spare rebuilds a copy yet.)
+  if (st.lost_shards_size() + 1 > job.spec.replicas) return false;
+  st.add_lost_shards(lost.rank());
+  st.set_routing_generation(st.routing_generation() + 1);
+  members_.ReleaseByName(lost.name(), st.job_id());
+  Transition(job, st.state(), "ShardLost",
+             absl::StrCat(what, "; its chunks are led by their backups from routing generation ",
+                          st.routing_generation(), " (", st.lost_shards_size(), " of the ", job.spec.replicas,
+                          " shard loss(es) the job's replicas cover)"));
+  PushSeats(job);
+  return true;
+}
 
 int Coordinator::TargetWorkers(const Job& job) {
   const int target = job.stored.status.target_workers();
@@ -245,7 +277,9 @@ void Coordinator::RestoreSeats(Job& job) {
       st.rank_generations_size() != job.spec.workers) {
     return;
   }
-  bool changed = st.vacant_ranks_size() > 0;
+  // A replicated job's routing too: the workers' copy was in the lost
+  // coordinator's KV store.
+  bool changed = st.vacant_ranks_size() > 0 || st.routing_generation() > 0;
   for (int g : st.rank_generations()) changed = changed || g > 0;
   if (!changed) return;  // the shards' view is the one they started with
   // As VacateRank decides, with what is known now: rank 0, and any rank
@@ -276,6 +310,7 @@ void Coordinator::PushSeatsLoop(const std::string& job_id) {
     SetWorkersRequest req;
     std::vector<std::string> shards;
     std::string secret;
+    std::vector<int> lost;
     {
       absl::MutexLock lock(&mu_);
       Job* job = FindJob(job_id);
@@ -303,8 +338,11 @@ void Coordinator::PushSeatsLoop(const std::string& job_id) {
       }
       shards = ShardAddresses(st);
       secret = st.job_secret();
+      lost.assign(st.lost_shards().begin(), st.lost_shards().end());
+      // A replicated table learns who leads each chunk with its seats.
+      if (job->spec.replicas > 0) *req.mutable_routing() = RoutingOf(st);
     }
-    const SeatsAnswer answer = SendSeats(shards, req, secret);
+    const SeatsAnswer answer = SendSeats(shards, req, secret, lost);
     absl::MutexLock lock(&mu_);
     Job* job = FindJob(job_id);
     if (job == nullptr) return;
@@ -322,6 +360,17 @@ void Coordinator::PushSeatsLoop(const std::string& job_id) {
                     /*retryable=*/true);
       Schedule();
       return;
+    }
+    // The shards lead by this routing now: the workers may follow it.
+    if (req.has_routing()) {
+      const std::string routing = req.routing().SerializeAsString();
+      for (uint64_t g = job->routing_published + 1; g <= req.routing().generation(); ++g) {
+        absl::Status s = rendezvous_.Set(job_id, req.attempt(), RoutingKey(g), routing);
+        if (!s.ok()) spdlog::warn("coordinator: {} routing {} not published: {}", job_id, g, s.ToString());
+      }
+      job->routing_published = std::max(job->routing_published, req.routing().generation());
+      spdlog::info("coordinator: {} routes by generation {} ({} shard(s) lost)", job_id, req.routing().generation(),
+                   req.routing().lost_shards_size());
     }
     for (int r = 0; r < req.seats_size(); ++r) {
       // Under SYNC the others cover a vacant rank's batches from the step

@@ -240,6 +240,10 @@ void Coordinator::Start(Job& job, const Placement& placement) {
   st.set_active_workers(job.spec.workers);
   st.set_replacements(0);
   st.set_target_workers(0);
+  // Every shard of a new attempt is whole: its tables are made afresh.
+  st.set_routing_generation(0);
+  st.clear_lost_shards();
+  job.routing_published = 0;
   // A new attempt: requests of the previous ones are refused from now on.
   // It is told to nobody until the store holds it (durable_attempt).
   st.set_attempt(st.attempt() + 1);

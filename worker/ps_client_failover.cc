@@ -1,0 +1,263 @@
+// PsClient over replicated shards (issue 34, docs/replication.md): where
+// each chunk goes under the coordinator's routing, and calls that failed on
+// a lost shard tried again at the chunk's new primary.
+//
+// A retry is safe because a push is idempotent per (worker, step) on every
+// copy: the new primary either lacks the push (its primary died before
+// forwarding the update: it applies it) or holds its result (it answers a
+// duplicate with the values), and the primary forwards every update to its
+// backups before it answers anyone, so no update a worker saw answered is
+// lost with its shard.
+#include <algorithm>
+#include <map>
+
+#include "worker/ps_client.h"
+
+namespace pstrain {
+namespace {
+
+bool Contains(const google::protobuf::RepeatedField<uint32_t>& set, int x) {
+  return std::find(set.begin(), set.end(), static_cast<uint32_t>(x)) != set.end();
+}
+
+// A failure a newer routing may mend: the shard is gone (UNAVAILABLE, or a
+// call cut off), it no longer leads (FAILED_PRECONDITION: the caller's
+// routing is old; ABORTED: it was fenced). Anything else (a bad request, a
+// stale attempt that a routing cannot mend, ...) fails the call at once.
+bool MayFailOver(const absl::Status& s) {
+  switch (s.code()) {
+    case absl::StatusCode::kUnavailable:
+    case absl::StatusCode::kFailedPrecondition:
+    case absl::StatusCode::kAborted:
+    case absl::StatusCode::kCancelled:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// How long a retry waits for the coordinator's next routing before it tries
+// the current one again (a shard that was only briefly unreachable).
+constexpr absl::Duration kRoutingWait = absl::Seconds(1);
+
+}  // namespace
+
+std::shared_ptr<const PsClient::Route> PsClient::route() const {
+  absl::MutexLock lock(&route_mu_);
+  return route_;
+}
+
+std::shared_ptr<const PsClient::Route> PsClient::MakeRoute(const Routing& routing) const {
+  const PartitionPlan& plan = options_.plan;
+  auto r = std::make_shared<Route>();
+  r->generation = routing.generation();
+  r->leader.assign(plan.chunks.size(), -1);
+  r->shard_chunks.assign(shards_.size(), {});
+  r->lost.assign(shards_.size(), false);
+  for (uint32_t s : routing.lost_shards()) {
+    if (s < r->lost.size()) r->lost[s] = true;
+  }
+  r->param_chunks.assign(plan.params.size(), std::vector<std::vector<size_t>>(shards_.size()));
+  // The same rule as the shards' (table/shard_store_replication.cc): a
+  // chunk's first copy, primary then backups, neither lost nor catching up.
+  for (size_t i = 0; i < plan.chunks.size(); ++i) {
+    const ChunkSpec& c = plan.chunks[i];
+    std::vector<int> copies = {c.shard};
+    copies.insert(copies.end(), c.backups.begin(), c.backups.end());
+    for (int s : copies) {
+      if (!Contains(routing.lost_shards(), s) && !Contains(routing.catching_up(), s)) {
+        r->leader[i] = s;
+        break;
+      }
+    }
+  }
+  // Each shard's chunks in the plan's order: its own first (as the plan
+  // lists them), then those it took over, in chunk order.
+  for (size_t s = 0; s < shards_.size() && s < plan.shard_chunks.size(); ++s) {
+    for (size_t id : plan.shard_chunks[s]) {
+      if (r->leader[id] == static_cast<int>(s)) r->shard_chunks[s].push_back(id);
+    }
+  }
+  for (size_t i = 0; i < plan.chunks.size(); ++i) {
+    const int s = r->leader[i];
+    if (s >= 0 && s != plan.chunks[i].shard) r->shard_chunks[s].push_back(i);
+    if (s >= 0) r->param_chunks[plan.chunks[i].param][s].push_back(i);
+  }
+  if (view_chunk_ != SIZE_MAX && r->leader[view_chunk_] >= 0) {
+    r->view_shard = static_cast<size_t>(r->leader[view_chunk_]);
+    auto& ids = r->shard_chunks[r->view_shard];
+    auto at = std::find(ids.begin(), ids.end(), view_chunk_);
+    std::rotate(ids.begin(), at,
+                at + 1);  // first: its shard reports the ranks' view
+  }
+  return r;
+}
+
+void PsClient::AwaitRouting(uint64_t seen, absl::Time deadline) {
+  if (!replicated()) return;
+  absl::Duration wait = std::min(kRoutingWait, std::max(absl::ZeroDuration(), deadline - absl::Now()));
+  uint64_t generation = seen;
+  std::optional<Routing> newest;
+  // Several changes may have come: take them all, the newest wins.
+  while (true) {
+    absl::StatusOr<Routing> next = options_.next_routing(generation, wait);
+    if (!next.ok() || next->generation() <= generation) break;
+    generation = next->generation();
+    newest = std::move(*next);
+    wait = absl::ZeroDuration();
+  }
+  if (!newest.has_value()) return;
+  if (newest->lost_shards_size() > static_cast<int>(shards_.size()) ||
+      newest->catching_up_size() > static_cast<int>(shards_.size())) {
+    return;  // not this table's routing
+  }
+  std::shared_ptr<const Route> r = MakeRoute(*newest);
+  absl::MutexLock lock(&route_mu_);
+  if (r->generation > route_->generation) route_ = std::move(r);
+}
+
+absl::Status PsClient::WithFailover(const std::function<absl::Status(const Route&)>& op) {
+  const absl::Time deadline = absl::Now() + options_.timeout;
+  while (true) {
+    const std::shared_ptr<const Route> r = route();
+    absl::Status s = op(*r);
+    if (s.ok() || !replicated() || !MayFailOver(s) || absl::Now() >= deadline) return s;
+    AwaitRouting(r->generation, deadline);
+    // No newer routing for a failure only a routing mends: it stays.
+    if (s.code() != absl::StatusCode::kUnavailable && route()->generation == r->generation) return s;
+  }
+}
+
+void PsClient::PartDone(const std::shared_ptr<AsyncPushPull>& state, size_t k, absl::Status status) {
+  const size_t s = state->parts[k].shard;
+  if (status.ok() && state->parts[k].has_view) RecordView(state->responses[k].vacant_ranks());
+  {
+    absl::MutexLock lock(&state->mu);
+    state->status[k] = ShardError(s, status);
+    if (--state->outstanding > 0) return;
+  }
+  // The last part of the round to end: the bucket's outcome, or a retry of
+  // the parts that failed on a lost shard.
+  absl::Status first;
+  bool retry = replicated();
+  {
+    absl::MutexLock lock(&state->mu);
+    for (size_t j = 0; j < state->status.size(); ++j) {
+      const absl::Status& st = state->status[j];
+      if (st.ok()) continue;
+      if (first.ok()) first = st;
+      // Not sent (its views were refused): no retry can mend it.
+      retry = retry && MayFailOver(st) && state->wire[j].size() == state->parts[j].ids.size();
+    }
+  }
+  if (first.ok()) return state->done(absl::OkStatus());
+  if (!retry || absl::Now() >= state->deadline) return state->done(first);
+  // Waiting for the coordinator's routing blocks: not on a gRPC thread.
+  OnFailoverThread([this, state, first] {
+    const uint64_t seen = state->generation;
+    AwaitRouting(seen, state->deadline);
+    const std::shared_ptr<const Route> r = route();
+    if (first.code() != absl::StatusCode::kUnavailable && r->generation == seen) return state->done(first);
+    IssueParts(state, *r);
+  });
+}
+
+void PsClient::IssueParts(const std::shared_ptr<AsyncPushPull>& state, const Route& route) {
+  // The chunks of the failed parts, regrouped by their leader now; each
+  // keeps the gradient bytes it was sent with (a duplicate must be the
+  // same push) and its destination.
+  struct Piece {
+    std::vector<size_t> ids;
+    std::vector<TensorBuffer> wire, dest;
+  };
+  std::map<int, Piece> by_shard;
+  {
+    absl::MutexLock lock(&state->mu);
+    for (size_t j = 0; j < state->parts.size(); ++j) {
+      if (state->status[j].ok()) continue;
+      for (size_t i = 0; i < state->parts[j].ids.size(); ++i) {
+        const size_t id = state->parts[j].ids[i];
+        const int leader = route.leader[id];
+        if (leader < 0) {
+          return state->done(absl::UnavailableError(
+              absl::StrCat("no copy of key '", options_.plan.chunks[id].key,
+                           "' is left: every shard holding it was lost (replicas: ", options_.plan.replicas, ")")));
+        }
+        Piece& p = by_shard[leader];
+        p.ids.push_back(id);
+        p.wire.push_back(state->wire[j][i]);
+        p.dest.push_back(state->dest[j][i]);
+      }
+    }
+  }
+  std::vector<RequestPart> parts;
+  std::vector<Piece> pieces;
+  for (auto& [shard, piece] : by_shard) {
+    auto at = std::find(piece.ids.begin(), piece.ids.end(), view_chunk_);
+    const bool has_view = at != piece.ids.end();
+    if (has_view) {
+      const size_t i = static_cast<size_t>(at - piece.ids.begin());
+      std::swap(piece.ids[0], piece.ids[i]);
+      std::swap(piece.wire[0], piece.wire[i]);
+      std::swap(piece.dest[0], piece.dest[i]);
+    }
+    parts.push_back(RequestPart{static_cast<size_t>(shard), piece.ids, has_view});
+    pieces.push_back(std::move(piece));
+  }
+  state->generation = route.generation;
+  state->parts = std::move(parts);
+  state->Reset(state->parts.size());
+  const CallOptions opts = NewCallOptions();
+  for (size_t k = 0; k < state->parts.size(); ++k) {
+    state->wire[k] = std::move(pieces[k].wire);
+    state->dest[k] = std::move(pieces[k].dest);
+    state->values[k] = state->dest[k];
+    AddressedPush(state->requests[k], state->parts[k].ids, state->step, state->lr);
+  }
+  for (size_t k = 0; k < state->parts.size(); ++k) {
+    const size_t s = state->parts[k].shard;
+    Admit(s, [this, state, k, s, opts] {
+      state->sent[k] = absl::Now();
+      for (const TensorBuffer& b : state->wire[k]) state->bytes[k] += 2 * static_cast<int64_t>(b.nbytes);
+      shards_[s]->PushPullAsync(state->requests[k], state->wire[k], &state->responses[k], &state->values[k], opts,
+                                [this, state, k, s](absl::Status st) {
+                                  Release(s);
+                                  PartDone(state, k, std::move(st));
+                                });
+    });
+  }
+}
+
+void PsClient::OnFailoverThread(std::function<void()> task) {
+  absl::MutexLock lock(&failover_mu_);
+  if (failover_stop_) return;
+  failover_tasks_.push_back(std::move(task));
+  if (failover_thread_ != nullptr) return;
+  failover_thread_ = std::make_unique<std::thread>([this] {
+    while (true) {
+      std::function<void()> next;
+      {
+        absl::MutexLock lock(&failover_mu_);
+        failover_mu_.Await(absl::Condition(
+            +[](PsClient* c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(c->failover_mu_) {
+              return c->failover_stop_ || !c->failover_tasks_.empty();
+            },
+            this));
+        if (failover_tasks_.empty()) return;  // stopping, nothing left
+        next = std::move(failover_tasks_.front());
+        failover_tasks_.pop_front();
+      }
+      next();
+    }
+  });
+}
+
+PsClient::~PsClient() {
+  {
+    absl::MutexLock lock(&failover_mu_);
+    failover_stop_ = true;
+  }
+  if (failover_thread_ != nullptr) failover_thread_->join();
+}
+
+}  // namespace pstrain

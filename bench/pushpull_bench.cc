@@ -43,6 +43,9 @@ ABSL_FLAG(std::string, requests, "training",
           "training: push-pull as the trainer does it with a job spec's defaults (1 MiB chunks, PushPullAsync "
           "cutting requests at 1 MiB, 2 in flight per shard); whole: one PushPull request per shard (4 MiB chunks).");
 ABSL_FLAG(int64_t, chunk_bytes, 0, "The partition plan's chunk size (0: as --requests says).");
+ABSL_FLAG(int, replicas, 0,
+          "Backups of each chunk on other shards (docs/replication.md): each update is forwarded to them before "
+          "its answer.");
 ABSL_FLAG(int, requests_in_flight, 2, "--requests=training: requests in flight per shard (0: no limit).");
 
 namespace pstrain {
@@ -88,7 +91,8 @@ int RunWorker() {
   const bool split = requests == "training";
   int64_t chunk_bytes = absl::GetFlag(FLAGS_chunk_bytes);
   if (chunk_bytes <= 0) chunk_bytes = split ? 1 << 20 : static_cast<int64_t>(kDefaultChunkBytes);
-  auto plan = MakePartitionPlan(specs, static_cast<int>(targets.size()), static_cast<size_t>(chunk_bytes));
+  auto plan = MakePartitionPlan(specs, static_cast<int>(targets.size()), static_cast<size_t>(chunk_bytes),
+                                absl::GetFlag(FLAGS_replicas));
   if (!plan.ok()) {
     std::fprintf(stderr, "%s\n", plan.status().ToString().c_str());
     return 1;
@@ -105,6 +109,7 @@ int RunWorker() {
   o.job = absl::GetFlag(FLAGS_job) + "-" + model;
   o.worker = static_cast<uint32_t>(absl::GetFlag(FLAGS_worker));
   o.plan = *plan;
+  o.shard_targets = targets;
   const std::string wire = absl::GetFlag(FLAGS_wire_dtype);
   o.wire_dtype = wire == "bf16" ? DT_BFLOAT16 : wire == "fp16" ? DT_FLOAT16 : DT_FLOAT32;
   o.max_in_flight_per_shard = absl::GetFlag(FLAGS_requests_in_flight);

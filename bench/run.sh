@@ -2,8 +2,9 @@
 # Benchmarks with their peers measured in the same run.
 #
 #   bench/run.sh pushpull [REPS]   pstrain push+pull vs torch.distributed.rpc
-#                                  and loopback TCP (iperf3); codec speed; and
-#                                  pstrain over TLS with tokens (tls_vs_plain)
+#                                  and loopback TCP (iperf3); codec speed;
+#                                  pstrain over TLS with tokens (tls_vs_plain); and
+#                                  with replicas: 1 (replicas_vs_none)
 #   bench/run.sh train [REPS]      the demo job (async), its sync and all-reduce
 #                                  variants vs PyTorch DDP (gloo), same settings
 #   bench/run.sh allreduce [REPS]  all-reduce time and bus bandwidth, 4 KB..256 MB,
@@ -12,6 +13,10 @@
 #                                  the survivors stand still and when a spare takes
 #                                  over (sync, async), vs the restart from a checkpoint
 #                                  that the same loss cost before (tests/elastic_test)
+#   bench/run.sh replication [REPS]  a shard SIGKILLed in a 3-shard job with replicas: 1:
+#                                  seconds to 5 more steps (sync, async), no restart,
+#                                  and whether each sync run ended bitwise equal to
+#                                  the uninterrupted one (tests/replication_test)
 #   bench/run.sh comm [REPS]       a communication-bound job (a 5.8M-parameter MLP,
 #                                  2 workers, sync): pstrain PS with fp32 and bf16
 #                                  wire, all-reduce fp32 and fp16, vs PyTorch DDP (gloo)
@@ -93,6 +98,8 @@ ours_once() {  # ours_once MODEL SECONDS [tls] -> prints "gb_per_s p50 p99"
   local wire=fp32 requests=training
   [ "${3:-}" = bf16 ] && wire=bf16
   [ "${3:-}" = whole ] && requests=whole
+  local replicas=0
+  [ "${3:-}" = replicas ] && replicas=1
   if [ "${3:-}" = tls ]; then
     local c=$WORK/credentials
     [ -s "$c/ca.pem" ] || $BIN/bench/pushpull_bench --role=credentials --out="$c"
@@ -112,7 +119,7 @@ ours_once() {  # ours_once MODEL SECONDS [tls] -> prints "gb_per_s p50 p99"
   local wpids=()
   for w in 0 1; do
     $BIN/bench/pushpull_bench --role=worker --shards="$shards" --model="$model" --worker=$w \
-      --num_workers=2 --start_at_ms=$start --seconds="$secs" --wire_dtype=$wire --requests=$requests "${client_sec[@]}" \
+      --num_workers=2 --start_at_ms=$start --seconds="$secs" --wire_dtype=$wire --requests=$requests --replicas=$replicas "${client_sec[@]}" \
       >"$run/w$w.json" 2>"$run/w$w.log" &
     wpids+=($!)
   done
@@ -155,6 +162,8 @@ pushpull() {
       runs[ours_tls_$model]+="$(ours_once "$model" "$secs" tls)"$'\n'
       log "rep $r/$reps: pstrain $model, bf16 wire"
       runs[ours_bf16_$model]+="$(ours_once "$model" "$secs" bf16)"$'\n'
+      log "rep $r/$reps: pstrain $model, replicas: 1 (each update forwarded to a backup shard)"
+      runs[ours_replicas_$model]+="$(ours_once "$model" "$secs" replicas)"$'\n'
       for tr in tcp default; do
         log "rep $r/$reps: torch.distributed.rpc ($tr) $model"
         runs[torch_${tr}_$model]+="$(torch_once "$model" "$tr" "$secs")"$'\n'
@@ -169,7 +178,7 @@ pushpull() {
   log "codec"
   codec=$($BIN/bench/pushpull_bench --role=codec | tail -1)
 
-  local keys=(ours_flat ours_mixed ours_whole_flat ours_whole_mixed ours_tls_flat ours_tls_mixed ours_bf16_flat ours_bf16_mixed torch_tcp_flat torch_tcp_mixed torch_tcp_turns_flat torch_tcp_turns_mixed torch_default_flat torch_default_mixed)
+  local keys=(ours_flat ours_mixed ours_whole_flat ours_whole_mixed ours_tls_flat ours_tls_mixed ours_bf16_flat ours_bf16_mixed ours_replicas_flat ours_replicas_mixed torch_tcp_flat torch_tcp_mixed torch_tcp_turns_flat torch_tcp_turns_mixed torch_default_flat torch_default_mixed)
   printf '\n%-24s %10s %10s %10s   (medians of %s runs, 2 shards + 2 workers, 10M float32; GB/s of float32 parameters, also for bf16)\n' \
     "push+pull" "GB/s" "p50 ms" "p99 ms" "$reps" >&2
   for k in "${keys[@]}"; do
@@ -195,6 +204,7 @@ out = {
     "ours_p50_ms": {"flat": $(col ours_flat 2), "mixed": $(col ours_mixed 2)},
     "ours_p99_ms": {"flat": $(col ours_flat 3), "mixed": $(col ours_mixed 3)},
     "ours_tls_gb_per_s": {"flat": $(col ours_tls_flat 1), "mixed": $(col ours_tls_mixed 1)},
+    "ours_replicas_1_gb_per_s": {"flat": $(col ours_replicas_flat 1), "mixed": $(col ours_replicas_mixed 1)},
     "ours_params_per_s": {"fp32": ours_flat * 1e9 / 4, "bf16": $(col ours_bf16_flat 1) * 1e9 / 4,
                           "fp32_mixed": ours_mixed * 1e9 / 4, "bf16_mixed": $(col ours_bf16_mixed 1) * 1e9 / 4},
     "torch_rpc_tcp_gb_per_s": {"flat": tcp_flat, "mixed": tcp_mixed},
@@ -215,6 +225,8 @@ out = {
         "tls_vs_plain": round($(col ours_tls_flat 1) / ours_flat, 3),
         "mixed_tls_vs_plain": round($(col ours_tls_mixed 1) / ours_mixed, 3),
         "bf16_vs_fp32_params_per_s": round($(col ours_bf16_flat 1) / ours_flat, 3),
+        "replicas_vs_none": round($(col ours_replicas_flat 1) / ours_flat, 3),
+        "mixed_replicas_vs_none": round($(col ours_replicas_mixed 1) / ours_mixed, 3),
     },
 }
 print(json.dumps(out))
@@ -723,6 +735,23 @@ elastic() {
     "$(awk -v a="$restart" -v b="$sync_step" 'BEGIN {print a / b}')"
 }
 
+# A shard SIGKILLed in a 3-shard job with replicas: 1 (tests/replication_test):
+# how long until the job is 5 steps further, with no restart.
+replication() {
+  local reps=${1:-5} out=$WORK/replication.out
+  ${BAZEL:-bazel} test //tests:replication_test --runs_per_test="$reps" --nocache_test_results --test_output=all \
+    --test_arg=--gtest_filter='*LosesAShard*' >"$out" 2>&1 || { tail -40 "$out" >&2; exit 1; }
+  num() { grep -E "^$1: .*$2 [0-9.]+ s" "$out" | sed -E "s/.*$2 ([0-9.]+) s.*/\1/" | median; }
+  local sync_step async_step bitwise
+  sync_step=$(num sync "more steps"); async_step=$(num async "more steps")
+  bitwise=$(grep -c "bitwise equal to the uninterrupted run: yes" "$out" || true)
+  printf '\n%-52s %10s   (medians of %s runs; lease 0.5 s)\n' "a shard of 3 SIGKILLed, replicas: 1" "seconds" "$reps" >&2
+  printf '%-52s %10.2f\n' "sync: 5 steps further" "$sync_step" "async: 5 steps further" "$async_step" >&2
+  printf '%-52s %10s\n' "sync runs bitwise equal to the uninterrupted one" "$bitwise of $reps" >&2
+  printf '{"bench": "replication", "reps": %s, "setup": "ps mode, 2 workers, 3 shards, replicas 1, mlp, batch 16, chunk_bytes 16384, lease 0.5 s", "seconds": {"sync_sigkill_to_5_more_steps": %s, "async_sigkill_to_5_more_steps": %s}, "sync_runs_bitwise_equal_to_uninterrupted": %s}\n' \
+    "$reps" "$sync_step" "$async_step" "$bitwise"
+}
+
 source bench/embeddings.sh
 
 # bench/run.sh quantize (bench/quantize_bench.py measures; this trains and exports).
@@ -778,11 +807,12 @@ case "${1:-}" in
   elastic) shift; elastic "$@" ;;
   gpu) shift; gpu "$@" ;;
   pushpull) shift; pushpull "$@" ;;
+  replication) shift; replication "$@" ;;
   comm) shift; comm "$@" ;;
   train) shift; train "$@" ;;
   telemetry) shift; telemetry "$@" ;;
   commhosts) shift; commhosts "$@" ;;
   allreduce) shift; allreduce "$@" ;;
   quantize) shift; quantize "$@" ;;
-  *) echo "usage: bench/run.sh pushpull|train|comm|commhosts|allreduce|gpu|elastic|telemetry|embeddings|quantize [REPS]" >&2; exit 2 ;;
+  *) echo "usage: bench/run.sh pushpull|replication|train|comm|commhosts|allreduce|gpu|elastic|telemetry|embeddings|quantize [REPS]" >&2; exit 2 ;;
 esac

@@ -455,34 +455,7 @@ void ShardStore::StatsAsync(const StatsRequest& request, StatsResponse* response
     s->set_pulls(t->pulls.load());
     s->set_bytes_pushed(t->bytes_pushed.load());
     s->set_bytes_pulled(t->bytes_pulled.load());
-    if (t->replica != nullptr) {
-      ReplicationStats* r = s->mutable_replication();
-      {
-        absl::MutexLock lock(&t->replica->mu);
-        r->set_generation(t->replica->routing.generation());
-        r->set_fenced(!t->replica->fenced.empty() || !t->replica->fenced_chunks.empty());
-        for (const auto& [b, peer] : t->replica->peers) {
-          for (size_t c = 0; c < t->chunks.size(); ++c) {
-            const auto& backups = t->replica->backups[c];
-            if (peer.acked_seq[c] < 0 && std::find(backups.begin(), backups.end(), b) != backups.end()) {
-              r->add_copying_to(b);
-              break;
-            }
-          }
-        }
-        for (const auto& c : t->chunks) {
-          if (!c->led.load()) continue;
-          r->set_chunks_led(r->chunks_led() + 1);
-          if (!c->awaits_ack.load()) continue;
-          std::lock_guard<std::mutex> chunk_lock(c->mu);
-          r->set_unacked_seqs(r->unacked_seqs() + std::max<int64_t>(0, c->seq - c->acked_seq.load()));
-        }
-      }
-      r->set_forwards(t->replica->forwards.load());
-      r->set_forward_bytes(t->replica->forward_bytes.load());
-      r->set_forward_failures(t->replica->forward_failures.load());
-      r->set_chunks_applied(t->replica->chunks_applied.load());
-    }
+    if (t->replica != nullptr) FillReplicationStats(*t, s->mutable_replication());
   }
   done(absl::OkStatus());
 }

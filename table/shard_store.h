@@ -251,12 +251,18 @@ class ShardStore : public ParameterStore {
   // A newer routing (SetWorkers): who leads and backs up each chunk; a
   // chunk newly led here is copied in full to its backups.
   void ApplyRouting(const std::shared_ptr<Table>& table, const Routing& routing);
+  // Stats of a replicated table: routing, leading, forwarding.
+  void FillReplicationStats(const Table& table, ReplicationStats* stats) const;
   // Pushes and pulls of a replicated table go to each chunk's primary only.
   absl::Status CheckLeads(const Table& table, const std::vector<size_t>& chunks) const;
   void KickReplication();
   void ReplicationLoop();
   // One forward to backup `peer` of the chunks it lacks; false if none.
   bool StartForward(const std::shared_ptr<Table>& table, uint32_t peer);
+  // A forward checked whole (shard_store_backup.cc), under the table's
+  // replica mutex: the index of each of its chunks.
+  absl::StatusOr<std::vector<size_t>> CheckForward(const Table& table, const ReplicateRequest& request,
+                                                   const std::vector<TensorBuffer>& tensors) const;
   // ReplicateAsync's work, under the table's replica mutex.
   absl::Status ApplyForward(const ReplicateRequest& request, const std::vector<TensorBuffer>& tensors,
                             ReplicateResponse* response);

@@ -232,6 +232,9 @@ void MarkChanged(ShardStore::Chunk& c, int set = -1);
 // A routing's bounds, for a table whose routing names `targets` shards.
 // (shard_store_replication.cc)
 absl::Status ValidateRouting(const Routing& routing, int targets);
+// A replicated chunk's leader under `r`: its first copy that is neither
+// lost nor catching up (a shard that came back empty); -1 if none is left.
+int64_t LeaderOf(const std::vector<uint32_t>& copies, const Routing& r);
 // Back to the state of a fresh table (zeros; Adagrad's initial accumulator).
 void ResetStateSet(const OptimizerConfig& optimizer, std::vector<TensorBuffer>& set);
 // SYNC: whether the chunk's step is complete once `worker` (-1: nobody

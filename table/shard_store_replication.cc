@@ -26,6 +26,7 @@ namespace pstrain {
 
 using shard_internal::ActiveClock;
 using shard_internal::EnsureStateSet;
+using shard_internal::LeaderOf;
 using shard_internal::ResetStateSet;
 using shard_internal::TakeSpare;
 
@@ -38,15 +39,6 @@ constexpr int kMaxCopies = 16;
 
 bool Contains(const google::protobuf::RepeatedField<uint32_t>& set, uint32_t x) {
   return std::find(set.begin(), set.end(), x) != set.end();
-}
-
-// The chunk's leader under `r`: its first copy that is neither lost nor
-// catching up (a shard that came back empty); -1 if none is left.
-int64_t LeaderOf(const std::vector<uint32_t>& copies, const Routing& r) {
-  for (uint32_t s : copies) {
-    if (!Contains(r.lost_shards(), s) && !Contains(r.catching_up(), s)) return s;
-  }
-  return -1;
 }
 
 std::vector<uint32_t> BackupsOf(const std::vector<uint32_t>& copies, const Routing& r, int64_t leader) {
@@ -79,15 +71,49 @@ absl::Status CheckRouting(const Routing& r) {
   return absl::OkStatus();
 }
 
-// dst (a chunk's buffer of src's size) = src, which may be in pieces.
-void CopyInto(const TensorBuffer& src, TensorBuffer& dst) {
-  uint8_t* d = dst.MutableData();
-  ForEachRun(src, 1, [d](size_t first, const uint8_t* p, size_t n) { std::memcpy(d + first, p, n); });
+
+// Appends `chunk`'s state after an update to a forward, for a backup that
+// holds its seq `base` (-1: a full copy): the value, shared (never written
+// in place), and copies of the optimizer state sets changed since (updated
+// in place: copied under the chunk's lock, which the caller holds). False
+// when out of memory.
+bool AppendForward(const ShardStore::Chunk& chunk, int64_t base, ReplicateRequest* request,
+                   std::vector<TensorBuffer>* tensors, uint64_t* bytes) {
+  ReplicatedChunk* out = request->add_chunks();
+  out->set_key(chunk.key);
+  out->set_seq(chunk.seq);
+  out->set_base_seq(base);
+  out->set_version(chunk.version.load(std::memory_order_relaxed));
+  *out->mutable_last_step() = {chunk.last_step.begin(), chunk.last_step.end()};
+  *out->mutable_vacant_at_version() = {chunk.vacant_at_version.begin(), chunk.vacant_at_version.end()};
+  tensors->push_back(chunk.value);
+  *bytes += chunk.value.nbytes;
+  for (size_t k = 0; k < chunk.state.size(); ++k) {
+    const bool changed = k < chunk.set_seq.size() && chunk.set_seq[k] > base;
+    if (chunk.state[k].empty() || (base >= 0 && !changed)) continue;
+    ReplicatedChunk::StateSet* set = out->add_sets();
+    set->set_index(static_cast<uint32_t>(k));
+    set->set_optimizer_step(chunk.optimizer_step[k]);
+    for (const TensorBuffer& slot : chunk.state[k]) {
+      absl::StatusOr<TensorBuffer> copy = shard_internal::CopyBuffer(slot);
+      if (!copy.ok()) return false;
+      tensors->push_back(std::move(*copy));
+      *bytes += slot.nbytes;
+    }
+  }
+  return true;
 }
 
 }  // namespace
 
 namespace shard_internal {
+
+int64_t LeaderOf(const std::vector<uint32_t>& copies, const Routing& r) {
+  for (uint32_t s : copies) {
+    if (!Contains(r.lost_shards(), s) && !Contains(r.catching_up(), s)) return s;
+  }
+  return -1;
+}
 
 absl::Status ValidateRouting(const Routing& routing, int targets) {
   if (routing.targets_size() != targets) {
@@ -237,6 +263,34 @@ absl::Status ShardStore::CheckLeads(const Table& table, const std::vector<size_t
   return absl::OkStatus();
 }
 
+void ShardStore::FillReplicationStats(const Table& t, ReplicationStats* r) const {
+  {
+    absl::MutexLock lock(&t.replica->mu);
+    r->set_generation(t.replica->routing.generation());
+    r->set_fenced(!t.replica->fenced.empty() || !t.replica->fenced_chunks.empty());
+    for (const auto& [b, peer] : t.replica->peers) {
+      for (size_t c = 0; c < t.chunks.size(); ++c) {
+        const auto& backups = t.replica->backups[c];
+        if (peer.acked_seq[c] < 0 && std::find(backups.begin(), backups.end(), b) != backups.end()) {
+          r->add_copying_to(b);
+          break;
+        }
+      }
+    }
+    for (const auto& c : t.chunks) {
+      if (!c->led.load()) continue;
+      r->set_chunks_led(r->chunks_led() + 1);
+      if (!c->awaits_ack.load()) continue;
+      std::lock_guard<std::mutex> chunk_lock(c->mu);
+      r->set_unacked_seqs(r->unacked_seqs() + std::max<int64_t>(0, c->seq - c->acked_seq.load()));
+    }
+  }
+  r->set_forwards(t.replica->forwards.load());
+  r->set_forward_bytes(t.replica->forward_bytes.load());
+  r->set_forward_failures(t.replica->forward_failures.load());
+  r->set_chunks_applied(t.replica->chunks_applied.load());
+}
+
 void ShardStore::KickReplication() {
   absl::MutexLock lock(&repl_mu_);
   repl_kicked_ = true;
@@ -306,29 +360,7 @@ bool ShardStore::StartForward(const std::shared_ptr<Table>& table, uint32_t peer
       std::lock_guard<std::mutex> chunk_lock(chunk.mu);
       const int64_t base = peer.acked_seq[c];
       if (chunk.seq <= base) continue;
-      ReplicatedChunk* out = call->request.add_chunks();
-      out->set_key(chunk.key);
-      out->set_seq(chunk.seq);
-      out->set_base_seq(base);
-      out->set_version(chunk.version.load(std::memory_order_relaxed));
-      *out->mutable_last_step() = {chunk.last_step.begin(), chunk.last_step.end()};
-      *out->mutable_vacant_at_version() = {chunk.vacant_at_version.begin(), chunk.vacant_at_version.end()};
-      call->tensors.push_back(chunk.value);  // never written in place: shared
-      bytes += chunk.value.nbytes;
-      for (size_t k = 0; k < chunk.state.size(); ++k) {
-        const bool changed = k < chunk.set_seq.size() && chunk.set_seq[k] > base;
-        if (chunk.state[k].empty() || (base >= 0 && !changed)) continue;
-        ReplicatedChunk::StateSet* set = out->add_sets();
-        set->set_index(static_cast<uint32_t>(k));
-        set->set_optimizer_step(chunk.optimizer_step[k]);
-        for (const TensorBuffer& slot : chunk.state[k]) {
-          // Updated in place: copied under the chunk's lock.
-          absl::StatusOr<TensorBuffer> copy = shard_internal::CopyBuffer(slot);
-          if (!copy.ok()) return false;  // out of memory: tried again on the next kick
-          call->tensors.push_back(std::move(*copy));
-          bytes += slot.nbytes;
-        }
-      }
+      if (!AppendForward(chunk, base, &call->request, &call->tensors, &bytes)) return false;  // out of memory: next kick
       call->sent.push_back({c, chunk.seq, chunk.version.load(std::memory_order_relaxed)});
     }
     if (call->sent.empty()) return false;
@@ -394,154 +426,6 @@ bool ShardStore::StartForward(const std::shared_ptr<Table>& table, uint32_t peer
     KickReplication();
   });
   return true;
-}
-
-absl::Status ShardStore::ApplyForward(const ReplicateRequest& request, const std::vector<TensorBuffer>& tensors,
-                                      ReplicateResponse* response) {
-  absl::StatusOr<std::shared_ptr<Table>> found = FindTable(request.job(), request.attempt());
-  if (!found.ok()) return (found.status());
-  Table& table = **found;
-  if (table.replica == nullptr) {
-    return (absl::FailedPreconditionError(
-        absl::StrCat("job '", Quote(table.job), "' has no replicated table on this shard")));
-  }
-  Table::Replica& rep = *table.replica;
-  const uint32_t workers = table.config.num_workers();
-  const int slots = OptimizerStateSlots(table.config.optimizer().kind());
-  absl::MutexLock lock(&rep.mu);  // held while applying: the routing cannot change under it
-  if (request.generation() > rep.routing.generation()) {
-    return (absl::UnavailableError(absl::StrCat("this shard is at routing generation ",
-                                                    rep.routing.generation(), ", not yet ", request.generation(),
-                                                    ": the coordinator's word is on its way")));
-  }
-  // Everything is checked before any chunk changes.
-  std::vector<size_t> chunks;
-  size_t cursor = 0;
-  for (const ReplicatedChunk& in : request.chunks()) {
-    auto it = table.index.find(in.key());
-    if (it == table.index.end()) {
-      return (absl::NotFoundError(absl::StrCat("key '", Quote(in.key()), "' is not in job '",
-                                                   Quote(table.job), "' on this shard")));
-    }
-    const size_t c = it->second;
-    if (std::count(chunks.begin(), chunks.end(), c) > 0) {
-      return (absl::InvalidArgumentError(absl::StrCat("key '", Quote(in.key()), "' appears twice")));
-    }
-    chunks.push_back(c);
-    const Chunk& chunk = *table.chunks[c];
-    const int64_t leader = LeaderOf(rep.copies[c], rep.routing);
-    if (leader != static_cast<int64_t>(request.from_shard())) {
-      return (absl::AbortedError(absl::StrCat("key '", Quote(in.key()), "' is led by shard ", leader,
-                                                  " at routing generation ", rep.routing.generation(),
-                                                  ", not by shard ", request.from_shard())));
-    }
-    if (request.generation() < chunk.term) {
-      // Its leader again, but it has not heard of the routing in between.
-      return (absl::UnavailableError(absl::StrCat("shard ", request.from_shard(), "'s forward is of routing "
-                                                      "generation ", request.generation(), "; key '",
-                                                      Quote(in.key()), "' is at ", chunk.term)));
-    }
-    if (in.seq() < 0 || in.seq() >= kMaxStep * 64 || in.base_seq() < -1 || in.base_seq() >= in.seq() ||
-        in.version() < 0 || in.version() >= kMaxStep || in.last_step_size() != static_cast<int>(workers) ||
-        in.vacant_at_version_size() > static_cast<int>(workers)) {
-      return (absl::InvalidArgumentError(absl::StrCat("chunk '", Quote(in.key()),
-                                                          "': seq, version, last steps or vacant ranks out of range")));
-    }
-    for (uint32_t r : in.vacant_at_version()) {
-      if (r >= workers) return (absl::InvalidArgumentError(absl::StrCat("vacant rank ", r, " of ", workers)));
-    }
-    const size_t needed = 1 + static_cast<size_t>(in.sets_size()) * slots;
-    if (cursor + needed > tensors.size()) {
-      return (absl::InvalidArgumentError(absl::StrCat("chunk '", Quote(in.key()), "' lacks its tensors")));
-    }
-    for (const auto& set : in.sets()) {
-      if (set.index() >= chunk.state.size() || set.optimizer_step() < 0) {
-        return (absl::InvalidArgumentError(absl::StrCat("chunk '", Quote(in.key()), "': state set ",
-                                                            set.index(), " of ", chunk.state.size())));
-      }
-    }
-    for (size_t j = cursor; j < cursor + needed; ++j) {
-      const TensorBuffer& t = tensors[j];
-      if (absl::Status s = ValidateTensorBuffer(t, absl::StrCat("tensor ", j)); !s.ok()) return (s);
-      if (t.dtype != chunk.dtype || t.shape != chunk.shape) {
-        return (absl::InvalidArgumentError(absl::StrCat("chunk '", Quote(in.key()), "': a tensor of ",
-                                                            DataTypeName(t.dtype), t.ShapeString(), ", not ",
-                                                            DataTypeName(chunk.dtype), chunk.value.ShapeString())));
-      }
-    }
-    cursor += needed;
-  }
-  if (cursor != tensors.size()) return (absl::InvalidArgumentError("more tensors than the chunks need"));
-
-  const std::vector<bool> active = table.Active();
-  cursor = 0;
-  absl::Status status;
-  for (int i = 0; i < request.chunks_size(); ++i) {
-    const ReplicatedChunk& in = request.chunks(i);
-    Chunk& c = *table.chunks[chunks[i]];
-    const size_t first = cursor;
-    cursor += 1 + static_cast<size_t>(in.sets_size()) * slots;
-    std::lock_guard<std::mutex> chunk_lock(c.mu);
-    // Idempotent (an older or equal seq is already here) and in order (a
-    // forward built on a state this backup lacks is not applied: the
-    // primary sends a full copy next).
-    const bool full = in.base_seq() < 0;
-    const bool newer = full ? request.generation() > c.term || in.seq() > c.seq
-                            : in.seq() > c.seq && in.base_seq() == c.seq;
-    if (!status.ok() || !newer) {
-      response->add_seqs(c.seq);
-      continue;
-    }
-    try {
-      absl::StatusOr<TensorBuffer> value = TakeSpare(c);
-      absl::Status s = value.status();
-      for (const auto& set : in.sets()) {
-        if (s.ok()) s = EnsureStateSet(c, set.index(), table.config.optimizer());
-      }
-      if (!s.ok()) {
-        status = s;
-        response->add_seqs(c.seq);
-        continue;
-      }
-      CopyInto(tensors[first], *value);
-      TensorBuffer old = std::move(c.value);
-      c.value = std::move(*value);
-      if (old.owner.use_count() == 1) c.spare = std::move(old);
-      if (full) {
-        // A full copy: a set it does not carry is fresh on the primary.
-        for (size_t k = 0; k < c.state.size(); ++k) {
-          if (!c.state[k].empty()) ResetStateSet(table.config.optimizer(), c.state[k]);
-          c.optimizer_step[k] = 0;
-        }
-      }
-      size_t t = first + 1;
-      if (c.set_seq.size() < c.state.size()) c.set_seq.resize(c.state.size(), 0);
-      for (const auto& set : in.sets()) {
-        for (TensorBuffer& slot : c.state[set.index()]) CopyInto(tensors[t++], slot);
-        c.optimizer_step[set.index()] = set.optimizer_step();
-        c.set_seq[set.index()] = in.seq();
-      }
-    } catch (const std::bad_alloc&) {
-      status = absl::ResourceExhaustedError("out of memory while applying a forward");
-      response->add_seqs(c.seq);
-      continue;
-    }
-    c.last_step.assign(in.last_step().begin(), in.last_step().end());
-    c.vacant_at_version.assign(in.vacant_at_version().begin(), in.vacant_at_version().end());
-    c.seq = in.seq();
-    c.term = request.generation();
-    c.version.store(in.version(), std::memory_order_release);
-    if (table.config.consistency() != SYNC) c.clock.store(ActiveClock(c, active), std::memory_order_release);
-    ++rep.chunks_applied;
-    response->add_seqs(c.seq);
-  }
-  return status;
-}
-
-void ShardStore::ReplicateAsync(const ReplicateRequest& request, std::vector<TensorBuffer> tensors,
-                                ReplicateResponse* response, const CallOptions& /*options*/, StatusCallback done) {
-  // `done` runs with no lock held: in process it is the primary's callback.
-  done(ApplyForward(request, tensors, response));
 }
 
 }  // namespace pstrain

@@ -52,19 +52,28 @@ TEST_F(SecurityTest, EveryRpcOfEveryServiceChecksTheTokenAndItsRole) {
     for (int i = 0; i < d->method_count(); ++i, ++methods) {
       const std::string method = absl::StrCat("/", service.name, "/", d->method(i)->name());
       SCOPED_TRACE(method);
+      // A primary shard's forward to its backups: shards only, so that no
+      // worker can write a backup's copy of a chunk.
+      const bool replicate = method == "/pstrain.ParameterService/Replicate";
+      const std::vector<std::string>& allowed =
+          replicate ? std::vector<std::string>{creds_.cluster_token_file, creds_.shard_token_file} : service.allowed;
+      const std::vector<std::string>& refused =
+          replicate ? std::vector<std::string>{creds_.user_token_file, creds_.admin_token_file,
+                                               creds_.worker_token_file, creds_.coordinator_token_file}
+                    : service.refused;
       for (const std::string& no : {std::string(), stranger_token_file_}) {
         grpc::Status s = RawCall(service.target, method, "", Client(no));
         EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED) << s.error_message();
         EXPECT_FALSE(s.error_message().empty());
         ExpectNoToken(s);
       }
-      for (const std::string& wrong : service.refused) {
+      for (const std::string& wrong : refused) {
         grpc::Status s = RawCall(service.target, method, "", Client(wrong));
         EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << wrong << ": " << s.error_message();
         EXPECT_NE(s.error_message().find("may not call"), std::string::npos) << s.error_message();
         ExpectNoToken(s);
       }
-      for (const std::string& right : service.allowed) {
+      for (const std::string& right : allowed) {
         // Past the check: the handler answers the empty request itself.
         grpc::Status s = RawCall(service.target, method, "", Client(right));
         EXPECT_NE(s.error_code(), grpc::StatusCode::UNAUTHENTICATED) << right << ": " << s.error_message();

@@ -138,6 +138,13 @@ absl::Status CheckpointSupported(const std::string& job_id, const JobSpec& spec)
         "job ", job_id, " trains with quantization (qat): its checkpoints are not built yet (the observers are not "
         "saved)"));
   }
+  if (spec.replicas > 0) {
+    // Each shard would save its backups beside its primaries, and a restore
+    // makes unreplicated tables.
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job ", job_id, " has replicated shards (replicas: ", spec.replicas,
+        "): their checkpoints are not built yet; a lost shard costs no restart (docs/replication.md)"));
+  }
   return absl::OkStatus();
 }
 

@@ -131,6 +131,22 @@ void Drain(pstrain::ClusterMember& member, pstrain::ShardStore& store, const sig
   (void)pstrain::WaitFor([&](pstrain::StatusCallback done) { store.DropTableAsync(drop, &dropped, {}, done); });
 }
 
+// How a primary's forwards reach its backups: over gRPC, with the job's
+// secret (`*service` holds it; set before any table exists).
+decltype(pstrain::ShardStoreOptions::forward) Forwarder(const pstrain::GrpcParameterService* const* service) {
+  return [service](const std::string& target, const pstrain::ReplicateRequest& request,
+                   const std::vector<pstrain::TensorBuffer>& tensors, pstrain::ReplicateResponse* response,
+                   pstrain::StatusCallback done) {
+    pstrain::RemoteShardOptions ro;
+    ro.target = target;
+    ro.max_attempts = 1;  // the store tries again itself
+    pstrain::CallOptions options;
+    options.deadline = absl::Now() + absl::Seconds(5);
+    options.job_secret = (*service)->secrets().SecretOf(request.job());
+    pstrain::SharedRemoteShard(ro)->ReplicateAsync(request, tensors, response, options, std::move(done));
+  };
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -169,17 +185,7 @@ int main(int argc, char** argv) {
   // Replicated tables: a primary forwards to its backups over gRPC, with
   // the job's secret and this shard's token.
   const pstrain::GrpcParameterService* forwarding_service = nullptr;  // set below, before any table exists
-  store_options.forward = [&forwarding_service](const std::string& target, const pstrain::ReplicateRequest& request,
-                                                const std::vector<pstrain::TensorBuffer>& tensors,
-                                                pstrain::ReplicateResponse* response, pstrain::StatusCallback done) {
-    pstrain::RemoteShardOptions ro;
-    ro.target = target;
-    ro.max_attempts = 1;  // the store tries again itself
-    pstrain::CallOptions options;
-    options.deadline = absl::Now() + absl::Seconds(5);
-    options.job_secret = forwarding_service->secrets().SecretOf(request.job());
-    pstrain::SharedRemoteShard(ro)->ReplicateAsync(request, tensors, response, options, std::move(done));
-  };
+  store_options.forward = Forwarder(&forwarding_service);
   pstrain::ShardStore store(store_options);
   pstrain::EmbeddingStoreOptions embedding_options;
   embedding_options.budget = &budget;

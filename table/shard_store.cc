@@ -299,6 +299,13 @@ void ShardStore::InitTableAsync(const InitTableRequest& request, std::vector<Ten
           " with different keys, shapes or config; use a new job name")));
     }
     response->set_created(false);
+    // A worker's InitTable for a spare catching up may bring a newer routing
+    // than the one a leftover table holds (ignored unless newer).
+    if (existing->replica != nullptr && request.has_routing()) {
+      s = shard_internal::ValidateRouting(request.routing(), existing->replica->routing.targets_size());
+      if (!s.ok()) return done(s);
+      ApplyRouting(existing, request.routing());
+    }
     return done(absl::OkStatus());
   }
 
@@ -316,7 +323,7 @@ void ShardStore::InitTableAsync(const InitTableRequest& request, std::vector<Ten
   bool created = false;
   absl::StatusOr<std::shared_ptr<Table>> installed = Install(std::move(*table), /*keep_identical=*/true, &created);
   if (!installed.ok()) return done(installed.status());
-  if (created && (*installed)->replica != nullptr) ApplyRouting(*installed, request.routing());
+  if ((*installed)->replica != nullptr) ApplyRouting(*installed, request.routing());
   response->set_created(created);
   done(absl::OkStatus());
 }

@@ -212,10 +212,13 @@ void ShardStore::ApplyRouting(const std::shared_ptr<Table>& table, const Routing
           }
         }
         const bool kept = was_led && std::count(old_backups.begin(), old_backups.end(), b) > 0;
-        if (initial) {
-          // Every copy was made by InitTable from the same values.
+        if (initial && !Contains(routing.catching_up(), b)) {
+          // Every copy was made by InitTable from the same values (a spare
+          // catching up was not: it gets a full copy, below).
           peer.acked_seq[c] = 0;
           peer.acked_version[c] = 0;
+        } else if (initial) {
+          peer.acked_seq[c] = -1;
         } else if (!kept || (Contains(routing.catching_up(), b) && !Contains(old.catching_up(), b))) {
           peer.acked_seq[c] = -1;  // a new backup of this chunk, or one that came back empty
         }

@@ -224,7 +224,9 @@ class ControlPlaneTest : public ::testing::Test {
     while (true) {
       CliResult st = Cli({"status", job, "-o", "json"});
       std::smatch m;
-      if (std::regex_search(st.out, m, std::regex("\"step\": \"(\\d+)\"")) && std::stoll(m[1]) >= step) return;
+      // The job's own step (a top-level field, one space in), not a member's
+      // activity, which may still be its last job's.
+      if (std::regex_search(st.out, m, std::regex("\n \"step\": \"(\\d+)\"")) && std::stoll(m[1]) >= step) return;
       ASSERT_LT(absl::Now(), deadline) << st.out;
       absl::SleepFor(absl::Milliseconds(50));
     }

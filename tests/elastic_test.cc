@@ -61,7 +61,7 @@ class ElasticTest : public ControlPlaneTest {
   int64_t Step(const std::string& job) {
     CliResult st = Cli({"status", job, "-o", "json"});
     std::smatch m;
-    return std::regex_search(st.out, m, std::regex("\"step\": \"(\\d+)\"")) ? std::stoll(m[1]) : -1;
+    return std::regex_search(st.out, m, std::regex("\n \"step\": \"(\\d+)\"")) ? std::stoll(m[1]) : -1;
   }
 
   // The first number after `"field": ` in the job's JSON status (0 if absent:

@@ -36,6 +36,7 @@ absl::StatusOr<ExchangeSet> MakeExchange(const TrainerOptions& options, const st
   po.plan = *plan;
   po.shard_targets = options.shard_targets;
   po.next_routing = options.next_routing;
+  po.connect = options.connect_shard;
   auto ps = PsClient::Create(po, allreduce ? std::vector<ParameterStore*>{options.local_store} : options.shards);
   if (!ps.ok()) return ps.status();
   ExchangeSet set;

@@ -287,6 +287,20 @@ absl::Status RunJobOrThrow(pstrain::JobSpec spec, int rank, int world_size, cons
         return routing;
       };
     }
+    // A spare in a lost shard's place is at another address; its client
+    // lives as long as the job's PsClient holds this function.
+    struct Spares {
+      absl::Mutex mu;
+      std::vector<std::shared_ptr<pstrain::GrpcRemoteShard>> clients ABSL_GUARDED_BY(mu);
+    };
+    options.connect_shard = [spares = std::make_shared<Spares>()](const std::string& target) {
+      pstrain::RemoteShardOptions ro;
+      ro.target = target;
+      ro.default_timeout = absl::Seconds(absl::GetFlag(FLAGS_rpc_timeout_s));
+      absl::MutexLock lock(&spares->mu);
+      spares->clients.push_back(pstrain::SharedRemoteShard(ro));
+      return static_cast<pstrain::ParameterStore*>(spares->clients.back().get());
+    };
   }
   options.emit = emit;
   // The heartbeat says what the loop is doing (a stuck rank included).

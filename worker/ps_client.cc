@@ -30,7 +30,7 @@ PsClient::PsClient(PsClientOptions options, std::vector<ParameterStore*> shards)
   if (!options_.plan.shard_chunks.empty() && !options_.plan.shard_chunks[0].empty()) {
     view_chunk_ = options_.plan.shard_chunks[0][0];
   }
-  route_ = MakeRoute(Routing());
+  route_ = MakeRoute(Routing(), nullptr);
   for (size_t s = 0; s < shards_.size(); ++s) turns_.push_back(std::make_unique<ShardTurns>());
   // Allocated at a chunk's first narrowing (ForWire): gradients that come
   // narrowed already (an exchange narrowing on the device) need none.
@@ -217,39 +217,48 @@ absl::Status PsClient::InitTables(const std::vector<at::Tensor>& params, const T
   if (!s.ok()) return s;
   CallOptions opts = NewCallOptions();
   opts.table_grant = options_.table_grant;
-  const PartitionPlan& plan = options_.plan;
   // A replacement worker may join after a shard was lost: the tables are
   // made on those that are left (a repeat of an identical InitTable is kept).
-  return WithFailover([&](const Route& route) {
+  s = WithFailover([&](const Route& route) {
     std::vector<InitTableRequest> requests(shards_.size());
     std::vector<InitTableResponse> responses(shards_.size());
     return ForEachShard(
         route,
         [&](int shard, StatusCallback done) {
-          // A replicated table: the chunks the shard leads and those it backs
-          // up, each with its copies (primary first), in chunk order.
-          std::vector<size_t> ids = plan.shard_chunks[shard];
-          if (plan.replicas > 0) {
-            ids.insert(ids.end(), plan.shard_backup_chunks[shard].begin(), plan.shard_backup_chunks[shard].end());
-            std::sort(ids.begin(), ids.end());
-          }
-          auto views = ChunkViews(params, ids);
-          if (!views.ok()) return done(views.status());
-          InitTableRequest& req = Addressed(requests[shard], ids);
-          *req.mutable_config() = config;
-          if (plan.replicas > 0) {
-            req.set_shard(static_cast<uint32_t>(shard));
-            for (const std::string& t : options_.shard_targets) req.mutable_routing()->add_targets(t);
-            for (size_t id : ids) {
-              auto* copies = req.add_copies()->mutable_shards();
-              copies->Add(plan.chunks[id].shard);
-              for (int b : plan.chunks[id].backups) copies->Add(b);
-            }
-          }
-          shards_[shard]->InitTableAsync(req, std::move(*views), &responses[shard], opts, std::move(done));
+          InitTableOn(route, shard, params, config, route.routing, &requests[shard], &responses[shard], opts,
+                      std::move(done));
         },
         /*every_shard=*/true);
   });
+  if (s.ok() && replicated()) WatchRoutings(config);
+  return s;
+}
+
+void PsClient::InitTableOn(const Route& route, int shard, const std::vector<at::Tensor>& params,
+                           const TableConfig& config, const Routing& routing, InitTableRequest* request,
+                           InitTableResponse* response, const CallOptions& opts, StatusCallback done) {
+  const PartitionPlan& plan = options_.plan;
+  // A replicated table: the chunks the shard leads and those it backs up,
+  // each with its copies (primary first), in chunk order.
+  std::vector<size_t> ids = plan.shard_chunks[shard];
+  if (plan.replicas > 0) {
+    ids.insert(ids.end(), plan.shard_backup_chunks[shard].begin(), plan.shard_backup_chunks[shard].end());
+    std::sort(ids.begin(), ids.end());
+  }
+  auto views = ChunkViews(params, ids);
+  if (!views.ok()) return done(views.status());
+  InitTableRequest& req = Addressed(*request, ids);
+  *req.mutable_config() = config;
+  if (plan.replicas > 0) {
+    req.set_shard(static_cast<uint32_t>(shard));
+    *req.mutable_routing() = routing;
+    for (size_t id : ids) {
+      auto* copies = req.add_copies()->mutable_shards();
+      copies->Add(plan.chunks[id].shard);
+      for (int b : plan.chunks[id].backups) copies->Add(b);
+    }
+  }
+  route.shards[shard]->InitTableAsync(req, std::move(*views), response, opts, std::move(done));
 }
 
 absl::Status PsClient::Pull(const std::vector<at::Tensor>& params, int64_t min_version, int64_t min_worker_steps) {
@@ -268,7 +277,7 @@ absl::Status PsClient::Pull(const std::vector<at::Tensor>& params, int64_t min_v
       PullRequest& req = Addressed(requests[shard], ids);
       req.set_min_version(min_version);
       req.set_min_worker_steps(min_worker_steps);
-      shards_[shard]->PullAsync(req, &responses[shard], &values[shard], opts,
+      route.shards[shard]->PullAsync(req, &responses[shard], &values[shard], opts,
                                 [&, shard, done = std::move(done)](absl::Status st) {
                                   const auto& ids = route.shard_chunks[shard];
                                   if (st.ok() && shard == static_cast<int>(route.view_shard)) {
@@ -300,7 +309,7 @@ absl::Status PsClient::Push(int64_t step, const std::vector<at::Tensor>& grads, 
       std::vector<TensorBuffer> views;
       for (size_t id : ids) views.push_back((*wire)[id]);
       PushRequest& req = AddressedPush(requests[shard], ids, step, lr);
-      shards_[shard]->PushAsync(req, std::move(views), &responses[shard], opts, std::move(done));
+      route.shards[shard]->PushAsync(req, std::move(views), &responses[shard], opts, std::move(done));
     });
   });
 }
@@ -328,7 +337,7 @@ absl::Status PsClient::PushPull(int64_t step, const std::vector<at::Tensor>& gra
       if (!dest.ok()) return done(dest.status());
       values[shard] = std::move(*dest);
       PushPullRequest& req = AddressedPush(requests[shard], ids, step, lr);
-      shards_[shard]->PushPullAsync(req, std::move(views), &responses[shard], &values[shard], opts,
+      route.shards[shard]->PushPullAsync(req, std::move(views), &responses[shard], &values[shard], opts,
                                     [&, shard, done = std::move(done)](absl::Status st) {
                                       if (st.ok() && shard == static_cast<int>(route.view_shard)) {
                                         RecordView(responses[shard].vacant_ranks());
@@ -450,15 +459,15 @@ void PsClient::PushPullAsync(int64_t step, const std::vector<size_t>& params, co
     // narrowing overlaps the requests in flight. Each chunk is in one part,
     // so its error feedback residual is touched by one thread per step.
     // The shard writes into the destination views (the `intos` tensors).
-    Admit(s, [this, s, state, k, opts, sent, finish,
+    ParameterStore* store = r->shards[s];
+    Admit(s, [this, store, state, k, opts, sent, finish,
               views = std::make_shared<std::vector<TensorBuffer>>(std::move(*grad_views))]() mutable {
       absl::StatusOr<std::vector<TensorBuffer>> wire = ForWire(std::move(*views), state->parts[k].ids);
       sent();
       if (!wire.ok()) return finish(wire.status());
       for (const TensorBuffer& b : *wire) state->bytes[k] += 2 * static_cast<int64_t>(b.nbytes);
       state->wire[k] = *wire;  // as sent: a retry sends the same bytes
-      shards_[s]->PushPullAsync(state->requests[k], std::move(*wire), &state->responses[k], &state->values[k], opts,
-                                finish);
+      store->PushPullAsync(state->requests[k], std::move(*wire), &state->responses[k], &state->values[k], opts, finish);
     });
   }
 }

@@ -15,6 +15,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -64,6 +65,10 @@ struct PsClientOptions {
   // shard's failure fails the call.
   std::vector<std::string> shard_targets;
   std::function<absl::StatusOr<Routing>(uint64_t generation, absl::Duration wait)> next_routing;
+  // A client for a shard that took a lost one's place at a new address
+  // (the routing's targets); it must outlive the PsClient. Unset: a new
+  // address is not followed.
+  std::function<ParameterStore*(const std::string& target)> connect;
 };
 
 class PsClient {
@@ -125,18 +130,34 @@ class PsClient {
     uint64_t generation = 0;
     std::vector<int> leader;                        // per chunk; -1: no copy left
     std::vector<bool> lost;                         // per shard
+    std::vector<std::string> targets;               // per shard: its address (replicated tables)
+    std::vector<ParameterStore*> shards;            // per shard: the client of that address
+    Routing routing;                                // the coordinator's, with every target
     std::vector<std::vector<size_t>> shard_chunks;  // per shard, the chunks it leads (the view chunk first)
     std::vector<std::vector<std::vector<size_t>>> param_chunks;  // [p][s]: chunks of parameter p led by s
     size_t view_shard = 0;                                       // the shard leading view_chunk_
   };
   std::shared_ptr<const Route> route() const;
-  std::shared_ptr<const Route> MakeRoute(const Routing& routing) const;
+  // `previous` (null at first): whose clients are kept for the same targets.
+  std::shared_ptr<const Route> MakeRoute(const Routing& routing, const Route* previous) const;
   bool replicated() const { return options_.plan.replicas > 0 && static_cast<bool>(options_.next_routing); }
   // Runs `op` (one whole operation) and, for a replicated table, again
   // under a newer routing while it fails on a lost shard, until `timeout`.
   absl::Status WithFailover(const std::function<absl::Status(const Route&)>& op);
-  // Waits (up to `deadline`) for a routing newer than `seen`, and uses it.
+  // Waits (up to `deadline`, at most a second) for a routing newer than
+  // `seen`, and uses it: a spare shard catching up there gets the table.
   void AwaitRouting(uint64_t seen, absl::Time deadline);
+  // Follows the coordinator's routings from now on (a thread), so that a
+  // spare shard gets its table even while no call fails.
+  void WatchRoutings(const TableConfig& config);
+  // InitTable of shard `shard` (its primaries and backups) from `params`.
+  void InitTableOn(const Route& route, int shard, const std::vector<at::Tensor>& params, const TableConfig& config,
+                   const Routing& routing, InitTableRequest* request, InitTableResponse* response,
+                   const CallOptions& opts, StatusCallback done);
+  // The table on each spare catching up under `route` that this client has
+  // not made yet (zeros: its primaries copy it the values before it may
+  // lead).
+  void InitCatchingUp(const Route& route);
   // The chunks `ids` as views of `tensors`.
   absl::StatusOr<std::vector<TensorBuffer>> ChunkViews(const std::vector<at::Tensor>& tensors,
                                                        const std::vector<size_t>& ids) const;
@@ -219,6 +240,12 @@ class PsClient {
   std::deque<std::function<void()>> failover_tasks_ ABSL_GUARDED_BY(failover_mu_);
   bool failover_stop_ ABSL_GUARDED_BY(failover_mu_) = false;
   std::unique_ptr<std::thread> failover_thread_;
+  // WatchRoutings: the table's config, the spares given their table
+  // ("<address>@<routing generation>"), the thread.
+  std::optional<TableConfig> config_;
+  absl::Mutex catching_up_mu_;
+  std::set<std::string> tables_made_ ABSL_GUARDED_BY(catching_up_mu_);
+  std::unique_ptr<std::thread> watcher_;
   // Error feedback: per chunk, what rounding lost (a chunk is in one
   // request of a step, narrowed by the thread that sends it); empty until
   // the chunk's first narrowing.

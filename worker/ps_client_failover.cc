@@ -8,9 +8,12 @@
 // duplicate with the values), and the primary forwards every update to its
 // backups before it answers anyone, so no update a worker saw answered is
 // lost with its shard.
+#include <ATen/ops/zeros.h>
+
 #include <algorithm>
 #include <map>
 
+#include "rpc/tensor_codec.h"
 #include "worker/ps_client.h"
 
 namespace pstrain {
@@ -47,10 +50,30 @@ std::shared_ptr<const PsClient::Route> PsClient::route() const {
   return route_;
 }
 
-std::shared_ptr<const PsClient::Route> PsClient::MakeRoute(const Routing& routing) const {
+std::shared_ptr<const PsClient::Route> PsClient::MakeRoute(const Routing& routing, const Route* previous) const {
   const PartitionPlan& plan = options_.plan;
   auto r = std::make_shared<Route>();
   r->generation = routing.generation();
+  // Each shard's address and client: a spare in a lost shard's place is at
+  // a new address.
+  const size_t n = shards_.size();
+  r->targets = routing.targets_size() == static_cast<int>(n)
+                   ? std::vector<std::string>(routing.targets().begin(), routing.targets().end())
+                   : previous != nullptr ? previous->targets
+                                         : options_.shard_targets;
+  r->targets.resize(n);
+  r->routing = routing;
+  r->routing.clear_targets();
+  for (const std::string& t : r->targets) r->routing.add_targets(t);
+  for (size_t s = 0; s < n; ++s) {
+    if (previous == nullptr) {
+      r->shards.push_back(shards_[s]);
+    } else if (previous->targets[s] == r->targets[s] || !options_.connect) {
+      r->shards.push_back(previous->shards[s]);
+    } else {
+      r->shards.push_back(options_.connect(r->targets[s]));
+    }
+  }
   r->leader.assign(plan.chunks.size(), -1);
   r->shard_chunks.assign(shards_.size(), {});
   r->lost.assign(shards_.size(), false);
@@ -108,12 +131,69 @@ void PsClient::AwaitRouting(uint64_t seen, absl::Time deadline) {
   }
   if (!newest.has_value()) return;
   if (newest->lost_shards_size() > static_cast<int>(shards_.size()) ||
-      newest->catching_up_size() > static_cast<int>(shards_.size())) {
+      newest->catching_up_size() > static_cast<int>(shards_.size()) ||
+      (newest->targets_size() != 0 && newest->targets_size() != static_cast<int>(shards_.size()))) {
     return;  // not this table's routing
   }
-  std::shared_ptr<const Route> r = MakeRoute(*newest);
-  absl::MutexLock lock(&route_mu_);
-  if (r->generation > route_->generation) route_ = std::move(r);
+  std::shared_ptr<const Route> r;
+  {
+    absl::MutexLock lock(&route_mu_);
+    if (newest->generation() <= route_->generation) return;
+    r = MakeRoute(*newest, route_.get());
+    route_ = r;
+  }
+  InitCatchingUp(*r);
+}
+
+void PsClient::InitCatchingUp(const Route& route) {
+  std::vector<at::Tensor> zeros;
+  for (uint32_t s : route.routing.catching_up()) {
+    if (s >= route.targets.size()) continue;
+    // Once per spare and routing generation: a spare that came back
+    // holding a leftover table gets the routing with it.
+    const std::string target = absl::StrCat(route.targets[s], "@", route.generation);
+    {
+      absl::MutexLock lock(&catching_up_mu_);
+      if (!config_.has_value() || tables_made_.count(target) > 0) continue;
+    }
+    // A spare needs the table before its primaries can copy it the chunks
+    // (each worker offers it; the first makes it, with the routing).
+    for (size_t p = zeros.size(); p < options_.plan.params.size(); ++p) {
+      absl::StatusOr<c10::ScalarType> type = ToScalarType(options_.plan.params[p].dtype);
+      if (!type.ok()) return;
+      zeros.push_back(at::zeros(options_.plan.params[p].shape, at::TensorOptions().dtype(*type)));
+    }
+    CallOptions opts = NewCallOptions();
+    opts.table_grant = options_.table_grant;
+    InitTableRequest request;
+    InitTableResponse response;
+    absl::Status made = WaitFor([&](StatusCallback done) {
+      InitTableOn(route, static_cast<int>(s), zeros, *config_, route.routing, &request, &response, opts,
+                  std::move(done));
+    });
+    if (made.ok()) {
+      absl::MutexLock lock(&catching_up_mu_);
+      tables_made_.insert(target);
+    }
+  }
+}
+
+void PsClient::WatchRoutings(const TableConfig& config) {
+  if (watcher_ != nullptr) return;
+  {
+    absl::MutexLock lock(&catching_up_mu_);
+    config_ = config;
+  }
+  watcher_ = std::make_unique<std::thread>([this] {
+    while (true) {
+      {
+        absl::MutexLock lock(&failover_mu_);
+        if (failover_stop_) return;
+      }
+      AwaitRouting(route()->generation, absl::Now() + kRoutingWait);
+      InitCatchingUp(*route());  // again, for a spare an earlier try missed
+    }
+  });
 }
 
 absl::Status PsClient::WithFailover(const std::function<absl::Status(const Route&)>& op) {
@@ -216,10 +296,11 @@ void PsClient::IssueParts(const std::shared_ptr<AsyncPushPull>& state, const Rou
   }
   for (size_t k = 0; k < state->parts.size(); ++k) {
     const size_t s = state->parts[k].shard;
-    Admit(s, [this, state, k, s, opts] {
+    ParameterStore* store = route.shards[s];
+    Admit(s, [this, state, k, s, store, opts] {
       state->sent[k] = absl::Now();
       for (const TensorBuffer& b : state->wire[k]) state->bytes[k] += 2 * static_cast<int64_t>(b.nbytes);
-      shards_[s]->PushPullAsync(state->requests[k], state->wire[k], &state->responses[k], &state->values[k], opts,
+      store->PushPullAsync(state->requests[k], state->wire[k], &state->responses[k], &state->values[k], opts,
                                 [this, state, k, s](absl::Status st) {
                                   Release(s);
                                   PartDone(state, k, std::move(st));
@@ -258,6 +339,7 @@ PsClient::~PsClient() {
     failover_stop_ = true;
   }
   if (failover_thread_ != nullptr) failover_thread_->join();
+  if (watcher_ != nullptr) watcher_->join();  // within a routing wait (a second)
 }
 
 }  // namespace pstrain

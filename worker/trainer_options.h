@@ -59,6 +59,7 @@ struct TrainerOptions {
   // coordinator's routings (PsClientOptions::shard_targets, next_routing).
   std::vector<std::string> shard_targets;
   std::function<absl::StatusOr<Routing>(uint64_t generation, absl::Duration wait)> next_routing;
+  std::function<ParameterStore*(const std::string& target)> connect_shard;  // PsClientOptions::connect
   // All-reduce mode: the group of workers (not owned), and the in-process
   // store holding the whole model (not owned; the checkpoint format);
   // `shards` is then empty.

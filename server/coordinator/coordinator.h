@@ -309,6 +309,16 @@ class Coordinator {
   // false (the caller restarts the job) when `lost` is not a shard of a
   // replicated job or a chunk could be left with no copy.
   bool LoseShard(Job& job, const MemberStatus& lost, const std::string& what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A free shard takes a lost shard's place in a replicated job: it backs
+  // up the chunks that shard held, catching up (full copies from their
+  // primaries) before it may lead; CatchUpLoop watches the primaries and
+  // ends the catching up.
+  void FillLostShards() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void CatchUpLoop(const std::string& job_id, uint64_t attempt, int shard) ABSL_LOCKS_EXCLUDED(mu_);
+  // The routing of a replicated job's tables as the coordinator sees it,
+  // and its publication to the workers (the job's KV store, routing/<g>).
+  static Routing RoutingOf(const JobStatus& st);
+  void PublishRouting(Job& job, uint64_t attempt, const Routing& routing) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // The coordinator's threads (coordinator.cc): the tick, the persister and
   // background work.

@@ -10,7 +10,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/quote.h"
-#include "common/routing_key.h"
 #include "rpc/grpc_remote_shard.h"
 #include "server/coordinator/coordinator.h"
 #include "spdlog/spdlog.h"
@@ -34,7 +33,8 @@ struct SeatsAnswer {
   int64_t min_version = INT64_MAX;
 };
 
-// Tells every shard but the lost ones (`lost`: replicated shards).
+// Tells every shard but those in `lost` (replicated shards: lost ones, and
+// spares not yet caught up).
 SeatsAnswer SendSeats(const std::vector<std::string>& shards, const SetWorkersRequest& req,
                       const std::string& job_secret, const std::vector<int>& lost) {
   SeatsAnswer a;
@@ -61,36 +61,7 @@ SeatsAnswer SendSeats(const std::vector<std::string>& shards, const SetWorkersRe
   return a;
 }
 
-// The routing of a replicated job's tables as the coordinator sees it.
-Routing RoutingOf(const JobStatus& st) {
-  Routing r;
-  r.set_generation(st.routing_generation());
-  for (int s : st.lost_shards()) r.add_lost_shards(static_cast<uint32_t>(s));
-  for (std::string& t : ShardAddresses(st)) r.add_targets(std::move(t));
-  return r;
-}
-
 }  // namespace
-
-bool Coordinator::LoseShard(Job& job, const MemberStatus& lost, const std::string& what) {
-  JobStatus& st = job.stored.status;
-  if (job.spec.allreduce() || job.spec.replicas == 0 || lost.role() != MEMBER_ROLE_SHARD || ShardLost(st, lost) ||
-      lost.rank() < 0 || lost.rank() >= job.spec.shards) {
-    return false;
-  }
-  // Each chunk has replicas + 1 copies on distinct shards: up to `replicas`
-  // losses leave every chunk one. (No spare rebuilds a copy yet.)
-  if (st.lost_shards_size() + 1 > job.spec.replicas) return false;
-  st.add_lost_shards(lost.rank());
-  st.set_routing_generation(st.routing_generation() + 1);
-  members_.ReleaseByName(lost.name(), st.job_id());
-  Transition(job, st.state(), "ShardLost",
-             absl::StrCat(what, "; its chunks are led by their backups from routing generation ",
-                          st.routing_generation(), " (", st.lost_shards_size(), " of the ", job.spec.replicas,
-                          " shard loss(es) the job's replicas cover)"));
-  PushSeats(job);
-  return true;
-}
 
 int Coordinator::TargetWorkers(const Job& job) {
   const int target = job.stored.status.target_workers();
@@ -338,7 +309,9 @@ void Coordinator::PushSeatsLoop(const std::string& job_id) {
       }
       shards = ShardAddresses(st);
       secret = st.job_secret();
+      // Neither lost shards nor spares still without the table are told.
       lost.assign(st.lost_shards().begin(), st.lost_shards().end());
+      lost.insert(lost.end(), st.catching_up_shards().begin(), st.catching_up_shards().end());
       // A replicated table learns who leads each chunk with its seats.
       if (job->spec.replicas > 0) *req.mutable_routing() = RoutingOf(st);
     }
@@ -362,16 +335,7 @@ void Coordinator::PushSeatsLoop(const std::string& job_id) {
       return;
     }
     // The shards lead by this routing now: the workers may follow it.
-    if (req.has_routing()) {
-      const std::string routing = req.routing().SerializeAsString();
-      for (uint64_t g = job->routing_published + 1; g <= req.routing().generation(); ++g) {
-        absl::Status s = rendezvous_.Set(job_id, req.attempt(), RoutingKey(g), routing);
-        if (!s.ok()) spdlog::warn("coordinator: {} routing {} not published: {}", job_id, g, s.ToString());
-      }
-      job->routing_published = std::max(job->routing_published, req.routing().generation());
-      spdlog::info("coordinator: {} routes by generation {} ({} shard(s) lost)", job_id, req.routing().generation(),
-                   req.routing().lost_shards_size());
-    }
+    if (req.has_routing()) PublishRouting(*job, req.attempt(), req.routing());
     for (int r = 0; r < req.seats_size(); ++r) {
       // Under SYNC the others cover a vacant rank's batches from the step
       // after the one in flight; what it trained itself ends here.

@@ -188,8 +188,10 @@ absl::StatusOr<JobStatus> Coordinator::WaitJob(const std::string& job_id, uint64
 }
 
 void Coordinator::Schedule() {
-  // Running jobs first: a vacant rank is filled before new jobs start.
+  // Running jobs first: a vacant rank is filled before new jobs start, a
+  // lost shard of a replicated job replaced.
   FillVacancies();
+  FillLostShards();
   // Active jobs only: ended ones (up to job_retention of them) are not walked.
   std::vector<Job*> pending;
   ScheduleLimits limits;
@@ -248,6 +250,7 @@ void Coordinator::Start(Job& job, const Placement& placement) {
   // Every shard of a new attempt is whole: its tables are made afresh.
   st.set_routing_generation(0);
   st.clear_lost_shards();
+  st.clear_catching_up_shards();
   job.routing_published = 0;
   // A new attempt: requests of the previous ones are refused from now on.
   // It is told to nobody until the store holds it (durable_attempt).

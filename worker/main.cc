@@ -36,13 +36,13 @@
 #include "common/job_spec.h"
 #include "common/malloc_tuning.h"
 #include "common/metrics_server.h"
-#include "common/routing_key.h"
 #include "google/protobuf/util/json_util.h"
 #include "proto/events.pb.h"
 #include "rpc/cluster_member.h"
 #include "rpc/grpc_channel.h"
 #include "rpc/grpc_embedding_client.h"
 #include "rpc/grpc_remote_shard.h"
+#include "rpc/shard_routing.h"
 #include "rpc/security_flags.h"
 #include "spdlog/spdlog.h"
 #include "worker/activity.h"
@@ -275,32 +275,10 @@ absl::Status RunJobOrThrow(pstrain::JobSpec spec, int rank, int world_size, cons
     options.shards.push_back(remote_shards.back().get());
   }
   if (spec.replicas > 0 && !spec.allreduce()) {
+    // The coordinator's routings, and spares at new addresses.
     options.shard_targets = targets;
-    // The coordinator publishes each new routing in the job's KV store.
-    if (member != nullptr) {
-      options.next_routing = [member](uint64_t generation,
-                                      absl::Duration wait) -> absl::StatusOr<pstrain::Routing> {
-        absl::StatusOr<std::string> value = member->KvGet(pstrain::RoutingKey(generation + 1), wait);
-        if (!value.ok()) return value.status();
-        pstrain::Routing routing;
-        if (!routing.ParseFromString(*value)) return absl::DataLossError("the coordinator's routing does not parse");
-        return routing;
-      };
-    }
-    // A spare in a lost shard's place is at another address; its client
-    // lives as long as the job's PsClient holds this function.
-    struct Spares {
-      absl::Mutex mu;
-      std::vector<std::shared_ptr<pstrain::GrpcRemoteShard>> clients ABSL_GUARDED_BY(mu);
-    };
-    options.connect_shard = [spares = std::make_shared<Spares>()](const std::string& target) {
-      pstrain::RemoteShardOptions ro;
-      ro.target = target;
-      ro.default_timeout = absl::Seconds(absl::GetFlag(FLAGS_rpc_timeout_s));
-      absl::MutexLock lock(&spares->mu);
-      spares->clients.push_back(pstrain::SharedRemoteShard(ro));
-      return static_cast<pstrain::ParameterStore*>(spares->clients.back().get());
-    };
+    if (member != nullptr) options.next_routing = pstrain::RoutingsFrom(member);
+    options.connect_shard = pstrain::SpareShardClients(absl::Seconds(absl::GetFlag(FLAGS_rpc_timeout_s)));
   }
   options.emit = emit;
   // The heartbeat says what the loop is doing (a stuck rank included).

@@ -234,33 +234,6 @@ absl::Status PsClient::InitTables(const std::vector<at::Tensor>& params, const T
   return s;
 }
 
-void PsClient::InitTableOn(const Route& route, int shard, const std::vector<at::Tensor>& params,
-                           const TableConfig& config, const Routing& routing, InitTableRequest* request,
-                           InitTableResponse* response, const CallOptions& opts, StatusCallback done) {
-  const PartitionPlan& plan = options_.plan;
-  // A replicated table: the chunks the shard leads and those it backs up,
-  // each with its copies (primary first), in chunk order.
-  std::vector<size_t> ids = plan.shard_chunks[shard];
-  if (plan.replicas > 0) {
-    ids.insert(ids.end(), plan.shard_backup_chunks[shard].begin(), plan.shard_backup_chunks[shard].end());
-    std::sort(ids.begin(), ids.end());
-  }
-  auto views = ChunkViews(params, ids);
-  if (!views.ok()) return done(views.status());
-  InitTableRequest& req = Addressed(*request, ids);
-  *req.mutable_config() = config;
-  if (plan.replicas > 0) {
-    req.set_shard(static_cast<uint32_t>(shard));
-    *req.mutable_routing() = routing;
-    for (size_t id : ids) {
-      auto* copies = req.add_copies()->mutable_shards();
-      copies->Add(plan.chunks[id].shard);
-      for (int b : plan.chunks[id].backups) copies->Add(b);
-    }
-  }
-  route.shards[shard]->InitTableAsync(req, std::move(*views), response, opts, std::move(done));
-}
-
 absl::Status PsClient::Pull(const std::vector<at::Tensor>& params, int64_t min_version, int64_t min_worker_steps) {
   absl::Status s = CheckTensors(params, "parameters");
   if (!s.ok()) return s;
@@ -500,8 +473,9 @@ void PsClient::Release(size_t s) {
   next();
 }
 
-// IssueParts (ps_client_failover.cc) addresses its retries with these.
+// ps_client_failover.cc addresses its retries and tables with these.
 template PushPullRequest& PsClient::AddressedPush<PushPullRequest>(PushPullRequest&, const std::vector<size_t>&,
                                                                    int64_t, double) const;
+template InitTableRequest& PsClient::Addressed<InitTableRequest>(InitTableRequest&, const std::vector<size_t>&) const;
 
 }  // namespace pstrain

@@ -145,6 +145,33 @@ void PsClient::AwaitRouting(uint64_t seen, absl::Time deadline) {
   InitCatchingUp(*r);
 }
 
+void PsClient::InitTableOn(const Route& route, int shard, const std::vector<at::Tensor>& params,
+                           const TableConfig& config, const Routing& routing, InitTableRequest* request,
+                           InitTableResponse* response, const CallOptions& opts, StatusCallback done) {
+  const PartitionPlan& plan = options_.plan;
+  // A replicated table: the chunks the shard leads and those it backs up,
+  // each with its copies (primary first), in chunk order.
+  std::vector<size_t> ids = plan.shard_chunks[shard];
+  if (plan.replicas > 0) {
+    ids.insert(ids.end(), plan.shard_backup_chunks[shard].begin(), plan.shard_backup_chunks[shard].end());
+    std::sort(ids.begin(), ids.end());
+  }
+  auto views = ChunkViews(params, ids);
+  if (!views.ok()) return done(views.status());
+  InitTableRequest& req = Addressed(*request, ids);
+  *req.mutable_config() = config;
+  if (plan.replicas > 0) {
+    req.set_shard(static_cast<uint32_t>(shard));
+    *req.mutable_routing() = routing;
+    for (size_t id : ids) {
+      auto* copies = req.add_copies()->mutable_shards();
+      copies->Add(plan.chunks[id].shard);
+      for (int b : plan.chunks[id].backups) copies->Add(b);
+    }
+  }
+  route.shards[shard]->InitTableAsync(req, std::move(*views), response, opts, std::move(done));
+}
+
 void PsClient::InitCatchingUp(const Route& route) {
   std::vector<at::Tensor> zeros;
   for (uint32_t s : route.routing.catching_up()) {

@@ -143,10 +143,6 @@ absl::Status CheckValues(const JobSpec& spec, const MappingReader& r) {
                                               "shards: at most shards - 1 backups)"));
     }
     if (!spec.embeddings.empty()) return r.Error("replicas", "does not replicate embedding tables yet");
-    if (spec.checkpoint_every_steps > 0) {
-      return r.Error("checkpoint_every_steps", "must be 0 with replicas for now: checkpoints of replicated "
-                                               "tables are not built yet (docs/replication.md)");
-    }
   }
   if (spec.epochs < 1) return r.Error("epochs", "must be >= 1");
   if (spec.batch_size < 1) return r.Error("batch_size", "must be >= 1");

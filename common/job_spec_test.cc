@@ -87,6 +87,22 @@ TEST(JobSpecTest, QuantizationIsParsedAndItsLimitsAreNamed) {
   refused("checkpoint_every_steps: 100\nquantization: {mode: qat}\n", "checkpoint_every_steps must be 0 with quantization");
 }
 
+// replicas: backups per chunk on other shards, ps mode only.
+TEST(JobSpecTest, ReplicasAreCheckedAgainstTheShards) {
+  EXPECT_EQ(ParseJobSpec("name: x\n")->replicas, 0);
+  auto spec = ParseJobSpec("shards: 3\nreplicas: 2\ncheckpoint_every_steps: 50\n");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->replicas, 2);
+  auto refused = [](const std::string& yaml, const std::string& words) {
+    auto s = ParseJobSpec(yaml);
+    EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument) << yaml;
+    EXPECT_NE(s.status().message().find(words), std::string::npos) << s.status();
+  };
+  refused("shards: 2\nreplicas: 2\n", "must be in 0..1");
+  refused("shards: 2\nreplicas: -1\n", "must be in 0..1");
+  refused("mode: allreduce\nshards: 0\nconsistency: sync\nreplicas: 1\n", "is for ps mode");
+}
+
 // A restore's spec that leaves chunk_bytes to the default takes the
 // checkpoint's; one that sets it keeps it (and the coordinator refuses a
 // mismatch).

@@ -30,6 +30,7 @@ std::function<ParameterStore*(const std::string&)> SpareShardClients(absl::Durat
     RemoteShardOptions ro;
     ro.target = target;
     ro.default_timeout = timeout;
+    ro.max_attempts = 2;  // as the job's other shards' (worker/main.cc)
     absl::MutexLock lock(&spares->mu);
     spares->clients.push_back(SharedRemoteShard(ro));
     return spares->clients.back().get();

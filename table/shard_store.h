@@ -246,8 +246,10 @@ class ShardStore : public ParameterStore {
                          PushResponse* response, std::vector<int64_t>* seqs = nullptr);
 
   // --- Replicated tables (shard_store_replication.cc).
-  // InitTable's copies and routing, checked and kept with the table.
-  absl::Status SetUpReplica(Table& table, const InitTableRequest& request);
+  // InitTable's (or LoadTable's) copies and routing, checked and kept with
+  // the table.
+  template <typename Request>
+  absl::Status SetUpReplica(Table& table, const Request& request);
   // A newer routing (SetWorkers): who leads and backs up each chunk; a
   // chunk newly led here is copied in full to its backups.
   void ApplyRouting(const std::shared_ptr<Table>& table, const Routing& routing);

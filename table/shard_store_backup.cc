@@ -172,6 +172,16 @@ absl::Status ShardStore::ApplyForward(const ReplicateRequest& request, const std
     c.vacant_at_version.assign(in.vacant_at_version().begin(), in.vacant_at_version().end());
     c.seq = in.seq();
     c.term = request.generation();
+    if (c.arrivals > 0) {
+      // A SYNC step half pushed while this shard led the chunk (a primary
+      // that was replaced, now a backup): the step is its leader's now;
+      // its callers were failed and push it there.
+      if (c.accum.nbytes > 0) std::memset(c.accum.MutableData(), 0, c.accum.nbytes);
+      std::fill(c.arrived.begin(), c.arrived.end(), false);
+      c.arrivals = 0;
+      c.batches = 0;
+      c.pending_lr = 0;
+    }
     c.version.store(in.version(), std::memory_order_release);
     if (table.config.consistency() != SYNC) c.clock.store(ActiveClock(c, active), std::memory_order_release);
     ++rep.chunks_applied;

@@ -55,6 +55,8 @@ void ShardStore::SaveTableAsync(const SaveTableRequest& request, SaveTableRespon
   int64_t lo = INT64_MAX, hi = 0;
   try {
     for (const auto& c : (*table)->chunks) {
+      // A replicated table: each chunk is saved by its primary alone.
+      if ((*table)->replica != nullptr && !c->led.load(std::memory_order_acquire)) continue;
       std::lock_guard<std::mutex> lock(c->mu);
       if (c->arrivals > 0) {
         return done(absl::FailedPreconditionError(absl::StrCat(
@@ -318,10 +320,13 @@ void ShardStore::LoadTableAsync(const LoadTableRequest& request, LoadTableRespon
     (*table)->index.emplace(key, (*table)->chunks.size());
     (*table)->chunks.push_back(std::move(*made));
   }
+  if (absl::Status s = SetUpReplica(**table, request); !s.ok()) return done(s);
   const size_t loaded = (*table)->chunks.size();
   bool created = false;
   absl::StatusOr<std::shared_ptr<Table>> installed = Install(std::move(*table), /*keep_identical=*/false, &created);
   if (!installed.ok()) return done(installed.status());
+  // Every copy restored from the same files: they agree from the start.
+  if ((*installed)->replica != nullptr) ApplyRouting(*installed, request.routing());
   response->set_chunks(static_cast<uint32_t>(loaded));
   response->set_min_version(lo == INT64_MAX ? 0 : lo);
   done(absl::OkStatus());

@@ -132,7 +132,8 @@ void MarkChanged(ShardStore::Chunk& c, int set) {
 
 }  // namespace shard_internal
 
-absl::Status ShardStore::SetUpReplica(Table& table, const InitTableRequest& request) {
+template <typename Request>
+absl::Status ShardStore::SetUpReplica(Table& table, const Request& request) {
   if (request.copies_size() == 0) {
     if (request.has_routing()) return absl::InvalidArgumentError("a routing without copies");
     return absl::OkStatus();
@@ -172,6 +173,9 @@ absl::Status ShardStore::SetUpReplica(Table& table, const InitTableRequest& requ
   table.replica = std::move(replica);
   return absl::OkStatus();
 }
+
+template absl::Status ShardStore::SetUpReplica<InitTableRequest>(Table&, const InitTableRequest&);
+template absl::Status ShardStore::SetUpReplica<LoadTableRequest>(Table&, const LoadTableRequest&);
 
 void ShardStore::ApplyRouting(const std::shared_ptr<Table>& table, const Routing& routing) {
   Table::Replica& rep = *table->replica;
@@ -213,10 +217,11 @@ void ShardStore::ApplyRouting(const std::shared_ptr<Table>& table, const Routing
         }
         const bool kept = was_led && std::count(old_backups.begin(), old_backups.end(), b) > 0;
         if (initial && !Contains(routing.catching_up(), b)) {
-          // Every copy was made by InitTable from the same values (a spare
-          // catching up was not: it gets a full copy, below).
-          peer.acked_seq[c] = 0;
-          peer.acked_version[c] = 0;
+          // Every copy was made by InitTable from the same values, or by
+          // LoadTable from the same files (a spare catching up was not: it
+          // gets a full copy, below).
+          peer.acked_seq[c] = chunk.seq;
+          peer.acked_version[c] = chunk.version.load(std::memory_order_acquire);
         } else if (initial) {
           peer.acked_seq[c] = -1;
         } else if (!kept || (Contains(routing.catching_up(), b) && !Contains(old.catching_up(), b))) {

@@ -184,6 +184,23 @@ void AddParameterAdminCases(const CaseAdder& add) {
     r.set_attempt(2);
     for (int i = 0; i < 100000; ++i) r.add_seats()->set_active(true);
     add("SetWorkers", "100000 seats for a 1-worker table", r, grpc::StatusCode::INVALID_ARGUMENT);
+    r.clear_seats();
+    r.mutable_routing()->set_generation(7);
+    add("SetWorkers", "a routing for a table that is not replicated", r, grpc::StatusCode::FAILED_PRECONDITION);
+  }
+  {
+    // A primary's forward (docs/replication.md): only to a replicated table
+    // of the same attempt.
+    ReplicateRequest r;
+    r.set_job("nope");
+    add("Replicate", "unknown job", r, grpc::StatusCode::FAILED_PRECONDITION);
+    r.set_job("job");
+    r.set_attempt(1);
+    add("Replicate", "earlier attempt", r, grpc::StatusCode::ABORTED);
+    r.set_attempt(2);
+    r.set_generation(1);
+    r.add_chunks()->set_key(std::string(100000, 'k'));
+    add("Replicate", "a table that is not replicated", r, grpc::StatusCode::FAILED_PRECONDITION);
   }
 }
 

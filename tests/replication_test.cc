@@ -11,11 +11,15 @@
 // - SYNC, a shard SIGKILLed, a spare copied in its place, then another
 //   shard SIGKILLed: the job survives both, again with the uninterrupted
 //   run's parameters;
+// - a checkpoint taken after a loss restores onto 2 shards with and without
+//   replicas, bit for bit;
 // - ASYNC, a shard SIGKILLed: the job keeps training and finishes.
 #include <gtest/gtest.h>
 #include <signal.h>
 
 #include <regex>
+
+#include "absl/strings/str_replace.h"
 
 #include "tests/checkpoint_values.h"
 #include "tests/control_plane_testing.h"
@@ -165,6 +169,44 @@ TEST_F(ReplicationTest, ASpareRestoresTheCopiesBetweenTwoLosses) {
   auto weights = ReadWeightsFile(dir_ + "/out/" + job + "/model.pt");
   ASSERT_TRUE(weights.ok()) << weights.status();
   ExpectAllClose(uninterrupted, *weights);
+}
+
+// A replicated job's checkpoint, taken after it lost a shard (each chunk
+// saved once, by its primary now), restores onto another shard count with
+// or without replicas: the restored values are the checkpoint's, bit for bit.
+TEST_F(ReplicationTest, ACheckpointAfterALossRestoresOntoAnyShardCountAndReplicas) {
+  const std::string yaml = ReplicatedYaml("ckpt", "sync", 100000);
+  const std::string job = Submit(WriteSpec("ckpt", absl::StrReplaceAll(yaml, {{"epochs: 1", "epochs: 1000"}})));
+  WaitForStep(job, 30);
+  pool_[kShard1]->Signal(SIGKILL);
+  pool_[kShard1]->Wait();
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (JsonStatus(job).find("\"reason\": \"ShardLost\"") == std::string::npos) {
+    ASSERT_LT(absl::Now(), deadline) << JsonStatus(job) << Logs();
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  CliResult out = Cli({"checkpoint", job});
+  ASSERT_EQ(out.code, 0) << out.out << JsonStatus(job);
+  const Checkpointed ck = ParseCheckpoint(out.out);
+  ASSERT_EQ(Cli({"cancel", job}).code, 0);
+  auto expected = ReadCheckpointValues(ck.path);
+  ASSERT_TRUE(expected.ok()) << expected.status();
+  // Two shards are left in the pool (shard-0, shard-2).
+  for (const std::string& layout : {std::string("shards: 2\nreplicas: 1"), std::string("shards: 2\nreplicas: 0")}) {
+    SCOPED_TRACE(layout);
+    const std::string name = layout.back() == '1' ? "into-r1" : "into-r0";
+    const std::string spec = WriteSpec(
+        name, absl::StrReplaceAll(yaml, {{"shards: 3\nreplicas: 1", layout},
+                                         {"max_steps: 100000", "max_steps: " + std::to_string(ck.step)}}));
+    CliResult r = Cli({"restore", "--from", ck.path, "--spec", spec, "--output_dir", dir_ + "/" + name});
+    ASSERT_EQ(r.code, 0) << r.out;
+    const std::string restored = r.out.substr(0, r.out.find('\n'));
+    CliResult w = Cli({"watch", restored});
+    ASSERT_EQ(w.code, 0) << w.out << JsonStatus(restored) << Logs();
+    auto got = ReadWeightsFile(dir_ + "/" + name + "/" + restored + "/model.pt");
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(BitwiseDifference(*expected, *got), "");
+  }
 }
 
 TEST_F(ReplicationTest, AsyncJobLosesAShardAndKeepsTraining) {

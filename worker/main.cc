@@ -271,6 +271,10 @@ absl::Status RunJobOrThrow(pstrain::JobSpec spec, int rank, int world_size, cons
     pstrain::RemoteShardOptions ro;
     ro.target = t;
     ro.default_timeout = absl::Seconds(absl::GetFlag(FLAGS_rpc_timeout_s));
+    // Replicated shards: a call to a shard that is gone fails over to the
+    // chunks' new primaries (PsClient), which itself waits between tries;
+    // backing off here first only delays that.
+    if (spec.replicas > 0) ro.max_attempts = 2;
     remote_shards.push_back(pstrain::SharedRemoteShard(ro));
     options.shards.push_back(remote_shards.back().get());
   }

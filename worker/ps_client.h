@@ -145,7 +145,7 @@ class PsClient {
   // under a newer routing while it fails on a lost shard, until `timeout`.
   absl::Status WithFailover(const std::function<absl::Status(const Route&)>& op);
   // Waits (up to `deadline`, at most a second) for a routing newer than
-  // `seen`, and uses it: a spare shard catching up there gets the table.
+  // `seen`, and uses it.
   void AwaitRouting(uint64_t seen, absl::Time deadline);
   // Follows the coordinator's routings from now on (a thread), so that a
   // spare shard gets its table even while no call fails.

@@ -42,6 +42,9 @@ bool MayFailOver(const absl::Status& s) {
 // How long a retry waits for the coordinator's next routing before it tries
 // the current one again (a shard that was only briefly unreachable).
 constexpr absl::Duration kRoutingWait = absl::Seconds(1);
+// How long the routing watcher waits for a spare's InitTable before it
+// tries again on its next round.
+constexpr absl::Duration kSpareTableWait = absl::Seconds(10);
 
 }  // namespace
 
@@ -142,7 +145,6 @@ void PsClient::AwaitRouting(uint64_t seen, absl::Time deadline) {
     r = MakeRoute(*newest, route_.get());
     route_ = r;
   }
-  InitCatchingUp(*r);
 }
 
 void PsClient::InitTableOn(const Route& route, int shard, const std::vector<at::Tensor>& params,
@@ -191,6 +193,7 @@ void PsClient::InitCatchingUp(const Route& route) {
       zeros.push_back(at::zeros(options_.plan.params[p].shape, at::TensorOptions().dtype(*type)));
     }
     CallOptions opts = NewCallOptions();
+    opts.deadline = std::min(opts.deadline, absl::Now() + kSpareTableWait);
     opts.table_grant = options_.table_grant;
     InitTableRequest request;
     InitTableResponse response;
@@ -218,7 +221,8 @@ void PsClient::WatchRoutings(const TableConfig& config) {
         if (failover_stop_) return;
       }
       AwaitRouting(route()->generation, absl::Now() + kRoutingWait);
-      InitCatchingUp(*route());  // again, for a spare an earlier try missed
+      // Here only, off the training thread: an InitTable may wait.
+      InitCatchingUp(*route());
     }
   });
 }

@@ -138,13 +138,6 @@ absl::Status CheckpointSupported(const std::string& job_id, const JobSpec& spec)
         "job ", job_id, " trains with quantization (qat): its checkpoints are not built yet (the observers are not "
         "saved)"));
   }
-  if (spec.replicas > 0) {
-    // Each shard would save its backups beside its primaries, and a restore
-    // makes unreplicated tables.
-    return absl::FailedPreconditionError(absl::StrCat(
-        "job ", job_id, " has replicated shards (replicas: ", spec.replicas,
-        "): their checkpoints are not built yet; a lost shard costs no restart (docs/replication.md)"));
-  }
   return absl::OkStatus();
 }
 
@@ -222,14 +215,31 @@ absl::StatusOr<CheckpointManifest> LoadCheckpoint(const std::string& job_id, uin
                      " holds no embedding tables (was it written by a job without embeddings, "
                      "or by a pstrain older than embedding checkpoints?); a job with embeddings cannot start from it"));
   }
-  auto plan = MakePartitionPlan(manifest->params, spec.shards, static_cast<size_t>(manifest->chunk_bytes));
+  auto plan = MakePartitionPlan(manifest->params, spec.shards, static_cast<size_t>(manifest->chunk_bytes),
+                                spec.allreduce() ? 0 : spec.replicas);
   if (!plan.ok()) return plan.status();
   for (size_t i = 0; i < shards.size(); ++i) {
     std::shared_ptr<GrpcRemoteShard> client = SharedRemoteShard(RemoteShardOptions{shards[i]});
+    // A replicated table: the shard's primaries and backups, in chunk
+    // order, each with its copies (as a worker's InitTable would).
+    std::vector<size_t> ids = plan->shard_chunks[i];
+    if (plan->replicas > 0) {
+      ids.insert(ids.end(), plan->shard_backup_chunks[i].begin(), plan->shard_backup_chunks[i].end());
+      std::sort(ids.begin(), ids.end());
+    }
     std::vector<std::string> keys;
-    for (size_t idx : plan->shard_chunks[i]) keys.push_back(plan->chunks[idx].key);
-    const LoadTableRequest req =
+    for (size_t idx : ids) keys.push_back(plan->chunks[idx].key);
+    LoadTableRequest req =
         RestoreRequest(*manifest, RelativeToRoot(root, dir), job_id, attempt, MakeTableConfig(spec), keys);
+    if (plan->replicas > 0) {
+      req.set_shard(static_cast<uint32_t>(i));
+      for (const std::string& t : shards) req.mutable_routing()->add_targets(t);
+      for (size_t idx : ids) {
+        auto* copies = req.add_copies()->mutable_shards();
+        copies->Add(plan->chunks[idx].shard);
+        for (int b : plan->chunks[idx].backups) copies->Add(b);
+      }
+    }
     LoadTableResponse resp;
     CallOptions opts;
     opts.deadline = absl::Now() + timeout;

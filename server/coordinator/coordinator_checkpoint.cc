@@ -167,6 +167,12 @@ absl::StatusOr<CheckpointWrite> Coordinator::PauseForCheckpoint(const std::strin
   w.pause_id = c.pause_id;
   w.allreduce = allreduce;
   w.shards = ShardAddresses(s);
+  // Replicated shards: a lost one's chunks are saved by their new primaries.
+  std::vector<int> lost(s.lost_shards().begin(), s.lost_shards().end());
+  std::sort(lost.rbegin(), lost.rend());  // erased from the back
+  for (int i : lost) {
+    if (i >= 0 && i < static_cast<int>(w.shards.size())) w.shards.erase(w.shards.begin() + i);
+  }
   w.embeddings = !job->spec.embeddings.empty();
   // The job's own directory: jobs sharing an output_dir never touch each
   // other's checkpoints.

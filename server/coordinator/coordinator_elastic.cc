@@ -265,6 +265,10 @@ void Coordinator::RestoreSeats(Job& job) {
   spdlog::info("coordinator: {} sends its shards its seats again ({} vacant, {} awaited)", st.job_id(),
                st.vacant_ranks_size(), job.awaited.size());
   PushSeats(job);
+  // A spare that was being copied: watched again.
+  for (int shard : st.catching_up_shards()) {
+    Background([this, id = st.job_id(), attempt = st.attempt(), shard] { CatchUpLoop(id, attempt, shard); });
+  }
 }
 
 void Coordinator::PushSeats(Job& job) {

@@ -34,11 +34,6 @@ absl::StatusOr<std::string> Coordinator::SubmitJob(const SubmitJobRequest& reque
   if (!spec.ok()) return spec.status();
   absl::Status names = CheckDataFileNames(*spec, "job spec");
   if (!names.ok()) return names;
-  if (!resume_dir.empty() && spec->replicas > 0) {
-    // LoadTable makes unreplicated tables (docs/replication.md).
-    return absl::FailedPreconditionError(
-        "a job with replicas cannot resume from a checkpoint yet: submit it with replicas: 0, or without resume_from");
-  }
   if (!resume_dir.empty() && spec->chunk_bytes != manifest.chunk_bytes) {
     // A spec that leaves chunk_bytes to the default takes the checkpoint's
     // (checkpoints from before the default became 1 MiB are 4 MiB).

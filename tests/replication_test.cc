@@ -88,8 +88,21 @@ class ReplicationTest : public ControlPlaneTest {
     EXPECT_NE(st.find("\"reason\": \"ShardLost\""), std::string::npos) << st;
   }
 
-  // Every tensor of `got` equals `want`'s up to float32 reassociation.
-  static void ExpectAllClose(const NamedTensors& want, const NamedTensors& got) {
+  // Until the job's transitions hold `reason`; false after `timeout`.
+  bool AwaitReason(const std::string& job, const std::string& reason, absl::Duration timeout) {
+    const absl::Time deadline = absl::Now() + timeout;
+    while (JsonStatus(job).find("\"reason\": \"" + reason + "\"") == std::string::npos) {
+      if (absl::Now() >= deadline) return false;
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+    return true;
+  }
+
+  // Every tensor `job` wrote equals `want`'s up to float32 reassociation.
+  void ExpectAllClose(const NamedTensors& want, const std::string& job) {
+    auto weights = ReadWeightsFile(dir_ + "/out/" + job + "/model.pt");
+    ASSERT_TRUE(weights.ok()) << weights.status();
+    const NamedTensors& got = *weights;
     ASSERT_EQ(want.size(), got.size());
     for (const auto& [name, w] : want) {
       auto it = got.find(name);
@@ -113,9 +126,7 @@ TEST_F(ReplicationTest, SyncJobLosesAShardAndEndsLikeAnUninterruptedOne) {
   pool_[kShard1]->Wait();
   std::printf("sync: 5 more steps %.2f s after the SIGKILL (lease 0.5 s)\n", SecondsUntilPast(job, before));
   ExpectSucceededWithoutARestart(job);
-  auto weights = ReadWeightsFile(dir_ + "/out/" + job + "/model.pt");
-  ASSERT_TRUE(weights.ok()) << weights.status();
-  ExpectAllClose(uninterrupted, *weights);
+  ExpectAllClose(uninterrupted, job);
 }
 
 TEST_F(ReplicationTest, AStoppedPrimaryThatComesBackIsFenced) {
@@ -126,18 +137,12 @@ TEST_F(ReplicationTest, AStoppedPrimaryThatComesBackIsFenced) {
   const std::string job = Submit(WriteSpec("stopped", yaml));
   WaitForStep(job, 100);
   pool_[kShard1]->Signal(SIGSTOP);
-  const absl::Time deadline = absl::Now() + absl::Seconds(30);
-  while (JsonStatus(job).find("\"reason\": \"ShardLost\"") == std::string::npos) {
-    ASSERT_LT(absl::Now(), deadline) << JsonStatus(job) << Logs();
-    absl::SleepFor(absl::Milliseconds(50));
-  }
+  ASSERT_TRUE(AwaitReason(job, "ShardLost", absl::Seconds(30))) << JsonStatus(job) << Logs();
   // Back, with its table and the calls it held: it must not lead again
   // (it may then be given its old place as a spare, copied afresh).
   pool_[kShard1]->Signal(SIGCONT);
   ExpectSucceededWithoutARestart(job);
-  auto weights = ReadWeightsFile(dir_ + "/out/" + job + "/model.pt");
-  ASSERT_TRUE(weights.ok()) << weights.status();
-  ExpectAllClose(uninterrupted, *weights);
+  ExpectAllClose(uninterrupted, job);
 }
 
 // Two shards lost one after the other, with a spare copied in between: the
@@ -155,20 +160,14 @@ TEST_F(ReplicationTest, ASpareRestoresTheCopiesBetweenTwoLosses) {
   pool_.push_back(Start("shard-3", {"server/ps/pstrain-ps", "--host=127.0.0.1", "--port=0",
                                     "--advertise_host=127.0.0.1", "--coordinator=" + coordinator_, "--name=shard-3",
                                     "--checkpoint_root=" + dir_}));
-  const absl::Time deadline = absl::Now() + absl::Seconds(60);
-  while (JsonStatus(job).find("\"reason\": \"ShardCaughtUp\"") == std::string::npos) {
-    ASSERT_LT(absl::Now(), deadline) << JsonStatus(job) << Logs();
-    absl::SleepFor(absl::Milliseconds(50));
-  }
+  ASSERT_TRUE(AwaitReason(job, "ShardCaughtUp", absl::Seconds(60))) << JsonStatus(job) << Logs();
   const int64_t before = Step(job);
   ASSERT_LT(before, 2900) << "the job ended before the second loss";
   pool_[kShard1 + 1]->Signal(SIGKILL);  // shard-2
   pool_[kShard1 + 1]->Wait();
   std::printf("sync, second loss: 5 more steps %.2f s after the SIGKILL\n", SecondsUntilPast(job, before));
   ExpectSucceededWithoutARestart(job);
-  auto weights = ReadWeightsFile(dir_ + "/out/" + job + "/model.pt");
-  ASSERT_TRUE(weights.ok()) << weights.status();
-  ExpectAllClose(uninterrupted, *weights);
+  ExpectAllClose(uninterrupted, job);
 }
 
 // A replicated job's checkpoint, taken after it lost a shard (each chunk
@@ -180,11 +179,7 @@ TEST_F(ReplicationTest, ACheckpointAfterALossRestoresOntoAnyShardCountAndReplica
   WaitForStep(job, 30);
   pool_[kShard1]->Signal(SIGKILL);
   pool_[kShard1]->Wait();
-  const absl::Time deadline = absl::Now() + absl::Seconds(30);
-  while (JsonStatus(job).find("\"reason\": \"ShardLost\"") == std::string::npos) {
-    ASSERT_LT(absl::Now(), deadline) << JsonStatus(job) << Logs();
-    absl::SleepFor(absl::Milliseconds(50));
-  }
+  ASSERT_TRUE(AwaitReason(job, "ShardLost", absl::Seconds(30))) << JsonStatus(job) << Logs();
   CliResult out = Cli({"checkpoint", job});
   ASSERT_EQ(out.code, 0) << out.out << JsonStatus(job);
   const Checkpointed ck = ParseCheckpoint(out.out);

@@ -264,14 +264,18 @@ absl::Status PsClient::Pull(const std::vector<at::Tensor>& params, int64_t min_v
   });
 }
 
-absl::Status PsClient::Push(int64_t step, const std::vector<at::Tensor>& grads, double lr) {
-  absl::Status s = CheckTensors(grads, "gradients");
-  if (!s.ok()) return s;
-  // Narrowed once (error feedback), sent again as they are after a failover.
+absl::StatusOr<std::vector<TensorBuffer>> PsClient::WireChunks(const std::vector<at::Tensor>& grads) {
   std::vector<size_t> all(options_.plan.chunks.size());
   for (size_t i = 0; i < all.size(); ++i) all[i] = i;
   auto wire = ChunkViews(grads, all);
   if (wire.ok()) wire = ForWire(std::move(*wire), all);
+  return wire;
+}
+
+absl::Status PsClient::Push(int64_t step, const std::vector<at::Tensor>& grads, double lr) {
+  absl::Status s = CheckTensors(grads, "gradients");
+  if (!s.ok()) return s;
+  auto wire = WireChunks(grads);
   if (!wire.ok()) return wire.status();
   return WithFailover([&](const Route& route) {
     const CallOptions opts = NewCallOptions();
@@ -292,10 +296,7 @@ absl::Status PsClient::PushPull(int64_t step, const std::vector<at::Tensor>& gra
   absl::Status s = CheckTensors(grads, "gradients");
   if (s.ok()) s = CheckTensors(params, "parameters");
   if (!s.ok()) return s;
-  std::vector<size_t> all(options_.plan.chunks.size());
-  for (size_t i = 0; i < all.size(); ++i) all[i] = i;
-  auto wire = ChunkViews(grads, all);
-  if (wire.ok()) wire = ForWire(std::move(*wire), all);
+  auto wire = WireChunks(grads);
   if (!wire.ok()) return wire.status();
   return WithFailover([&](const Route& route) {
     const CallOptions opts = NewCallOptions();

@@ -163,6 +163,9 @@ class PsClient {
                                                        const std::vector<size_t>& ids) const;
   absl::Status CopyIntoParams(const std::vector<size_t>& ids, const std::vector<TensorBuffer>& values,
                               const std::vector<at::Tensor>& params) const;
+  // Every chunk's gradient as it goes on the wire, narrowed once (error
+  // feedback) and sent again as it is after a failover.
+  absl::StatusOr<std::vector<TensorBuffer>> WireChunks(const std::vector<at::Tensor>& grads);
   // Gradient views of chunks `ids` as they go on the wire: narrowed (with
   // error feedback) when the wire dtype is narrow, else unchanged.
   absl::StatusOr<std::vector<TensorBuffer>> ForWire(std::vector<TensorBuffer> views, const std::vector<size_t>& ids);

@@ -61,6 +61,9 @@ SeatsAnswer SendSeats(const std::vector<std::string>& shards, const SetWorkersRe
   return a;
 }
 
+// A replicated job's SetWorkers round that failed is tried again after this.
+constexpr absl::Duration kSeatsRetryWait = absl::Milliseconds(200);
+
 }  // namespace
 
 int Coordinator::TargetWorkers(const Job& job) {
@@ -281,7 +284,9 @@ void Coordinator::PushSeats(Job& job) {
 }
 
 void Coordinator::PushSeatsLoop(const std::string& job_id) {
+  int failed_rounds = 0;
   while (true) {
+    if (failed_rounds > 0) absl::SleepFor(kSeatsRetryWait);
     SetWorkersRequest req;
     std::vector<std::string> shards;
     std::string secret;
@@ -331,6 +336,9 @@ void Coordinator::PushSeatsLoop(const std::string& job_id) {
       return;
     }
     if (!answer.status.ok()) {
+      // A replicated job outlives a dying shard: its lease decides (the
+      // next round leaves it out once it is declared lost), not this call.
+      if (job->spec.replicas > 0 && ++failed_rounds * kSeatsRetryWait <= 2 * lease()) continue;
       job->seats_in_flight = false;
       RestartOrFail(*job, "MemberLost",
                     absl::StrCat("the shards could not be told of the job's workers: ", answer.status.message()),
@@ -338,6 +346,7 @@ void Coordinator::PushSeatsLoop(const std::string& job_id) {
       Schedule();
       return;
     }
+    failed_rounds = 0;
     // The shards lead by this routing now: the workers may follow it.
     if (req.has_routing()) PublishRouting(*job, req.attempt(), req.routing());
     for (int r = 0; r < req.seats_size(); ++r) {

@@ -180,7 +180,7 @@ TEST_F(ControlPlaneTest, AnImpostorRacingARestartedCoordinatorGetsNoSeat) {
   CliResult watch = Cli({"watch", job}, absl::Seconds(180));
   stop = true;
   impostor.join();
-  EXPECT_EQ(watch.code, 0) << watch.out << ReadFile(dir_ + "/coordinator.log").value_or("");
+  EXPECT_EQ(watch.code, 0) << watch.out << Logs();
   EXPECT_EQ(State(job), "SUCCEEDED");
   EXPECT_GT(registered.load(), 0) << "the impostor never registered: the race was not run";
   EXPECT_EQ(seated.load(), 0);

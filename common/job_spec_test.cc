@@ -7,6 +7,13 @@
 namespace pstrain {
 namespace {
 
+// The spec is refused (INVALID_ARGUMENT) with a message holding `words`.
+void ExpectRefused(const std::string& yaml, const std::string& words) {
+  auto s = ParseJobSpec(yaml);
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument) << yaml;
+  EXPECT_NE(s.status().message().find(words), std::string::npos) << s.status();
+}
+
 TEST(JobSpecTest, DefaultsAndAFullSpec) {
   auto spec = ParseJobSpec(R"(
 name: fmnist
@@ -70,21 +77,16 @@ TEST(JobSpecTest, QuantizationIsParsedAndItsLimitsAreNamed) {
   EXPECT_EQ(spec->quantization.freeze_observers_step, 50);
   EXPECT_FALSE(ParseJobSpec("model: mlp\n")->quantization.qat());
   EXPECT_EQ(ParseJobSpec("quantization: {mode: qat}\n")->quantization.weights, "per_channel");  // lenet
-  auto refused = [](const std::string& yaml, const std::string& words) {
-    auto s = ParseJobSpec(yaml);
-    EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument) << yaml;
-    EXPECT_NE(s.status().message().find(words), std::string::npos) << s.status();
-  };
-  refused("quantization: {mode: static}\n", "must be qat");
-  refused("quantization: {mode: qat, weights: per_row}\n", "per_channel or per_tensor");
-  refused("quantization: {mode: qat, activations: per_channel}\n", "must be per_tensor");
-  refused("quantization: {mode: qat, start_step: -1}\n", ">= 0");
-  refused("model: torchscript:net.pt\nquantization: {mode: qat}\n", "'torchscript:net.pt' cannot be quantized");
-  refused("model: mlp\nworkers: 2\nshards: 1\nquantization: {mode: qat}\n", "workers: 1");
-  refused("quantization: {mode: qat, bits: 4}\n", "bits");
-  refused("precision: bf16\nquantization: {mode: qat}\n", "precision: fp32");
-  refused("device: cuda\nquantization: {mode: qat}\n", "device: cpu");
-  refused("checkpoint_every_steps: 100\nquantization: {mode: qat}\n", "checkpoint_every_steps must be 0 with quantization");
+  ExpectRefused("quantization: {mode: static}\n", "must be qat");
+  ExpectRefused("quantization: {mode: qat, weights: per_row}\n", "per_channel or per_tensor");
+  ExpectRefused("quantization: {mode: qat, activations: per_channel}\n", "must be per_tensor");
+  ExpectRefused("quantization: {mode: qat, start_step: -1}\n", ">= 0");
+  ExpectRefused("model: torchscript:net.pt\nquantization: {mode: qat}\n", "'torchscript:net.pt' cannot be quantized");
+  ExpectRefused("model: mlp\nworkers: 2\nshards: 1\nquantization: {mode: qat}\n", "workers: 1");
+  ExpectRefused("quantization: {mode: qat, bits: 4}\n", "bits");
+  ExpectRefused("precision: bf16\nquantization: {mode: qat}\n", "precision: fp32");
+  ExpectRefused("device: cuda\nquantization: {mode: qat}\n", "device: cpu");
+  ExpectRefused("checkpoint_every_steps: 100\nquantization: {mode: qat}\n", "checkpoint_every_steps must be 0 with quantization");
 }
 
 // replicas: backups per chunk on other shards, ps mode only.
@@ -93,14 +95,9 @@ TEST(JobSpecTest, ReplicasAreCheckedAgainstTheShards) {
   auto spec = ParseJobSpec("shards: 3\nreplicas: 2\ncheckpoint_every_steps: 50\n");
   ASSERT_TRUE(spec.ok()) << spec.status();
   EXPECT_EQ(spec->replicas, 2);
-  auto refused = [](const std::string& yaml, const std::string& words) {
-    auto s = ParseJobSpec(yaml);
-    EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument) << yaml;
-    EXPECT_NE(s.status().message().find(words), std::string::npos) << s.status();
-  };
-  refused("shards: 2\nreplicas: 2\n", "must be in 0..1");
-  refused("shards: 2\nreplicas: -1\n", "must be in 0..1");
-  refused("mode: allreduce\nshards: 0\nconsistency: sync\nreplicas: 1\n", "is for ps mode");
+  ExpectRefused("shards: 2\nreplicas: 2\n", "must be in 0..1");
+  ExpectRefused("shards: 2\nreplicas: -1\n", "must be in 0..1");
+  ExpectRefused("mode: allreduce\nshards: 0\nconsistency: sync\nreplicas: 1\n", "is for ps mode");
 }
 
 // A restore's spec that leaves chunk_bytes to the default takes the

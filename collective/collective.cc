@@ -44,29 +44,6 @@ class InMemoryStore : public KeyValueStore {
 
 std::shared_ptr<KeyValueStore> NewInMemoryStore() { return std::make_shared<InMemoryStore>(); }
 
-namespace {
-
-class FailedWork : public CollectiveWork {
- public:
-  explicit FailedWork(absl::Status status) : status_(std::move(status)) {}
-  absl::Status Wait() override { return status_; }
-
- private:
-  absl::Status status_;
-};
-
-}  // namespace
-
-std::unique_ptr<CollectiveWork> Collective::Send(at::Tensor, int, int) {
-  return std::make_unique<FailedWork>(
-      absl::UnimplementedError(absl::StrCat("point-to-point send is not built for ", Name(backend()))));
-}
-
-std::unique_ptr<CollectiveWork> Collective::Recv(at::Tensor, int, int) {
-  return std::make_unique<FailedWork>(
-      absl::UnimplementedError(absl::StrCat("point-to-point receive is not built for ", Name(backend()))));
-}
-
 const char* Name(Collective::Backend backend) {
   switch (backend) {
     case Collective::Backend::kGloo: return "gloo";

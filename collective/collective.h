@@ -84,9 +84,11 @@ class Collective {
   // Point-to-point (pipeline stages): `tensor` to rank `dst`; from rank
   // `src` into `tensor`, which must have the sent tensor's shape and dtype.
   // Matched by (peer, tag); a Send completes without waiting for its Recv.
-  // Gloo only for now: elsewhere a work that fails with UNIMPLEMENTED.
-  virtual std::unique_ptr<CollectiveWork> Send(at::Tensor tensor, int dst, int tag);
-  virtual std::unique_ptr<CollectiveWork> Recv(at::Tensor tensor, int src, int tag);
+  // Gloo only for now: NCCL's fail with UNIMPLEMENTED. Pure, like the rest:
+  // a non-inline virtual here would put Collective's vtable in collective.cc
+  // alone, which the NCCL plugin cannot see (it would no longer load).
+  virtual std::unique_ptr<CollectiveWork> Send(at::Tensor tensor, int dst, int tag) = 0;
+  virtual std::unique_ptr<CollectiveWork> Recv(at::Tensor tensor, int src, int tag) = 0;
 };
 
 struct CollectiveOptions {

@@ -14,6 +14,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <filesystem>
 #include <functional>
 #include <thread>
 
@@ -196,6 +197,17 @@ TEST(Collective, TcpStoreRendezvous) {
     });
   }
   for (auto& t : threads) t.join();
+}
+
+// A build with CUDA and NCCL (here: @cuda found /usr/local/cuda) has the
+// plugin among the test's runfiles; it must load without a GPU, or every
+// GPU job would find "no NCCL backend". It once did not: a non-inline
+// virtual in Collective left the plugin an undefined typeinfo.
+TEST(Collective, ABuiltNcclPluginLoadsWithoutAGpu) {
+  if (!std::filesystem::exists("collective/libpstrain_nccl.so")) {
+    GTEST_SKIP() << "this build has no NCCL plugin (no CUDA toolkit with NCCL found)";
+  }
+  EXPECT_TRUE(NcclBuilt()) << CudaDeviceCount().status();
 }
 
 TEST(Collective, NcclNeedsAGpu) {

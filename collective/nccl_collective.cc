@@ -209,6 +209,15 @@ class NcclCollective : public Collective {
       return ncclAllReduce(barrier_, barrier_, 1, ncclFloat32, ncclSum, c, stream_);
     }));
   }
+  // Not yet: NCCL matches point-to-point calls by order, not tag, and one
+  // stream per group would deadlock 1F1B's crossing sends (the pipeline
+  // runs on Gloo).
+  std::unique_ptr<CollectiveWork> Send(at::Tensor, int, int) override {
+    return Fail(absl::UnimplementedError("point-to-point send is not built for nccl (pipeline stages use gloo)"));
+  }
+  std::unique_ptr<CollectiveWork> Recv(at::Tensor, int, int) override {
+    return Fail(absl::UnimplementedError("point-to-point receive is not built for nccl (pipeline stages use gloo)"));
+  }
 
  private:
   static std::unique_ptr<CollectiveWork> Fail(absl::Status s) { return std::make_unique<NcclWork>(std::move(s)); }

@@ -346,8 +346,10 @@ class Coordinator {
   // The seat (rank) a registration may take back in a job that survived a
   // coordinator restart (on either side): the job's attempt it was running,
   // the same name and role, and the member id the job's stored status gives
-  // that seat. Null otherwise.
-  const MemberStatus* SeatToReattach(const RegisterRequest& request) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // that seat (a shard that names no job: any running job's seat with its
+  // member id). Null otherwise; else `job_id` is the seat's job.
+  const MemberStatus* SeatToReattach(const RegisterRequest& request, std::string* job_id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // One event from `member` (its rank in the job) about `job`.
   absl::Status ApplyEvent(Job& job, Member& member, const WorkerEvent& event) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 

@@ -44,7 +44,8 @@ absl::StatusOr<RegisterResponse> Coordinator::Register(const RegisterRequest& re
   const std::string principal =
       caller.role == CallerRole::kAdmin ? std::string() : absl::StrCat(CallerRoleName(caller.role), ":", caller.user);
   absl::MutexLock lock(&mu_);
-  const MemberStatus* seat = SeatToReattach(request);
+  std::string seat_job;
+  const MemberStatus* seat = SeatToReattach(request, &seat_job);
   if (seat == nullptr && !request.job_id().empty()) {
     spdlog::debug("coordinator: {} {} names job {} attempt {} but not its seat there (job ended, another attempt, "
                   "or not the seat's member id): registered free", RoleName(request.role()), Quote(request.name()),
@@ -54,7 +55,7 @@ absl::StatusOr<RegisterResponse> Coordinator::Register(const RegisterRequest& re
   if (!added.ok()) return added.status();
   Member& m = **added;
   if (seat != nullptr) {
-    m.status.set_job_id(request.job_id());
+    m.status.set_job_id(seat_job);
     m.status.set_rank(seat->rank());
   }
   spdlog::info("coordinator: {} {} registered{}", RoleName(request.role()), Quote(m.status.name()),
@@ -67,16 +68,28 @@ absl::StatusOr<RegisterResponse> Coordinator::Register(const RegisterRequest& re
   return r;
 }
 
-const MemberStatus* Coordinator::SeatToReattach(const RegisterRequest& request) {
-  if (request.job_id().empty() || request.previous_member_id().empty()) return nullptr;
+const MemberStatus* Coordinator::SeatToReattach(const RegisterRequest& request, std::string* job_id) {
+  if (request.previous_member_id().empty()) return nullptr;
+  // A shard learns its job from its heartbeats: one whose coordinator died
+  // within a heartbeat of the job's start names none. Its member id alone
+  // finds the seat (the id is the credential, unguessable): without this, a
+  // coordinator killed then lost the job ("shard ... was lost").
+  if (request.job_id().empty()) {
+    if (request.role() != MEMBER_ROLE_SHARD) return nullptr;
+    for (const std::string& id : active_) {
+      RegisterRequest named = request;
+      named.set_job_id(id);
+      if (const MemberStatus* seat = SeatToReattach(named, job_id); seat != nullptr) return seat;
+    }
+    return nullptr;
+  }
   Job* job = FindJob(request.job_id());
   // Only into the attempt it was running: a member of an earlier attempt
   // (back from a partition) is not re-attached to the job's new run. A
   // shard learns the attempt from its heartbeats only once the store holds
   // it, so one whose coordinator died in between names none (0): it is
   // re-attached if the current attempt names it (its tables are fenced by
-  // the attempt each call carries, not by this). Without that, a coordinator
-  // killed just after a job started lost the job ("shard ... was lost").
+  // the attempt each call carries, not by this).
   const bool attempt_unheard = request.attempt() == 0 && request.role() == MEMBER_ROLE_SHARD;
   if (job == nullptr || IsTerminal(job->stored.status.state()) ||
       (request.attempt() != job->stored.status.attempt() && !attempt_unheard)) {
@@ -87,6 +100,7 @@ const MemberStatus* Coordinator::SeatToReattach(const RegisterRequest& request) 
   // after a restart must not take the seat, its assignment and job secret.
   for (const MemberStatus& jm : job->stored.status.members()) {
     if (jm.name() == request.name() && jm.role() == request.role() && jm.member_id() == request.previous_member_id()) {
+      *job_id = request.job_id();
       return &jm;
     }
   }

@@ -258,12 +258,6 @@ absl::Status CheckEmbeddingJob(const JobSpec& spec, const MappingReader& r) {
   }
   if (criteo && spec.data.train_file.empty()) return r.Error("data.train_file", "is needed for format criteo");
   if (!embeddings) return absl::OkStatus();
-  if (spec.allreduce() && spec.checkpoint_every_steps > 0) {
-    // The all-reduce checkpoint saves worker 0's dense store; the rows on
-    // the shards are not part of it yet.
-    return r.Error("checkpoint_every_steps",
-                   "must be 0 in hybrid mode (allreduce with embeddings): its checkpoints are not built yet");
-  }
   if (spec.min_workers < spec.workers) {
     return r.Error("min_workers", "must equal workers with embeddings: a job with embeddings cannot go on with "
                                   "fewer workers yet (a lost worker restarts the job)");

@@ -197,8 +197,6 @@ TEST(EmbeddingSpecTest, CrossFieldRulesNameTheirField) {
       {"model: dlrm\ndata: {format: criteo}\n" + tables, "data.train_file is needed for format criteo"},
       {"model: dlrm\nmode: allreduce\nshards: 0\nconsistency: sync\n" + criteo + tables,
        "shards must be in 1..1024 in allreduce mode with embeddings"},
-      {"model: dlrm\nmode: allreduce\nshards: 2\ncheckpoint_every_steps: 100\n" + criteo + tables,
-       "checkpoint_every_steps must be 0 in hybrid mode"},
       {"model: dlrm\nworkers: 3\nmin_workers: 2\n" + criteo + tables, "min_workers must equal workers"},
       {"model: dlrn\n", "model 'dlrn' is unknown: use mlp, mlp_wide, lenet, dlrm"},
       {"model: torchscript:ctr.pt\ndata: {format: idx}\n" + tables, "data.format must be criteo for a model with embeddings"},

@@ -206,25 +206,30 @@ class CheckpointEmbeddingsTest : public ControlPlaneTest {
 
   // An open-ended job on 2 shards, checkpointed every 40 steps, cancelled
   // after its first checkpoint: its id and that checkpoint's directory.
-  void CheckpointThenCancel(std::string* job, std::string* ck) {
-    *job = Submit(WriteSpec("a", SpecYaml(2, "epochs: 1000\ncheckpoint_every_steps: 40\n")));
+  // `mode`: spec lines such as "mode: allreduce\n" (hybrid).
+  void CheckpointThenCancel(std::string* job, std::string* ck, const std::string& mode = "") {
+    *job = Submit(WriteSpec("a", SpecYaml(2, mode + "epochs: 1000\ncheckpoint_every_steps: 40\n")));
     *ck = WaitForCheckpoint(*job, absl::Seconds(180));
     ASSERT_FALSE(ck->empty());
     ASSERT_EQ(Cli({"cancel", *job}).code, 0);
     WaitForState(*job, "CANCELLED", absl::Seconds(60));
   }
 
+  void RestoreOntoThreeShardsAndTrainOn(const std::string& mode);
   std::vector<size_t> workers_;  // indexes into pool_
 };
 
-TEST_F(CheckpointEmbeddingsTest, ARestoreOntoAnotherShardCountHoldsTheCheckpointsRowsAndTrainsOn) {
+// A job of `mode` (spec lines) checkpointed on 2 shards is restored onto 3:
+// they hold the checkpoint's rows, and each rank trains on from its place.
+void CheckpointEmbeddingsTest::RestoreOntoThreeShardsAndTrainOn(const std::string& mode) {
   // 1. Checkpointed every 40 steps, open-ended until cancelled.
   std::string job, ck;
-  ASSERT_NO_FATAL_FAILURE(CheckpointThenCancel(&job, &ck));
+  ASSERT_NO_FATAL_FAILURE(CheckpointThenCancel(&job, &ck, mode));
   auto manifest = ReadManifest(ck);
   ASSERT_TRUE(manifest.ok()) << manifest.status();
   ASSERT_EQ(manifest->embeddings.size(), 2u) << "one embedding file per shard";
-  ASSERT_EQ(manifest->shards.size(), 2u);
+  // The dense part: each shard's table, or (hybrid) worker 0's.
+  ASSERT_EQ(manifest->shards.size(), mode.empty() ? 2u : 1u);
   ASSERT_GE(manifest->step, 40);
   std::vector<std::string> files;
   for (const auto& f : manifest->embeddings) files.push_back(ck + "/" + f.file);
@@ -246,7 +251,7 @@ TEST_F(CheckpointEmbeddingsTest, ARestoreOntoAnotherShardCountHoldsTheCheckpoint
   for (size_t w : workers_) pool_[w]->Signal(SIGSTOP);
   const int64_t max_steps = manifest->step + 300;
   const std::string spec_b =
-      WriteSpec("b", SpecYaml(3, "epochs: 1000\nmax_steps: " + std::to_string(max_steps) + "\n"));
+      WriteSpec("b", SpecYaml(3, mode + "epochs: 1000\nmax_steps: " + std::to_string(max_steps) + "\n"));
   CliResult r = Cli({"restore", "--from", ck, "--spec", spec_b, "--output_dir", dir_ + "/out"});
   ASSERT_EQ(r.code, 0) << r.out;
   const std::string restored = r.out.substr(0, r.out.find('\n'));
@@ -323,6 +328,16 @@ TEST_F(CheckpointEmbeddingsTest, ARestoreOntoAnotherShardCountHoldsTheCheckpoint
     EXPECT_GT(first->step, next_epoch) << "epoch " << w.epoch << " did not end where the rank's share did";
     EXPECT_LE(first->step, next_epoch + kLogEvery) << "epoch " << w.epoch << " did not end where the rank's share did";
   }
+}
+
+TEST_F(CheckpointEmbeddingsTest, ARestoreOntoAnotherShardCountHoldsTheCheckpointsRowsAndTrainsOn) {
+  RestoreOntoThreeShardsAndTrainOn("");
+}
+
+// Hybrid: the dense part all-reduced (worker 0 saves it, the workers load
+// it), the rows on the shards (they save and load them).
+TEST_F(CheckpointEmbeddingsTest, AHybridJobsCheckpointRestoresOntoAnotherShardCountAndTrainsOn) {
+  RestoreOntoThreeShardsAndTrainOn("mode: allreduce\n");
 }
 
 // `pstrain export JOB --embeddings FILE` writes the tables of the job's

@@ -41,12 +41,13 @@ absl::Status SaveOnWorker0(const CheckpointWrite& w, const std::string& pending,
 // The name of shard i's embedding file in a checkpoint directory.
 std::string EmbeddingFileName(size_t i) { return absl::StrCat("emb-", i, ".bin"); }
 
-// Every shard writes its table (and its embedding tables) at once; the
-// first failure is returned once every call has ended.
-absl::Status SaveOnShards(const CheckpointWrite& w, const std::string& pending_name,
+// Every shard writes its table (unless `dense` is false: a hybrid job's
+// dense part is worker 0's) and its embedding tables at once; the first
+// failure is returned once every call has ended.
+absl::Status SaveOnShards(const CheckpointWrite& w, const std::string& pending_name, bool dense,
                           std::vector<SaveTableResponse>& saved, std::vector<SaveEmbeddingsResponse>& embeddings) {
   FanOut calls;
-  calls.Add(static_cast<int>(w.shards.size()));
+  if (dense) calls.Add(static_cast<int>(w.shards.size()));
   if (w.embeddings) {
     embeddings.resize(w.shards.size());
     calls.Add(static_cast<int>(w.shards.size()));
@@ -62,7 +63,7 @@ absl::Status SaveOnShards(const CheckpointWrite& w, const std::string& pending_n
           });
     }
   }
-  for (size_t i = 0; i < w.shards.size(); ++i) {
+  for (size_t i = 0; dense && i < w.shards.size(); ++i) {
     RemoteShardOptions ro;
     ro.target = w.shards[i];
     SaveTableRequest req;
@@ -103,6 +104,46 @@ absl::Status LoadEmbeddingsOnShards(const CheckpointManifest& manifest, const st
   return absl::OkStatus();
 }
 
+// Every new shard loads its chunks of the dense tables (a fresh partition
+// plan for their number; `dir` relative to the root).
+absl::Status LoadDenseOnShards(const CheckpointManifest& manifest, const std::string& job_id, uint64_t attempt,
+                               const std::string& job_secret, const std::string& table_grant, const std::string& dir,
+                               const JobSpec& spec, const std::vector<std::string>& shards, absl::Duration timeout) {
+  auto plan =
+      MakePartitionPlan(manifest.params, spec.shards, static_cast<size_t>(manifest.chunk_bytes), spec.replicas);
+  if (!plan.ok()) return plan.status();
+  for (size_t i = 0; i < shards.size(); ++i) {
+    std::shared_ptr<GrpcRemoteShard> client = SharedRemoteShard(RemoteShardOptions{shards[i]});
+    // A replicated table: the shard's primaries and backups, in chunk
+    // order, each with its copies (as a worker's InitTable would).
+    std::vector<size_t> ids = plan->shard_chunks[i];
+    if (plan->replicas > 0) {
+      ids.insert(ids.end(), plan->shard_backup_chunks[i].begin(), plan->shard_backup_chunks[i].end());
+      std::sort(ids.begin(), ids.end());
+    }
+    std::vector<std::string> keys;
+    for (size_t idx : ids) keys.push_back(plan->chunks[idx].key);
+    LoadTableRequest req = RestoreRequest(manifest, dir, job_id, attempt, MakeTableConfig(spec), keys);
+    if (plan->replicas > 0) {
+      req.set_shard(static_cast<uint32_t>(i));
+      for (const std::string& t : shards) req.mutable_routing()->add_targets(t);
+      for (size_t idx : ids) {
+        auto* copies = req.add_copies()->mutable_shards();
+        copies->Add(plan->chunks[idx].shard);
+        for (int b : plan->chunks[idx].backups) copies->Add(b);
+      }
+    }
+    LoadTableResponse resp;
+    CallOptions opts;
+    opts.deadline = absl::Now() + timeout;
+    opts.job_secret = job_secret;
+    opts.table_grant = table_grant;
+    absl::Status s = WaitFor([&](StatusCallback done) { client->LoadTableAsync(req, &resp, opts, done); });
+    if (!s.ok()) return absl::Status(s.code(), absl::StrCat("shard ", i, ": ", s.message()));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<SaveTableResponse> ParseWorkerSaveReport(const std::string& value) {
@@ -125,12 +166,6 @@ absl::StatusOr<SaveTableResponse> ParseWorkerSaveReport(const std::string& value
 }
 
 absl::Status CheckpointSupported(const std::string& job_id, const JobSpec& spec) {
-  if (spec.allreduce() && !spec.embeddings.empty()) {
-    // Worker 0 would save its dense store and no shard its rows: a restore
-    // of that would silently start the rows over.
-    return absl::FailedPreconditionError(
-        absl::StrCat("job ", job_id, " is hybrid (all-reduce with embeddings): its checkpoints are not built yet"));
-  }
   if (spec.quantization.qat()) {
     // A resumed job would quantize with fresh observers (frozen ones, past
     // freeze_observers_step).
@@ -178,9 +213,12 @@ absl::Status WriteCheckpoint(const CheckpointWrite& w, const std::string& root, 
   }
   std::vector<SaveTableResponse> saved(w.allreduce ? 1 : w.shards.size());
   std::vector<SaveEmbeddingsResponse> embeddings;
-  if (status.ok()) {
-    status = w.allreduce ? SaveOnWorker0(w, pending, rendezvous, &saved[0])
-                         : SaveOnShards(w, RelativeToRoot(root, pending), saved, embeddings);
+  // A hybrid job (all-reduce with embeddings): worker 0 writes the dense
+  // part, then the shards their rows. The workers stay paused until the
+  // checkpoint ends, so both are of the same step.
+  if (status.ok() && w.allreduce) status = SaveOnWorker0(w, pending, rendezvous, &saved[0]);
+  if (status.ok() && (!w.allreduce || w.embeddings)) {
+    status = SaveOnShards(w, RelativeToRoot(root, pending), /*dense=*/!w.allreduce, saved, embeddings);
   }
   if (status.ok()) {
     CheckpointManifest manifest = w.manifest;
@@ -215,38 +253,12 @@ absl::StatusOr<CheckpointManifest> LoadCheckpoint(const std::string& job_id, uin
                      " holds no embedding tables (was it written by a job without embeddings, "
                      "or by a pstrain older than embedding checkpoints?); a job with embeddings cannot start from it"));
   }
-  auto plan = MakePartitionPlan(manifest->params, spec.shards, static_cast<size_t>(manifest->chunk_bytes),
-                                spec.allreduce() ? 0 : spec.replicas);
-  if (!plan.ok()) return plan.status();
-  for (size_t i = 0; i < shards.size(); ++i) {
-    std::shared_ptr<GrpcRemoteShard> client = SharedRemoteShard(RemoteShardOptions{shards[i]});
-    // A replicated table: the shard's primaries and backups, in chunk
-    // order, each with its copies (as a worker's InitTable would).
-    std::vector<size_t> ids = plan->shard_chunks[i];
-    if (plan->replicas > 0) {
-      ids.insert(ids.end(), plan->shard_backup_chunks[i].begin(), plan->shard_backup_chunks[i].end());
-      std::sort(ids.begin(), ids.end());
-    }
-    std::vector<std::string> keys;
-    for (size_t idx : ids) keys.push_back(plan->chunks[idx].key);
-    LoadTableRequest req =
-        RestoreRequest(*manifest, RelativeToRoot(root, dir), job_id, attempt, MakeTableConfig(spec), keys);
-    if (plan->replicas > 0) {
-      req.set_shard(static_cast<uint32_t>(i));
-      for (const std::string& t : shards) req.mutable_routing()->add_targets(t);
-      for (size_t idx : ids) {
-        auto* copies = req.add_copies()->mutable_shards();
-        copies->Add(plan->chunks[idx].shard);
-        for (int b : plan->chunks[idx].backups) copies->Add(b);
-      }
-    }
-    LoadTableResponse resp;
-    CallOptions opts;
-    opts.deadline = absl::Now() + timeout;
-    opts.job_secret = job_secret;
-    opts.table_grant = table_grant;
-    absl::Status s = WaitFor([&](StatusCallback done) { client->LoadTableAsync(req, &resp, opts, done); });
-    if (!s.ok()) return absl::Status(s.code(), absl::StrCat("shard ", i, ": ", s.message()));
+  // A hybrid job's dense part is restored by its workers (from worker 0's
+  // file, as an all-reduce job's); its shards load only the rows.
+  if (!spec.allreduce()) {
+    status = LoadDenseOnShards(*manifest, job_id, attempt, job_secret, table_grant, RelativeToRoot(root, dir), spec,
+                               shards, timeout);
+    if (!status.ok()) return status;
   }
   if (!spec.embeddings.empty()) {
     status = LoadEmbeddingsOnShards(*manifest, job_id, attempt, job_secret, RelativeToRoot(root, dir), spec, shards,

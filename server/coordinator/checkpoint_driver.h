@@ -54,7 +54,7 @@ struct CheckpointState {
 
 // OK when a job of this spec can be checkpointed and resumed from the
 // checkpoint with nothing lost; else FAILED_PRECONDITION saying what a
-// checkpoint would leave out (a hybrid job's rows, a QAT job's observers).
+// checkpoint would leave out (a QAT job's observers).
 absl::Status CheckpointSupported(const std::string& job_id, const JobSpec& spec);
 
 // Whether the spec's periodic checkpoint is due for a job in this state.
@@ -76,8 +76,9 @@ struct CheckpointWrite {
   // through the job's rendezvous store.
   bool allreduce = false;
   std::vector<std::string> shards;  // addresses, by rank
-  // Model dlrm: every shard also writes the job's embedding tables
-  // (SaveEmbeddings) to emb-<rank>.bin, beside its dense shard file.
+  // Embeddings: every shard also writes the job's embedding tables
+  // (SaveEmbeddings) to emb-<rank>.bin, beside its dense shard file (a
+  // hybrid job, `allreduce` too: beside worker 0's).
   bool embeddings = false;
   std::string dir;                  // ckpt-<step>, absolute, under the root
   int keep = 1;                     // newest checkpoints kept
@@ -101,7 +102,8 @@ absl::Status WriteCheckpoint(const CheckpointWrite& write, const std::string& ro
 
 // Loads the checkpoint in `dir` into a job's (new) shards, cut by a fresh
 // partition plan for their number; returns its manifest. All-reduce jobs
-// (no shards) only read the manifest: the workers load the file. A job
+// (no shards) only read the manifest: the workers load the file; so do a
+// hybrid job's (all-reduce with embeddings), whose shards load only rows. A job
 // with embeddings (spec.embeddings) has every new shard load every
 // embedding file of the checkpoint (LoadEmbeddings keeps the rows it owns
 // under the new shard count), continuing at the checkpoint's step; a

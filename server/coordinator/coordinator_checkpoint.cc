@@ -282,8 +282,10 @@ void Coordinator::Restore(const std::string& job_id) {
   if (epoch != INT32_MAX) st.set_epoch(epoch + 1);  // the status's epochs count from 1, a checkpoint's from 0
   Transition(*job, RUNNING, "Restored",
              absl::StrCat("step ", manifest->step, " of ", manifest->job, " loaded from ", dir,
-                          spec.allreduce() ? std::string(" by the workers")
-                                                   : absl::StrCat(" onto ", spec.shards, " shard(s)")));
+                          !spec.allreduce()           ? absl::StrCat(" onto ", spec.shards, " shard(s)")
+                          : spec.embeddings.empty() ? std::string(" by the workers")
+                                                    : absl::StrCat(" by the workers, rows onto ", spec.shards,
+                                                                   " shard(s)")));
 }
 
 void Coordinator::Drain(const std::string& job_id, const std::string& who) {

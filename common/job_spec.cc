@@ -284,8 +284,9 @@ absl::Status CheckQuantization(const JobSpec& spec, const MappingReader& r) {
     return r.Error("quantization", absl::StrCat("knows the layers of the built-in models mlp, mlp_wide and lenet; "
                                                 "model '", spec.model.substr(0, 64), "' cannot be quantized yet"));
   }
-  if (spec.workers != 1) {
-    return r.Error("quantization", "runs with workers: 1 for now (observers are not yet synchronised across workers)");
+  if (spec.workers != 1 && !spec.allreduce()) {
+    return r.Error("quantization", "runs with workers: 1 in ps mode for now (its observers are not synchronised "
+                                   "across workers yet; mode: allreduce synchronises them)");
   }
   if (spec.device == DeviceChoice::kCuda) return r.Error("quantization", "runs on the CPU for now (device: cpu)");
   if (spec.precision != Precision::kFp32) return r.Error("quantization", "trains in fp32 (precision: fp32)");

@@ -82,7 +82,10 @@ TEST(JobSpecTest, QuantizationIsParsedAndItsLimitsAreNamed) {
   ExpectRefused("quantization: {mode: qat, activations: per_channel}\n", "must be per_tensor");
   ExpectRefused("quantization: {mode: qat, start_step: -1}\n", ">= 0");
   ExpectRefused("model: torchscript:net.pt\nquantization: {mode: qat}\n", "'torchscript:net.pt' cannot be quantized");
-  ExpectRefused("model: mlp\nworkers: 2\nshards: 1\nquantization: {mode: qat}\n", "workers: 1");
+  ExpectRefused("model: mlp\nworkers: 2\nshards: 1\nquantization: {mode: qat}\n", "workers: 1 in ps mode");
+  // All-reduce synchronises the observers (worker/qat_model.h).
+  EXPECT_TRUE(ParseJobSpec("model: mlp\nmode: allreduce\nshards: 0\nconsistency: sync\nworkers: 2\n"
+                           "quantization: {mode: qat}\n").ok());
   ExpectRefused("quantization: {mode: qat, bits: 4}\n", "bits");
   ExpectRefused("precision: bf16\nquantization: {mode: qat}\n", "precision: fp32");
   ExpectRefused("device: cuda\nquantization: {mode: qat}\n", "device: cpu");

@@ -39,11 +39,15 @@ bool MovingAverageMinMaxObserver::observed() const {
 }
 
 void MovingAverageMinMaxObserver::Observe(const at::Tensor& x_orig) {
-  if (x_orig.numel() == 0) return;
+  if (x_orig.numel() == 0 && !reducer_) return;
   c10::NoGradGuard no_grad;
   at::Tensor x = x_orig.detach().to(at::kFloat);
   at::Tensor mn, mx;
-  if (config_.per_channel()) {
+  if (x.numel() == 0) {
+    // Nothing seen here; the other workers' batches may hold something.
+    mn = at::full_like(min_val_, kInf);
+    mx = at::full_like(max_val_, -kInf);
+  } else if (config_.per_channel()) {
     std::vector<int64_t> axes(x.dim());
     for (int64_t i = 0; i < x.dim(); ++i) axes[i] = i;
     axes[config_.ch_axis] = 0;
@@ -52,6 +56,10 @@ void MovingAverageMinMaxObserver::Observe(const at::Tensor& x_orig) {
     std::tie(mn, mx) = at::aminmax(x, 1);
   } else {
     std::tie(mn, mx) = at::aminmax(x);
+  }
+  if (reducer_) {
+    reducer_(mn, mx);
+    if (!at::isfinite(mn).all().item<bool>()) return;  // no worker saw anything
   }
   if (observed()) {
     // min + c * (cur - min), the order PyTorch's observers compute it in.

@@ -15,6 +15,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -41,6 +42,13 @@ struct QuantConfig {
   bool symmetric() const { return scheme != QuantScheme::kPerTensorAffine; }
 };
 
+// Turns one batch's (min, max) into those of every worker's batch at the
+// same step (all-reduce mode: worker/qat_model.h), in place, before they
+// move the observer, so every worker's observer sees the global batch. It
+// is called on every observation, also of an empty batch (+inf, -inf); it
+// throws c10::Error when it cannot (the step fails).
+using BatchRangeReducer = std::function<void(at::Tensor& min, at::Tensor& max)>;
+
 // PyTorch's MovingAverage(PerChannel)MinMaxObserver: the first batch sets
 // min/max, later ones move them by averaging_constant toward the batch's.
 // min_val/max_val are float32 buffers, shape [] per tensor or [channels] per
@@ -52,6 +60,7 @@ class MovingAverageMinMaxObserver {
 
   void Observe(const at::Tensor& x);
   bool observed() const;
+  void SetBatchRangeReducer(BatchRangeReducer reducer) { reducer_ = std::move(reducer); }
   // calculate_qparams: scale (float32) and zero point (int32), shape [1] per
   // tensor or [channels]. A zero range gives scale = float32 eps, as
   // PyTorch's observers do; an unobserved one gives scale 1, zero point 0.
@@ -64,6 +73,7 @@ class MovingAverageMinMaxObserver {
  private:
   QuantConfig config_;
   at::Tensor min_val_, max_val_;
+  BatchRangeReducer reducer_;
 };
 
 // PyTorch's FakeQuantize: observe (when enabled), refresh scale and zero
@@ -80,6 +90,7 @@ class FakeQuantize {
   void EnableObserver(bool on) { observer_enabled_ = on; }
   void EnableFakeQuant(bool on) { fake_quant_enabled_ = on; }
   bool observer_enabled() const { return observer_enabled_; }
+  void SetBatchRangeReducer(BatchRangeReducer reducer) { observer_.SetBatchRangeReducer(std::move(reducer)); }
 
   MovingAverageMinMaxObserver& observer() { return observer_; }
   const at::Tensor& scale() const { return scale_; }

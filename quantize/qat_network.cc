@@ -77,6 +77,15 @@ void QatNetwork::To(const c10::Device& device) {
   }
 }
 
+void QatNetwork::SetActivationRangeReducer(const BatchRangeReducer& reducer) {
+  input_->SetBatchRangeReducer(reducer);
+  for (Layer& l : layers_) {
+    for (FakeQuantize* fq : {l.out.get(), l.flatten.get()}) {
+      if (fq) fq->SetBatchRangeReducer(reducer);
+    }
+  }
+}
+
 void QatNetwork::EnableObservers(bool on) {
   input_->EnableObserver(on);
   for (Layer& l : layers_) {

@@ -40,6 +40,9 @@ class QatNetwork {
   // start_step / freeze_observers_step of the spec: every quantizer at once.
   void EnableFakeQuant(bool on);
   void EnableObservers(bool on);
+  // Every activation quantizer's observer takes the batch range through
+  // `reducer` (the weights' need not: every worker holds the same).
+  void SetActivationRangeReducer(const BatchRangeReducer& reducer);
   void To(const c10::Device& device);
 
   // Every quantizer's min_val, max_val, scale, zero_point: "input.", then

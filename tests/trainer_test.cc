@@ -53,6 +53,35 @@ TEST(TrainerTest, AllReduceTwoWorkersEqualOneWorkerOnTheConcatenatedBatch) {
   ExpectLikeOneWorkerOnTheConcatenatedBatch(two, *data, results);
 }
 
+// Quantization-aware training on two all-reduce workers: every activation
+// observer takes the range of both ranks' batches, so both ranks hold the
+// same quantizers -- those of one worker on the concatenated batch -- and
+// train like it.
+TEST(TrainerTest, AllReduceQatWorkersShareTheirObserversAndTrainLikeOneWorker) {
+  auto data = LoadData(SyntheticSpec("x", "lenet").data, 7);
+  ASSERT_TRUE(data.ok());
+  JobSpec two = AllReduceSpec("ar-qat", "lenet", 2, 16, 12);
+  two.quantization.mode = "qat";
+  two.quantization.start_step = 2;  // fp32 steps first, as a job has them
+  auto results = RunTwoAllReduceWorkers(two, *data);
+  TrainResult one;
+  ExpectLikeOneWorkerOnTheConcatenatedBatch(two, *data, results, c10::Device(c10::kCPU), 1e-4, 1e-5, &one);
+  if (HasFailure()) return;
+  ASSERT_EQ(results[0]->buffers.size(), one.buffers.size());
+  ASSERT_GT(one.buffers.size(), 8u);
+  for (size_t i = 0; i < one.buffers.size(); ++i) {
+    const auto& [name, a] = one.buffers[i];
+    const at::Tensor& b = results[0]->buffers[i].second;
+    const at::Tensor& c = results[1]->buffers[i].second;
+    EXPECT_TRUE(at::equal(b, c)) << name << ": the two workers' quantizers disagree";
+    if (a.is_floating_point()) {
+      EXPECT_TRUE(at::allclose(a, b, 1e-4, 1e-5)) << name << " differs by " << a.sub(b).abs().max().item<double>();
+    } else {
+      EXPECT_LE(a.sub(b).abs().max().item<int64_t>(), 1) << name;  // a zero point, rounded
+    }
+  }
+}
+
 // NaN in one rank's batch: every rank's averaged gradient is NaN, and the
 // job (the table's default policy, REJECT) fails on every rank naming that
 // step -- at once where the host checks (LibTorch 1.13), at the next step

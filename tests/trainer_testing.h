@@ -208,10 +208,12 @@ inline TrainTest WithNaNInBatch(const TrainTest& data, const JobSpec& spec, int 
 // and match one worker (ps mode, one shard) trained on the concatenated
 // batches up to float rounding; and training moved the parameters from the
 // seeded start (of a LeNet).
+// `one_out`: where the one worker's result goes (optional).
 inline void ExpectLikeOneWorkerOnTheConcatenatedBatch(const JobSpec& two, const TrainTest& data,
                                                       const std::vector<absl::StatusOr<TrainResult>>& results,
                                                       c10::Device device = c10::Device(c10::kCPU),
-                                                      double rtol = 1e-4, double atol = 1e-5) {
+                                                      double rtol = 1e-4, double atol = 1e-5,
+                                                      TrainResult* one_out = nullptr) {
   ASSERT_TRUE(results[0].ok()) << results[0].status();
   ASSERT_TRUE(results[1].ok()) << results[1].status();
   EXPECT_EQ(results[0]->steps, two.max_steps);
@@ -238,6 +240,7 @@ inline void ExpectLikeOneWorkerOnTheConcatenatedBatch(const JobSpec& two, const 
     EXPECT_TRUE(at::allclose(a, b, rtol, atol)) << name << " differs by " << a.sub(b).abs().max().item<double>();
     EXPECT_TRUE(at::allclose(b, c, 0, 0)) << name << ": the two workers disagree";
   }
+  if (one_out != nullptr) *one_out = *single;
   if (two.model != "lenet") return;
   auto init = CreateModel("lenet", {1, 28, 28}, 10, two.seed);
   ASSERT_TRUE(init.ok());

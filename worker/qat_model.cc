@@ -3,6 +3,8 @@
 #include <utility>
 #include <vector>
 
+#include <ATen/Functions.h>
+
 #include "quantize/qat_network.h"
 
 namespace pstrain {
@@ -55,10 +57,23 @@ class QatModel : public Model {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Model>> WrapForQat(std::unique_ptr<Model> model, const std::string& name,
-                                                  const QuantizationSpec& spec) {
+                                                  const QuantizationSpec& spec,
+                                                  const BatchRangeReducer& activation_ranges) {
   auto net = QatNetwork::Create(name, model->NamedParameters(), spec.weights == "per_channel");
   if (!net.ok()) return net.status();
+  if (activation_ranges) (*net)->SetActivationRangeReducer(activation_ranges);
   return std::unique_ptr<Model>(new QatModel(std::move(model), *std::move(net), spec));
+}
+
+BatchRangeReducer AllRanksBatchRange(Collective* group) {
+  return [group](at::Tensor& min, at::Tensor& max) {
+    // One reduction: max(-min) is -(the minimum), exactly.
+    at::Tensor both = at::stack({min.neg().reshape({-1}), max.reshape({-1})}).contiguous();
+    const absl::Status s = group->AllReduce(both, ReduceOp::kMax)->Wait();
+    TORCH_CHECK(s.ok(), "the QAT observers' batch range across workers: ", s.ToString());
+    min = both[0].neg().reshape(min.sizes());
+    max = both[1].reshape(max.sizes());
+  };
 }
 
 }  // namespace pstrain

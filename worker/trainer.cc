@@ -114,7 +114,12 @@ class Trainer {
 absl::Status Trainer::BuildModel() {
   std::vector<int64_t> input_shape(data_.train.inputs.sizes().begin() + 1, data_.train.inputs.sizes().end());
   auto model = CreateModel(spec_.model, input_shape, spec_.data.num_classes, spec_.seed, options_.data_root);
-  if (model.ok() && spec_.quantization.qat()) model = WrapForQat(*std::move(model), spec_.model, spec_.quantization);
+  if (model.ok() && spec_.quantization.qat()) {
+    // All-reduce: every rank's observers see the global batch.
+    const bool group = options_.collective != nullptr && options_.collective->size() > 1;
+    model = WrapForQat(*std::move(model), spec_.model, spec_.quantization,
+                       group ? AllRanksBatchRange(options_.collective) : nullptr);
+  }
   if (!model.ok()) return model.status();
   model_ = std::move(*model);
   model_->To(device_);
@@ -354,6 +359,9 @@ absl::Status Trainer::Finish() {
   }
   for (auto& [name, t] : named_) {
     result_.parameters.emplace_back(name, t.detach().to(at::kCPU, /*non_blocking=*/false, /*copy=*/true));
+  }
+  for (auto& [name, t] : model_->NamedBuffers()) {
+    result_.buffers.emplace_back(name, t.detach().to(at::kCPU, /*non_blocking=*/false, /*copy=*/true));
   }
   // Last: a job is complete when every worker is done, and worker 0's final
   // evaluation and weights must be in by then.

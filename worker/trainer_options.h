@@ -117,6 +117,7 @@ struct TrainResult {
   double final_log_loss = -1;  // likewise
   int64_t skipped_steps = 0;  // loss scaling: steps skipped for an overflow
   std::vector<std::pair<std::string, at::Tensor>> parameters;  // final values
+  std::vector<std::pair<std::string, at::Tensor>> buffers;     // final values (QAT's quantizers)
 };
 
 }  // namespace pstrain

@@ -9,7 +9,6 @@
 #include <torch/csrc/jit/frontend/resolver.h>
 #include <torch/csrc/jit/frontend/sugared_value.h>
 #include <torch/csrc/jit/serialization/import.h>
-#include <torch/csrc/jit/serialization/pickle.h>
 
 #include <chrono>
 #include <map>
@@ -177,28 +176,6 @@ absl::StatusOr<bool> UseLearnedQParams(const std::string& model, const NamedTens
   options->activation_qparams = std::move(act);
   options->weight_qparams = std::move(wq);
   return true;
-}
-
-absl::StatusOr<NamedTensors> ReadWeightsFile(const std::string& path) {
-  auto bytes = ReadFile(path);
-  if (!bytes.ok()) return bytes.status();
-  try {
-    c10::IValue value = torch::jit::pickle_load(std::vector<char>(bytes->begin(), bytes->end()));
-    if (!value.isGenericDict()) {
-      return absl::InvalidArgumentError(absl::StrCat(path, " holds a ", value.tagKind(), ", not a dict of tensors"));
-    }
-    NamedTensors out;
-    for (const auto& item : value.toGenericDict()) {
-      if (!item.key().isString() || !item.value().isTensor()) {
-        return absl::InvalidArgumentError(absl::StrCat(path, " is not a dict of name to tensor"));
-      }
-      out.emplace_back(item.key().toStringRef(), item.value().toTensor());
-    }
-    return out;
-  } catch (const c10::Error& e) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("reading ", path, " as a torch.save file: ", Quote(e.what_without_backtrace(), 200)));
-  }
 }
 
 absl::StatusOr<Int8Module> BuildInt8Module(const std::string& model, const NamedTensors& weights, Int8Mode mode,

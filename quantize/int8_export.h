@@ -21,10 +21,10 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/weights_file.h"
 
 namespace pstrain {
 
-using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
 
 enum class Int8Mode { kFloat, kDynamic, kStatic };
 
@@ -49,10 +49,6 @@ struct Int8Module {
   std::vector<std::string> int8_layers;  // layers that run in int8
   std::vector<std::string> fp32_layers;  // layers kept in fp32 (named)
 };
-
-// Reads a torch.save file of a dict of name -> tensor (what `pstrain
-// export` writes, or torch.save(model.state_dict()) in Python).
-absl::StatusOr<NamedTensors> ReadWeightsFile(const std::string& path);
 
 // The built-in model whose parameter names `weights` has: "lenet" with
 // conv1/conv2 and fc1..fc3, "mlp" with fc1..fc3 only; INVALID_ARGUMENT,

@@ -14,7 +14,7 @@
 #include <utility>
 #include <vector>
 
-#include "worker/weights_file.h"
+#include "common/weights_file.h"
 
 namespace pstrain {
 namespace {

@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "quantize/int8_export.h"
-#include "worker/weights_file.h"
+#include "common/weights_file.h"
 
 namespace pstrain {
 namespace {

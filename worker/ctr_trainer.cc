@@ -25,7 +25,7 @@
 #include "worker/exchange_setup.h"
 #include "worker/progress_window.h"
 #include "worker/trainer_events.h"
-#include "worker/weights_file.h"
+#include "common/weights_file.h"
 
 namespace pstrain {
 namespace {

@@ -10,7 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "embedding/embedding_files.h"
 #include "embedding/embedding_table.h"
-#include "worker/weights_file.h"
+#include "common/weights_file.h"
 
 namespace pstrain {
 

@@ -33,7 +33,7 @@
 #include "worker/step_schedule.h"
 #include "worker/trainer_events.h"
 #include "worker/vacant_rank_cover.h"
-#include "worker/weights_file.h"
+#include "common/weights_file.h"
 
 namespace pstrain {
 namespace {

@@ -10,12 +10,14 @@
 //      worker's side is worker/pause_protocol.h, the keys pause_keys.h);
 //   2. each shard (or, all-reduce, worker 0's local store) writes its table
 //      with SaveTable into <output_dir>/<job_id>/ckpt-<step>.tmp/ (a job
-//      with embedding tables: and its rows with SaveEmbeddings, emb-<i>.bin);
+//      with embedding tables: and its rows with SaveEmbeddings, emb-<i>.bin;
+//      a QAT job: worker 0 its model's buffers too, buffers.pt);
 //   3. the coordinator writes manifest.json there and CommitCheckpoint
 //      renames the directory to ckpt-<step>/ and prunes older ones;
 //   4. a restore reads the manifest and sends each shard RestoreRequest()
 //      for the chunks the (possibly new) partition plan gives it (and
-//      LoadEmbeddings with every embedding file: it keeps its rows).
+//      LoadEmbeddings with every embedding file: it keeps its rows); the
+//      workers load buffers.pt themselves (worker/checkpoint_buffers.h).
 // Names sent to shards are relative to their --checkpoint_root.
 #ifndef PSTRAIN_CHECKPOINT_LAYOUT_H_
 #define PSTRAIN_CHECKPOINT_LAYOUT_H_

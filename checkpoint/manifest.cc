@@ -42,6 +42,9 @@ absl::Status WriteManifest(const std::string& dir, const CheckpointManifest& m) 
   for (const auto& s : m.embeddings) {
     j["embeddings"].push_back({{"index", s.index}, {"file", s.file}, {"bytes", s.bytes}, {"crc32", s.crc32}});
   }
+  for (const auto& s : m.buffers) {
+    j["buffers"].push_back({{"index", s.index}, {"file", s.file}, {"bytes", s.bytes}, {"crc32", s.crc32}});
+  }
   return WriteFileAtomically(dir + "/" + kManifestName, j.dump(2) + "\n");
 }
 
@@ -91,12 +94,15 @@ absl::StatusOr<CheckpointManifest> ReadManifest(const std::string& dir) {
       m.shards.push_back({s.at("index").get<int>(), s.at("file").get<std::string>(), s.at("bytes").get<uint64_t>(),
                           s.at("crc32").get<uint32_t>()});
     }
-    if (j.contains("embeddings")) {
-      for (const auto& s : j.at("embeddings")) {
-        m.embeddings.push_back({s.at("index").get<int>(), s.at("file").get<std::string>(),
-                                s.at("bytes").get<uint64_t>(), s.at("crc32").get<uint32_t>()});
+    for (const char* key : {"embeddings", "buffers"}) {
+      if (!j.contains(key)) continue;
+      for (const auto& s : j.at(key)) {
+        (key[0] == 'e' ? m.embeddings : m.buffers)
+            .push_back({s.at("index").get<int>(), s.at("file").get<std::string>(), s.at("bytes").get<uint64_t>(),
+                        s.at("crc32").get<uint32_t>()});
       }
     }
+    if (m.buffers.size() > 1) return absl::DataLossError(absl::StrCat(path, " lists more than one buffers file"));
   } catch (const nlohmann::json::exception& e) {
     return absl::DataLossError(absl::StrCat(path, " is incomplete: ", e.what()));
   }
@@ -105,6 +111,7 @@ absl::StatusOr<CheckpointManifest> ReadManifest(const std::string& dir) {
   }
   std::vector<CheckpointManifest::ShardFile> files = m.shards;
   files.insert(files.end(), m.embeddings.begin(), m.embeddings.end());
+  files.insert(files.end(), m.buffers.begin(), m.buffers.end());
   for (const auto& s : files) {
     // Shard and embedding files lie in the checkpoint directory itself.
     if (s.file.empty() || s.file.size() > 255 || s.file.find('/') != std::string::npos || s.file == "." ||

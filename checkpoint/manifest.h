@@ -46,6 +46,9 @@ struct CheckpointManifest {
   // shard of the checkpointed job; empty for a job without embeddings. A
   // restore hands every one of them to every new shard, which keeps its rows.
   std::vector<ShardFile> embeddings;
+  // Worker 0's model buffers (QAT's quantizers, common/weights_file.h's
+  // format): none, or one file every resumed worker loads.
+  std::vector<ShardFile> buffers;
 };
 
 constexpr char kManifestName[] = "manifest.json";

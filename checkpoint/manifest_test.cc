@@ -99,5 +99,29 @@ TEST(ManifestTest, EmbeddingFilesAreListedOnlyWhereThereAreSome) {
   EXPECT_EQ(ReadManifest(dir).status().code(), absl::StatusCode::kDataLoss);
 }
 
+// A QAT job's buffers file: listed only where there is one, checked as a
+// shard file is, never more than one.
+TEST(ManifestTest, ABuffersFileIsListedOnlyWhereThereIsOne) {
+  const std::string dir = Dir("buffers");
+  ASSERT_TRUE(WriteManifest(dir, Sample()).ok());
+  EXPECT_EQ(Text(dir).find("buffers"), std::string::npos);
+  ASSERT_TRUE(ReadManifest(dir)->buffers.empty());
+  CheckpointManifest m = Sample();
+  m.buffers.push_back({0, "buffers.pt", 4, 99});
+  std::ofstream(dir + "/buffers.pt") << "abcd";
+  ASSERT_TRUE(WriteManifest(dir, m).ok());
+  auto read = ReadManifest(dir);
+  ASSERT_TRUE(read.ok()) << read.status();
+  ASSERT_EQ(read->buffers.size(), 1u);
+  EXPECT_EQ(read->buffers[0].file, "buffers.pt");
+  EXPECT_EQ(read->buffers[0].crc32, 99u);
+  std::ofstream(dir + "/buffers.pt") << "abcde";
+  EXPECT_EQ(ReadManifest(dir).status().code(), absl::StatusCode::kDataLoss);
+  std::ofstream(dir + "/buffers.pt", std::ios::trunc) << "abcd";
+  m.buffers.push_back({0, "buffers.pt", 4, 99});
+  ASSERT_TRUE(WriteManifest(dir, m).ok());
+  EXPECT_EQ(ReadManifest(dir).status().code(), absl::StatusCode::kDataLoss);
+}
+
 }  // namespace
 }  // namespace pstrain

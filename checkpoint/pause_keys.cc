@@ -8,5 +8,7 @@ std::string PauseVotesKey(int64_t pause_id) { return absl::StrCat("pause/", paus
 std::string PauseStepKey(int64_t pause_id) { return absl::StrCat("pause/", pause_id, "/step"); }
 std::string CheckpointPathKey(int64_t pause_id) { return absl::StrCat("ckpt/", pause_id, "/path"); }
 std::string CheckpointSavedKey(int64_t pause_id) { return absl::StrCat("ckpt/", pause_id, "/saved"); }
+std::string CheckpointBuffersPathKey(int64_t pause_id) { return absl::StrCat("ckpt/", pause_id, "/buffers_path"); }
+std::string CheckpointBuffersSavedKey(int64_t pause_id) { return absl::StrCat("ckpt/", pause_id, "/buffers_saved"); }
 
 }  // namespace pstrain

@@ -12,6 +12,8 @@
 //                     writes its table to
 //   ckpt/<id>/saved   all-reduce: worker 0's answer, a WorkerSaveReport
 //                     (proto/checkpoint.proto) in binary form
+//   ckpt/<id>/buffers_path, ckpt/<id>/buffers_saved   the same for the
+//                     model's buffers (QAT's quantizers), either mode
 #ifndef PSTRAIN_CHECKPOINT_PAUSE_KEYS_H_
 #define PSTRAIN_CHECKPOINT_PAUSE_KEYS_H_
 
@@ -24,6 +26,8 @@ std::string PauseVotesKey(int64_t pause_id);
 std::string PauseStepKey(int64_t pause_id);
 std::string CheckpointPathKey(int64_t pause_id);
 std::string CheckpointSavedKey(int64_t pause_id);
+std::string CheckpointBuffersPathKey(int64_t pause_id);
+std::string CheckpointBuffersSavedKey(int64_t pause_id);
 
 }  // namespace pstrain
 

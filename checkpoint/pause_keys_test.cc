@@ -12,6 +12,8 @@ TEST(PauseKeysTest, SpelledAsOnTheWire) {
   EXPECT_EQ(PauseStepKey(7), "pause/7/step");
   EXPECT_EQ(CheckpointPathKey(12345678901234), "ckpt/12345678901234/path");
   EXPECT_EQ(CheckpointSavedKey(12345678901234), "ckpt/12345678901234/saved");
+  EXPECT_EQ(CheckpointBuffersPathKey(3), "ckpt/3/buffers_path");
+  EXPECT_EQ(CheckpointBuffersSavedKey(3), "ckpt/3/buffers_saved");
 }
 
 }  // namespace

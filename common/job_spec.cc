@@ -290,10 +290,6 @@ absl::Status CheckQuantization(const JobSpec& spec, const MappingReader& r) {
   }
   if (spec.device == DeviceChoice::kCuda) return r.Error("quantization", "runs on the CPU for now (device: cpu)");
   if (spec.precision != Precision::kFp32) return r.Error("quantization", "trains in fp32 (precision: fp32)");
-  if (spec.checkpoint_every_steps > 0) {
-    return r.Error("checkpoint_every_steps", "must be 0 with quantization for now: checkpoints do not keep the "
-                                             "observers, and a resumed job would quantize with fresh ones");
-  }
   return absl::OkStatus();
 }
 

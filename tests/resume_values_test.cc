@@ -12,6 +12,7 @@
 //   figures every run, whatever kernels the CPU has).
 // An all-reduce resume once trained on from the initial weights with the
 // checkpoint's step and optimizer state; every test here failed on it.
+#include <ATen/Functions.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 
@@ -116,6 +117,31 @@ TEST_F(ResumeValuesTest, RestoredJobsStartFromTheCheckpointsValuesInEveryMode) {
     }
     for (auto& rank : ranks) ASSERT_EQ(rank->Wait(absl::Seconds(120)), 0) << Logs();
     ExpectValues(*expected, dir_ + "/standalone/model.pt");
+  }
+}
+
+// A QAT job's checkpoint keeps worker 0's quantizers (buffers.pt) beside
+// the parameters; a restored job, in either mode, starts from both: its
+// weights file (parameters and quantizers) is the checkpoint's bit for bit.
+TEST_F(ResumeValuesTest, QatCheckpointsKeepTheQuantizersInBothModes) {
+  const std::string qat = "quantization: {mode: qat, start_step: 10}\n";
+  const std::string ps = absl::StrReplaceAll(AsPs(kAllReduceYaml), {{"workers: 2", "workers: 1"}});
+  for (const std::string& yaml : {std::string(kAllReduceYaml) + qat, ps + qat}) {
+    const bool allreduce = yaml.find("mode: allreduce") != std::string::npos;
+    SCOPED_TRACE(allreduce ? "all-reduce, 2 workers" : "ps, 1 worker");
+    const Checkpointed ck = CheckpointAndCancel(yaml);
+    ASSERT_GE(ck.step, 30);
+    auto expected = ReadCheckpointValues(ck.path);
+    ASSERT_TRUE(expected.ok()) << expected.status();
+    auto quantizers = ReadWeightsFile(ck.path + "/buffers.pt");
+    ASSERT_TRUE(quantizers.ok()) << quantizers.status();
+    ASSERT_GT(quantizers->size(), 8u);
+    // Moved by 20 steps of observing: not a fresh observer's +inf.
+    EXPECT_TRUE(at::isfinite(quantizers->at("qat.input.min_val")).all().item<bool>());
+    expected->insert(quantizers->begin(), quantizers->end());
+    double accuracy = -1;
+    ExpectValues(*expected, RestoreAndStop(ck, yaml, allreduce ? "qat-ar" : "qat-ps", &accuracy));
+    EXPECT_GT(accuracy, 0.1);
   }
 }
 

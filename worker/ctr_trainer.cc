@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/file_util.h"
+#include "common/weights_file.h"
 #include "worker/activity.h"
 #include "worker/binary_metrics.h"
 #include "worker/criteo_data.h"
@@ -25,7 +26,6 @@
 #include "worker/exchange_setup.h"
 #include "worker/progress_window.h"
 #include "worker/trainer_events.h"
-#include "common/weights_file.h"
 
 namespace pstrain {
 namespace {

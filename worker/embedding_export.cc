@@ -8,9 +8,9 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/weights_file.h"
 #include "embedding/embedding_files.h"
 #include "embedding/embedding_table.h"
-#include "common/weights_file.h"
 
 namespace pstrain {
 

@@ -50,6 +50,7 @@
 #include "worker/ctr_trainer.h"
 #include "worker/device.h"
 #include "worker/launch_env.h"
+#include "worker/checkpoint_buffers.h"
 #include "worker/pause_protocol.h"
 #include "worker/sparse_embeddings.h"
 #include "worker/trainer.h"
@@ -184,6 +185,14 @@ absl::Status SetStart(const pstrain::JobSpec& spec, int rank, int world_size, co
       options->start_epoch_step = w.epoch_step;
       options->start_loss_scale = w.loss_scale;
     }
+  }
+  // QAT: the checkpoint's quantizers (a replacement joining a running job
+  // would find the original checkpoint's, stale: it starts afresh).
+  const std::string dir = assignment == nullptr       ? absl::GetFlag(FLAGS_resume_from)
+                          : assignment->replacement() ? std::string()
+                                                      : assignment->resume_from();
+  if (spec.quantization.qat() && !dir.empty()) {
+    options->restore_buffers = [dir] { return pstrain::ReadCheckpointBuffers(dir); };
   }
   return absl::OkStatus();
 }

@@ -50,6 +50,26 @@ int64_t CheckpointPause::AgreeOnStep(int64_t id, int64_t step) {
   return p;
 }
 
+bool CheckpointPause::SaveWhenAsked(
+    int64_t id, const std::string& path_key, const std::string& saved_key,
+    const std::function<absl::StatusOr<SaveTableResponse>(const std::string& path)>& save) {
+  auto path = member_->KvGet(path_key, absl::Milliseconds(200));
+  if (!path.ok()) return false;
+  auto result = save(*path);
+  WorkerSaveReport report;
+  if (result.ok()) {
+    *report.mutable_saved() = *std::move(result);
+    // The chunk keys are the manifest's business, not the report's: a
+    // large model's would not fit in a KV value.
+    report.mutable_saved()->clear_keys();
+  } else {
+    report.set_error(result.status().ToString());
+  }
+  (void)member_->KvSet(saved_key, report.SerializeAsString());
+  spdlog::debug("rank {}: pause {}: saved {} ({})", rank_, id, *path, result.ok() ? "ok" : result.status().ToString());
+  return true;
+}
+
 void CheckpointPause::Pause(int64_t id, const StepBoundary& at) {
   WorkerEvent paused;
   paused.set_rank(rank_);
@@ -61,29 +81,19 @@ void CheckpointPause::Pause(int64_t id, const StepBoundary& at) {
   emit_(paused);
   spdlog::debug("rank {}: pause {}: paused at step {}", rank_, id, at.step);
   activity_->Enter(WorkerActivity::PAUSED, at.step);
+  // Rank 0 writes what the coordinator asks for, the table (all-reduce)
+  // and the model's buffers (QAT), each once its path is set.
   bool saved = !save_;
+  bool buffers_saved = !(rank_ == 0 && at.save_buffers);
   while (member_->pause_requested() && member_->pause_id() == id && !(stop_ != nullptr && stop_->load())) {
     if (!saved) {
-      auto path = member_->KvGet(CheckpointPathKey(id), absl::Milliseconds(200));
-      if (path.ok()) {
-        auto result = save_(*path, at.flush);
-        WorkerSaveReport report;
-        if (result.ok()) {
-          *report.mutable_saved() = *std::move(result);
-          // The chunk keys are the manifest's business, not the report's:
-          // a large model's would not fit in a KV value.
-          report.mutable_saved()->clear_keys();
-        } else {
-          report.set_error(result.status().ToString());
-        }
-        (void)member_->KvSet(CheckpointSavedKey(id), report.SerializeAsString());
-        spdlog::debug("rank {}: pause {}: saved {} ({})", rank_, id, *path,
-                      result.ok() ? "ok" : result.status().ToString());
-        saved = true;
-      }
-      continue;
+      saved = SaveWhenAsked(id, CheckpointPathKey(id), CheckpointSavedKey(id),
+                            [&](const std::string& path) { return save_(path, at.flush); });
     }
-    absl::SleepFor(absl::Milliseconds(10));
+    if (!buffers_saved) {
+      buffers_saved = SaveWhenAsked(id, CheckpointBuffersPathKey(id), CheckpointBuffersSavedKey(id), at.save_buffers);
+    }
+    if (saved && buffers_saved) absl::SleepFor(absl::Milliseconds(10));
   }
   spdlog::debug("rank {}: pause {}: resuming after step {}", rank_, id, at.step);
 }

@@ -22,7 +22,10 @@
 //      it waits for ckpt/<id>/path, flushes the store, writes its table
 //      there, and answers under ckpt/<id>/saved with a WorkerSaveReport
 //      (proto/checkpoint.proto): the file's size and crc32, or the error.
-//      Parameter-server workers write nothing: the shards save.
+//      Parameter-server workers write nothing: the shards save. A model
+//      with buffers (QAT's quantizers), either mode: worker 0 also writes
+//      them where ckpt/<id>/buffers_path says, answering under
+//      ckpt/<id>/buffers_saved (StepBoundary::save_buffers).
 //   6. It waits until the coordinator lifts the pause (the heartbeat's
 //      `pause` goes, or names another id) or the job is stopped, then
 //      trains on.
@@ -65,6 +68,10 @@ class CheckpointPause {
   int64_t AgreeOnStep(int64_t id, int64_t step);
   // Steps 4-6.
   void Pause(int64_t id, const StepBoundary& at);
+  // Once `path_key` is set: `save` to that path, its report under
+  // `saved_key`; false while the key is not set yet.
+  bool SaveWhenAsked(int64_t id, const std::string& path_key, const std::string& saved_key,
+                     const std::function<absl::StatusOr<SaveTableResponse>(const std::string& path)>& save);
 
   ClusterMember* const member_;
   const int rank_;

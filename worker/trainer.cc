@@ -17,7 +17,9 @@
 #include "collective/collective.h"
 #include "common/partition_plan.h"
 #include "common/torch_compat.h"
+#include "common/weights_file.h"
 #include "table/shard_store.h"
+#include "spdlog/spdlog.h"
 #include "worker/activity.h"
 #include "worker/batch_loader.h"
 #include "worker/device.h"
@@ -27,13 +29,13 @@
 #include "worker/loss_scaler.h"
 #include "worker/model.h"
 #include "worker/progress_window.h"
+#include "worker/checkpoint_buffers.h"
 #include "worker/qat_model.h"
 #include "worker/ps_client.h"
 #include "worker/sampler.h"
 #include "worker/step_schedule.h"
 #include "worker/trainer_events.h"
 #include "worker/vacant_rank_cover.h"
-#include "common/weights_file.h"
 
 namespace pstrain {
 namespace {
@@ -124,6 +126,17 @@ absl::Status Trainer::BuildModel() {
   model_ = std::move(*model);
   model_->To(device_);
   model_->SetTraining(true);
+  if (options_.restore_buffers && !model_->NamedBuffers().empty()) {
+    // Resumed: the checkpoint's quantizers, not fresh ones.
+    auto saved = options_.restore_buffers();
+    if (!saved.ok()) return saved.status();
+    if (saved->empty()) {
+      spdlog::warn("rank {}: the checkpoint holds no model buffers (written without quantization?): the model's "
+                   "start afresh", options_.rank);
+    } else if (absl::Status s = LoadBuffersInto(*saved, model_->NamedBuffers()); !s.ok()) {
+      return s;
+    }
+  }
   named_ = model_->NamedParameters();
   for (auto& [name, t] : named_) {
     if (t.scalar_type() != at::kFloat && t.scalar_type() != at::kDouble) {
@@ -416,6 +429,9 @@ absl::StatusOr<TrainResult> Trainer::Run() {
         at.epoch_step = es;
         at.flush = [this, step = step_] { return exchange_->Flush(step); };
         if (scaler_ != nullptr) at.loss_scale = [this] { return scaler_->CurrentScale(); };
+        if (!model_->NamedBuffers().empty()) {
+          at.save_buffers = [this](const std::string& path) { return SaveBuffersFile(model_->NamedBuffers(), path); };
+        }
         options_.at_step_boundary(at);
       }
       if (options_.stop != nullptr && options_.stop->load()) {

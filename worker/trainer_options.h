@@ -17,8 +17,11 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "common/job_spec.h"
+#include "common/weights_file.h"
 #include "proto/events.pb.h"
+#include "proto/parameter.pb.h"
 #include "table/parameter_store.h"
 #include "worker/data_root.h"
 #include "worker/loss_scaler.h"
@@ -42,6 +45,10 @@ struct StepBoundary {
   // rank's place); empty without loss scaling. A function: where the scale
   // lives on the device, asking reads it.
   std::function<double()> loss_scale;
+  // A model with buffers (QAT's quantizers): writes them to `path`
+  // (common/weights_file.h's format), answering its size and crc32. Empty
+  // for a model without.
+  std::function<absl::StatusOr<SaveTableResponse>(const std::string& path)> save_buffers;
 };
 
 struct TrainerOptions {
@@ -87,6 +94,9 @@ struct TrainerOptions {
   // Resuming an fp16 job: the loss scale the rank had at the checkpoint (0:
   // start from LossScalerOptions::init_scale).
   double start_loss_scale = 0;
+  // Resumed from a checkpoint with model buffers (QAT's quantizers): reads
+  // them, to be loaded into the model before its first step.
+  std::function<absl::StatusOr<NamedTensors>()> restore_buffers;
   // Parameter-server mode: this worker's hold on its rank (carried by its
   // pushes), and, taking over a lost worker's rank while the job runs, the
   // step the rank continues at (-1: not a replacement). Its data continues

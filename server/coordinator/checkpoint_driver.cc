@@ -18,19 +18,25 @@
 namespace pstrain {
 namespace {
 
+constexpr char kBuffersFile[] = "buffers.pt";
+
 // Worker 0 of an all-reduce job writes its store to <pending>/shard-0.bin
 // while the workers are paused; the path goes to it, and its answer (the
 // file's size and crc32, or an error) comes back, through the rendezvous
-// (worker/pause_protocol.h has the worker's side).
+// (worker/pause_protocol.h has the worker's side). `buffers`: the model's
+// buffers (QAT), to buffers.pt under their own keys, in either mode.
 absl::Status SaveOnWorker0(const CheckpointWrite& w, const std::string& pending, Rendezvous& rendezvous,
-                           SaveTableResponse* saved) {
-  absl::Status status =
-      rendezvous.Set(w.job_id, w.attempt, CheckpointPathKey(w.pause_id), absl::StrCat(pending, "/shard-0.bin"));
+                           SaveTableResponse* saved, bool buffers = false) {
+  const int64_t id = w.pause_id;
+  absl::Status status = rendezvous.Set(w.job_id, w.attempt, buffers ? CheckpointBuffersPathKey(id) : CheckpointPathKey(id),
+                                       absl::StrCat(pending, "/", buffers ? kBuffersFile : "shard-0.bin"));
   if (!status.ok()) return status;
   absl::StatusOr<std::string> result =
-      rendezvous.Get(w.job_id, w.attempt, CheckpointSavedKey(w.pause_id), absl::Now() + w.save_timeout);
+      rendezvous.Get(w.job_id, w.attempt, buffers ? CheckpointBuffersSavedKey(id) : CheckpointSavedKey(id),
+                     absl::Now() + w.save_timeout);
   if (!result.ok()) {
-    return absl::Status(result.status().code(), absl::StrCat("worker 0 did not save: ", result.status().message()));
+    return absl::Status(result.status().code(), absl::StrCat("worker 0 did not save", buffers ? " its buffers" : "",
+                                                             ": ", result.status().message()));
   }
   auto report = ParseWorkerSaveReport(*result);
   if (!report.ok()) return report.status();
@@ -165,17 +171,6 @@ absl::StatusOr<SaveTableResponse> ParseWorkerSaveReport(const std::string& value
   return absl::InternalError("worker 0: the saved-file report names neither a file nor an error");
 }
 
-absl::Status CheckpointSupported(const std::string& job_id, const JobSpec& spec) {
-  if (spec.quantization.qat()) {
-    // A resumed job would quantize with fresh observers (frozen ones, past
-    // freeze_observers_step).
-    return absl::FailedPreconditionError(absl::StrCat(
-        "job ", job_id, " trains with quantization (qat): its checkpoints are not built yet (the observers are not "
-        "saved)"));
-  }
-  return absl::OkStatus();
-}
-
 bool PeriodicCheckpointDue(const JobStatus& st, const JobSpec& spec, const CheckpointState& c) {
   if (st.state() != RUNNING || c.claimed || c.restoring || spec.checkpoint_every_steps <= 0 ||
       st.params_size() == 0 || st.workers_size() < spec.workers) {
@@ -220,6 +215,8 @@ absl::Status WriteCheckpoint(const CheckpointWrite& w, const std::string& root, 
   if (status.ok() && (!w.allreduce || w.embeddings)) {
     status = SaveOnShards(w, RelativeToRoot(root, pending), /*dense=*/!w.allreduce, saved, embeddings);
   }
+  SaveTableResponse buffers;
+  if (status.ok() && w.buffers) status = SaveOnWorker0(w, pending, rendezvous, &buffers, /*buffers=*/true);
   if (status.ok()) {
     CheckpointManifest manifest = w.manifest;
     for (size_t i = 0; i < saved.size(); ++i) {
@@ -230,6 +227,7 @@ absl::Status WriteCheckpoint(const CheckpointWrite& w, const std::string& root, 
       manifest.embeddings.push_back(
           {static_cast<int>(i), EmbeddingFileName(i), embeddings[i].bytes(), embeddings[i].crc32()});
     }
+    if (w.buffers) manifest.buffers.push_back({0, kBuffersFile, buffers.bytes(), buffers.crc32()});
     status = WriteManifest(pending, manifest);
   }
   // The directory appears whole or not at all; the job's older ones go.

@@ -52,11 +52,6 @@ struct CheckpointState {
   }
 };
 
-// OK when a job of this spec can be checkpointed and resumed from the
-// checkpoint with nothing lost; else FAILED_PRECONDITION saying what a
-// checkpoint would leave out (a QAT job's observers).
-absl::Status CheckpointSupported(const std::string& job_id, const JobSpec& spec);
-
 // Whether the spec's periodic checkpoint is due for a job in this state.
 bool PeriodicCheckpointDue(const JobStatus& status, const JobSpec& spec, const CheckpointState& checkpoint);
 
@@ -80,6 +75,9 @@ struct CheckpointWrite {
   // (SaveEmbeddings) to emb-<rank>.bin, beside its dense shard file (a
   // hybrid job, `allreduce` too: beside worker 0's).
   bool embeddings = false;
+  // QAT: worker 0 also writes the model's buffers (its quantizers) to
+  // buffers.pt, told where and answering through the rendezvous.
+  bool buffers = false;
   std::string dir;                  // ckpt-<step>, absolute, under the root
   int keep = 1;                     // newest checkpoints kept
   CheckpointManifest manifest;      // all but the shards' files

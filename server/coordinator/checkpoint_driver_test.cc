@@ -1,9 +1,12 @@
 #include "server/coordinator/checkpoint_driver.h"
 
 #include <filesystem>
+#include <fstream>
 #include <random>
+#include <thread>
 
 #include "checkpoint/layout.h"
+#include "checkpoint/manifest.h"
 #include "checkpoint/pause_keys.h"
 #include "gtest/gtest.h"
 #include "proto/checkpoint.pb.h"
@@ -112,26 +115,53 @@ TEST(WriteCheckpointTest, AllReduceWorkerThatNeverAnswers) {
   EXPECT_FALSE(std::filesystem::exists(PendingCheckpointDir(w.dir)));
 }
 
-// What a checkpoint would leave out is refused before anything pauses.
-TEST(CheckpointSupportedTest, QatJobsAreRefusedTheRestAccepted) {
-  JobSpec ps;
-  EXPECT_TRUE(CheckpointSupported("job-1", ps).ok());
-  JobSpec hybrid;  // worker 0 saves the dense part, the shards the rows
-  hybrid.mode = TrainMode::kAllReduce;
-  hybrid.embeddings.tables.emplace_back();
-  hybrid.embeddings.fields.push_back({0, PoolingSpec::kSum});
-  EXPECT_TRUE(CheckpointSupported("job-2", hybrid).ok());
-  JobSpec ctr = hybrid;
-  ctr.mode = TrainMode::kParameterServer;  // rows and dense tables on the shards: saved
-  EXPECT_TRUE(CheckpointSupported("job-3", ctr).ok());
-  JobSpec allreduce;
-  allreduce.mode = TrainMode::kAllReduce;
-  EXPECT_TRUE(CheckpointSupported("job-4", allreduce).ok());
-  JobSpec qat;
-  qat.quantization.mode = "qat";
-  absl::Status s = CheckpointSupported("job-5", qat);
-  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_NE(s.message().find("observers"), std::string::npos) << s;
+// A QAT job: worker 0 writes its table and then its buffers, each where
+// its key says; the manifest lists both files.
+TEST(WriteCheckpointTest, AQatJobsCheckpointListsWorker0sBuffers) {
+  std::string root;
+  CheckpointWrite w = AllReduceWrite("qat", 44, absl::Seconds(20), &root);
+  w.buffers = true;
+  w.manifest.params.push_back({"w", {2}, DT_FLOAT32});
+  Rendezvous rendezvous(RendezvousLimits{});
+  rendezvous.Open("job", 1);
+  std::vector<std::string> written;
+  std::thread worker0([&] {
+    const std::pair<std::string, std::string> keys[] = {{CheckpointPathKey(44), CheckpointSavedKey(44)},
+                                                         {CheckpointBuffersPathKey(44), CheckpointBuffersSavedKey(44)}};
+    for (const auto& [path_key, saved_key] : keys) {
+      auto path = rendezvous.Get("job", 1, path_key, absl::Now() + absl::Seconds(20));
+      if (!path.ok()) return;
+      std::ofstream(*path) << "1234567";
+      written.push_back(std::filesystem::path(*path).filename().string());
+      (void)rendezvous.Set("job", 1, saved_key, Report(7, 99));
+    }
+  });
+  absl::Status s = WriteCheckpoint(w, root, rendezvous);
+  worker0.join();
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(written, (std::vector<std::string>{"shard-0.bin", "buffers.pt"}));
+  auto m = ReadManifest(w.dir);
+  ASSERT_TRUE(m.ok()) << m.status();
+  ASSERT_EQ(m->buffers.size(), 1u);
+  EXPECT_EQ(m->buffers[0].file, "buffers.pt");
+  EXPECT_EQ(m->buffers[0].bytes, 7u);
+  EXPECT_EQ(m->buffers[0].crc32, 99u);
+}
+
+// Worker 0 saved its table but never its buffers: no checkpoint.
+TEST(WriteCheckpointTest, AQatWorkerThatNeverSavesItsBuffersLeavesNothing) {
+  std::string root;
+  CheckpointWrite w = AllReduceWrite("qat_no_buffers", 45, absl::Milliseconds(300), &root);
+  w.buffers = true;
+  w.manifest.params.push_back({"w", {2}, DT_FLOAT32});
+  Rendezvous rendezvous(RendezvousLimits{});
+  rendezvous.Open("job", 1);
+  ASSERT_TRUE(rendezvous.Set("job", 1, CheckpointSavedKey(45), Report(7, 99)).ok());
+  absl::Status s = WriteCheckpoint(w, root, rendezvous);
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
+  EXPECT_NE(s.message().find("did not save its buffers"), std::string::npos) << s;
+  EXPECT_FALSE(std::filesystem::exists(w.dir));
+  EXPECT_FALSE(std::filesystem::exists(PendingCheckpointDir(w.dir)));
 }
 
 }  // namespace

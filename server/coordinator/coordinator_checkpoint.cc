@@ -21,7 +21,6 @@ absl::StatusOr<uint64_t> Coordinator::ClaimCheckpoint(const std::string& job_id)
     return absl::FailedPreconditionError(
         absl::StrCat("job ", job_id, " is ", JobStateName(state), ": only a running job can be checkpointed"));
   }
-  if (absl::Status s = CheckpointSupported(job_id, job->spec); !s.ok()) return s;
   if (job->checkpoint.claimed) {
     return absl::UnavailableError(
         absl::StrCat("a checkpoint of job ", job_id, " is already in progress; try again when it is done"));
@@ -135,8 +134,9 @@ absl::StatusOr<CheckpointWrite> Coordinator::PauseForCheckpoint(const std::strin
     if (FindJob(job_id) == nullptr) return deleted();
   }
   const bool allreduce = job->spec.allreduce();
-  if (allreduce && c.paused.count(0) == 0) {
-    // Worker 0 holds the model in this mode; it finished its steps before
+  const bool buffers = job->spec.quantization.qat();
+  if ((allreduce || buffers) && c.paused.count(0) == 0) {
+    // Worker 0 holds the model (all-reduce) or its buffers (QAT); it finished its steps before
     // reaching the agreed pause, so nobody is left to write it (the job is
     // about to end: its final weights are being written).
     EndCheckpoint(*job, "CheckpointSkipped", "worker 0 finished before the pause");
@@ -174,6 +174,7 @@ absl::StatusOr<CheckpointWrite> Coordinator::PauseForCheckpoint(const std::strin
     if (i >= 0 && i < static_cast<int>(w.shards.size())) w.shards.erase(w.shards.begin() + i);
   }
   w.embeddings = !job->spec.embeddings.empty();
+  w.buffers = buffers;
   // The job's own directory: jobs sharing an output_dir never touch each
   // other's checkpoints.
   w.dir = CheckpointDir(JobDir(job->stored.output_dir, job_id), manifest.step);

@@ -1,5 +1,6 @@
 #include "checkpoint/pause_keys.h"
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 
 namespace pstrain {
@@ -10,5 +11,13 @@ std::string CheckpointPathKey(int64_t pause_id) { return absl::StrCat("ckpt/", p
 std::string CheckpointSavedKey(int64_t pause_id) { return absl::StrCat("ckpt/", pause_id, "/saved"); }
 std::string CheckpointBuffersPathKey(int64_t pause_id) { return absl::StrCat("ckpt/", pause_id, "/buffers_path"); }
 std::string CheckpointBuffersSavedKey(int64_t pause_id) { return absl::StrCat("ckpt/", pause_id, "/buffers_saved"); }
+
+bool IsCheckpointPathKey(const std::string& key) {
+  return absl::StartsWith(key, "ckpt/") && (absl::EndsWith(key, "/path") || absl::EndsWith(key, "/buffers_path"));
+}
+
+bool IsCheckpointSavedKey(const std::string& key) {
+  return absl::StartsWith(key, "ckpt/") && (absl::EndsWith(key, "/saved") || absl::EndsWith(key, "/buffers_saved"));
+}
 
 }  // namespace pstrain

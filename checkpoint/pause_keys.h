@@ -29,6 +29,14 @@ std::string CheckpointSavedKey(int64_t pause_id);
 std::string CheckpointBuffersPathKey(int64_t pause_id);
 std::string CheckpointBuffersSavedKey(int64_t pause_id);
 
+// The coordinator's keys (ckpt/<id>/path, ckpt/<id>/buffers_path: where
+// worker 0 writes): a member's KvSet or KvAdd of one is refused, or a
+// member could have worker 0 write anywhere it may.
+bool IsCheckpointPathKey(const std::string& key);
+// Worker 0's answers (ckpt/<id>/saved, ckpt/<id>/buffers_saved): only
+// worker 0 writes them.
+bool IsCheckpointSavedKey(const std::string& key);
+
 }  // namespace pstrain
 
 #endif  // PSTRAIN_CHECKPOINT_PAUSE_KEYS_H_

@@ -343,6 +343,10 @@ class Coordinator {
       ABSL_LOCKS_EXCLUDED(mu_);
   // OK when `member_id` is registered and assigned to `job_id`.
   absl::Status CheckJobMember(const std::string& member_id, const std::string& job_id) ABSL_LOCKS_EXCLUDED(mu_);
+  // OK when `member_id` may write `key` of its job's KV store: not the
+  // coordinator's (routings, a checkpoint's paths), and a checkpoint's
+  // answers from worker 0 alone.
+  absl::Status CheckKvWrite(const std::string& member_id, const std::string& key) ABSL_LOCKS_EXCLUDED(mu_);
   // The seat (rank) a registration may take back in a job that survived a
   // coordinator restart (on either side): the job's attempt it was running,
   // the same name and role, and the member id the job's stored status gives

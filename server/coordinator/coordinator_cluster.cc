@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "checkpoint/layout.h"
 #include "checkpoint/manifest.h"
+#include "checkpoint/pause_keys.h"
 #include "common/member_role.h"
 #include "common/quote.h"
 #include "common/routing_key.h"
@@ -355,13 +356,29 @@ absl::Status Coordinator::CheckJobMember(const std::string& member_id, const std
   return absl::OkStatus();
 }
 
-absl::Status Coordinator::KvSet(const std::string& member_id, const std::string& job_id, uint64_t attempt,
-                                const std::string& key, const std::string& value) {
-  if (absl::Status s = CheckJobMember(member_id, job_id); !s.ok()) return s;
+absl::Status Coordinator::CheckKvWrite(const std::string& member_id, const std::string& key) {
   if (IsRoutingKey(key)) {
     return absl::PermissionDeniedError(absl::StrCat("keys under '", kRoutingKeyPrefix,
                                                     "' are the coordinator's (shard routings): members only read them"));
   }
+  if (IsCheckpointPathKey(key)) {
+    return absl::PermissionDeniedError(
+        "a checkpoint's path keys are the coordinator's (where worker 0 writes): members only read them");
+  }
+  if (IsCheckpointSavedKey(key)) {
+    absl::MutexLock lock(&mu_);
+    const Member* m = members_.Find(member_id);
+    if (m == nullptr || m->status.role() != MEMBER_ROLE_WORKER || m->status.rank() != 0) {
+      return absl::PermissionDeniedError("only worker 0 answers a checkpoint's save");
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Coordinator::KvSet(const std::string& member_id, const std::string& job_id, uint64_t attempt,
+                                const std::string& key, const std::string& value) {
+  if (absl::Status s = CheckJobMember(member_id, job_id); !s.ok()) return s;
+  if (absl::Status s = CheckKvWrite(member_id, key); !s.ok()) return s;
   return rendezvous_.Set(job_id, attempt, key, value);
 }
 
@@ -380,9 +397,7 @@ absl::StatusOr<std::string> Coordinator::KvGet(const std::string& member_id, con
 absl::StatusOr<int64_t> Coordinator::KvAdd(const std::string& member_id, const std::string& job_id,
                                            uint64_t attempt, const std::string& key, int64_t delta) {
   if (absl::Status s = CheckJobMember(member_id, job_id); !s.ok()) return s;
-  if (IsRoutingKey(key)) {
-    return absl::PermissionDeniedError(absl::StrCat("keys under '", kRoutingKeyPrefix, "' are the coordinator's"));
-  }
+  if (absl::Status s = CheckKvWrite(member_id, key); !s.ok()) return s;
   return rendezvous_.Add(job_id, attempt, key, delta);
 }
 

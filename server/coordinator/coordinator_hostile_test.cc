@@ -9,6 +9,7 @@
 #include <future>
 
 #include "absl/cleanup/cleanup.h"
+#include "checkpoint/pause_keys.h"
 #include "common/clock.h"
 #include "common/file_util.h"
 #include "google/protobuf/util/json_util.h"
@@ -334,6 +335,35 @@ TEST(CoordinatorLimitsTest, PathsOutsideTheRootAreRefused) {
   req.set_output_dir(link + "/x");
   EXPECT_EQ(c->SubmitJob(req).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(c->ListJobs().empty());
+}
+
+// A checkpoint's paths are the coordinator's (else a member could have
+// worker 0 write its table anywhere worker 0 may), its answers worker 0's.
+TEST(CoordinatorHostileTest, ACheckpointsKeysAreTheCoordinatorsAndWorker0s) {
+  auto c = Make();
+  const std::string shard = Join(*c, MEMBER_ROLE_SHARD, "shard-0")->member_id();
+  Join(*c, MEMBER_ROLE_WORKER, "worker-0");
+  Join(*c, MEMBER_ROLE_WORKER, "worker-1");
+  const std::string job = Submit(*c, "name: t\nworkers: 2\nshards: 1\ndata: {format: synthetic}\n");
+  std::string rank[2];
+  const JobStatus st = c->GetJob(job).value();
+  for (const MemberStatus& m : st.members()) {
+    if (m.role() == MEMBER_ROLE_WORKER) rank[m.rank()] = m.member_id();
+  }
+  ASSERT_FALSE(rank[0].empty());
+  ASSERT_FALSE(rank[1].empty());
+  for (const std::string& key : {CheckpointPathKey(7), CheckpointBuffersPathKey(7)}) {
+    for (const std::string& m : {rank[0], rank[1], shard}) {
+      EXPECT_EQ(c->KvSet(m, job, 1, key, "/etc/x").code(), absl::StatusCode::kPermissionDenied) << key;
+      EXPECT_EQ(c->KvAdd(m, job, 1, key, 1).status().code(), absl::StatusCode::kPermissionDenied) << key;
+    }
+  }
+  for (const std::string& key : {CheckpointSavedKey(7), CheckpointBuffersSavedKey(7)}) {
+    EXPECT_EQ(c->KvSet(rank[1], job, 1, key, "x").code(), absl::StatusCode::kPermissionDenied) << key;
+    EXPECT_EQ(c->KvSet(shard, job, 1, key, "x").code(), absl::StatusCode::kPermissionDenied) << key;
+    EXPECT_TRUE(c->KvSet(rank[0], job, 1, key, "x").ok()) << key;
+  }
+  EXPECT_TRUE(c->KvSet(rank[1], job, 1, PauseStepKey(7), "40").ok());  // any worker may pick the step
 }
 
 }  // namespace

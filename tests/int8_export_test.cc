@@ -48,7 +48,9 @@ TEST_P(Int8ExportTest, PythonLoadsTheModulesAndTheyScoreWithinOnePoint) {
     if (mode == Int8Mode::kDynamic && model == "lenet") {
       EXPECT_EQ(m->fp32_layers, (std::vector<std::string>{"conv1", "conv2"}));  // dynamic mode keeps Conv fp32
     }
-    if (mode == Int8Mode::kStatic) EXPECT_TRUE(m->fp32_layers.empty());
+    if (mode == Int8Mode::kStatic) {
+      EXPECT_TRUE(m->fp32_layers.empty());
+    }
     if (mode != Int8Mode::kFloat && model == "mlp") {
       EXPECT_LE(m->bytes.size(), fp32_bytes * 30 / 100) << "int8 export over 30% of fp32";
     }

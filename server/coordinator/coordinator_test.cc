@@ -81,6 +81,18 @@ class CoordinatorTest : public ::testing::Test {
   JobState State(Coordinator& c, const std::string& job) { return c.GetJob(job)->state(); }
   // A coordinator over a fresh `db` that starts a 1-shard, 1-worker job and
   // stops (as a restart test's first life); the job's id.
+  // shard-0 registered by someone else after a restart: its name, another
+  // address (10.66.0.1:1), `job` and `attempt`, a guessed member id.
+  static RegisterRequest Impostor(const std::string& job, uint64_t attempt) {
+    RegisterRequest fake;
+    fake.set_role(MEMBER_ROLE_SHARD);
+    fake.set_name("shard-0");
+    fake.set_address("10.66.0.1:1");
+    fake.set_job_id(job);
+    fake.set_attempt(attempt);
+    fake.set_previous_member_id("shard-0#" + std::string(32, '0'));
+    return fake;
+  }
   std::string StartJobAndStop(const std::string& db) {
     std::filesystem::remove(db);
     auto c = Make(db);
@@ -271,14 +283,7 @@ TEST_F(CoordinatorTest, AnImpostorRegisteringFirstAfterARestartGetsNoSeat) {
   const std::string job = StartJobAndStop(db);
   const std::string seat_id = ids_["shard-0"];
   auto c = Make(db);
-  RegisterRequest fake;
-  fake.set_role(MEMBER_ROLE_SHARD);
-  fake.set_name("shard-0");
-  fake.set_address("10.66.0.1:1");
-  fake.set_job_id(job);
-  fake.set_attempt(1);
-  fake.set_previous_member_id("shard-0#" + std::string(32, '0'));
-  auto impostor = c->Register(fake);
+  auto impostor = c->Register(Impostor(job, 1));
   ASSERT_TRUE(impostor.ok()) << impostor.status();  // the name was free
   EXPECT_NE(impostor->member_id(), seat_id);
   auto a = c->GetAssignment(impostor->member_id(), absl::Now() + absl::Milliseconds(200));
@@ -314,12 +319,7 @@ TEST_F(CoordinatorTest, AShardThatHeardNoJobTakesItsSeatBackByItsMemberId) {
   const std::string job = StartJobAndStop(db);
   const std::string seat_id = ids_["shard-0"];
   auto c = Make(db);
-  RegisterRequest fake;
-  fake.set_role(MEMBER_ROLE_SHARD);
-  fake.set_name("shard-0");
-  fake.set_address("10.66.0.1:1");
-  fake.set_previous_member_id("shard-0#" + std::string(32, '0'));
-  auto impostor = c->Register(fake);
+  auto impostor = c->Register(Impostor("", 0));  // names no job either
   ASSERT_TRUE(impostor.ok()) << impostor.status();
   EXPECT_NE(impostor->member_id(), seat_id);
   // The real shard: no job, no attempt, its id; it gets the seat although

@@ -267,12 +267,23 @@ absl::Status ReadQuantization(MappingReader& q, QuantizationSpec& spec) {
   RETURN_IF_ERROR(q.Read("start_step", &spec.start_step));
   RETURN_IF_ERROR(q.Read("freeze_observers_step", &spec.freeze_observers_step));
   RETURN_IF_ERROR(q.Read("freeze_bn_step", &spec.freeze_bn_step));
+  RETURN_IF_ERROR(q.Read("export", &spec.export_mode));
+  RETURN_IF_ERROR(q.Read("calibration", &spec.calibration));
   return absl::OkStatus();
 }
 
 absl::Status CheckQuantization(const JobSpec& spec, const MappingReader& r) {
   const QuantizationSpec& q = spec.quantization;
-  if (!q.qat()) return r.Error("quantization.mode", "must be qat (post-training modes are `pstrain export --quantize`)");
+  if (!q.mode.empty() && !q.qat()) {
+    return r.Error("quantization.mode", "must be qat (post-training modes are `export: dynamic|static`)");
+  }
+  if (!q.export_mode.empty() && q.export_mode != "dynamic" && q.export_mode != "static") {
+    return r.Error("quantization.export", "must be dynamic or static");
+  }
+  if (!q.qat() && q.export_mode.empty()) {
+    return r.Error("quantization", "needs mode: qat, export: dynamic|static, or both");
+  }
+  if (q.calibration < 1 || q.calibration > 65536) return r.Error("quantization.calibration", "must be in 1..65536");
   if (q.weights != "per_channel" && q.weights != "per_tensor") {
     return r.Error("quantization.weights", "must be per_channel or per_tensor");
   }
@@ -284,6 +295,7 @@ absl::Status CheckQuantization(const JobSpec& spec, const MappingReader& r) {
     return r.Error("quantization", absl::StrCat("knows the layers of the built-in models mlp, mlp_wide and lenet; "
                                                 "model '", spec.model.substr(0, 64), "' cannot be quantized yet"));
   }
+  if (!q.qat()) return absl::OkStatus();  // an export alone: any mode, device, precision
   if (spec.workers != 1 && !spec.allreduce()) {
     return r.Error("quantization", "runs with workers: 1 in ps mode for now (its observers are not synchronised "
                                    "across workers yet; mode: allreduce synchronises them)");

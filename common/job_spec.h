@@ -71,6 +71,11 @@ struct QuantizationSpec {
   int64_t start_step = 0;             // fake quantization from this step on
   int64_t freeze_observers_step = 0;  // observers frozen from this step on (0: never)
   int64_t freeze_bn_step = 0;         // accepted; the built-in models have no BatchNorm
+  // At the job's end rank 0 also writes model-int8.pt beside model.pt:
+  // "" (not), dynamic, or static (a QAT job's learned scales, else
+  // calibrated on the first `calibration` training examples).
+  std::string export_mode;
+  int64_t calibration = 256;
   bool qat() const { return mode == "qat"; }
 };
 

@@ -78,6 +78,16 @@ TEST(JobSpecTest, QuantizationIsParsedAndItsLimitsAreNamed) {
   EXPECT_FALSE(ParseJobSpec("model: mlp\n")->quantization.qat());
   EXPECT_EQ(ParseJobSpec("quantization: {mode: qat}\n")->quantization.weights, "per_channel");  // lenet
   ExpectRefused("quantization: {mode: static}\n", "must be qat");
+  // An export alone: any mode and worker count (it converts the final weights).
+  auto exported = ParseJobSpec("model: mlp\nworkers: 2\nshards: 1\nquantization: {export: static, calibration: 64}\n");
+  ASSERT_TRUE(exported.ok()) << exported.status();
+  EXPECT_FALSE(exported->quantization.qat());
+  EXPECT_EQ(exported->quantization.export_mode, "static");
+  EXPECT_EQ(exported->quantization.calibration, 64);
+  ExpectRefused("quantization: {export: int4}\n", "quantization.export must be dynamic or static");
+  ExpectRefused("quantization: {export: static, calibration: 0}\n", "quantization.calibration must be in 1..65536");
+  ExpectRefused("quantization: {weights: per_tensor}\n", "needs mode: qat, export");
+  ExpectRefused("model: torchscript:net.pt\nquantization: {export: dynamic}\n", "cannot be quantized");
   ExpectRefused("quantization: {mode: qat, weights: per_row}\n", "per_channel or per_tensor");
   ExpectRefused("quantization: {mode: qat, activations: per_channel}\n", "must be per_tensor");
   ExpectRefused("quantization: {mode: qat, start_step: -1}\n", ">= 0");

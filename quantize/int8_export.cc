@@ -210,7 +210,13 @@ absl::StatusOr<Int8Module> BuildInt8Module(const std::string& model, const Named
     torch::jit::Module m{c10::QualifiedName(ClassName(model, mode))};
     std::string src = "def forward(self, x: Tensor) -> Tensor:\n";
     auto line = [&](const std::string& s) { absl::StrAppend(&src, "    ", s, "\n"); };
-    auto qparams = [&](size_t i) { return absl::StrFormat("%.17g, %d", act[i].first, act[i].second); };
+    auto qparams = [&](size_t i) {
+      // A float literal even when the scale is whole (1 would be an int,
+      // which torch.quantize_per_tensor refuses).
+      std::string scale = absl::StrFormat("%.17g", act[i].first);
+      if (scale.find_first_of(".e") == std::string::npos) scale += ".0";
+      return absl::StrCat(scale, ", ", act[i].second);
+    };
     line(mode == Int8Mode::kStatic ? absl::StrCat("h = torch.quantize_per_tensor(x, ", qparams(0), ", 13)") : "h = x");
     for (size_t i = 0; i < layers->size(); ++i) {
       const Layer& l = (*layers)[i];

@@ -1,4 +1,5 @@
-// Quantization-aware training end to end: `pstrain local` trains the MLP on
+// Quantization-aware training end to end (and each job's own int8 export,
+// `quantization: {export: static}`): `pstrain local` trains the MLP on
 // Fashion-MNIST twice, in fp32 and with `quantization: {mode: qat}`; the
 // QAT job's final weights carry its quantizers, pstrain-quantize converts
 // them to a static int8 module with the learned scales (no calibration),
@@ -48,7 +49,8 @@ shards: 1
 epochs: 2
 batch_size: 64
 seed: 42
-)") + (qat ? "quantization: {mode: qat, start_step: 200}\n" : "");
+)") + (qat ? "quantization: {mode: qat, start_step: 200, export: static}\n"
+             : "quantization: {export: static, calibration: 256}\n");
 }
 
 TEST(QatJobTest, AQatJobExportsAnInt8ModelThatScoresLikeFp32) {
@@ -84,7 +86,16 @@ TEST(QatJobTest, AQatJobExportsAnInt8ModelThatScoresLikeFp32) {
       RunChild({"quantize/pstrain-quantize", "auto", weights[0], dir + "/x.pt", "static"}, dir + "/r.log");
   EXPECT_EQ(refused.code, 1) << refused.output;
   EXPECT_NE(refused.output.find("--calibration"), std::string::npos) << refused.output;
-  ChildRun score = RunChild({"/usr/bin/python3", "tests/quantize_models.py", "score", "mlp", weights[0], "1.0", int8},
+  // Each job's own int8 model (quantization.export: static): the fp32
+  // job's calibrated on its first 256 training images, the QAT job's with
+  // its learned scales, beside its weights.
+  std::string job_int8[2];
+  for (int qat = 0; qat < 2; ++qat) {
+    job_int8[qat] = std::filesystem::path(weights[qat]).parent_path().string() + "/model-int8.pt";
+    ASSERT_TRUE(std::filesystem::exists(job_int8[qat])) << job_int8[qat];
+  }
+  ChildRun score = RunChild({"/usr/bin/python3", "tests/quantize_models.py", "score", "mlp", weights[0], "1.0", int8,
+                             job_int8[0], job_int8[1]},
                             dir + "/score.log");
   EXPECT_EQ(score.code, 0) << score.output;
   std::smatch m;
@@ -93,6 +104,10 @@ TEST(QatJobTest, AQatJobExportsAnInt8ModelThatScoresLikeFp32) {
   EXPECT_NEAR(int8_accuracy, reported[1], 0.003) << score.output;
   std::printf("fp32 job %.4f, QAT job (fake-quantized) %.4f, its int8 module %.4f\n", reported[0], reported[1],
               int8_accuracy);
+  // The QAT job converted itself with the same scales pstrain-quantize used.
+  ASSERT_TRUE(std::regex_search(score.output, m, std::regex("qat/[^\"]*model-int8.pt\": ([0-9.]+)"))) << score.output;
+  EXPECT_EQ(std::stod(m[1]), int8_accuracy) << score.output;
+  std::printf("%s\n", score.output.c_str());
 }
 
 // Two all-reduce workers (processes, Gloo over sockets): their observers

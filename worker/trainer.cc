@@ -30,6 +30,7 @@
 #include "worker/model.h"
 #include "worker/progress_window.h"
 #include "worker/checkpoint_buffers.h"
+#include "worker/int8_job_export.h"
 #include "worker/qat_model.h"
 #include "worker/ps_client.h"
 #include "worker/sampler.h"
@@ -369,6 +370,13 @@ absl::Status Trainer::Finish() {
     s = SaveWeights(state, path);
     if (!s.ok()) return s;
     options_.emit(WeightsEvent(options_.rank, path));
+    if (!spec_.quantization.export_mode.empty()) {
+      const int64_t n = std::min<int64_t>(spec_.quantization.calibration, data_.train.size());
+      auto int8 = WriteInt8Export(spec_, state, data_.train.Normalize(data_.train.inputs.narrow(0, 0, n)),
+                                  spec_.output_dir + "/model-int8.pt");
+      if (!int8.ok()) return int8.status();
+      spdlog::info("rank 0: {}", *int8);
+    }
   }
   for (auto& [name, t] : named_) {
     result_.parameters.emplace_back(name, t.detach().to(at::kCPU, /*non_blocking=*/false, /*copy=*/true));

@@ -1,0 +1,28 @@
+// A job's int8 model (spec `quantization: {export: dynamic|static}`): at the
+// job's end rank 0 converts its final weights with quantize/int8_export --
+// a QAT job's with its learned scales, others' static ones calibrated on
+// the first `calibration` training examples -- and writes the TorchScript
+// module beside model.pt, as `pstrain export --quantize` would.
+#ifndef PSTRAIN_WORKER_INT8_JOB_EXPORT_H_
+#define PSTRAIN_WORKER_INT8_JOB_EXPORT_H_
+
+#include <ATen/core/Tensor.h>
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "common/job_spec.h"
+#include "common/weights_file.h"
+
+namespace pstrain {
+
+// Writes `path` from `weights` (the parameters and any QAT quantizers);
+// `calibration`: the first training examples (N, ...), as the model sees
+// them (normalised), for a static export without learned scales. A line
+// that says what was written.
+absl::StatusOr<std::string> WriteInt8Export(const JobSpec& spec, const NamedTensors& weights,
+                                            const at::Tensor& calibration, const std::string& path);
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_WORKER_INT8_JOB_EXPORT_H_

@@ -55,12 +55,15 @@ TEST(TrainerTest, AllReduceTwoWorkersEqualOneWorkerOnTheConcatenatedBatch) {
 
 // Quantization-aware training on two all-reduce workers: every activation
 // observer takes the range of both ranks' batches, so both ranks hold the
-// same quantizers -- those of one worker on the concatenated batch -- and
-// train like it.
+// same quantizers bit for bit (without the reduction each rank's observers
+// see only its batch), and they are those of one worker on the
+// concatenated batch. One QAT step after two fp32 ones: fake quantization
+// rounds, so over many steps a last-bit difference between the two runs'
+// kernels (batch 16 against 32) may flip a rounding and grow.
 TEST(TrainerTest, AllReduceQatWorkersShareTheirObserversAndTrainLikeOneWorker) {
   auto data = LoadData(SyntheticSpec("x", "lenet").data, 7);
   ASSERT_TRUE(data.ok());
-  JobSpec two = AllReduceSpec("ar-qat", "lenet", 2, 16, 12);
+  JobSpec two = AllReduceSpec("ar-qat", "lenet", 2, 16, 3);
   two.quantization.mode = "qat";
   two.quantization.start_step = 2;  // fp32 steps first, as a job has them
   auto results = RunTwoAllReduceWorkers(two, *data);
@@ -72,9 +75,10 @@ TEST(TrainerTest, AllReduceQatWorkersShareTheirObserversAndTrainLikeOneWorker) {
   for (size_t i = 0; i < one.buffers.size(); ++i) {
     const auto& [name, a] = one.buffers[i];
     const at::Tensor& b = results[0]->buffers[i].second;
-    const at::Tensor& c = results[1]->buffers[i].second;
-    EXPECT_TRUE(at::equal(b, c)) << name << ": the two workers' quantizers disagree";
-    if (a.is_floating_point()) {
+    EXPECT_TRUE(at::equal(b, results[1]->buffers[i].second)) << name << ": the two workers' quantizers disagree";
+    if (name.rfind("qat.input.", 0) == 0) {
+      EXPECT_TRUE(at::equal(a, b)) << name << ": the inputs' range is exact";
+    } else if (a.is_floating_point()) {
       EXPECT_TRUE(at::allclose(a, b, 1e-4, 1e-5)) << name << " differs by " << a.sub(b).abs().max().item<double>();
     } else {
       EXPECT_LE(a.sub(b).abs().max().item<int64_t>(), 1) << name;  // a zero point, rounded

@@ -215,13 +215,15 @@ class CheckpointEmbeddingsTest : public ControlPlaneTest {
     WaitForState(*job, "CANCELLED", absl::Seconds(60));
   }
 
-  void RestoreOntoThreeShardsAndTrainOn(const std::string& mode);
+  void RestoreOntoThreeShardsAndTrainOn(const std::string& mode, const std::string& into_mode);
   std::vector<size_t> workers_;  // indexes into pool_
 };
 
-// A job of `mode` (spec lines) checkpointed on 2 shards is restored onto 3:
-// they hold the checkpoint's rows, and each rank trains on from its place.
-void CheckpointEmbeddingsTest::RestoreOntoThreeShardsAndTrainOn(const std::string& mode) {
+// A job of `mode` (spec lines) checkpointed on 2 shards is restored onto 3
+// as a job of `into_mode`: they hold the checkpoint's rows, and each rank
+// trains on from its place.
+void CheckpointEmbeddingsTest::RestoreOntoThreeShardsAndTrainOn(const std::string& mode,
+                                                                const std::string& into_mode) {
   // 1. Checkpointed every 40 steps, open-ended until cancelled.
   std::string job, ck;
   ASSERT_NO_FATAL_FAILURE(CheckpointThenCancel(&job, &ck, mode));
@@ -251,7 +253,7 @@ void CheckpointEmbeddingsTest::RestoreOntoThreeShardsAndTrainOn(const std::strin
   for (size_t w : workers_) pool_[w]->Signal(SIGSTOP);
   const int64_t max_steps = manifest->step + 300;
   const std::string spec_b =
-      WriteSpec("b", SpecYaml(3, mode + "epochs: 1000\nmax_steps: " + std::to_string(max_steps) + "\n"));
+      WriteSpec("b", SpecYaml(3, into_mode + "epochs: 1000\nmax_steps: " + std::to_string(max_steps) + "\n"));
   CliResult r = Cli({"restore", "--from", ck, "--spec", spec_b, "--output_dir", dir_ + "/out"});
   ASSERT_EQ(r.code, 0) << r.out;
   const std::string restored = r.out.substr(0, r.out.find('\n'));
@@ -331,13 +333,20 @@ void CheckpointEmbeddingsTest::RestoreOntoThreeShardsAndTrainOn(const std::strin
 }
 
 TEST_F(CheckpointEmbeddingsTest, ARestoreOntoAnotherShardCountHoldsTheCheckpointsRowsAndTrainsOn) {
-  RestoreOntoThreeShardsAndTrainOn("");
+  RestoreOntoThreeShardsAndTrainOn("", "");
 }
 
 // Hybrid: the dense part all-reduced (worker 0 saves it, the workers load
 // it), the rows on the shards (they save and load them).
 TEST_F(CheckpointEmbeddingsTest, AHybridJobsCheckpointRestoresOntoAnotherShardCountAndTrainsOn) {
-  RestoreOntoThreeShardsAndTrainOn("mode: allreduce\n");
+  RestoreOntoThreeShardsAndTrainOn("mode: allreduce\n", "mode: allreduce\n");
+}
+
+// Across modes: a ps job's checkpoint (dense part on the shards) restored
+// as a hybrid job (its workers load the dense part, re-cut from the
+// manifest's parameter list; the shards the rows).
+TEST_F(CheckpointEmbeddingsTest, APsJobsCheckpointRestoresIntoAHybridJob) {
+  RestoreOntoThreeShardsAndTrainOn("", "mode: allreduce\n");
 }
 
 // `pstrain export JOB --embeddings FILE` writes the tables of the job's

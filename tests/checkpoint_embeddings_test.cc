@@ -349,6 +349,12 @@ TEST_F(CheckpointEmbeddingsTest, APsJobsCheckpointRestoresIntoAHybridJob) {
   RestoreOntoThreeShardsAndTrainOn("", "mode: allreduce\n");
 }
 
+// And back: a hybrid job's checkpoint (dense part in worker 0's file)
+// restored as a ps job (the new shards load the dense part from it).
+TEST_F(CheckpointEmbeddingsTest, AHybridJobsCheckpointRestoresIntoAPsJob) {
+  RestoreOntoThreeShardsAndTrainOn("mode: allreduce\n", "");
+}
+
 // `pstrain export JOB --embeddings FILE` writes the tables of the job's
 // newest checkpoint as torch.load reads them: PyTorch finds every row of
 // the checkpoint's files with its value.

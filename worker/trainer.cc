@@ -413,6 +413,9 @@ absl::StatusOr<TrainResult> Trainer::Run() {
   schedule_ = MakeStepSchedule(spec_, sampler_->per_rank(), options_.start_step, options_.start_epoch,
                                options_.start_epoch_step, options_.rejoin_step);
   step_ = schedule_.start_step;
+  // A resumed QAT job quantizes from its first step -- and in an
+  // evaluation before any (stopped at the checkpoint's step).
+  model_->SetStep(step_);
   BatchPlan batch_plan;
   batch_plan.batch_size = spec_.batch_size;
   batch_plan.start_epoch = schedule_.start_epoch;

@@ -22,15 +22,15 @@
 #include "spdlog/spdlog.h"
 #include "worker/activity.h"
 #include "worker/batch_loader.h"
+#include "worker/checkpoint_buffers.h"
 #include "worker/device.h"
 #include "worker/evaluation.h"
 #include "worker/exchange_setup.h"
 #include "worker/gradient_exchange.h"
+#include "worker/int8_job_export.h"
 #include "worker/loss_scaler.h"
 #include "worker/model.h"
 #include "worker/progress_window.h"
-#include "worker/checkpoint_buffers.h"
-#include "worker/int8_job_export.h"
 #include "worker/qat_model.h"
 #include "worker/ps_client.h"
 #include "worker/sampler.h"
@@ -102,6 +102,7 @@ class Trainer {
   bool armed_ = false;  // during backward
   std::vector<bool> offered_;
   int64_t step_ = 0;
+  bool has_buffers_ = false;  // QAT's quantizers: checkpoints save them
   StepSchedule schedule_;
   TrainResult result_;
   Clock::time_point start_;
@@ -127,7 +128,8 @@ absl::Status Trainer::BuildModel() {
   model_ = std::move(*model);
   model_->To(device_);
   model_->SetTraining(true);
-  if (options_.restore_buffers && !model_->NamedBuffers().empty()) {
+  has_buffers_ = !model_->NamedBuffers().empty();
+  if (options_.restore_buffers && has_buffers_) {
     // Resumed: the checkpoint's quantizers, not fresh ones.
     auto saved = options_.restore_buffers();
     if (!saved.ok()) return saved.status();
@@ -440,7 +442,7 @@ absl::StatusOr<TrainResult> Trainer::Run() {
         at.epoch_step = es;
         at.flush = [this, step = step_] { return exchange_->Flush(step); };
         if (scaler_ != nullptr) at.loss_scale = [this] { return scaler_->CurrentScale(); };
-        if (!model_->NamedBuffers().empty()) {
+        if (has_buffers_) {
           at.save_buffers = [this](const std::string& path) { return SaveBuffersFile(model_->NamedBuffers(), path); };
         }
         options_.at_step_boundary(at);

@@ -360,6 +360,7 @@ absl::StatusOr<JobSpec> ParseJobSpecOrThrow(const std::string& yaml, const std::
     quantization = true;
     return ReadQuantization(q, spec.quantization);
   }));
+  RETURN_IF_ERROR(ReadPipelineSpec(r, &spec.pipeline));
   RETURN_IF_ERROR(r.Check());
 
   if (consistency == "async") {
@@ -374,6 +375,8 @@ absl::StatusOr<JobSpec> ParseJobSpecOrThrow(const std::string& yaml, const std::
   if (spec.min_workers == -1) spec.min_workers = spec.workers;
   RETURN_IF_ERROR(CheckValues(spec, r));
   if (quantization) RETURN_IF_ERROR(CheckQuantization(spec, r));
+  RETURN_IF_ERROR(CheckPipelineJob(spec, r));
+  if (spec.pipeline.enabled()) spec.device = DeviceChoice::kCpu;  // auto: the stages run on the CPU for now
   return spec;
 }
 

@@ -10,6 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/embedding_spec.h"
+#include "common/pipeline_spec.h"
 #include "proto/parameter.pb.h"
 
 namespace pstrain {
@@ -122,6 +123,8 @@ struct JobSpec {
   // model dlrm: the embedding tables on the shards and the fields reading them.
   EmbeddingsSpec embeddings;
   QuantizationSpec quantization;
+  // Pipeline parallelism: stages, micro-batches, schedule (off by default).
+  PipelineSpec pipeline;
   OptimizerConfig optimizer;    // kind SGD, lr 0.05 unless set
   LrScheduleSpec lr_schedule;
   Consistency consistency = ASYNC;

@@ -74,6 +74,17 @@ absl::StatusOr<std::unique_ptr<AllReduceSetup>> AllReduceSetup::Create(const All
   auto collective = CreateCollective(*backend, co);
   if (!collective.ok()) return collective.status();
   s->collective_ = std::move(*collective);
+  if (options.spec.pipeline.enabled()) {
+    // Rank = replica * P + stage: stage s's replicas average their
+    // gradients in a group of their own.
+    const int stages = options.spec.pipeline.stages;
+    co.rank = options.rank / stages;
+    co.size = options.world_size / stages;
+    co.prefix = absl::StrCat("collective/stage-", options.rank % stages, "/");
+    auto group = CreateCollective(*backend, co);
+    if (!group.ok()) return group.status();
+    s->stage_group_ = std::move(*group);
+  }
   // The local store reads and writes the checkpoint paths the coordinator
   // (or the resume flag) names: absolute, given relative to "/".
   ShardStoreOptions local;

@@ -41,7 +41,14 @@ class AllReduceSetup {
  public:
   static absl::StatusOr<std::unique_ptr<AllReduceSetup>> Create(const AllReduceOptions& options);
 
+  // The whole job's group.
   Collective* collective() { return collective_.get(); }
+  // The group that averages this rank's gradients: the whole job's, or in
+  // a pipelined job its stage's replicas (TrainerOptions::collective).
+  Collective* exchange_group() { return stage_group_ != nullptr ? stage_group_.get() : collective_.get(); }
+  // A pipelined job's whole group, whose point-to-point carries the
+  // stages' activations (TrainerOptions::pipeline); null otherwise.
+  Collective* pipeline_group() { return stage_group_ != nullptr ? collective_.get() : nullptr; }
   ShardStore* local_store() { return local_.get(); }
   // For TrainerOptions::restore_local; empty when not resuming.
   std::function<absl::Status(const std::vector<std::string>& keys)> restore_local();
@@ -55,6 +62,7 @@ class AllReduceSetup {
   AllReduceOptions options_;
   std::shared_ptr<KeyValueStore> store_;
   std::unique_ptr<Collective> collective_;
+  std::unique_ptr<Collective> stage_group_;
   std::unique_ptr<ShardStore> local_;
 };
 

@@ -1,8 +1,11 @@
 #include "worker/int8_job_export.h"
 
+#include <filesystem>
+
 #include "absl/strings/str_cat.h"
 #include "common/file_util.h"
 #include "quantize/int8_export.h"
+#include "spdlog/spdlog.h"
 
 namespace pstrain {
 
@@ -28,6 +31,19 @@ absl::StatusOr<std::string> WriteInt8Export(const JobSpec& spec, const NamedTens
                       : learned                  ? "the QAT job's learned scales"
                                                  : absl::StrCat(options.calibration.size(0), " examples calibrated"),
                       ", engine ", options.engine, ")");
+}
+
+absl::StatusOr<std::string> WriteJobWeights(const JobSpec& spec, const NamedTensors& weights, const Dataset& train) {
+  std::filesystem::create_directories(spec.output_dir);
+  const std::string path = spec.output_dir + "/model.pt";
+  if (absl::Status s = SaveWeights(weights, path); !s.ok()) return s;
+  if (spec.quantization.export_mode.empty()) return path;
+  const int64_t n = std::min<int64_t>(spec.quantization.calibration, train.size());
+  auto int8 = WriteInt8Export(spec, weights, train.Normalize(train.inputs.narrow(0, 0, n)),
+                              spec.output_dir + "/model-int8.pt");
+  if (!int8.ok()) return int8.status();
+  spdlog::info("rank 0: {}", *int8);
+  return path;
 }
 
 }  // namespace pstrain

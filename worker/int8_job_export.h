@@ -1,5 +1,6 @@
-// A job's int8 model (spec `quantization: {export: dynamic|static}`): at the
-// job's end rank 0 converts its final weights with quantize/int8_export --
+// A job's final weights files, which rank 0 writes at the job's end:
+// model.pt, and the int8 model (spec `quantization: {export:
+// dynamic|static}`): rank 0 converts its final weights with quantize/int8_export --
 // a QAT job's with its learned scales, others' static ones calibrated on
 // the first `calibration` training examples -- and writes the TorchScript
 // module beside model.pt, as `pstrain export --quantize` would.
@@ -13,6 +14,7 @@
 #include "absl/status/statusor.h"
 #include "common/job_spec.h"
 #include "common/weights_file.h"
+#include "worker/dataset.h"
 
 namespace pstrain {
 
@@ -22,6 +24,11 @@ namespace pstrain {
 // that says what was written.
 absl::StatusOr<std::string> WriteInt8Export(const JobSpec& spec, const NamedTensors& weights,
                                             const at::Tensor& calibration, const std::string& path);
+
+// <output_dir>/model.pt from `weights` (the parameters and any QAT
+// quantizers), and model-int8.pt beside it where the spec asks, calibrated
+// on the first training examples of `train`. Returns model.pt's path.
+absl::StatusOr<std::string> WriteJobWeights(const JobSpec& spec, const NamedTensors& weights, const Dataset& train);
 
 }  // namespace pstrain
 

@@ -153,7 +153,8 @@ absl::StatusOr<std::unique_ptr<pstrain::AllReduceSetup>> SetUpAllReduce(const ps
   auto allreduce = pstrain::AllReduceSetup::Create(ao);
   if (!allreduce.ok()) return allreduce.status();
   options->local_store = (*allreduce)->local_store();
-  options->collective = (*allreduce)->collective();
+  options->collective = (*allreduce)->exchange_group();
+  options->pipeline = (*allreduce)->pipeline_group();
   options->restore_local = (*allreduce)->restore_local();
   return allreduce;
 }
@@ -273,8 +274,7 @@ absl::Status RunJobOrThrow(pstrain::JobSpec spec, int rank, int world_size, cons
     allreduce = std::move(*ar);
   }
   // Held for the job (the shared cache destroys no client in use; see SharedRemoteShard).
-  // All-reduce jobs keep no dense table on shards (a hybrid job's shards
-  // hold only its embedding rows).
+  // All-reduce jobs keep no dense table on shards (a hybrid's shards hold only its embedding rows).
   std::vector<std::shared_ptr<pstrain::GrpcRemoteShard>> remote_shards;
   for (const auto& t : spec.allreduce() ? std::vector<std::string>() : targets) {
     pstrain::RemoteShardOptions ro;

@@ -60,6 +60,22 @@ absl::StatusOr<std::unique_ptr<Model>> CreateModel(const std::string& name,
                                                    int64_t num_classes, uint64_t seed,
                                                    const DataRoot& root = DataRoot{});
 
+// Pipeline stages (common/pipeline_spec.h): layers [begin, end) of the
+// built-in model `name` (PipelineLayers(name) layers, in order), with the
+// initial values and parameter names the whole model has under `seed` (the
+// layers outside the stage are drawn and dropped, one at a time, so the
+// generator runs as it does for the whole model). Its Forward takes the
+// previous stage's outputs (the model's inputs at stage 0) and gives the
+// next stage's inputs (the logits at the last).
+absl::StatusOr<std::unique_ptr<Model>> CreateModelStage(const std::string& name,
+                                                        const std::vector<int64_t>& input_shape,
+                                                        int64_t num_classes, uint64_t seed, int begin, int end);
+
+// The parameter count of each of those layers (what the stages' cut
+// balances).
+absl::StatusOr<std::vector<double>> ModelLayerCosts(const std::string& name, const std::vector<int64_t>& input_shape,
+                                                    int64_t num_classes);
+
 // Implemented in torchscript_model.cc (the only file with torch/script.h).
 // The module is read into memory by ReadDataFile and loaded from there.
 absl::StatusOr<std::unique_ptr<Model>> LoadTorchScriptModel(const DataRoot& root, const std::string& path);

@@ -8,17 +8,12 @@
 
 #include <chrono>
 #include <cmath>
-#include <filesystem>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
-#include "absl/strings/str_join.h"
-#include "common/file_util.h"
 #include "collective/collective.h"
 #include "common/partition_plan.h"
 #include "common/torch_compat.h"
 #include "common/weights_file.h"
-#include "table/shard_store.h"
 #include "spdlog/spdlog.h"
 #include "worker/activity.h"
 #include "worker/batch_loader.h"
@@ -30,6 +25,7 @@
 #include "worker/int8_job_export.h"
 #include "worker/loss_scaler.h"
 #include "worker/model.h"
+#include "worker/pipeline_run.h"
 #include "worker/progress_window.h"
 #include "worker/qat_model.h"
 #include "worker/ps_client.h"
@@ -43,9 +39,7 @@ namespace {
 
 using Clock = ProgressWindow::Clock;
 
-double Seconds(Clock::time_point a, Clock::time_point b) {
-  return std::chrono::duration<double>(b - a).count();
-}
+double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
 
 // One run of the training loop; RunTrainer's state, its phases as methods.
 class Trainer {
@@ -81,6 +75,9 @@ class Trainer {
   void EmitProgress(int epoch);
   // Final values, evaluation, weights, the done event.
   absl::Status Finish();
+  // The test set's loss and accuracy, emitted where this rank learns them
+  // (rank 0; a pipeline's stages evaluate together).
+  absl::Status EvaluateAndEmit(int epoch, bool final);
 
   const TrainerOptions& options_;
   const JobSpec& spec_;
@@ -113,11 +110,15 @@ class Trainer {
   std::unique_ptr<BatchLoader> loader_;
   // SYNC parameter server: covering vacant ranks (null otherwise).
   std::unique_ptr<VacantRankCover> covering_;
+  std::unique_ptr<PipelineRun> pipeline_;  // pipelined jobs: this rank's stage
+  bool evaluates_ = false;  // rank 0, or replica 0's stages together
 };
 
 absl::Status Trainer::BuildModel() {
   std::vector<int64_t> input_shape(data_.train.inputs.sizes().begin() + 1, data_.train.inputs.sizes().end());
-  auto model = CreateModel(spec_.model, input_shape, spec_.data.num_classes, spec_.seed, options_.data_root);
+  auto model = options_.pipeline != nullptr
+                   ? CreatePipelineStageModel(spec_, options_.rank, options_.world_size, input_shape)
+                   : CreateModel(spec_.model, input_shape, spec_.data.num_classes, spec_.seed, options_.data_root);
   if (model.ok() && spec_.quantization.qat()) {
     // All-reduce: every rank's observers see the global batch.
     const bool group = options_.collective != nullptr && options_.collective->size() > 1;
@@ -166,7 +167,8 @@ void Trainer::RegisterHooks() {
   // then everything is offered after backward. All-reduce clips the
   // averaged gradients itself.
   // The same holds for a worker's own check of scaled (fp16) gradients.
-  hooks_ = spec_.accumulate_steps == 1 &&
+  // A pipeline stage's gradients sum over its micro-batches.
+  hooks_ = spec_.accumulate_steps == 1 && pipeline_ == nullptr &&
            (exchange_->processes_reduced() || (spec_.clip_grad_norm == 0 && scaler_ == nullptr));
   offered_.assign(params_.size(), false);
   if (!hooks_) return;
@@ -247,7 +249,11 @@ absl::Status Trainer::Step(int epoch, int64_t first, int64_t last) {
       if (!batch.ok()) return batch.status();
       data_seconds += Seconds(data_start, Clock::now());
       if (!batches.own) continue;
-      TrainMicro(*batch, scale, arm, &loss_sum);
+      if (pipeline_ == nullptr) {
+        TrainMicro(*batch, scale, arm, &loss_sum);
+      } else if (absl::Status ps = pipeline_->Step(data_.train, *batch, step_, &loss_sum); !ps.ok()) {
+        return ps;
+      }
       samples += batch->labels.size(0);
     }
     if (batches.own) batch_done();
@@ -347,6 +353,20 @@ void Trainer::EmitProgress(int epoch) {
   options_.emit(e);
 }
 
+absl::Status Trainer::EvaluateAndEmit(int epoch, bool final) {
+  auto ev = pipeline_ != nullptr ? pipeline_->Evaluate(data_.test)
+                                 : absl::StatusOr<std::optional<EvalResult>>(
+                                       Evaluate(*model_, data_.test, device_, spec_.precision));
+  if (!ev.ok()) return ev.status();
+  if (!ev->has_value()) return absl::OkStatus();  // a pipeline's stage past the first
+  if (final) {
+    result_.final_accuracy = (*ev)->accuracy;
+    result_.final_test_loss = (*ev)->loss;
+  }
+  options_.emit(EvalEvent(options_.rank, epoch, **ev, final));
+  return absl::OkStatus();
+}
+
 absl::Status Trainer::Finish() {
   activity_.Enter(WorkerActivity::FINISHING, step_);
   result_.steps = step_;
@@ -358,34 +378,26 @@ absl::Status Trainer::Finish() {
   if (!s.ok()) return s;
   // After the pull, which settles what the device decided last.
   result_.skipped_steps = scaler_ != nullptr ? scaler_->skipped_steps() : 0;
-  if (options_.rank == 0 && data_.test.size() > 0) {
-    EvalResult ev = Evaluate(*model_, data_.test, device_, spec_.precision);
-    result_.final_accuracy = ev.accuracy;
-    result_.final_test_loss = ev.loss;
-    options_.emit(EvalEvent(options_.rank, spec_.epochs, ev, /*final=*/true));
+  if (evaluates_ && data_.test.size() > 0) {
+    if (s = EvaluateAndEmit(spec_.epochs, /*final=*/true); !s.ok()) return s;
+  }
+  NamedTensors state = named_;
+  if (pipeline_ != nullptr && evaluates_ && options_.write_weights) {
+    auto all = pipeline_->GatherParameters(named_);  // onto rank 0: the whole model
+    if (!all.ok()) return all.status();
+    state = std::move(*all);
   }
   if (options_.rank == 0 && options_.write_weights) {
-    std::filesystem::create_directories(spec_.output_dir);
-    const std::string path = spec_.output_dir + "/model.pt";
-    std::vector<std::pair<std::string, at::Tensor>> state = named_;
     for (auto& b : model_->NamedBuffers()) state.push_back(std::move(b));  // QAT's quantizers
-    s = SaveWeights(state, path);
-    if (!s.ok()) return s;
-    options_.emit(WeightsEvent(options_.rank, path));
-    if (!spec_.quantization.export_mode.empty()) {
-      const int64_t n = std::min<int64_t>(spec_.quantization.calibration, data_.train.size());
-      auto int8 = WriteInt8Export(spec_, state, data_.train.Normalize(data_.train.inputs.narrow(0, 0, n)),
-                                  spec_.output_dir + "/model-int8.pt");
-      if (!int8.ok()) return int8.status();
-      spdlog::info("rank 0: {}", *int8);
-    }
+    auto path = WriteJobWeights(spec_, state, data_.train);
+    if (!path.ok()) return path.status();
+    options_.emit(WeightsEvent(options_.rank, *path));
   }
-  for (auto& [name, t] : named_) {
-    result_.parameters.emplace_back(name, t.detach().to(at::kCPU, /*non_blocking=*/false, /*copy=*/true));
-  }
-  for (auto& [name, t] : model_->NamedBuffers()) {
-    result_.buffers.emplace_back(name, t.detach().to(at::kCPU, /*non_blocking=*/false, /*copy=*/true));
-  }
+  auto copy = [](const NamedTensors& from, NamedTensors* to) {
+    for (auto& [name, t] : from) to->emplace_back(name, t.detach().to(at::kCPU, /*non_blocking=*/false, /*copy=*/true));
+  };
+  copy(named_, &result_.parameters);
+  copy(model_->NamedBuffers(), &result_.buffers);
   // Last: a job is complete when every worker is done, and worker 0's final
   // evaluation and weights must be in by then.
   options_.emit(DoneEvent(options_.rank, result_.steps, result_.samples, result_.seconds, result_.skipped_steps));
@@ -409,9 +421,17 @@ absl::StatusOr<TrainResult> Trainer::Run() {
   if (!s.ok()) return s;
   // Rank 0 tells the coordinator the model's layout (for checkpoints and
   // their re-partitioning).
-  if (options_.rank == 0) options_.emit(PlanEvent(options_.rank, spec_.chunk_bytes, specs_));
+  // (A pipelined job has no checkpoints: no plan.)
+  if (options_.rank == 0 && options_.pipeline == nullptr) options_.emit(PlanEvent(0, spec_.chunk_bytes, specs_));
+  if (options_.pipeline != nullptr) {
+    pipeline_ = std::make_unique<PipelineRun>(spec_, options_.rank, options_.world_size, options_.pipeline,
+                                              model_.get());
+  }
+  // Unpipelined: replica = rank. A replica's stages draw the same batches.
+  const PipelinePlace place = PipelinePlaceOf(spec_.pipeline, options_.rank, options_.world_size);
+  evaluates_ = place.replica == 0;
   RegisterHooks();
-  sampler_ = std::make_unique<DistributedSampler>(data_.train.size(), options_.rank, options_.world_size, spec_.seed);
+  sampler_ = std::make_unique<DistributedSampler>(data_.train.size(), place.replica, place.replicas, spec_.seed);
   schedule_ = MakeStepSchedule(spec_, sampler_->per_rank(), options_.start_step, options_.start_epoch,
                                options_.start_epoch_step, options_.rejoin_step);
   step_ = schedule_.start_step;
@@ -457,14 +477,13 @@ absl::StatusOr<TrainResult> Trainer::Run() {
       progress_->ReadLosses(/*all=*/log_now);
       if (log_now) EmitProgress(epoch);
     }
-    if (options_.rank == 0 && data_.test.size() > 0 && epoch + 1 < spec_.epochs && step_ < schedule_.total_steps &&
+    if (evaluates_ && data_.test.size() > 0 && epoch + 1 < spec_.epochs && step_ < schedule_.total_steps &&
         spec_.eval_every_epochs > 0 && (epoch + 1) % spec_.eval_every_epochs == 0) {
       // Mid-run evaluation with the current values (others keep training).
       activity_.Enter(WorkerActivity::EVALUATING, step_);
       s = exchange_->Pull();
       if (!s.ok()) return s;
-      EvalResult ev = Evaluate(*model_, data_.test, device_, spec_.precision);
-      options_.emit(EvalEvent(options_.rank, epoch + 1, ev, /*final=*/false));
+      if (s = EvaluateAndEmit(epoch + 1, /*final=*/false); !s.ok()) return s;
     }
   }
   s = Finish();

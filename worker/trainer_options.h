@@ -75,6 +75,10 @@ struct TrainerOptions {
   // All-reduce mode, resuming: loads the checkpoint into the local store
   // (keys: every chunk of the model) before training starts.
   std::function<absl::Status(const std::vector<std::string>& keys)> restore_local;
+  // Pipelined jobs (spec.pipeline): the whole job's group, whose
+  // point-to-point carries the stages' activations and gradients (not
+  // owned); `collective` is then this rank's stage's replicas.
+  Collective* pipeline = nullptr;
   std::function<void(const WorkerEvent& event)> emit = [](const WorkerEvent&) {};
   // Rank 0 writes <output_dir>/model.pt at the end.
   bool write_weights = true;

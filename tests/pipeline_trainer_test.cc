@@ -1,0 +1,147 @@
+// Pipelined jobs through the training loop (issue 35): ranks as threads,
+// the stages talking over real Gloo sockets. A job with `pipeline` trains
+// the parameters the same job without it trains (same seed, same global
+// batch, fp32): the stages' gradients are the uncut model's, and a stage's
+// replicas average them as all-reduce workers do. Also: the test set runs
+// through the stages to rank 0, and rank 0 writes the whole model.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "common/weights_file.h"
+#include "tests/trainer_testing.h"
+
+namespace pstrain {
+namespace {
+
+// `spec`'s ranks at once (threads), pipelined when spec.pipeline says so:
+// each rank gets the whole group (point-to-point) and its stage's group.
+std::vector<absl::StatusOr<TrainResult>> RunPipelined(const JobSpec& spec, const TrainTest& data,
+                                                      bool write_weights = false) {
+  static int run = 0;
+  const std::string prefix = absl::StrCat("pipeline-run-", run++, "/");
+  auto store = NewInMemoryStore();
+  const int world = spec.workers, stages = std::max(1, spec.pipeline.stages);
+  std::vector<std::unique_ptr<Collective>> whole(world), stage(world);
+  std::vector<std::unique_ptr<Shards>> locals(world);
+  return TrainRanks(spec, data, world, [&](int r, TrainerOptions& o) -> absl::Status {
+    CollectiveOptions co;
+    co.store = store;
+    co.hostname = "127.0.0.1";
+    co.timeout = absl::Seconds(60);
+    co.rank = r;
+    co.size = world;
+    co.prefix = prefix + "all/";
+    auto all = CreateCollective(Collective::Backend::kGloo, co);
+    if (!all.ok()) return all.status();
+    whole[r] = std::move(*all);
+    co.rank = r / stages;
+    co.size = world / stages;
+    co.prefix = absl::StrCat(prefix, "stage-", r % stages, "/");
+    auto mine = CreateCollective(Collective::Backend::kGloo, co);
+    if (!mine.ok()) return mine.status();
+    stage[r] = std::move(*mine);
+    locals[r] = std::make_unique<Shards>(1);
+    o.local_store = locals[r]->stores[0].get();
+    o.collective = stage[r].get();
+    if (spec.pipeline.enabled()) o.pipeline = whole[r].get();
+    o.write_weights = write_weights;
+    return absl::OkStatus();
+  });
+}
+
+// Every rank's final parameters by name (a stage's replicas agree: the
+// first one's are kept).
+std::map<std::string, at::Tensor> ByName(const std::vector<absl::StatusOr<TrainResult>>& results) {
+  std::map<std::string, at::Tensor> out;
+  for (const auto& r : results) {
+    EXPECT_TRUE(r.ok()) << r.status();
+    if (!r.ok()) continue;
+    for (const auto& [name, t] : r->parameters) out.emplace(name, t);
+  }
+  return out;
+}
+
+void ExpectSameParameters(const std::map<std::string, at::Tensor>& got, const std::map<std::string, at::Tensor>& want,
+                          double tol) {
+  ASSERT_EQ(got.size(), want.size());
+  for (const auto& [name, w] : want) {
+    auto it = got.find(name);
+    ASSERT_NE(it, got.end()) << name;
+    EXPECT_TRUE(at::allclose(it->second, w, tol, tol)) << name << ": largest difference "
+                                                       << (it->second - w).abs().max().item<double>();
+  }
+}
+
+struct Case {
+  std::string model;
+  int stages, replicas, micro;
+  std::string schedule;
+  int64_t batch, train_examples;
+};
+
+// The pipelined job against the same job unpipelined, with `replicas`
+// all-reduce workers (the pipeline's data-parallel width).
+void CheckLikeUncut(const Case& c) {
+  SCOPED_TRACE(::testing::Message() << c.model << " P " << c.stages << " x " << c.replicas << " M " << c.micro
+                                    << " " << c.schedule);
+  JobSpec plain = AllReduceSpec("pipe-ref", c.model, c.replicas, c.batch, /*max_steps=*/0);
+  plain.data.synthetic_train = c.train_examples;
+  plain.data.synthetic_test = 200;
+  const TrainTest data{MakeSynthetic(c.train_examples, 10, 3), MakeSynthetic(200, 10, 4)};
+  JobSpec piped = plain;
+  piped.name = "pipe";
+  piped.workers = c.stages * c.replicas;
+  piped.min_workers = piped.workers;
+  piped.pipeline.stages = c.stages;
+  piped.pipeline.micro_batches = c.micro;
+  piped.pipeline.schedule = c.schedule;
+  auto want = RunPipelined(plain, data);
+  auto got = RunPipelined(piped, data);
+  ASSERT_TRUE(want[0].ok()) << want[0].status();
+  ASSERT_TRUE(got[0].ok()) << got[0].status();
+  ExpectSameParameters(ByName(got), ByName(want), 1e-5);
+  // Rank 0 learns the test set's figures from the last stage.
+  EXPECT_NEAR(got[0]->final_test_loss, want[0]->final_test_loss, 1e-4);
+  EXPECT_NEAR(got[0]->final_accuracy, want[0]->final_accuracy, 0.011);
+  EXPECT_EQ(got[0]->steps, want[0]->steps);
+  for (size_t r = 1; r < got.size(); ++r) EXPECT_LT(got[r]->final_accuracy, 0) << "rank " << r << " evaluated";
+}
+
+// 100 examples in batches of 16: 7 steps an epoch, the last of 4 examples
+// (fewer than some micro-batch counts: then one example each).
+TEST(PipelineTrainer, TwoStagesOneF1BTrainLikeTheUncutMlp) { CheckLikeUncut({"mlp", 2, 1, 3, "1f1b", 16, 100}); }
+
+TEST(PipelineTrainer, ThreeStagesGPipeTrainLikeTheUncutLeNet) { CheckLikeUncut({"lenet", 3, 1, 5, "gpipe", 16, 100}); }
+
+TEST(PipelineTrainer, OneMicroBatchAndMoreThanTheStages) {
+  CheckLikeUncut({"mlp", 3, 1, 1, "1f1b", 16, 64});
+  CheckLikeUncut({"lenet", 2, 1, 8, "1f1b", 16, 64});
+}
+
+// Hybrid: 2 replicas of a 2-stage pipeline, each stage's replicas
+// averaging its gradients, against 2 all-reduce workers.
+TEST(PipelineTrainer, TwoReplicasOfTwoStagesTrainLikeTwoAllReduceWorkers) {
+  CheckLikeUncut({"lenet", 2, 2, 4, "1f1b", 8, 100});
+}
+
+TEST(PipelineTrainer, RankZeroWritesTheWholeModel) {
+  const std::string dir = ::testing::TempDir() + "/pipeline_weights";
+  JobSpec spec = AllReduceSpec("pipe-weights", "lenet", 3, 16, /*max_steps=*/3);
+  spec.output_dir = dir;
+  spec.pipeline.stages = 3;
+  spec.pipeline.micro_batches = 2;
+  const TrainTest data{MakeSynthetic(96, 10, 3), MakeSynthetic(100, 10, 4)};
+  auto results = RunPipelined(spec, data, /*write_weights=*/true);
+  const std::map<std::string, at::Tensor> trained = ByName(results);
+  auto file = ReadWeightsFile(dir + "/model.pt");
+  ASSERT_TRUE(file.ok()) << file.status();
+  std::map<std::string, at::Tensor> written(file->begin(), file->end());
+  EXPECT_EQ(written.size(), 10u);  // LeNet's 5 layers' weights and biases
+  ExpectSameParameters(written, trained, 0);
+}
+
+}  // namespace
+}  // namespace pstrain

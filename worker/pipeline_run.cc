@@ -1,0 +1,210 @@
+#include "worker/pipeline_run.h"
+
+#include <ATen/ops/cross_entropy_loss.h>
+#include <c10/core/GradMode.h>
+
+#include <chrono>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "pipeline/stage_cut.h"
+
+namespace pstrain {
+namespace {
+
+// Tags above the training step's (2m and 2m + 1 for micro-batch m < 4096).
+constexpr int64_t kEvalActivationTag = int64_t{1} << 20;
+constexpr int64_t kEvalResultTag = kEvalActivationTag + 1;
+constexpr int64_t kGatherTag = kEvalActivationTag + 2;
+constexpr int64_t kEvalBatch = 1000;
+
+std::vector<int> StageRanks(const PipelinePlace& place) {
+  std::vector<int> ranks;
+  for (int s = 0; s < place.stages; ++s) ranks.push_back(place.RankOf(s));
+  return ranks;
+}
+
+PipelineSchedule ScheduleOf(const PipelineSpec& p) {
+  return p.schedule == "gpipe" ? PipelineSchedule::kGPipe : PipelineSchedule::k1F1B;
+}
+
+}  // namespace
+
+// Counts the time a Recv blocks: what the stage waited for its neighbours.
+class PipelineRun::TimedLink : public StageLink {
+ public:
+  TimedLink(StageLink* inner, double* waited) : inner_(inner), waited_(waited) {}
+  absl::Status Send(int to_stage, int64_t tag, const at::Tensor& tensor) override {
+    return inner_->Send(to_stage, tag, tensor);
+  }
+  absl::StatusOr<at::Tensor> Recv(int from_stage, int64_t tag) override {
+    const auto start = std::chrono::steady_clock::now();
+    auto got = inner_->Recv(from_stage, tag);
+    *waited_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    return got;
+  }
+  absl::Status Flush() override { return inner_->Flush(); }
+
+ private:
+  StageLink* inner_;
+  double* waited_;
+};
+
+PipelinePlace PipelinePlaceOf(const PipelineSpec& pipeline, int rank, int world_size) {
+  PipelinePlace p;
+  p.stages = std::max(1, pipeline.stages);
+  p.stage = rank % p.stages;
+  p.replica = rank / p.stages;
+  p.replicas = std::max(1, world_size / p.stages);
+  return p;
+}
+
+absl::StatusOr<std::vector<int>> PipelineCut(const JobSpec& spec, const std::vector<int64_t>& input_shape) {
+  auto costs = ModelLayerCosts(spec.model, input_shape, spec.data.num_classes);
+  if (!costs.ok()) return costs.status();
+  auto first = BalancedCut(*costs, spec.pipeline.stages);
+  if (!first.ok()) return first.status();
+  first->push_back(static_cast<int>(costs->size()));
+  return first;
+}
+
+absl::StatusOr<std::unique_ptr<Model>> CreatePipelineStageModel(const JobSpec& spec, int rank, int world_size,
+                                                                const std::vector<int64_t>& input_shape) {
+  auto cut = PipelineCut(spec, input_shape);
+  if (!cut.ok()) return cut.status();
+  const int s = PipelinePlaceOf(spec.pipeline, rank, world_size).stage;
+  return CreateModelStage(spec.model, input_shape, spec.data.num_classes, spec.seed, (*cut)[s], (*cut)[s + 1]);
+}
+
+PipelineRun::PipelineRun(const JobSpec& spec, int rank, int world_size, Collective* group, Model* model)
+    : spec_(spec),
+      place_(PipelinePlaceOf(spec.pipeline, rank, world_size)),
+      model_(model),
+      link_(std::make_unique<CollectiveStageLink>(group, StageRanks(place_))),
+      timed_(std::make_unique<TimedLink>(link_.get(), &wait_seconds_)),
+      stage_(
+          [&] {
+            PipelineStageOptions o;
+            o.schedule = ScheduleOf(spec.pipeline);
+            o.stages = place_.stages;
+            o.stage = place_.stage;
+            o.forward = [model](const at::Tensor& x) { return model->Forward(x); };
+            o.loss = [](const at::Tensor& out, const at::Tensor& y) {
+              return at::cross_entropy_loss(out.to(at::kFloat), y, {}, at::Reduction::Mean);
+            };
+            return o;
+          }(),
+          timed_.get()) {}
+
+PipelineRun::~PipelineRun() = default;
+
+absl::Status PipelineRun::Step(const Dataset& data, const BatchLoader::Batch& batch, int64_t step,
+                               at::Tensor* loss) {
+  const at::Tensor& labels = batch.labels;
+  const int64_t n = labels.size(0);
+  const int64_t micro = std::min<int64_t>(spec_.pipeline.micro_batches, n);
+  std::vector<int64_t> sizes;
+  for (int64_t m = 0; m < micro; ++m) sizes.push_back(n / micro + (m < n % micro ? 1 : 0));
+  std::vector<at::Tensor> xs, ys;
+  if (place_.first()) xs = data.Normalize(batch.inputs).split_with_sizes(sizes);
+  if (place_.last()) ys = labels.split_with_sizes(sizes);
+  wait_seconds_ = 0;
+  auto mean = stage_.Step(sizes, xs, ys);
+  if (!mean.ok()) return absl::Status(mean.status().code(), absl::StrCat("step ", step, ": ", mean.status().message()));
+  *loss = at::scalar_tensor(*mean, at::kDouble);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::optional<EvalResult>> PipelineRun::Evaluate(const Dataset& test) {
+  c10::NoGradGuard no_grad;
+  model_->SetTraining(false);
+  struct Restore {
+    Model* m;
+    ~Restore() { m->SetTraining(true); }
+  } restore{model_};
+  const int s = place_.stage;
+  const int64_t n = test.size();
+  double loss_sum = 0, correct = 0;
+  try {
+    for (int64_t start = 0; start < n; start += kEvalBatch) {
+      const int64_t len = std::min(kEvalBatch, n - start);
+      at::Tensor x;
+      if (place_.first()) {
+        x = test.Normalize(test.inputs.narrow(0, start, len));
+      } else {
+        auto got = link_->Recv(s - 1, kEvalActivationTag);
+        if (!got.ok()) return got.status();
+        x = *got;
+      }
+      at::Tensor y = model_->Forward(x);
+      if (!place_.last()) {
+        if (absl::Status sent = link_->Send(s + 1, kEvalActivationTag, y); !sent.ok()) return sent;
+        continue;
+      }
+      at::Tensor labels = test.labels.narrow(0, start, len);
+      y = y.to(at::kFloat);
+      loss_sum += at::cross_entropy_loss(y, labels, {}, at::Reduction::Sum).item<double>();
+      correct += static_cast<double>(y.argmax(1).eq(labels).sum().item<int64_t>());
+    }
+    if (place_.last() && !place_.first()) {
+      absl::Status sent = link_->Send(0, kEvalResultTag, at::tensor({loss_sum, correct}, at::kDouble));
+      if (!sent.ok()) return sent;
+    }
+    if (place_.first() && !place_.last()) {
+      auto got = link_->Recv(place_.stages - 1, kEvalResultTag);
+      if (!got.ok()) return got.status();
+      if (got->numel() != 2 || got->scalar_type() != at::kDouble) {
+        return absl::DataLossError("the last stage's evaluation result is not two float64 numbers");
+      }
+      loss_sum = got->data_ptr<double>()[0];
+      correct = got->data_ptr<double>()[1];
+    }
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("stage ", s, " evaluating: ", e.what_without_backtrace()));
+  }
+  if (absl::Status flushed = link_->Flush(); !flushed.ok()) return flushed;
+  if (!place_.first()) return std::optional<EvalResult>();
+  EvalResult ev;
+  ev.loss = n == 0 ? 0 : loss_sum / static_cast<double>(n);
+  ev.accuracy = n == 0 ? 0 : correct / static_cast<double>(n);
+  return std::optional<EvalResult>(ev);
+}
+
+absl::StatusOr<NamedTensors> PipelineRun::GatherParameters(const NamedTensors& own) {
+  if (!place_.first()) {
+    // A count, then per parameter its name (bytes) and its values.
+    absl::Status s = link_->Send(0, kGatherTag, at::tensor({static_cast<int64_t>(own.size())}, at::kLong));
+    for (const auto& [name, t] : own) {
+      if (!s.ok()) break;
+      at::Tensor bytes = at::empty({static_cast<int64_t>(name.size())}, at::kByte);
+      std::memcpy(bytes.data_ptr(), name.data(), name.size());
+      s = link_->Send(0, kGatherTag, bytes);
+      if (s.ok()) s = link_->Send(0, kGatherTag, t.detach());
+    }
+    if (s.ok()) s = link_->Flush();
+    if (!s.ok()) return s;
+    return NamedTensors();
+  }
+  NamedTensors all = own;
+  for (int from = 1; from < place_.stages; ++from) {
+    auto count = link_->Recv(from, kGatherTag);
+    if (!count.ok()) return count.status();
+    if (count->numel() != 1 || count->scalar_type() != at::kLong || count->item<int64_t>() < 0 ||
+        count->item<int64_t>() > 65536) {
+      return absl::DataLossError(absl::StrCat("stage ", from, " sent a bad parameter count"));
+    }
+    for (int64_t i = count->item<int64_t>(); i > 0; --i) {
+      auto name = link_->Recv(from, kGatherTag);
+      if (!name.ok()) return name.status();
+      auto value = link_->Recv(from, kGatherTag);
+      if (!value.ok()) return value.status();
+      if (name->scalar_type() != at::kByte || name->dim() != 1 || name->numel() > 1024) {
+        return absl::DataLossError(absl::StrCat("stage ", from, " sent a bad parameter name"));
+      }
+      all.emplace_back(std::string(static_cast<const char*>(name->data_ptr()), name->numel()), *value);
+    }
+  }
+  return all;
+}
+
+}  // namespace pstrain

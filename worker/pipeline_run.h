@@ -1,0 +1,100 @@
+// A pipelined rank's part of the training loop (issue 35; docs/pipeline.md):
+// where the rank sits (stage and replica), its stage's step over the
+// micro-batches (worker/pipeline_stage.h), the evaluation that runs the test
+// set through the stages, and the final weights gathered onto rank 0. The
+// trainer (worker/trainer.cc) keeps the rest: data, the exchange among a
+// stage's replicas, progress, the events.
+//
+// Rank layout: rank = replica * P + stage, so a replica's stages are
+// neighbouring ranks; stage s's W/P replicas average its gradients in a
+// group of their own (AllReduceSetup::stage_group), as the job's other
+// ranks do in all-reduce mode.
+#ifndef PSTRAIN_WORKER_PIPELINE_RUN_H_
+#define PSTRAIN_WORKER_PIPELINE_RUN_H_
+
+#include <ATen/core/Tensor.h>
+
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "collective/collective.h"
+#include "common/job_spec.h"
+#include "common/weights_file.h"
+#include "worker/batch_loader.h"
+#include "worker/dataset.h"
+#include "worker/evaluation.h"
+#include "worker/model.h"
+#include "worker/pipeline_stage.h"
+
+namespace pstrain {
+
+struct PipelinePlace {
+  int stages = 1, stage = 0;
+  int replicas = 1, replica = 0;
+  bool first() const { return stage == 0; }
+  bool last() const { return stage == stages - 1; }
+  // The rank of this replica's stage s.
+  int RankOf(int s) const { return replica * stages + s; }
+};
+
+PipelinePlace PipelinePlaceOf(const PipelineSpec& pipeline, int rank, int world_size);
+
+// The first layer of each stage, then the layer count: spec.model's layers
+// cut into spec.pipeline.stages contiguous runs balanced by parameter count
+// (pipeline/stage_cut.h).
+absl::StatusOr<std::vector<int>> PipelineCut(const JobSpec& spec, const std::vector<int64_t>& input_shape);
+
+// This rank's stage of spec.model (CreateModelStage over the cut).
+absl::StatusOr<std::unique_ptr<Model>> CreatePipelineStageModel(const JobSpec& spec, int rank, int world_size,
+                                                                const std::vector<int64_t>& input_shape);
+
+// Not thread-safe: the training loop's thread. `group` (the job's whole
+// collective) and `model` (this stage's) must outlive it.
+class PipelineRun {
+ public:
+  PipelineRun(const JobSpec& spec, int rank, int world_size, Collective* group, Model* model);
+  ~PipelineRun();
+
+  const PipelinePlace& place() const { return place_; }
+
+  // One step of this replica's batch: cut into spec.pipeline.micro_batches
+  // micro-batches (sizes differing by at most one; fewer when the batch has
+  // fewer examples) that run through the stages in the schedule's order.
+  // The stage's parameters' .grad() then hold the batch's mean loss's
+  // gradients. Stage 0 reads the batch's inputs (normalised as `data`
+  // says), the last stage its labels; every stage needs the batch's size.
+  // *loss becomes the batch's mean loss (a float64 scalar) on the last
+  // stage, 0 elsewhere. A neighbour's or the model's error names `step`.
+  absl::Status Step(const Dataset& data, const BatchLoader::Batch& batch, int64_t step, at::Tensor* loss);
+
+  // Seconds this rank waited for its neighbours in the last step (the
+  // bubble and the transfers), and the step's micro-batches held at once.
+  double last_wait_seconds() const { return wait_seconds_; }
+  int peak_activations() const { return stage_.peak_activations(); }
+
+  // Replica 0's stages together (each must call it): `test` through the
+  // stages in batches of 1000; rank 0 gets the loss and accuracy (the last
+  // stage sends them), the others nullopt.
+  absl::StatusOr<std::optional<EvalResult>> Evaluate(const Dataset& test);
+
+  // Replica 0's stages together: rank 0 gets every stage's parameters, in
+  // the whole model's order (its own first); the others send theirs and
+  // get an empty list.
+  absl::StatusOr<NamedTensors> GatherParameters(const NamedTensors& own);
+
+ private:
+  class TimedLink;
+  const JobSpec& spec_;
+  const PipelinePlace place_;
+  Model* model_;
+  double wait_seconds_ = 0;
+  std::unique_ptr<CollectiveStageLink> link_;
+  std::unique_ptr<TimedLink> timed_;
+  PipelineStage stage_;
+};
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_WORKER_PIPELINE_RUN_H_

@@ -3,6 +3,7 @@
 #include <google/protobuf/util/json_util.h>
 
 #include <cstdio>
+#include <algorithm>
 #include <map>
 
 #include "absl/strings/str_cat.h"
@@ -69,7 +70,12 @@ void PrintJobTable(const pstrain::JobStatus& st) {
     for (const auto& m : st.members()) {
       if (m.role() == pstrain::MEMBER_ROLE_WORKER) by_rank[m.rank()] = &m;
     }
-    std::printf("  %-5s %-6s %-15s %-8s %-10s %s\n", "RANK", "EPOCH", "STEP", "LOSS", "SAMPLES/S", "NOW");
+    // A pipelined job's ranks: their stage, and the share of their step
+    // spent waiting for the neighbouring stages.
+    const bool staged = std::any_of(st.workers().begin(), st.workers().end(),
+                                    [](const pstrain::WorkerProgress& w) { return w.has_stage(); });
+    std::printf("  %-5s %s%-6s %-15s %-8s %-10s %s\n", "RANK", staged ? "STAGE BUBBLE " : "", "EPOCH", "STEP", "LOSS",
+                "SAMPLES/S", "NOW");
     for (const auto& w : st.workers()) {
       auto it = by_rank.find(w.rank());
       std::string now = "-";
@@ -77,7 +83,11 @@ void PrintJobTable(const pstrain::JobStatus& st) {
         const pstrain::WorkerActivity& a = it->second->activity();
         now = absl::StrFormat("%s, %.1fs (step %d)", pstrain::ActivityText(a), a.for_s(), a.step());
       }
-      std::printf("  %-5d %-6d %-15s %-8.4f %-10.0f %s\n", w.rank(), w.epoch(),
+      const std::string stage =
+          staged ? absl::StrFormat("%-5s %-6s ", absl::StrCat(w.stage(), "/", w.stages()),
+                                   absl::StrFormat("%.0f%%", 100 * w.bubble()))
+                 : "";
+      std::printf("  %-5d %s%-6d %-15s %-8.4f %-10.0f %s\n", w.rank(), stage.c_str(), w.epoch(),
                   absl::StrFormat("%d/%d", w.step(), w.steps()).c_str(), w.loss(), w.samples_per_s(), now.c_str());
     }
   }

@@ -13,40 +13,11 @@
 #include "absl/strings/ascii.h"
 #include "common/file_util.h"
 #include "tests/child_process.h"
+#include "tests/local_run_testing.h"
 #include "tests/tensorboard_files.h"
 
 namespace pstrain {
 namespace {
-
-const char kPstrain[] = "client/pstrain";
-// The workers' --data_root: Debian's datasets (the spec's default data.dir,
-// fashion-mnist, is dataset-fashion-mnist).
-const char kDataRoot[] = "/usr/share/datasets";
-
-bool HaveFashionMnist() {
-  return std::filesystem::exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz");
-}
-
-struct RunOutput {
-  int exit_code;
-  std::string output;
-};
-
-RunOutput RunPstrain(const std::vector<std::string>& args, const std::string& dir,
-               absl::Duration timeout = absl::Minutes(4)) {
-  std::vector<std::string> argv = {kPstrain};
-  argv.insert(argv.end(), args.begin(), args.end());
-  auto child = ChildProcess::Start(argv, dir + "/pstrain.out");
-  EXPECT_TRUE(child.ok());
-  int code = (*child)->Wait(timeout);
-  return {code, ReadFile(dir + "/pstrain.out").value_or("")};
-}
-
-std::string WriteSpec(const std::string& dir, const std::string& yaml) {
-  const std::string path = dir + "/job.yaml";
-  EXPECT_TRUE(WriteFileAtomically(path, yaml).ok());
-  return path;
-}
 
 // Processes whose command line mentions `needle` (to find orphans).
 int CountProcessesMentioning(const std::string& needle) {

@@ -47,7 +47,7 @@ std::vector<absl::StatusOr<TrainResult>> RunPipelined(const JobSpec& spec, const
     o.local_store = locals[r]->stores[0].get();
     o.collective = stage[r].get();
     if (spec.pipeline.enabled()) o.pipeline = whole[r].get();
-    o.write_weights = write_weights;
+    o.write_weights = write_weights && r == 0;  // as pstrain-worker sets it
     return absl::OkStatus();
   });
 }

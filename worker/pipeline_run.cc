@@ -76,16 +76,17 @@ absl::StatusOr<std::unique_ptr<Model>> CreatePipelineStageModel(const JobSpec& s
   return CreateModelStage(spec.model, input_shape, spec.data.num_classes, spec.seed, (*cut)[s], (*cut)[s + 1]);
 }
 
-PipelineRun::PipelineRun(const JobSpec& spec, int rank, int world_size, Collective* group, Model* model)
-    : spec_(spec),
-      place_(PipelinePlaceOf(spec.pipeline, rank, world_size)),
+PipelineRun::PipelineRun(const TrainerOptions& options, Model* model)
+    : spec_(options.spec),
+      place_(PipelinePlaceOf(spec_.pipeline, options.rank, options.world_size)),
       model_(model),
-      link_(std::make_unique<CollectiveStageLink>(group, StageRanks(place_))),
+      group_(options.pipeline),
+      link_(std::make_unique<CollectiveStageLink>(options.pipeline, StageRanks(place_))),
       timed_(std::make_unique<TimedLink>(link_.get(), &wait_seconds_)),
       stage_(
           [&] {
             PipelineStageOptions o;
-            o.schedule = ScheduleOf(spec.pipeline);
+            o.schedule = ScheduleOf(spec_.pipeline);
             o.stages = place_.stages;
             o.stage = place_.stage;
             o.forward = [model](const at::Tensor& x) { return model->Forward(x); };
@@ -108,11 +109,19 @@ absl::Status PipelineRun::Step(const Dataset& data, const BatchLoader::Batch& ba
   std::vector<at::Tensor> xs, ys;
   if (place_.first()) xs = data.Normalize(batch.inputs).split_with_sizes(sizes);
   if (place_.last()) ys = labels.split_with_sizes(sizes);
-  wait_seconds_ = 0;
+  const auto start = std::chrono::steady_clock::now();
   auto mean = stage_.Step(sizes, xs, ys);
+  step_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (!mean.ok()) return absl::Status(mean.status().code(), absl::StrCat("step ", step, ": ", mean.status().message()));
   *loss = at::scalar_tensor(*mean, at::kDouble);
   return absl::OkStatus();
+}
+
+void PipelineRun::Report(WorkerEvent::Progress* progress) {
+  progress->set_stage(place_.stage);
+  progress->set_stages(place_.stages);
+  progress->set_bubble(step_seconds_ > 0 ? wait_seconds_ / step_seconds_ : 0);
+  wait_seconds_ = step_seconds_ = 0;
 }
 
 absl::StatusOr<std::optional<EvalResult>> PipelineRun::Evaluate(const Dataset& test) {
@@ -168,6 +177,13 @@ absl::StatusOr<std::optional<EvalResult>> PipelineRun::Evaluate(const Dataset& t
   ev.loss = n == 0 ? 0 : loss_sum / static_cast<double>(n);
   ev.accuracy = n == 0 ? 0 : correct / static_cast<double>(n);
   return std::optional<EvalResult>(ev);
+}
+
+absl::StatusOr<NamedTensors> PipelineRun::Conclude(const NamedTensors& own, bool gather) {
+  absl::StatusOr<NamedTensors> all = gather ? GatherParameters(own) : NamedTensors();
+  if (!all.ok()) return all;
+  if (absl::Status s = group_->Barrier()->Wait(); !s.ok()) return s;
+  return all;
 }
 
 absl::StatusOr<NamedTensors> PipelineRun::GatherParameters(const NamedTensors& own) {

@@ -27,6 +27,7 @@
 #include "worker/evaluation.h"
 #include "worker/model.h"
 #include "worker/pipeline_stage.h"
+#include "worker/trainer_options.h"
 
 namespace pstrain {
 
@@ -54,7 +55,8 @@ absl::StatusOr<std::unique_ptr<Model>> CreatePipelineStageModel(const JobSpec& s
 // collective) and `model` (this stage's) must outlive it.
 class PipelineRun {
  public:
-  PipelineRun(const JobSpec& spec, int rank, int world_size, Collective* group, Model* model);
+  // options.pipeline is the job's whole group.
+  PipelineRun(const TrainerOptions& options, Model* model);
   ~PipelineRun();
 
   const PipelinePlace& place() const { return place_; }
@@ -69,9 +71,10 @@ class PipelineRun {
   // stage, 0 elsewhere. A neighbour's or the model's error names `step`.
   absl::Status Step(const Dataset& data, const BatchLoader::Batch& batch, int64_t step, at::Tensor* loss);
 
-  // Seconds this rank waited for its neighbours in the last step (the
-  // bubble and the transfers), and the step's micro-batches held at once.
-  double last_wait_seconds() const { return wait_seconds_; }
+  // The stage, and the fraction of the steps' time since the last report
+  // that this rank waited for its neighbours (the bubble, the transfers).
+  void Report(WorkerEvent::Progress* progress);
+  // The last step's most micro-batches whose activations were held at once.
   int peak_activations() const { return stage_.peak_activations(); }
 
   // Replica 0's stages together (each must call it): `test` through the
@@ -79,17 +82,22 @@ class PipelineRun {
   // stage sends them), the others nullopt.
   absl::StatusOr<std::optional<EvalResult>> Evaluate(const Dataset& test);
 
-  // Replica 0's stages together: rank 0 gets every stage's parameters, in
-  // the whole model's order (its own first); the others send theirs and
-  // get an empty list.
-  absl::StatusOr<NamedTensors> GatherParameters(const NamedTensors& own);
+  // Every rank, at the job's end. With `gather` (replica 0's stages
+  // together) rank 0 gets every stage's parameters in the whole model's
+  // order (its own first); the others send theirs and get an empty list.
+  // Then it waits until every rank got here: no rank leaves (closing its
+  // connections) while a neighbour still talks to it.
+  absl::StatusOr<NamedTensors> Conclude(const NamedTensors& own, bool gather);
 
  private:
   class TimedLink;
+  absl::StatusOr<NamedTensors> GatherParameters(const NamedTensors& own);
+
   const JobSpec& spec_;
   const PipelinePlace place_;
   Model* model_;
-  double wait_seconds_ = 0;
+  Collective* group_;  // the job's whole group
+  double wait_seconds_ = 0, step_seconds_ = 0;  // since the last Report
   std::unique_ptr<CollectiveStageLink> link_;
   std::unique_ptr<TimedLink> timed_;
   PipelineStage stage_;

@@ -341,6 +341,7 @@ void Trainer::EmitProgress(int epoch) {
   const auto now = Clock::now();
   WorkerEvent e = progress_->Event(options_.rank, epoch, spec_.epochs, step_, schedule_.total_steps,
                                    activity_.TakeShardWindow(), now, Seconds(start_, now));
+  if (pipeline_ != nullptr) pipeline_->Report(e.mutable_progress());
   if (scaler_ != nullptr) {
     WorkerEvent::Progress* p = e.mutable_progress();
     // Where the scaler is on the device, its verdicts up to this step (the
@@ -382,10 +383,10 @@ absl::Status Trainer::Finish() {
     if (s = EvaluateAndEmit(spec_.epochs, /*final=*/true); !s.ok()) return s;
   }
   NamedTensors state = named_;
-  if (pipeline_ != nullptr && evaluates_ && options_.write_weights) {
-    auto all = pipeline_->GatherParameters(named_);  // onto rank 0: the whole model
+  if (pipeline_ != nullptr) {
+    auto all = pipeline_->Conclude(named_, /*gather=*/evaluates_);  // onto rank 0: the whole model
     if (!all.ok()) return all.status();
-    state = std::move(*all);
+    if (options_.rank == 0) state = std::move(*all);
   }
   if (options_.rank == 0 && options_.write_weights) {
     for (auto& b : model_->NamedBuffers()) state.push_back(std::move(b));  // QAT's quantizers
@@ -423,10 +424,7 @@ absl::StatusOr<TrainResult> Trainer::Run() {
   // their re-partitioning).
   // (A pipelined job has no checkpoints: no plan.)
   if (options_.rank == 0 && options_.pipeline == nullptr) options_.emit(PlanEvent(0, spec_.chunk_bytes, specs_));
-  if (options_.pipeline != nullptr) {
-    pipeline_ = std::make_unique<PipelineRun>(spec_, options_.rank, options_.world_size, options_.pipeline,
-                                              model_.get());
-  }
+  if (options_.pipeline != nullptr) pipeline_ = std::make_unique<PipelineRun>(options_, model_.get());
   // Unpipelined: replica = rank. A replica's stages draw the same batches.
   const PipelinePlace place = PipelinePlaceOf(spec_.pipeline, options_.rank, options_.world_size);
   evaluates_ = place.replica == 0;

@@ -80,7 +80,8 @@ struct TrainerOptions {
   // owned); `collective` is then this rank's stage's replicas.
   Collective* pipeline = nullptr;
   std::function<void(const WorkerEvent& event)> emit = [](const WorkerEvent&) {};
-  // Rank 0 writes <output_dir>/model.pt at the end.
+  // Rank 0 writes <output_dir>/model.pt at the end (whatever the other
+  // ranks are told: a pipeline's stages send rank 0 theirs in any case).
   bool write_weights = true;
   // When set and true, training stops at the next step with CANCELLED.
   const std::atomic<bool>* stop = nullptr;

@@ -21,6 +21,11 @@ absl::StatusOr<uint64_t> Coordinator::ClaimCheckpoint(const std::string& job_id)
     return absl::FailedPreconditionError(
         absl::StrCat("job ", job_id, " is ", JobStateName(state), ": only a running job can be checkpointed"));
   }
+  if (job->spec.pipeline.enabled()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job ", job_id, " is pipelined (", job->spec.pipeline.stages,
+        " stages): its stages cannot be checkpointed yet; it trains to its end or fails"));
+  }
   if (job->checkpoint.claimed) {
     return absl::UnavailableError(
         absl::StrCat("a checkpoint of job ", job_id, " is already in progress; try again when it is done"));

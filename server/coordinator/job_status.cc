@@ -41,6 +41,11 @@ void MergeProgress(JobStatus& st, int workers, int rank, const WorkerEvent::Prog
   w->set_steps(p.steps());
   w->set_loss(p.loss());
   w->set_samples_per_s(p.samples_per_s());
+  if (p.has_stage()) {
+    w->set_stage(p.stage());
+    w->set_stages(p.stages());
+    w->set_bubble(p.bubble());
+  }
   int64_t step = INT64_MAX;
   int epoch = INT32_MAX, reporting = 0;
   double loss = 0, rate = 0;
@@ -49,17 +54,20 @@ void MergeProgress(JobStatus& st, int workers, int rank, const WorkerEvent::Prog
     // dlrm job streaming its data without max_steps reports steps 0 (unknown)
     // with a rate, and counts.
     if (wp.steps() == 0 && wp.samples_per_s() == 0) continue;
-    ++reporting;
     step = std::min(step, wp.step());
     epoch = std::min(epoch, wp.epoch());
+    // A pipeline's samples pass every stage (counted at the first), and
+    // only its last stage computes the loss.
+    if (!wp.has_stage() || wp.stage() == 0) rate += wp.samples_per_s();
+    if (wp.has_stage() && wp.stage() != wp.stages() - 1) continue;
+    ++reporting;
     loss += wp.loss();
-    rate += wp.samples_per_s();
   }
-  if (reporting > 0) {
+  if (step != INT64_MAX) {
     st.set_step(step);
     st.set_epoch(epoch);
     st.set_steps(w->steps());
-    st.set_loss(loss / reporting);
+    if (reporting > 0) st.set_loss(loss / reporting);
     st.set_samples_per_s(rate);
   }
 }

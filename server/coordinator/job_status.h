@@ -23,7 +23,8 @@ void AddCondition(JobStatus& status, JobState state, const std::string& reason, 
                   absl::Time now, size_t max_conditions);
 
 // One worker's progress report. The job is as far as its slowest reporting
-// worker; rates add up; the loss is their mean.
+// worker; rates add up; the loss is their mean. In a pipelined job only the
+// first stages' rates add up and only the last stages' losses count.
 void MergeProgress(JobStatus& status, int workers, int rank, const WorkerEvent::Progress& progress);
 
 // An evaluation; RESOURCE_EXHAUSTED beyond 10000 of them.

@@ -270,6 +270,21 @@ TEST(CoordinatorConcurrencyTest, OnlyOneCheckpointOfAJobRunsAtATime) {
   EXPECT_FALSE(first.get().ok());
 }
 
+// A pipelined job's stages hold parts of the model that no checkpoint
+// gathers yet: a checkpoint (asked for, or a drain's) is refused saying so,
+// not half taken.
+TEST(CoordinatorConcurrencyTest, APipelinedJobIsNotCheckpointed) {
+  auto c = Make(Options());
+  ASSERT_TRUE(Join(*c, MEMBER_ROLE_WORKER, "worker-0").ok());
+  ASSERT_TRUE(Join(*c, MEMBER_ROLE_WORKER, "worker-1").ok());
+  const std::string job = Submit(*c, "model: mlp\nmode: allreduce\nshards: 0\nworkers: 2\npipeline: {stages: 2}\n");
+  ASSERT_EQ(c->GetJob(job)->state(), RUNNING);
+  absl::Status s = c->Checkpoint(job).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("pipelined (2 stages)"), absl::string_view::npos) << s;
+  EXPECT_EQ(c->GetJob(job)->state(), RUNNING);
+}
+
 // Writing the status to SQLite (an fsync) happens without the coordinator's
 // mutex: a slow disk does not stall heartbeats and queries.
 // A submission's insert into the store (an fsync) does not hold the

@@ -102,10 +102,10 @@ absl::Status CheckValues(const JobSpec& spec, const MappingReader& r) {
     if (spec.shards != 0) return r.Error("shards", "must be 0 in allreduce mode (workers reduce among themselves)");
     if (spec.consistency != SYNC) return r.Error("consistency", "must be sync in allreduce mode");
   }
-  if (spec.model != "mlp" && spec.model != "mlp_wide" && spec.model != "lenet" && spec.model != "dlrm" &&
-      spec.model.rfind("torchscript:", 0) != 0) {
+  if (spec.model != "mlp" && spec.model != "mlp_wide" && spec.model != "mlp_deep" && spec.model != "lenet" &&
+      spec.model != "dlrm" && spec.model.rfind("torchscript:", 0) != 0) {
     return r.Error("model", absl::StrCat("'", spec.model,
-                                         "' is unknown: use mlp, mlp_wide, lenet, dlrm (with embeddings) or ",
+                                         "' is unknown: use mlp, mlp_wide, mlp_deep, lenet, dlrm (with embeddings) or ",
                                          "torchscript:<path to a saved scripted module>"));
   }
   if (spec.model == "torchscript:") return r.Error("model", "torchscript: needs a path");

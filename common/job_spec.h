@@ -116,7 +116,7 @@ struct JobSpec {
   WireDtype wire_dtype = WireDtype::kFp32;
   bool wire_error_feedback = false;
   bool allreduce() const { return mode == TrainMode::kAllReduce; }
-  // mlp | mlp_wide | lenet | dlrm (with embeddings and data.format criteo) |
+  // mlp | mlp_wide | mlp_deep | lenet | dlrm (with embeddings and data.format criteo) |
   // torchscript:<path>, <path> relative to the worker's --data_root.
   std::string model = "lenet";
   DataSpec data;

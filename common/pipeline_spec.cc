@@ -16,6 +16,7 @@ constexpr int kMaxMicroBatches = 4096;
 int PipelineLayers(const std::string& model) {
   if (model == "mlp" || model == "mlp_wide") return 3;  // fc1, fc2, fc3
   if (model == "lenet") return 5;                       // conv1, conv2, fc1, fc2, fc3
+  if (model == "mlp_deep") return kMlpDeepLayers;       // fc1 .. fc8
   return 0;
 }
 
@@ -24,6 +25,7 @@ absl::Status ReadPipelineSpec(MappingReader& r, PipelineSpec* out) {
     absl::Status s = p.Read("stages", &out->stages);
     if (s.ok()) s = p.Read("micro_batches", &out->micro_batches);
     if (s.ok()) s = p.Read("schedule", &out->schedule);
+    if (s.ok()) s = p.Read("balance", &out->balance);
     if (s.ok() && out->stages < 1) s = p.Error("pipeline.stages", "must be set, in 1..64");
     return s;
   });
@@ -39,9 +41,12 @@ absl::Status CheckPipelineJob(const JobSpec& spec, const MappingReader& r) {
                                 " (each micro-batch holds at least one of batch_size's examples)"));
   }
   if (p.schedule != "gpipe" && p.schedule != "1f1b") return r.Error("pipeline.schedule", "must be gpipe or 1f1b");
+  if (p.balance != "time" && p.balance != "parameters") {
+    return r.Error("pipeline.balance", "must be time or parameters");
+  }
   const int layers = PipelineLayers(spec.model);
   if (layers == 0) {
-    return r.Error("pipeline", absl::StrCat("cuts the built-in models mlp, mlp_wide and lenet; model '",
+    return r.Error("pipeline", absl::StrCat("cuts the built-in models mlp, mlp_wide, mlp_deep and lenet; model '",
                                             spec.model.substr(0, 64), "' cannot be cut into stages yet"));
   }
   if (p.stages > layers) {

@@ -19,6 +19,10 @@ struct PipelineSpec {
   // micro-batches (as torch.split: the last may be smaller).
   int micro_batches = 1;
   std::string schedule = "1f1b";  // gpipe | 1f1b (pipeline/schedule.h)
+  // What the cut balances across stages: each layer's measured forward and
+  // backward time on a micro-batch (rank 0 measures, every rank cuts
+  // alike), or its parameter count.
+  std::string balance = "time";  // time | parameters
   bool enabled() const { return stages > 0; }
 };
 
@@ -26,6 +30,11 @@ struct PipelineSpec {
 // builds the same list): a stage holds a contiguous run of them.
 // 0 for a model with no cut list.
 int PipelineLayers(const std::string& model);
+
+// "mlp_deep": in -> 1024 -> ... -> 1024 -> classes, this many Linear layers
+// (7.1M parameters for 28x28 inputs): a model with layers enough for 8
+// stages (bench/run.sh pipeline).
+inline constexpr int kMlpDeepLayers = 8;
 
 class MappingReader;
 struct JobSpec;

@@ -32,6 +32,7 @@ TEST(PipelineSpec, ReadsStagesMicroBatchesAndScheduleAndRunsOnTheCpu) {
   ASSERT_TRUE(defaults.ok()) << defaults.status();
   EXPECT_EQ(defaults->pipeline.micro_batches, 1);
   EXPECT_EQ(defaults->pipeline.schedule, "1f1b");
+  EXPECT_EQ(defaults->pipeline.balance, "time");
 }
 
 TEST(PipelineSpec, RefusesWhatTheStagesCannotRunNamingTheField) {
@@ -45,6 +46,7 @@ TEST(PipelineSpec, RefusesWhatTheStagesCannotRunNamingTheField) {
       {base + "pipeline: {stages: 2, micro_batches: 33}\n", "pipeline.micro_batches must be in 1..32"},
       {base + "pipeline: {stages: 2, schedule: interleaved}\n", "pipeline.schedule must be gpipe or 1f1b"},
       {base + "pipeline: {stages: 2, chunks: 4}\n", "pipeline.chunks"},
+      {base + "pipeline: {stages: 2, balance: flops}\n", "pipeline.balance must be time or parameters"},
       {base + "pipeline: {stages: 3}\n", "workers must be a multiple of pipeline.stages (3)"},
       {"model: mlp\nmode: allreduce\nshards: 0\nworkers: 4\npipeline: {stages: 4}\n",
        "pipeline.stages must be at most 3: model mlp has 3 layers"},
@@ -69,6 +71,7 @@ TEST(PipelineSpec, KnowsTheBuiltInModelsLayers) {
   EXPECT_EQ(PipelineLayers("mlp"), 3);
   EXPECT_EQ(PipelineLayers("mlp_wide"), 3);
   EXPECT_EQ(PipelineLayers("lenet"), 5);
+  EXPECT_EQ(PipelineLayers("mlp_deep"), 8);
   EXPECT_EQ(PipelineLayers("dlrm"), 0);
   EXPECT_EQ(PipelineLayers("torchscript:m.pt"), 0);
 }

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/pipeline_spec.h"
 
 namespace pstrain {
 namespace {
@@ -100,6 +101,17 @@ absl::StatusOr<std::vector<LayerShape>> LayerShapes(const std::string& name, con
                                    {"fc2", false, h1, h2, 0, 0, false, true},
                                    {"fc3", false, h2, classes, 0, 0, false, false}};
   }
+  if (name == "mlp_deep") {
+    int64_t in = 1;
+    for (int64_t d : input_shape) in *= d;
+    std::vector<LayerShape> layers;
+    for (int i = 0; i < kMlpDeepLayers; ++i) {
+      const bool last = i + 1 == kMlpDeepLayers;
+      layers.push_back(
+          {absl::StrCat("fc", i + 1), false, i == 0 ? in : 1024, last ? classes : 1024, 0, 0, i == 0, !last});
+    }
+    return layers;
+  }
   if (name == "lenet") {
     if (input_shape != std::vector<int64_t>{1, 28, 28}) {
       return absl::InvalidArgumentError("model lenet needs 1x28x28 image inputs (data.format idx or synthetic)");
@@ -178,6 +190,7 @@ absl::StatusOr<std::unique_ptr<Model>> CreateModel(const std::string& name,
                                                    int64_t num_classes, uint64_t seed,
                                                    const DataRoot& root) {
   if (name.rfind("torchscript:", 0) == 0) return LoadTorchScriptModel(root, name.substr(12));
+  if (name == "mlp_deep") return CreateModelStage(name, input_shape, num_classes, seed, 0, kMlpDeepLayers);
   try {
     // One seed for every worker: identical initial weights everywhere.
     absl::MutexLock lock(&InitMutex());

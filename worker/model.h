@@ -1,5 +1,6 @@
-// The models a worker trains. Built-in: "mlp" (in-256-128-classes) and
-// "lenet" (LeNet-5 for 1x28x28 inputs); "torchscript:<path>" loads a module
+// The models a worker trains. Built-in: "mlp" (in-256-128-classes),
+// "mlp_wide" (in-2048-2048-classes), "mlp_deep" (in, 7 x 1024, classes:
+// 8 layers) and "lenet" (LeNet-5 for 1x28x28 inputs); "torchscript:<path>" loads a module
 // written in Python and saved with torch.jit.script(...).save(path). Initial
 // weights come from the job's seed (built-in models) or from the saved module,
 // so every worker starts from the same values.

@@ -3,11 +3,14 @@
 #include <ATen/ops/cross_entropy_loss.h>
 #include <c10/core/GradMode.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "pipeline/stage_cut.h"
+#include "spdlog/spdlog.h"
 
 namespace pstrain {
 namespace {
@@ -59,21 +62,58 @@ PipelinePlace PipelinePlaceOf(const PipelineSpec& pipeline, int rank, int world_
   return p;
 }
 
-absl::StatusOr<std::vector<int>> PipelineCut(const JobSpec& spec, const std::vector<int64_t>& input_shape) {
-  auto costs = ModelLayerCosts(spec.model, input_shape, spec.data.num_classes);
-  if (!costs.ok()) return costs.status();
-  auto first = BalancedCut(*costs, spec.pipeline.stages);
+absl::StatusOr<std::vector<double>> MeasureLayerSeconds(const JobSpec& spec, const at::Tensor& sample) {
+  const std::vector<int64_t> shape(sample.sizes().begin() + 1, sample.sizes().end());
+  at::Tensor x = sample;
+  std::vector<double> seconds;
+  for (int i = 0; i < PipelineLayers(spec.model); ++i) {
+    auto layer = CreateModelStage(spec.model, shape, spec.data.num_classes, spec.seed, i, i + 1);
+    if (!layer.ok()) return layer.status();
+    std::vector<double> runs;
+    at::Tensor y;
+    for (int run = 0; run < 4; ++run) {
+      const auto start = std::chrono::steady_clock::now();
+      y = (*layer)->Forward(x.detach().requires_grad_(i > 0));
+      y.sum().backward();
+      if (run > 0) runs.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    }
+    std::sort(runs.begin(), runs.end());
+    seconds.push_back(runs[runs.size() / 2]);
+    x = y.detach();
+  }
+  return seconds;
+}
+
+absl::StatusOr<std::vector<int>> PipelineCut(const JobSpec& spec, const std::vector<double>& costs) {
+  auto first = BalancedCut(costs, spec.pipeline.stages);
   if (!first.ok()) return first.status();
-  first->push_back(static_cast<int>(costs->size()));
+  first->push_back(static_cast<int>(costs.size()));
   return first;
 }
 
-absl::StatusOr<std::unique_ptr<Model>> CreatePipelineStageModel(const JobSpec& spec, int rank, int world_size,
-                                                                const std::vector<int64_t>& input_shape) {
-  auto cut = PipelineCut(spec, input_shape);
+absl::StatusOr<std::unique_ptr<Model>> CreatePipelineStageModel(const TrainerOptions& options, const Dataset& train) {
+  const JobSpec& spec = options.spec;
+  const std::vector<int64_t> shape(train.inputs.sizes().begin() + 1, train.inputs.sizes().end());
+  auto costs = ModelLayerCosts(spec.model, shape, spec.data.num_classes);
+  if (!costs.ok()) return costs.status();
+  if (spec.pipeline.balance == "time") {
+    at::Tensor sent = at::zeros({static_cast<int64_t>(costs->size())}, at::kDouble);
+    if (options.rank == 0) {
+      const int64_t micro = (spec.batch_size + spec.pipeline.micro_batches - 1) / spec.pipeline.micro_batches;
+      auto measured = MeasureLayerSeconds(spec, train.Normalize(train.inputs.narrow(0, 0, std::min(micro, train.size()))));
+      if (!measured.ok()) return measured.status();
+      std::copy(measured->begin(), measured->end(), sent.data_ptr<double>());
+    }
+    if (absl::Status s = options.pipeline->Broadcast(sent, 0)->Wait(); !s.ok()) return s;
+    costs->assign(sent.data_ptr<double>(), sent.data_ptr<double>() + sent.numel());
+  }
+  auto cut = PipelineCut(spec, *costs);
   if (!cut.ok()) return cut.status();
-  const int s = PipelinePlaceOf(spec.pipeline, rank, world_size).stage;
-  return CreateModelStage(spec.model, input_shape, spec.data.num_classes, spec.seed, (*cut)[s], (*cut)[s + 1]);
+  const int s = PipelinePlaceOf(spec.pipeline, options.rank, options.world_size).stage;
+  spdlog::info("rank {}: stage {} of {}: layers {}..{} of {}'s {} (balanced by {}: {})", options.rank, s,
+               spec.pipeline.stages, (*cut)[s], (*cut)[s + 1] - 1, spec.model, costs->size(), spec.pipeline.balance,
+               absl::StrJoin(*costs, " "));
+  return CreateModelStage(spec.model, shape, spec.data.num_classes, spec.seed, (*cut)[s], (*cut)[s + 1]);
 }
 
 PipelineRun::PipelineRun(const TrainerOptions& options, Model* model)

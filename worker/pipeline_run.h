@@ -42,14 +42,21 @@ struct PipelinePlace {
 
 PipelinePlace PipelinePlaceOf(const PipelineSpec& pipeline, int rank, int world_size);
 
-// The first layer of each stage, then the layer count: spec.model's layers
-// cut into spec.pipeline.stages contiguous runs balanced by parameter count
-// (pipeline/stage_cut.h).
-absl::StatusOr<std::vector<int>> PipelineCut(const JobSpec& spec, const std::vector<int64_t>& input_shape);
+// Each layer of spec.model's forward + backward seconds on `sample` (one
+// micro-batch of inputs; the median of 3 runs after a warm-up), the layers
+// built one at a time.
+absl::StatusOr<std::vector<double>> MeasureLayerSeconds(const JobSpec& spec, const at::Tensor& sample);
 
-// This rank's stage of spec.model (CreateModelStage over the cut).
-absl::StatusOr<std::unique_ptr<Model>> CreatePipelineStageModel(const JobSpec& spec, int rank, int world_size,
-                                                                const std::vector<int64_t>& input_shape);
+// The first layer of each stage, then the layer count: layers of `costs`
+// cut into spec.pipeline.stages contiguous runs, the costliest run as
+// cheap as it can be (pipeline/stage_cut.h).
+absl::StatusOr<std::vector<int>> PipelineCut(const JobSpec& spec, const std::vector<double>& costs);
+
+// This rank's stage of spec.model (CreateModelStage over the cut). With
+// pipeline.balance time, rank 0 measures the layers on the first
+// micro-batch of `train` and sends every rank their costs over
+// options.pipeline, so that every rank cuts alike.
+absl::StatusOr<std::unique_ptr<Model>> CreatePipelineStageModel(const TrainerOptions& options, const Dataset& train);
 
 // Not thread-safe: the training loop's thread. `group` (the job's whole
 // collective) and `model` (this stage's) must outlive it.

@@ -117,7 +117,7 @@ class Trainer {
 absl::Status Trainer::BuildModel() {
   std::vector<int64_t> input_shape(data_.train.inputs.sizes().begin() + 1, data_.train.inputs.sizes().end());
   auto model = options_.pipeline != nullptr
-                   ? CreatePipelineStageModel(spec_, options_.rank, options_.world_size, input_shape)
+                   ? CreatePipelineStageModel(options_, data_.train)
                    : CreateModel(spec_.model, input_shape, spec_.data.num_classes, spec_.seed, options_.data_root);
   if (model.ok() && spec_.quantization.qat()) {
     // All-reduce: every rank's observers see the global batch.

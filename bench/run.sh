@@ -41,6 +41,10 @@
 #                                  pstrain-quantize, vs PyTorch's own quantize_dynamic,
 #                                  FX static and FX QAT of the same fp32 weights:
 #                                  size, 1-thread latency, accuracy
+#   bench/run.sh pipeline [REPS]   a pipelined job (mlp_deep, P = 2 and 4 stages, M = 4P,
+#                                  GPipe and 1F1B): samples/s, each stage's bubble against
+#                                  the schedule's theory, peak RSS per stage, vs PyTorch's
+#                                  Pipe (bench/pipeline.sh)
 #
 # Prints a readable table and, as its last line, one JSON object.
 set -euo pipefail
@@ -753,6 +757,7 @@ replication() {
 }
 
 source bench/embeddings.sh
+source bench/pipeline.sh
 
 # bench/run.sh quantize (bench/quantize_bench.py measures; this trains and exports).
 quantize_spec() {  # quantize_spec MODEL qat|fp32 -> a spec file: 1 worker, 1 shard, 3 epochs
@@ -814,5 +819,6 @@ case "${1:-}" in
   commhosts) shift; commhosts "$@" ;;
   allreduce) shift; allreduce "$@" ;;
   quantize) shift; quantize "$@" ;;
-  *) echo "usage: bench/run.sh pushpull|replication|train|comm|commhosts|allreduce|gpu|elastic|telemetry|embeddings|quantize [REPS]" >&2; exit 2 ;;
+  pipeline) shift; pipeline "$@" ;;
+  *) echo "usage: bench/run.sh pushpull|replication|train|comm|commhosts|allreduce|gpu|elastic|telemetry|embeddings|quantize|pipeline [REPS]" >&2; exit 2 ;;
 esac

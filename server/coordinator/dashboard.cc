@@ -141,6 +141,11 @@ json Detail(const JobStatus& st, const JobCurves& c, const std::optional<JobTele
   for (const WorkerProgress& w : st.workers()) {
     json r{{"rank", w.rank()},    {"epoch", w.epoch()}, {"step", w.step()},
            {"steps", w.steps()},  {"loss", w.loss()},   {"samples_per_s", w.samples_per_s()}};
+    if (w.has_stage()) {  // a pipelined job
+      r["stage"] = w.stage();
+      r["stages"] = w.stages();
+      r["bubble"] = w.bubble();
+    }
     auto it = by_rank.find(w.rank());
     if (it != by_rank.end()) {
       const MemberStatus& m = *it->second;

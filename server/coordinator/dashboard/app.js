@@ -177,10 +177,15 @@ function renderJob(j) {
        // A click model (dlrm) is judged by its AUC; the others by accuracy.
        j.curves.auc && j.curves.auc.length ? chart("test AUC", "auc", j.curves.auc, 4)
                                            : chart("test accuracy", "accuracy", j.curves.accuracy, 4)));
+  // A pipelined job's ranks: their stage, and the share of their step spent
+  // waiting for the neighbouring stages (the bubble).
+  const staged = j.ranks.some((r) => r.stage !== undefined);
   const ranks = j.ranks.map((r) => {
     const stuck = r.waits && r.for_s >= STUCK_S;
+    const stage = staged ? [el("td", {}, r.stage === undefined ? "-" : `${r.stage}/${r.stages}`),
+                            el("td", { class: "num" }, r.bubble === undefined ? "-" : fmt(100 * r.bubble, 0) + "%")] : [];
     return el("tr", { class: "rank" + (stuck ? " stuck" : ""), "data-rank": r.rank },
-      el("td", {}, r.rank), el("td", { class: "hide-narrow" }, r.member || "-"),
+      el("td", {}, r.rank), ...stage, el("td", { class: "hide-narrow" }, r.member || "-"),
       el("td", { class: "num hide-narrow" }, r.epoch), el("td", { class: "num" }, `${r.step}/${r.steps}`),
       el("td", { class: "num" }, fmt(r.loss, 4)), el("td", { class: "num" }, fmt(r.samples_per_s, 0)),
       el("td", { class: "doing" }, r.doing || "-"),
@@ -197,7 +202,8 @@ function renderJob(j) {
     el("td", {}, c.reason), el("td", {}, c.message)));
   return el("div", {}, head, charts,
     el("div", { class: "card" }, el("h2", {}, "Ranks"),
-       ranks.length ? table(["rank", "member", "epoch", "step", "loss", "samples/s", "now", "for", "health"], ranks, [1, 2])
+       ranks.length ? table(["rank", ...(staged ? ["stage", "bubble"] : []), "member", "epoch", "step", "loss", "samples/s",
+                             "now", "for", "health"], ranks, staged ? [3, 4] : [1, 2])
                     : el("p", { class: "muted" }, j.pending_reason || "No progress yet.")),
     shards.length ? el("div", { class: "card" }, el("h2", {}, "Shards (latency as rank 0 sees it)"),
                        table(["shard", "member", "address", "health", "call", "throughput"], shards, [1])) : null,

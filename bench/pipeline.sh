@@ -80,8 +80,10 @@ pipe_torch_once() {  # pipe_torch_once STAGES CHUNKS [--plain] -> "samples/s rss
 
 pipeline() {
   local reps=${1:-3} r p s out=$WORK/pipeline-runs
-  log "building"
-  bazel build //worker:pstrain-worker >&2
+  if [ -z "${PSTRAIN_BIN:-}" ]; then  # given binaries (the smoke test's) are not rebuilt
+    log "building"
+    bazel build //worker:pstrain-worker >&2
+  fi
   mkdir -p "$out"
   for r in $(seq "$reps"); do
     log "rep $r/$reps: pstrain unpipelined"; pipe_ours_once 0 1 1f1b >>"$out/plain"

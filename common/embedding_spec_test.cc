@@ -198,7 +198,7 @@ TEST(EmbeddingSpecTest, CrossFieldRulesNameTheirField) {
       {"model: dlrm\nmode: allreduce\nshards: 0\nconsistency: sync\n" + criteo + tables,
        "shards must be in 1..1024 in allreduce mode with embeddings"},
       {"model: dlrm\nworkers: 3\nmin_workers: 2\n" + criteo + tables, "min_workers must equal workers"},
-      {"model: dlrn\n", "model 'dlrn' is unknown: use mlp, mlp_wide, lenet, dlrm"},
+      {"model: dlrn\n", "model 'dlrn' is unknown: use mlp, mlp_wide, mlp_deep, lenet, dlrm"},
       {"model: torchscript:ctr.pt\ndata: {format: idx}\n" + tables, "data.format must be criteo for a model with embeddings"},
       {"data: {format: tsv}\n", "data.format must be idx, csv, synthetic or criteo"},
   };

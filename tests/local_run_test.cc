@@ -233,32 +233,7 @@ collective_timeout_s: 10
 log_every_steps: 10
 )");
   const int port = 20000 + getpid() % 20000;
-  std::vector<std::unique_ptr<ChildProcess>> ranks;
-  for (int r = 0; r < 2; ++r) {
-    const std::vector<std::string> env = {"RANK=" + std::to_string(r), "WORLD_SIZE=2", "LOCAL_RANK=0",
-                                          "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + std::to_string(port)};
-    std::vector<std::string> argv = {"/usr/bin/env"};
-    argv.insert(argv.end(), env.begin(), env.end());
-    argv.insert(argv.end(), {"worker/pstrain-worker", "--spec=" + spec, "--output_dir=" + dir + "/out",
-                             "--gloo_hostname=127.0.0.1"});
-    auto child = ChildProcess::Start(argv, dir + "/rank" + std::to_string(r) + ".log");
-    ASSERT_TRUE(child.ok());
-    ranks.push_back(std::move(*child));
-  }
-  // Both are training once rank 0 has reported some steps.
-  const absl::Time deadline = absl::Now() + absl::Seconds(60);
-  // (protobuf's JSON mapping prints int64 fields as strings)
-  while (ReadFile(dir + "/rank0.log").value_or("").find("\"step\":\"50\"") == std::string::npos) {
-    ASSERT_LT(absl::Now(), deadline) << ReadFile(dir + "/rank0.log").value_or("");
-    absl::SleepFor(absl::Milliseconds(50));
-  }
-  ranks[1]->Signal(SIGKILL);
-  ranks[1]->Wait();
-  const absl::Time killed = absl::Now();
-  const int code = ranks[0]->Wait(absl::Seconds(30));
-  const std::string log = ReadFile(dir + "/rank0.log").value_or("");
-  EXPECT_EQ(code, 1) << log;
-  EXPECT_LT(absl::Now() - killed, absl::Seconds(12)) << log;  // the 10 s timeout at most
+  const std::string log = KillRankOneMidRun(spec, dir, port);
   EXPECT_NE(log.find("a peer left"), std::string::npos) << log;
 }
 

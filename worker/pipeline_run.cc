@@ -33,16 +33,20 @@ PipelineSchedule ScheduleOf(const PipelineSpec& p) {
 
 }  // namespace
 
-// Counts the time a Recv blocks: what the stage waited for its neighbours.
+// Counts the time a Recv blocks (what the stage waited for its
+// neighbours), and tells the heartbeat (COLLECTIVE while waiting).
 class PipelineRun::TimedLink : public StageLink {
  public:
-  TimedLink(StageLink* inner, double* waited) : inner_(inner), waited_(waited) {}
+  TimedLink(StageLink* inner, double* waited, Activity* activity, const int64_t* step)
+      : inner_(inner), waited_(waited), activity_(activity), step_(step) {}
   absl::Status Send(int to_stage, int64_t tag, const at::Tensor& tensor) override {
     return inner_->Send(to_stage, tag, tensor);
   }
   absl::StatusOr<at::Tensor> Recv(int from_stage, int64_t tag) override {
     const auto start = std::chrono::steady_clock::now();
+    activity_->Enter(WorkerActivity::COLLECTIVE, *step_);
     auto got = inner_->Recv(from_stage, tag);
+    activity_->Enter(WorkerActivity::COMPUTE, *step_);
     *waited_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     return got;
   }
@@ -51,6 +55,8 @@ class PipelineRun::TimedLink : public StageLink {
  private:
   StageLink* inner_;
   double* waited_;
+  Activity* activity_;
+  const int64_t* step_;
 };
 
 PipelinePlace PipelinePlaceOf(const PipelineSpec& pipeline, int rank, int world_size) {
@@ -116,13 +122,14 @@ absl::StatusOr<std::unique_ptr<Model>> CreatePipelineStageModel(const TrainerOpt
   return CreateModelStage(spec.model, shape, spec.data.num_classes, spec.seed, (*cut)[s], (*cut)[s + 1]);
 }
 
-PipelineRun::PipelineRun(const TrainerOptions& options, Model* model)
+PipelineRun::PipelineRun(const TrainerOptions& options, Model* model, Activity* activity)
     : spec_(options.spec),
       place_(PipelinePlaceOf(spec_.pipeline, options.rank, options.world_size)),
       model_(model),
       group_(options.pipeline),
+      activity_(activity),
       link_(std::make_unique<CollectiveStageLink>(options.pipeline, StageRanks(place_))),
-      timed_(std::make_unique<TimedLink>(link_.get(), &wait_seconds_)),
+      timed_(std::make_unique<TimedLink>(link_.get(), &wait_seconds_, activity, &step_)),
       stage_(
           [&] {
             PipelineStageOptions o;
@@ -149,6 +156,8 @@ absl::Status PipelineRun::Step(const Dataset& data, const BatchLoader::Batch& ba
   std::vector<at::Tensor> xs, ys;
   if (place_.first()) xs = data.Normalize(batch.inputs).split_with_sizes(sizes);
   if (place_.last()) ys = labels.split_with_sizes(sizes);
+  step_ = step;
+  activity_->Enter(WorkerActivity::COMPUTE, step);
   const auto start = std::chrono::steady_clock::now();
   auto mean = stage_.Step(sizes, xs, ys);
   step_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

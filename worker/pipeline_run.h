@@ -22,6 +22,7 @@
 #include "collective/collective.h"
 #include "common/job_spec.h"
 #include "common/weights_file.h"
+#include "worker/activity.h"
 #include "worker/batch_loader.h"
 #include "worker/dataset.h"
 #include "worker/evaluation.h"
@@ -62,8 +63,9 @@ absl::StatusOr<std::unique_ptr<Model>> CreatePipelineStageModel(const TrainerOpt
 // collective) and `model` (this stage's) must outlive it.
 class PipelineRun {
  public:
-  // options.pipeline is the job's whole group.
-  PipelineRun(const TrainerOptions& options, Model* model);
+  // options.pipeline is the job's whole group; `activity` (not owned) is
+  // told when the stage computes and when it waits for a neighbour.
+  PipelineRun(const TrainerOptions& options, Model* model, Activity* activity);
   ~PipelineRun();
 
   const PipelinePlace& place() const { return place_; }
@@ -104,6 +106,8 @@ class PipelineRun {
   const PipelinePlace place_;
   Model* model_;
   Collective* group_;  // the job's whole group
+  Activity* activity_;
+  int64_t step_ = 0;  // the step running
   double wait_seconds_ = 0, step_seconds_ = 0;  // since the last Report
   std::unique_ptr<CollectiveStageLink> link_;
   std::unique_ptr<TimedLink> timed_;

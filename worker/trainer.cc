@@ -424,7 +424,7 @@ absl::StatusOr<TrainResult> Trainer::Run() {
   // their re-partitioning).
   // (A pipelined job has no checkpoints: no plan.)
   if (options_.rank == 0 && options_.pipeline == nullptr) options_.emit(PlanEvent(0, spec_.chunk_bytes, specs_));
-  if (options_.pipeline != nullptr) pipeline_ = std::make_unique<PipelineRun>(options_, model_.get());
+  if (options_.pipeline != nullptr) pipeline_ = std::make_unique<PipelineRun>(options_, model_.get(), &activity_);
   // Unpipelined: replica = rank. A replica's stages draw the same batches.
   const PipelinePlace place = PipelinePlaceOf(spec_.pipeline, options_.rank, options_.world_size);
   evaluates_ = place.replica == 0;

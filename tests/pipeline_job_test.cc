@@ -2,7 +2,6 @@
 // `pstrain local` (a coordinator, four worker processes, real data), and
 // two stages launched the torchrun way with one of them killed.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <cstdlib>
 #include <filesystem>
@@ -21,13 +20,9 @@ namespace {
 TEST(PipelineJobTest, TheExampleTrainsThroughTheStagesAndWritesTheWholeModel) {
   if (!HaveFashionMnist()) GTEST_SKIP() << "dataset-fashion-mnist is not installed (make setup installs it)";
   const std::string dir = MakeTempDir("pipeline-example");
-  RunOutput run = RunPstrain(
-      {"local", "examples/fashion_mnist_pipeline.yaml", "--output_dir", dir + "/out", "--data_root", kDataRoot}, dir);
-  ASSERT_EQ(run.exit_code, 0) << run.output;
-  std::smatch m;
-  ASSERT_TRUE(std::regex_search(run.output, m, std::regex("final test accuracy ([0-9.]+)"))) << run.output;
-  std::printf("pipeline example: final test accuracy %s\n", m[1].str().c_str());
-  EXPECT_GE(std::stod(m[1]), 0.86) << run.output;
+  RunOutput run;
+  const double accuracy = RunExampleAccuracy("examples/fashion_mnist_pipeline.yaml", dir, &run);
+  EXPECT_GE(accuracy, 0.86) << run.output;
   EXPECT_NE(run.output.find("eval     epoch 1"), std::string::npos) << run.output;
   // Progress: the loss is the last stage's (the others compute none).
   std::smatch loss;
@@ -36,13 +31,7 @@ TEST(PipelineJobTest, TheExampleTrainsThroughTheStagesAndWritesTheWholeModel) {
   EXPECT_LT(std::stod(loss[1]), 0.6) << run.output;
   std::smatch w;
   ASSERT_TRUE(std::regex_search(run.output, w, std::regex("weights: (\\S+/model.pt)"))) << run.output;
-  const std::string cmd =
-      "/usr/bin/python3 tests/eval_exported.py " + w[1].str() + " lenet 10000 > " + dir + "/py.out 2>&1";
-  ASSERT_EQ(std::system(cmd.c_str()), 0) << ReadFile(dir + "/py.out").value_or("");
-  const std::string py_out = ReadFile(dir + "/py.out").value_or("");
-  std::smatch py;
-  ASSERT_TRUE(std::regex_search(py_out, py, std::regex("accuracy ([0-9.]+)"))) << py_out;
-  EXPECT_NEAR(std::stod(py[1]), std::stod(m[1]), 0.0006) << py_out;
+  EXPECT_NEAR(PythonAccuracy(w[1], "lenet", 10000, dir), accuracy, 0.0006);
 }
 
 // Launched the torchrun way: SIGKILL stage 1 mid-run, and stage 0, waiting on
@@ -52,20 +41,8 @@ TEST(PipelineJobTest, TheExampleTrainsThroughTheStagesAndWritesTheWholeModel) {
 void KillStageOne(int micro_batches) {
   SCOPED_TRACE(::testing::Message() << "micro_batches " << micro_batches);
   const std::string dir = MakeTempDir("pipeline-kill");
-  const std::string spec = WriteSpec(dir, R"(
-name: kill
-mode: allreduce
-model: mlp
-data: {format: synthetic, synthetic_train: 60000, synthetic_test: 100}
-workers: 2
-pipeline: {stages: 2, micro_batches: )" + std::to_string(micro_batches) + R"(}
-epochs: 100
-batch_size: 16
-collective_timeout_s: 10
-log_every_steps: 10
-)");
-  const int port = 20000 + (getpid() + micro_batches) % 20000;
-  const std::string log = KillRankOneMidRun(spec, dir, port);
+  const std::string log =
+      KillRankOneMidRun(dir, "pipeline: {stages: 2, micro_batches: " + std::to_string(micro_batches) + "}\n");
   EXPECT_TRUE(log.find("a peer left") != std::string::npos || log.find("waited") != std::string::npos) << log;
 }
 

@@ -62,7 +62,7 @@ absl::Status CheckPipelineJob(const JobSpec& spec, const MappingReader& r) {
     return r.Error(field, absl::StrCat(why, " with pipeline (not built yet)"));
   };
   if (!spec.allreduce()) return refuse("mode", "must be allreduce: a stage's replicas average its gradients");
-  if (spec.precision != Precision::kFp32) return refuse("precision", "must be fp32");
+  if (spec.precision == Precision::kFp16) return refuse("precision", "must be fp32 or bf16 (fp16's loss scaling)");
   if (spec.device == DeviceChoice::kCuda) return refuse("device", "must be cpu or auto (the stages run on the CPU)");
   if (spec.backend == CollectiveBackend::kNccl) return refuse("backend", "must be gloo or auto");
   if (spec.accumulate_steps != 1) return refuse("accumulate_steps", "must be 1 (micro-batches accumulate)");

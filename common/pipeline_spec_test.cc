@@ -53,7 +53,7 @@ TEST(PipelineSpec, RefusesWhatTheStagesCannotRunNamingTheField) {
       {"model: torchscript:m.pt\nmode: allreduce\nshards: 0\nworkers: 2\npipeline: {stages: 2}\n",
        "model 'torchscript:m.pt' cannot be cut into stages yet"},
       {"model: lenet\nworkers: 2\npipeline: {stages: 2}\n", "mode must be allreduce"},
-      {base + "precision: bf16\npipeline: {stages: 2}\n", "precision must be fp32 with pipeline"},
+      {base + "precision: fp16\npipeline: {stages: 2}\n", "precision must be fp32 or bf16"},
       {base + "device: cuda\npipeline: {stages: 2}\n", "device must be cpu or auto"},
       {base + "backend: nccl\npipeline: {stages: 2}\n", "backend must be gloo or auto"},
       {base + "accumulate_steps: 2\npipeline: {stages: 2}\n", "accumulate_steps must be 1"},

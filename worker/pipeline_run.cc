@@ -136,7 +136,12 @@ PipelineRun::PipelineRun(const TrainerOptions& options, Model* model, Activity* 
             o.schedule = ScheduleOf(spec_.pipeline);
             o.stages = place_.stages;
             o.stage = place_.stage;
-            o.forward = [model](const at::Tensor& x) { return model->Forward(x); };
+            // bf16: autocast as in an unpipelined step; activations and their
+            // gradients travel in the dtype the stage made them.
+            o.forward = [model, device = options.device, precision = spec_.precision](const at::Tensor& x) {
+              AutocastScope autocast(device, precision);
+              return model->Forward(x);
+            };
             o.loss = [](const at::Tensor& out, const at::Tensor& y) {
               return at::cross_entropy_loss(out.to(at::kFloat), y, {}, at::Reduction::Mean);
             };
@@ -194,7 +199,11 @@ absl::StatusOr<std::optional<EvalResult>> PipelineRun::Evaluate(const Dataset& t
         if (!got.ok()) return got.status();
         x = *got;
       }
-      at::Tensor y = model_->Forward(x);
+      at::Tensor y;
+      {
+        AutocastScope autocast(c10::Device(c10::kCPU), spec_.precision);
+        y = model_->Forward(x);
+      }
       if (!place_.last()) {
         if (absl::Status sent = link_->Send(s + 1, kEvalActivationTag, y); !sent.ok()) return sent;
         continue;

@@ -37,7 +37,8 @@ YAML
   [ "$2" = 0 ] || echo "pipeline: {stages: $2, micro_batches: $3, schedule: $4}" >>"$1"
 }
 
-# One pstrain run -> "samples/s bubble_stage_0 ... rss_mb_stage_0 ..." (bubbles and RSS per stage).
+# One pstrain run -> "samples/s bubble_stage_0 ... rss_mb_stage_0 ... held_stage_0 ..." (per stage: the
+# bubble, the peak RSS, the most micro-batches whose activations it held).
 pipe_ours_once() {  # pipe_ours_once STAGES MICRO SCHEDULE
   local run=$WORK/pipe.$RANDOM port ranks=$1 pids=() pid r
   [ "$1" = 0 ] && ranks=1
@@ -54,9 +55,9 @@ pipe_ours_once() {  # pipe_ours_once STAGES MICRO SCHEDULE
   $PY - "$run" "$ranks" <<'PYEOF'
 import json, statistics, sys
 run, ranks = sys.argv[1], int(sys.argv[2])
-rate, bubbles, rss = 0, [], []
+rate, bubbles, rss, held = 0, [], [], []
 for r in range(ranks):
-    windows = []
+    windows, most = [], 0
     for line in open(f"{run}/w{r}.jsonl"):
         if not line.startswith("{"):
             continue
@@ -65,9 +66,11 @@ for r in range(ranks):
             rate = int(e["done"]["samples"]) / e["done"]["seconds"]
         if "progress" in e:
             windows.append(e["progress"].get("bubble", 0))
+            most = max(most, e["progress"].get("held_micro_batches", 0))
     bubbles.append(statistics.median(windows[1:] or windows or [0]))
     rss.append(int(open(f"{run}/w{r}.rss").read().split()[-1]) / 1024)
-print(rate, " ".join(f"{b:.4f}" for b in bubbles), " ".join(f"{m:.0f}" for m in rss))
+    held.append(most)
+print(rate, " ".join(f"{b:.4f}" for b in bubbles), " ".join(f"{m:.0f}" for m in rss), " ".join(map(str, held)))
 PYEOF
 }
 
@@ -110,18 +113,20 @@ for k, stages in (("plain", 1), ("gpipe2", 2), ("1f1b2", 2), ("gpipe4", 4), ("1f
     theory = (stages - 1) / (micro + stages - 1)
     line = {"stages": stages, "micro_batches": micro, "samples_per_s": round(m[0], 1),
             "bubble_per_stage": [round(x, 3) for x in m[1:1 + stages]], "bubble_theory": round(theory, 3),
-            "peak_rss_mb_per_stage": [round(x) for x in m[1 + stages:1 + 2 * stages]]}
+            "peak_rss_mb_per_stage": [round(x) for x in m[1 + stages:1 + 2 * stages]],
+            "held_micro_batches_per_stage": [round(x) for x in m[1 + 2 * stages:1 + 3 * stages]]}
     lines[k] = line
     label = "pstrain, one worker" if k == "plain" else f"pstrain {k[:-1]}, P={stages} M={micro}"
     table.append(f"{label:<28} {m[0]:>10.0f}  {' '.join(f'{b:.2f}' for b in line['bubble_per_stage']):<22} "
-                 f"{theory if stages > 1 else 0:>6.3f}  {' '.join(str(x) for x in line['peak_rss_mb_per_stage'])}")
+                 f"{theory if stages > 1 else 0:>6.3f}  {' '.join(str(x) for x in line['peak_rss_mb_per_stage']):<22} "
+                 f"{' '.join(str(x) for x in line['held_micro_batches_per_stage'])}")
 torch = {}
 for k, label in (("torch_plain", "torch, no Pipe"), ("torch2", "torch Pipe, P=2 chunks=8"), ("torch4", "torch Pipe, P=4 chunks=16")):
     m = med(k)
     torch[k] = {"samples_per_s": round(m[0], 1), "peak_rss_mb": round(m[1])}
     table.append(f"{label:<28} {m[0]:>10.0f}  {'':<22} {'':>6}  {m[1]:.0f}")
 print(f"\n{'pipeline (mlp_deep, batch ' + str(batch) + ')':<28} {'samples/s':>10}  {'bubble per stage':<22} {'theory':>6}  "
-      f"peak RSS MB per stage   (medians of {reps} runs)", file=sys.stderr)
+      f"{'peak RSS MB per stage':<22} held micro-batches   (medians of {reps} runs)", file=sys.stderr)
 print("\n".join(table), file=sys.stderr)
 best = lambda p: max(lines[f"gpipe{p}"]["samples_per_s"], lines[f"1f1b{p}"]["samples_per_s"])
 ratio = lambda x, y: round(x / y, 3) if x and y else 0
@@ -139,7 +144,10 @@ print(json.dumps({
                "bubble_vs_theory_1f1b_p2": bubble_ratio("1f1b2"), "bubble_vs_theory_1f1b_p4": bubble_ratio("1f1b4"),
                "bubble_vs_theory_gpipe_p2": bubble_ratio("gpipe2"), "bubble_vs_theory_gpipe_p4": bubble_ratio("gpipe4"),
                "rss_1f1b_vs_gpipe_p4_stage0": ratio(lines["1f1b4"]["peak_rss_mb_per_stage"][0],
-                                                    lines["gpipe4"]["peak_rss_mb_per_stage"][0])},
+                                                    lines["gpipe4"]["peak_rss_mb_per_stage"][0]),
+               # 1F1B's activations against P micro-batches' (the target: <= 1.2); GPipe holds M = 4P.
+               "held_1f1b_vs_p_p4": ratio(max(lines["1f1b4"]["held_micro_batches_per_stage"]), 4),
+               "held_gpipe_vs_p_p4": ratio(max(lines["gpipe4"]["held_micro_batches_per_stage"]), 4)},
 }))
 PYEOF
 }

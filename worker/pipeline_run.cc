@@ -166,6 +166,7 @@ absl::Status PipelineRun::Step(const Dataset& data, const BatchLoader::Batch& ba
   const auto start = std::chrono::steady_clock::now();
   auto mean = stage_.Step(sizes, xs, ys);
   step_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  held_ = std::max(held_, stage_.peak_activations());
   if (!mean.ok()) return absl::Status(mean.status().code(), absl::StrCat("step ", step, ": ", mean.status().message()));
   *loss = at::scalar_tensor(*mean, at::kDouble);
   return absl::OkStatus();
@@ -175,7 +176,9 @@ void PipelineRun::Report(WorkerEvent::Progress* progress) {
   progress->set_stage(place_.stage);
   progress->set_stages(place_.stages);
   progress->set_bubble(step_seconds_ > 0 ? wait_seconds_ / step_seconds_ : 0);
+  progress->set_held_micro_batches(held_);
   wait_seconds_ = step_seconds_ = 0;
+  held_ = 0;
 }
 
 absl::StatusOr<std::optional<EvalResult>> PipelineRun::Evaluate(const Dataset& test) {

@@ -80,8 +80,9 @@ class PipelineRun {
   // stage, 0 elsewhere. A neighbour's or the model's error names `step`.
   absl::Status Step(const Dataset& data, const BatchLoader::Batch& batch, int64_t step, at::Tensor* loss);
 
-  // The stage, and the fraction of the steps' time since the last report
-  // that this rank waited for its neighbours (the bubble, the transfers).
+  // The stage, the fraction of the steps' time since the last report that
+  // this rank waited for its neighbours (the bubble, the transfers), and
+  // the most micro-batches whose activations it held at once.
   void Report(WorkerEvent::Progress* progress);
   // The last step's most micro-batches whose activations were held at once.
   int peak_activations() const { return stage_.peak_activations(); }
@@ -109,6 +110,7 @@ class PipelineRun {
   Activity* activity_;
   int64_t step_ = 0;  // the step running
   double wait_seconds_ = 0, step_seconds_ = 0;  // since the last Report
+  int held_ = 0;                                 // likewise: the most micro-batches held
   std::unique_ptr<CollectiveStageLink> link_;
   std::unique_ptr<TimedLink> timed_;
   PipelineStage stage_;

@@ -45,7 +45,6 @@ TEST(JobStatusMerge, APipelinesSamplesCountOnceAndItsLossIsTheLastStages) {
   EXPECT_EQ(st.workers(3).stage(), 1);
   EXPECT_EQ(st.workers(3).stages(), 2);
   EXPECT_DOUBLE_EQ(st.workers(2).bubble(), 0.25);
-  EXPECT_FALSE(JobStatus().add_workers()->has_stage());  // unpipelined ranks say none
 }
 
 }  // namespace

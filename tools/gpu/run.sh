@@ -74,7 +74,7 @@ while [ $i -lt ${#ACTIONS[@]} ]; do
                loss_scaler_test; do
         "$BUILD/$t" >"$LOGS/$t.log" 2>&1; rc=$?
         grep -E "^\[  (PASSED|FAILED|SKIPPED) |^\[       OK|^\[  FAILED|^gpu demo" "$LOGS/$t.log" >&2
-        SUMMARY+=("$t: $([ $rc -eq 0 ] && echo passed || echo FAILED) ($(grep -c '^\[       OK' "$LOGS/$t.log") ok, $(grep -c '^\[  SKIPPED \]' "$LOGS/$t.log") skipped)")
+        SUMMARY+=("$t: $([ $rc -eq 0 ] && echo passed || echo FAILED) ($(grep -c '^\[       OK' "$LOGS/$t.log") ok, $(grep -cE '^\[  SKIPPED \] .* \([0-9]+ ms\)$' "$LOGS/$t.log") skipped)")
       done ;;
     bench)
       reps=3

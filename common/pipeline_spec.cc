@@ -70,7 +70,6 @@ absl::Status CheckPipelineJob(const JobSpec& spec, const MappingReader& r) {
   if (!spec.quantization.mode.empty() || !spec.quantization.export_mode.empty()) {
     return refuse("quantization", "must be absent");
   }
-  if (spec.checkpoint_every_steps != 0) return refuse("checkpoint_every_steps", "must be 0 (no stage checkpoints)");
   return absl::OkStatus();
 }
 

@@ -9,7 +9,8 @@
 // - an all-reduce job requeued after a lost rank (restored from its
 //   checkpoint by the coordinator) ends with the very values of the same job
 //   run without interruption (SYNC and seeded: one build gives the same
-//   figures every run, whatever kernels the CPU has).
+//   figures every run, whatever kernels the CPU has); so does a pipelined
+//   one, whose stages each wrote their part of the checkpoint.
 // An all-reduce resume once trained on from the initial weights with the
 // checkpoint's step and optimizer state; every test here failed on it.
 #include <ATen/Functions.h>
@@ -173,6 +174,50 @@ TEST_F(ResumeValuesTest, AllReduceJobRequeuedAfterALostRankEndsLikeAnUninterrupt
   ASSERT_NE(st.out.find("step " + std::to_string(ck.step) + " of " + job + " loaded from " + ck.path), std::string::npos)
       << "the job was not restored from its checkpoint: " << st.out;
   ExpectValues(*uninterrupted, dir_ + "/out/" + job + "/model.pt");
+}
+
+// A pipelined job (2 stages, issue 35): each stage's worker writes its own
+// file of the checkpoint, and together they are a checkpoint of the whole
+// model. A stage's worker dies after it; the coordinator restarts the job
+// from it, and the job ends with the uninterrupted run's very values. The
+// same checkpoint restored into an unpipelined job (another cut: none)
+// starts from its values bit for bit.
+TEST_F(ResumeValuesTest, PipelinedJobRequeuedAfterALostStageEndsLikeAnUninterruptedOne) {
+  // balance: parameters, so both runs cut alike (a timed cut may differ).
+  const std::string yaml = std::string(kAllReduceYaml) +
+                           "pipeline: {stages: 2, micro_batches: 4, balance: parameters}\n"
+                           "max_steps: 1500\ncollective_timeout_s: 10\n";
+  const std::string whole = Submit(WriteSpec("pipe-whole", yaml));
+  CliResult w = Cli({"watch", whole});
+  ASSERT_EQ(w.code, 0) << w.out << Logs();
+  auto uninterrupted = ReadWeightsFile(dir_ + "/out/" + whole + "/model.pt");
+  ASSERT_TRUE(uninterrupted.ok()) << uninterrupted.status();
+
+  const std::string job = Submit(WriteSpec("pipe-requeued", yaml));
+  WaitForStep(job, 30, absl::Seconds(60));
+  CliResult out = Cli({"checkpoint", job});
+  ASSERT_EQ(out.code, 0) << out.out << Cli({"status", job}).out << Logs();
+  const Checkpointed ck = ParseCheckpoint(out.out);
+  ASSERT_TRUE(std::filesystem::exists(ck.path + "/shard-1.bin")) << "stage 1 wrote no file in " << ck.path;
+  auto saved = ReadCheckpointValues(ck.path);
+  ASSERT_TRUE(saved.ok()) << saved.status();
+  EXPECT_EQ(saved->size(), 6u);  // the whole mlp: 3 layers' weights and biases
+  pool_[2]->Signal(SIGKILL);  // worker-1: one of the stages
+  pool_[2]->Wait();
+  pool_.push_back(Start("worker-2", {"worker/pstrain-worker", "--coordinator=" + coordinator_, "--name=worker-2",
+                                     "--gloo_hostname=127.0.0.1"}));
+  CliResult done = Cli({"watch", job});
+  ASSERT_EQ(done.code, 0) << done.out << Cli({"status", job}).out << Logs();
+  CliResult st = Cli({"status", job, "-o", "json"});
+  ASSERT_NE(st.out.find("step " + std::to_string(ck.step) + " of " + job + " loaded from " + ck.path), std::string::npos)
+      << "the job was not restored from its checkpoint: " << st.out;
+  ExpectValues(*uninterrupted, dir_ + "/out/" + job + "/model.pt");
+
+  double accuracy = -1;
+  ExpectValues(*saved, RestoreAndStop(ck, kAllReduceYaml, "pipe-into-ar", &accuracy));
+  auto expected_accuracy = TestAccuracyOf(kAllReduceYaml, *saved);
+  ASSERT_TRUE(expected_accuracy.ok()) << expected_accuracy.status();
+  EXPECT_NEAR(accuracy, *expected_accuracy, 1e-3);
 }
 
 }  // namespace

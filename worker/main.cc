@@ -21,11 +21,9 @@
 #include <atomic>
 #include <cstdio>
 #include <iostream>
-#include <map>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
@@ -199,13 +197,15 @@ absl::Status SetStart(const pstrain::JobSpec& spec, int rank, int world_size, co
 }
 
 // A checkpoint pauses every worker before one agreed step
-// (worker/pause_protocol.h); all-reduce worker 0 writes the model then.
+// (worker/pause_protocol.h); all-reduce worker 0 writes the model then (a
+// pipelined job's worker s < stages, stage s of its first replica).
 std::unique_ptr<pstrain::CheckpointPause> SetUpPause(int rank, const RunContext& ctx, pstrain::Activity* activity,
                                                      pstrain::AllReduceSetup* allreduce,
                                                      pstrain::TrainerOptions* options) {
   if (ctx.member == nullptr) return nullptr;
   pstrain::CheckpointPause::SaveTableFn save;
-  if (rank == 0 && allreduce != nullptr) {
+  const int writers = options->spec.pipeline.enabled() ? options->spec.pipeline.stages : 1;
+  if (rank < writers && allreduce != nullptr) {
     save = [allreduce](const std::string& path, const std::function<absl::Status()>& flush) {
       return allreduce->SaveTable(path, flush);
     };

@@ -147,6 +147,19 @@ absl::StatusOr<std::vector<double>> ModelLayerCosts(const std::string& name, con
   return costs;
 }
 
+absl::StatusOr<std::vector<std::pair<std::string, std::vector<int64_t>>>> ModelParameterShapes(
+    const std::string& name, const std::vector<int64_t>& input_shape, int64_t num_classes) {
+  auto shapes = LayerShapes(name, input_shape, num_classes);
+  if (!shapes.ok()) return shapes.status();
+  std::vector<std::pair<std::string, std::vector<int64_t>>> out;
+  for (const LayerShape& l : *shapes) {  // torch's order: weight, then bias
+    out.push_back({l.name + ".weight", l.conv ? std::vector<int64_t>{l.out, l.in, l.kernel, l.kernel}
+                                              : std::vector<int64_t>{l.out, l.in}});
+    out.push_back({l.name + ".bias", {l.out}});
+  }
+  return out;
+}
+
 absl::StatusOr<std::unique_ptr<Model>> CreateModelStage(const std::string& name,
                                                         const std::vector<int64_t>& input_shape,
                                                         int64_t num_classes, uint64_t seed, int begin, int end) {

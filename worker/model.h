@@ -77,6 +77,12 @@ absl::StatusOr<std::unique_ptr<Model>> CreateModelStage(const std::string& name,
 absl::StatusOr<std::vector<double>> ModelLayerCosts(const std::string& name, const std::vector<int64_t>& input_shape,
                                                     int64_t num_classes);
 
+// The parameters' names and shapes of the whole built-in model `name`, in
+// its order, without building it: what a pipelined job's stages hold
+// between them (its checkpoint's plan).
+absl::StatusOr<std::vector<std::pair<std::string, std::vector<int64_t>>>> ModelParameterShapes(
+    const std::string& name, const std::vector<int64_t>& input_shape, int64_t num_classes);
+
 // Implemented in torchscript_model.cc (the only file with torch/script.h).
 // The module is read into memory by ReadDataFile and loaded from there.
 absl::StatusOr<std::unique_ptr<Model>> LoadTorchScriptModel(const DataRoot& root, const std::string& path);

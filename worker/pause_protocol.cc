@@ -82,12 +82,13 @@ void CheckpointPause::Pause(int64_t id, const StepBoundary& at) {
   spdlog::debug("rank {}: pause {}: paused at step {}", rank_, id, at.step);
   activity_->Enter(WorkerActivity::PAUSED, at.step);
   // Rank 0 writes what the coordinator asks for, the table (all-reduce)
-  // and the model's buffers (QAT), each once its path is set.
+  // and the model's buffers (QAT), each once its path is set; a pipelined
+  // job's rank s < stages, its stage's table under stage s's keys.
   bool saved = !save_;
   bool buffers_saved = !(rank_ == 0 && at.save_buffers);
   while (member_->pause_requested() && member_->pause_id() == id && !(stop_ != nullptr && stop_->load())) {
     if (!saved) {
-      saved = SaveWhenAsked(id, CheckpointPathKey(id), CheckpointSavedKey(id),
+      saved = SaveWhenAsked(id, CheckpointPathKey(id, rank_), CheckpointSavedKey(id, rank_),
                             [&](const std::string& path) { return save_(path, at.flush); });
     }
     if (!buffers_saved) {

@@ -22,6 +22,8 @@
 //      it waits for ckpt/<id>/path, flushes the store, writes its table
 //      there, and answers under ckpt/<id>/saved with a WorkerSaveReport
 //      (proto/checkpoint.proto): the file's size and crc32, or the error.
+//      A pipelined job: worker s of the first replica holds stage s and
+//      does the same under ckpt/<id>/stage-<s>/ (s > 0).
 //      Parameter-server workers write nothing: the shards save. A model
 //      with buffers (QAT's quantizers), either mode: worker 0 also writes
 //      them where ckpt/<id>/buffers_path says, answering under
@@ -55,7 +57,8 @@ class CheckpointPause {
                                                                       const std::function<absl::Status()>& flush)>;
 
   // None owned; all outlive the job. `stop` may be null; `save` is empty
-  // for every worker but the all-reduce worker 0.
+  // for every worker but the all-reduce worker 0 (a pipelined job's workers
+  // 0..stages-1: rank s saves stage s).
   CheckpointPause(ClusterMember* member, int rank, std::function<void(const WorkerEvent&)> emit,
                   Activity* activity, const std::atomic<bool>* stop, SaveTableFn save);
 

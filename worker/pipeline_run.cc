@@ -122,6 +122,16 @@ absl::StatusOr<std::unique_ptr<Model>> CreatePipelineStageModel(const TrainerOpt
   return CreateModelStage(spec.model, shape, spec.data.num_classes, spec.seed, (*cut)[s], (*cut)[s + 1]);
 }
 
+std::vector<ParameterSpec> PipelineModelSpecs(const JobSpec& spec, const Dataset& train) {
+  const std::vector<int64_t> shape(train.inputs.sizes().begin() + 1, train.inputs.sizes().end());
+  auto shapes = ModelParameterShapes(spec.model, shape, spec.data.num_classes);
+  std::vector<ParameterSpec> out;
+  // (Its stage was built from the same layers: this cannot fail here.)
+  if (!shapes.ok()) spdlog::error("the pipelined model's parameters: {}", shapes.status().ToString());
+  for (auto& [name, dims] : shapes.value_or(decltype(shapes)::value_type{})) out.push_back({name, dims, DT_FLOAT32});
+  return out;
+}
+
 PipelineRun::PipelineRun(const TrainerOptions& options, Model* model, Activity* activity)
     : spec_(options.spec),
       place_(PipelinePlaceOf(spec_.pipeline, options.rank, options.world_size)),

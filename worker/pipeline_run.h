@@ -21,6 +21,7 @@
 #include "absl/status/statusor.h"
 #include "collective/collective.h"
 #include "common/job_spec.h"
+#include "common/partition_plan.h"
 #include "common/weights_file.h"
 #include "worker/activity.h"
 #include "worker/batch_loader.h"
@@ -58,6 +59,11 @@ absl::StatusOr<std::vector<int>> PipelineCut(const JobSpec& spec, const std::vec
 // micro-batch of `train` and sends every rank their costs over
 // options.pipeline, so that every rank cuts alike.
 absl::StatusOr<std::unique_ptr<Model>> CreatePipelineStageModel(const TrainerOptions& options, const Dataset& train);
+
+// The whole model's parameters, in its order (those of every stage):
+// what rank 0 reports as the job's plan, so that the stages' checkpoint
+// files are a checkpoint of the whole model.
+std::vector<ParameterSpec> PipelineModelSpecs(const JobSpec& spec, const Dataset& train);
 
 // Not thread-safe: the training loop's thread. `group` (the job's whole
 // collective) and `model` (this stage's) must outlive it.

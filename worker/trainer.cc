@@ -421,9 +421,10 @@ absl::StatusOr<TrainResult> Trainer::Run() {
   if (s.ok()) s = BuildExchange();
   if (!s.ok()) return s;
   // Rank 0 tells the coordinator the model's layout (for checkpoints and
-  // their re-partitioning).
-  // (A pipelined job has no checkpoints: no plan.)
-  if (options_.rank == 0 && options_.pipeline == nullptr) options_.emit(PlanEvent(0, spec_.chunk_bytes, specs_));
+  // their re-partitioning): a pipelined job's is the whole model's.
+  if (options_.rank == 0) {
+    options_.emit(PlanEvent(0, spec_.chunk_bytes, options_.pipeline ? PipelineModelSpecs(spec_, data_.train) : specs_));
+  }
   if (options_.pipeline != nullptr) pipeline_ = std::make_unique<PipelineRun>(options_, model_.get(), &activity_);
   // Unpipelined: replica = rank. A replica's stages draw the same batches.
   const PipelinePlace place = PipelinePlaceOf(spec_.pipeline, options_.rank, options_.world_size);

@@ -21,26 +21,36 @@ namespace {
 constexpr char kBuffersFile[] = "buffers.pt";
 
 // Worker 0 of an all-reduce job writes its store to <pending>/shard-0.bin
-// while the workers are paused; the path goes to it, and its answer (the
+// while the workers are paused (a pipelined job: worker s its stage's to
+// shard-<s>.bin, all at once); the path goes to it, and its answer (the
 // file's size and crc32, or an error) comes back, through the rendezvous
 // (worker/pause_protocol.h has the worker's side). `buffers`: the model's
-// buffers (QAT), to buffers.pt under their own keys, in either mode.
-absl::Status SaveOnWorker0(const CheckpointWrite& w, const std::string& pending, Rendezvous& rendezvous,
-                           SaveTableResponse* saved, bool buffers = false) {
+// buffers (QAT), worker 0 to buffers.pt under their own keys, in either
+// mode. `saved` gets one answer per writer.
+absl::Status SaveOnWorkers(const CheckpointWrite& w, const std::string& pending, Rendezvous& rendezvous,
+                           std::vector<SaveTableResponse>* saved, bool buffers = false) {
   const int64_t id = w.pause_id;
-  absl::Status status = rendezvous.Set(w.job_id, w.attempt, buffers ? CheckpointBuffersPathKey(id) : CheckpointPathKey(id),
-                                       absl::StrCat(pending, "/", buffers ? kBuffersFile : "shard-0.bin"));
-  if (!status.ok()) return status;
-  absl::StatusOr<std::string> result =
-      rendezvous.Get(w.job_id, w.attempt, buffers ? CheckpointBuffersSavedKey(id) : CheckpointSavedKey(id),
-                     absl::Now() + w.save_timeout);
-  if (!result.ok()) {
-    return absl::Status(result.status().code(), absl::StrCat("worker 0 did not save", buffers ? " its buffers" : "",
-                                                             ": ", result.status().message()));
+  const int writers = buffers ? 1 : std::max(1, w.stages);
+  for (int s = 0; s < writers; ++s) {
+    absl::Status status =
+        rendezvous.Set(w.job_id, w.attempt, buffers ? CheckpointBuffersPathKey(id) : CheckpointPathKey(id, s),
+                       absl::StrCat(pending, "/", buffers ? kBuffersFile : absl::StrCat("shard-", s, ".bin")));
+    if (!status.ok()) return status;
   }
-  auto report = ParseWorkerSaveReport(*result);
-  if (!report.ok()) return report.status();
-  *saved = *std::move(report);
+  const absl::Time deadline = absl::Now() + w.save_timeout;
+  saved->resize(writers);
+  for (int s = 0; s < writers; ++s) {
+    absl::StatusOr<std::string> result = rendezvous.Get(
+        w.job_id, w.attempt, buffers ? CheckpointBuffersSavedKey(id) : CheckpointSavedKey(id, s), deadline);
+    if (!result.ok()) {
+      return absl::Status(result.status().code(), absl::StrCat("worker ", s, " did not save",
+                                                               buffers ? " its buffers" : "", ": ",
+                                                               result.status().message()));
+    }
+    auto report = ParseWorkerSaveReport(*result);
+    if (!report.ok()) return report.status();
+    (*saved)[s] = *std::move(report);
+  }
   return absl::OkStatus();
 }
 
@@ -206,17 +216,17 @@ absl::Status WriteCheckpoint(const CheckpointWrite& w, const std::string& root, 
     std::filesystem::create_directories(pending, ec);
     if (ec) status = ErrnoToStatus(ec.value(), "cannot create", pending);
   }
-  std::vector<SaveTableResponse> saved(w.allreduce ? 1 : w.shards.size());
+  std::vector<SaveTableResponse> saved(w.allreduce ? 0 : w.shards.size());
   std::vector<SaveEmbeddingsResponse> embeddings;
   // A hybrid job (all-reduce with embeddings): worker 0 writes the dense
   // part, then the shards their rows. The workers stay paused until the
   // checkpoint ends, so both are of the same step.
-  if (status.ok() && w.allreduce) status = SaveOnWorker0(w, pending, rendezvous, &saved[0]);
+  if (status.ok() && w.allreduce) status = SaveOnWorkers(w, pending, rendezvous, &saved);
   if (status.ok() && (!w.allreduce || w.embeddings)) {
     status = SaveOnShards(w, RelativeToRoot(root, pending), /*dense=*/!w.allreduce, saved, embeddings);
   }
-  SaveTableResponse buffers;
-  if (status.ok() && w.buffers) status = SaveOnWorker0(w, pending, rendezvous, &buffers, /*buffers=*/true);
+  std::vector<SaveTableResponse> buffers;
+  if (status.ok() && w.buffers) status = SaveOnWorkers(w, pending, rendezvous, &buffers, /*buffers=*/true);
   if (status.ok()) {
     CheckpointManifest manifest = w.manifest;
     for (size_t i = 0; i < saved.size(); ++i) {
@@ -227,7 +237,7 @@ absl::Status WriteCheckpoint(const CheckpointWrite& w, const std::string& root, 
       manifest.embeddings.push_back(
           {static_cast<int>(i), EmbeddingFileName(i), embeddings[i].bytes(), embeddings[i].crc32()});
     }
-    if (w.buffers) manifest.buffers.push_back({0, kBuffersFile, buffers.bytes(), buffers.crc32()});
+    if (w.buffers) manifest.buffers.push_back({0, kBuffersFile, buffers[0].bytes(), buffers[0].crc32()});
     status = WriteManifest(pending, manifest);
   }
   // The directory appears whole or not at all; the job's older ones go.

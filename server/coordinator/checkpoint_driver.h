@@ -70,6 +70,10 @@ struct CheckpointWrite {
   // No shards: worker 0 writes its local store, told where and answering
   // through the job's rendezvous store.
   bool allreduce = false;
+  // All-reduce: how many workers write (a pipelined job: worker s writes
+  // stage s's store to shard-<s>.bin, so the files are a shard checkpoint
+  // of the whole model that any cut, or none, restores by key).
+  int stages = 1;
   std::vector<std::string> shards;  // addresses, by rank
   // Embeddings: every shard also writes the job's embedding tables
   // (SaveEmbeddings) to emb-<rank>.bin, beside its dense shard file (a

@@ -11,6 +11,17 @@
 #include "spdlog/spdlog.h"
 
 namespace pstrain {
+namespace {
+
+// The workers that write part of a checkpoint: all-reduce worker 0 holds
+// the model (a pipelined job: worker s holds stage s); QAT's worker 0 its
+// buffers.
+int CheckpointWriters(const JobSpec& spec) {
+  if (spec.allreduce() && spec.pipeline.enabled()) return spec.pipeline.stages;
+  return spec.allreduce() || spec.quantization.qat() ? 1 : 0;
+}
+
+}  // namespace
 
 absl::StatusOr<uint64_t> Coordinator::ClaimCheckpoint(const std::string& job_id) {
   absl::MutexLock lock(&mu_);
@@ -20,11 +31,6 @@ absl::StatusOr<uint64_t> Coordinator::ClaimCheckpoint(const std::string& job_id)
   if (state != RUNNING && state != CHECKPOINTING) {
     return absl::FailedPreconditionError(
         absl::StrCat("job ", job_id, " is ", JobStateName(state), ": only a running job can be checkpointed"));
-  }
-  if (job->spec.pipeline.enabled()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "job ", job_id, " is pipelined (", job->spec.pipeline.stages,
-        " stages): its stages cannot be checkpointed yet; it trains to its end or fails"));
   }
   if (job->checkpoint.claimed) {
     return absl::UnavailableError(
@@ -140,11 +146,12 @@ absl::StatusOr<CheckpointWrite> Coordinator::PauseForCheckpoint(const std::strin
   }
   const bool allreduce = job->spec.allreduce();
   const bool buffers = job->spec.quantization.qat();
-  if ((allreduce || buffers) && c.paused.count(0) == 0) {
-    // Worker 0 holds the model (all-reduce) or its buffers (QAT); it finished its steps before
-    // reaching the agreed pause, so nobody is left to write it (the job is
-    // about to end: its final weights are being written).
-    EndCheckpoint(*job, "CheckpointSkipped", "worker 0 finished before the pause");
+  for (int r = 0; r < CheckpointWriters(job->spec); ++r) {
+    if (c.paused.count(r) != 0) continue;
+    // It finished its steps before reaching the agreed pause, so nobody is
+    // left to write its part (the job is about to end: its final weights
+    // are being written).
+    EndCheckpoint(*job, "CheckpointSkipped", absl::StrCat("worker ", r, " finished before the pause"));
     return absl::FailedPreconditionError(
         absl::StrCat("job ", job_id, " finished its steps before the checkpoint could be taken"));
   }
@@ -171,6 +178,7 @@ absl::StatusOr<CheckpointWrite> Coordinator::PauseForCheckpoint(const std::strin
   w.job_secret = s.job_secret();
   w.pause_id = c.pause_id;
   w.allreduce = allreduce;
+  w.stages = allreduce && job->spec.pipeline.enabled() ? job->spec.pipeline.stages : 1;
   w.shards = ShardAddresses(s);
   // Replicated shards: a lost one's chunks are saved by their new primaries.
   std::vector<int> lost(s.lost_shards().begin(), s.lost_shards().end());

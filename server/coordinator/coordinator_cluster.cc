@@ -366,10 +366,15 @@ absl::Status Coordinator::CheckKvWrite(const std::string& member_id, const std::
         "a checkpoint's path keys are the coordinator's (where worker 0 writes): members only read them");
   }
   if (IsCheckpointSavedKey(key)) {
+    // Worker 0 answers for the model (a pipelined job: worker s for stage s).
+    const int writer = CheckpointSavedKeyWriter(key);
     absl::MutexLock lock(&mu_);
     const Member* m = members_.Find(member_id);
-    if (m == nullptr || m->status.role() != MEMBER_ROLE_WORKER || m->status.rank() != 0) {
-      return absl::PermissionDeniedError("only worker 0 answers a checkpoint's save");
+    if (writer < 0 || m == nullptr || m->status.role() != MEMBER_ROLE_WORKER ||
+        static_cast<int>(m->status.rank()) != writer) {
+      return absl::PermissionDeniedError(
+          writer <= 0 ? "only worker 0 answers a checkpoint's save"
+                      : absl::StrCat("only worker ", writer, " answers the save of pipeline stage ", writer));
     }
   }
   return absl::OkStatus();

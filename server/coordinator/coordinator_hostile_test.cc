@@ -273,18 +273,6 @@ TEST(CoordinatorConcurrencyTest, OnlyOneCheckpointOfAJobRunsAtATime) {
 // A pipelined job's stages hold parts of the model that no checkpoint
 // gathers yet: a checkpoint (asked for, or a drain's) is refused saying so,
 // not half taken.
-TEST(CoordinatorConcurrencyTest, APipelinedJobIsNotCheckpointed) {
-  auto c = Make(Options());
-  ASSERT_TRUE(Join(*c, MEMBER_ROLE_WORKER, "worker-0").ok());
-  ASSERT_TRUE(Join(*c, MEMBER_ROLE_WORKER, "worker-1").ok());
-  const std::string job = Submit(*c, "model: mlp\nmode: allreduce\nshards: 0\nworkers: 2\npipeline: {stages: 2}\n");
-  ASSERT_EQ(c->GetJob(job)->state(), RUNNING);
-  absl::Status s = c->Checkpoint(job).status();
-  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
-  EXPECT_NE(s.message().find("pipelined (2 stages)"), absl::string_view::npos) << s;
-  EXPECT_EQ(c->GetJob(job)->state(), RUNNING);
-}
-
 // Writing the status to SQLite (an fsync) happens without the coordinator's
 // mutex: a slow disk does not stall heartbeats and queries.
 // A submission's insert into the store (an fsync) does not hold the
@@ -377,6 +365,14 @@ TEST(CoordinatorHostileTest, ACheckpointsKeysAreTheCoordinatorsAndWorker0s) {
     EXPECT_EQ(c->KvSet(rank[1], job, 1, key, "x").code(), absl::StatusCode::kPermissionDenied) << key;
     EXPECT_EQ(c->KvSet(shard, job, 1, key, "x").code(), absl::StatusCode::kPermissionDenied) << key;
     EXPECT_TRUE(c->KvSet(rank[0], job, 1, key, "x").ok()) << key;
+  }
+  // A pipelined job's stage s is answered by worker s alone; a key naming
+  // no stage a job can have, by nobody.
+  EXPECT_TRUE(c->KvSet(rank[1], job, 1, CheckpointSavedKey(7, 1), "x").ok());
+  EXPECT_EQ(c->KvSet(rank[0], job, 1, CheckpointSavedKey(7, 1), "x").code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(c->KvSet(shard, job, 1, CheckpointSavedKey(7, 1), "x").code(), absl::StatusCode::kPermissionDenied);
+  for (const std::string& m : {rank[0], rank[1]}) {
+    EXPECT_EQ(c->KvSet(m, job, 1, "ckpt/7/stage-01/saved", "x").code(), absl::StatusCode::kPermissionDenied);
   }
   EXPECT_TRUE(c->KvSet(rank[1], job, 1, PauseStepKey(7), "40").ok());  // any worker may pick the step
 }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/job_spec.h"
 #include "common/mapping_reader.h"
@@ -44,12 +45,16 @@ absl::Status CheckPipelineJob(const JobSpec& spec, const MappingReader& r) {
   if (p.balance != "time" && p.balance != "parameters") {
     return r.Error("pipeline.balance", "must be time or parameters");
   }
+  // A TorchScript module's children are counted by the workers, which
+  // read it.
+  const bool scripted = absl::StartsWith(spec.model, "torchscript:") && spec.embeddings.empty();
   const int layers = PipelineLayers(spec.model);
-  if (layers == 0) {
-    return r.Error("pipeline", absl::StrCat("cuts the built-in models mlp, mlp_wide, mlp_deep and lenet; model '",
-                                            spec.model.substr(0, 64), "' cannot be cut into stages yet"));
+  if (layers == 0 && !scripted) {
+    return r.Error("pipeline", absl::StrCat("cuts the built-in models mlp, mlp_wide, mlp_deep and lenet and "
+                                            "sequential TorchScript modules; model '",
+                                            spec.model.substr(0, 64), "' cannot be cut into stages"));
   }
-  if (p.stages > layers) {
+  if (!scripted && p.stages > layers) {
     return r.Error("pipeline.stages", absl::StrCat("must be at most ", layers, ": model ", spec.model, " has ",
                                                    layers, " layers, and a stage holds at least one"));
   }

@@ -33,6 +33,9 @@ TEST(PipelineSpec, ReadsStagesMicroBatchesAndScheduleAndRunsOnTheCpu) {
   EXPECT_EQ(defaults->pipeline.micro_batches, 1);
   EXPECT_EQ(defaults->pipeline.schedule, "1f1b");
   EXPECT_EQ(defaults->pipeline.balance, "time");
+  // A TorchScript module's children are counted by the workers.
+  EXPECT_TRUE(ParseJobSpec("model: torchscript:m.pt\nmode: allreduce\nshards: 0\nworkers: 8\n"
+                           "pipeline: {stages: 8}\n").ok());
   // The stages are checkpointed (each its own file, docs/pipeline.md).
   EXPECT_TRUE(ParseJobSpec(std::string(kBase) + "checkpoint_every_steps: 10\npipeline: {stages: 2}\n").ok());
 }
@@ -52,8 +55,9 @@ TEST(PipelineSpec, RefusesWhatTheStagesCannotRunNamingTheField) {
       {base + "pipeline: {stages: 3}\n", "workers must be a multiple of pipeline.stages (3)"},
       {"model: mlp\nmode: allreduce\nshards: 0\nworkers: 4\npipeline: {stages: 4}\n",
        "pipeline.stages must be at most 3: model mlp has 3 layers"},
-      {"model: torchscript:m.pt\nmode: allreduce\nshards: 0\nworkers: 2\npipeline: {stages: 2}\n",
-       "model 'torchscript:m.pt' cannot be cut into stages yet"},
+      {"model: dlrm\nmode: allreduce\nshards: 1\nworkers: 2\ndata: {format: criteo, train_file: t.tsv}\n"
+       "embeddings: {tables: [{name: t, dim: 4}]}\npipeline: {stages: 2}\n",
+       "model 'dlrm' cannot be cut into stages"},
       {"model: lenet\nworkers: 2\npipeline: {stages: 2}\n", "mode must be allreduce"},
       {base + "precision: fp16\npipeline: {stages: 2}\n", "precision must be fp32 or bf16"},
       {base + "device: cuda\npipeline: {stages: 2}\n", "device must be cpu or auto"},

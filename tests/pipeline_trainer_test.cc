@@ -19,7 +19,8 @@ namespace {
 // `spec`'s ranks at once (threads), pipelined when spec.pipeline says so:
 // each rank gets the whole group (point-to-point) and its stage's group.
 std::vector<absl::StatusOr<TrainResult>> RunPipelined(const JobSpec& spec, const TrainTest& data,
-                                                      bool write_weights = false) {
+                                                      bool write_weights = false,
+                                                      std::vector<WorkerEvent>* rank0_events = nullptr) {
   static int run = 0;
   const std::string prefix = absl::StrCat("pipeline-run-", run++, "/");
   auto store = NewInMemoryStore();
@@ -48,6 +49,7 @@ std::vector<absl::StatusOr<TrainResult>> RunPipelined(const JobSpec& spec, const
     o.collective = stage[r].get();
     if (spec.pipeline.enabled()) o.pipeline = whole[r].get();
     o.write_weights = write_weights && r == 0;  // as pstrain-worker sets it
+    if (r == 0 && rank0_events != nullptr) o.emit = [rank0_events](const WorkerEvent& e) { rank0_events->push_back(e); };
     return absl::OkStatus();
   });
 }
@@ -125,6 +127,38 @@ TEST(PipelineTrainer, OneMicroBatchAndMoreThanTheStages) {
 
 TEST(PipelineTrainer, FourStagesOfTheDeepMlp) { CheckLikeUncut({"mlp_deep", 4, 1, 8, "gpipe", 16, 64}); }
 
+// A TorchScript nn.Sequential, cut between its top-level children (blocks
+// of a layer and its activation): both schedules, by time and by
+// parameters, and two replicas.
+constexpr char kSequentialNet[] = "torchscript:worker/testdata/sequential_net.pt";
+
+TEST(PipelineTrainer, ATorchScriptSequentialIsCutBetweenItsChildren) {
+  CheckLikeUncut({kSequentialNet, 2, 1, 4, "1f1b", 16, 100});
+  CheckLikeUncut({kSequentialNet, 3, 1, 5, "gpipe", 16, 100, "parameters"});
+  CheckLikeUncut({kSequentialNet, 2, 2, 3, "1f1b", 8, 64});
+}
+
+// A module whose forward does more than run its children in order cannot
+// be cut: every rank refuses it, naming why, before training.
+TEST(PipelineTrainer, ATorchScriptModuleThatIsNotSequentialIsRefused) {
+  JobSpec spec = AllReduceSpec("pipe-not-seq", "torchscript:worker/testdata/not_sequential_net.pt", 2, 16, 4);
+  spec.pipeline.stages = 2;
+  const TrainTest data{MakeSynthetic(64, 10, 3), MakeSynthetic(100, 10, 4)};
+  for (const auto& r : RunPipelined(spec, data)) {
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+    EXPECT_NE(r.status().message().find("must be sequential at its top level"), absl::string_view::npos)
+        << r.status();
+  }
+  // More stages than children: refused on every rank too.
+  spec.model = kSequentialNet;
+  spec.workers = spec.min_workers = spec.pipeline.stages = 5;
+  for (const auto& r : RunPipelined(spec, data)) {
+    ASSERT_FALSE(r.ok());
+    EXPECT_NE(r.status().message().find("must be at most 4"), absl::string_view::npos) << r.status();
+  }
+}
+
 // Hybrid: 2 replicas of a 2-stage pipeline, each stage's replicas
 // averaging its gradients, against 2 all-reduce workers.
 TEST(PipelineTrainer, TwoReplicasOfTwoStagesTrainLikeTwoAllReduceWorkers) {
@@ -162,13 +196,29 @@ TEST(PipelineTrainer, RankZeroWritesTheWholeModel) {
   spec.pipeline.stages = 3;
   spec.pipeline.micro_batches = 2;
   const TrainTest data{MakeSynthetic(96, 10, 3), MakeSynthetic(100, 10, 4)};
-  auto results = RunPipelined(spec, data, /*write_weights=*/true);
+  std::vector<WorkerEvent> events;
+  auto results = RunPipelined(spec, data, /*write_weights=*/true, &events);
   const std::map<std::string, at::Tensor> trained = ByName(results);
   auto file = ReadWeightsFile(dir + "/model.pt");
   ASSERT_TRUE(file.ok()) << file.status();
   std::map<std::string, at::Tensor> written(file->begin(), file->end());
   EXPECT_EQ(written.size(), 10u);  // LeNet's 5 layers' weights and biases
   ExpectSameParameters(written, trained, 0);
+  // Its plan (what checkpoints are cut by) is the whole model's too, in
+  // the whole model's order.
+  const WorkerEvent* plan = nullptr;
+  for (const auto& e : events) plan = e.has_plan() ? &e : plan;
+  ASSERT_NE(plan, nullptr) << "rank 0 reported no plan";
+  auto uncut = CreateModel("lenet", {1, 28, 28}, 10, spec.seed);
+  ASSERT_TRUE(uncut.ok());
+  const auto named = (*uncut)->NamedParameters();
+  ASSERT_EQ(plan->plan().params_size(), static_cast<int>(named.size()));
+  for (size_t i = 0; i < named.size(); ++i) {
+    EXPECT_EQ(plan->plan().params(i).name(), named[i].first);
+    EXPECT_EQ(std::vector<int64_t>(plan->plan().params(i).shape().begin(), plan->plan().params(i).shape().end()),
+              named[i].second.sizes().vec())
+        << named[i].first;
+  }
 }
 
 }  // namespace

@@ -147,6 +147,10 @@ absl::StatusOr<std::vector<double>> ModelLayerCosts(const std::string& name, con
   return costs;
 }
 
+absl::StatusOr<std::unique_ptr<Model>> Model::Layers(int, int) {
+  return absl::UnimplementedError("this model is not cut into layers");
+}
+
 absl::StatusOr<std::vector<std::pair<std::string, std::vector<int64_t>>>> ModelParameterShapes(
     const std::string& name, const std::vector<int64_t>& input_shape, int64_t num_classes) {
   auto shapes = LayerShapes(name, input_shape, num_classes);

@@ -51,6 +51,14 @@ class Model {
   // State that is not trained but belongs to the model (QAT's quantizers),
   // saved beside the parameters in the final weights.
   virtual std::vector<std::pair<std::string, at::Tensor>> NamedBuffers() { return {}; }
+  // Pipeline stages of a TorchScript model: its top-level children in order
+  // (0 for a model that is not cut this way), and children [begin, end) as
+  // a model of their own whose Forward runs them one after the other,
+  // sharing this model's tensors, with the parameter names the whole model
+  // gives them. Cutting is right only for a module whose forward does just
+  // that (an nn.Sequential): CreatePipelineStageModel checks it on a batch.
+  virtual int LayerCount() { return 0; }
+  virtual absl::StatusOr<std::unique_ptr<Model>> Layers(int begin, int end);
 };
 
 // `input_shape` is one example's shape, e.g. {1, 28, 28} or {F}.

@@ -6,7 +6,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <functional>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "pipeline/stage_cut.h"
@@ -68,19 +70,91 @@ PipelinePlace PipelinePlaceOf(const PipelineSpec& pipeline, int rank, int world_
   return p;
 }
 
-absl::StatusOr<std::vector<double>> MeasureLayerSeconds(const JobSpec& spec, const at::Tensor& sample) {
-  const std::vector<int64_t> shape(sample.sizes().begin() + 1, sample.sizes().end());
+namespace {
+
+// What a pipeline cuts: a model's layers, built a run at a time.
+struct LayerSource {
+  int count = 0;
+  std::function<absl::StatusOr<std::unique_ptr<Model>>(int begin, int end)> make;
+  std::vector<double> parameters;  // each layer's count
+};
+
+constexpr char kScriptPrefix[] = "torchscript:";
+
+bool IsScripted(const JobSpec& spec) { return absl::StartsWith(spec.model, kScriptPrefix); }
+
+// A TorchScript module's top-level children, once the module is shown to
+// run them in order: on `sample` (inference mode, so dropout does not
+// count), the children chained give what its forward gives.
+absl::StatusOr<LayerSource> ScriptedLayers(const TrainerOptions& options, const at::Tensor& sample) {
+  const JobSpec& spec = options.spec;
+  auto loaded = LoadTorchScriptModel(options.data_root, spec.model.substr(std::strlen(kScriptPrefix)));
+  if (!loaded.ok()) return loaded.status();
+  std::shared_ptr<Model> whole = std::move(*loaded);
+  const std::string name = spec.model.substr(0, 200);
+  LayerSource source;
+  source.count = whole->LayerCount();
+  if (source.count < spec.pipeline.stages) {
+    return absl::InvalidArgumentError(absl::StrCat("pipeline.stages must be at most ", source.count, ": model ", name,
+                                                   " has ", source.count, " top-level children, and a stage holds "
+                                                   "at least one"));
+  }
+  source.make = [whole](int begin, int end) { return whole->Layers(begin, end); };
+  auto chained = whole->Layers(0, source.count);
+  if (!chained.ok()) return chained.status();
+  std::string why;
+  try {
+    c10::NoGradGuard no_grad;
+    whole->SetTraining(false);
+    const at::Tensor want = whole->Forward(sample), got = (*chained)->Forward(sample);
+    if (!want.sizes().equals(got.sizes()) || !at::allclose(got, want, 1e-5, 1e-6)) why = "gives other outputs";
+  } catch (const c10::Error& e) {
+    why = absl::StrCat("fails: ", std::string(e.what_without_backtrace()).substr(0, 300));
+  }
+  whole->SetTraining(true);
+  if (!why.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model ", name, " cannot be cut into stages: its top-level children run one after the other ", why,
+        " than its forward; a pipelined TorchScript module must be sequential at its top level (an "
+        "nn.Sequential, or a forward that only calls its children in order)"));
+  }
+  for (int i = 0; i < source.count; ++i) {
+    auto layer = whole->Layers(i, i + 1);
+    if (!layer.ok()) return layer.status();
+    double n = 0;
+    for (const auto& [unused, t] : (*layer)->NamedParameters()) n += static_cast<double>(t.numel());
+    source.parameters.push_back(n);
+  }
+  return source;
+}
+
+absl::StatusOr<LayerSource> BuiltInLayers(const JobSpec& spec, const std::vector<int64_t>& shape) {
+  LayerSource source;
+  source.count = PipelineLayers(spec.model);
+  source.make = [spec, shape](int begin, int end) {
+    return CreateModelStage(spec.model, shape, spec.data.num_classes, spec.seed, begin, end);
+  };
+  auto costs = ModelLayerCosts(spec.model, shape, spec.data.num_classes);
+  if (!costs.ok()) return costs.status();
+  source.parameters = *std::move(costs);
+  return source;
+}
+
+// Each layer's forward + backward seconds on `sample` (one micro-batch of
+// inputs; the median of 3 runs after a warm-up), the layers built one at a
+// time.
+absl::StatusOr<std::vector<double>> MeasureLayerSeconds(const LayerSource& source, const at::Tensor& sample) {
   at::Tensor x = sample;
   std::vector<double> seconds;
-  for (int i = 0; i < PipelineLayers(spec.model); ++i) {
-    auto layer = CreateModelStage(spec.model, shape, spec.data.num_classes, spec.seed, i, i + 1);
+  for (int i = 0; i < source.count; ++i) {
+    auto layer = source.make(i, i + 1);
     if (!layer.ok()) return layer.status();
     std::vector<double> runs;
     at::Tensor y;
     for (int run = 0; run < 4; ++run) {
       const auto start = std::chrono::steady_clock::now();
       y = (*layer)->Forward(x.detach().requires_grad_(i > 0));
-      y.sum().backward();
+      if (y.requires_grad()) y.sum().backward();
       if (run > 0) runs.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
     }
     std::sort(runs.begin(), runs.end());
@@ -89,6 +163,8 @@ absl::StatusOr<std::vector<double>> MeasureLayerSeconds(const JobSpec& spec, con
   }
   return seconds;
 }
+
+}  // namespace
 
 absl::StatusOr<std::vector<int>> PipelineCut(const JobSpec& spec, const std::vector<double>& costs) {
   auto first = BalancedCut(costs, spec.pipeline.stages);
@@ -100,35 +176,56 @@ absl::StatusOr<std::vector<int>> PipelineCut(const JobSpec& spec, const std::vec
 absl::StatusOr<std::unique_ptr<Model>> CreatePipelineStageModel(const TrainerOptions& options, const Dataset& train) {
   const JobSpec& spec = options.spec;
   const std::vector<int64_t> shape(train.inputs.sizes().begin() + 1, train.inputs.sizes().end());
-  auto costs = ModelLayerCosts(spec.model, shape, spec.data.num_classes);
-  if (!costs.ok()) return costs.status();
+  const int64_t micro = (spec.batch_size + spec.pipeline.micro_batches - 1) / spec.pipeline.micro_batches;
+  const at::Tensor sample = train.Normalize(train.inputs.narrow(0, 0, std::min(micro, train.size())));
+  auto source = IsScripted(spec) ? ScriptedLayers(options, sample) : BuiltInLayers(spec, shape);
+  if (!source.ok()) return source.status();
+  std::vector<double> costs = source->parameters;
   if (spec.pipeline.balance == "time") {
-    at::Tensor sent = at::zeros({static_cast<int64_t>(costs->size())}, at::kDouble);
+    at::Tensor sent = at::zeros({static_cast<int64_t>(costs.size())}, at::kDouble);
     if (options.rank == 0) {
-      const int64_t micro = (spec.batch_size + spec.pipeline.micro_batches - 1) / spec.pipeline.micro_batches;
-      auto measured = MeasureLayerSeconds(spec, train.Normalize(train.inputs.narrow(0, 0, std::min(micro, train.size()))));
+      auto measured = MeasureLayerSeconds(*source, sample);
       if (!measured.ok()) return measured.status();
       std::copy(measured->begin(), measured->end(), sent.data_ptr<double>());
     }
     if (absl::Status s = options.pipeline->Broadcast(sent, 0)->Wait(); !s.ok()) return s;
-    costs->assign(sent.data_ptr<double>(), sent.data_ptr<double>() + sent.numel());
+    costs.assign(sent.data_ptr<double>(), sent.data_ptr<double>() + sent.numel());
   }
-  auto cut = PipelineCut(spec, *costs);
+  auto cut = PipelineCut(spec, costs);
   if (!cut.ok()) return cut.status();
+  // Every rank checks every stage, so all of them refuse alike.
+  for (int st = 0; st < spec.pipeline.stages; ++st) {
+    double held = 0;
+    for (int i = (*cut)[st]; i < (*cut)[st + 1]; ++i) held += source->parameters[i];
+    if (held > 0) continue;
+    return absl::InvalidArgumentError(absl::StrCat(
+        "pipeline stage ", st, " (layers ", (*cut)[st], "..", (*cut)[st + 1] - 1, " of model ",
+        spec.model.substr(0, 200), ") would hold no trainable parameters; use fewer stages, or "
+        "balance: parameters, or put parameter-free layers inside the children that have parameters"));
+  }
   const int s = PipelinePlaceOf(spec.pipeline, options.rank, options.world_size).stage;
   spdlog::info("rank {}: stage {} of {}: layers {}..{} of {}'s {} (balanced by {}: {})", options.rank, s,
-               spec.pipeline.stages, (*cut)[s], (*cut)[s + 1] - 1, spec.model, costs->size(), spec.pipeline.balance,
-               absl::StrJoin(*costs, " "));
-  return CreateModelStage(spec.model, shape, spec.data.num_classes, spec.seed, (*cut)[s], (*cut)[s + 1]);
+               spec.pipeline.stages, (*cut)[s], (*cut)[s + 1] - 1, spec.model, costs.size(), spec.pipeline.balance,
+               absl::StrJoin(costs, " "));
+  return source->make((*cut)[s], (*cut)[s + 1]);
 }
 
-std::vector<ParameterSpec> PipelineModelSpecs(const JobSpec& spec, const Dataset& train) {
+absl::StatusOr<std::vector<ParameterSpec>> PipelineModelSpecs(const TrainerOptions& options, const Dataset& train) {
+  const JobSpec& spec = options.spec;
+  std::vector<ParameterSpec> out;
+  if (IsScripted(spec)) {
+    auto whole = LoadTorchScriptModel(options.data_root, spec.model.substr(std::strlen(kScriptPrefix)));
+    if (!whole.ok()) return whole.status();
+    for (const auto& [name, t] : (*whole)->NamedParameters()) {
+      out.push_back({name, std::vector<int64_t>(t.sizes().begin(), t.sizes().end()),
+                     t.scalar_type() == at::kDouble ? DT_FLOAT64 : DT_FLOAT32});
+    }
+    return out;
+  }
   const std::vector<int64_t> shape(train.inputs.sizes().begin() + 1, train.inputs.sizes().end());
   auto shapes = ModelParameterShapes(spec.model, shape, spec.data.num_classes);
-  std::vector<ParameterSpec> out;
-  // (Its stage was built from the same layers: this cannot fail here.)
-  if (!shapes.ok()) spdlog::error("the pipelined model's parameters: {}", shapes.status().ToString());
-  for (auto& [name, dims] : shapes.value_or(decltype(shapes)::value_type{})) out.push_back({name, dims, DT_FLOAT32});
+  if (!shapes.ok()) return shapes.status();
+  for (auto& [name, dims] : *shapes) out.push_back({name, dims, DT_FLOAT32});
   return out;
 }
 

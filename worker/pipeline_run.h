@@ -44,26 +44,26 @@ struct PipelinePlace {
 
 PipelinePlace PipelinePlaceOf(const PipelineSpec& pipeline, int rank, int world_size);
 
-// Each layer of spec.model's forward + backward seconds on `sample` (one
-// micro-batch of inputs; the median of 3 runs after a warm-up), the layers
-// built one at a time.
-absl::StatusOr<std::vector<double>> MeasureLayerSeconds(const JobSpec& spec, const at::Tensor& sample);
 
 // The first layer of each stage, then the layer count: layers of `costs`
 // cut into spec.pipeline.stages contiguous runs, the costliest run as
 // cheap as it can be (pipeline/stage_cut.h).
 absl::StatusOr<std::vector<int>> PipelineCut(const JobSpec& spec, const std::vector<double>& costs);
 
-// This rank's stage of spec.model (CreateModelStage over the cut). With
-// pipeline.balance time, rank 0 measures the layers on the first
-// micro-batch of `train` and sends every rank their costs over
-// options.pipeline, so that every rank cuts alike.
+// This rank's stage of spec.model: a built-in model's layers
+// (CreateModelStage over the cut), or a TorchScript module's top-level
+// children (Model::Layers), once every rank has checked on the first
+// micro-batch of `train` that the children chained give the module's
+// output. With pipeline.balance time, rank 0 measures the layers on that
+// micro-batch and sends every rank their costs over options.pipeline, so
+// that every rank cuts alike. A cut leaving a stage without trainable
+// parameters is refused.
 absl::StatusOr<std::unique_ptr<Model>> CreatePipelineStageModel(const TrainerOptions& options, const Dataset& train);
 
 // The whole model's parameters, in its order (those of every stage):
 // what rank 0 reports as the job's plan, so that the stages' checkpoint
 // files are a checkpoint of the whole model.
-std::vector<ParameterSpec> PipelineModelSpecs(const JobSpec& spec, const Dataset& train);
+absl::StatusOr<std::vector<ParameterSpec>> PipelineModelSpecs(const TrainerOptions& options, const Dataset& train);
 
 // Not thread-safe: the training loop's thread. `group` (the job's whole
 // collective) and `model` (this stage's) must outlive it.

@@ -10,9 +10,41 @@
 namespace pstrain {
 namespace {
 
+// Children [begin, end) of a module, run one after the other (a pipeline
+// stage); parameters named as the whole module names them.
+class TorchScriptLayers : public Model {
+ public:
+  explicit TorchScriptLayers(std::vector<torch::jit::NameModule> children) : children_(std::move(children)) {}
+  at::Tensor Forward(const at::Tensor& inputs) override {
+    at::Tensor h = inputs;
+    for (auto& c : children_) h = c.value.forward({h}).toTensor();
+    return h;
+  }
+  std::vector<std::pair<std::string, at::Tensor>> NamedParameters() override {
+    std::vector<std::pair<std::string, at::Tensor>> out;
+    for (const auto& c : children_) {
+      for (const auto& p : c.value.named_parameters(/*recurse=*/true)) {
+        if (p.value.requires_grad()) out.emplace_back(c.name + "." + p.name, p.value);
+      }
+    }
+    return out;
+  }
+  void SetTraining(bool training) override {
+    for (auto& c : children_) c.value.train(training);
+  }
+  void To(const c10::Device& device) override {
+    for (auto& c : children_) c.value.to(device);
+  }
+
+ private:
+  std::vector<torch::jit::NameModule> children_;
+};
+
 class TorchScriptModel : public Model {
  public:
-  explicit TorchScriptModel(torch::jit::Module module) : module_(std::move(module)) {}
+  explicit TorchScriptModel(torch::jit::Module module) : module_(std::move(module)) {
+    for (const auto& c : module_.named_children()) children_.push_back(c);
+  }
   at::Tensor Forward(const at::Tensor& inputs) override {
     return module_.forward({inputs}).toTensor();
   }
@@ -25,9 +57,18 @@ class TorchScriptModel : public Model {
   }
   void SetTraining(bool training) override { module_.train(training); }
   void To(const c10::Device& device) override { module_.to(device); }
+  int LayerCount() override { return static_cast<int>(children_.size()); }
+  absl::StatusOr<std::unique_ptr<Model>> Layers(int begin, int end) override {
+    if (begin < 0 || begin >= end || end > LayerCount()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("children [", begin, ", ", end, ") are not a stage of a module with ", LayerCount()));
+    }
+    return std::unique_ptr<Model>(new TorchScriptLayers({children_.begin() + begin, children_.begin() + end}));
+  }
 
  private:
   torch::jit::Module module_;
+  std::vector<torch::jit::NameModule> children_;  // the top level's, in order
 };
 
 }  // namespace

@@ -420,10 +420,11 @@ absl::StatusOr<TrainResult> Trainer::Run() {
   absl::Status s = BuildModel();
   if (s.ok()) s = BuildExchange();
   if (!s.ok()) return s;
-  // Rank 0 tells the coordinator the model's layout (for checkpoints and
-  // their re-partitioning): a pipelined job's is the whole model's.
+  // Rank 0 reports the model's layout (for checkpoints): a pipeline's, all stages'.
   if (options_.rank == 0) {
-    options_.emit(PlanEvent(0, spec_.chunk_bytes, options_.pipeline ? PipelineModelSpecs(spec_, data_.train) : specs_));
+    auto whole = options_.pipeline ? PipelineModelSpecs(options_, data_.train) : specs_;
+    if (!whole.ok()) return whole.status();
+    options_.emit(PlanEvent(0, spec_.chunk_bytes, *whole));
   }
   if (options_.pipeline != nullptr) pipeline_ = std::make_unique<PipelineRun>(options_, model_.get(), &activity_);
   // Unpipelined: replica = rank. A replica's stages draw the same batches.

@@ -275,10 +275,16 @@ TEST(CtrTrainerRefusalTest, RefusesWhatItDoesNotDo) {
   };
   const std::vector<std::pair<std::string, std::function<void(TrainerOptions&)>>> cases = {
       {"allreduce without a collective", [](TrainerOptions& o) { o.spec.mode = TrainMode::kAllReduce; }},
-      {"vacant ranks",
+      {"vacant ranks under sync",
        [](TrainerOptions& o) {
          o.spec.workers = 2;
          o.spec.min_workers = 1;
+         o.spec.consistency = SYNC;
+       }},
+      {"a rejoin under sync",
+       [](TrainerOptions& o) {
+         o.spec.consistency = SYNC;
+         o.rejoin_step = 5;
        }},
       {"fp16", [](TrainerOptions& o) { o.spec.precision = Precision::kFp16; }},
       {"loss scaling", [](TrainerOptions& o) { o.loss_scaling = LossScalerOptions{}; }},

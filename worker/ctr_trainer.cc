@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/file_util.h"
 #include "common/weights_file.h"
+#include "spdlog/spdlog.h"
 #include "worker/activity.h"
 #include "worker/binary_metrics.h"
 #include "worker/criteo_data.h"
@@ -48,11 +49,17 @@ absl::Status CheckSupported(const TrainerOptions& options, const EmbeddingRows* 
   if (spec.allreduce() != (options.collective != nullptr)) {
     return absl::InvalidArgumentError("a job with embeddings: mode allreduce needs the workers' collective, and only it does");
   }
-  if (spec.min_workers >= 0 && spec.min_workers < spec.workers) return refuse("min_workers below workers");
+  // ASYNC ps: a lost rank may stay vacant, and a spare take it over.
+  const bool elastic = !spec.allreduce() && spec.consistency == ASYNC;
+  if (!elastic && spec.min_workers >= 0 && spec.min_workers < spec.workers) {
+    return refuse("min_workers below workers under sync, ssp or all-reduce");
+  }
   if (spec.precision == Precision::kFp16 || options.loss_scaling.has_value()) return refuse("loss scaling (fp16)");
   if (spec.accumulate_steps > 1) return refuse("accumulate_steps above 1");
   if (spec.clip_grad_norm > 0) return refuse("clip_grad_norm");
-  if (options.rejoin_step >= 0) return refuse("taking over a lost worker's rank mid-run (rejoin)");
+  if (!elastic && options.rejoin_step >= 0) {
+    return refuse("taking over a lost worker's rank mid-run (rejoin) under sync, ssp or all-reduce");
+  }
   if (spec.data.format != "criteo" || spec.data.train_file.empty()) {
     return absl::InvalidArgumentError("a job with embeddings reads data of format criteo with a train_file");
   }
@@ -98,6 +105,10 @@ class CtrTrainer {
   // share (examples_per_epoch_ = -1).
   absl::Status CountExamples();
   absl::Status Step(int epoch, const CriteoBatch& batch);
+  // A spare taking over a lost rank (ASYNC; rejoin_step: the step after
+  // the last one the shards applied for it): the epoch and the batch of the
+  // rank's share it continues at, its share's batches counted.
+  absl::Status PlaceRejoin(int64_t batch_size, int* epoch, int64_t* epoch_step);
   // Resuming: the first batches of the rank's share this epoch, which it
   // trained before the checkpoint, read and dropped.
   absl::Status SkipTrained(CriteoReader& reader, int64_t batches, int64_t batch_size, CriteoBatch* scratch);
@@ -239,6 +250,25 @@ absl::Status CtrTrainer::Step(int epoch, const CriteoBatch& batch) {
   return absl::OkStatus();
 }
 
+absl::Status CtrTrainer::PlaceRejoin(int64_t batch_size, int* epoch, int64_t* epoch_step) {
+  activity_.Enter(WorkerActivity::DATA, step_);
+  auto reader = Open(spec_.data.train_file, options_.rank, options_.world_size);
+  if (!reader.ok()) return reader.status();
+  auto examples = (*reader)->CountRemainingExamples();
+  if (!examples.ok()) return examples.status();
+  const int64_t per_epoch = (*examples + batch_size - 1) / batch_size;  // an ASYNC rank trains its whole share
+  if (per_epoch == 0) {
+    return absl::FailedPreconditionError(absl::StrCat("rank ", options_.rank, "'s share of train file ",
+                                                      spec_.data.train_file, " is empty: nothing to continue"));
+  }
+  step_ = options_.rejoin_step;
+  *epoch = static_cast<int>(std::min<int64_t>(step_ / per_epoch, spec_.epochs));
+  *epoch_step = step_ - static_cast<int64_t>(*epoch) * per_epoch;
+  spdlog::info("rank {}: taking over at step {}: epoch {}, batch {} of {}", options_.rank, step_, *epoch,
+               *epoch_step, per_epoch);
+  return absl::OkStatus();
+}
+
 absl::Status CtrTrainer::SkipTrained(CriteoReader& reader, int64_t batches, int64_t batch_size, CriteoBatch* scratch) {
   activity_.Enter(WorkerActivity::DATA, step_);
   for (int64_t i = 0; i < batches; ++i) {
@@ -348,14 +378,21 @@ absl::StatusOr<TrainResult> CtrTrainer::Run() {
   progress_ = std::make_unique<ProgressWindow>(options_.on_step, start_);
   const int64_t max_steps = spec_.max_steps > 0 ? spec_.max_steps : INT64_MAX;
   const int64_t batch_size = std::max<int64_t>(spec_.batch_size, 1);
-  // Resuming: at the checkpoint's place (step, epoch, batches into it).
-  int epoch = options_.start_epoch;
+  // Resuming: at the checkpoint's place (step, epoch, batches into it);
+  // a spare: at the lost rank's.
+  int epoch = options_.start_epoch, start_epoch = options_.start_epoch;
+  int64_t start_epoch_step = options_.start_epoch_step;
   step_ = options_.start_step;
+  if (options_.rejoin_step >= 0) {
+    s = PlaceRejoin(batch_size, &start_epoch, &start_epoch_step);
+    if (!s.ok()) return s;
+    epoch = start_epoch;
+  }
   CriteoBatch batch;
   for (; epoch < spec_.epochs && step_ < max_steps; ++epoch) {
     auto reader = Open(spec_.data.train_file, options_.rank, options_.world_size);
     if (!reader.ok()) return reader.status();
-    int64_t epoch_step = epoch == options_.start_epoch ? options_.start_epoch_step : 0;
+    int64_t epoch_step = epoch == start_epoch ? start_epoch_step : 0;
     s = SkipTrained(**reader, epoch_step, batch_size, &batch);
     if (!s.ok()) return s;
     // Counted examples (SYNC, SSP, all-reduce): what is left of this rank's

@@ -71,7 +71,6 @@ absl::Status CheckPipelineJob(const JobSpec& spec, const MappingReader& r) {
   if (spec.device == DeviceChoice::kCuda) return refuse("device", "must be cpu or auto (the stages run on the CPU)");
   if (spec.backend == CollectiveBackend::kNccl) return refuse("backend", "must be gloo or auto");
   if (spec.accumulate_steps != 1) return refuse("accumulate_steps", "must be 1 (micro-batches accumulate)");
-  if (spec.clip_grad_norm != 0) return refuse("clip_grad_norm", "must be 0");
   if (!spec.quantization.mode.empty() || !spec.quantization.export_mode.empty()) {
     return refuse("quantization", "must be absent");
   }

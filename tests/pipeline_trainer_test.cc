@@ -83,6 +83,7 @@ struct Case {
   std::string schedule;
   int64_t batch, train_examples;
   std::string balance = "time";  // where the cut falls changes nothing but the speed
+  double clip_grad_norm = 0;
 };
 
 // The pipelined job against the same job unpipelined, with `replicas`
@@ -93,6 +94,7 @@ void CheckLikeUncut(const Case& c) {
   JobSpec plain = AllReduceSpec("pipe-ref", c.model, c.replicas, c.batch, /*max_steps=*/0);
   plain.data.synthetic_train = c.train_examples;
   plain.data.synthetic_test = 200;
+  plain.clip_grad_norm = c.clip_grad_norm;
   const TrainTest data{MakeSynthetic(c.train_examples, 10, 3), MakeSynthetic(200, 10, 4)};
   JobSpec piped = plain;
   piped.name = "pipe";
@@ -126,6 +128,14 @@ TEST(PipelineTrainer, OneMicroBatchAndMoreThanTheStages) {
 }
 
 TEST(PipelineTrainer, FourStagesOfTheDeepMlp) { CheckLikeUncut({"mlp_deep", 4, 1, 8, "gpipe", 16, 64}); }
+
+// clip_grad_norm bounds the whole model's gradient norm: the stages add
+// their squared norms over the whole group (a stage's replicas counted
+// once). 0.05 clips every step here.
+TEST(PipelineTrainer, ClipGradNormBoundsTheWholeModelsNorm) {
+  CheckLikeUncut({"mlp", 2, 1, 3, "1f1b", 16, 100, "time", 0.05});
+  CheckLikeUncut({"lenet", 2, 2, 4, "gpipe", 8, 100, "parameters", 0.05});
+}
 
 // A TorchScript nn.Sequential, cut between its top-level children (blocks
 // of a layer and its activation): both schedules, by time and by

@@ -153,7 +153,10 @@ class AllReduceExchange : public GradientExchange {
         if (!s.ok() || !finite) return s;
       }
     }
-    if (options_.clip_grad_norm > 0) ClipOnDevice();
+    if (options_.clip_grad_norm > 0) {
+      absl::Status s = ClipOnDevice();
+      if (!s.ok()) return s;
+    }
     return ApplyLocally(device_decides, overflow);
   }
 
@@ -275,15 +278,24 @@ class AllReduceExchange : public GradientExchange {
   // gradients' dtype, as torch::nn::utils::clip_grad_norm_ (and so a
   // parameter server's worker) computes them: asking for float64 made a
   // float64 copy of each bucket on the CPU first (57 ms for ResNet-18's
-  // 11.2M gradients on one core, against 2).
-  void ClipOnDevice() {
+  // 11.2M gradients on one core, against 2). A pipeline's stages add their
+  // squared norms over the whole group first (the host waits for that one).
+  absl::Status ClipOnDevice() {
     at::Tensor sq;
     for (const auto& f : flats_) {
       at::Tensor n = at::linalg_vector_norm(f, 2);
       sq = sq.defined() ? sq.add(n.square()) : n.square();
     }
+    if (options_.norm_group != nullptr) {
+      at::Tensor total = sq.reshape({1}).to(at::kFloat).contiguous();
+      if (absl::Status s = options_.norm_group->AllReduce(total)->Wait(); !s.ok()) {
+        return absl::Status(s.code(), absl::StrCat("the pipeline's gradient norm: ", s.message()));
+      }
+      sq = total.reshape({}).div(options_.norm_copies).to(sq.scalar_type());
+    }
     at::Tensor coef = sq.sqrt().add(1e-6).reciprocal().mul(options_.clip_grad_norm).clamp_max(1.0);
     for (auto& f : flats_) f.mul_(coef.to(f.scalar_type()));
+    return absl::OkStatus();
   }
 
   // 1 (float32, on the gradients' device) where any averaged gradient is

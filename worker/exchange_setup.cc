@@ -1,5 +1,6 @@
 #include "worker/exchange_setup.h"
 
+#include <algorithm>
 #include <string>
 #include <utility>
 
@@ -48,6 +49,10 @@ absl::StatusOr<ExchangeSet> MakeExchange(const TrainerOptions& options, const st
   eo.bucket_bytes = spec.bucket_bytes;
   eo.collective = options.collective;
   eo.clip_grad_norm = spec.clip_grad_norm;
+  if (allreduce && spec.pipeline.enabled() && options.pipeline != nullptr) {
+    eo.norm_group = options.pipeline;
+    eo.norm_copies = std::max(1, options.world_size / spec.pipeline.stages);
+  }
   eo.wire_dtype = spec.wire_dtype == WireDtype::kBf16   ? at::kBFloat16
                   : spec.wire_dtype == WireDtype::kFp16 ? at::kHalf
                                                         : at::kFloat;

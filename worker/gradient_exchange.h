@@ -58,6 +58,12 @@ struct ExchangeOptions {
   // are clipped to (0: off).
   Collective* collective = nullptr;
   double clip_grad_norm = 0;
+  // A pipelined job (not owned): the whole group, whose ranks hold the
+  // model's stages, each stage `norm_copies` times (its replicas). The
+  // norm clip_grad_norm bounds is then the whole model's: the stages'
+  // squared norms summed over this group (and divided by the copies).
+  Collective* norm_group = nullptr;
+  int norm_copies = 1;
   // The job's wire_dtype: at::kFloat, or kHalf/kBFloat16.
   // All-reduce: the dtype buckets are reduced in -- each bucket divided by
   // the group size, narrowed, summed, widened, as DDP's fp16_compress_hook

@@ -70,7 +70,6 @@ absl::Status CheckPipelineJob(const JobSpec& spec, const MappingReader& r) {
   if (spec.precision == Precision::kFp16) return refuse("precision", "must be fp32 or bf16 (fp16's loss scaling)");
   if (spec.device == DeviceChoice::kCuda) return refuse("device", "must be cpu or auto (the stages run on the CPU)");
   if (spec.backend == CollectiveBackend::kNccl) return refuse("backend", "must be gloo or auto");
-  if (spec.accumulate_steps != 1) return refuse("accumulate_steps", "must be 1 (micro-batches accumulate)");
   if (!spec.quantization.mode.empty() || !spec.quantization.export_mode.empty()) {
     return refuse("quantization", "must be absent");
   }

@@ -62,7 +62,6 @@ TEST(PipelineSpec, RefusesWhatTheStagesCannotRunNamingTheField) {
       {base + "precision: fp16\npipeline: {stages: 2}\n", "precision must be fp32 or bf16"},
       {base + "device: cuda\npipeline: {stages: 2}\n", "device must be cpu or auto"},
       {base + "backend: nccl\npipeline: {stages: 2}\n", "backend must be gloo or auto"},
-      {base + "accumulate_steps: 2\npipeline: {stages: 2}\n", "accumulate_steps must be 1"},
       {base + "quantization: {mode: qat}\npipeline: {stages: 2}\n", "quantization must be absent"},
   };
   for (const Case& c : cases) {

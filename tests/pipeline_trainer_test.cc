@@ -84,6 +84,7 @@ struct Case {
   int64_t batch, train_examples;
   std::string balance = "time";  // where the cut falls changes nothing but the speed
   double clip_grad_norm = 0;
+  int accumulate_steps = 1;
 };
 
 // The pipelined job against the same job unpipelined, with `replicas`
@@ -95,6 +96,7 @@ void CheckLikeUncut(const Case& c) {
   plain.data.synthetic_train = c.train_examples;
   plain.data.synthetic_test = 200;
   plain.clip_grad_norm = c.clip_grad_norm;
+  plain.accumulate_steps = c.accumulate_steps;
   const TrainTest data{MakeSynthetic(c.train_examples, 10, 3), MakeSynthetic(200, 10, 4)};
   JobSpec piped = plain;
   piped.name = "pipe";
@@ -135,6 +137,19 @@ TEST(PipelineTrainer, FourStagesOfTheDeepMlp) { CheckLikeUncut({"mlp_deep", 4, 1
 TEST(PipelineTrainer, ClipGradNormBoundsTheWholeModelsNorm) {
   CheckLikeUncut({"mlp", 2, 1, 3, "1f1b", 16, 100, "time", 0.05});
   CheckLikeUncut({"lenet", 2, 2, 4, "gpipe", 8, 100, "parameters", 0.05});
+}
+
+// accumulate_steps batches, each pipelined, make one step: their
+// gradients summed, each scaled by 1/accumulate_steps, as without the
+// pipeline (100 examples in batches of 16 make 7 batches an epoch: the
+// epoch's last step has one batch, of 4 examples).
+TEST(PipelineTrainer, AccumulatedBatchesMakeOneStep) {
+  Case c{"mlp", 2, 1, 3, "1f1b", 16, 100};
+  c.accumulate_steps = 2;
+  CheckLikeUncut(c);
+  c = {"lenet", 2, 2, 2, "gpipe", 8, 100, "parameters", 0.05};
+  c.accumulate_steps = 3;
+  CheckLikeUncut(c);
 }
 
 // A TorchScript nn.Sequential, cut between its top-level children (blocks

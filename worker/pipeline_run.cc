@@ -258,7 +258,7 @@ PipelineRun::PipelineRun(const TrainerOptions& options, Model* model, Activity* 
 
 PipelineRun::~PipelineRun() = default;
 
-absl::Status PipelineRun::Step(const Dataset& data, const BatchLoader::Batch& batch, int64_t step,
+absl::Status PipelineRun::Step(const Dataset& data, const BatchLoader::Batch& batch, int64_t step, double scale,
                                at::Tensor* loss) {
   const at::Tensor& labels = batch.labels;
   const int64_t n = labels.size(0);
@@ -271,11 +271,12 @@ absl::Status PipelineRun::Step(const Dataset& data, const BatchLoader::Batch& ba
   step_ = step;
   activity_->Enter(WorkerActivity::COMPUTE, step);
   const auto start = std::chrono::steady_clock::now();
-  auto mean = stage_.Step(sizes, xs, ys);
+  auto mean = stage_.Step(sizes, xs, ys, scale);
   step_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   held_ = std::max(held_, stage_.peak_activations());
   if (!mean.ok()) return absl::Status(mean.status().code(), absl::StrCat("step ", step, ": ", mean.status().message()));
-  *loss = at::scalar_tensor(*mean, at::kDouble);
+  const at::Tensor part = at::scalar_tensor(*mean, at::kDouble);
+  *loss = loss->defined() ? *loss + part : part;
   return absl::OkStatus();
 }
 

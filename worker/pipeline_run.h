@@ -82,9 +82,12 @@ class PipelineRun {
   // The stage's parameters' .grad() then hold the batch's mean loss's
   // gradients. Stage 0 reads the batch's inputs (normalised as `data`
   // says), the last stage its labels; every stage needs the batch's size.
-  // *loss becomes the batch's mean loss (a float64 scalar) on the last
-  // stage, 0 elsewhere. A neighbour's or the model's error names `step`.
-  absl::Status Step(const Dataset& data, const BatchLoader::Batch& batch, int64_t step, at::Tensor* loss);
+  // The batch's mean loss times `scale` (a float64 scalar) is added to
+  // *loss on the last stage (0 elsewhere), and its gradients, scaled alike,
+  // to the stage's: accumulate_steps batches of scale 1/accumulate_steps
+  // make one step. A neighbour's or the model's error names `step`.
+  absl::Status Step(const Dataset& data, const BatchLoader::Batch& batch, int64_t step, double scale,
+                    at::Tensor* loss);
 
   // The stage, the fraction of the steps' time since the last report that
   // this rank waited for its neighbours (the bubble, the transfers), and

@@ -178,7 +178,7 @@ absl::Status PipelineStage::Backward(int m) {
 }
 
 absl::StatusOr<double> PipelineStage::Step(const std::vector<int64_t>& sizes, const std::vector<at::Tensor>& inputs,
-                                           const std::vector<at::Tensor>& targets) {
+                                           const std::vector<at::Tensor>& targets, double scale) {
   const int micro = static_cast<int>(sizes.size());
   const int s = options_.stage;
   if ((s == 0 && static_cast<int>(inputs.size()) != micro) ||
@@ -199,7 +199,7 @@ absl::StatusOr<double> PipelineStage::Step(const std::vector<int64_t>& sizes, co
   held_ = peak_ = 0;
   try {
     for (const PipelineAction& a : *actions) {
-      const double weight = static_cast<double>(sizes[a.micro_batch]) / static_cast<double>(total);
+      const double weight = scale * static_cast<double>(sizes[a.micro_batch]) / static_cast<double>(total);
       absl::Status st = a.kind == PipelineAction::kForward ? Forward(a.micro_batch, inputs, targets, weight)
                                                            : Backward(a.micro_batch);
       if (!st.ok()) return st;

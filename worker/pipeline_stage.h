@@ -100,10 +100,11 @@ class PipelineStage {
   // One step of `micro` micro-batches whose sizes are `sizes` (examples;
   // they weight each micro-batch's loss). Stage 0 reads inputs[m], the last
   // stage targets[m]; others leave them empty. Returns the step's loss on
-  // the last stage (the batch's mean), 0 elsewhere. INVALID_ARGUMENT for
-  // inputs that do not match; a link's error as it is.
+  // the last stage (the batch's mean, times `scale`, as its gradients are:
+  // accumulated batches), 0 elsewhere. INVALID_ARGUMENT for inputs that do
+  // not match; a link's error as it is.
   absl::StatusOr<double> Step(const std::vector<int64_t>& sizes, const std::vector<at::Tensor>& inputs,
-                              const std::vector<at::Tensor>& targets);
+                              const std::vector<at::Tensor>& targets, double scale = 1.0);
 
   // The most micro-batches whose activations this stage held at once in
   // the last step.

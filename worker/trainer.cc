@@ -251,7 +251,7 @@ absl::Status Trainer::Step(int epoch, int64_t first, int64_t last) {
       if (!batches.own) continue;
       if (pipeline_ == nullptr) {
         TrainMicro(*batch, scale, arm, &loss_sum);
-      } else if (absl::Status ps = pipeline_->Step(data_.train, *batch, step_, &loss_sum); !ps.ok()) {
+      } else if (absl::Status ps = pipeline_->Step(data_.train, *batch, step_, scale, &loss_sum); !ps.ok()) {
         return ps;
       }
       samples += batch->labels.size(0);

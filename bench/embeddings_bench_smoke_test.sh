@@ -28,3 +28,16 @@ for k in ("vs_torch_ddp", "vs_torch_single", "worker_rss_growth", "auc_gap_to_ba
 assert r["ratios"]["vs_torch_ddp"] > 0 and r["ratios"]["worker_rss_growth"] > 0, r
 print("ok:", json.dumps(r["ratios"]))
 ' "$out"
+# bench/planted_ceiling.py on planted data of the same size: the planted
+# form fit to convergence learns something, and no more than the truth.
+d=$(mktemp -d)
+worker/criteo_gen --id_space 50 --train_examples 4000 --test_examples 1000 --out_train "$d/train.tsv" \
+  --out_test "$d/test.tsv" --out_meta "$d/meta.txt" >/dev/null
+ceiling=$(/usr/bin/python3 bench/planted_ceiling.py "$d/train.tsv" "$d/test.tsv" 1e-3 | tail -1)
+/usr/bin/python3 -c '
+import json, sys
+r = json.loads(sys.argv[1])
+bayes = float(dict(l.split() for l in open(sys.argv[2]) if not l.startswith("#"))["bayes_auc"])
+assert r["bench"] == "planted_ceiling" and 0.55 < r["test_auc"] < bayes + 0.01, (r, bayes)
+print("ok: planted ceiling", r["test_auc"], "bayes", bayes)
+' "$ceiling" "$d/meta.txt"

@@ -26,6 +26,7 @@ struct GrpcRemoteShard::Call {
   std::string table_grant;
   int attempt = 0;
   absl::Duration backoff;
+  uint64_t epoch = 0;  // GrpcRemoteShard::cancel_epoch_ when it started
   StatusCallback done;
 };
 
@@ -66,7 +67,19 @@ void GrpcRemoteShard::StartAsync(const std::string& method, const google::protob
   call->backoff = options_.initial_backoff;
   call->job_secret = options.job_secret;
   call->table_grant = options.table_grant;
+  {
+    absl::MutexLock lock(&live_mu_);
+    call->epoch = cancel_epoch_;
+  }
   AttemptAsync(std::move(call));
+}
+
+void GrpcRemoteShard::CancelCalls() {
+  absl::MutexLock lock(&live_mu_);
+  ++cancel_epoch_;
+  // Each context is alive while its call is in live_ (the callback takes
+  // it out first); TryCancel does not block.
+  for (Call* call : live_) call->context->TryCancel();
 }
 
 void GrpcRemoteShard::AttemptAsync(std::shared_ptr<Call> call) {
@@ -76,11 +89,27 @@ void GrpcRemoteShard::AttemptAsync(std::shared_ptr<Call> call) {
   if (!call->job_secret.empty()) call->context->AddMetadata(kJobSecretMetadata, call->job_secret);
   if (!call->table_grant.empty()) call->context->AddMetadata(kTableGrantMetadata, call->table_grant);
   call->response.Clear();
+  bool cancelled = false;
+  {
+    absl::MutexLock lock(&live_mu_);
+    cancelled = call->epoch != cancel_epoch_;
+    // A TryCancel before the call starts cancels it when it starts.
+    if (!cancelled) live_.insert(call.get());
+  }
+  if (cancelled) {
+    Finish(call, absl::CancelledError(
+                     absl::StrCat(call->method, " on ", options_.target, ": cancelled (the shard was declared lost)")));
+    return;
+  }
   // The request ByteBuffer is kept for retries: copying it copies slice
   // references, not bytes.
   stub_->UnaryCall(
       call->context.get(), call->method, grpc::StubOptions(), &call->request, &call->response,
       [this, call](grpc::Status status) {
+        {
+          absl::MutexLock lock(&live_mu_);
+          live_.erase(call.get());
+        }
         const bool unavailable = status.error_code() == grpc::StatusCode::UNAVAILABLE;
         if (unavailable && call->attempt < options_.max_attempts && absl::Now() + call->backoff < call->deadline) {
           absl::Time when = absl::Now() + call->backoff;

@@ -14,6 +14,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 
 #include "absl/base/thread_annotations.h"
@@ -66,6 +67,7 @@ class GrpcRemoteShard : public ParameterStore {
                        StatusCallback done) override;
   void ReplicateAsync(const ReplicateRequest& request, std::vector<TensorBuffer> tensors, ReplicateResponse* response,
                       const CallOptions& options, StatusCallback done) override;
+  void CancelCalls() override;
 
  private:
   struct Call;
@@ -80,6 +82,11 @@ class GrpcRemoteShard : public ParameterStore {
 
   const RemoteShardOptions options_;
   std::atomic<int> in_flight_{0};
+  // CancelCalls: each call remembers the epoch it started in, and an
+  // attempt of an older one is not made; attempts on the wire are live_.
+  absl::Mutex live_mu_;
+  uint64_t cancel_epoch_ ABSL_GUARDED_BY(live_mu_) = 0;
+  std::set<Call*> live_ ABSL_GUARDED_BY(live_mu_);
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<grpc::GenericStub> stub_;
   std::unique_ptr<RetryTimer> retry_timer_;

@@ -2,10 +2,14 @@
 // least-recently-used eviction) and never destroying a client in use (held
 // by a caller, or with a call whose done callback has not returned). A fake
 // clock; no server: the targets refuse connections, which is all a client
-// needs to exist and to finish a call.
+// needs to exist and to finish a call. And GrpcRemoteShard::CancelCalls
+// against a shard that hangs.
 #include "rpc/grpc_remote_shard.h"
 
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <memory>
 #include <vector>
@@ -118,6 +122,53 @@ TEST_F(RemoteShardCacheTest, AClientWithACallInFlightIsNotEvicted) {
   cache.Get(Target(3));
   EXPECT_TRUE(busy.expired());
   EXPECT_EQ(cache.size(), 1u);
+}
+
+// A shard that hangs (here a port whose connections the kernel takes and
+// nobody answers: a stopped process's) holds a call until its deadline.
+// CancelCalls (the shard was declared lost) ends it at once with CANCELLED;
+// a call started after it runs as usual.
+TEST(GrpcRemoteShardTest, CancelCallsEndsTheCallsToAHungShardAtOnce) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(listen(fd, 16), 0);  // never accepted
+  ASSERT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  RemoteShardOptions o;
+  o.target = absl::StrCat("127.0.0.1:", ntohs(addr.sin_port));
+  o.max_attempts = 1;
+  o.default_timeout = absl::Seconds(60);
+  {
+    GrpcRemoteShard client(o);
+    StatsRequest req;
+    StatsResponse resp, later_resp;
+    absl::Notification done, later_done;
+    absl::Status got, later;
+    client.StatsAsync(req, &resp, CallOptions{}, [&](absl::Status s) {
+      got = s;
+      done.Notify();
+    });
+    EXPECT_FALSE(done.WaitForNotificationWithTimeout(absl::Milliseconds(500))) << got;  // hung
+    const absl::Time cancelled = absl::Now();
+    client.CancelCalls();
+    ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+    EXPECT_EQ(got.code(), absl::StatusCode::kCancelled) << got;
+    EXPECT_LT(absl::Now() - cancelled, absl::Seconds(5));
+    CallOptions soon;
+    soon.deadline = absl::Now() + absl::Milliseconds(300);
+    client.StatsAsync(req, &later_resp, soon, [&](absl::Status s) {
+      later = s;
+      later_done.Notify();
+    });
+    ASSERT_TRUE(later_done.WaitForNotificationWithTimeout(absl::Seconds(30)));
+    EXPECT_NE(later.code(), absl::StatusCode::kCancelled) << later;
+    EXPECT_NE(later.code(), absl::StatusCode::kOk) << later;
+  }
+  close(fd);
 }
 
 }  // namespace

@@ -71,6 +71,12 @@ class ParameterStore {
   // (ReplicateRequest). UNIMPLEMENTED unless a store replicates.
   virtual void ReplicateAsync(const ReplicateRequest& request, std::vector<TensorBuffer> tensors,
                               ReplicateResponse* response, const CallOptions& options, StatusCallback done);
+  // Fails every call in flight, and each waiting to be retried, with
+  // CANCELLED now: the shard was declared lost, so its callers should go to
+  // the new primaries instead of waiting out their deadlines (a hung shard
+  // answers nothing). Calls started later run as usual. In-process stores
+  // have nothing to cancel.
+  virtual void CancelCalls() {}
 };
 
 // Runs one asynchronous call and waits for its `done`. For tests, tools and

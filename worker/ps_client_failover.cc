@@ -138,12 +138,19 @@ void PsClient::AwaitRouting(uint64_t seen, absl::Time deadline) {
       (newest->targets_size() != 0 && newest->targets_size() != static_cast<int>(shards_.size()))) {
     return;  // not this table's routing
   }
-  std::shared_ptr<const Route> r;
+  std::shared_ptr<const Route> r, before;
   {
     absl::MutexLock lock(&route_mu_);
     if (newest->generation() <= route_->generation) return;
+    before = route_;
     r = MakeRoute(*newest, route_.get());
     route_ = r;
+  }
+  // A shard declared lost now: its calls in flight fail at once and go to
+  // the new primaries, instead of waiting out their deadline on a shard
+  // that hangs (a SIGSTOP, a dead host's unanswered connection).
+  for (size_t s = 0; s < r->lost.size() && s < before->lost.size(); ++s) {
+    if (r->lost[s] && !before->lost[s]) before->shards[s]->CancelCalls();
   }
 }
 

@@ -82,6 +82,24 @@ class ResumeValuesTest : public ControlPlaneTest {
     ASSERT_TRUE(got.ok()) << got.status();
     EXPECT_EQ(BitwiseDifference(expected, *got), "") << weights;
   }
+
+  // SIGKILLs worker-1 (after `job`'s checkpoint `ck`), starts worker-2 in
+  // its place, and expects the coordinator to restart the job from `ck`
+  // and the job to end with `uninterrupted`'s values, bit for bit.
+  void KillWorker1AndExpectTheRestartToEndAt(const std::string& job, const Checkpointed& ck,
+                                            const NamedTensors& uninterrupted) {
+    pool_[2]->Signal(SIGKILL);
+    pool_[2]->Wait();
+    pool_.push_back(Start("worker-2", {"worker/pstrain-worker", "--coordinator=" + coordinator_,
+                                       "--name=worker-2", "--gloo_hostname=127.0.0.1"}));
+    CliResult done = Cli({"watch", job});
+    ASSERT_EQ(done.code, 0) << done.out << Cli({"status", job}).out << Logs();
+    CliResult st = Cli({"status", job, "-o", "json"});
+    ASSERT_NE(st.out.find("step " + std::to_string(ck.step) + " of " + job + " loaded from " + ck.path),
+              std::string::npos)
+        << "the job was not restored from its checkpoint: " << st.out;
+    ExpectValues(uninterrupted, dir_ + "/out/" + job + "/model.pt");
+  }
 };
 
 TEST_F(ResumeValuesTest, RestoredJobsStartFromTheCheckpointsValuesInEveryMode) {
@@ -164,16 +182,7 @@ TEST_F(ResumeValuesTest, AllReduceJobRequeuedAfterALostRankEndsLikeAnUninterrupt
   CliResult out = Cli({"checkpoint", job});
   ASSERT_EQ(out.code, 0) << out.out << Cli({"status", job}).out;
   const Checkpointed ck = ParseCheckpoint(out.out);
-  pool_[2]->Signal(SIGKILL);  // worker-1
-  pool_[2]->Wait();
-  pool_.push_back(Start("worker-2", {"worker/pstrain-worker", "--coordinator=" + coordinator_, "--name=worker-2",
-                                     "--gloo_hostname=127.0.0.1"}));
-  CliResult done = Cli({"watch", job});
-  ASSERT_EQ(done.code, 0) << done.out << Cli({"status", job}).out << Logs();
-  CliResult st = Cli({"status", job, "-o", "json"});
-  ASSERT_NE(st.out.find("step " + std::to_string(ck.step) + " of " + job + " loaded from " + ck.path), std::string::npos)
-      << "the job was not restored from its checkpoint: " << st.out;
-  ExpectValues(*uninterrupted, dir_ + "/out/" + job + "/model.pt");
+  KillWorker1AndExpectTheRestartToEndAt(job, ck, *uninterrupted);
 }
 
 // A pipelined job (2 stages, issue 35): each stage's worker writes its own
@@ -202,16 +211,7 @@ TEST_F(ResumeValuesTest, PipelinedJobRequeuedAfterALostStageEndsLikeAnUninterrup
   auto saved = ReadCheckpointValues(ck.path);
   ASSERT_TRUE(saved.ok()) << saved.status();
   EXPECT_EQ(saved->size(), 6u);  // the whole mlp: 3 layers' weights and biases
-  pool_[2]->Signal(SIGKILL);  // worker-1: one of the stages
-  pool_[2]->Wait();
-  pool_.push_back(Start("worker-2", {"worker/pstrain-worker", "--coordinator=" + coordinator_, "--name=worker-2",
-                                     "--gloo_hostname=127.0.0.1"}));
-  CliResult done = Cli({"watch", job});
-  ASSERT_EQ(done.code, 0) << done.out << Cli({"status", job}).out << Logs();
-  CliResult st = Cli({"status", job, "-o", "json"});
-  ASSERT_NE(st.out.find("step " + std::to_string(ck.step) + " of " + job + " loaded from " + ck.path), std::string::npos)
-      << "the job was not restored from its checkpoint: " << st.out;
-  ExpectValues(*uninterrupted, dir_ + "/out/" + job + "/model.pt");
+  KillWorker1AndExpectTheRestartToEndAt(job, ck, *uninterrupted);  // worker-1: one of the stages
 
   double accuracy = -1;
   ExpectValues(*saved, RestoreAndStop(ck, kAllReduceYaml, "pipe-into-ar", &accuracy));

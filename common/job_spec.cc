@@ -296,9 +296,12 @@ absl::Status CheckQuantization(const JobSpec& spec, const MappingReader& r) {
                                                 "model '", spec.model.substr(0, 64), "' cannot be quantized yet"));
   }
   if (!q.qat()) return absl::OkStatus();  // an export alone: any mode, device, precision
-  if (spec.workers != 1 && !spec.allreduce()) {
-    return r.Error("quantization", "runs with workers: 1 in ps mode for now (its observers are not synchronised "
-                                   "across workers yet; mode: allreduce synchronises them)");
+  // Several ps workers share their observers over a group of their own,
+  // every forward: they must train in step, all of them.
+  if (spec.workers != 1 && !spec.allreduce() && (spec.consistency != SYNC || spec.min_workers != spec.workers)) {
+    return r.Error("quantization", "runs several ps workers only with consistency: sync and min_workers equal to "
+                                   "workers (their observers are synchronised every step); use workers: 1, or "
+                                   "mode: allreduce");
   }
   if (spec.device == DeviceChoice::kCuda) return r.Error("quantization", "runs on the CPU for now (device: cpu)");
   if (spec.precision != Precision::kFp32) return r.Error("quantization", "trains in fp32 (precision: fp32)");

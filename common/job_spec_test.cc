@@ -92,7 +92,10 @@ TEST(JobSpecTest, QuantizationIsParsedAndItsLimitsAreNamed) {
   ExpectRefused("quantization: {mode: qat, activations: per_channel}\n", "must be per_tensor");
   ExpectRefused("quantization: {mode: qat, start_step: -1}\n", ">= 0");
   ExpectRefused("model: torchscript:net.pt\nquantization: {mode: qat}\n", "'torchscript:net.pt' cannot be quantized");
-  ExpectRefused("model: mlp\nworkers: 2\nshards: 1\nquantization: {mode: qat}\n", "workers: 1 in ps mode");
+  ExpectRefused("model: mlp\nworkers: 2\nshards: 1\nquantization: {mode: qat}\n", "consistency: sync");
+  ExpectRefused("model: mlp\nworkers: 2\nmin_workers: 1\nshards: 1\nconsistency: sync\nquantization: {mode: qat}\n",
+                "min_workers equal to workers");
+  EXPECT_TRUE(ParseJobSpec("model: mlp\nworkers: 2\nshards: 1\nconsistency: sync\nquantization: {mode: qat}\n").ok());
   // All-reduce synchronises the observers (worker/qat_model.h).
   EXPECT_TRUE(ParseJobSpec("model: mlp\nmode: allreduce\nshards: 0\nconsistency: sync\nworkers: 2\n"
                            "quantization: {mode: qat}\n").ok());

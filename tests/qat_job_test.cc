@@ -110,34 +110,40 @@ TEST(QatJobTest, AQatJobExportsAnInt8ModelThatScoresLikeFp32) {
   std::printf("%s\n", score.output.c_str());
 }
 
-// Two all-reduce workers (processes, Gloo over sockets): their observers
-// take the range of both ranks' batches (worker/qat_model.h; the trainer
-// test checks that both ranks' quantizers are equal), the job trains to
-// an fp32-like accuracy, and its quantizers convert to int8.
-TEST(QatJobTest, ATwoWorkerAllReduceQatJobTrainsAndConverts) {
+// Two workers (processes, Gloo over sockets), in all-reduce mode and as
+// SYNC parameter-server workers: their observers take the range of both
+// ranks' batches (worker/qat_model.h; in ps mode over a group of their own;
+// the trainer tests check that both ranks' quantizers are equal), the job
+// trains to an fp32-like accuracy, and its quantizers convert to int8.
+TEST(QatJobTest, TwoWorkerQatJobsTrainAndConvertInBothModes) {
   if (!std::filesystem::exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz")) {
     GTEST_SKIP() << "Fashion-MNIST is missing under /usr/share/datasets (make setup)";
   }
-  const std::string dir = ::testing::TempDir() + "/qat_allreduce";
-  std::filesystem::create_directories(dir);
-  std::string spec = Spec(true);
-  spec = std::regex_replace(spec, std::regex("mode: ps\nworkers: 1\nshards: 1\nepochs: 2\n"),
-                            "mode: allreduce\nconsistency: sync\nworkers: 2\nshards: 0\nepochs: 1\n");
-  ASSERT_NE(spec.find("workers: 2"), std::string::npos) << spec;
-  ASSERT_TRUE(WriteFileAtomically(dir + "/job.yaml", spec).ok());
-  ChildRun run = RunChild({"client/pstrain", "local", dir + "/job.yaml", "--output_dir", dir + "/out", "--data_root",
-                           "/usr/share/datasets"},
-                          dir + "/job.log");
-  ASSERT_EQ(run.code, 0) << run.output;
-  std::smatch m;
-  ASSERT_TRUE(std::regex_search(run.output, m, std::regex("final test accuracy ([0-9.]+)"))) << run.output;
-  EXPECT_GT(std::stod(m[1]), 0.82) << run.output;  // one epoch of the MLP in fp32: ~0.85
-  std::printf("2-worker all-reduce QAT job: final test accuracy %s\n", m[1].str().c_str());
-  ASSERT_TRUE(std::regex_search(run.output, m, std::regex("weights: (\\S+/model.pt)"))) << run.output;
-  ChildRun convert =
-      RunChild({"quantize/pstrain-quantize", "auto", m[1], dir + "/int8.pt", "static"}, dir + "/convert.log");
-  ASSERT_EQ(convert.code, 0) << convert.output;
-  EXPECT_NE(convert.output.find("\"qat_scales\": true"), std::string::npos) << convert.output;
+  for (const std::string mode : {"mode: allreduce\nconsistency: sync\nworkers: 2\nshards: 0\n",
+                                 "mode: ps\nconsistency: sync\nworkers: 2\nshards: 1\n"}) {
+    const bool allreduce = mode.find("allreduce") != std::string::npos;
+    SCOPED_TRACE(allreduce ? "all-reduce" : "ps, sync");
+    const std::string dir = ::testing::TempDir() + (allreduce ? "/qat_allreduce" : "/qat_ps_sync");
+    std::filesystem::create_directories(dir);
+    std::string spec = Spec(true);
+    spec = std::regex_replace(spec, std::regex("mode: ps\nworkers: 1\nshards: 1\nepochs: 2\n"), mode + "epochs: 1\n");
+    ASSERT_NE(spec.find("workers: 2"), std::string::npos) << spec;
+    ASSERT_TRUE(WriteFileAtomically(dir + "/job.yaml", spec).ok());
+    ChildRun run = RunChild({"client/pstrain", "local", dir + "/job.yaml", "--output_dir", dir + "/out",
+                             "--data_root", "/usr/share/datasets"},
+                            dir + "/job.log");
+    ASSERT_EQ(run.code, 0) << run.output;
+    std::smatch m;
+    ASSERT_TRUE(std::regex_search(run.output, m, std::regex("final test accuracy ([0-9.]+)"))) << run.output;
+    EXPECT_GT(std::stod(m[1]), 0.82) << run.output;  // one epoch of the MLP in fp32: ~0.85
+    std::printf("2-worker %s QAT job: final test accuracy %s\n", allreduce ? "all-reduce" : "ps sync",
+                m[1].str().c_str());
+    ASSERT_TRUE(std::regex_search(run.output, m, std::regex("weights: (\\S+/model.pt)"))) << run.output;
+    ChildRun convert =
+        RunChild({"quantize/pstrain-quantize", "auto", m[1], dir + "/int8.pt", "static"}, dir + "/convert.log");
+    ASSERT_EQ(convert.code, 0) << convert.output;
+    EXPECT_NE(convert.output.find("\"qat_scales\": true"), std::string::npos) << convert.output;
+  }
 }
 
 }  // namespace

@@ -60,16 +60,11 @@ TEST(TrainerTest, AllReduceTwoWorkersEqualOneWorkerOnTheConcatenatedBatch) {
 // concatenated batch. One QAT step after two fp32 ones: fake quantization
 // rounds, so over many steps a last-bit difference between the two runs'
 // kernels (batch 16 against 32) may flip a rounding and grow.
-TEST(TrainerTest, AllReduceQatWorkersShareTheirObserversAndTrainLikeOneWorker) {
-  auto data = LoadData(SyntheticSpec("x", "lenet").data, 7);
-  ASSERT_TRUE(data.ok());
-  JobSpec two = AllReduceSpec("ar-qat", "lenet", 2, 16, 3);
-  two.quantization.mode = "qat";
-  two.quantization.start_step = 2;  // fp32 steps first, as a job has them
-  auto results = RunTwoAllReduceWorkers(two, *data);
+void ExpectQatWorkersLikeOneWorker(const JobSpec& two, const TrainTest& data,
+                                   const std::vector<absl::StatusOr<TrainResult>>& results) {
   TrainResult one;
-  ExpectLikeOneWorkerOnTheConcatenatedBatch(two, *data, results, c10::Device(c10::kCPU), 1e-4, 1e-5, &one);
-  if (HasFailure()) return;
+  ExpectLikeOneWorkerOnTheConcatenatedBatch(two, data, results, c10::Device(c10::kCPU), 1e-4, 1e-5, &one);
+  if (::testing::Test::HasFailure()) return;
   ASSERT_EQ(results[0]->buffers.size(), one.buffers.size());
   ASSERT_GT(one.buffers.size(), 8u);
   for (size_t i = 0; i < one.buffers.size(); ++i) {
@@ -84,6 +79,43 @@ TEST(TrainerTest, AllReduceQatWorkersShareTheirObserversAndTrainLikeOneWorker) {
       EXPECT_LE(a.sub(b).abs().max().item<int64_t>(), 1) << name;  // a zero point, rounded
     }
   }
+}
+
+TEST(TrainerTest, AllReduceQatWorkersShareTheirObserversAndTrainLikeOneWorker) {
+  auto data = LoadData(SyntheticSpec("x", "lenet").data, 7);
+  ASSERT_TRUE(data.ok());
+  JobSpec two = AllReduceSpec("ar-qat", "lenet", 2, 16, 3);
+  two.quantization.mode = "qat";
+  two.quantization.start_step = 2;  // fp32 steps first, as a job has them
+  ExpectQatWorkersLikeOneWorker(two, *data, RunTwoAllReduceWorkers(two, *data));
+}
+
+// The same with two SYNC parameter-server workers (issue 36): their
+// observers share every batch's range over a Gloo group of their own
+// (TrainerOptions::observer_group), the shards average the gradients.
+TEST(TrainerTest, SyncPsQatWorkersShareTheirObserversAndTrainLikeOneWorker) {
+  auto data = LoadData(SyntheticSpec("x", "lenet").data, 7);
+  ASSERT_TRUE(data.ok());
+  JobSpec two = SyntheticSpec("ps-qat", "lenet");
+  two.consistency = SYNC;
+  two.workers = two.min_workers = 2;
+  two.shards = 2;
+  two.batch_size = 16;
+  two.max_steps = 3;
+  two.quantization.mode = "qat";
+  two.quantization.start_step = 2;
+  Shards shards(2);
+  auto store = NewInMemoryStore();
+  std::vector<std::unique_ptr<Collective>> groups(2);
+  auto results = TrainRanks(two, *data, 2, [&](int r, TrainerOptions& o) -> absl::Status {
+    auto group = LoopbackGlooRank(store, r, 2);
+    if (!group.ok()) return group.status();
+    groups[r] = std::move(*group);
+    o.shards = shards.ptrs;
+    o.observer_group = groups[r].get();
+    return absl::OkStatus();
+  });
+  ExpectQatWorkersLikeOneWorker(two, *data, results);
 }
 
 // NaN in one rank's batch: every rank's averaged gradient is NaN, and the

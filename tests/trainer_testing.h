@@ -154,18 +154,25 @@ inline std::vector<absl::StatusOr<TrainResult>> RunTwoWorkers(const JobSpec& spe
 
 // Ranks 0 and 1 of an all-reduce `spec` at once (threads), meeting through
 // an in-memory store over real Gloo sockets.
+// Rank r of `size` in a Gloo group meeting through `store` (real sockets
+// on the loopback).
+inline absl::StatusOr<std::unique_ptr<Collective>> LoopbackGlooRank(const std::shared_ptr<KeyValueStore>& store,
+                                                                    int r, int size) {
+  CollectiveOptions co;
+  co.rank = r;
+  co.size = size;
+  co.store = store;
+  co.hostname = "127.0.0.1";
+  return CreateCollective(Collective::Backend::kGloo, co);
+}
+
 inline std::vector<absl::StatusOr<TrainResult>> RunTwoAllReduceWorkers(const JobSpec& spec, const TrainTest& data,
                                                                        const AdjustOptions& adjust = {}) {
   auto store = NewInMemoryStore();
   std::vector<std::unique_ptr<Collective>> collectives(2);
   std::vector<std::unique_ptr<Shards>> locals(2);
   return TrainRanks(spec, data, 2, [&](int r, TrainerOptions& o) -> absl::Status {
-    CollectiveOptions co;
-    co.rank = r;
-    co.size = 2;
-    co.store = store;
-    co.hostname = "127.0.0.1";
-    auto collective = CreateCollective(Collective::Backend::kGloo, co);
+    auto collective = LoopbackGlooRank(store, r, 2);
     if (!collective.ok()) return collective.status();
     collectives[r] = std::move(*collective);
     locals[r] = std::make_unique<Shards>(1);

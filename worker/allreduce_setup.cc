@@ -123,6 +123,17 @@ std::function<absl::Status(const std::vector<std::string>& keys)> AllReduceSetup
   };
 }
 
+void AllReduceSetup::Wire(TrainerOptions* options) {
+  if (!options_.spec.allreduce()) {
+    options->observer_group = exchange_group();
+    return;
+  }
+  options->local_store = local_store();
+  options->collective = exchange_group();
+  options->pipeline = pipeline_group();
+  options->restore_local = restore_local();
+}
+
 absl::StatusOr<SaveTableResponse> AllReduceSetup::SaveTable(const std::string& path,
                                                             const std::function<absl::Status()>& flush) {
   SaveTableRequest req;

@@ -16,6 +16,7 @@
 #include "common/job_spec.h"
 #include "rpc/cluster_member.h"
 #include "table/shard_store.h"
+#include "worker/trainer_options.h"
 
 namespace pstrain {
 
@@ -57,6 +58,10 @@ class AllReduceSetup {
   // coordinator: worker/pause_protocol.h). `flush` first makes the local
   // store current (StepBoundary::flush).
   absl::StatusOr<SaveTableResponse> SaveTable(const std::string& path, const std::function<absl::Status()>& flush);
+  // Gives `options` what the trainer takes from here: in all-reduce mode
+  // the groups, the local store and the restore; for a ps job (its QAT
+  // workers' group), the group as TrainerOptions::observer_group alone.
+  void Wire(TrainerOptions* options);
 
  private:
   AllReduceOptions options_;

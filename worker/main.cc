@@ -129,9 +129,9 @@ struct RunContext {
   pstrain::LaunchEnv launch;  // torchrun's variables, read once
 };
 
-// Trains one job.
 // All-reduce mode: the group and the in-process store, from the
-// coordinator's rendezvous or torchrun's variables; fills `options`.
+// coordinator's rendezvous or torchrun's variables; fills `options`. A ps
+// QAT job's workers: the group, for their observers alone.
 absl::StatusOr<std::unique_ptr<pstrain::AllReduceSetup>> SetUpAllReduce(const pstrain::JobSpec& spec, int rank,
                                                                         int world_size, const RunContext& ctx,
                                                                         pstrain::TrainerOptions* options) {
@@ -150,10 +150,7 @@ absl::StatusOr<std::unique_ptr<pstrain::AllReduceSetup>> SetUpAllReduce(const ps
                ctx.member != nullptr ? "coordinator" : absl::StrCat(ao.master_addr, ":", ao.master_port));
   auto allreduce = pstrain::AllReduceSetup::Create(ao);
   if (!allreduce.ok()) return allreduce.status();
-  options->local_store = (*allreduce)->local_store();
-  options->collective = (*allreduce)->exchange_group();
-  options->pipeline = (*allreduce)->pipeline_group();
-  options->restore_local = (*allreduce)->restore_local();
+  (*allreduce)->Wire(options);
   return allreduce;
 }
 
@@ -268,7 +265,7 @@ absl::Status RunJobOrThrow(pstrain::JobSpec spec, int rank, int world_size, cons
   options.data_root.dir = absl::GetFlag(FLAGS_data_root);
   options.data_root.max_file_bytes = absl::GetFlag(FLAGS_max_data_file_bytes);
   std::unique_ptr<pstrain::AllReduceSetup> allreduce;
-  if (spec.allreduce()) {
+  if (spec.allreduce() || (spec.quantization.qat() && world_size > 1)) {
     auto ar = SetUpAllReduce(spec, rank, world_size, ctx, &options);
     if (!ar.ok()) return ar.status();
     allreduce = std::move(*ar);
@@ -313,7 +310,8 @@ absl::Status RunJobOrThrow(pstrain::JobSpec spec, int rank, int world_size, cons
     };
   }
   if (absl::Status s = SetStart(spec, rank, world_size, assignment, &options); !s.ok()) return s;
-  std::unique_ptr<pstrain::CheckpointPause> pause = SetUpPause(rank, ctx, activity.get(), allreduce.get(), &options);
+  std::unique_ptr<pstrain::CheckpointPause> pause =
+      SetUpPause(rank, ctx, activity.get(), spec.allreduce() ? allreduce.get() : nullptr, &options);
   if (!spec.embeddings.empty()) return RunCtrJob(options, targets);
   spdlog::info("pstrain-worker rank {}/{} of {}: loading data ({})", rank, world_size, spec.name, spec.data.format);
   auto data = pstrain::LoadData(spec.data, spec.seed, options.data_root);

@@ -120,10 +120,10 @@ absl::Status Trainer::BuildModel() {
                    ? CreatePipelineStageModel(options_, data_.train)
                    : CreateModel(spec_.model, input_shape, spec_.data.num_classes, spec_.seed, options_.data_root);
   if (model.ok() && spec_.quantization.qat()) {
-    // All-reduce: every rank's observers see the global batch.
-    const bool group = options_.collective != nullptr && options_.collective->size() > 1;
+    // Every rank's observers see the global batch (ps: over a group of their own).
+    Collective* g = options_.observer_group != nullptr ? options_.observer_group : options_.collective;
     model = WrapForQat(*std::move(model), spec_.model, spec_.quantization,
-                       group ? AllRanksBatchRange(options_.collective) : nullptr);
+                       g != nullptr && g->size() > 1 ? AllRanksBatchRange(g) : nullptr);
   }
   if (!model.ok()) return model.status();
   model_ = std::move(*model);

@@ -79,6 +79,11 @@ struct TrainerOptions {
   // point-to-point carries the stages' activations and gradients (not
   // owned); `collective` is then this rank's stage's replicas.
   Collective* pipeline = nullptr;
+  // Quantization-aware training in ps mode with several (SYNC) workers: a
+  // group of the workers for the observers alone (not owned), so that each
+  // activation observer takes every rank's batch range, as in all-reduce
+  // mode (which uses `collective`).
+  Collective* observer_group = nullptr;
   std::function<void(const WorkerEvent& event)> emit = [](const WorkerEvent&) {};
   // Rank 0 writes <output_dir>/model.pt at the end (whatever the other
   // ranks are told: a pipeline's stages send rank 0 theirs in any case).

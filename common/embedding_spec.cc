@@ -258,11 +258,12 @@ absl::Status CheckEmbeddingJob(const JobSpec& spec, const MappingReader& r) {
   }
   if (criteo && spec.data.train_file.empty()) return r.Error("data.train_file", "is needed for format criteo");
   if (!embeddings) return absl::OkStatus();
-  // ASYNC: the shards wait for no rank, so a lost one's rank may stay
-  // vacant until a spare takes it over. SYNC and SSP would wait for it.
-  if (spec.min_workers < spec.workers && (spec.allreduce() || spec.consistency != ASYNC)) {
+  // ASYNC and SSP: the shards wait for no vacant rank (SSP's bound counts
+  // the active ones), so a lost one's rank may stay vacant until a spare
+  // takes it over. SYNC would wait for it.
+  if (spec.min_workers < spec.workers && (spec.allreduce() || spec.consistency == SYNC)) {
     return r.Error("min_workers", "must equal workers with embeddings, unless the job is a ps job with "
-                                  "consistency: async (a lost worker's rank would hold every sync or ssp step: "
+                                  "consistency: async or ssp (a lost worker's rank would hold every sync step: "
                                   "covering it is not built yet; a lost worker restarts such a job)");
   }
   return absl::OkStatus();

@@ -199,7 +199,7 @@ TEST(EmbeddingSpecTest, CrossFieldRulesNameTheirField) {
        "shards must be in 1..1024 in allreduce mode with embeddings"},
       {"model: dlrm\nworkers: 3\nmin_workers: 2\nconsistency: sync\n" + criteo + tables,
        "min_workers must equal workers"},
-      {"model: dlrm\nworkers: 3\nmin_workers: 2\nconsistency: ssp\nstaleness: 2\n" + criteo + tables,
+      {"model: dlrm\nmode: allreduce\nshards: 2\nworkers: 3\nmin_workers: 2\nconsistency: sync\n" + criteo + tables,
        "min_workers must equal workers"},
       {"model: dlrn\n", "model 'dlrn' is unknown: use mlp, mlp_wide, mlp_deep, lenet, dlrm"},
       {"model: torchscript:ctr.pt\ndata: {format: idx}\n" + tables, "data.format must be criteo for a model with embeddings"},
@@ -209,8 +209,11 @@ TEST(EmbeddingSpecTest, CrossFieldRulesNameTheirField) {
     EXPECT_NE(Refusal(c.yaml).find(c.field), std::string::npos)
         << "want '" << c.field << "' in: " << Refusal(c.yaml) << "\n" << c.yaml;
   }
-  // An async ps job goes on without a lost worker (the shards wait for nobody).
+  // An async or ssp ps job goes on without a lost worker (the shards wait
+  // for no vacant rank).
   EXPECT_TRUE(ParseJobSpec("model: dlrm\nworkers: 3\nmin_workers: 2\nconsistency: async\n" + criteo + tables).ok());
+  EXPECT_TRUE(
+      ParseJobSpec("model: dlrm\nworkers: 3\nmin_workers: 2\nconsistency: ssp\nstaleness: 2\n" + criteo + tables).ok());
   // Periodic checkpoints of an embedding job: allowed (the shards save its rows).
   EXPECT_TRUE(ParseJobSpec("model: dlrm\ncheckpoint_every_steps: 100\n" + criteo + tables).ok());
   // Without test_file: no evaluation set, allowed; workers 3 = min_workers.

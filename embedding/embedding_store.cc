@@ -80,6 +80,7 @@ absl::StatusOr<std::shared_ptr<EmbeddingStore::Job>> EmbeddingStore::MakeJob(con
   // as sent and applied.
   job->claimed.assign(request.num_workers(), start_step);
   job->applied.assign(request.num_workers(), start_step);
+  job->active.assign(request.num_workers(), 1);
   job->steps = start_step;
   job->max_step = start_step;
   job->pending.resize(job->tables.size());
@@ -197,12 +198,21 @@ absl::Status EmbeddingStore::ParseTables(const Job& job, const google::protobuf:
 
 namespace {
 
-bool Reached(const InitEmbeddingsRequest& init, int64_t steps, const std::vector<int64_t>& applied, int64_t step) {
+// Whether rank `rank`'s lookup for `step` may be answered. Under SSP the
+// other active ranks must have pushed steps 0..step-staleness-1; the
+// caller's own steps before `step` are done (it updates a step before it
+// looks up the next), also when it took over a lost rank whose last update
+// was lost with it.
+bool Reached(const InitEmbeddingsRequest& init, int64_t steps, const std::vector<int64_t>& applied,
+             const std::vector<char>& active, uint32_t rank, int64_t step) {
   switch (init.consistency()) {
     case SYNC:
       return steps >= step;
     case SSP:
-      return *std::min_element(applied.begin(), applied.end()) >= step - static_cast<int64_t>(init.staleness());
+      for (uint32_t r = 0; r < applied.size(); ++r) {
+        if (r != rank && active[r] && applied[r] < step - static_cast<int64_t>(init.staleness())) return false;
+      }
+      return true;
     default:
       return true;
   }
@@ -247,13 +257,13 @@ absl::Status EmbeddingStore::Lookup(const EmbeddingLookupRequest& request, absl:
   }
   {
     absl::MutexLock lock(&job.mu);
-    if (!job.gone && !Reached(job.init, job.steps, job.applied, request.step())) {
+    if (!job.gone && !Reached(job.init, job.steps, job.applied, job.active, request.rank(), request.step())) {
       if (waiters_.fetch_add(1) >= options_.max_waiters) {
         --waiters_;
         return absl::ResourceExhaustedError("too many embedding lookups are waiting on this shard");
       }
       const absl::Time until = std::min(deadline, absl::Now() + options_.max_wait);
-      while (!job.gone && !Reached(job.init, job.steps, job.applied, request.step())) {
+      while (!job.gone && !Reached(job.init, job.steps, job.applied, job.active, request.rank(), request.step())) {
         if (job.changed.WaitWithDeadline(&job.mu, until)) break;
       }
       --waiters_;
@@ -262,12 +272,13 @@ absl::Status EmbeddingStore::Lookup(const EmbeddingLookupRequest& request, absl:
     if (job.gone) {
       return absl::AbortedError(absl::StrCat("job '", Quote(job.name), "''s embeddings were dropped or replaced"));
     }
-    if (!Reached(job.init, job.steps, job.applied, request.step())) {
+    if (!Reached(job.init, job.steps, job.applied, job.active, request.rank(), request.step())) {
       std::vector<uint32_t> late;
       for (uint32_t r = 0; r < job.applied.size(); ++r) {
         if (job.init.consistency() == SYNC
                 ? job.pending_ranks[r] == 0
-                : job.applied[r] < request.step() - static_cast<int64_t>(job.init.staleness())) {
+                : r != request.rank() && job.active[r] &&
+                      job.applied[r] < request.step() - static_cast<int64_t>(job.init.staleness())) {
           late.push_back(r);
         }
       }
@@ -285,6 +296,20 @@ absl::Status EmbeddingStore::Lookup(const EmbeddingLookupRequest& request, absl:
     if (!s.ok()) return s;
   }
   return absl::OkStatus();
+}
+
+void EmbeddingStore::SetWorkers(const SetWorkersRequest& request) {
+  std::shared_ptr<Job> job;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = jobs_.find(request.job());
+    if (it == jobs_.end()) return;
+    job = it->second;
+  }
+  absl::MutexLock lock(&job->mu);
+  if (request.attempt() != job->init.attempt() || request.seats_size() != static_cast<int>(job->active.size())) return;
+  for (int r = 0; r < request.seats_size(); ++r) job->active[r] = request.seats(r).active() ? 1 : 0;
+  job->changed.SignalAll();
 }
 
 absl::Status EmbeddingStore::Update(const EmbeddingUpdateRequest& request) {

@@ -10,7 +10,8 @@
 //   its own, then applied once (their mean); a lookup for step s waits until
 //   steps 0..s-1 are applied.
 // - SSP: applied on arrival as ASYNC; a lookup for step s waits until every
-//   rank has pushed steps 0..s-staleness-1.
+//   other active rank has pushed steps 0..s-staleness-1 (SetWorkers says
+//   which are active; all of them until it does).
 // A rank's update for a step it already sent is ignored (a retry is safe).
 //
 // Threading: any method from any thread. One mutex per job orders its
@@ -66,6 +67,12 @@ class EmbeddingStore {
   absl::Status Update(const EmbeddingUpdateRequest& request);
   absl::Status Drop(const DropEmbeddingsRequest& request);
   absl::Status Stats(const EmbeddingStatsRequest& request, EmbeddingStatsResponse* response);
+  // The coordinator's view of which ranks take part (the shard's dense
+  // SetWorkers, passed on): SSP lookups wait for the active ranks only, so
+  // a lost worker's rank does not hold the others. A request of another
+  // attempt or rank count, or for a job without embeddings, changes
+  // nothing.
+  void SetWorkers(const SetWorkersRequest& request);
 
   // Checkpoints (embedding_store_files.cc; paths absolute, confined by the
   // caller). Save writes this shard's rows of the job, each row from one

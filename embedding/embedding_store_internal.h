@@ -54,6 +54,7 @@ struct EmbeddingStore::Job {
   // ASYNC/SSP: per rank, steps claimed (an update in flight) and applied.
   std::vector<int64_t> claimed ABSL_GUARDED_BY(mu);
   std::vector<int64_t> applied ABSL_GUARDED_BY(mu);
+  std::vector<char> active ABSL_GUARDED_BY(mu);  // SetWorkers: ranks taking part
   // SYNC: steps applied on this shard, and the next one's gradients.
   int64_t steps ABSL_GUARDED_BY(mu) = 0;
   std::vector<embedding_internal::Pending> pending ABSL_GUARDED_BY(mu);

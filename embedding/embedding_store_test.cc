@@ -72,10 +72,19 @@ std::vector<float> Values(const EmbeddingLookupResponse& r, int table = 0) {
 
 absl::Time Soon() { return absl::Now() + absl::Seconds(10); }
 
-void CreateJob(EmbeddingStore& store, Consistency c, uint32_t workers) {
+void CreateJob(EmbeddingStore& store, Consistency c, uint32_t workers, uint32_t staleness = 0) {
+  InitEmbeddingsRequest init = Init(c, workers);
+  init.set_staleness(staleness);
   InitEmbeddingsResponse response;
-  ASSERT_TRUE(store.Init(Init(c, workers), &response).ok());
+  ASSERT_TRUE(store.Init(init, &response).ok());
   ASSERT_TRUE(response.created());
+}
+
+// Whether `rank`'s lookup for `step` is still held (50 ms).
+bool Held(EmbeddingStore& store, uint32_t rank, int64_t step) {
+  EmbeddingLookupResponse r;
+  return store.Lookup(LookupOf(rank, step, {1}), absl::Now() + absl::Milliseconds(50), &r).code() ==
+         absl::StatusCode::kDeadlineExceeded;
 }
 
 std::vector<float> Read(EmbeddingStore& store, const std::vector<int64_t>& ids, int64_t step = 0) {
@@ -165,20 +174,46 @@ TEST(EmbeddingStoreTest, ASyncLookupPastItsDeadlineNamesTheLateRank) {
 
 TEST(EmbeddingStoreTest, SspWaitsOnlyForRanksPastTheBound) {
   EmbeddingStore store({});
-  InitEmbeddingsRequest init = Init(SSP, 2);
-  init.set_staleness(1);
-  InitEmbeddingsResponse created;
-  ASSERT_TRUE(store.Init(init, &created).ok());
+  CreateJob(store, SSP, 2, /*staleness=*/1);
   EmbeddingLookupResponse r;
   ASSERT_TRUE(store.Update(UpdateOf(0, 0, {1}, {1, 1})).ok());
   ASSERT_TRUE(store.Update(UpdateOf(0, 1, {1}, {1, 1})).ok());
   // Step 1 may run one step ahead of rank 1 (which sent nothing yet).
   ASSERT_TRUE(store.Lookup(LookupOf(0, 1, {1}), Soon(), &r).ok());
-  // Step 2 needs rank 1's step 0.
-  EXPECT_EQ(store.Lookup(LookupOf(0, 2, {1}), absl::Now() + absl::Milliseconds(50), &r).code(),
-            absl::StatusCode::kDeadlineExceeded);
+  EXPECT_TRUE(Held(store, 0, 2));  // step 2 needs rank 1's step 0
   ASSERT_TRUE(store.Update(UpdateOf(1, 0, {1}, {1, 1})).ok());
   ASSERT_TRUE(store.Lookup(LookupOf(0, 2, {1}), Soon(), &r).ok());
+}
+
+// A lost worker's rank, made inactive by the coordinator's SetWorkers (the
+// shard's dense one, passed on), no longer holds the others' SSP lookups;
+// the spare that takes it over waits for nobody on its own account.
+TEST(EmbeddingStoreTest, SspWaitsOnlyForActiveRanks) {
+  EmbeddingStore store({});
+  CreateJob(store, SSP, 3, /*staleness=*/1);
+  EmbeddingLookupResponse r;
+  for (uint32_t rank : {0, 1}) {
+    for (int64_t step : {0, 1}) ASSERT_TRUE(store.Update(UpdateOf(rank, step, {1}, {1, 1})).ok());
+  }
+  ASSERT_TRUE(store.Update(UpdateOf(2, 0, {1}, {1, 1})).ok());  // rank 2 dies after its step 0
+  EXPECT_TRUE(Held(store, 0, 3));  // step 3 needs every rank's step 1
+  SetWorkersRequest seats;
+  seats.set_job("ctr");
+  seats.set_attempt(2);  // another attempt's: nothing changes
+  for (bool active : {true, true, false}) seats.add_seats()->set_active(active);
+  store.SetWorkers(seats);
+  EXPECT_TRUE(Held(store, 0, 3));
+  seats.set_attempt(1);
+  store.SetWorkers(seats);
+  ASSERT_TRUE(store.Lookup(LookupOf(0, 3, {1}), Soon(), &r).ok());
+  // A spare takes rank 2 over at step 2 (its step 1 was lost): active
+  // again, it holds the others, but not itself.
+  seats.mutable_seats(2)->set_active(true);
+  store.SetWorkers(seats);
+  EXPECT_TRUE(Held(store, 0, 3));
+  ASSERT_TRUE(store.Lookup(LookupOf(2, 2, {1}), Soon(), &r).ok());
+  ASSERT_TRUE(store.Update(UpdateOf(2, 2, {1}, {1, 1})).ok());
+  ASSERT_TRUE(store.Lookup(LookupOf(0, 3, {1}), Soon(), &r).ok());
 }
 
 TEST(EmbeddingStoreTest, HostileRequestsChangeNothing) {

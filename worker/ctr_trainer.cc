@@ -49,16 +49,16 @@ absl::Status CheckSupported(const TrainerOptions& options, const EmbeddingRows* 
   if (spec.allreduce() != (options.collective != nullptr)) {
     return absl::InvalidArgumentError("a job with embeddings: mode allreduce needs the workers' collective, and only it does");
   }
-  // ASYNC ps: a lost rank may stay vacant, and a spare take it over.
-  const bool elastic = !spec.allreduce() && spec.consistency == ASYNC;
+  // ASYNC and SSP ps: a lost rank may stay vacant, and a spare take it over.
+  const bool elastic = !spec.allreduce() && spec.consistency != SYNC;
   if (!elastic && spec.min_workers >= 0 && spec.min_workers < spec.workers) {
-    return refuse("min_workers below workers under sync, ssp or all-reduce");
+    return refuse("min_workers below workers under sync or all-reduce");
   }
   if (spec.precision == Precision::kFp16 || options.loss_scaling.has_value()) return refuse("loss scaling (fp16)");
   if (spec.accumulate_steps > 1) return refuse("accumulate_steps above 1");
   if (spec.clip_grad_norm > 0) return refuse("clip_grad_norm");
   if (!elastic && options.rejoin_step >= 0) {
-    return refuse("taking over a lost worker's rank mid-run (rejoin) under sync, ssp or all-reduce");
+    return refuse("taking over a lost worker's rank mid-run (rejoin) under sync or all-reduce");
   }
   if (spec.data.format != "criteo" || spec.data.train_file.empty()) {
     return absl::InvalidArgumentError("a job with embeddings reads data of format criteo with a train_file");
@@ -105,7 +105,7 @@ class CtrTrainer {
   // share (examples_per_epoch_ = -1).
   absl::Status CountExamples();
   absl::Status Step(int epoch, const CriteoBatch& batch);
-  // A spare taking over a lost rank (ASYNC; rejoin_step: the step after
+  // A spare taking over a lost rank (ASYNC, SSP; rejoin_step: the step after
   // the last one the shards applied for it): the epoch and the batch of the
   // rank's share it continues at, its share's batches counted.
   absl::Status PlaceRejoin(int64_t batch_size, int* epoch, int64_t* epoch_step);
@@ -251,12 +251,17 @@ absl::Status CtrTrainer::Step(int epoch, const CriteoBatch& batch) {
 }
 
 absl::Status CtrTrainer::PlaceRejoin(int64_t batch_size, int* epoch, int64_t* epoch_step) {
-  activity_.Enter(WorkerActivity::DATA, step_);
-  auto reader = Open(spec_.data.train_file, options_.rank, options_.world_size);
-  if (!reader.ok()) return reader.status();
-  auto examples = (*reader)->CountRemainingExamples();
-  if (!examples.ok()) return examples.status();
-  const int64_t per_epoch = (*examples + batch_size - 1) / batch_size;  // an ASYNC rank trains its whole share
+  // SSP ranks train examples_per_epoch_ each (counted); ASYNC ranks their
+  // whole share, counted here.
+  absl::StatusOr<int64_t> examples = examples_per_epoch_;
+  if (*examples < 0) {
+    activity_.Enter(WorkerActivity::DATA, step_);
+    auto reader = Open(spec_.data.train_file, options_.rank, options_.world_size);
+    if (!reader.ok()) return reader.status();
+    examples = (*reader)->CountRemainingExamples();
+    if (!examples.ok()) return examples.status();
+  }
+  const int64_t per_epoch = (*examples + batch_size - 1) / batch_size;
   if (per_epoch == 0) {
     return absl::FailedPreconditionError(absl::StrCat("rank ", options_.rank, "'s share of train file ",
                                                       spec_.data.train_file, " is empty: nothing to continue"));

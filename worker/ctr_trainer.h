@@ -30,10 +30,10 @@
 // start_epoch_step, the rank reads and drops the first start_epoch_step
 // batches of its share of that epoch (the file is streamed, not indexed).
 //
-// ASYNC parameter-server jobs go on without a lost rank (min_workers <
-// workers) and a spare takes it over where it had got to (rejoin_step).
-// Not yet: covering vacant ranks (SYNC, SSP), rejoining an all-reduce
-// (hybrid) job, loss scaling or fp16, accumulate_steps > 1,
+// ASYNC and SSP parameter-server jobs go on without a lost rank
+// (min_workers < workers) and a spare takes it over where it had got to
+// (rejoin_step). Not yet: covering vacant ranks (SYNC), rejoining an
+// all-reduce (hybrid) job, loss scaling or fp16, accumulate_steps > 1,
 // clip_grad_norm: refused with INVALID_ARGUMENT.
 #ifndef PSTRAIN_WORKER_CTR_TRAINER_H_
 #define PSTRAIN_WORKER_CTR_TRAINER_H_

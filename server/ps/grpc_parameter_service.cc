@@ -267,7 +267,13 @@ grpc::ServerUnaryReactor* GrpcParameterService::SetWorkers(grpc::CallbackServerC
   return Serve<SetWorkersRequest, SetWorkersResponse>(
       "SetWorkers", metrics_, &secrets_, SecretUse::kCheck, context, request, response,
       [this, context](const SetWorkersRequest&) { return CoordinatorOnly(context, "SetWorkers"); },
-      StoreCall(store_, &ParameterStore::SetWorkersAsync));
+      [this](auto state, const CallOptions& options, StatusCallback done) {
+        store_->SetWorkersAsync(state->request, &state->response, options,
+                                [this, state, done = std::move(done)](absl::Status s) {
+                                  if (s.ok() && options_.on_set_workers) options_.on_set_workers(state->request);
+                                  done(std::move(s));
+                                });
+      });
 }
 
 }  // namespace pstrain

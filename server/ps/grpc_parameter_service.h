@@ -18,6 +18,7 @@
 #ifndef PSTRAIN_SERVER_PS_GRPC_PARAMETER_SERVICE_H_
 #define PSTRAIN_SERVER_PS_GRPC_PARAMETER_SERVICE_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -49,11 +50,14 @@ class GrpcParameterService final
     std::shared_ptr<TokenTable> tokens;
     // Checks the coordinator's table grants (null: tables are made without).
     std::shared_ptr<const TableGrantVerifier> grants;
+    // Told of each SetWorkers the store took (the shard's embedding tables
+    // learn which ranks are active); may be empty.
+    std::function<void(const SetWorkersRequest&)> on_set_workers;
   };
   // `store` (and options.metrics) are not owned and must outlive the
   // service.
   explicit GrpcParameterService(ParameterStore* store, ParameterServiceMetrics* metrics = nullptr)
-      : GrpcParameterService(store, Options{metrics, nullptr, nullptr}) {}
+      : GrpcParameterService(store, Options{metrics, nullptr, nullptr, {}}) {}
   GrpcParameterService(ParameterStore* store, Options options)
       : store_(store), metrics_(options.metrics), options_(std::move(options)) {}
 

@@ -230,6 +230,10 @@ int main(int argc, char** argv) {
   }
   pstrain::GrpcEmbeddingService embedding_service(
       &embeddings, {service_options.tokens, service_options.grants, store_options.checkpoint_root});
+  // The embedding tables learn from the dense SetWorkers which ranks take part.
+  service_options.on_set_workers = [&embeddings](const pstrain::SetWorkersRequest& r) {
+    embeddings.SetWorkers(r);
+  };
   pstrain::GrpcParameterService service(&store, std::move(service_options));
   forwarding_service = &service;
   pstrain::GrpcServerOptions server_options = pstrain::GrpcServerOptionsFromFlags(*server_security);

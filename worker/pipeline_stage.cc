@@ -104,14 +104,25 @@ absl::StatusOr<at::Tensor> CollectiveStageLink::Recv(int from_stage, int64_t tag
   absl::Status s = group_->Recv(header, *rank, 2 * t)->Wait();
   if (!s.ok()) return s;
   const int64_t* h = header.data_ptr<int64_t>();
-  if (h[1] < 0 || h[1] > kMaxDims || h[0] < 0 || h[0] >= static_cast<int64_t>(at::ScalarType::NumOptions)) {
+  const auto dtype = static_cast<at::ScalarType>(h[0]);
+  const bool known = h[0] >= 0 && h[0] < static_cast<int64_t>(at::ScalarType::NumOptions) &&
+                     (at::isFloatingType(dtype) || dtype == at::kLong || dtype == at::kByte);
+  if (h[1] < 0 || h[1] > kMaxDims || !known) {
     return absl::DataLossError(absl::StrCat("stage ", from_stage, " sent a header of ", h[1], " dims, dtype ", h[0]));
   }
   std::vector<int64_t> sizes(h + 2, h + 2 + h[1]);
+  // Bytes, counted without overflow: each factor is checked against what
+  // is left of the bound.
+  int64_t bytes = static_cast<int64_t>(at::elementSize(dtype));
   for (int64_t d : sizes) {
     if (d < 0) return absl::DataLossError(absl::StrCat("stage ", from_stage, " sent a negative size"));
+    if (d > 0 && bytes > max_bytes_ / d) {
+      return absl::DataLossError(absl::StrCat("stage ", from_stage, " announced a tensor of more than ", max_bytes_,
+                                              " bytes"));
+    }
+    bytes *= d;
   }
-  at::Tensor out = at::empty(sizes, at::TensorOptions().dtype(static_cast<at::ScalarType>(h[0])));
+  at::Tensor out = at::empty(sizes, at::TensorOptions().dtype(dtype));
   s = group_->Recv(out, *rank, 2 * t + 1)->Wait();
   if (!s.ok()) return s;
   return out;

@@ -40,13 +40,17 @@ class StageLink {
 
 // Stages as ranks of a Collective's point-to-point (Gloo): stage s is rank
 // stage_ranks[s]. A message is a header (dtype, rank, dims; int64) and then
-// the tensor, so its shape may change from one micro-batch to the next.
+// the tensor, so its shape may change from one micro-batch to the next. A
+// header is checked before anything is allocated: a dtype a stage sends
+// (floating, int64, uint8), at most 8 dims, at most max_bytes in all;
+// otherwise DATA_LOSS.
 // Sends are asynchronous (c10d's isend); Flush waits for them. Not
 // thread-safe: one stage's thread uses it.
 class CollectiveStageLink : public StageLink {
  public:
-  CollectiveStageLink(Collective* group, std::vector<int> stage_ranks)
-      : group_(group), stage_ranks_(std::move(stage_ranks)) {}
+  static constexpr int64_t kDefaultMaxBytes = int64_t{1} << 30;
+  CollectiveStageLink(Collective* group, std::vector<int> stage_ranks, int64_t max_bytes = kDefaultMaxBytes)
+      : group_(group), stage_ranks_(std::move(stage_ranks)), max_bytes_(max_bytes) {}
   ~CollectiveStageLink() override;
   absl::Status Send(int to_stage, int64_t tag, const at::Tensor& tensor) override;
   absl::StatusOr<at::Tensor> Recv(int from_stage, int64_t tag) override;
@@ -56,6 +60,7 @@ class CollectiveStageLink : public StageLink {
   absl::StatusOr<int> RankOf(int stage) const;
   Collective* group_;
   const std::vector<int> stage_ranks_;
+  const int64_t max_bytes_;
   // Sends in flight, with the tensors they read.
   std::vector<std::pair<std::unique_ptr<CollectiveWork>, at::Tensor>> pending_;
 };

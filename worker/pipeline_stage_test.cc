@@ -160,8 +160,10 @@ TEST(PipelineStageTest, GlooCarriesTheStagesMessagesExactly) {
   }
 }
 
-// A peer's header is input like any other: one that claims 1000 dims or an
-// unknown dtype is DATA_LOSS, never an allocation of what it says.
+// A peer's header is input like any other: one that claims 1000 dims, an
+// unknown or unsent dtype, or more bytes than the link's bound (here 1 MiB;
+// 2^62 x 2^62 overflows an int64) is DATA_LOSS, never an allocation of what
+// it says.
 TEST(PipelineStageTest, AMalformedStageHeaderIsRefused) {
   auto store = NewInMemoryStore();
   std::vector<std::unique_ptr<Collective>> group(2);
@@ -182,8 +184,12 @@ TEST(PipelineStageTest, AMalformedStageHeaderIsRefused) {
   }
   for (auto& t : threads) t.join();
   ASSERT_TRUE(group[0] && group[1]);
-  CollectiveStageLink receiver(group[1].get(), {0, 1});
-  for (const std::vector<int64_t>& bad : {std::vector<int64_t>{6, 1000}, std::vector<int64_t>{999, 1, 4}}) {
+  CollectiveStageLink receiver(group[1].get(), {0, 1}, /*max_bytes=*/1 << 20);
+  const int64_t kFloat = static_cast<int64_t>(at::kFloat), kQInt8 = static_cast<int64_t>(at::kQInt8);
+  const int64_t big = int64_t{1} << 62;
+  for (const std::vector<int64_t>& bad :
+       {std::vector<int64_t>{6, 1000}, std::vector<int64_t>{999, 1, 4}, std::vector<int64_t>{kQInt8, 1, 4},
+        std::vector<int64_t>{kFloat, 2, 1024, 257}, std::vector<int64_t>{kFloat, 2, big, big}}) {
     at::Tensor header = at::zeros({10}, at::kLong);
     for (size_t i = 0; i < bad.size(); ++i) header[static_cast<int64_t>(i)] = bad[i];
     auto sent = group[0]->Send(header, 1, 2 * 7);  // the header of message tag 7

@@ -66,9 +66,11 @@ class Writer {
   int error_ = 0;
 };
 
-absl::Status WriteRows(Writer& w, const std::vector<const EmbeddingTable*>& tables, int64_t* rows) {
-  for (size_t t = 0; t < tables.size(); ++t) {
-    const EmbeddingTable& table = *tables[t];
+absl::Status WriteRows(Writer& w, const std::vector<const EmbeddingTable*>& tables, size_t per_part,
+                       int64_t* rows) {
+  for (size_t part = 0; part < tables.size(); ++part) {
+    const EmbeddingTable& table = *tables[part];
+    const size_t t = part % per_part;
     // A stripe's rows come in a burst; blocks of them, each with its count.
     std::string block;
     uint32_t in_block = 0;
@@ -118,7 +120,13 @@ absl::StatusOr<EmbeddingFileInfo> WriteEmbeddingFile(const std::string& path, co
   w.Put<uint32_t>(static_cast<uint32_t>(head.size()));
   w.Append(head.data(), head.size());
   EmbeddingFileInfo info;
-  absl::Status s = WriteRows(w, tables, &info.rows);
+  if (header.tables_size() == 0 || tables.size() % header.tables_size() != 0) {
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    return absl::InvalidArgumentError(absl::StrCat("an embedding file of ", header.tables_size(), " tables given ",
+                                                   tables.size(), " parts of tables"));
+  }
+  absl::Status s = WriteRows(w, tables, static_cast<size_t>(header.tables_size()), &info.rows);
   if (s.ok() && !w.Flush()) s = ErrnoToStatus(w.error(), "writing", tmp);
   if (s.ok() && ::fsync(fd) != 0) s = ErrnoToStatus(errno, "syncing", tmp);
   if (::close(fd) != 0 && s.ok()) s = ErrnoToStatus(errno, "closing", tmp);

@@ -32,8 +32,9 @@ struct EmbeddingFileInfo {
   int64_t rows = 0;
 };
 
-// Writes `tables` (in the header's order) to `path` (absolute, already
-// confined by the caller): under a temporary name in the same directory,
+// Writes `tables` (in the header's order; several parts of each, a shard
+// that leads several slots: tables[k * n + t] is a part of the header's
+// table t) to `path` (absolute, already confined by the caller): under a temporary name in the same directory,
 // fsynced, then renamed over `path`. On failure nothing is left behind.
 absl::StatusOr<EmbeddingFileInfo> WriteEmbeddingFile(const std::string& path, const EmbeddingFileHeader& header,
                                                      const std::vector<const EmbeddingTable*>& tables);

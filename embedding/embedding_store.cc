@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -19,6 +20,8 @@ namespace pstrain {
 
 using embedding_internal::Invalid;
 using embedding_internal::kMaxJobBytes;
+using embedding_internal::kMaxReplicas;
+using embedding_internal::kMaxTargetBytes;
 using embedding_internal::kMaxStep;
 using embedding_internal::kMaxTables;
 using embedding_internal::kMaxWorkers;
@@ -28,7 +31,7 @@ EmbeddingStore::EmbeddingStore(EmbeddingStoreOptions options) : options_(std::mo
 EmbeddingStore::~EmbeddingStore() { Shutdown(); }
 
 void EmbeddingStore::Shutdown() {
-  std::map<std::string, std::shared_ptr<Job>> jobs;
+  std::map<Key, std::shared_ptr<Job>> jobs;
   {
     absl::MutexLock lock(&mu_);
     shut_down_ = true;
@@ -54,18 +57,32 @@ absl::Status CheckInit(const InitEmbeddingsRequest& r) {
     return Invalid(r.job(), "shard_index must be below num_shards (1..65536)");
   }
   if (r.tables_size() < 1 || r.tables_size() > kMaxTables) return Invalid(r.job(), "1 to 64 tables");
+  if (r.replicas() >= r.num_shards() || r.replicas() > kMaxReplicas) {
+    return Invalid(r.job(), absl::StrCat("replicas must be below num_shards and at most ", kMaxReplicas));
+  }
+  if (r.replicas() > 0 && r.routing().targets_size() != static_cast<int>(r.num_shards())) {
+    return Invalid(r.job(), "replicated tables need the routing's address of every shard");
+  }
+  for (const std::string& t : r.routing().targets()) {
+    if (t.empty() || t.size() > kMaxTargetBytes) {
+      return Invalid(r.job(), absl::StrCat("routing target '", Quote(t), "' must be 1..", kMaxTargetBytes,
+                                           " bytes (host:port)"));
+    }
+  }
   return absl::OkStatus();
 }
 
 }  // namespace
 
 absl::StatusOr<std::shared_ptr<EmbeddingStore::Job>> EmbeddingStore::MakeJob(const InitEmbeddingsRequest& request,
-                                                                             int64_t start_step) {
+                                                                             uint32_t slot, int64_t start_step) {
   absl::Status s = CheckInit(request);
   if (!s.ok()) return s;
   auto job = std::make_shared<Job>();
   job->name = request.job();
+  job->self = request.shard_index();
   job->init = request;
+  job->init.set_shard_index(slot);
   for (int i = 0; i < request.tables_size(); ++i) {
     auto table = EmbeddingTable::Create(request.tables(i), options_.budget, options_.stripes);
     if (!table.ok()) return table.status();
@@ -81,70 +98,90 @@ absl::StatusOr<std::shared_ptr<EmbeddingStore::Job>> EmbeddingStore::MakeJob(con
   job->claimed.assign(request.num_workers(), start_step);
   job->applied.assign(request.num_workers(), start_step);
   job->active.assign(request.num_workers(), 1);
-  job->steps = start_step;
+  job->steps = job->released = start_step;
   job->max_step = start_step;
   job->pending.resize(job->tables.size());
   job->pending_ranks.assign(request.num_workers(), 0);
   return job;
 }
 
-absl::Status EmbeddingStore::Install(std::shared_ptr<Job> job, bool keep_identical, bool* created) {
-  const InitEmbeddingsRequest& request = job->init;
-  std::shared_ptr<Job> replaced;
+absl::Status EmbeddingStore::Install(std::vector<std::shared_ptr<Job>> jobs, bool keep_identical, bool* created) {
+  std::vector<std::shared_ptr<Job>> replaced;
+  *created = false;
   {
     absl::MutexLock lock(&mu_);
     if (shut_down_) return absl::UnavailableError("the shard is shutting down");
-    auto it = jobs_.find(request.job());
-    if (it != jobs_.end()) {
+    std::vector<char> keep(jobs.size(), 0);
+    size_t fresh = 0;
+    for (size_t i = 0; i < jobs.size(); ++i) {  // every slot checked before any is installed
+      const InitEmbeddingsRequest& request = jobs[i]->init;
+      auto it = jobs_.find(Key(request.job(), request.shard_index()));
+      if (it == jobs_.end()) {
+        ++fresh;
+        continue;
+      }
       const uint64_t have = it->second->init.attempt();
       if (request.attempt() < have) {
         return absl::AbortedError(absl::StrCat("job '", Quote(request.job()), "' attempt ", request.attempt(),
                                                " is over: the shard holds attempt ", have));
       }
       if (request.attempt() == have) {
-        if (!keep_identical || !google::protobuf::util::MessageDifferencer::Equals(it->second->init, job->init)) {
+        if (!keep_identical || !google::protobuf::util::MessageDifferencer::Equals(it->second->init, request)) {
           return absl::AlreadyExistsError(absl::StrCat("job '", Quote(request.job()), "' attempt ", have,
                                                        " has other embedding tables on this shard"));
         }
-        *created = false;
-        return absl::OkStatus();
+        keep[i] = 1;
       }
-      replaced = it->second;
-      it->second = job;
-    } else {
-      if (jobs_.size() >= options_.max_jobs) {
-        return absl::ResourceExhaustedError(
-            absl::StrCat("this shard holds embeddings of ", jobs_.size(), " jobs, its most"));
+    }
+    if (fresh > 0 && jobs_.size() + fresh > options_.max_jobs) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("this shard holds ", jobs_.size(), " embedding slots of jobs, its most"));
+    }
+    for (size_t i = 0; i < jobs.size(); ++i) {
+      if (keep[i]) continue;
+      const InitEmbeddingsRequest& request = jobs[i]->init;
+      // An earlier attempt's slots go, also those the new one does not hold.
+      for (auto it = jobs_.lower_bound(Key(request.job(), 0)); it != jobs_.end() && it->first.first == request.job();) {
+        if (it->second->init.attempt() < request.attempt()) {
+          replaced.push_back(it->second);
+          it = jobs_.erase(it);
+        } else {
+          ++it;
+        }
       }
-      jobs_.emplace(request.job(), job);
+      jobs_[Key(request.job(), request.shard_index())] = jobs[i];
+      *created = true;
     }
   }
-  if (replaced != nullptr) {
-    absl::MutexLock lock(&replaced->mu);
-    replaced->gone = true;
-    replaced->changed.SignalAll();
+  for (const auto& job : replaced) {
+    absl::MutexLock lock(&job->mu);
+    job->gone = true;
+    job->changed.SignalAll();
   }
-  *created = true;
   return absl::OkStatus();
 }
 
 absl::Status EmbeddingStore::Init(const InitEmbeddingsRequest& request, InitEmbeddingsResponse* response) {
-  auto job = MakeJob(request, 0);
-  if (!job.ok()) return job.status();
+  auto jobs = MakeJobs(request, 0);
+  if (!jobs.ok()) return jobs.status();
   bool created = false;
-  absl::Status s = Install(std::move(*job), /*keep_identical=*/true, &created);
+  absl::Status s = Install(std::move(*jobs), /*keep_identical=*/true, &created);
   response->set_created(created);
   return s;
 }
 
-absl::StatusOr<std::shared_ptr<EmbeddingStore::Job>> EmbeddingStore::FindJob(const std::string& job, uint64_t attempt) {
+absl::StatusOr<std::shared_ptr<EmbeddingStore::Job>> EmbeddingStore::FindJob(const std::string& job, uint64_t attempt,
+                                                                             const uint32_t* slot) {
   absl::MutexLock lock(&mu_);
   if (shut_down_) return absl::UnavailableError("the shard is shutting down");
-  auto it = jobs_.find(job);
-  if (it == jobs_.end()) {
-    return absl::FailedPreconditionError(absl::StrCat("job '", Quote(job),
-                                                      "' has no embedding tables on this shard: call "
-                                                      "InitEmbeddings first"));
+  auto it = jobs_.lower_bound(Key(job, slot == nullptr ? 0 : *slot));
+  if (slot == nullptr) {  // this shard's own slot
+    while (it != jobs_.end() && it->first.first == job && it->second->self != it->first.second) ++it;
+  }
+  if (it == jobs_.end() || it->first.first != job || (slot != nullptr && it->first.second != *slot)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job '", Quote(job), "' has no embedding tables", slot == nullptr ? "" : absl::StrCat(" of slot ", *slot),
+        " on this shard: call InitEmbeddings first"));
   }
   const uint64_t have = it->second->init.attempt();
   if (attempt != have) {
@@ -226,23 +263,24 @@ bool Finite(const float* x, size_t n) {
 
 }  // namespace
 
-absl::StatusOr<EmbeddingStore::Call> EmbeddingStore::OpenCall(
-    const std::string& job, uint64_t attempt, uint32_t rank, int64_t step,
-    const google::protobuf::RepeatedPtrField<EmbeddingIds>& tables) {
-  auto found = FindJob(job, attempt);
+template <typename Request>
+absl::StatusOr<EmbeddingStore::Call> EmbeddingStore::OpenCall(const Request& request) {
+  const uint32_t slot = request.slot();
+  auto found = FindJob(request.job(), request.attempt(), request.has_slot() ? &slot : nullptr);
   if (!found.ok()) return found.status();
   Call call;
   call.job = std::move(*found);
-  if (rank >= call.job->init.num_workers()) return Invalid(job, "rank out of range");
-  if (step < 0 || step >= kMaxStep) return Invalid(job, "step out of range");
-  absl::Status s = ParseTables(*call.job, tables, &call.tables, &call.ids);
+  if (request.rank() >= call.job->init.num_workers()) return Invalid(request.job(), "rank out of range");
+  if (request.step() < 0 || request.step() >= kMaxStep) return Invalid(request.job(), "step out of range");
+  if (absl::Status s = CheckLeads(*call.job); !s.ok()) return s;
+  absl::Status s = ParseTables(*call.job, request.tables(), &call.tables, &call.ids);
   if (!s.ok()) return s;
   return call;
 }
 
 absl::Status EmbeddingStore::Lookup(const EmbeddingLookupRequest& request, absl::Time deadline,
                                     EmbeddingLookupResponse* response) {
-  auto call = OpenCall(request.job(), request.attempt(), request.rank(), request.step(), request.tables());
+  auto call = OpenCall(request);
   if (!call.ok()) return call.status();
   Job& job = *call->job;
   const std::vector<int>& tables = call->tables;
@@ -257,13 +295,13 @@ absl::Status EmbeddingStore::Lookup(const EmbeddingLookupRequest& request, absl:
   }
   {
     absl::MutexLock lock(&job.mu);
-    if (!job.gone && !Reached(job.init, job.steps, job.applied, job.active, request.rank(), request.step())) {
+    if (!job.gone && !Reached(job.init, job.released, job.applied, job.active, request.rank(), request.step())) {
       if (waiters_.fetch_add(1) >= options_.max_waiters) {
         --waiters_;
         return absl::ResourceExhaustedError("too many embedding lookups are waiting on this shard");
       }
       const absl::Time until = std::min(deadline, absl::Now() + options_.max_wait);
-      while (!job.gone && !Reached(job.init, job.steps, job.applied, job.active, request.rank(), request.step())) {
+      while (!job.gone && !Reached(job.init, job.released, job.applied, job.active, request.rank(), request.step())) {
         if (job.changed.WaitWithDeadline(&job.mu, until)) break;
       }
       --waiters_;
@@ -272,7 +310,7 @@ absl::Status EmbeddingStore::Lookup(const EmbeddingLookupRequest& request, absl:
     if (job.gone) {
       return absl::AbortedError(absl::StrCat("job '", Quote(job.name), "''s embeddings were dropped or replaced"));
     }
-    if (!Reached(job.init, job.steps, job.applied, job.active, request.rank(), request.step())) {
+    if (!Reached(job.init, job.released, job.applied, job.active, request.rank(), request.step())) {
       std::vector<uint32_t> late;
       for (uint32_t r = 0; r < job.applied.size(); ++r) {
         if (job.init.consistency() == SYNC
@@ -298,22 +336,8 @@ absl::Status EmbeddingStore::Lookup(const EmbeddingLookupRequest& request, absl:
   return absl::OkStatus();
 }
 
-void EmbeddingStore::SetWorkers(const SetWorkersRequest& request) {
-  std::shared_ptr<Job> job;
-  {
-    absl::MutexLock lock(&mu_);
-    auto it = jobs_.find(request.job());
-    if (it == jobs_.end()) return;
-    job = it->second;
-  }
-  absl::MutexLock lock(&job->mu);
-  if (request.attempt() != job->init.attempt() || request.seats_size() != static_cast<int>(job->active.size())) return;
-  for (int r = 0; r < request.seats_size(); ++r) job->active[r] = request.seats(r).active() ? 1 : 0;
-  job->changed.SignalAll();
-}
-
 absl::Status EmbeddingStore::Update(const EmbeddingUpdateRequest& request) {
-  auto call = OpenCall(request.job(), request.attempt(), request.rank(), request.step(), request.tables());
+  auto call = OpenCall(request);
   if (!call.ok()) return call.status();
   Job& job = *call->job;
   const std::vector<int>& tables = call->tables;
@@ -334,18 +358,43 @@ absl::Status EmbeddingStore::Update(const EmbeddingUpdateRequest& request) {
                                             "' has NaN or Inf; nothing was applied"));
     }
   }
-  if (job.init.consistency() == SYNC) return AddSync(job, request, tables, ids);
+  int64_t forwarded = 0;  // replicated: the forward every live backup must hold before the answer
+  if (job.init.consistency() == SYNC) {
+    s = AddSync(job, request, tables, ids, &forwarded);
+    return s.ok() && forwarded > 0 ? AwaitForwarded(job, forwarded) : s;
+  }
   {
-    absl::MutexLock lock(&job.mu);
-    if (request.step() < job.claimed[request.rank()]) return absl::OkStatus();  // a retry
-    job.claimed[request.rank()] = request.step() + 1;
+    // Replicated: the apply and its forward's seq in one order.
+    std::optional<absl::MutexLock> ordered;
+    if (job.replica != nullptr) ordered.emplace(&job.apply_mu);
+    int64_t retry = -1;
+    {
+      absl::MutexLock lock(&job.mu);
+      if (request.step() < job.claimed[request.rank()]) {
+        retry = job.replica != nullptr ? job.replica->seq : 0;
+      } else {
+        job.claimed[request.rank()] = request.step() + 1;
+      }
+    }
+    if (retry >= 0) {  // a retry: answered once what it may have changed is held by the backups
+      ordered.reset();
+      return retry > 0 ? AwaitForwarded(job, retry) : absl::OkStatus();
+    }
+    const double scale = 1.0 / job.init.num_workers();
+    for (size_t t = 0; t < tables.size(); ++t) {
+      s = job.tables[tables[t]]->Update(ids[t], reinterpret_cast<const float*>(request.grads(t).data()),
+                                        request.step() + 1, scale);
+      if (!s.ok()) return s;
+    }
+    if (job.replica != nullptr) {
+      absl::MutexLock lock(&job.mu);
+      EmbeddingForward f;
+      f.set_rank(request.rank());
+      f.set_step(request.step());
+      forwarded = QueueForward(job, tables, ids, std::move(f));
+    }
   }
-  const double scale = 1.0 / job.init.num_workers();
-  for (size_t t = 0; t < tables.size(); ++t) {
-    s = job.tables[tables[t]]->Update(ids[t], reinterpret_cast<const float*>(request.grads(t).data()),
-                                      request.step() + 1, scale);
-    if (!s.ok()) return s;
-  }
+  if (forwarded > 0 && !(s = AwaitForwarded(job, forwarded)).ok()) return s;
   bool evict = false;
   {
     absl::MutexLock lock(&job.mu);
@@ -361,7 +410,7 @@ absl::Status EmbeddingStore::Update(const EmbeddingUpdateRequest& request) {
 }
 
 absl::Status EmbeddingStore::AddSync(Job& job, const EmbeddingUpdateRequest& request, const std::vector<int>& tables,
-                                     const std::vector<std::vector<int64_t>>& ids) {
+                                     const std::vector<std::vector<int64_t>>& ids, int64_t* forwarded) {
   absl::MutexLock lock(&job.mu);
   if (job.gone) return absl::AbortedError(absl::StrCat("job '", Quote(job.name), "''s embeddings were dropped"));
   if (request.step() < job.steps || job.pending_ranks[request.rank()]) return absl::OkStatus();  // a retry
@@ -409,12 +458,16 @@ absl::Status EmbeddingStore::AddSync(Job& job, const EmbeddingUpdateRequest& req
   // Every rank's gradients are in: apply their mean, once.
   const double scale = 1.0 / job.init.num_workers();
   absl::Status s;
+  std::vector<int> all;
+  std::vector<std::vector<int64_t>> changed;
   for (size_t t = 0; t < job.tables.size(); ++t) {
     Pending& p = job.pending[t];
     if (!p.ids.empty()) {
       absl::Status u = job.tables[t]->Update(p.ids, p.sums.data(), job.steps + 1, scale);
       if (s.ok()) s = u;
     }
+    all.push_back(static_cast<int>(t));
+    changed.push_back(std::move(p.ids));
     p = Pending();
   }
   if (options_.budget != nullptr) options_.budget->Release(job.pending_bytes);
@@ -423,63 +476,15 @@ absl::Status EmbeddingStore::AddSync(Job& job, const EmbeddingUpdateRequest& req
   job.max_step = job.steps;
   ++job.steps;
   for (auto& table : job.tables) table->EvictExpired(job.max_step);
+  if (job.replica == nullptr) {
+    job.released = job.steps;
+  } else {  // released once every live backup holds the step (AwaitForwarded)
+    EmbeddingForward f;
+    f.set_steps(job.steps);
+    *forwarded = QueueForward(job, all, changed, std::move(f));
+  }
   job.changed.SignalAll();
   return s;
-}
-
-absl::Status EmbeddingStore::Drop(const DropEmbeddingsRequest& request) {
-  std::shared_ptr<Job> job;
-  {
-    absl::MutexLock lock(&mu_);
-    auto it = jobs_.find(request.job());
-    if (it == jobs_.end()) return absl::OkStatus();  // already gone: a retry
-    if (request.attempt() < it->second->init.attempt()) {
-      return absl::AbortedError(absl::StrCat("job '", Quote(request.job()), "' attempt ", request.attempt(),
-                                             " may not drop attempt ", it->second->init.attempt(), "'s tables"));
-    }
-    job = it->second;
-    jobs_.erase(it);
-  }
-  absl::MutexLock lock(&job->mu);
-  job->gone = true;
-  if (options_.budget != nullptr) options_.budget->Release(job->pending_bytes);
-  job->pending_bytes = 0;
-  job->changed.SignalAll();
-  return absl::OkStatus();
-}
-
-absl::Status EmbeddingStore::Stats(const EmbeddingStatsRequest& request, EmbeddingStatsResponse* response) {
-  std::shared_ptr<Job> job;
-  {
-    absl::MutexLock lock(&mu_);
-    auto it = jobs_.find(request.job());
-    if (it == jobs_.end()) {
-      return absl::NotFoundError(absl::StrCat("job '", Quote(request.job()), "' has no embeddings on this shard"));
-    }
-    job = it->second;
-  }
-  for (const auto& table : job->tables) {
-    const EmbeddingTableStats st = table->Stats();
-    EmbeddingTableStatsProto* p = response->add_tables();
-    p->set_table(table->config().name());
-    p->set_rows(st.rows);
-    p->set_bytes(st.bytes);
-    p->set_lookups(st.lookups);
-    p->set_created(st.created);
-    p->set_not_admitted(st.not_admitted);
-    p->set_refused(st.refused);
-    p->set_updates(st.updates);
-    p->set_dropped_updates(st.dropped_updates);
-    p->set_nonfinite(st.nonfinite);
-    p->set_evicted_ttl(st.evicted_ttl);
-    p->set_evicted_lru(st.evicted_lru);
-  }
-  if (!response->tables().empty()) {
-    response->mutable_tables(0)->set_nonfinite(response->tables(0).nonfinite() + job->nonfinite_dropped);
-  }
-  absl::MutexLock lock(&job->mu);
-  response->set_applied_steps(job->steps);
-  return absl::OkStatus();
 }
 
 }  // namespace pstrain

@@ -14,6 +14,13 @@
 //   which are active; all of them until it does).
 // A rank's update for a step it already sent is ignored (a retry is safe).
 //
+// Replicated tables (InitEmbeddingsRequest.replicas, docs/replication.md):
+// the rows of slot h (shard h's virtual shards) live on shards h..h+R; the
+// first the routing does not mark lost leads, applies the updates and
+// forwards the rows they changed to the slot's live backups before any
+// caller sees them (an update's answer; under SYNC, the next step's
+// lookups). A shard keeps one Job per slot it holds.
+//
 // Threading: any method from any thread. One mutex per job orders its
 // steps; the tables below it lock their own stripes, so ASYNC lookups and
 // updates of one job run in parallel. Waits block the calling thread (at
@@ -23,6 +30,7 @@
 #define PSTRAIN_EMBEDDING_EMBEDDING_STORE_H_
 
 #include <atomic>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -50,6 +58,12 @@ struct EmbeddingStoreOptions {
   // refused before anything is allocated. pstrain-ps sets its gRPC message
   // limit.
   uint64_t max_response_bytes = uint64_t{256} << 20;
+  // Replicated tables: sends a leader's forward to the shard at `target`
+  // (ReplicateEmbeddings there), blocking, with a deadline of its own.
+  // Unset: replicated tables are refused.
+  std::function<absl::Status(const std::string& target, const ReplicateEmbeddingsRequest& request,
+                             ReplicateEmbeddingsResponse* response)>
+      forward;
 };
 
 class EmbeddingStore {
@@ -71,8 +85,15 @@ class EmbeddingStore {
   // SetWorkers, passed on): SSP lookups wait for the active ranks only, so
   // a lost worker's rank does not hold the others. A request of another
   // attempt or rank count, or for a job without embeddings, changes
-  // nothing.
+  // nothing. Its routing, of a higher generation than the last, says which
+  // shards are lost: a slot's first live copy leads it from then on.
   void SetWorkers(const SetWorkersRequest& request);
+  // A slot leader's forwards, on one of the slot's backups: applied in seq
+  // order, once each. ABORTED when the sender does not lead the slot under
+  // this shard's routing (fenced), UNAVAILABLE when the sender's routing is
+  // newer than this shard's (try again), FAILED_PRECONDITION when a forward
+  // is missing (response->seq says what this shard holds).
+  absl::Status Replicate(const ReplicateEmbeddingsRequest& request, ReplicateEmbeddingsResponse* response);
 
   // Checkpoints (embedding_store_files.cc; paths absolute, confined by the
   // caller). Save writes this shard's rows of the job, each row from one
@@ -95,26 +116,50 @@ class EmbeddingStore {
     std::vector<int> tables;
     std::vector<std::vector<int64_t>> ids;
   };
-  absl::StatusOr<Call> OpenCall(const std::string& job, uint64_t attempt, uint32_t rank, int64_t step,
-                                const google::protobuf::RepeatedPtrField<EmbeddingIds>& tables);
-  absl::StatusOr<std::shared_ptr<Job>> FindJob(const std::string& job, uint64_t attempt);
-  // A job's tables and rank state from its Init request, continuing at
-  // `start_step` (0, or a restored checkpoint's step).
-  absl::StatusOr<std::shared_ptr<Job>> MakeJob(const InitEmbeddingsRequest& request, int64_t start_step);
-  // Puts `job` in place of an earlier attempt's; an identical job of the
-  // same attempt is kept when `keep_identical` (created = false).
-  absl::Status Install(std::shared_ptr<Job> job, bool keep_identical, bool* created);
+  // Jobs by name and slot.
+  using Key = std::pair<std::string, uint32_t>;
+  template <typename Request>
+  absl::StatusOr<Call> OpenCall(const Request& request);
+  // The job's slot `*slot`, or this shard's own slot when null.
+  absl::StatusOr<std::shared_ptr<Job>> FindJob(const std::string& job, uint64_t attempt, const uint32_t* slot);
+  // The job's slots on this shard, each continuing at `start_step` (0, or a
+  // restored checkpoint's step): one, or with replicas every slot this
+  // shard holds a copy of (embedding_store_replication.cc).
+  absl::StatusOr<std::vector<std::shared_ptr<Job>>> MakeJobs(const InitEmbeddingsRequest& request,
+                                                             int64_t start_step);
+  // Slot `slot`'s tables and rank state from the job's Init request.
+  absl::StatusOr<std::shared_ptr<Job>> MakeJob(const InitEmbeddingsRequest& request, uint32_t slot,
+                                               int64_t start_step);
+  // Puts a job's slots in place of an earlier attempt's, all or none;
+  // identical ones of the same attempt are kept when `keep_identical`
+  // (created = false).
+  absl::Status Install(std::vector<std::shared_ptr<Job>> jobs, bool keep_identical, bool* created);
+  // Replicated slots (embedding_store_replication.cc). FAILED_PRECONDITION
+  // unless this shard leads the job's slot.
+  static absl::Status CheckLeads(Job& job);
+  // Queues a forward of `tables`' rows `ids` (held ones), made after an
+  // update, and returns its seq; the job's mu held.
+  static int64_t QueueForward(Job& job, const std::vector<int>& tables, const std::vector<std::vector<int64_t>>& ids,
+                              EmbeddingForward forward);
+  // Until every live backup holds forward `seq`: sends the queued forwards
+  // (one caller at a time, for all) or waits for the caller who does.
+  absl::Status AwaitForwarded(Job& job, int64_t seq);
+  // One round: `batch` to each live backup in copy order.
+  absl::Status SendRound(Job& job, const std::vector<EmbeddingForward>& batch);
+  // A routing of a higher generation, for one slot (mu held).
+  static void ApplyRouting(Job& job, const Routing& routing);
   static absl::Status ParseTables(const Job& job, const google::protobuf::RepeatedPtrField<EmbeddingIds>& in,
                                   std::vector<int>* tables, std::vector<std::vector<int64_t>>* ids);
   // SYNC: adds one rank's gradients to the step's sums; the last rank's
   // applies them.
+  // Replicated: *forwarded = the seq of the step's forward (the last rank's).
   absl::Status AddSync(Job& job, const EmbeddingUpdateRequest& request, const std::vector<int>& tables,
-                       const std::vector<std::vector<int64_t>>& ids);
+                       const std::vector<std::vector<int64_t>>& ids, int64_t* forwarded);
 
   const EmbeddingStoreOptions options_;
   std::atomic<size_t> waiters_{0};
   absl::Mutex mu_;
-  std::map<std::string, std::shared_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);
+  std::map<Key, std::shared_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
 };
 

@@ -25,6 +25,8 @@ inline constexpr size_t kMaxJobBytes = 256;
 inline constexpr uint32_t kMaxWorkers = 4096;
 inline constexpr int kMaxTables = 64;
 inline constexpr int64_t kMaxStep = int64_t{1} << 40;
+inline constexpr uint32_t kMaxReplicas = 15;
+inline constexpr size_t kMaxTargetBytes = 256;
 
 inline absl::Status Invalid(absl::string_view job, absl::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat("embeddings of job '", Quote(job), "': ", what));
@@ -38,15 +40,39 @@ struct Pending {
   std::vector<float> sums;
 };
 
+// A replicated slot's copy on this shard (embedding_store_replication.cc):
+// the rows of one shard's virtual shards, led by the first of `copies` the
+// routing does not mark lost, backed up by the others.
+struct SlotReplica {
+  std::vector<uint32_t> copies;  // the slot's shards, the slot's own first
+  Routing routing;               // the latest the shard was told
+  int64_t leader = -1;           // under `routing`
+  std::string fenced;            // why this shard may not lead the slot again
+  // Leading: forwards made and held by every live backup; backing up:
+  // forwards applied (acked unused).
+  int64_t seq = 0;
+  int64_t acked = 0;
+  std::vector<EmbeddingForward> queue;  // made, not yet sent
+  bool sending = false;                 // a caller's thread is sending a round
+  // The last forward applied or sent: a backup one behind gets it first.
+  std::shared_ptr<const EmbeddingForward> last;
+};
+
 }  // namespace embedding_internal
 
 struct EmbeddingStore::Job {
   std::string name;
+  // This shard's index among the job's shards; init.shard_index() is the
+  // slot's (the same without replicas).
+  uint32_t self = 0;
   InitEmbeddingsRequest init;  // tables normalized
   // Fixed once the job is created: lookups read them without `mu`.
   std::vector<std::unique_ptr<EmbeddingTable>> tables;
   std::map<std::string, int> table_index;
 
+  // Replicated ASYNC/SSP slots: an update's apply and its forward's seq
+  // are taken in one order (a later forward holds the later rows).
+  absl::Mutex apply_mu ABSL_ACQUIRED_BEFORE(mu);
   absl::Mutex mu;
   absl::CondVar changed;
   bool gone ABSL_GUARDED_BY(mu) = false;  // dropped, replaced or shut down
@@ -57,11 +83,15 @@ struct EmbeddingStore::Job {
   std::vector<char> active ABSL_GUARDED_BY(mu);  // SetWorkers: ranks taking part
   // SYNC: steps applied on this shard, and the next one's gradients.
   int64_t steps ABSL_GUARDED_BY(mu) = 0;
+  // SYNC: the steps lookups may see: applied, and held by every live backup.
+  int64_t released ABSL_GUARDED_BY(mu) = 0;
   std::vector<embedding_internal::Pending> pending ABSL_GUARDED_BY(mu);
   std::vector<char> pending_ranks ABSL_GUARDED_BY(mu);
   uint64_t pending_bytes ABSL_GUARDED_BY(mu) = 0;
   int64_t max_step ABSL_GUARDED_BY(mu) = 0;  // for TTL eviction
   std::atomic<int64_t> nonfinite_dropped{0};
+  // Null: not replicated. Fixed at creation; its fields under `mu`.
+  std::unique_ptr<embedding_internal::SlotReplica> replica;
 };
 
 }  // namespace pstrain

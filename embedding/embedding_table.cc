@@ -306,6 +306,24 @@ absl::Status EmbeddingTable::ForEachRow(const std::function<absl::Status(const E
   return absl::OkStatus();
 }
 
+void EmbeddingTable::CopyRows(absl::Span<const int64_t> ids, EmbeddingRowsProto* rows) const {
+  const int dim = this->dim(), row_floats = dim + slot_floats_;
+  std::string &out_ids = *rows->mutable_ids(), &values = *rows->mutable_values(), &slots = *rows->mutable_slots(),
+              &last = *rows->mutable_last_steps(), &counts = *rows->mutable_counts();
+  auto put = [](std::string& to, const void* p, size_t n) { to.append(static_cast<const char*>(p), n); };
+  ForEachIdByStripe(ids, [&](Stripe& stripe, uint32_t i) {
+    auto it = stripe.index.find(IdKey{ids[i]});
+    if (it == stripe.index.end()) return;
+    const RowMeta& m = stripe.Meta(*it);
+    const float* row = stripe.Data(*it, row_floats);
+    put(out_ids, &m.id, sizeof(m.id));
+    put(values, row, sizeof(float) * dim);
+    put(slots, row + dim, sizeof(float) * slot_floats_);
+    put(last, &m.last_step, sizeof(m.last_step));
+    put(counts, &m.count, sizeof(m.count));
+  });
+}
+
 absl::Status EmbeddingTable::InsertRow(const EmbeddingRowView& row) {
   const int dim = this->dim(), row_floats = dim + slot_floats_;
   Stripe& stripe = *stripes_[StripeOf(row.id)];

@@ -106,6 +106,12 @@ class EmbeddingTable {
   // error `visit` returns.
   absl::Status ForEachRow(const std::function<absl::Status(const EmbeddingRowView&)>& visit) const;
 
+  // The held rows among `ids`, each copied under its stripe's lock (one
+  // state): appended to `rows` as EmbeddingRowsProto packs them (ids,
+  // values, slots, last steps, counts); ids without a row are left out.
+  // What a replicated slot's leader forwards after an update.
+  void CopyRows(absl::Span<const int64_t> ids, EmbeddingRowsProto* rows) const;
+
   // Puts a row back as a checkpoint saved it (restore): replaces a row of
   // the same id. RESOURCE_EXHAUSTED as for Lookup.
   absl::Status InsertRow(const EmbeddingRowView& row);

@@ -221,4 +221,13 @@ absl::Status LoadEmbeddings(const std::shared_ptr<grpc::Channel>& shard, const L
   return FromGrpcStatus(EmbeddingService::NewStub(shard)->LoadEmbeddings(&context, request, &response));
 }
 
+absl::Status ReplicateEmbeddings(const std::shared_ptr<grpc::Channel>& shard, const ReplicateEmbeddingsRequest& request,
+                                 const std::string& job_secret, absl::Time deadline,
+                                 ReplicateEmbeddingsResponse* response) {
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(deadline));
+  if (!job_secret.empty()) context.AddMetadata(kJobSecretMetadata, job_secret);
+  return FromGrpcStatus(EmbeddingService::NewStub(shard)->ReplicateEmbeddings(&context, request, response));
+}
+
 }  // namespace pstrain

@@ -85,6 +85,12 @@ void SaveEmbeddingsAsync(const std::shared_ptr<grpc::Channel>& shard, const Save
 absl::Status LoadEmbeddings(const std::shared_ptr<grpc::Channel>& shard, const LoadEmbeddingsRequest& request,
                             const std::string& job_secret, absl::Time deadline);
 
+// A slot leader's forward to the backup shard behind `shard` (replicated
+// embedding tables; pstrain-ps's EmbeddingStoreOptions::forward).
+absl::Status ReplicateEmbeddings(const std::shared_ptr<grpc::Channel>& shard, const ReplicateEmbeddingsRequest& request,
+                                 const std::string& job_secret, absl::Time deadline,
+                                 ReplicateEmbeddingsResponse* response);
+
 }  // namespace pstrain
 
 #endif  // PSTRAIN_RPC_GRPC_EMBEDDING_CLIENT_H_

@@ -212,7 +212,8 @@ AccessRule AccessRuleFor(absl::string_view method) {
     rule.user = rule.admin = true;
   } else if (absl::StartsWith(method, "/pstrain.ClusterService/")) {
     rule.shard = rule.worker = true;
-  } else if (method == "/pstrain.ParameterService/Replicate") {
+  } else if (method == "/pstrain.ParameterService/Replicate" ||
+             method == "/pstrain.EmbeddingService/ReplicateEmbeddings") {
     rule.shard = true;  // a primary shard's forward: no worker may write a backup
   } else if (absl::StartsWith(method, "/pstrain.ParameterService/") ||
              absl::StartsWith(method, "/pstrain.EmbeddingService/")) {

@@ -43,6 +43,10 @@ TEST_F(SecurityTest, EveryRpcOfEveryServiceChecksTheTokenAndItsRole) {
        s_.ps_server->local_target(),
        {creds_.cluster_token_file, creds_.worker_token_file, creds_.coordinator_token_file},
        {creds_.user_token_file, creds_.admin_token_file, creds_.shard_token_file}},
+      {"pstrain.EmbeddingService",
+       s_.ps_server->local_target(),
+       {creds_.cluster_token_file, creds_.worker_token_file, creds_.coordinator_token_file},
+       {creds_.user_token_file, creds_.admin_token_file, creds_.shard_token_file}},
   };
   int methods = 0;
   for (const Service& service : services) {
@@ -52,9 +56,10 @@ TEST_F(SecurityTest, EveryRpcOfEveryServiceChecksTheTokenAndItsRole) {
     for (int i = 0; i < d->method_count(); ++i, ++methods) {
       const std::string method = absl::StrCat("/", service.name, "/", d->method(i)->name());
       SCOPED_TRACE(method);
-      // A primary shard's forward to its backups: shards only, so that no
-      // worker can write a backup's copy of a chunk.
-      const bool replicate = method == "/pstrain.ParameterService/Replicate";
+      // A primary shard's forward to its backups (of chunks, or of
+      // embedding rows): shards only, so that no worker can write a backup.
+      const bool replicate = method == "/pstrain.ParameterService/Replicate" ||
+                             method == "/pstrain.EmbeddingService/ReplicateEmbeddings";
       const std::vector<std::string>& allowed =
           replicate ? std::vector<std::string>{creds_.cluster_token_file, creds_.shard_token_file} : service.allowed;
       const std::vector<std::string>& refused =

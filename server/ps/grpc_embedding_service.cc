@@ -44,6 +44,7 @@ GrpcEmbeddingService::GrpcEmbeddingService(EmbeddingStore* store, Options option
   PSTRAIN_UNARY(Stats, EmbeddingStatsRequest, EmbeddingStatsResponse);
   PSTRAIN_UNARY(SaveEmbeddings, SaveEmbeddingsRequest, SaveEmbeddingsResponse);
   PSTRAIN_UNARY(LoadEmbeddings, LoadEmbeddingsRequest, LoadEmbeddingsResponse);
+  PSTRAIN_UNARY(ReplicateEmbeddings, ReplicateEmbeddingsRequest, ReplicateEmbeddingsResponse);
 }
 
 absl::Status GrpcEmbeddingService::CoordinatorOnly(const grpc::ServerContext& context, const char* method) const {
@@ -94,6 +95,16 @@ grpc::Status GrpcEmbeddingService::Update(grpc::ServerContext* context, const Em
     return ToGrpcStatus(s);
   }
   return ToGrpcStatus(store_->Update(request));
+}
+
+grpc::Status GrpcEmbeddingService::ReplicateEmbeddings(grpc::ServerContext* context,
+                                                       const ReplicateEmbeddingsRequest& request,
+                                                       ReplicateEmbeddingsResponse* response) {
+  // Shard tokens only (rpc/security.cc), and the job's secret.
+  if (absl::Status s = secrets_.Check(request.job(), MetadataValue(*context, kJobSecretMetadata)); !s.ok()) {
+    return ToGrpcStatus(s);
+  }
+  return ToGrpcStatus(store_->Replicate(request, response));
 }
 
 grpc::Status GrpcEmbeddingService::DropEmbeddings(grpc::ServerContext* context, const DropEmbeddingsRequest& request,

@@ -5,6 +5,8 @@
 //   (JobSecrets: recorded by the first InitEmbeddings, forgotten by a drop);
 // - with a grant key, InitEmbeddings needs the coordinator's table grant for
 //   the job, attempt and secret (rpc/table_grant.h);
+// - ReplicateEmbeddings is other shards' (a shard token, and the job's
+//   secret), as ParameterService.Replicate;
 // - DropEmbeddings, SaveEmbeddings and LoadEmbeddings are the coordinator's
 //   (a coordinator token); checkpoint files are read and written only under
 //   the shard's checkpoint root, and written only in a directory named after
@@ -38,6 +40,10 @@ class GrpcEmbeddingService final : public ParsingService {
   // `store` is not owned and must outlive the service.
   GrpcEmbeddingService(EmbeddingStore* store, Options options);
 
+  // The jobs' secrets as the callers presented them: what this shard
+  // presents when it forwards a job's rows to its other shards.
+  const JobSecrets& secrets() const { return secrets_; }
+
  private:
   grpc::Status InitEmbeddings(grpc::ServerContext* context, const InitEmbeddingsRequest& request,
                               InitEmbeddingsResponse* response);
@@ -53,6 +59,9 @@ class GrpcEmbeddingService final : public ParsingService {
                               SaveEmbeddingsResponse* response);
   grpc::Status LoadEmbeddings(grpc::ServerContext* context, const LoadEmbeddingsRequest& request,
                               LoadEmbeddingsResponse* response);
+  // A slot leader's forward to this backup (replicated tables).
+  grpc::Status ReplicateEmbeddings(grpc::ServerContext* context, const ReplicateEmbeddingsRequest& request,
+                                   ReplicateEmbeddingsResponse* response);
   // OK for a coordinator's call, PERMISSION_DENIED naming the method else.
   absl::Status CoordinatorOnly(const grpc::ServerContext& context, const char* method) const;
   // `name` resolved under the checkpoint root (FAILED_PRECONDITION without

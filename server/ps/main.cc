@@ -12,12 +12,15 @@
 
 #include <cstdio>
 #include <limits>
+#include <map>
+#include <memory>
 #include <string>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "common/file_util.h"
 #include "common/binary_setup.h"
 #include "common/byte_budget.h"
@@ -26,6 +29,8 @@
 #include "common/metrics_server.h"
 #include "embedding/embedding_store.h"
 #include "rpc/cluster_member.h"
+#include "rpc/grpc_channel.h"
+#include "rpc/grpc_embedding_client.h"
 #include "rpc/grpc_remote_shard.h"
 #include "rpc/grpc_server.h"
 #include "rpc/security_flags.h"
@@ -147,6 +152,29 @@ decltype(pstrain::ShardStoreOptions::forward) Forwarder(const pstrain::GrpcParam
   };
 }
 
+// How a slot leader's embedding rows reach its backups: over gRPC (a channel
+// per backup, kept), with the job's secret as `*service` holds it.
+decltype(pstrain::EmbeddingStoreOptions::forward) EmbeddingForwarder(
+    const pstrain::GrpcEmbeddingService* const* service) {
+  struct Channels {
+    absl::Mutex mu;
+    std::map<std::string, std::shared_ptr<grpc::Channel>> by_target ABSL_GUARDED_BY(mu);
+  };
+  auto channels = std::make_shared<Channels>();
+  return [service, channels](const std::string& target, const pstrain::ReplicateEmbeddingsRequest& request,
+                             pstrain::ReplicateEmbeddingsResponse* response) {
+    std::shared_ptr<grpc::Channel> channel;
+    {
+      absl::MutexLock lock(&channels->mu);
+      std::shared_ptr<grpc::Channel>& c = channels->by_target[target];
+      if (c == nullptr) c = pstrain::CreateChannel(target);
+      channel = c;
+    }
+    return pstrain::ReplicateEmbeddings(channel, request, (*service)->secrets().SecretOf(request.job()),
+                                        absl::Now() + absl::Seconds(5), response);
+  };
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -194,6 +222,8 @@ int main(int argc, char** argv) {
   // the server's threads, so other calls are still served.
   embedding_options.max_waiters = 256;
   embedding_options.max_response_bytes = static_cast<uint64_t>(max_mb) << 20;
+  const pstrain::GrpcEmbeddingService* embedding_forwarding = nullptr;  // set below, before any table exists
+  embedding_options.forward = EmbeddingForwarder(&embedding_forwarding);
   pstrain::EmbeddingStore embeddings(embedding_options);
   std::unique_ptr<pstrain::MetricsServer> metrics;
   std::unique_ptr<pstrain::ParameterServiceMetrics> service_metrics;
@@ -230,7 +260,9 @@ int main(int argc, char** argv) {
   }
   pstrain::GrpcEmbeddingService embedding_service(
       &embeddings, {service_options.tokens, service_options.grants, store_options.checkpoint_root});
-  // The embedding tables learn from the dense SetWorkers which ranks take part.
+  embedding_forwarding = &embedding_service;
+  // The embedding tables learn from the dense SetWorkers which ranks take
+  // part, and replicated ones which shards are lost.
   service_options.on_set_workers = [&embeddings](const pstrain::SetWorkersRequest& r) {
     embeddings.SetWorkers(r);
   };

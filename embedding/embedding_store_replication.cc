@@ -1,0 +1,382 @@
+// Replicated embedding tables (issue 34, docs/replication.md): the rows of
+// slot h -- the virtual shards of shard h -- live on shards h, h+1, ...,
+// h+R (mod the shard count). The first copy the coordinator's routing does
+// not mark lost leads the slot: it applies the updates (under SYNC the
+// step's mean, under ASYNC and SSP each push) and forwards the rows they
+// changed, whole (value, optimizer slots, last step, count), to the slot's
+// live backups, one after the other in copy order, before any caller sees
+// them: an update's answer waits for it, and under SYNC so do the next
+// step's lookups. Replication after aggregation, as for dense chunks.
+//
+// Forwards are numbered per slot (seq): a backup applies forward seq only
+// on top of seq - 1 and ignores one it holds, so a retried round is
+// harmless. One caller's thread at a time sends a round of everything
+// queued (AwaitForwarded), for every caller waiting, and the next round
+// starts only after every backup acknowledged the last: a backup is at most
+// one forward behind any other copy, and the last forward, which every copy
+// keeps, is all a promoted leader needs to bring one up to date.
+//
+// Rows a lookup creates are not forwarded: a row's first value is a
+// function of its id, so a promoted backup creates the same row on its
+// first lookup. What a backup does not see: admission counts of ids not yet
+// admitted, and lookups' LRU order (docs/replication.md says what that
+// changes).
+#include <algorithm>
+#include <cstring>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "embedding/embedding_store.h"
+#include "embedding/embedding_store_internal.h"
+#include "embedding/row_math.h"
+
+namespace pstrain {
+
+using embedding_internal::Invalid;
+using embedding_internal::kMaxStep;
+using embedding_internal::SlotReplica;
+
+namespace {
+
+// Forwards one request carries at most.
+constexpr int kMaxForwards = 4096;
+// How long a round waits before it tries an unreachable backup again (the
+// coordinator declares it lost, or it answers).
+constexpr absl::Duration kForwardRetry = absl::Milliseconds(100);
+
+bool Lost(const Routing& r, uint32_t shard) {
+  return std::find(r.lost_shards().begin(), r.lost_shards().end(), shard) != r.lost_shards().end();
+}
+
+// Embedding slots get no spare in a lost shard's place (the coordinator
+// gives none): a copy leads unless it is lost.
+int64_t LeaderOf(const std::vector<uint32_t>& copies, const Routing& r) {
+  for (uint32_t s : copies) {
+    if (!Lost(r, s)) return s;
+  }
+  return -1;
+}
+
+template <typename T>
+const T* Packed(const std::string& bytes) {
+  return reinterpret_cast<const T*>(bytes.data());
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<std::shared_ptr<EmbeddingStore::Job>>> EmbeddingStore::MakeJobs(
+    const InitEmbeddingsRequest& request, int64_t start_step) {
+  if (request.replicas() > 0 && !options_.forward) {
+    return absl::FailedPreconditionError(
+        "this shard cannot forward to other shards: replicated embedding tables need a server that can (pstrain-ps)");
+  }
+  for (uint32_t lost : request.routing().lost_shards()) {
+    if (lost >= request.num_shards()) return Invalid(request.job(), "the routing names a shard the job lacks");
+  }
+  std::vector<std::shared_ptr<Job>> jobs;
+  const uint32_t shards = std::max<uint32_t>(request.num_shards(), 1), self = request.shard_index();
+  // MakeJob checks the request first: the slot arithmetic below is then in range.
+  for (uint32_t r = 0; r <= request.replicas(); ++r) {
+    const uint32_t slot = (self % shards + shards - r % shards) % shards;
+    auto job = MakeJob(request, slot, start_step);
+    if (!job.ok()) return job.status();
+    if (request.replicas() > 0) {
+      auto rep = std::make_unique<SlotReplica>();
+      for (uint32_t c = 0; c <= request.replicas(); ++c) rep->copies.push_back((slot + c) % shards);
+      rep->routing = request.routing();
+      rep->leader = LeaderOf(rep->copies, rep->routing);
+      (*job)->replica = std::move(rep);
+    }
+    jobs.push_back(std::move(*job));
+  }
+  return jobs;
+}
+
+absl::Status EmbeddingStore::CheckLeads(Job& job) {
+  if (job.replica == nullptr) return absl::OkStatus();
+  absl::MutexLock lock(&job.mu);
+  const SlotReplica& rep = *job.replica;
+  if (rep.leader == static_cast<int64_t>(job.self) && rep.fenced.empty()) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "slot ", job.init.shard_index(), " of job '", Quote(job.name), "' is led by shard ", rep.leader,
+      " under routing generation ", rep.routing.generation(), ", not by this one (", job.self, ")",
+      rep.fenced.empty() ? "" : absl::StrCat(": ", rep.fenced)));
+}
+
+int64_t EmbeddingStore::QueueForward(Job& job, const std::vector<int>& tables,
+                                     const std::vector<std::vector<int64_t>>& ids, EmbeddingForward forward) {
+  SlotReplica& rep = *job.replica;
+  for (size_t t = 0; t < tables.size(); ++t) {
+    if (ids[t].empty()) continue;
+    const EmbeddingTable& table = *job.tables[tables[t]];
+    EmbeddingRowsProto* rows = forward.add_tables();
+    rows->set_table(table.config().name());
+    table.CopyRows(ids[t], rows);
+  }
+  forward.set_seq(++rep.seq);
+  rep.queue.push_back(std::move(forward));
+  return rep.seq;
+}
+
+absl::Status EmbeddingStore::AwaitForwarded(Job& job, int64_t seq) {
+  absl::MutexLock lock(&job.mu);
+  SlotReplica& rep = *job.replica;
+  const absl::Time until = absl::Now() + options_.max_wait;
+  while (rep.acked < seq) {
+    if (job.gone) return absl::AbortedError(absl::StrCat("job '", Quote(job.name), "''s embeddings were dropped"));
+    if (!rep.fenced.empty()) return absl::AbortedError(rep.fenced);
+    if (rep.sending || rep.queue.empty()) {  // another caller sends the round that holds `seq`
+      if (job.changed.WaitWithDeadline(&job.mu, until)) {
+        return absl::DeadlineExceededError(absl::StrCat("the backups of slot ", job.init.shard_index(), " of job '",
+                                                        Quote(job.name), "' did not take its updates in time"));
+      }
+      continue;
+    }
+    std::vector<EmbeddingForward> batch;
+    batch.swap(rep.queue);
+    rep.sending = true;
+    job.mu.Unlock();
+    absl::Status s = SendRound(job, batch);
+    job.mu.Lock();
+    rep.sending = false;
+    if (s.ok()) {
+      rep.acked = batch.back().seq();
+      if (job.init.consistency() == SYNC) job.released = std::max(job.released, batch.back().steps());
+      rep.last = std::make_shared<const EmbeddingForward>(std::move(batch.back()));
+    } else if (!job.gone && rep.fenced.empty()) {
+      // Sent again by the next caller (a worker's retry comes back for it).
+      for (EmbeddingForward& f : rep.queue) batch.push_back(std::move(f));
+      rep.queue = std::move(batch);
+    }
+    job.changed.SignalAll();
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status EmbeddingStore::SendRound(Job& job, const std::vector<EmbeddingForward>& batch) {
+  const uint32_t slot = job.init.shard_index();
+  ReplicateEmbeddingsRequest request;
+  request.set_job(job.name);
+  request.set_attempt(job.init.attempt());
+  request.set_slot(slot);
+  request.set_sender(job.self);
+  std::vector<uint32_t> done;
+  const absl::Time until = absl::Now() + options_.max_wait;
+  for (;;) {
+    uint32_t backup = 0;
+    std::string target;
+    std::shared_ptr<const EmbeddingForward> last;
+    {
+      absl::MutexLock lock(&job.mu);
+      const SlotReplica& rep = *job.replica;
+      if (job.gone) return absl::AbortedError(absl::StrCat("job '", Quote(job.name), "''s embeddings were dropped"));
+      if (!rep.fenced.empty()) return absl::AbortedError(rep.fenced);
+      auto next = std::find_if(rep.copies.begin(), rep.copies.end(), [&](uint32_t s) {
+        return s != job.self && !Lost(rep.routing, s) && std::count(done.begin(), done.end(), s) == 0;
+      });
+      if (next == rep.copies.end()) return absl::OkStatus();  // every live backup holds the round
+      backup = *next;
+      target = rep.routing.targets(static_cast<int>(backup));
+      last = rep.last;
+      request.set_generation(rep.routing.generation());
+    }
+    request.clear_forwards();
+    for (const EmbeddingForward& f : batch) *request.add_forwards() = f;
+    ReplicateEmbeddingsResponse response;
+    absl::Status s = options_.forward(target, request, &response);
+    if (s.ok() && response.seq() < batch.back().seq() && last != nullptr && response.seq() + 1 == last->seq()) {
+      // One behind (a promoted leader's first round): the last forward first.
+      ReplicateEmbeddingsRequest mended = request;
+      mended.clear_forwards();
+      *mended.add_forwards() = *last;
+      for (const EmbeddingForward& f : batch) *mended.add_forwards() = f;
+      s = options_.forward(target, mended, &response);
+    }
+    if (s.ok() && response.seq() >= batch.back().seq()) {
+      done.push_back(backup);
+      continue;
+    }
+    if (s.ok()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "backup shard ", backup, " of slot ", slot, " of job '", Quote(job.name), "' holds forward ",
+          response.seq(), " and this leader's next is ", batch.front().seq(),
+          ": it needs a full copy, which replicated embedding tables do not make yet"));
+    }
+    if (s.code() == absl::StatusCode::kAborted) {  // refused: another shard leads the slot now
+      absl::MutexLock lock(&job.mu);
+      if (job.replica->fenced.empty()) {
+        job.replica->fenced = absl::StrCat("backup shard ", backup, " refused this shard's forward: ", s.message());
+      }
+      job.changed.SignalAll();
+      return absl::AbortedError(job.replica->fenced);
+    }
+    const bool transient = s.code() == absl::StatusCode::kUnavailable ||
+                           s.code() == absl::StatusCode::kDeadlineExceeded ||
+                           s.code() == absl::StatusCode::kCancelled;
+    if (!transient) return s;
+    if (absl::Now() > until) {
+      return absl::DeadlineExceededError(absl::StrCat("backup shard ", backup, " of slot ", slot, " of job '",
+                                                      Quote(job.name), "' did not answer: ", s.message()));
+    }
+    // Until it answers or the coordinator declares it lost (a new routing).
+    absl::SleepFor(kForwardRetry);
+  }
+}
+
+void EmbeddingStore::ApplyRouting(Job& job, const Routing& routing) {
+  SlotReplica& rep = *job.replica;
+  if (routing.generation() <= rep.routing.generation()) return;
+  if (routing.targets_size() != rep.routing.targets_size()) return;  // another layout: not this job's
+  for (uint32_t s : routing.lost_shards()) {
+    if (s >= static_cast<uint32_t>(routing.targets_size())) return;
+  }
+  const bool led = rep.leader == static_cast<int64_t>(job.self) && rep.fenced.empty();
+  rep.routing = routing;
+  rep.leader = LeaderOf(rep.copies, routing);
+  if (!rep.fenced.empty()) {
+  } else if (Lost(routing, job.self)) {
+    rep.fenced = absl::StrCat("shard ", job.self, " of job '", Quote(job.name),
+                              "' was declared lost (routing generation ", routing.generation(),
+                              "): its slots are led by other shards now");
+  } else if (led && rep.leader != static_cast<int64_t>(job.self)) {
+    rep.fenced = absl::StrCat("slot ", job.init.shard_index(), " is led by shard ", rep.leader,
+                              " from routing generation ", routing.generation());
+  } else if (!led && rep.leader == static_cast<int64_t>(job.self)) {
+    // Promoted: what it holds, every live copy holds (or is one forward
+    // short of, which the first round mends).
+    rep.acked = rep.seq;
+    rep.queue.clear();
+    job.released = job.steps;
+  }
+  job.changed.SignalAll();
+}
+
+void EmbeddingStore::SetWorkers(const SetWorkersRequest& request) {
+  std::vector<std::shared_ptr<Job>> slots;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto it = jobs_.lower_bound(Key(request.job(), 0)); it != jobs_.end() && it->first.first == request.job();
+         ++it) {
+      slots.push_back(it->second);
+    }
+  }
+  for (const auto& job : slots) {
+    absl::MutexLock lock(&job->mu);
+    if (request.attempt() != job->init.attempt()) continue;
+    if (job->replica != nullptr && request.has_routing()) ApplyRouting(*job, request.routing());
+    if (request.seats_size() != static_cast<int>(job->active.size())) continue;
+    for (int r = 0; r < request.seats_size(); ++r) job->active[r] = request.seats(r).active() ? 1 : 0;
+    job->changed.SignalAll();
+  }
+}
+
+namespace {
+
+// The rows of one table in a forward, checked whole before any is applied:
+// sizes that match the table, ids of the slot, steps in range.
+absl::Status CheckRows(const InitEmbeddingsRequest& init, const EmbeddingTable& table, const EmbeddingRowsProto& rows) {
+  const std::string& name = table.config().name();
+  const size_t n = rows.ids().size() / sizeof(int64_t);
+  if (rows.ids().size() % sizeof(int64_t) != 0 || n > kMaxEmbeddingIdsPerRequest ||
+      rows.values().size() != n * table.dim() * sizeof(float) ||
+      rows.slots().size() != n * table.slot_floats() * sizeof(float) ||
+      rows.last_steps().size() != n * sizeof(int64_t) || rows.counts().size() != n * sizeof(uint32_t)) {
+    return Invalid(init.job(), absl::StrCat("a forward's rows of table '", Quote(name),
+                                            "' do not match its dim and optimizer"));
+  }
+  const int64_t* ids = Packed<int64_t>(rows.ids());
+  const int64_t* last = Packed<int64_t>(rows.last_steps());
+  const uint32_t vshards = table.config().virtual_shards();
+  for (size_t i = 0; i < n; ++i) {
+    if (ShardOfId(ids[i], vshards, init.num_shards()) != init.shard_index() || last[i] < 0 || last[i] >= kMaxStep) {
+      return Invalid(init.job(), absl::StrCat("a forward's row ", ids[i], " of table '", Quote(name),
+                                              "' is not of slot ", init.shard_index(), " or its step is out of range"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status EmbeddingStore::Replicate(const ReplicateEmbeddingsRequest& request,
+                                       ReplicateEmbeddingsResponse* response) {
+  const uint32_t slot = request.slot();
+  auto found = FindJob(request.job(), request.attempt(), &slot);
+  if (!found.ok()) return found.status();
+  Job& job = **found;
+  if (job.replica == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat("slot ", slot, " of job '", Quote(job.name),
+                                                      "' is not replicated on this shard"));
+  }
+  if (request.forwards_size() > kMaxForwards) {
+    return Invalid(job.name, absl::StrCat(request.forwards_size(), " forwards in one request; at most ", kMaxForwards));
+  }
+  absl::MutexLock lock(&job.mu);
+  SlotReplica& rep = *job.replica;
+  if (request.generation() > rep.routing.generation()) {
+    return absl::UnavailableError(absl::StrCat("shard ", job.self, " has not seen routing generation ",
+                                               request.generation(), " of job '", Quote(job.name), "' yet"));
+  }
+  if (request.sender() == job.self || static_cast<int64_t>(request.sender()) != rep.leader) {
+    return absl::AbortedError(absl::StrCat("shard ", request.sender(), " does not lead slot ", slot, " of job '",
+                                           Quote(job.name), "' under routing generation ", rep.routing.generation(),
+                                           " (shard ", rep.leader, " does): its forwards are refused"));
+  }
+  response->set_seq(rep.seq);
+  // The forwards this shard lacks: consecutive, the first on top of its seq
+  // (else none is applied and the answer's seq says what it holds).
+  int first = 0;
+  while (first < request.forwards_size() && request.forwards(first).seq() <= rep.seq) ++first;
+  if (first == request.forwards_size() || request.forwards(first).seq() != rep.seq + 1) return absl::OkStatus();
+  for (int k = first; k < request.forwards_size(); ++k) {
+    const EmbeddingForward& f = request.forwards(k);
+    if (k > first && f.seq() != request.forwards(k - 1).seq() + 1) return Invalid(job.name, "forwards out of order");
+    if (f.rank() >= job.init.num_workers() || f.step() < 0 || f.step() >= kMaxStep || f.steps() < 0 ||
+        f.steps() >= kMaxStep) {
+      return Invalid(job.name, "a forward's rank or step is out of range");
+    }
+    for (const EmbeddingRowsProto& rows : f.tables()) {
+      auto t = job.table_index.find(rows.table());
+      if (t == job.table_index.end()) return Invalid(job.name, absl::StrCat("no embedding table '", Quote(rows.table()), "'"));
+      if (absl::Status s = CheckRows(job.init, *job.tables[t->second], rows); !s.ok()) return s;
+    }
+  }
+  for (int k = first; k < request.forwards_size(); ++k) {
+    const EmbeddingForward& f = request.forwards(k);
+    for (const EmbeddingRowsProto& rows : f.tables()) {
+      EmbeddingTable& table = *job.tables[job.table_index.at(rows.table())];
+      const size_t n = rows.ids().size() / sizeof(int64_t);
+      for (size_t i = 0; i < n; ++i) {
+        // A row replaced whole: applying a forward twice (a round retried
+        // after a failure) leaves what applying it once does.
+        absl::Status s = table.InsertRow({Packed<int64_t>(rows.ids())[i],
+                                          Packed<float>(rows.values()) + i * table.dim(),
+                                          Packed<float>(rows.slots()) + i * table.slot_floats(),
+                                          Packed<int64_t>(rows.last_steps())[i], Packed<uint32_t>(rows.counts())[i]});
+        if (!s.ok()) return s;
+      }
+    }
+    if (job.init.consistency() == SYNC) {
+      if (f.steps() > job.steps) {
+        job.steps = job.released = f.steps();
+        job.max_step = f.steps() - 1;
+        for (auto& table : job.tables) table->EvictExpired(job.max_step);
+      }
+    } else {
+      job.claimed[f.rank()] = std::max(job.claimed[f.rank()], f.step() + 1);
+      job.applied[f.rank()] = std::max(job.applied[f.rank()], f.step() + 1);
+      if (f.step() > job.max_step) {
+        job.max_step = f.step();
+        for (auto& table : job.tables) table->EvictExpired(f.step());
+      }
+    }
+    rep.seq = f.seq();
+  }
+  rep.last = std::make_shared<const EmbeddingForward>(request.forwards(request.forwards_size() - 1));
+  response->set_seq(rep.seq);
+  job.changed.SignalAll();
+  return absl::OkStatus();
+}
+
+}  // namespace pstrain

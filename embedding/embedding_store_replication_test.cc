@@ -1,0 +1,358 @@
+// Replicated embedding tables on the shards' side (issue 34): three
+// EmbeddingStores in one process, forwarding to one another as pstrain-ps
+// does over gRPC. A promoted backup must answer exactly what its leader
+// would have (forwarding after aggregation, idempotent retries), a replaced
+// leader must never write again (fencing), and a backup one forward behind
+// is mended by the new leader's first round.
+#include <gtest/gtest.h>
+
+#include <array>
+#include <atomic>
+#include <cstring>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "embedding/embedding_store.h"
+#include "embedding/row_math.h"
+
+namespace pstrain {
+namespace {
+
+constexpr int kDim = 3;
+constexpr uint32_t kShards = 3;
+constexpr uint32_t kVirtualShards = 64;
+
+std::string Bytes(const void* p, size_t n) { return std::string(static_cast<const char*>(p), n); }
+
+// Three shards; shard i is at target "s<i>". Forwards to a target in
+// `unreachable` fail with UNAVAILABLE, as to a shard that is down.
+class ReplicatedShards : public ::testing::Test {
+ protected:
+  void SetUp() override { Start(absl::Minutes(1)); }
+
+  void Start(absl::Duration max_wait) {
+    for (uint32_t i = 0; i < kShards; ++i) {
+      EmbeddingStoreOptions o;
+      o.max_wait = max_wait;
+      o.forward = [this](const std::string& target, const ReplicateEmbeddingsRequest& request,
+                         ReplicateEmbeddingsResponse* response) {
+        const int to = target[1] - '0';
+        if (unreachable_[to].load()) return absl::UnavailableError("shard down");
+        ++forwards_;
+        return shards_[to]->Replicate(request, response);
+      };
+      shards_[i] = std::make_unique<EmbeddingStore>(o);
+    }
+  }
+
+  InitEmbeddingsRequest Init(Consistency c, uint32_t workers, uint32_t replicas, uint32_t shard) const {
+    InitEmbeddingsRequest r;
+    r.set_job("ctr");
+    r.set_attempt(1);
+    r.set_num_workers(workers);
+    r.set_consistency(c);
+    r.set_num_shards(kShards);
+    r.set_shard_index(shard);
+    r.set_replicas(replicas);
+    for (uint32_t i = 0; i < kShards; ++i) r.mutable_routing()->add_targets(absl::StrCat("s", i));
+    EmbeddingTableConfig* t = r.add_tables();
+    t->set_name("user");
+    t->set_dim(kDim);
+    t->set_virtual_shards(kVirtualShards);
+    t->set_seed(7);
+    t->mutable_optimizer()->set_kind(EmbeddingOptimizer::LAZY_ADAM);  // slots that must travel too
+    t->mutable_optimizer()->set_lr(0.05);
+    return r;
+  }
+
+  void CreateJob(Consistency c, uint32_t workers, uint32_t replicas) {
+    for (uint32_t i = 0; i < kShards; ++i) {
+      InitEmbeddingsResponse response;
+      ASSERT_TRUE(shards_[i]->Init(Init(c, workers, replicas, i), &response).ok());
+    }
+  }
+
+  // Ids of slot `slot` (their virtual shard maps to shard `slot`).
+  static std::vector<int64_t> IdsOf(uint32_t slot, int n) {
+    std::vector<int64_t> ids;
+    for (int64_t id = 1; static_cast<int>(ids.size()) < n; ++id) {
+      if (ShardOfId(id * 7919, kVirtualShards, kShards) == slot) ids.push_back(id * 7919);
+    }
+    return ids;
+  }
+
+  template <typename Request>
+  static Request RequestOf(uint32_t slot, uint32_t rank, int64_t step, const std::vector<int64_t>& ids) {
+    Request r;
+    r.set_job("ctr");
+    r.set_attempt(1);
+    r.set_rank(rank);
+    r.set_step(step);
+    r.set_slot(slot);
+    EmbeddingIds* e = r.add_tables();
+    e->set_table("user");
+    e->set_ids(Bytes(ids.data(), ids.size() * sizeof(int64_t)));
+    return r;
+  }
+
+  absl::Status Lookup(uint32_t shard, uint32_t slot, uint32_t rank, int64_t step, const std::vector<int64_t>& ids,
+                      std::vector<float>* values = nullptr, bool read_only = false) {
+    auto request = RequestOf<EmbeddingLookupRequest>(slot, rank, step, ids);
+    request.set_read_only(read_only);
+    EmbeddingLookupResponse response;
+    absl::Status s = shards_[shard]->Lookup(request, absl::Now() + absl::Seconds(20), &response);
+    if (s.ok() && values != nullptr) {
+      values->resize(response.values(0).size() / sizeof(float));
+      std::memcpy(values->data(), response.values(0).data(), response.values(0).size());
+    }
+    return s;
+  }
+
+  // A gradient that differs per rank, step and id.
+  absl::Status Update(uint32_t shard, uint32_t slot, uint32_t rank, int64_t step, const std::vector<int64_t>& ids) {
+    auto request = RequestOf<EmbeddingUpdateRequest>(slot, rank, step, ids);
+    std::vector<float> grads;
+    for (size_t i = 0; i < ids.size(); ++i) {
+      for (int j = 0; j < kDim; ++j) grads.push_back(0.01f * (rank + 1) * (step + 1) + 0.001f * i - 0.002f * j);
+    }
+    request.add_grads(Bytes(grads.data(), grads.size() * sizeof(float)));
+    return shards_[shard]->Update(request);
+  }
+
+  // The coordinator's routing: shards `lost` are gone.
+  void Route(uint64_t generation, const std::vector<uint32_t>& lost, const std::vector<uint32_t>& told) {
+    SetWorkersRequest r;
+    r.set_job("ctr");
+    r.set_attempt(1);
+    r.mutable_routing()->set_generation(generation);
+    for (uint32_t s : lost) r.mutable_routing()->add_lost_shards(s);
+    for (uint32_t i = 0; i < kShards; ++i) r.mutable_routing()->add_targets(absl::StrCat("s", i));
+    for (uint32_t s : told) shards_[s]->SetWorkers(r);
+  }
+
+  std::array<std::unique_ptr<EmbeddingStore>, kShards> shards_;
+  std::array<std::atomic<bool>, kShards> unreachable_{};
+  std::atomic<int> forwards_{0};
+};
+
+TEST_F(ReplicatedShards, APromotedBackupAnswersTheRowsItsLeaderHeldSync) {
+  CreateJob(SYNC, 2, 1);
+  const std::vector<int64_t> ids = IdsOf(0, 20);
+  for (int64_t step = 0; step < 5; ++step) {
+    for (uint32_t rank = 0; rank < 2; ++rank) {
+      std::vector<int64_t> some(ids.begin() + rank * 5, ids.end() - (1 - rank) * 5);  // overlapping, not equal
+      ASSERT_TRUE(Lookup(0, 0, rank, step, some).ok());
+      ASSERT_TRUE(Update(0, 0, rank, step, some).ok());
+    }
+  }
+  EXPECT_EQ(forwards_.load(), 5);  // one per step, to shard 1 (slot 0's backup)
+  std::vector<float> leader, promoted;
+  ASSERT_TRUE(Lookup(0, 0, 0, 5, ids, &leader, /*read_only=*/true).ok());
+  // A backup serves nothing while its leader leads.
+  absl::Status s = Lookup(1, 0, 0, 5, ids);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  Route(1, {0}, {1, 2});
+  ASSERT_TRUE(Lookup(1, 0, 0, 5, ids, &promoted, /*read_only=*/true).ok());
+  EXPECT_EQ(promoted, leader);  // bit for bit: values and Adam's moments went with them
+  // The promoted copy trains on, and leads its own slot and the lost one's.
+  for (uint32_t rank = 0; rank < 2; ++rank) ASSERT_TRUE(Update(1, 0, rank, 5, ids).ok());
+  std::vector<float> after;
+  ASSERT_TRUE(Lookup(1, 0, 0, 6, ids, &after, /*read_only=*/true).ok());
+  EXPECT_NE(after, promoted);
+  EmbeddingStatsResponse stats;
+  EmbeddingStatsRequest sr;
+  sr.set_job("ctr");
+  ASSERT_TRUE(shards_[1]->Stats(sr, &stats).ok());
+  EXPECT_EQ(std::vector<uint32_t>(stats.led_slots().begin(), stats.led_slots().end()), (std::vector<uint32_t>{0, 1}));
+}
+
+TEST_F(ReplicatedShards, ConcurrentAsyncUpdatesReachTheBackupInTheOrderTheyWereApplied) {
+  CreateJob(ASYNC, 4, 1);
+  const std::vector<int64_t> ids = IdsOf(2, 8);  // slot 2, backed up on shard 0
+  std::vector<std::thread> ranks;
+  for (uint32_t rank = 0; rank < 4; ++rank) {
+    ranks.emplace_back([&, rank] {
+      for (int64_t step = 0; step < 25; ++step) {
+        ASSERT_TRUE(Lookup(2, 2, rank, step, ids).ok());
+        ASSERT_TRUE(Update(2, 2, rank, step, ids).ok());  // every rank updates every row: they race
+      }
+    });
+  }
+  for (auto& t : ranks) t.join();
+  std::vector<float> leader, promoted;
+  ASSERT_TRUE(Lookup(2, 2, 0, 25, ids, &leader, true).ok());
+  Route(1, {2}, {0, 1});
+  ASSERT_TRUE(Lookup(0, 2, 0, 25, ids, &promoted, true).ok());
+  EXPECT_EQ(promoted, leader);
+  // A rank's retry of an update the old leader applied is recognised on the
+  // promoted copy (its step travelled with the rows): nothing changes.
+  ASSERT_TRUE(Update(0, 2, 3, 24, ids).ok());
+  ASSERT_TRUE(Lookup(0, 2, 0, 25, ids, &promoted, true).ok());
+  EXPECT_EQ(promoted, leader);
+}
+
+TEST_F(ReplicatedShards, AStepTheLeaderDiedInIsTrainedOnceFromTheRetriedUpdates) {
+  // The reference: the same updates on one unreplicated slot.
+  EmbeddingStore reference(EmbeddingStoreOptions{});
+  InitEmbeddingsRequest one = Init(SYNC, 2, 0, 0);
+  one.set_num_shards(1);
+  one.clear_routing();
+  one.mutable_tables(0)->set_virtual_shards(kVirtualShards);
+  InitEmbeddingsResponse created;
+  ASSERT_TRUE(reference.Init(one, &created).ok());
+  CreateJob(SYNC, 2, 1);
+  const std::vector<int64_t> ids = IdsOf(1, 10);
+  auto ref_update = [&](uint32_t rank, int64_t step) {
+    auto r = RequestOf<EmbeddingUpdateRequest>(0, rank, step, ids);
+    r.clear_slot();
+    std::vector<float> grads;
+    for (size_t i = 0; i < ids.size(); ++i) {
+      for (int j = 0; j < kDim; ++j) grads.push_back(0.01f * (rank + 1) * (step + 1) + 0.001f * i - 0.002f * j);
+    }
+    r.add_grads(Bytes(grads.data(), grads.size() * sizeof(float)));
+    return reference.Update(r);
+  };
+  for (int64_t step = 0; step < 3; ++step) {
+    for (uint32_t rank = 0; rank < 2; ++rank) {
+      ASSERT_TRUE(Lookup(1, 1, rank, step, ids).ok());
+      ASSERT_TRUE(Update(1, 1, rank, step, ids).ok());
+      auto r = RequestOf<EmbeddingLookupRequest>(0, rank, step, ids);
+      r.clear_slot();
+      EmbeddingLookupResponse ignored;
+      ASSERT_TRUE(reference.Lookup(r, absl::Now() + absl::Seconds(5), &ignored).ok());
+      ASSERT_TRUE(ref_update(rank, step).ok());
+    }
+  }
+  // Step 3: rank 0's update reaches the leader, which dies before rank 1's.
+  ASSERT_TRUE(Update(1, 1, 0, 3, ids).ok());
+  Route(1, {1}, {0, 2});
+  // Both ranks send step 3 again, to slot 1's backup (shard 2); rank 1 twice.
+  ASSERT_TRUE(Update(2, 1, 0, 3, ids).ok());
+  ASSERT_TRUE(Update(2, 1, 1, 3, ids).ok());
+  ASSERT_TRUE(Update(2, 1, 1, 3, ids).ok());
+  ASSERT_TRUE(ref_update(0, 3).ok());
+  ASSERT_TRUE(ref_update(1, 3).ok());
+  std::vector<float> got, want;
+  ASSERT_TRUE(Lookup(2, 1, 0, 4, ids, &got, true).ok());
+  auto r = RequestOf<EmbeddingLookupRequest>(0, 0, 4, ids);
+  r.clear_slot();
+  r.set_read_only(true);
+  EmbeddingLookupResponse response;
+  ASSERT_TRUE(reference.Lookup(r, absl::Now() + absl::Seconds(5), &response).ok());
+  want.resize(response.values(0).size() / sizeof(float));
+  std::memcpy(want.data(), response.values(0).data(), response.values(0).size());
+  EXPECT_EQ(got, want);  // every step once, no update lost, bit for bit
+}
+
+TEST_F(ReplicatedShards, AReplacedLeaderThatWritesAgainIsFenced) {
+  CreateJob(ASYNC, 1, 1);
+  const std::vector<int64_t> ids = IdsOf(0, 4);
+  ASSERT_TRUE(Lookup(0, 0, 0, 0, ids).ok());
+  ASSERT_TRUE(Update(0, 0, 0, 0, ids).ok());
+  std::vector<float> before;
+  Route(1, {0}, {1, 2});  // shard 0 (paused, say) is not told
+  ASSERT_TRUE(Lookup(1, 0, 0, 1, ids, &before, true).ok());
+  // The old leader applies a push and forwards it: refused, so it cannot answer.
+  absl::Status s = Update(0, 0, 0, 1, ids);
+  EXPECT_EQ(s.code(), absl::StatusCode::kAborted) << s;
+  EXPECT_NE(s.message().find("refused"), std::string::npos) << s;
+  // From then on it leads nothing.
+  s = Lookup(0, 0, 0, 2, ids);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  std::vector<float> after;
+  ASSERT_TRUE(Lookup(1, 0, 0, 2, ids, &after, true).ok());
+  EXPECT_EQ(after, before);  // the fenced write never reached the promoted copy
+  // A forward from a shard that does not lead, straight to a backup: refused.
+  ReplicateEmbeddingsRequest forged;
+  forged.set_job("ctr");
+  forged.set_attempt(1);
+  forged.set_slot(0);
+  forged.set_sender(2);
+  ReplicateEmbeddingsResponse ignored;
+  EXPECT_EQ(shards_[1]->Replicate(forged, &ignored).code(), absl::StatusCode::kAborted);  // shard 1 leads slot 0
+  EXPECT_EQ(shards_[2]->Replicate(forged, &ignored).code(), absl::StatusCode::kFailedPrecondition);  // holds no copy
+}
+
+TEST_F(ReplicatedShards, ABackupOneForwardBehindIsMendedByTheNewLeadersFirstRound) {
+  for (auto& s : shards_) s.reset();
+  Start(absl::Seconds(1));  // the old leader gives up on an unreachable backup quickly
+  CreateJob(SYNC, 1, 2);    // slot 0 on shards 0, 1 and 2
+  const std::vector<int64_t> ids = IdsOf(0, 6);
+  ASSERT_TRUE(Lookup(0, 0, 0, 0, ids).ok());
+  ASSERT_TRUE(Update(0, 0, 0, 0, ids).ok());
+  // Step 1 reaches shard 1, not shard 2; then the leader is gone.
+  unreachable_[2] = true;
+  ASSERT_TRUE(Lookup(0, 0, 0, 1, ids).ok());
+  absl::Status s = Update(0, 0, 0, 1, ids);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+  unreachable_[2] = false;
+  Route(1, {0}, {1, 2});
+  // The worker's retry finds step 1 applied on the new leader.
+  ASSERT_TRUE(Update(1, 0, 0, 1, ids).ok());
+  ASSERT_TRUE(Lookup(1, 0, 0, 2, ids).ok());
+  ASSERT_TRUE(Update(1, 0, 0, 2, ids).ok());  // its round sends step 1's forward first
+  std::vector<float> leader, last_copy;
+  ASSERT_TRUE(Lookup(1, 0, 0, 3, ids, &leader, true).ok());
+  Route(2, {0, 1}, {2});
+  ASSERT_TRUE(Lookup(2, 0, 0, 3, ids, &last_copy, true).ok());
+  EXPECT_EQ(last_copy, leader);
+}
+
+TEST_F(ReplicatedShards, ReplicationIsRefusedWithoutAForwarderAndForBadLayouts) {
+  EmbeddingStore alone(EmbeddingStoreOptions{});
+  InitEmbeddingsResponse response;
+  absl::Status s = alone.Init(Init(SYNC, 1, 1, 0), &response);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  InitEmbeddingsRequest r = Init(SYNC, 1, 3, 0);  // as many replicas as shards
+  EXPECT_EQ(shards_[0]->Init(r, &response).code(), absl::StatusCode::kInvalidArgument);
+  r = Init(SYNC, 1, 1, 0);
+  r.mutable_routing()->clear_targets();
+  EXPECT_EQ(shards_[0]->Init(r, &response).code(), absl::StatusCode::kInvalidArgument);
+  r = Init(SYNC, 1, 1, 0);
+  r.mutable_routing()->add_lost_shards(9);
+  EXPECT_EQ(shards_[0]->Init(r, &response).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(ReplicatedShards, MalformedForwardsAreRefusedWholeAndChangeNothing) {
+  CreateJob(SYNC, 1, 1);
+  ReplicateEmbeddingsRequest r;
+  r.set_job("ctr");
+  r.set_attempt(1);
+  r.set_slot(0);
+  r.set_sender(0);
+  EmbeddingForward* f = r.add_forwards();
+  f->set_seq(1);
+  f->set_steps(1);
+  EmbeddingRowsProto* rows = f->add_tables();
+  rows->set_table("user");
+  const int64_t id = IdsOf(0, 1)[0];
+  rows->set_ids(Bytes(&id, sizeof(id)));
+  rows->set_values(std::string(kDim * sizeof(float), '\0'));  // slots, last steps, counts missing
+  ReplicateEmbeddingsResponse response;
+  EXPECT_EQ(shards_[1]->Replicate(r, &response).code(), absl::StatusCode::kInvalidArgument);
+  // An id of another slot.
+  const int64_t other = IdsOf(1, 1)[0];
+  rows->set_ids(Bytes(&other, sizeof(other)));
+  rows->set_slots(std::string(2 * kDim * sizeof(float), '\0'));
+  const int64_t last = 0;
+  const uint32_t count = 1;
+  rows->set_last_steps(Bytes(&last, sizeof(last)));
+  rows->set_counts(Bytes(&count, sizeof(count)));
+  EXPECT_EQ(shards_[1]->Replicate(r, &response).code(), absl::StatusCode::kInvalidArgument);
+  // A forward from a routing the backup has not seen yet: try again later.
+  rows->set_ids(Bytes(&id, sizeof(id)));
+  r.set_generation(5);
+  EXPECT_EQ(shards_[1]->Replicate(r, &response).code(), absl::StatusCode::kUnavailable);
+  r.set_generation(0);
+  ASSERT_TRUE(shards_[1]->Replicate(r, &response).ok());
+  EXPECT_EQ(response.seq(), 1);
+  ASSERT_TRUE(shards_[1]->Replicate(r, &response).ok());  // again: held already
+  EXPECT_EQ(response.seq(), 1);
+  f->set_seq(3);  // a gap: nothing applied, the answer says what it holds
+  ASSERT_TRUE(shards_[1]->Replicate(r, &response).ok());
+  EXPECT_EQ(response.seq(), 1);
+}
+
+}  // namespace
+}  // namespace pstrain

@@ -142,7 +142,9 @@ absl::Status CheckValues(const JobSpec& spec, const MappingReader& r) {
       return r.Error("replicas", absl::StrCat("must be in 0..", spec.shards - 1, " (a chunk's copies are on distinct "
                                               "shards: at most shards - 1 backups)"));
     }
-    if (!spec.embeddings.empty()) return r.Error("replicas", "does not replicate embedding tables yet");
+    if (!spec.embeddings.empty() && spec.replicas > 15) {
+      return r.Error("replicas", "must be at most 15 with embeddings (a slot's rows on at most 16 shards)");
+    }
   }
   if (spec.epochs < 1) return r.Error("epochs", "must be >= 1");
   if (spec.batch_size < 1) return r.Error("batch_size", "must be >= 1");

@@ -2,6 +2,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -20,12 +21,41 @@ absl::Status OfShard(size_t shard, const grpc::Status& s) {
   return absl::Status(a.code(), absl::StrCat("embedding shard ", shard, ": ", a.message()));
 }
 
+// A failure a newer routing may mend (replicated tables): the shard is gone
+// or unreachable, or no longer leads the slot (the caller's routing is
+// old, or it was fenced). Anything else fails the call at once.
+bool MayFailOver(const absl::Status& s) {
+  switch (s.code()) {
+    case absl::StatusCode::kUnavailable:
+    case absl::StatusCode::kFailedPrecondition:
+    case absl::StatusCode::kAborted:
+    case absl::StatusCode::kCancelled:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// How long a retry waits for the coordinator's next routing before it tries
+// the current one again (a shard that was only briefly unreachable).
+constexpr absl::Duration kRoutingWait = absl::Seconds(1);
+
 }  // namespace
 
 GrpcEmbeddingClient::GrpcEmbeddingClient(std::vector<std::shared_ptr<grpc::Channel>> shards,
                                          EmbeddingClientOptions options)
     : options_(std::move(options)) {
   for (auto& channel : shards) stubs_.push_back(EmbeddingService::NewStub(channel));
+  absl::MutexLock lock(&mu_);
+  for (size_t s = 0; s < stubs_.size(); ++s) leader_.push_back(static_cast<int64_t>(s));
+  for (const std::string& t : options_.targets) routing_.add_targets(t);
+  retained_.resize(stubs_.size());
+  resend_.assign(stubs_.size(), 0);
+}
+
+uint64_t GrpcEmbeddingClient::routing_generation() const {
+  absl::MutexLock lock(&mu_);
+  return routing_.generation();
 }
 
 std::unique_ptr<grpc::ClientContext> GrpcEmbeddingClient::Context() const {
@@ -39,6 +69,14 @@ absl::Status GrpcEmbeddingClient::Init(InitEmbeddingsRequest request) {
   request.set_job(options_.job);
   request.set_attempt(options_.attempt);
   request.set_num_shards(static_cast<uint32_t>(stubs_.size()));
+  if (replicated()) {
+    if (options_.targets.size() != stubs_.size()) {
+      return absl::InvalidArgumentError("replicated embedding tables need every shard's address");
+    }
+    request.set_replicas(options_.replicas);
+    absl::MutexLock lock(&mu_);
+    *request.mutable_routing() = routing_;
+  }
   tables_.clear();
   for (EmbeddingTableConfig& t : *request.mutable_tables()) {
     absl::Status s = NormalizeEmbeddingConfig(&t);
@@ -73,10 +111,104 @@ std::vector<std::vector<std::vector<uint32_t>>> GrpcEmbeddingClient::Route(
   return at;
 }
 
+void GrpcEmbeddingClient::AwaitRouting(uint64_t seen, absl::Time deadline) {
+  const absl::Duration wait = std::max(absl::ZeroDuration(), std::min(kRoutingWait, deadline - absl::Now()));
+  if (!options_.next_routing) {
+    absl::SleepFor(wait);
+    return;
+  }
+  absl::StatusOr<Routing> next = options_.next_routing(seen, wait);
+  if (!next.ok()) return;  // none yet: the current routing is tried again
+  const size_t n = stubs_.size();
+  absl::MutexLock lock(&mu_);
+  if (next->generation() <= routing_.generation()) return;
+  for (uint32_t lost : next->lost_shards()) {
+    if (lost >= n) return;  // not this job's layout
+  }
+  routing_ = *next;
+  for (size_t h = 0; h < n; ++h) {
+    int64_t leader = static_cast<int64_t>(h);
+    for (uint32_t c = 0; c <= options_.replicas && c < n; ++c) {
+      const uint32_t s = static_cast<uint32_t>((h + c) % n);
+      if (std::count(routing_.lost_shards().begin(), routing_.lost_shards().end(), s) == 0) {
+        leader = s;
+        break;
+      }
+    }
+    if (leader != leader_[h]) {
+      leader_[h] = leader;
+      resend_[h] = retained_[h].job().empty() ? 0 : 1;
+    }
+  }
+}
+
+absl::Status GrpcEmbeddingClient::Resend(const std::vector<size_t>& slots, const std::vector<int64_t>& leader) {
+  for (size_t h : slots) {
+    EmbeddingUpdateRequest retained;
+    {
+      absl::MutexLock lock(&mu_);
+      if (!resend_[h]) continue;
+      retained = retained_[h];
+    }
+    auto context = Context();
+    EmbeddingUpdateResponse response;
+    absl::Status s = OfShard(leader[h], stubs_[leader[h]]->Update(context.get(), retained, &response));
+    if (!s.ok()) return s;
+    absl::MutexLock lock(&mu_);
+    resend_[h] = 0;
+  }
+  return absl::OkStatus();
+}
+
+template <typename Request, typename Response, typename Call>
+absl::Status GrpcEmbeddingClient::CallSlots(const std::vector<size_t>& slots, std::vector<Request>* requests,
+                                            std::vector<Response>* responses, Call call) {
+  const absl::Time deadline = absl::Now() + options_.timeout;
+  std::vector<size_t> pending = slots;
+  for (;;) {
+    std::vector<int64_t> leader;
+    uint64_t generation = 0;
+    {
+      absl::MutexLock lock(&mu_);
+      leader = leader_;
+      generation = routing_.generation();
+    }
+    std::vector<absl::Status> got(stubs_.size());
+    const absl::Status resent = replicated() ? Resend(pending, leader) : absl::OkStatus();
+    for (size_t h : pending) got[h] = resent;  // not sent: tried again with the rest
+    if (resent.ok()) {
+      std::vector<std::unique_ptr<grpc::ClientContext>> contexts(stubs_.size());
+      FanOut calls;
+      for (size_t h : pending) {
+        if (replicated()) (*requests)[h].set_slot(static_cast<uint32_t>(h));
+        contexts[h] = Context();
+        calls.Add();
+        const size_t to = static_cast<size_t>(leader[h]);
+        call(stubs_[to].get(), contexts[h].get(), &(*requests)[h], &(*responses)[h],
+             [&calls, &got, h, to](grpc::Status st) {
+               got[h] = OfShard(to, st);
+               calls.Done(absl::OkStatus());
+             });
+      }
+      (void)calls.Wait();
+    }
+    std::vector<size_t> failed;
+    for (size_t h : pending) {
+      if (got[h].ok()) continue;
+      if (!replicated() || !MayFailOver(got[h])) return got[h];
+      failed.push_back(h);
+    }
+    if (failed.empty()) return absl::OkStatus();
+    if (absl::Now() >= deadline) return got[failed[0]];
+    AwaitRouting(generation, deadline);
+    pending = std::move(failed);
+  }
+}
+
 namespace {
 
-// A lookup's or update's fields for one shard: who asks, for which step,
-// and the ids of each table that go to that shard.
+// A lookup's or update's fields for one slot: who asks, for which step,
+// and the ids of each table that go to that slot.
 template <typename Request>
 void Fill(const EmbeddingClientOptions& o, int64_t step, const std::vector<EmbeddingTableConfig>& tables,
           const std::vector<std::vector<int64_t>>& ids, const std::vector<std::vector<uint32_t>>& positions,
@@ -109,34 +241,32 @@ absl::Status GrpcEmbeddingClient::Lookup(int64_t step, const std::vector<std::ve
   for (size_t t = 0; t < ids.size(); ++t) (*rows)[t].assign(ids[t].size() * tables_[t].dim(), 0.0f);
   std::vector<EmbeddingLookupRequest> requests(n);
   std::vector<EmbeddingLookupResponse> responses(n);
-  std::vector<std::unique_ptr<grpc::ClientContext>> contexts(n);
   std::vector<size_t> asked;
   for (size_t s = 0; s < n; ++s) {
     bool any = false;
     for (const auto& p : at[s]) any = any || !p.empty();
-    if (any) asked.push_back(s);  // a shard with none of the batch's ids is not asked
+    if (!any) continue;  // a slot with none of the batch's ids is not asked
+    asked.push_back(s);
+    Fill(options_, step, tables_, ids, at[s], &requests[s]);
+    requests[s].set_read_only(kind == EmbeddingLookupKind::kReadOnly);
   }
-  FanOut calls;
-  for (size_t s : asked) {
-    EmbeddingLookupRequest& r = requests[s];
-    Fill(options_, step, tables_, ids, at[s], &r);
-    r.set_read_only(kind == EmbeddingLookupKind::kReadOnly);
-    contexts[s] = Context();
-    calls.Add();
-    stubs_[s]->async()->Lookup(contexts[s].get(), &r, &responses[s],
-                               [&calls, s](grpc::Status st) { calls.Done(OfShard(s, st)); });
-  }
-  if (absl::Status e = calls.Wait(); !e.ok()) return e;
+  if (asked.empty()) return absl::OkStatus();
+  absl::Status e = CallSlots(asked, &requests, &responses,
+                             [](EmbeddingService::Stub* stub, grpc::ClientContext* c, const EmbeddingLookupRequest* r,
+                                EmbeddingLookupResponse* out, std::function<void(grpc::Status)> done) {
+                               stub->async()->Lookup(c, r, out, std::move(done));
+                             });
+  if (!e.ok()) return e;
   for (size_t s : asked) {
     if (responses[s].values_size() != static_cast<int>(ids.size())) {
       return absl::InternalError(
-          absl::StrCat("embedding shard ", s, " answered ", responses[s].values_size(), " tables for ", ids.size()));
+          absl::StrCat("embedding slot ", s, " answered ", responses[s].values_size(), " tables for ", ids.size()));
     }
     for (size_t t = 0; t < ids.size(); ++t) {
       const size_t row_bytes = tables_[t].dim() * sizeof(float);
       const std::string& v = responses[s].values(static_cast<int>(t));
       if (v.size() != at[s][t].size() * row_bytes) {
-        return absl::InternalError(absl::StrCat("embedding shard ", s, " answered ", v.size(), " bytes for table '",
+        return absl::InternalError(absl::StrCat("embedding slot ", s, " answered ", v.size(), " bytes for table '",
                                                 tables_[t].name(), "', not ", at[s][t].size() * row_bytes));
       }
       for (size_t k = 0; k < at[s][t].size(); ++k) {
@@ -157,9 +287,9 @@ absl::Status GrpcEmbeddingClient::Update(int64_t step, const std::vector<std::ve
   const size_t n = stubs_.size();
   std::vector<EmbeddingUpdateRequest> requests(n);
   std::vector<EmbeddingUpdateResponse> responses(n);
-  std::vector<std::unique_ptr<grpc::ClientContext>> contexts(n);
-  FanOut calls;
+  std::vector<size_t> slots;
   for (size_t s = 0; s < n; ++s) {
+    slots.push_back(s);
     EmbeddingUpdateRequest& r = requests[s];
     Fill(options_, step, tables_, ids, at[s], &r);
     for (size_t t = 0; t < ids.size(); ++t) {
@@ -171,12 +301,18 @@ absl::Status GrpcEmbeddingClient::Update(int64_t step, const std::vector<std::ve
                     row_bytes);
       }
     }
-    contexts[s] = Context();
-    calls.Add();
-    stubs_[s]->async()->Update(contexts[s].get(), &r, &responses[s],
-                               [&calls, s](grpc::Status st) { calls.Done(OfShard(s, st)); });
+    if (replicated()) {
+      r.set_slot(static_cast<uint32_t>(s));
+      absl::MutexLock lock(&mu_);
+      retained_[s] = r;  // this one is sent itself: no earlier one needs sending again
+      resend_[s] = 0;
+    }
   }
-  return calls.Wait();
+  return CallSlots(slots, &requests, &responses,
+                   [](EmbeddingService::Stub* stub, grpc::ClientContext* c, const EmbeddingUpdateRequest* r,
+                      EmbeddingUpdateResponse* out, std::function<void(grpc::Status)> done) {
+                     stub->async()->Update(c, r, out, std::move(done));
+                   });
 }
 
 absl::Status DropEmbeddings(const std::shared_ptr<grpc::Channel>& shard, const std::string& job, uint64_t attempt,

@@ -7,6 +7,15 @@
 // worker deduplicates: one row pulled and one summed gradient pushed per
 // id). Update goes to every shard every step, with no ids where it has none:
 // a SYNC shard applies a step once every rank has sent it.
+//
+// Replicated tables (replicas > 0, docs/replication.md): the ids of shard
+// h's virtual shards (slot h) go to the slot's leader, the first of shards
+// h..h+R the coordinator's routing does not mark lost. A call that fails on
+// a lost leader (UNAVAILABLE, or FAILED_PRECONDITION / ABORTED from a shard
+// that no longer leads) waits for the next routing and goes to the slot's
+// new leader, after the last update this worker sent the slot (which the
+// old leader may have taken and not forwarded; where it did, the new leader
+// ignores it as a retry).
 #ifndef PSTRAIN_RPC_GRPC_EMBEDDING_CLIENT_H_
 #define PSTRAIN_RPC_GRPC_EMBEDDING_CLIENT_H_
 
@@ -17,7 +26,10 @@
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "proto/embedding.grpc.pb.h"
 
@@ -29,7 +41,13 @@ struct EmbeddingClientOptions {
   uint32_t rank = 0;
   std::string job_secret;                     // sent with every call (the shards check it)
   std::string table_grant;                    // sent with InitEmbeddings
-  absl::Duration timeout = absl::Minutes(2);  // per call
+  absl::Duration timeout = absl::Minutes(2);  // per call, its retries on new leaders included
+  // Replicated tables: the copies per slot beyond the first, every shard's
+  // address (in shard order, for Init's routing), and where the
+  // coordinator's routings come from (as PsClientOptions::next_routing).
+  uint32_t replicas = 0;
+  std::vector<std::string> targets;
+  std::function<absl::StatusOr<Routing>(uint64_t generation, absl::Duration wait)> next_routing;
 };
 
 // What a lookup does to the rows it reads: a training step's touch (counts
@@ -58,15 +76,34 @@ class GrpcEmbeddingClient {
 
   size_t num_shards() const { return stubs_.size(); }
   int dim(size_t table) const { return static_cast<int>(tables_[table].dim()); }
+  // The routing generation the client follows (0 until a shard was lost).
+  uint64_t routing_generation() const;
 
  private:
-  // For each shard, table by table, the positions of ids[t] that go there.
+  // For each slot, table by table, the positions of ids[t] that go there.
   std::vector<std::vector<std::vector<uint32_t>>> Route(const std::vector<std::vector<int64_t>>& ids) const;
   std::unique_ptr<grpc::ClientContext> Context() const;
+  bool replicated() const { return options_.replicas > 0; }
+  // Sends requests[h] for each slot h of `slots` to the slot's leader, with
+  // `call` (an async stub method), and on to new leaders (replicated) until
+  // every slot answered, an error no routing mends, or the timeout.
+  template <typename Request, typename Response, typename Call>
+  absl::Status CallSlots(const std::vector<size_t>& slots, std::vector<Request>* requests,
+                         std::vector<Response>* responses, Call call);
+  // The last update sent to each slot whose leader changed, to its new one.
+  absl::Status Resend(const std::vector<size_t>& slots, const std::vector<int64_t>& leader);
+  // Waits (until `deadline`, at most a second) for a routing after `seen`.
+  void AwaitRouting(uint64_t seen, absl::Time deadline);
 
   const EmbeddingClientOptions options_;
   std::vector<std::unique_ptr<EmbeddingService::Stub>> stubs_;
   std::vector<EmbeddingTableConfig> tables_;  // normalized, from Init
+  mutable absl::Mutex mu_;
+  Routing routing_ ABSL_GUARDED_BY(mu_);
+  std::vector<int64_t> leader_ ABSL_GUARDED_BY(mu_);  // per slot
+  // Replicated: each slot's last update, and whether its leader changed since.
+  std::vector<EmbeddingUpdateRequest> retained_ ABSL_GUARDED_BY(mu_);
+  std::vector<char> resend_ ABSL_GUARDED_BY(mu_);
 };
 
 // The coordinator's call when a job's attempt ends: the shard behind

@@ -42,54 +42,12 @@
 #include "rpc/grpc_channel.h"
 #include "rpc/grpc_embedding_client.h"
 #include "server/coordinator/job_store.h"
+#include "tests/checkpoint_values.h"
 #include "tests/control_plane_testing.h"
 #include "worker/criteo_synth.h"
 
 namespace pstrain {
 namespace {
-
-// Every row of a set of embedding files: table name -> id -> the row's
-// bytes (value, slots, last step, count).
-using Rows = std::map<std::string, std::map<int64_t, std::string>>;
-
-absl::StatusOr<Rows> ReadRows(const std::vector<std::string>& files) {
-  auto tables = ReadEmbeddingFiles(files);
-  if (!tables.ok()) return tables.status();
-  Rows rows;
-  for (const auto& table : *tables) {
-    const size_t dim = table->dim();
-    const size_t slots = SlotFloats(table->config().optimizer().kind(), dim);
-    auto& out = rows[table->config().name()];
-    absl::Status s = table->ForEachRow([&](const EmbeddingRowView& r) {
-      std::string bytes(reinterpret_cast<const char*>(r.value), dim * sizeof(float));
-      bytes.append(reinterpret_cast<const char*>(r.slots), slots * sizeof(float));
-      bytes.append(reinterpret_cast<const char*>(&r.last_step), sizeof(r.last_step));
-      bytes.append(reinterpret_cast<const char*>(&r.count), sizeof(r.count));
-      out[r.id] = std::move(bytes);
-      return absl::OkStatus();
-    });
-    if (!s.ok()) return s;
-  }
-  return rows;
-}
-
-// "" when `a` and `b` hold the same rows, else the first difference.
-std::string RowDifference(const Rows& a, const Rows& b) {
-  if (a.size() != b.size()) return "the number of tables differs";
-  for (const auto& [name, rows] : a) {
-    auto it = b.find(name);
-    if (it == b.end()) return "table " + name + " is missing";
-    if (rows.size() != it->second.size()) {
-      return "table " + name + ": " + std::to_string(rows.size()) + " rows vs " + std::to_string(it->second.size());
-    }
-    for (const auto& [id, bytes] : rows) {
-      auto row = it->second.find(id);
-      if (row == it->second.end()) return "table " + name + ": id " + std::to_string(id) + " is missing";
-      if (row->second != bytes) return "table " + name + ": id " + std::to_string(id) + " differs";
-    }
-  }
-  return "";
-}
 
 // 40000 training examples, every other one a rank's: 20000, 313 batches of 64.
 constexpr int64_t kBatchesPerEpoch = (20000 + 63) / 64;
@@ -235,7 +193,7 @@ void CheckpointEmbeddingsTest::RestoreOntoThreeShardsAndTrainOn(const std::strin
   ASSERT_GE(manifest->step, 40);
   std::vector<std::string> files;
   for (const auto& f : manifest->embeddings) files.push_back(ck + "/" + f.file);
-  auto saved = ReadRows(files);
+  auto saved = ReadEmbeddingRows(files);
   ASSERT_TRUE(saved.ok()) << saved.status();
   ASSERT_EQ(saved->size(), 26u);
   size_t rows = 0;
@@ -287,9 +245,9 @@ void CheckpointEmbeddingsTest::RestoreOntoThreeShardsAndTrainOn(const std::strin
     probes.push_back(dir_ + "/" + name);
   }
   ASSERT_EQ(probes.size(), 3u);
-  auto loaded = ReadRows(probes);
+  auto loaded = ReadEmbeddingRows(probes);
   ASSERT_TRUE(loaded.ok()) << loaded.status();
-  EXPECT_EQ(RowDifference(*saved, *loaded), "") << "the restored shards do not hold the checkpoint's rows";
+  EXPECT_EQ(EmbeddingRowDifference(*saved, *loaded), "") << "the restored shards do not hold the checkpoint's rows";
 
   // 3. It trains on to max_steps from there. What the workers log from now
   // on is the restored job's.
@@ -368,7 +326,7 @@ TEST_F(CheckpointEmbeddingsTest, ExportWritesTheNewestCheckpointsTablesForPyTorc
   ASSERT_TRUE(manifest.ok()) << manifest.status();
   std::vector<std::string> files;
   for (const auto& f : manifest->embeddings) files.push_back(ck + "/" + f.file);
-  auto rows = ReadRows(files);
+  auto rows = ReadEmbeddingRows(files);
   ASSERT_TRUE(rows.ok()) << rows.status();
   std::string expected;
   for (const auto& [table, by_id] : *rows) {

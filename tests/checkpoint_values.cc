@@ -12,6 +12,8 @@
 #include "common/file_util.h"
 #include "common/job_spec.h"
 #include "common/partition_plan.h"
+#include "embedding/embedding_files.h"
+#include "embedding/row_math.h"
 #include "rpc/tensor_codec.h"
 #include "table/shard_store.h"
 #include "worker/dataset.h"
@@ -104,6 +106,44 @@ absl::StatusOr<double> TestAccuracyOf(const std::string& spec_yaml, const NamedT
     }
   }
   return Evaluate(**model, data->test, c10::Device(c10::kCPU), spec->precision).accuracy;
+}
+
+absl::StatusOr<EmbeddingRows> ReadEmbeddingRows(const std::vector<std::string>& files) {
+  auto tables = ReadEmbeddingFiles(files);
+  if (!tables.ok()) return tables.status();
+  EmbeddingRows rows;
+  for (const auto& table : *tables) {
+    const size_t dim = table->dim();
+    const size_t slots = SlotFloats(table->config().optimizer().kind(), dim);
+    auto& out = rows[table->config().name()];
+    absl::Status s = table->ForEachRow([&](const EmbeddingRowView& r) {
+      std::string bytes(reinterpret_cast<const char*>(r.value), dim * sizeof(float));
+      bytes.append(reinterpret_cast<const char*>(r.slots), slots * sizeof(float));
+      bytes.append(reinterpret_cast<const char*>(&r.last_step), sizeof(r.last_step));
+      bytes.append(reinterpret_cast<const char*>(&r.count), sizeof(r.count));
+      out[r.id] = std::move(bytes);
+      return absl::OkStatus();
+    });
+    if (!s.ok()) return s;
+  }
+  return rows;
+}
+
+std::string EmbeddingRowDifference(const EmbeddingRows& a, const EmbeddingRows& b) {
+  if (a.size() != b.size()) return "the number of tables differs";
+  for (const auto& [name, rows] : a) {
+    auto it = b.find(name);
+    if (it == b.end()) return "table " + name + " is missing";
+    if (rows.size() != it->second.size()) {
+      return "table " + name + ": " + std::to_string(rows.size()) + " rows vs " + std::to_string(it->second.size());
+    }
+    for (const auto& [id, bytes] : rows) {
+      auto row = it->second.find(id);
+      if (row == it->second.end()) return "table " + name + ": id " + std::to_string(id) + " is missing";
+      if (row->second != bytes) return "table " + name + ": id " + std::to_string(id) + " differs";
+    }
+  }
+  return "";
 }
 
 }  // namespace pstrain

@@ -7,6 +7,7 @@
 
 #include <map>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 
@@ -26,6 +27,14 @@ absl::StatusOr<NamedTensors> ReadWeightsFile(const std::string& path);
 // "" when `a` and `b` have the same names and bitwise equal tensors, else
 // what differs first (a name and the largest difference).
 std::string BitwiseDifference(const NamedTensors& a, const NamedTensors& b);
+
+// Every row of a set of embedding checkpoint files: table name -> id -> the
+// row's bytes (value, slots, last step, count).
+using EmbeddingRows = std::map<std::string, std::map<int64_t, std::string>>;
+absl::StatusOr<EmbeddingRows> ReadEmbeddingRows(const std::vector<std::string>& files);
+
+// "" when `a` and `b` hold the same rows, else the first difference.
+std::string EmbeddingRowDifference(const EmbeddingRows& a, const EmbeddingRows& b);
 
 // The test accuracy of the job spec's model (its data, on the CPU) holding
 // `values`: what a job evaluating those values scores.

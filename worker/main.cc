@@ -226,6 +226,9 @@ absl::Status RunCtrJob(const pstrain::TrainerOptions& options, const std::vector
   eo.job_secret = options.job_secret;
   eo.table_grant = options.table_grant;
   eo.timeout = absl::Seconds(absl::GetFlag(FLAGS_rpc_timeout_s));
+  eo.replicas = static_cast<uint32_t>(spec.replicas);  // R + 1 copies of a slot's rows; routings say which lead
+  eo.targets = targets;
+  eo.next_routing = options.next_routing;
   pstrain::GrpcEmbeddingClient client(std::move(channels), eo);
   pstrain::InitEmbeddingsRequest init;
   init.set_num_workers(static_cast<uint32_t>(options.world_size));
@@ -234,8 +237,7 @@ absl::Status RunCtrJob(const pstrain::TrainerOptions& options, const std::vector
   for (const auto& table : spec.embeddings.tables) *init.add_tables() = table;
   spdlog::info("pstrain-worker rank {}/{} of {}: {} embedding table(s) on {} shard(s)", options.rank,
                options.world_size, spec.name, init.tables_size(), targets.size());
-  absl::Status s = client.Init(init);
-  if (!s.ok()) return s;
+  if (absl::Status s = client.Init(init); !s.ok()) return s;
   pstrain::RemoteEmbeddingRows rows(&client, spec.embeddings.tables.size());
   return pstrain::RunCtrTrainer(options, &rows).status();
 }

@@ -105,8 +105,10 @@ void Coordinator::FillLostShards() {
     Job& job = *active;
     JobStatus& st = job.stored.status;
     // One spare at a time per job: a second loss meanwhile waits.
+    // Embedding rows are not copied to a spare (yet): a job with embedding
+    // tables goes on with its lost shards' slots led by their backups.
     if (st.state() != RUNNING || job.spec.replicas == 0 || st.lost_shards_size() == 0 ||
-        st.catching_up_shards_size() > 0) {
+        st.catching_up_shards_size() > 0 || !job.spec.embeddings.empty()) {
       continue;
     }
     std::vector<FreeMember> free = members_.FreeMembers();

@@ -66,10 +66,6 @@ const T* Packed(const std::string& bytes) {
 
 absl::StatusOr<std::vector<std::shared_ptr<EmbeddingStore::Job>>> EmbeddingStore::MakeJobs(
     const InitEmbeddingsRequest& request, int64_t start_step) {
-  if (request.replicas() > 0 && !options_.forward) {
-    return absl::FailedPreconditionError(
-        "this shard cannot forward to other shards: replicated embedding tables need a server that can (pstrain-ps)");
-  }
   for (uint32_t lost : request.routing().lost_shards()) {
     if (lost >= request.num_shards()) return Invalid(request.job(), "the routing names a shard the job lacks");
   }
@@ -88,6 +84,10 @@ absl::StatusOr<std::vector<std::shared_ptr<EmbeddingStore::Job>>> EmbeddingStore
       (*job)->replica = std::move(rep);
     }
     jobs.push_back(std::move(*job));
+  }
+  if (request.replicas() > 0 && !options_.forward) {  // once the request is known to be well-formed
+    return absl::FailedPreconditionError(
+        "this shard cannot forward to other shards: replicated embedding tables need a server that can (pstrain-ps)");
   }
   return jobs;
 }

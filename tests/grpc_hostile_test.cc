@@ -352,6 +352,36 @@ void AddEmbeddingCases(const CaseAdder& add) {
     add("SaveEmbeddings", "earlier attempt", r, grpc::StatusCode::ABORTED);
   }
   {
+    ReplicateEmbeddingsRequest r;
+    r.set_job("nope");
+    add("ReplicateEmbeddings", "unknown job", r, grpc::StatusCode::FAILED_PRECONDITION);
+    r.set_job("job");
+    r.set_attempt(1);
+    add("ReplicateEmbeddings", "earlier attempt", r, grpc::StatusCode::ABORTED);
+    r.set_attempt(2);
+    r.set_slot(7);
+    add("ReplicateEmbeddings", "a slot the shard does not hold", r, grpc::StatusCode::FAILED_PRECONDITION);
+    r.set_slot(0);
+    add("ReplicateEmbeddings", "a job that is not replicated", r, grpc::StatusCode::FAILED_PRECONDITION);
+    InitEmbeddingsRequest i;
+    i.set_job("job");
+    i.set_attempt(3);
+    i.set_num_workers(1);
+    i.set_consistency(ASYNC);
+    i.set_num_shards(2);
+    i.set_replicas(1);
+    EmbeddingTableConfig* t = i.add_tables();
+    t->set_name("t");
+    t->set_dim(2);
+    t->mutable_optimizer()->set_kind(EmbeddingOptimizer::SGD);
+    t->mutable_optimizer()->set_lr(1);
+    i.mutable_routing()->add_targets("127.0.0.1:1");
+    i.mutable_routing()->add_targets(std::string(300, 'h'));
+    add("InitEmbeddings", "a 300-byte routing target", i, grpc::StatusCode::INVALID_ARGUMENT);
+    i.set_replicas(2);
+    add("InitEmbeddings", "as many replicas as shards", i, grpc::StatusCode::INVALID_ARGUMENT);
+  }
+  {
     LoadEmbeddingsRequest r;
     r.mutable_init()->set_job("job");
     add("LoadEmbeddings", "no tables", r, grpc::StatusCode::INVALID_ARGUMENT);

@@ -11,6 +11,9 @@
 #   pstrain hybrid  the same with mode: allreduce (the dense part all-reduced,
 #                   the rows on the shards); "not supported yet" while the
 #                   spec refuses it;
+#   pstrain async, replicas 1  the async job with each shard's rows (and
+#                   dense chunks) backed up on the other shard
+#                   (docs/replication.md): what replication costs;
 #   torch           bench/torch_dlrm.py, one process, batch 256 (the global
 #                   batch), EMB_TORCH_THREADS threads (1); torch DDP: 2 ranks (gloo) x batch 128,
 #                   1 thread each. Tables of EMB_IDS rows (id mod rows).
@@ -36,12 +39,13 @@ emb_gen() {  # emb_gen DATA_ROOT IDS -> the Bayes AUC
   awk '$1 == "bayes_auc" {print $2}' "$1/criteo/meta.txt"
 }
 
-emb_spec() {  # emb_spec FILE async|hybrid CAP_MB: examples/criteo_synth.yaml, capped, standalone
+emb_spec() {  # emb_spec FILE async|hybrid CAP_MB [REPLICAS]: examples/criteo_synth.yaml, capped, standalone
   local cap=$3
   sed -e 's/^name: .*/name: embbench/' \
     -e "s/optimizer: {kind: adagrad, lr: 0.05}}/optimizer: {kind: adagrad, lr: 0.05}, eviction: {max_memory_mb: $cap}}/" \
     examples/criteo_synth.yaml >"$1"
   echo "log_every_steps: 100" >>"$1"
+  [ "${4:-0}" != 0 ] && echo "replicas: $4" >>"$1"
   if [ "$2" = hybrid ]; then
     # PERSIA's hybrid: the rows asynchronous on the shards (the example's
     # consistency: async), the dense part all-reduced.
@@ -53,10 +57,10 @@ emb_spec() {  # emb_spec FILE async|hybrid CAP_MB: examples/criteo_synth.yaml, c
 # nothing drops the tables before their Stats are read) ->
 # "samples/s auc worker_rss_mb shard_rss_mb rows evicted" (RSS: the larger
 # of the two), or "unsupported" when the spec is refused as not built yet.
-emb_ours_once() {  # emb_ours_once async|hybrid DATA_ROOT CAP_MB
+emb_ours_once() {  # emb_ours_once async|hybrid DATA_ROOT CAP_MB [REPLICAS]
   local run=$WORK/emb.$RANDOM pids=() wpids=() targets="" port
   mkdir -p "$run"
-  emb_spec "$run/job.yaml" "$1" "$3"
+  emb_spec "$run/job.yaml" "$1" "$3" "${4:-0}"
   for i in 0 1; do
     $BIN/server/ps/pstrain-ps --host=127.0.0.1 --port=0 --port_file="$run/s$i" --shard_index=$i \
       --num_shards=2 >"$run/s$i.log" 2>&1 &
@@ -134,6 +138,7 @@ embeddings() {
   for r in $(seq "$reps"); do
     log "rep $r/$reps: pstrain async"; runs[async]+="$(emb_ours_once async "$base" "$EMB_CAP_MB")"$'\n'
     log "rep $r/$reps: pstrain hybrid"; runs[hybrid]+="$(emb_ours_once hybrid "$base" "$EMB_CAP_MB")"$'\n'
+    log "rep $r/$reps: pstrain async, replicas 1"; runs[r1]+="$(emb_ours_once async "$base" "$EMB_CAP_MB" 1)"$'\n'
     log "rep $r/$reps: torch, one process"; runs[torch]+="$(emb_torch_once 1 256 "$EMB_TORCH_THREADS" "$base" "$EMB_IDS")"$'\n'
     log "rep $r/$reps: torch DDP (gloo, 2 ranks)"; runs[ddp]+="$(emb_torch_once 2 128 1 "$base" "$EMB_IDS")"$'\n'
     log "rep $r/$reps: pstrain async, ${EMB_SCALE}x ids"; runs[big]+="$(emb_ours_once async "$big" "$EMB_CAP_MB")"$'\n'
@@ -143,9 +148,10 @@ embeddings() {
   printf '\n%-34s %10s %8s %10s %10s %10s %10s   (medians of %s runs; DLRM, %s lines, 26 fields, dim 16)\n' \
     "embeddings" "samples/s" "AUC" "worker MB" "shard MB" "rows" "evicted" "$reps" "$EMB_TRAIN" >&2
   local k label
-  for k in async hybrid torch ddp big; do
+  for k in async hybrid r1 torch ddp big; do
     case $k in
       async) label="pstrain async, $EMB_IDS ids" ;; hybrid) label="pstrain hybrid, $EMB_IDS ids" ;;
+      r1) label="pstrain async, replicas 1" ;;
       torch) label="torch, one process" ;; ddp) label="torch DDP (gloo, 2 ranks)" ;;
       big) label="pstrain async, $ids_big ids" ;;
     esac
@@ -164,6 +170,7 @@ def line(k, v):
     keys = ("samples_per_s", "auc", "worker_rss_mb", "shard_rss_mb", "rows_held", "evicted")
     return dict(zip(keys, (round(x, 4) for x in v)))
 a = line("async", ($(col async 1), $(col async 2), $(col async 3), $(col async 4), $(col async 5), $(col async 6)))
+r1 = line("r1", ($(col r1 1), $(col r1 2), $(col r1 3), $(col r1 4), $(col r1 5), $(col r1 6)))
 h = line("hybrid", ($(col hybrid 1), $(col hybrid 2), $(col hybrid 3), $(col hybrid 4), $(col hybrid 5), $(col hybrid 6)))
 big = line("big", ($(col big 1), $(col big 2), $(col big 3), $(col big 4), $(col big 5), $(col big 6)))
 t = {"samples_per_s": $(col torch 1), "auc": $(col torch 2), "peak_rss_mb": $(col torch 3)}
@@ -177,7 +184,7 @@ print(json.dumps({
              "data, 1 epoch; pstrain 2 shards + 2 workers x batch 128, tables capped at $EMB_CAP_MB MB per shard; "
              "torch: EmbeddingBag(sparse=True), $EMB_IDS rows per table (id mod rows), Adagrad",
     "bayes_auc": $bayes, "bayes_auc_scaled": $bayes_big,
-    "pstrain_async": a, "pstrain_hybrid": h if $hybrid_ok else "not supported yet",
+    "pstrain_async": a, "pstrain_hybrid": h if $hybrid_ok else "not supported yet", "pstrain_async_replicas_1": r1,
     "torch_one_process": t, "torch_ddp_gloo_2": d,
     "scale": {"ids_per_field": ids_big, "pstrain_async": big,
               "torch_full_table_bytes_per_process": need(ids_big),
@@ -187,6 +194,7 @@ print(json.dumps({
                "vs_torch_single": ratio(a["samples_per_s"], t["samples_per_s"]),
                "hybrid_vs_torch_ddp": ratio(h["samples_per_s"], d["samples_per_s"]) if $hybrid_ok else None,
                "auc_vs_torch_ddp": round(a["auc"] - d["auc"], 4),
+               "replicas_vs_none": ratio(r1["samples_per_s"], a["samples_per_s"]),
                "worker_rss_growth": ratio(big["worker_rss_mb"], a["worker_rss_mb"]),
                "shard_rss_growth": ratio(big["shard_rss_mb"], a["shard_rss_mb"]),
                "auc_gap_to_bayes": round($bayes - a["auc"], 4),

@@ -14,7 +14,7 @@ out=$(EMB_TRAIN=4000 EMB_TEST=1000 EMB_IDS=50 EMB_CAP_MB=3 EMB_SCALE=10 bench/ru
 import json, sys
 r = json.loads(sys.argv[1])
 assert r["bench"] == "embeddings", r
-for line in (r["pstrain_async"], r["scale"]["pstrain_async"]):
+for line in (r["pstrain_async"], r["scale"]["pstrain_async"], r["pstrain_async_replicas_1"]):
     assert line["samples_per_s"] > 0 and line["worker_rss_mb"] > 0 and line["shard_rss_mb"] > 0, line
     assert line["rows_held"] > 0 and line["evicted"] >= 0, line
     assert 0.55 < line["auc"] < 1, line
@@ -23,9 +23,11 @@ for line in (r["torch_one_process"], r["torch_ddp_gloo_2"]):
 assert r["pstrain_hybrid"] == "not supported yet" or r["pstrain_hybrid"]["samples_per_s"] > 0, r
 assert 0.5 < r["bayes_auc"] < 1 and r["scale"]["ids_per_field"] == 500, r
 assert r["scale"]["torch_full_table_bytes_per_process"] == 26 * 500 * 16 * 4 * 2, r  # rows x dim x 4 B x (1 + Adagrad)
-for k in ("vs_torch_ddp", "vs_torch_single", "worker_rss_growth", "auc_gap_to_bayes"):
+for k in ("vs_torch_ddp", "vs_torch_single", "worker_rss_growth", "auc_gap_to_bayes", "replicas_vs_none"):
     assert k in r["ratios"], k
 assert r["ratios"]["vs_torch_ddp"] > 0 and r["ratios"]["worker_rss_growth"] > 0, r
+# Each shard backs up the rows of the other: about twice the rows held.
+assert r["pstrain_async_replicas_1"]["rows_held"] > 1.5 * r["pstrain_async"]["rows_held"], r
 print("ok:", json.dumps(r["ratios"]))
 ' "$out"
 # bench/planted_ceiling.py on planted data of the same size: the planted

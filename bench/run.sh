@@ -13,7 +13,7 @@
 #                                  the survivors stand still and when a spare takes
 #                                  over (sync, async), vs the restart from a checkpoint
 #                                  that the same loss cost before (tests/elastic_test)
-#   bench/run.sh replication [REPS]  a shard SIGKILLed in a 3-shard job with replicas: 1:
+#   bench/run.sh replication [REPS]  a shard SIGKILLed in a 3-shard job with replicas: 1 (mlp; dlrm):
 #                                  seconds to 5 more steps (sync, async), no restart,
 #                                  and whether each sync run ended bitwise equal to
 #                                  the uninterrupted one (tests/replication_test)
@@ -746,14 +746,16 @@ replication() {
   ${BAZEL:-bazel} test //tests:replication_test --runs_per_test="$reps" --nocache_test_results --test_output=all \
     --test_arg=--gtest_filter='*LosesAShard*' >"$out" 2>&1 || { tail -40 "$out" >&2; exit 1; }
   num() { grep -E "^$1: .*$2 [0-9.]+ s" "$out" | sed -E "s/.*$2 ([0-9.]+) s.*/\1/" | median; }
-  local sync_step async_step bitwise
+  local sync_step async_step bitwise ctr_sync ctr_async
   sync_step=$(num sync "more steps"); async_step=$(num async "more steps")
+  ctr_sync=$(num "ctr sync" "more steps"); ctr_async=$(num "ctr async" "more steps")
   bitwise=$(grep -c "bitwise equal to the uninterrupted run: yes" "$out" || true)
   printf '\n%-52s %10s   (medians of %s runs; lease 0.5 s)\n' "a shard of 3 SIGKILLed, replicas: 1" "seconds" "$reps" >&2
-  printf '%-52s %10.2f\n' "sync: 5 steps further" "$sync_step" "async: 5 steps further" "$async_step" >&2
+  printf '%-52s %10.2f\n' "sync: 5 steps further" "$sync_step" "async: 5 steps further" "$async_step" \
+    "dlrm with embeddings, sync: 5 steps further" "$ctr_sync" "dlrm with embeddings, async: 5 steps further" "$ctr_async" >&2
   printf '%-52s %10s\n' "sync runs bitwise equal to the uninterrupted one" "$bitwise of $reps" >&2
-  printf '{"bench": "replication", "reps": %s, "setup": "ps mode, 2 workers, 3 shards, replicas 1, mlp, batch 16, chunk_bytes 16384, lease 0.5 s", "seconds": {"sync_sigkill_to_5_more_steps": %s, "async_sigkill_to_5_more_steps": %s}, "sync_runs_bitwise_equal_to_uninterrupted": %s}\n' \
-    "$reps" "$sync_step" "$async_step" "$bitwise"
+  printf '{"bench": "replication", "reps": %s, "setup": "ps mode, 2 workers, 3 shards, replicas 1, mlp, batch 16, chunk_bytes 16384; dlrm: 26 tables of dim 8, batch 64; lease 0.5 s", "seconds": {"sync_sigkill_to_5_more_steps": %s, "async_sigkill_to_5_more_steps": %s, "dlrm_sync_sigkill_to_5_more_steps": %s, "dlrm_async_sigkill_to_5_more_steps": %s}, "sync_runs_bitwise_equal_to_uninterrupted": %s}\n' \
+    "$reps" "$sync_step" "$async_step" "$ctr_sync" "$ctr_async" "$bitwise"
 }
 
 source bench/embeddings.sh

@@ -118,14 +118,17 @@ void GrpcEmbeddingClient::AwaitRouting(uint64_t seen, absl::Time deadline) {
     return;
   }
   absl::StatusOr<Routing> next = options_.next_routing(seen, wait);
-  if (!next.ok()) return;  // none yet: the current routing is tried again
+  if (next.ok()) AdoptRouting(*next);  // else none yet: the current routing is tried again
+}
+
+void GrpcEmbeddingClient::AdoptRouting(const Routing& next) {
   const size_t n = stubs_.size();
   absl::MutexLock lock(&mu_);
-  if (next->generation() <= routing_.generation()) return;
-  for (uint32_t lost : next->lost_shards()) {
+  if (next.generation() <= routing_.generation()) return;
+  for (uint32_t lost : next.lost_shards()) {
     if (lost >= n) return;  // not this job's layout
   }
-  routing_ = *next;
+  routing_ = next;
   for (size_t h = 0; h < n; ++h) {
     int64_t leader = static_cast<int64_t>(h);
     for (uint32_t c = 0; c <= options_.replicas && c < n; ++c) {
@@ -178,19 +181,38 @@ absl::Status GrpcEmbeddingClient::CallSlots(const std::vector<size_t>& slots, st
     for (size_t h : pending) got[h] = resent;  // not sent: tried again with the rest
     if (resent.ok()) {
       std::vector<std::unique_ptr<grpc::ClientContext>> contexts(stubs_.size());
-      FanOut calls;
+      absl::Mutex m;
+      size_t outstanding = pending.size();
       for (size_t h : pending) {
         if (replicated()) (*requests)[h].set_slot(static_cast<uint32_t>(h));
         contexts[h] = Context();
-        calls.Add();
         const size_t to = static_cast<size_t>(leader[h]);
         call(stubs_[to].get(), contexts[h].get(), &(*requests)[h], &(*responses)[h],
-             [&calls, &got, h, to](grpc::Status st) {
+             [&m, &outstanding, &got, h, to](grpc::Status st) {
+               absl::MutexLock lock(&m);
                got[h] = OfShard(to, st);
-               calls.Done(absl::OkStatus());
+               --outstanding;
              });
       }
-      (void)calls.Wait();
+      // A shard that hangs (a stopped process, a host whose connections
+      // stay open) answers nothing: once a routing says it is lost, its
+      // calls are cancelled and go to the new leaders.
+      for (;;) {
+        {
+          absl::MutexLock lock(&m);
+          if (m.AwaitWithTimeout(absl::Condition(+[](size_t* n) { return *n == 0; }, &outstanding), kRoutingWait)) {
+            break;
+          }
+        }
+        if (!replicated() || !options_.next_routing) continue;
+        absl::StatusOr<Routing> next = options_.next_routing(generation, absl::ZeroDuration());
+        if (!next.ok()) continue;
+        AdoptRouting(*next);
+        absl::MutexLock lock(&mu_);
+        for (size_t h : pending) {
+          if (leader_[h] != leader[h]) contexts[h]->TryCancel();
+        }
+      }
     }
     std::vector<size_t> failed;
     for (size_t h : pending) {

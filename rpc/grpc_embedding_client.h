@@ -15,7 +15,8 @@
 // that no longer leads) waits for the next routing and goes to the slot's
 // new leader, after the last update this worker sent the slot (which the
 // old leader may have taken and not forwarded; where it did, the new leader
-// ignores it as a retry).
+// ignores it as a retry). A call a lost shard does not answer (a stopped
+// process) is cancelled once a routing says it is lost.
 #ifndef PSTRAIN_RPC_GRPC_EMBEDDING_CLIENT_H_
 #define PSTRAIN_RPC_GRPC_EMBEDDING_CLIENT_H_
 
@@ -94,6 +95,9 @@ class GrpcEmbeddingClient {
   absl::Status Resend(const std::vector<size_t>& slots, const std::vector<int64_t>& leader);
   // Waits (until `deadline`, at most a second) for a routing after `seen`.
   void AwaitRouting(uint64_t seen, absl::Time deadline);
+  // Follows `next` if it is newer: each slot's leader, and which slots'
+  // last update goes to a new leader first.
+  void AdoptRouting(const Routing& next);
 
   const EmbeddingClientOptions options_;
   std::vector<std::unique_ptr<EmbeddingService::Stub>> stubs_;

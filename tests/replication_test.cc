@@ -15,9 +15,10 @@
 //   replicas, bit for bit;
 // - ASYNC, a shard SIGKILLed: the job keeps training and finishes;
 // - a dlrm job with embedding tables (SYNC, 3 shards, replicas 1), a shard
-//   SIGKILLed: no restart, the dense values of the uninterrupted run bit
-//   for bit and its test AUC and log loss to the last digit; ASYNC, it
-//   trains on and finishes.
+//   SIGKILLed, or SIGSTOPped until it is declared lost and then let go
+//   (fenced): no restart, the dense values of the uninterrupted run bit for
+//   bit and its test AUC and log loss to the last digit; ASYNC, it trains
+//   on and finishes.
 #include <gtest/gtest.h>
 #include <signal.h>
 
@@ -330,6 +331,31 @@ TEST_F(EmbeddingReplicationTest, SyncJobLosesAShardAndEndsLikeAnUninterruptedOne
     for (const auto& [table, held] : *rows) n += held.size();
     EXPECT_GT(n, 26u * 100) << "the checkpoint holds the trained rows";
   }
+}
+
+// A shard that hangs (SIGSTOP): the workers' calls to it are cancelled once
+// it is declared lost, and when it comes back its forwards are refused.
+TEST_F(EmbeddingReplicationTest, AStoppedShardThatComesBackIsFenced) {
+  const std::string yaml = absl::StrReplaceAll(CtrYaml("ctr", "sync", 180), {{"OUT", dir_ + "/out"}});
+  const std::string whole = Submit(WriteSpec("whole", yaml));
+  ASSERT_EQ(Cli({"watch", whole}).code, 0) << Logs();
+  auto want = ReadWeightsFile(dir_ + "/out/" + whole + "/model.pt");
+  ASSERT_TRUE(want.ok()) << want.status();
+
+  const std::string job = Submit(WriteSpec("stopped", yaml));
+  WaitForStep(job, 75);
+  const int64_t before = Step(job);
+  pool_[1]->Signal(SIGSTOP);
+  const double seconds = SecondsUntilPast(job, before);
+  std::printf("ctr sync: 5 more steps %.2f s after the SIGSTOP of a shard (lease 0.5 s)\n", seconds);
+  EXPECT_LT(seconds, 30) << "the calls to the stopped shard were not cancelled" << Logs();
+  ASSERT_TRUE(AwaitReason(job, "ShardLost", absl::Seconds(30))) << JsonStatus(job);
+  pool_[1]->Signal(SIGCONT);
+  ExpectSucceededWithoutARestart(job);
+  auto got = ReadWeightsFile(dir_ + "/out/" + job + "/model.pt");
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(BitwiseDifference(*want, *got), "");
+  EXPECT_EQ(Metrics(job), Metrics(whole));
 }
 
 TEST_F(EmbeddingReplicationTest, AsyncJobLosesAShardAndKeepsTraining) {

@@ -144,8 +144,15 @@ class EmbeddingStore {
   // Until every live backup holds forward `seq`: sends the queued forwards
   // (one caller at a time, for all) or waits for the caller who does.
   absl::Status AwaitForwarded(Job& job, int64_t seq);
-  // One round: `batch` to each live backup in copy order.
+  // One round: `batch` to each live backup in copy order (a spare first
+  // gets a full copy of the slot).
   absl::Status SendRound(Job& job, const std::vector<EmbeddingForward>& batch);
+  // The slot's state up to forward `base` and every row, to the spare
+  // `backup` at `target`, in requests of at most a few MiB.
+  absl::Status FullCopy(Job& job, uint32_t backup, const std::string& target, int64_t base);
+  // A spare's side of FullCopy: (re)makes the slot from the copy's first
+  // request, or inserts its rows.
+  absl::Status ReceiveCopy(const ReplicateEmbeddingsRequest& request, ReplicateEmbeddingsResponse* response);
   // A routing of a higher generation, for one slot (mu held).
   static void ApplyRouting(Job& job, const Routing& routing);
   static absl::Status ParseTables(const Job& job, const google::protobuf::RepeatedPtrField<EmbeddingIds>& in,

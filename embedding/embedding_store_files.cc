@@ -1,5 +1,7 @@
 // EmbeddingStore's calls from the coordinator: checkpoints (Save, Load),
 // Drop and Stats (embedding_store.h).
+#include <algorithm>
+
 #include "embedding/embedding_files.h"
 #include "embedding/embedding_store.h"
 #include "embedding/embedding_store_internal.h"
@@ -142,11 +144,18 @@ absl::Status EmbeddingStore::Stats(const EmbeddingStatsRequest& request, Embeddi
     const uint32_t slot = job->init.shard_index();
     if (slot == job->self) response->set_applied_steps(job->steps);
     if (job->replica == nullptr) continue;
-    const bool leads = job->replica->leader == static_cast<int64_t>(job->self) && job->replica->fenced.empty();
+    const auto& rep = *job->replica;
+    const bool leads = rep.leader == static_cast<int64_t>(job->self) && rep.fenced.empty();
     if (leads) {
       response->add_led_slots(slot);
+      for (uint32_t c : rep.needs_copy) {
+        if (std::count(response->copying_to().begin(), response->copying_to().end(), c) == 0) response->add_copying_to(c);
+      }
     } else {
       response->add_backed_up_slots(slot);
+    }
+    if (response->generation() == 0 || rep.routing.generation() < response->generation()) {
+      response->set_generation(rep.routing.generation());
     }
   }
   return absl::OkStatus();

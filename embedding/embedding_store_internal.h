@@ -56,6 +56,9 @@ struct SlotReplica {
   bool sending = false;                 // a caller's thread is sending a round
   // The last forward applied or sent: a backup one behind gets it first.
   std::shared_ptr<const EmbeddingForward> last;
+  // Leading: spares in a lost copy's place that get a full copy of the slot
+  // before their first forward (the routing says they are catching up).
+  std::vector<uint32_t> needs_copy;
 };
 
 }  // namespace embedding_internal

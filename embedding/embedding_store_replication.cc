@@ -44,18 +44,21 @@ constexpr int kMaxForwards = 4096;
 // coordinator declares it lost, or it answers).
 constexpr absl::Duration kForwardRetry = absl::Milliseconds(100);
 
-bool Lost(const Routing& r, uint32_t shard) {
-  return std::find(r.lost_shards().begin(), r.lost_shards().end(), shard) != r.lost_shards().end();
+bool In(const google::protobuf::RepeatedField<uint32_t>& set, uint32_t shard) {
+  return std::find(set.begin(), set.end(), shard) != set.end();
 }
+bool Lost(const Routing& r, uint32_t shard) { return In(r.lost_shards(), shard); }
 
-// Embedding slots get no spare in a lost shard's place (the coordinator
-// gives none): a copy leads unless it is lost.
+// The first copy that is neither lost nor a spare still catching up.
 int64_t LeaderOf(const std::vector<uint32_t>& copies, const Routing& r) {
   for (uint32_t s : copies) {
-    if (!Lost(r, s)) return s;
+    if (!Lost(r, s) && !In(r.catching_up(), s)) return s;
   }
   return -1;
 }
+
+// Rows of a copy are sent in requests of about this many bytes.
+constexpr size_t kCopyBytes = size_t{4} << 20;
 
 template <typename T>
 const T* Packed(const std::string& bytes) {
@@ -167,6 +170,7 @@ absl::Status EmbeddingStore::SendRound(Job& job, const std::vector<EmbeddingForw
     uint32_t backup = 0;
     std::string target;
     std::shared_ptr<const EmbeddingForward> last;
+    bool copy = false;
     {
       absl::MutexLock lock(&job.mu);
       const SlotReplica& rep = *job.replica;
@@ -180,6 +184,20 @@ absl::Status EmbeddingStore::SendRound(Job& job, const std::vector<EmbeddingForw
       target = rep.routing.targets(static_cast<int>(backup));
       last = rep.last;
       request.set_generation(rep.routing.generation());
+      copy = std::count(rep.needs_copy.begin(), rep.needs_copy.end(), backup) > 0;
+    }
+    if (copy) {  // a spare: the slot up to the round's start, then the round
+      absl::Status c = FullCopy(job, backup, target, batch.front().seq() - 1);
+      if (c.ok()) {
+        absl::MutexLock lock(&job.mu);
+        auto& n = job.replica->needs_copy;
+        n.erase(std::remove(n.begin(), n.end(), backup), n.end());
+        continue;
+      }
+      if (c.code() != absl::StatusCode::kUnavailable && c.code() != absl::StatusCode::kDeadlineExceeded) return c;
+      if (absl::Now() > until) return c;
+      absl::SleepFor(kForwardRetry);
+      continue;
     }
     request.clear_forwards();
     for (const EmbeddingForward& f : batch) *request.add_forwards() = f;
@@ -205,11 +223,13 @@ absl::Status EmbeddingStore::SendRound(Job& job, const std::vector<EmbeddingForw
     }
     if (s.code() == absl::StatusCode::kAborted) {  // refused: another shard leads the slot now
       absl::MutexLock lock(&job.mu);
-      if (job.replica->fenced.empty()) {
-        job.replica->fenced = absl::StrCat("backup shard ", backup, " refused this shard's forward: ", s.message());
+      SlotReplica& rep = *job.replica;
+      if (rep.leader != static_cast<int64_t>(job.self)) {  // handed back meanwhile (a spare caught up)
+        return absl::AbortedError(absl::StrCat("slot ", slot, " is led by shard ", rep.leader, " now"));
       }
+      if (rep.fenced.empty()) rep.fenced = absl::StrCat("backup shard ", backup, " refused this shard's forward: ", s.message());
       job.changed.SignalAll();
-      return absl::AbortedError(job.replica->fenced);
+      return absl::AbortedError(rep.fenced);
     }
     const bool transient = s.code() == absl::StatusCode::kUnavailable ||
                            s.code() == absl::StatusCode::kDeadlineExceeded ||
@@ -228,10 +248,14 @@ void EmbeddingStore::ApplyRouting(Job& job, const Routing& routing) {
   SlotReplica& rep = *job.replica;
   if (routing.generation() <= rep.routing.generation()) return;
   if (routing.targets_size() != rep.routing.targets_size()) return;  // another layout: not this job's
-  for (uint32_t s : routing.lost_shards()) {
-    if (s >= static_cast<uint32_t>(routing.targets_size())) return;
+  for (const auto* set : {&routing.lost_shards(), &routing.catching_up()}) {
+    for (uint32_t s : *set) {
+      if (s >= static_cast<uint32_t>(routing.targets_size())) return;
+    }
   }
-  const bool led = rep.leader == static_cast<int64_t>(job.self) && rep.fenced.empty();
+  const int64_t self = job.self;
+  const bool led = rep.leader == self && rep.fenced.empty();
+  const Routing old = rep.routing;
   rep.routing = routing;
   rep.leader = LeaderOf(rep.copies, routing);
   if (!rep.fenced.empty()) {
@@ -239,17 +263,93 @@ void EmbeddingStore::ApplyRouting(Job& job, const Routing& routing) {
     rep.fenced = absl::StrCat("shard ", job.self, " of job '", Quote(job.name),
                               "' was declared lost (routing generation ", routing.generation(),
                               "): its slots are led by other shards now");
-  } else if (led && rep.leader != static_cast<int64_t>(job.self)) {
-    rep.fenced = absl::StrCat("slot ", job.init.shard_index(), " is led by shard ", rep.leader,
-                              " from routing generation ", routing.generation());
-  } else if (!led && rep.leader == static_cast<int64_t>(job.self)) {
+  } else if (led && rep.leader != self) {
+    if (rep.leader >= 0 && In(old.catching_up(), static_cast<uint32_t>(rep.leader))) {
+      // Handed back to a spare that caught up: this copy backs it up from
+      // now on, from what every copy holds.
+      rep.seq = rep.acked;
+      rep.queue.clear();
+      rep.needs_copy.clear();
+    } else {
+      rep.fenced = absl::StrCat("slot ", job.init.shard_index(), " is led by shard ", rep.leader,
+                                " from routing generation ", routing.generation());
+    }
+  } else if (!led && rep.leader == self) {
     // Promoted: what it holds, every live copy holds (or is one forward
     // short of, which the first round mends).
     rep.acked = rep.seq;
     rep.queue.clear();
     job.released = job.steps;
   }
+  // A spare in a lost copy's place gets the whole slot from its leader.
+  if (rep.leader == self && rep.fenced.empty()) {
+    std::vector<uint32_t> copy;
+    for (uint32_t c : rep.copies) {
+      if (c == job.self || Lost(routing, c) || !In(routing.catching_up(), c)) continue;
+      const bool pending = std::count(rep.needs_copy.begin(), rep.needs_copy.end(), c) > 0;
+      const bool fresh = !In(old.catching_up(), c) || old.targets(static_cast<int>(c)) != routing.targets(static_cast<int>(c));
+      if (pending || fresh || !led) copy.push_back(c);
+    }
+    rep.needs_copy = std::move(copy);
+  }
   job.changed.SignalAll();
+}
+
+absl::Status EmbeddingStore::FullCopy(Job& job, uint32_t backup, const std::string& target, int64_t base) {
+  ReplicateEmbeddingsRequest request;
+  request.set_job(job.name);
+  request.set_attempt(job.init.attempt());
+  request.set_slot(job.init.shard_index());
+  request.set_sender(job.self);
+  {
+    absl::MutexLock lock(&job.mu);
+    const SlotReplica& rep = *job.replica;
+    request.set_generation(rep.routing.generation());
+    InitEmbeddingsRequest* init = request.mutable_copy_init();
+    *init = job.init;
+    init->set_shard_index(backup);
+    *init->mutable_routing() = rep.routing;
+    EmbeddingSlotState* state = request.mutable_copy_state();
+    state->set_seq(base);
+    state->set_steps(job.released);
+    *state->mutable_claimed() = {job.claimed.begin(), job.claimed.end()};
+    *state->mutable_applied() = {job.applied.begin(), job.applied.end()};
+  }
+  ReplicateEmbeddingsResponse response;
+  if (absl::Status s = options_.forward(target, request, &response); !s.ok()) return s;
+  // The rows, each as it is when read: a forward after `base` that changed
+  // one comes after the copy and leaves the row as the leader holds it.
+  request.clear_copy_init();
+  request.clear_copy_state();
+  size_t bytes = 0;
+  auto send = [&]() -> absl::Status {
+    if (request.copy_rows_size() == 0) return absl::OkStatus();
+    absl::Status s = options_.forward(target, request, &response);
+    request.clear_copy_rows();
+    bytes = 0;
+    return s;
+  };
+  for (const auto& table : job.tables) {
+    EmbeddingRowsProto* rows = nullptr;
+    const int dim = table->dim(), slots = table->slot_floats();
+    absl::Status s = table->ForEachRow([&](const EmbeddingRowView& r) -> absl::Status {
+      if (rows == nullptr) {
+        rows = request.add_copy_rows();
+        rows->set_table(table->config().name());
+      }
+      rows->mutable_ids()->append(reinterpret_cast<const char*>(&r.id), sizeof(r.id));
+      rows->mutable_values()->append(reinterpret_cast<const char*>(r.value), sizeof(float) * dim);
+      rows->mutable_slots()->append(reinterpret_cast<const char*>(r.slots), sizeof(float) * slots);
+      rows->mutable_last_steps()->append(reinterpret_cast<const char*>(&r.last_step), sizeof(r.last_step));
+      rows->mutable_counts()->append(reinterpret_cast<const char*>(&r.count), sizeof(r.count));
+      bytes += sizeof(r.id) + sizeof(float) * (dim + slots) + sizeof(r.last_step) + sizeof(r.count);
+      if (bytes < kCopyBytes) return absl::OkStatus();
+      rows = nullptr;
+      return send();
+    });
+    if (!s.ok()) return s;
+  }
+  return send();
 }
 
 void EmbeddingStore::SetWorkers(const SetWorkersRequest& request) {
@@ -299,8 +399,106 @@ absl::Status CheckRows(const InitEmbeddingsRequest& init, const EmbeddingTable& 
 
 }  // namespace
 
+absl::Status EmbeddingStore::ReceiveCopy(const ReplicateEmbeddingsRequest& request,
+                                         ReplicateEmbeddingsResponse* response) {
+  const uint32_t slot = request.slot();
+  if (!request.has_copy_init()) {  // rows of a copy begun earlier
+    auto found = FindJob(request.job(), request.attempt(), &slot);
+    if (!found.ok()) return found.status();
+    Job& job = **found;
+    if (job.replica == nullptr) return Invalid(job.name, "rows of a copy for a slot that is not replicated");
+    absl::MutexLock lock(&job.mu);
+    if (static_cast<int64_t>(request.sender()) != job.replica->leader || request.sender() == job.self) {
+      return absl::AbortedError(absl::StrCat("shard ", request.sender(), " does not lead slot ", slot, " of job '",
+                                             Quote(job.name), "': its copy is refused"));
+    }
+    std::vector<int> tables;
+    for (const EmbeddingRowsProto& rows : request.copy_rows()) {
+      auto t = job.table_index.find(rows.table());
+      if (t == job.table_index.end()) return Invalid(job.name, absl::StrCat("no embedding table '", Quote(rows.table()), "'"));
+      if (absl::Status s = CheckRows(job.init, *job.tables[t->second], rows); !s.ok()) return s;
+      tables.push_back(t->second);
+    }
+    for (int k = 0; k < request.copy_rows_size(); ++k) {
+      const EmbeddingRowsProto& rows = request.copy_rows(k);
+      EmbeddingTable& table = *job.tables[tables[k]];
+      for (size_t i = 0; i < rows.ids().size() / sizeof(int64_t); ++i) {
+        absl::Status s = table.InsertRow({Packed<int64_t>(rows.ids())[i], Packed<float>(rows.values()) + i * table.dim(),
+                                          Packed<float>(rows.slots()) + i * table.slot_floats(),
+                                          Packed<int64_t>(rows.last_steps())[i], Packed<uint32_t>(rows.counts())[i]});
+        if (!s.ok()) return s;
+      }
+    }
+    response->set_seq(job.replica->seq);
+    return absl::OkStatus();
+  }
+  // The first request: the slot made afresh, as its leader holds it up to
+  // copy_state.seq (its rows follow).
+  const InitEmbeddingsRequest& init = request.copy_init();
+  const EmbeddingSlotState& state = request.copy_state();
+  if (init.job() != request.job() || init.attempt() != request.attempt() || init.replicas() == 0 ||
+      slot >= init.num_shards()) {
+    return Invalid(request.job(), "a copy's tables are not of its job, attempt and slot");
+  }
+  if (state.seq() < 0 || state.steps() < 0 || state.steps() >= kMaxStep ||
+      state.claimed_size() != static_cast<int>(init.num_workers()) ||
+      state.applied_size() != static_cast<int>(init.num_workers())) {
+    return Invalid(request.job(), "a copy's slot state does not match its job");
+  }
+  auto jobs = MakeJobs(init, state.steps());
+  if (!jobs.ok()) return jobs.status();
+  std::shared_ptr<Job> job;
+  for (auto& j : *jobs) {
+    if (j->init.shard_index() == slot) job = j;
+  }
+  if (job == nullptr) {
+    return Invalid(request.job(), absl::StrCat("shard ", init.shard_index(), " holds no copy of slot ", slot));
+  }
+  {
+    absl::MutexLock lock(&job->mu);
+    SlotReplica& rep = *job->replica;
+    if (static_cast<int64_t>(request.sender()) != rep.leader || request.sender() == job->self) {
+      return absl::AbortedError(absl::StrCat("shard ", request.sender(), " does not lead slot ", slot,
+                                             " under the copy's routing: its copy is refused"));
+    }
+    rep.seq = state.seq();
+    for (int r = 0; r < state.claimed_size(); ++r) {
+      job->claimed[r] = std::max<int64_t>(0, std::min(state.claimed(r), kMaxStep));
+      job->applied[r] = std::max<int64_t>(0, std::min(state.applied(r), kMaxStep));
+    }
+  }
+  std::shared_ptr<Job> replaced;
+  {
+    absl::MutexLock lock(&mu_);
+    if (shut_down_) return absl::UnavailableError("the shard is shutting down");
+    std::shared_ptr<Job>& at = jobs_[Key(request.job(), slot)];
+    if (at != nullptr) {
+      absl::MutexLock held(&at->mu);
+      const bool newer = at->init.attempt() > request.attempt() ||
+                         (at->replica != nullptr && at->replica->routing.generation() > request.generation());
+      if (newer) {
+        return absl::AbortedError(absl::StrCat("slot ", slot, " of job '", Quote(request.job()),
+                                               "' is held under a later attempt or routing: the copy is refused"));
+      }
+    } else if (jobs_.size() > options_.max_jobs) {
+      jobs_.erase(Key(request.job(), slot));
+      return absl::ResourceExhaustedError(absl::StrCat("this shard holds ", jobs_.size(), " embedding slots, its most"));
+    }
+    replaced = std::move(at);
+    at = job;
+  }
+  if (replaced != nullptr) {
+    absl::MutexLock lock(&replaced->mu);
+    replaced->gone = true;
+    replaced->changed.SignalAll();
+  }
+  response->set_seq(state.seq());
+  return absl::OkStatus();
+}
+
 absl::Status EmbeddingStore::Replicate(const ReplicateEmbeddingsRequest& request,
                                        ReplicateEmbeddingsResponse* response) {
+  if (request.has_copy_init() || request.copy_rows_size() > 0) return ReceiveCopy(request, response);
   const uint32_t slot = request.slot();
   auto found = FindJob(request.job(), request.attempt(), &slot);
   if (!found.ok()) return found.status();

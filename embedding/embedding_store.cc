@@ -383,7 +383,7 @@ absl::Status EmbeddingStore::Update(const EmbeddingUpdateRequest& request) {
     const double scale = 1.0 / job.init.num_workers();
     for (size_t t = 0; t < tables.size(); ++t) {
       s = job.tables[tables[t]]->Update(ids[t], reinterpret_cast<const float*>(request.grads(t).data()),
-                                        request.step() + 1, scale);
+                                        request.step() + 1, scale, /*create_missing=*/job.replica != nullptr);
       if (!s.ok()) return s;
     }
     if (job.replica != nullptr) {
@@ -463,7 +463,7 @@ absl::Status EmbeddingStore::AddSync(Job& job, const EmbeddingUpdateRequest& req
   for (size_t t = 0; t < job.tables.size(); ++t) {
     Pending& p = job.pending[t];
     if (!p.ids.empty()) {
-      absl::Status u = job.tables[t]->Update(p.ids, p.sums.data(), job.steps + 1, scale);
+      absl::Status u = job.tables[t]->Update(p.ids, p.sums.data(), job.steps + 1, scale, job.replica != nullptr);
       if (s.ok()) s = u;
     }
     all.push_back(static_cast<int>(t));

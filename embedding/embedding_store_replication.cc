@@ -560,6 +560,12 @@ absl::Status EmbeddingStore::Replicate(const ReplicateEmbeddingsRequest& request
         job.steps = job.released = f.steps();
         job.max_step = f.steps() - 1;
         for (auto& table : job.tables) table->EvictExpired(job.max_step);
+        // Sums this copy gathered while it led (a hand-back mid-step) are
+        // the new leader's now.
+        for (auto& p : job.pending) p = embedding_internal::Pending();
+        std::fill(job.pending_ranks.begin(), job.pending_ranks.end(), 0);
+        if (options_.budget != nullptr) options_.budget->Release(job.pending_bytes);
+        job.pending_bytes = 0;
       }
     } else {
       job.claimed[f.rank()] = std::max(job.claimed[f.rank()], f.step() + 1);

@@ -25,14 +25,15 @@ constexpr uint32_t kVirtualShards = 64;
 
 std::string Bytes(const void* p, size_t n) { return std::string(static_cast<const char*>(p), n); }
 
-// Three shards; shard i is at target "s<i>". Forwards to a target in
-// `unreachable` fail with UNAVAILABLE, as to a shard that is down.
+// Three shards and a spare; shard i is at target "s<i>", the spare at "s3".
+// Forwards to a target in `unreachable` fail with UNAVAILABLE, as to a
+// shard that is down.
 class ReplicatedShards : public ::testing::Test {
  protected:
   void SetUp() override { Start(absl::Minutes(1)); }
 
   void Start(absl::Duration max_wait) {
-    for (uint32_t i = 0; i < kShards; ++i) {
+    for (uint32_t i = 0; i <= kShards; ++i) {
       EmbeddingStoreOptions o;
       o.max_wait = max_wait;
       o.forward = [this](const std::string& target, const ReplicateEmbeddingsRequest& request,
@@ -120,19 +121,22 @@ class ReplicatedShards : public ::testing::Test {
     return shards_[shard]->Update(request);
   }
 
-  // The coordinator's routing: shards `lost` are gone.
-  void Route(uint64_t generation, const std::vector<uint32_t>& lost, const std::vector<uint32_t>& told) {
+  // The coordinator's routing: shards `lost` are gone, `catching_up` are
+  // spares being copied; with `spare`, the spare ("s3") is in shard 1's place.
+  void Route(uint64_t generation, const std::vector<uint32_t>& lost, const std::vector<uint32_t>& told,
+             const std::vector<uint32_t>& catching_up = {}, bool spare = false) {
     SetWorkersRequest r;
     r.set_job("ctr");
     r.set_attempt(1);
     r.mutable_routing()->set_generation(generation);
     for (uint32_t s : lost) r.mutable_routing()->add_lost_shards(s);
-    for (uint32_t i = 0; i < kShards; ++i) r.mutable_routing()->add_targets(absl::StrCat("s", i));
+    for (uint32_t s : catching_up) r.mutable_routing()->add_catching_up(s);
+    for (uint32_t i = 0; i < kShards; ++i) r.mutable_routing()->add_targets(absl::StrCat("s", spare && i == 1 ? 3 : i));
     for (uint32_t s : told) shards_[s]->SetWorkers(r);
   }
 
-  std::array<std::unique_ptr<EmbeddingStore>, kShards> shards_;
-  std::array<std::atomic<bool>, kShards> unreachable_{};
+  std::array<std::unique_ptr<EmbeddingStore>, kShards + 1> shards_;  // [kShards]: the spare
+  std::array<std::atomic<bool>, kShards + 1> unreachable_{};
   std::atomic<int> forwards_{0};
 };
 
@@ -203,7 +207,14 @@ TEST_F(ReplicatedShards, AStepTheLeaderDiedInIsTrainedOnceFromTheRetriedUpdates)
   ASSERT_TRUE(reference.Init(one, &created).ok());
   CreateJob(SYNC, 2, 1);
   const std::vector<int64_t> ids = IdsOf(1, 10);
-  auto ref_update = [&](uint32_t rank, int64_t step) {
+  const std::vector<int64_t> more = IdsOf(1, 14);  // and 4 ids first looked up in step 3
+  auto ref_lookup = [&](uint32_t rank, int64_t step, const std::vector<int64_t>& of) {
+    auto r = RequestOf<EmbeddingLookupRequest>(0, rank, step, of);
+    r.clear_slot();
+    EmbeddingLookupResponse ignored;
+    return reference.Lookup(r, absl::Now() + absl::Seconds(5), &ignored);
+  };
+  auto ref_update = [&](uint32_t rank, int64_t step, const std::vector<int64_t>& ids) {
     auto r = RequestOf<EmbeddingUpdateRequest>(0, rank, step, ids);
     r.clear_slot();
     std::vector<float> grads;
@@ -217,25 +228,30 @@ TEST_F(ReplicatedShards, AStepTheLeaderDiedInIsTrainedOnceFromTheRetriedUpdates)
     for (uint32_t rank = 0; rank < 2; ++rank) {
       ASSERT_TRUE(Lookup(1, 1, rank, step, ids).ok());
       ASSERT_TRUE(Update(1, 1, rank, step, ids).ok());
-      auto r = RequestOf<EmbeddingLookupRequest>(0, rank, step, ids);
-      r.clear_slot();
-      EmbeddingLookupResponse ignored;
-      ASSERT_TRUE(reference.Lookup(r, absl::Now() + absl::Seconds(5), &ignored).ok());
-      ASSERT_TRUE(ref_update(rank, step).ok());
+      ASSERT_TRUE(ref_lookup(rank, step, ids).ok());
+      ASSERT_TRUE(ref_update(rank, step, ids).ok());
     }
   }
-  // Step 3: rank 0's update reaches the leader, which dies before rank 1's.
-  ASSERT_TRUE(Update(1, 1, 0, 3, ids).ok());
+  // Step 3: both ranks look up, 4 of the ids for the first time (their rows
+  // are made on the leader only); rank 0's update reaches the leader, which
+  // dies before rank 1's.
+  for (uint32_t rank = 0; rank < 2; ++rank) {
+    ASSERT_TRUE(Lookup(1, 1, rank, 3, more).ok());
+    ASSERT_TRUE(ref_lookup(rank, 3, more).ok());
+  }
+  ASSERT_TRUE(Update(1, 1, 0, 3, more).ok());
   Route(1, {1}, {0, 2});
   // Both ranks send step 3 again, to slot 1's backup (shard 2); rank 1 twice.
-  ASSERT_TRUE(Update(2, 1, 0, 3, ids).ok());
-  ASSERT_TRUE(Update(2, 1, 1, 3, ids).ok());
-  ASSERT_TRUE(Update(2, 1, 1, 3, ids).ok());
-  ASSERT_TRUE(ref_update(0, 3).ok());
-  ASSERT_TRUE(ref_update(1, 3).ok());
+  // The rows the leader made are made again there, not left without their
+  // updates.
+  ASSERT_TRUE(Update(2, 1, 0, 3, more).ok());
+  ASSERT_TRUE(Update(2, 1, 1, 3, more).ok());
+  ASSERT_TRUE(Update(2, 1, 1, 3, more).ok());
+  ASSERT_TRUE(ref_update(0, 3, more).ok());
+  ASSERT_TRUE(ref_update(1, 3, more).ok());
   std::vector<float> got, want;
-  ASSERT_TRUE(Lookup(2, 1, 0, 4, ids, &got, true).ok());
-  auto r = RequestOf<EmbeddingLookupRequest>(0, 0, 4, ids);
+  ASSERT_TRUE(Lookup(2, 1, 0, 4, more, &got, true).ok());
+  auto r = RequestOf<EmbeddingLookupRequest>(0, 0, 4, more);
   r.clear_slot();
   r.set_read_only(true);
   EmbeddingLookupResponse response;
@@ -297,6 +313,79 @@ TEST_F(ReplicatedShards, ABackupOneForwardBehindIsMendedByTheNewLeadersFirstRoun
   Route(2, {0, 1}, {2});
   ASSERT_TRUE(Lookup(2, 0, 0, 3, ids, &last_copy, true).ok());
   EXPECT_EQ(last_copy, leader);
+}
+
+// A spare in lost shard 1's place: the leaders of the slots it backs up (0
+// and 1) copy them to it whole while training goes on; once caught up it
+// leads its own slot again, continuing bit for bit, backed up by shard 2.
+TEST_F(ReplicatedShards, ASpareGetsAFullCopyAndLeadsItsSlotOnceCaughtUp) {
+  EmbeddingStore reference(EmbeddingStoreOptions{});  // slot 1's updates on one unreplicated table
+  InitEmbeddingsRequest one = Init(SYNC, 1, 0, 0);
+  one.set_num_shards(1);
+  one.clear_routing();
+  InitEmbeddingsResponse created;
+  ASSERT_TRUE(reference.Init(one, &created).ok());
+  CreateJob(SYNC, 1, 1);
+  const std::vector<int64_t> ids0 = IdsOf(0, 12), ids1 = IdsOf(1, 12);
+  auto step = [&](int64_t s, uint32_t leader0, uint32_t leader1) {
+    ASSERT_TRUE(Lookup(leader0, 0, 0, s, ids0).ok());
+    ASSERT_TRUE(Update(leader0, 0, 0, s, ids0).ok());
+    ASSERT_TRUE(Lookup(leader1, 1, 0, s, ids1).ok());
+    ASSERT_TRUE(Update(leader1, 1, 0, s, ids1).ok());
+    auto l = RequestOf<EmbeddingLookupRequest>(0, 0, s, ids1);
+    l.clear_slot();
+    EmbeddingLookupResponse ignored;
+    ASSERT_TRUE(reference.Lookup(l, absl::Now() + absl::Seconds(5), &ignored).ok());
+    auto u = RequestOf<EmbeddingUpdateRequest>(0, 0, s, ids1);
+    u.clear_slot();
+    std::vector<float> grads;
+    for (size_t i = 0; i < ids1.size(); ++i) {
+      for (int j = 0; j < kDim; ++j) grads.push_back(0.01f * (s + 1) + 0.001f * i - 0.002f * j);
+    }
+    u.add_grads(Bytes(grads.data(), grads.size() * sizeof(float)));
+    ASSERT_TRUE(reference.Update(u).ok());
+  };
+  for (int64_t s = 0; s < 3; ++s) ASSERT_NO_FATAL_FAILURE(step(s, 0, 1));
+  Route(1, {1}, {0, 2});  // shard 1 lost: slot 1 led by shard 2
+  ASSERT_NO_FATAL_FAILURE(step(3, 0, 2));
+  Route(2, {}, {0, 2}, {1}, /*spare=*/true);  // the spare in its place, catching up
+  EmbeddingStatsRequest sr;
+  sr.set_job("ctr");
+  EmbeddingStatsResponse stats;
+  ASSERT_TRUE(shards_[2]->Stats(sr, &stats).ok());
+  EXPECT_EQ(std::vector<uint32_t>(stats.copying_to().begin(), stats.copying_to().end()), std::vector<uint32_t>{1});
+  ASSERT_NO_FATAL_FAILURE(step(4, 0, 2));  // each leader's round copies its slot to the spare first
+  for (uint32_t leader : {0u, 2u}) {
+    stats.Clear();
+    ASSERT_TRUE(shards_[leader]->Stats(sr, &stats).ok());
+    EXPECT_TRUE(stats.copying_to().empty()) << leader;
+    EXPECT_EQ(stats.generation(), 2u);
+  }
+  std::vector<float> before, after;
+  ASSERT_TRUE(Lookup(2, 1, 0, 5, ids1, &before, true).ok());
+  Route(3, {}, {0, 2, kShards}, {}, /*spare=*/true);  // caught up: it leads slot 1 again
+  absl::Status s = Lookup(2, 1, 0, 5, ids1);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  ASSERT_TRUE(Lookup(kShards, 1, 0, 5, ids1, &after, true).ok());
+  EXPECT_EQ(after, before);
+  ASSERT_NO_FATAL_FAILURE(step(5, 0, kShards));  // forwarded to shard 2, which backs slot 1 up again
+  ASSERT_TRUE(Lookup(kShards, 1, 0, 6, ids1, &after, true).ok());
+  auto r = RequestOf<EmbeddingLookupRequest>(0, 0, 6, ids1);
+  r.clear_slot();
+  r.set_read_only(true);
+  EmbeddingLookupResponse response;
+  ASSERT_TRUE(reference.Lookup(r, absl::Now() + absl::Seconds(5), &response).ok());
+  std::vector<float> want(response.values(0).size() / sizeof(float));
+  std::memcpy(want.data(), response.values(0).data(), response.values(0).size());
+  EXPECT_EQ(after, want);
+  // And the spare's copy of slot 0, which it backs up, counts: with shard 0
+  // lost, it leads slot 0 from the rows it was copied and sent since.
+  std::vector<float> slot0, promoted;
+  ASSERT_TRUE(Lookup(0, 0, 0, 6, ids0, &slot0, true).ok());
+  Route(4, {0}, {2, kShards}, {}, /*spare=*/true);
+  ASSERT_TRUE(Lookup(kShards, 0, 0, 6, ids0, &promoted, true).ok());
+  EXPECT_EQ(promoted, slot0);
+  ASSERT_NO_FATAL_FAILURE(step(6, kShards, kShards));  // it trains on, slot 0's step 6 included
 }
 
 TEST_F(ReplicatedShards, ReplicationIsRefusedWithoutAForwarderAndForBadLayouts) {

@@ -136,7 +136,11 @@ bool EmbeddingTable::Admit(Stripe& stripe, int64_t id, int64_t step) ABSL_NO_THR
     for (uint16_t* counter : c) *counter = std::max(*counter, low);
     if (low < a.min_count()) return false;
   }
-  const double p = a.probability();
+  return AdmittedByChance(id, step);
+}
+
+bool EmbeddingTable::AdmittedByChance(int64_t id, int64_t step) const {
+  const double p = config_.admission().probability();
   if (p > 0 && p < 1) {
     const uint64_t h = MixId(salt_ ^ MixId(static_cast<uint64_t>(id)) ^ MixId(static_cast<uint64_t>(step) + 1));
     if (Unit(h) >= p) return false;
@@ -213,7 +217,7 @@ absl::Status EmbeddingTable::Read(absl::Span<const int64_t> ids, float* out) con
 }
 
 absl::Status EmbeddingTable::Update(absl::Span<const int64_t> ids, const float* grads, int64_t step,
-                                    double grad_scale) {
+                                    double grad_scale, bool create_missing) {
   if (ids.size() > kMaxEmbeddingIdsPerRequest) {
     return absl::InvalidArgumentError(absl::StrCat("an update of ", ids.size(), " ids in embedding table '",
                                                    config_.name(), "'; at most ", kMaxEmbeddingIdsPerRequest));
@@ -245,20 +249,33 @@ absl::Status EmbeddingTable::Update(absl::Span<const int64_t> ids, const float* 
                        "' has NaN or Inf; nothing was applied (the table's nonfinite policy is reject)"));
     }
   }
+  // A row made by the lookup of step - 1 on a leader that is gone: made
+  // again as that lookup made it (admission by count aside: its counts are
+  // not replicated).
+  const bool remake = create_missing && config_.admission().min_count() <= 1;
   ForEachIdByStripe(unique, [&](Stripe& stripe, uint32_t u) {
     auto it = stripe.index.find(IdKey{unique[u]});
-    if (it == stripe.index.end()) {
+    uint32_t r;
+    if (it != stripe.index.end()) {
+      r = *it;
+    } else if (!remake || !AdmittedByChance(unique[u], step - 1) ||
+               !stripe.MakeRoom(evicts_, counters_.evicted_lru)) {
       ++counters_.dropped_updates;
       return;
+    } else {
+      r = stripe.Take(unique[u], step - 1, 1);
+      float* fresh = stripe.Data(r, row_floats);
+      InitRow(config_, salt_, unique[u], fresh, fresh + dim);
+      ++counters_.created;
     }
-    float* row = stripe.Data(*it, row_floats);
+    float* row = stripe.Data(r, row_floats);
     if (!finite[u] ||
         !ApplyRowUpdate(config_, step, summed.data() + static_cast<size_t>(u) * dim, grad_scale, row, row + dim)) {
       ++counters_.nonfinite;
       return;
     }
     ++counters_.updates;
-    stripe.Touch(*it, step);
+    stripe.Touch(r, step);
   });
   return absl::OkStatus();
 }

@@ -95,7 +95,14 @@ class EmbeddingTable {
   // INVALID_ARGUMENT and nothing is applied; with NONFINITE_SKIP that row
   // keeps its value (nonfinite), as does a row whose result would not be
   // finite.
-  absl::Status Update(absl::Span<const int64_t> ids, const float* grads, int64_t step, double grad_scale);
+  //
+  // `create_missing` (a replicated slot's new leader): an id without a row
+  // gets the row its lookup at step - 1 made on the leader that is gone
+  // (its first value, count 1; by admission.probability's draw for that
+  // step; not under admission.min_count, whose counts are not replicated),
+  // and then the update.
+  absl::Status Update(absl::Span<const int64_t> ids, const float* grads, int64_t step, double grad_scale,
+                      bool create_missing = false);
 
   // Drops rows last touched before `step` - ttl_steps; returns how many.
   int64_t EvictExpired(int64_t step);
@@ -135,6 +142,8 @@ class EmbeddingTable {
   template <typename Visit>
   void ForEachIdByStripe(absl::Span<const int64_t> ids, Visit visit) const;
   bool Admit(Stripe& stripe, int64_t id, int64_t step);
+  // admission.probability's draw for `id` at `step` (true without one).
+  bool AdmittedByChance(int64_t id, int64_t step) const;
   absl::Status ResourceExhausted() const;
 
   EmbeddingTableConfig config_;

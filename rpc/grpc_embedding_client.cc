@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/fan_out.h"
 #include "embedding/row_math.h"
+#include "rpc/grpc_channel.h"
 #include "rpc/grpc_tensor_coding.h"
 #include "rpc/status_util.h"
 
@@ -128,12 +129,25 @@ void GrpcEmbeddingClient::AdoptRouting(const Routing& next) {
   for (uint32_t lost : next.lost_shards()) {
     if (lost >= n) return;  // not this job's layout
   }
+  for (uint32_t s : next.catching_up()) {
+    if (s >= n) return;
+  }
+  // A spare in a lost shard's place is at a new address.
+  if (next.targets_size() == static_cast<int>(n)) {
+    for (size_t s = 0; s < n; ++s) {
+      if (s < static_cast<size_t>(routing_.targets_size()) && routing_.targets(s) == next.targets(s)) continue;
+      stubs_[s] = EmbeddingService::NewStub(CreateChannel(next.targets(s)));
+    }
+  }
   routing_ = next;
+  auto in = [](const google::protobuf::RepeatedField<uint32_t>& set, uint32_t x) {
+    return std::find(set.begin(), set.end(), x) != set.end();
+  };
   for (size_t h = 0; h < n; ++h) {
     int64_t leader = static_cast<int64_t>(h);
-    for (uint32_t c = 0; c <= options_.replicas && c < n; ++c) {
+    for (uint32_t c = 0; c <= options_.replicas && c < n; ++c) {  // the first copy neither lost nor catching up
       const uint32_t s = static_cast<uint32_t>((h + c) % n);
-      if (std::count(routing_.lost_shards().begin(), routing_.lost_shards().end(), s) == 0) {
+      if (!in(routing_.lost_shards(), s) && !in(routing_.catching_up(), s)) {
         leader = s;
         break;
       }
@@ -155,7 +169,12 @@ absl::Status GrpcEmbeddingClient::Resend(const std::vector<size_t>& slots, const
     }
     auto context = Context();
     EmbeddingUpdateResponse response;
-    absl::Status s = OfShard(leader[h], stubs_[leader[h]]->Update(context.get(), retained, &response));
+    std::shared_ptr<EmbeddingService::Stub> stub;
+    {
+      absl::MutexLock lock(&mu_);
+      stub = stubs_[leader[h]];
+    }
+    absl::Status s = OfShard(leader[h], stub->Update(context.get(), retained, &response));
     if (!s.ok()) return s;
     absl::MutexLock lock(&mu_);
     resend_[h] = 0;
@@ -170,10 +189,12 @@ absl::Status GrpcEmbeddingClient::CallSlots(const std::vector<size_t>& slots, st
   std::vector<size_t> pending = slots;
   for (;;) {
     std::vector<int64_t> leader;
+    std::vector<std::shared_ptr<EmbeddingService::Stub>> stubs;
     uint64_t generation = 0;
     {
       absl::MutexLock lock(&mu_);
       leader = leader_;
+      stubs = stubs_;
       generation = routing_.generation();
     }
     std::vector<absl::Status> got(stubs_.size());
@@ -187,7 +208,7 @@ absl::Status GrpcEmbeddingClient::CallSlots(const std::vector<size_t>& slots, st
         if (replicated()) (*requests)[h].set_slot(static_cast<uint32_t>(h));
         contexts[h] = Context();
         const size_t to = static_cast<size_t>(leader[h]);
-        call(stubs_[to].get(), contexts[h].get(), &(*requests)[h], &(*responses)[h],
+        call(stubs[to].get(), contexts[h].get(), &(*requests)[h], &(*responses)[h],
              [&m, &outstanding, &got, h, to](grpc::Status st) {
                absl::MutexLock lock(&m);
                got[h] = OfShard(to, st);
@@ -386,6 +407,20 @@ absl::Status ReplicateEmbeddings(const std::shared_ptr<grpc::Channel>& shard, co
   context.set_deadline(absl::ToChronoTime(deadline));
   if (!job_secret.empty()) context.AddMetadata(kJobSecretMetadata, job_secret);
   return FromGrpcStatus(EmbeddingService::NewStub(shard)->ReplicateEmbeddings(&context, request, response));
+}
+
+absl::StatusOr<EmbeddingStatsResponse> FetchEmbeddingStats(const std::shared_ptr<grpc::Channel>& shard,
+                                                           const std::string& job, const std::string& job_secret,
+                                                           absl::Time deadline) {
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(deadline));
+  if (!job_secret.empty()) context.AddMetadata(kJobSecretMetadata, job_secret);
+  EmbeddingStatsRequest request;
+  request.set_job(job);
+  EmbeddingStatsResponse response;
+  absl::Status s = FromGrpcStatus(EmbeddingService::NewStub(shard)->Stats(&context, request, &response));
+  if (!s.ok()) return s;
+  return response;
 }
 
 }  // namespace pstrain

@@ -100,7 +100,9 @@ class GrpcEmbeddingClient {
   void AdoptRouting(const Routing& next);
 
   const EmbeddingClientOptions options_;
-  std::vector<std::unique_ptr<EmbeddingService::Stub>> stubs_;
+  // One per shard (the vector's size is fixed); a spare at a new address
+  // gets a new one (AdoptRouting, under mu_): callers take copies.
+  std::vector<std::shared_ptr<EmbeddingService::Stub>> stubs_;
   std::vector<EmbeddingTableConfig> tables_;  // normalized, from Init
   mutable absl::Mutex mu_;
   Routing routing_ ABSL_GUARDED_BY(mu_);
@@ -125,6 +127,12 @@ void SaveEmbeddingsAsync(const std::shared_ptr<grpc::Channel>& shard, const Save
                          std::function<void(absl::Status)> done);
 absl::Status LoadEmbeddings(const std::shared_ptr<grpc::Channel>& shard, const LoadEmbeddingsRequest& request,
                             const std::string& job_secret, absl::Time deadline);
+
+// The Stats of the job's embedding tables on the shard behind `shard` (the
+// coordinator's check that a spare caught up).
+absl::StatusOr<EmbeddingStatsResponse> FetchEmbeddingStats(const std::shared_ptr<grpc::Channel>& shard,
+                                                           const std::string& job, const std::string& job_secret,
+                                                           absl::Time deadline);
 
 // A slot leader's forward to the backup shard behind `shard` (replicated
 // embedding tables; pstrain-ps's EmbeddingStoreOptions::forward).

@@ -361,6 +361,40 @@ TEST_F(EmbeddingReplicationTest, AStoppedShardThatComesBackIsFenced) {
   EXPECT_EQ(Metrics(job), Metrics(whole));
 }
 
+// Two losses with a spare copied in between: shard 1 SIGKILLed, a spare
+// takes its place and gets slots 0 and 1 whole from their leaders while
+// the job trains, then shard 2 SIGKILLed: no restart, and the end of the
+// uninterrupted run to the last digit.
+TEST_F(EmbeddingReplicationTest, ASpareRestoresTheCopiesBetweenTwoLosses) {
+  const std::string yaml = absl::StrReplaceAll(
+      CtrYaml("ctr", "sync", 500), {{"OUT", dir_ + "/out"}, {"epochs: 1", "epochs: 3"}, {"checkpoint_every_steps: 60\n", ""}});
+  const std::string whole = Submit(WriteSpec("whole", yaml));
+  ASSERT_EQ(Cli({"watch", whole}).code, 0) << Logs();
+  auto want = ReadWeightsFile(dir_ + "/out/" + whole + "/model.pt");
+  ASSERT_TRUE(want.ok()) << want.status();
+
+  const std::string job = Submit(WriteSpec("twice", yaml));
+  WaitForStep(job, 60);
+  pool_[1]->Signal(SIGKILL);
+  pool_[1]->Wait();
+  ASSERT_TRUE(AwaitReason(job, "ShardLost", absl::Seconds(30))) << JsonStatus(job);
+  const absl::Time spare = absl::Now();
+  StartPool(1, 0, /*first_shard=*/3);
+  ASSERT_TRUE(AwaitReason(job, "ShardCaughtUp", absl::Seconds(60))) << JsonStatus(job) << Logs();
+  std::printf("ctr sync: a spare caught up %.2f s after it was started, at step %lld\n",
+              absl::ToDoubleSeconds(absl::Now() - spare), static_cast<long long>(Step(job)));
+  const int64_t before = Step(job);
+  ASSERT_LT(before, 450) << "too late for a second loss mid-run";
+  pool_[2]->Signal(SIGKILL);
+  pool_[2]->Wait();
+  std::printf("ctr sync: 5 more steps %.2f s after the second SIGKILL\n", SecondsUntilPast(job, before));
+  ExpectSucceededWithoutARestart(job);
+  auto got = ReadWeightsFile(dir_ + "/out/" + job + "/model.pt");
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(BitwiseDifference(*want, *got), "") << Logs();
+  EXPECT_EQ(Metrics(job), Metrics(whole));
+}
+
 // A checkpoint taken after a loss (shard 2 saving its slot and the lost
 // one's) restores onto the 2 shards left, with replicas 1 and 0: both
 // restored jobs hold the same rows and values (the same test AUC and log

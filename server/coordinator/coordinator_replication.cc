@@ -9,6 +9,8 @@
 #include "absl/strings/str_cat.h"
 #include "common/quote.h"
 #include "common/routing_key.h"
+#include "rpc/grpc_channel.h"
+#include "rpc/grpc_embedding_client.h"
 #include "rpc/grpc_remote_shard.h"
 #include "server/coordinator/coordinator.h"
 #include "spdlog/spdlog.h"
@@ -26,7 +28,7 @@ void Remove(google::protobuf::RepeatedField<int32_t>* set, int x) {
 // catching-up backup (or a later one) and does not list it in copying_to;
 // and `shard` holds the job's table.
 bool CaughtUp(const std::vector<std::string>& targets, const std::vector<int>& skip, int shard,
-              const std::string& job, const std::string& secret, uint64_t generation) {
+              const std::string& job, const std::string& secret, uint64_t generation, bool embeddings) {
   for (size_t i = 0; i < targets.size(); ++i) {
     if (std::count(skip.begin(), skip.end(), static_cast<int>(i)) > 0) continue;
     RemoteShardOptions ro;
@@ -45,6 +47,11 @@ bool CaughtUp(const std::vector<std::string>& targets, const std::vector<int>& s
     if (static_cast<int>(i) == shard) continue;  // the spare: its table is there
     if (r.generation() < generation) return false;
     if (std::count(r.copying_to().begin(), r.copying_to().end(), static_cast<uint32_t>(shard)) > 0) return false;
+    if (!embeddings) continue;
+    // And the slots of embedding rows it leads (docs/replication.md).
+    auto e = FetchEmbeddingStats(CreateChannel(targets[i]), job, secret, absl::Now() + absl::Seconds(5));
+    if (!e.ok() || e->generation() < generation) return false;
+    if (std::count(e->copying_to().begin(), e->copying_to().end(), static_cast<uint32_t>(shard)) > 0) return false;
   }
   return true;
 }
@@ -105,10 +112,8 @@ void Coordinator::FillLostShards() {
     Job& job = *active;
     JobStatus& st = job.stored.status;
     // One spare at a time per job: a second loss meanwhile waits.
-    // Embedding rows are not copied to a spare (yet): a job with embedding
-    // tables goes on with its lost shards' slots led by their backups.
     if (st.state() != RUNNING || job.spec.replicas == 0 || st.lost_shards_size() == 0 ||
-        st.catching_up_shards_size() > 0 || !job.spec.embeddings.empty()) {
+        st.catching_up_shards_size() > 0) {
       continue;
     }
     std::vector<FreeMember> free = members_.FreeMembers();
@@ -144,6 +149,7 @@ void Coordinator::CatchUpLoop(const std::string& job_id, uint64_t attempt, int s
     std::vector<int> skip;
     std::string secret;
     uint64_t generation = 0;
+    bool embeddings = false;
     {
       absl::MutexLock lock(&mu_);
       Job* job = FindJob(job_id);
@@ -158,8 +164,9 @@ void Coordinator::CatchUpLoop(const std::string& job_id, uint64_t attempt, int s
       skip.assign(st.lost_shards().begin(), st.lost_shards().end());
       secret = st.job_secret();
       generation = st.routing_generation();
+      embeddings = !job->spec.embeddings.empty();
     }
-    if (!CaughtUp(targets, skip, shard, job_id, secret, generation)) {
+    if (!CaughtUp(targets, skip, shard, job_id, secret, generation, embeddings)) {
       absl::SleepFor(absl::Milliseconds(200));
       continue;
     }

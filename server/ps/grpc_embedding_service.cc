@@ -101,10 +101,15 @@ grpc::Status GrpcEmbeddingService::ReplicateEmbeddings(grpc::ServerContext* cont
                                                        const ReplicateEmbeddingsRequest& request,
                                                        ReplicateEmbeddingsResponse* response) {
   // Shard tokens only (rpc/security.cc), and the job's secret.
-  if (absl::Status s = secrets_.Check(request.job(), MetadataValue(*context, kJobSecretMetadata)); !s.ok()) {
-    return ToGrpcStatus(s);
-  }
-  return ToGrpcStatus(store_->Replicate(request, response));
+  const std::string secret = MetadataValue(*context, kJobSecretMetadata);
+  if (absl::Status s = secrets_.Check(request.job(), secret); !s.ok()) return ToGrpcStatus(s);
+  if (!request.has_copy_init()) return ToGrpcStatus(store_->Replicate(request, response));
+  // A spare's first copy of a slot makes the job here: its secret is
+  // recorded as InitEmbeddings records it.
+  secrets_.BeginMake(request.job());
+  absl::Status s = store_->Replicate(request, response);
+  secrets_.EndMake(request.job(), s.ok(), secret);
+  return ToGrpcStatus(s);
 }
 
 grpc::Status GrpcEmbeddingService::DropEmbeddings(grpc::ServerContext* context, const DropEmbeddingsRequest& request,

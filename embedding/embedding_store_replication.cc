@@ -474,8 +474,13 @@ absl::Status EmbeddingStore::ReceiveCopy(const ReplicateEmbeddingsRequest& reque
     std::shared_ptr<Job>& at = jobs_[Key(request.job(), slot)];
     if (at != nullptr) {
       absl::MutexLock held(&at->mu);
+      const SlotReplica* had = at->replica.get();
+      // A later attempt or routing here, or another leader under the same
+      // routing: the copy is not the slot's leader's.
       const bool newer = at->init.attempt() > request.attempt() ||
-                         (at->replica != nullptr && at->replica->routing.generation() > request.generation());
+                         (had != nullptr && (had->routing.generation() > request.generation() ||
+                                             (had->routing.generation() == request.generation() &&
+                                              had->leader != static_cast<int64_t>(request.sender()))));
       if (newer) {
         return absl::AbortedError(absl::StrCat("slot ", slot, " of job '", Quote(request.job()),
                                                "' is held under a later attempt or routing: the copy is refused"));

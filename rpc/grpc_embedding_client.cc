@@ -226,6 +226,10 @@ absl::Status GrpcEmbeddingClient::CallSlots(const std::vector<size_t>& slots, st
           }
         }
         if (!replicated() || !options_.next_routing) continue;
+        if (options_.stop != nullptr && options_.stop->load()) {
+          for (size_t h : pending) contexts[h]->TryCancel();
+          continue;
+        }
         absl::StatusOr<Routing> next = options_.next_routing(generation, absl::ZeroDuration());
         if (!next.ok()) continue;
         AdoptRouting(*next);
@@ -243,6 +247,9 @@ absl::Status GrpcEmbeddingClient::CallSlots(const std::vector<size_t>& slots, st
     }
     if (failed.empty()) return absl::OkStatus();
     if (absl::Now() >= deadline) return got[failed[0]];
+    if (options_.stop != nullptr && options_.stop->load()) {
+      return absl::CancelledError(absl::StrCat("the job is stopping: ", got[failed[0]].message()));
+    }
     AwaitRouting(generation, deadline);
     pending = std::move(failed);
   }

@@ -22,6 +22,7 @@
 
 #include <grpcpp/channel.h>
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <string>
@@ -49,6 +50,10 @@ struct EmbeddingClientOptions {
   uint32_t replicas = 0;
   std::vector<std::string> targets;
   std::function<absl::StatusOr<Routing>(uint64_t generation, absl::Duration wait)> next_routing;
+  // When set and true, a call waiting for a new leader gives up (CANCELLED)
+  // within a second: the job is stopping, its tables dropped, and no
+  // routing will come.
+  const std::atomic<bool>* stop = nullptr;
 };
 
 // What a lookup does to the rows it reads: a training step's touch (counts

@@ -363,6 +363,16 @@ void AddEmbeddingCases(const CaseAdder& add) {
     add("ReplicateEmbeddings", "a slot the shard does not hold", r, grpc::StatusCode::FAILED_PRECONDITION);
     r.set_slot(0);
     add("ReplicateEmbeddings", "a job that is not replicated", r, grpc::StatusCode::FAILED_PRECONDITION);
+    InitEmbeddingsRequest* copy = r.mutable_copy_init();
+    copy->set_job("other");
+    copy->set_attempt(2);
+    add("ReplicateEmbeddings", "a copy of another job's tables", r, grpc::StatusCode::INVALID_ARGUMENT);
+    copy->set_job("job");
+    copy->set_num_workers(1);
+    copy->set_replicas(1);
+    copy->set_num_shards(2);
+    r.mutable_copy_state()->add_claimed(0);  // one rank's claimed step, and no applied
+    add("ReplicateEmbeddings", "a copy whose state does not match its ranks", r, grpc::StatusCode::INVALID_ARGUMENT);
     InitEmbeddingsRequest i;
     i.set_job("job");
     i.set_attempt(3);

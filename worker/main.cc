@@ -213,8 +213,7 @@ std::unique_ptr<pstrain::CheckpointPause> SetUpPause(int rank, const RunContext&
   return pause;
 }
 
-// model: dlrm. The embedding tables live on the job's shards beside its
-// dense tables (the same addresses: pstrain-ps serves both services).
+// model: dlrm. The embedding tables live on the job's shards beside its dense tables (pstrain-ps serves both).
 absl::Status RunCtrJob(const pstrain::TrainerOptions& options, const std::vector<std::string>& targets) {
   const pstrain::JobSpec& spec = options.spec;
   std::vector<std::shared_ptr<grpc::Channel>> channels;
@@ -229,6 +228,7 @@ absl::Status RunCtrJob(const pstrain::TrainerOptions& options, const std::vector
   eo.replicas = static_cast<uint32_t>(spec.replicas);  // R + 1 copies of a slot's rows; routings say which lead
   eo.targets = targets;
   eo.next_routing = options.next_routing;
+  eo.stop = options.stop;
   pstrain::GrpcEmbeddingClient client(std::move(channels), eo);
   pstrain::InitEmbeddingsRequest init;
   init.set_num_workers(static_cast<uint32_t>(options.world_size));

@@ -4,6 +4,7 @@
 #ifndef PSTRAIN_EMBEDDING_EMBEDDING_STORE_INTERNAL_H_
 #define PSTRAIN_EMBEDDING_EMBEDDING_STORE_INTERNAL_H_
 
+#include <algorithm>
 #include <atomic>
 #include <map>
 #include <memory>
@@ -39,6 +40,26 @@ struct Pending {
   std::vector<int64_t> ids;
   std::vector<float> sums;
 };
+
+// Routing sets and rows as replication reads them (the store's files only).
+inline bool In(const google::protobuf::RepeatedField<uint32_t>& set, uint32_t shard) {
+  return std::find(set.begin(), set.end(), shard) != set.end();
+}
+inline bool Lost(const Routing& r, uint32_t shard) { return In(r.lost_shards(), shard); }
+// A slot's leader: its first copy neither lost nor a spare still catching up.
+inline int64_t LeaderOf(const std::vector<uint32_t>& copies, const Routing& r) {
+  for (uint32_t s : copies) {
+    if (!Lost(r, s) && !In(r.catching_up(), s)) return s;
+  }
+  return -1;
+}
+template <typename T>
+const T* Packed(const std::string& bytes) {
+  return reinterpret_cast<const T*>(bytes.data());
+}
+// The rows of one table in a forward or a copy, checked whole before any is
+// applied: sizes that match the table, ids of the slot, steps in range.
+absl::Status CheckRows(const InitEmbeddingsRequest& init, const EmbeddingTable& table, const EmbeddingRowsProto& rows);
 
 // A replicated slot's copy on this shard (embedding_store_replication.cc):
 // the rows of one shard's virtual shards, led by the first of `copies` the

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/fan_out.h"
+#include "common/routing_key.h"
 #include "embedding/row_math.h"
 #include "rpc/grpc_channel.h"
 #include "rpc/grpc_tensor_coding.h"
@@ -20,21 +21,6 @@ absl::Status OfShard(size_t shard, const grpc::Status& s) {
   if (s.ok()) return absl::OkStatus();
   absl::Status a = FromGrpcStatus(s);
   return absl::Status(a.code(), absl::StrCat("embedding shard ", shard, ": ", a.message()));
-}
-
-// A failure a newer routing may mend (replicated tables): the shard is gone
-// or unreachable, or no longer leads the slot (the caller's routing is
-// old, or it was fenced). Anything else fails the call at once.
-bool MayFailOver(const absl::Status& s) {
-  switch (s.code()) {
-    case absl::StatusCode::kUnavailable:
-    case absl::StatusCode::kFailedPrecondition:
-    case absl::StatusCode::kAborted:
-    case absl::StatusCode::kCancelled:
-      return true;
-    default:
-      return false;
-  }
 }
 
 // How long a retry waits for the coordinator's next routing before it tries

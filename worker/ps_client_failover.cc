@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <map>
 
+#include "common/routing_key.h"
 #include "rpc/tensor_codec.h"
 #include "worker/ps_client.h"
 
@@ -21,22 +22,6 @@ namespace {
 
 bool Contains(const google::protobuf::RepeatedField<uint32_t>& set, int x) {
   return std::find(set.begin(), set.end(), static_cast<uint32_t>(x)) != set.end();
-}
-
-// A failure a newer routing may mend: the shard is gone (UNAVAILABLE, or a
-// call cut off), it no longer leads (FAILED_PRECONDITION: the caller's
-// routing is old; ABORTED: it was fenced). Anything else (a bad request, a
-// stale attempt that a routing cannot mend, ...) fails the call at once.
-bool MayFailOver(const absl::Status& s) {
-  switch (s.code()) {
-    case absl::StatusCode::kUnavailable:
-    case absl::StatusCode::kFailedPrecondition:
-    case absl::StatusCode::kAborted:
-    case absl::StatusCode::kCancelled:
-      return true;
-    default:
-      return false;
-  }
 }
 
 // How long a retry waits for the coordinator's next routing before it tries

@@ -210,19 +210,17 @@ int main(int argc, char** argv) {
     return 2;
   }
   store_options.checkpoint_root = *root;
-  // Replicated tables: a primary forwards to its backups over gRPC, with
-  // the job's secret and this shard's token.
-  const pstrain::GrpcParameterService* forwarding_service = nullptr;  // set below, before any table exists
+  // Replicated tables (dense and embedding): a primary forwards to its backups over gRPC, with the job's secret
+  // and this shard's token, through the services (set below, before any table exists).
+  const pstrain::GrpcParameterService* forwarding_service = nullptr;
   store_options.forward = Forwarder(&forwarding_service);
   pstrain::ShardStore store(store_options);
   pstrain::EmbeddingStoreOptions embedding_options;
   embedding_options.budget = &budget;
   embedding_options.max_wait = store_options.max_wait;
-  // A SYNC lookup waits on a server thread: keep the waiters well under
-  // the server's threads, so other calls are still served.
-  embedding_options.max_waiters = 256;
+  embedding_options.max_waiters = 256;  // SYNC lookups wait on server threads: leave threads for other calls
   embedding_options.max_response_bytes = static_cast<uint64_t>(max_mb) << 20;
-  const pstrain::GrpcEmbeddingService* embedding_forwarding = nullptr;  // set below, before any table exists
+  const pstrain::GrpcEmbeddingService* embedding_forwarding = nullptr;
   embedding_options.forward = EmbeddingForwarder(&embedding_forwarding);
   pstrain::EmbeddingStore embeddings(embedding_options);
   std::unique_ptr<pstrain::MetricsServer> metrics;

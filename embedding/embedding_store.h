@@ -91,8 +91,10 @@ class EmbeddingStore {
   // A slot leader's forwards, on one of the slot's backups: applied in seq
   // order, once each. ABORTED when the sender does not lead the slot under
   // this shard's routing (fenced), UNAVAILABLE when the sender's routing is
-  // newer than this shard's (try again), FAILED_PRECONDITION when a forward
-  // is missing (response->seq says what this shard holds).
+  // newer than this shard's (try again). A request whose first new forward
+  // is not the next this shard needs applies none: OK, and response->seq
+  // says what it holds. With copy_init or copy_rows: a spare's full copy
+  // (embedding_store_copy.cc).
   absl::Status Replicate(const ReplicateEmbeddingsRequest& request, ReplicateEmbeddingsResponse* response);
 
   // Checkpoints (embedding_store_files.cc; paths absolute, confined by the

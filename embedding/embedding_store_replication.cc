@@ -14,7 +14,9 @@
 // queued (AwaitForwarded), for every caller waiting, and the next round
 // starts only after every backup acknowledged the last: a backup is at most
 // one forward behind any other copy, and the last forward, which every copy
-// keeps, is all a promoted leader needs to bring one up to date.
+// keeps, is all a promoted leader needs to bring one up to date (one
+// further behind, which should not happen, gets the whole slot as a spare
+// does: embedding_store_copy.cc).
 //
 // Rows a lookup creates are not forwarded: a row's first value is a
 // function of its id, so a promoted backup creates the same row on its
@@ -49,6 +51,12 @@ constexpr int kMaxForwards = 4096;
 // coordinator declares it lost, or it answers).
 constexpr absl::Duration kForwardRetry = absl::Milliseconds(100);
 
+// A failure of a forward or a copy that trying again may mend.
+bool Transient(const absl::Status& s) {
+  return s.code() == absl::StatusCode::kUnavailable || s.code() == absl::StatusCode::kDeadlineExceeded ||
+         s.code() == absl::StatusCode::kCancelled;
+}
+
 }  // namespace
 
 namespace embedding_internal {
@@ -76,7 +84,6 @@ absl::Status CheckRows(const InitEmbeddingsRequest& init, const EmbeddingTable& 
 }
 
 }  // namespace embedding_internal
-
 
 absl::StatusOr<std::vector<std::shared_ptr<EmbeddingStore::Job>>> EmbeddingStore::MakeJobs(
     const InitEmbeddingsRequest& request, int64_t start_step) {
@@ -205,8 +212,7 @@ absl::Status EmbeddingStore::SendRound(Job& job, const std::vector<EmbeddingForw
         n.erase(std::remove(n.begin(), n.end(), backup), n.end());
         continue;
       }
-      if (c.code() != absl::StatusCode::kUnavailable && c.code() != absl::StatusCode::kDeadlineExceeded) return c;
-      if (absl::Now() > until) return c;
+      if (!Transient(c) || absl::Now() > until) return c;
       absl::SleepFor(kForwardRetry);
       continue;
     }
@@ -226,11 +232,10 @@ absl::Status EmbeddingStore::SendRound(Job& job, const std::vector<EmbeddingForw
       done.push_back(backup);
       continue;
     }
-    if (s.ok()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "backup shard ", backup, " of slot ", slot, " of job '", Quote(job.name), "' holds forward ",
-          response.seq(), " and this leader's next is ", batch.front().seq(),
-          ": it needs a full copy, which replicated embedding tables do not make yet"));
+    if (s.ok()) {  // further behind than the last forward mends: the whole slot, as to a spare
+      absl::MutexLock lock(&job.mu);
+      job.replica->needs_copy.push_back(backup);
+      continue;
     }
     if (s.code() == absl::StatusCode::kAborted) {  // refused: another shard leads the slot now
       absl::MutexLock lock(&job.mu);
@@ -242,10 +247,7 @@ absl::Status EmbeddingStore::SendRound(Job& job, const std::vector<EmbeddingForw
       job.changed.SignalAll();
       return absl::AbortedError(rep.fenced);
     }
-    const bool transient = s.code() == absl::StatusCode::kUnavailable ||
-                           s.code() == absl::StatusCode::kDeadlineExceeded ||
-                           s.code() == absl::StatusCode::kCancelled;
-    if (!transient) return s;
+    if (!Transient(s)) return s;
     if (absl::Now() > until) {
       return absl::DeadlineExceededError(absl::StrCat("backup shard ", backup, " of slot ", slot, " of job '",
                                                       Quote(job.name), "' did not answer: ", s.message()));

@@ -318,6 +318,37 @@ TEST_F(ReplicatedShards, ABackupOneForwardBehindIsMendedByTheNewLeadersFirstRoun
 // A spare in lost shard 1's place: the leaders of the slots it backs up (0
 // and 1) copy them to it whole while training goes on; once caught up it
 // leads its own slot again, continuing bit for bit, backed up by shard 2.
+// A backup further behind than the last forward (which the rounds' order
+// should prevent) gets the whole slot from its new leader, as a spare does.
+TEST_F(ReplicatedShards, ABackupFurtherBehindGetsTheWholeSlot) {
+  CreateJob(SYNC, 1, 2);
+  const std::vector<int64_t> ids = IdsOf(0, 6);
+  ASSERT_TRUE(Lookup(0, 0, 0, 0, ids).ok());
+  ASSERT_TRUE(Update(0, 0, 0, 0, ids).ok());  // forward 1, to shards 1 and 2
+  // Forwards 2 and 3 of leader 0 reach shard 1 only.
+  ReplicateEmbeddingsRequest r;
+  r.set_job("ctr");
+  r.set_attempt(1);
+  r.set_slot(0);
+  r.set_sender(0);
+  for (int64_t seq : {2, 3}) {
+    EmbeddingForward* f = r.add_forwards();
+    f->set_seq(seq);
+    f->set_steps(seq);
+  }
+  ReplicateEmbeddingsResponse response;
+  ASSERT_TRUE(shards_[1]->Replicate(r, &response).ok());
+  ASSERT_EQ(response.seq(), 3);
+  Route(1, {0}, {1, 2});
+  ASSERT_TRUE(Lookup(1, 0, 0, 3, ids).ok());
+  ASSERT_TRUE(Update(1, 0, 0, 3, ids).ok());  // shard 2 holds forward 1: the whole slot first
+  std::vector<float> leader, last_copy;
+  ASSERT_TRUE(Lookup(1, 0, 0, 4, ids, &leader, true).ok());
+  Route(2, {0, 1}, {2});
+  ASSERT_TRUE(Lookup(2, 0, 0, 4, ids, &last_copy, true).ok());
+  EXPECT_EQ(last_copy, leader);
+}
+
 TEST_F(ReplicatedShards, ASpareGetsAFullCopyAndLeadsItsSlotOnceCaughtUp) {
   EmbeddingStore reference(EmbeddingStoreOptions{});  // slot 1's updates on one unreplicated table
   InitEmbeddingsRequest one = Init(SYNC, 1, 0, 0);

@@ -148,18 +148,15 @@ void GrpcEmbeddingClient::AdoptRouting(const Routing& next) {
 absl::Status GrpcEmbeddingClient::Resend(const std::vector<size_t>& slots, const std::vector<int64_t>& leader) {
   for (size_t h : slots) {
     EmbeddingUpdateRequest retained;
+    std::shared_ptr<EmbeddingService::Stub> stub;
     {
       absl::MutexLock lock(&mu_);
       if (!resend_[h]) continue;
       retained = retained_[h];
+      stub = stubs_[leader[h]];
     }
     auto context = Context();
     EmbeddingUpdateResponse response;
-    std::shared_ptr<EmbeddingService::Stub> stub;
-    {
-      absl::MutexLock lock(&mu_);
-      stub = stubs_[leader[h]];
-    }
     absl::Status s = OfShard(leader[h], stub->Update(context.get(), retained, &response));
     if (!s.ok()) return s;
     absl::MutexLock lock(&mu_);

@@ -60,6 +60,11 @@ int OptimizerStateSlots(OptimizerConfig::Kind kind) {
   }
 }
 
+bool OptimizerUsesState(const OptimizerConfig& config) {
+  if (config.kind() == OptimizerConfig::SGD) return config.momentum() != 0;
+  return OptimizerStateSlots(config.kind()) > 0;
+}
+
 namespace {
 
 // 1 if |x| is a finite number, else 0 (NaN compares false). An integer AND

@@ -21,6 +21,11 @@ absl::Status NormalizeOptimizerConfig(OptimizerConfig* config);
 // Number of state buffers (each the size of the chunk) `kind` keeps.
 int OptimizerStateSlots(OptimizerConfig::Kind kind);
 
+// Whether an update reads or writes its state buffers: not so for SGD
+// without momentum, whose momentum buffer stays zeros (and need not travel
+// to a backup).
+bool OptimizerUsesState(const OptimizerConfig& config);
+
 // Applies one update: out[i] = update(param[i], grad[i]) for i in [0, n).
 // `out` may be `param` (in place) or another buffer (copy-on-write: the shard
 // hands out the old values to readers without copying them). `step` counts

@@ -3,6 +3,7 @@
 // gRPC. A "lost" shard is shut down and its forwards fail, as a killed
 // process's would.
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -73,6 +74,15 @@ class Ring {
         if (!down_[to]) s = stores_[to].get();
       }
       if (s == nullptr) return done(absl::UnavailableError("connection refused"));
+      {
+        absl::MutexLock lock(&mu_);
+        if (held_to_ == to) {  // kept in flight until Release (the caller keeps req, t and resp alive)
+          held_.push_back([s, &req, &t, resp, done = std::move(done)]() mutable {
+            s->ReplicateAsync(req, t, resp, {}, std::move(done));
+          });
+          return;
+        }
+      }
       s->ReplicateAsync(req, t, resp, {}, std::move(done));
     };
     return std::make_unique<ShardStore>(std::move(o));
@@ -163,9 +173,32 @@ class Ring {
     fresh.reset();  // the dead one, outside mu_ (its threads may be waiting on it)
   }
 
+  // Forwards to shard `to` stay in flight from now until Release delivers them.
+  void Hold(int to) {
+    absl::MutexLock lock(&mu_);
+    held_to_ = to;
+  }
+  size_t Held() {
+    absl::MutexLock lock(&mu_);
+    return held_.size();
+  }
+  void Release() {
+    std::vector<std::function<void()>> held;
+    {
+      absl::MutexLock lock(&mu_);
+      held_to_ = -1;
+      held.swap(held_);
+    }
+    for (auto& deliver : held) deliver();
+  }
+
   // The coordinator's new routing, told to every shard in `to`.
   absl::Status Announce(const std::vector<int>& to) {
     routing_.set_generation(routing_.generation() + 1);
+    return Tell(to);
+  }
+  // The current routing, told to the shards in `to` (the others later).
+  absl::Status Tell(const std::vector<int>& to) {
     for (int i : to) {
       SetWorkersRequest req;
       req.set_job("job");
@@ -199,6 +232,8 @@ class Ring {
   absl::Mutex mu_;
   std::vector<bool> down_ ABSL_GUARDED_BY(mu_);
   std::map<int, int> forwards_ ABSL_GUARDED_BY(mu_);
+  int held_to_ ABSL_GUARDED_BY(mu_) = -1;
+  std::vector<std::function<void()>> held_ ABSL_GUARDED_BY(mu_);
   std::vector<std::unique_ptr<ShardStore>> stores_;
 };
 
@@ -367,6 +402,61 @@ TEST(ShardReplication, ReplacedPrimaryIsFenced) {
   absl::StatusOr<std::vector<float>> later = ring.PushPull("a", 0, 2, 5.0f, /*shard=*/0);
   EXPECT_EQ(later.status().code(), absl::StatusCode::kAborted) << later.status();
   EXPECT_TRUE(testing_util::Stats(ring.store(0)).replication().fenced());
+}
+
+// A forward refused under a routing its primary has since left behind is
+// no fence. Shard 2 leads x (its primary, shard 1, was lost and is catching
+// up) and y; it forwards both to shard 1, which meanwhile caught up and
+// leads x again under generation 3, so it refuses the forward. Shard 2
+// learned generation 3 before the refusal came back: y is still its own.
+// (Fencing y on that refusal failed tests/replication_test's stopped shard
+// 1 run in 6: the workers found y's leader refusing, with no newer routing
+// to mend it.)
+TEST(ShardReplication, ARefusalUnderAnOlderRoutingFencesNothing) {
+  Ring ring(3, {{"x", {1, 2}}, {"y", {2, 1}}}, MomentumConfig(ASYNC, 1));
+  ASSERT_TRUE(ring.Init(1).ok());  // shard 0 holds neither
+  ASSERT_TRUE(ring.Init(2).ok());
+  ring.Kill(1);
+  ring.Lose(1);
+  ASSERT_TRUE(ring.Announce({2}).ok());
+  ring.Revive(1);
+  ring.Rejoin(1);
+  ASSERT_TRUE(ring.Init(1).ok());
+  ASSERT_TRUE(ring.Announce({1, 2}).ok());
+  ASSERT_TRUE(ring.PushPull("x", 0, 0, 1.0f).ok());  // the copies reach shard 1
+  ring.CaughtUp(1);
+  ASSERT_TRUE(ring.Announce({1}).ok());  // generation 3 reaches shard 1 first
+  ring.Hold(1);
+  // One push of both keys to shard 2, still at generation 2: one forward.
+  PushPullRequest both;
+  both.set_job("job");
+  both.set_worker(0);
+  both.set_step(1);
+  both.add_keys("x");
+  both.add_keys("y");
+  PushPullResponse resp;
+  std::vector<TensorBuffer> values;
+  absl::Status pushed;
+  std::thread pusher([&] {
+    pushed = WaitFor([&](StatusCallback done) {
+      ring.store(2).PushPullAsync(both, {Floats({1, 1, 1, 1}), Floats({1, 1, 1, 1})}, &resp, &values,
+                                  Within(absl::Seconds(10)), done);
+    });
+  });
+  for (int i = 0; i < 500 && ring.Held() == 0; ++i) absl::SleepFor(absl::Milliseconds(10));
+  ASSERT_EQ(ring.Held(), 1u);
+  ASSERT_TRUE(ring.Tell({2}).ok());  // shard 2 hands x back
+  ring.Release();                       // and then hears shard 1's refusal
+  pusher.join();
+  EXPECT_EQ(pushed.code(), absl::StatusCode::kAborted) << pushed;  // x moved: the worker retries there
+  ASSERT_EQ(ring.Leader("y"), 2);
+  absl::StatusOr<std::vector<float>> y = ring.PushPull("y", 0, 2, 0.5f);
+  ASSERT_TRUE(y.ok()) << y.status();
+  EXPECT_FALSE(testing_util::Stats(ring.store(2)).replication().fenced());
+  EXPECT_EQ(ring.View(1, "y"), ring.View(2, "y"));
+  absl::StatusOr<std::vector<float>> x = ring.PushPull("x", 0, 2, 0.5f);
+  ASSERT_TRUE(x.ok()) << x.status();
+  EXPECT_EQ(ring.View(2, "x"), ring.View(1, "x"));
 }
 
 // A backup that is unreachable holds up the chunk's callers (the update is

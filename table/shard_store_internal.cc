@@ -190,7 +190,7 @@ void CompleteSyncStep(ShardStore::Table& table, ShardStore::Chunk& c, TensorBuff
     if (!active[r]) c.vacant_at_version.push_back(static_cast<uint32_t>(r));
   }
   c.pending_lr = 0;
-  MarkChanged(c, 0);
+  MarkChanged(c, OptimizerUsesState(optimizer) ? 0 : -1);
   c.version.store(c.version.load(std::memory_order_relaxed) + 1, std::memory_order_release);
 }
 

@@ -177,6 +177,23 @@ struct ShardStore::Waiter {
     return true;
   }
 
+  // A chunk whose update this caller waits to see acknowledged, and which
+  // this shard stopped leading before its backups had it (a routing handed
+  // it to another copy meanwhile): nothing here will acknowledge it any
+  // more; the caller sends the update to the new leader (a duplicate there
+  // if it already arrived). Empty: none.
+  std::string Moved() const {
+    for (size_t i = 0; i < chunks.size() && i < ack_seqs.size(); ++i) {
+      const Chunk& chunk = *table->chunks[chunks[i]];
+      if (!chunk.led.load(std::memory_order_acquire) &&
+          chunk.acked_seq.load(std::memory_order_acquire) < ack_seqs[i]) {
+        return absl::StrCat("key ", Quote(chunk.key), " is led by another shard since a newer routing, and its "
+                            "backups had not confirmed this update: send it to the key's leader");
+      }
+    }
+    return "";
+  }
+
   // Names the first chunk that is behind, for a message a person can act on.
   std::string Lagging() const {
     for (size_t c : chunks) {

@@ -290,7 +290,7 @@ void ShardStore::PushTransaction::Commit(PushResponse* response, std::vector<int
     // A SYNC arrival is not (the step's arrivals are pushed again after a
     // failover); the step it completes marked its state set itself.
     if (action_[i] == Action::kUpdate) {
-      shard_internal::MarkChanged(c, static_cast<int>(set_));
+      shard_internal::MarkChanged(c, OptimizerUsesState(optimizer_) ? static_cast<int>(set_) : -1);
     } else if (action_[i] == Action::kSkip || action_[i] == Action::kEmpty) {
       shard_internal::MarkChanged(c);
     }

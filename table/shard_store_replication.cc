@@ -402,6 +402,12 @@ bool ShardStore::StartForward(const std::shared_ptr<Table>& table, uint32_t peer
             peer.acked_seq[sent.chunk] = -1;  // it lacked an earlier update: a full copy next
           }
         }
+      } else if (s.code() == absl::StatusCode::kAborted && call->request.generation() < rep.routing.generation()) {
+        // Refused under a routing this shard has left behind since it sent
+        // the forward (a chunk handed back to a spare that caught up): the
+        // new routing already says which chunks it leads, and the next
+        // forward is built by it. Fencing here would stop it leading chunks
+        // that are its own under that routing, for good.
       } else if (s.code() == absl::StatusCode::kAborted) {
         // The backup holds a newer routing in which this shard no longer
         // leads these chunks: stop serving them before anyone sees an

@@ -55,8 +55,13 @@ void ShardStore::WhenReadyAsync(std::shared_ptr<Table> table, std::vector<size_t
   absl::Status now;
   {
     absl::MutexLock lock(&waiters_mu_);
+    // Read under waiters_mu_: a routing that takes a chunk away stores
+    // `led` first and then aborts the waiters it finds (AbortWaiters).
+    std::string moved = w->Moved();
     if (shutdown_) {
       now = Unavailable();
+    } else if (!moved.empty()) {
+      now = absl::AbortedError(moved);
     } else if (!w->Satisfied()) {
       if (waiters_.size() >= options_.max_waiters) {
         now = absl::ResourceExhaustedError(absl::StrCat("shard ", options_.shard_index, " already has ",

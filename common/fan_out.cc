@@ -22,4 +22,11 @@ absl::Status FanOut::Wait() {
   return status;
 }
 
+bool FanOut::Settled(absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  return mu_.AwaitWithTimeout(absl::Condition(
+                                  +[](int* outstanding) { return *outstanding == 0; }, &outstanding_),
+                              timeout);
+}
+
 }  // namespace pstrain

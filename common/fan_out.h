@@ -32,6 +32,9 @@ class FanOut {
   // then returns the first error (OK if none) and forgets it, so one
   // FanOut serves round after round.
   absl::Status Wait();
+  // Waits up to `timeout` for no call to be outstanding; true if none is.
+  // The outcome stays for Wait.
+  bool Settled(absl::Duration timeout);
 
  private:
   absl::Mutex mu_;

@@ -360,25 +360,26 @@ absl::Status DropEmbeddings(const std::shared_ptr<grpc::Channel>& shard, const s
   return FromGrpcStatus(EmbeddingService::NewStub(shard)->DropEmbeddings(&context, request, &response));
 }
 
-void SaveEmbeddingsAsync(const std::shared_ptr<grpc::Channel>& shard, const SaveEmbeddingsRequest& request,
-                         const std::string& job_secret, absl::Time deadline, SaveEmbeddingsResponse* response,
-                         std::function<void(absl::Status)> done) {
-  // What must outlive the call, freed by its callback.
+std::shared_ptr<grpc::ClientContext> SaveEmbeddingsAsync(const std::shared_ptr<grpc::Channel>& shard,
+                                                         const SaveEmbeddingsRequest& request,
+                                                         const std::string& job_secret, absl::Time deadline,
+                                                         SaveEmbeddingsResponse* response,
+                                                         std::function<void(absl::Status)> done) {
+  // What must outlive the call: held by its callback, and by the caller
+  // through the context it gets back.
   struct Call {
     grpc::ClientContext context;
     SaveEmbeddingsRequest request;
     std::unique_ptr<EmbeddingService::Stub> stub;
   };
-  auto* call = new Call;
+  auto call = std::make_shared<Call>();
   call->context.set_deadline(absl::ToChronoTime(deadline));
   if (!job_secret.empty()) call->context.AddMetadata(kJobSecretMetadata, job_secret);
   call->request = request;
   call->stub = EmbeddingService::NewStub(shard);
   call->stub->async()->SaveEmbeddings(&call->context, &call->request, response,
-                                      [call, done = std::move(done)](grpc::Status s) {
-                                        delete call;
-                                        done(FromGrpcStatus(s));
-                                      });
+                                      [call, done = std::move(done)](grpc::Status s) { done(FromGrpcStatus(s)); });
+  return std::shared_ptr<grpc::ClientContext>(call, &call->context);
 }
 
 absl::Status LoadEmbeddings(const std::shared_ptr<grpc::Channel>& shard, const LoadEmbeddingsRequest& request,

@@ -126,10 +126,13 @@ absl::Status DropEmbeddings(const std::shared_ptr<grpc::Channel>& shard, const s
 // The coordinator's checkpoint calls on the shard behind `shard`, with
 // `job_secret` and a deadline. SaveEmbeddingsAsync returns at once; `done`
 // runs once, on a gRPC thread, after *response (the caller's, kept until
-// then) is filled.
-void SaveEmbeddingsAsync(const std::shared_ptr<grpc::Channel>& shard, const SaveEmbeddingsRequest& request,
-                         const std::string& job_secret, absl::Time deadline, SaveEmbeddingsResponse* response,
-                         std::function<void(absl::Status)> done);
+// then) is filled. The call's context comes back, for TryCancel while the
+// call is in flight (a no-op after).
+std::shared_ptr<grpc::ClientContext> SaveEmbeddingsAsync(const std::shared_ptr<grpc::Channel>& shard,
+                                                         const SaveEmbeddingsRequest& request,
+                                                         const std::string& job_secret, absl::Time deadline,
+                                                         SaveEmbeddingsResponse* response,
+                                                         std::function<void(absl::Status)> done);
 absl::Status LoadEmbeddings(const std::shared_ptr<grpc::Channel>& shard, const LoadEmbeddingsRequest& request,
                             const std::string& job_secret, absl::Time deadline);
 

@@ -336,10 +336,10 @@ TEST_F(EmbeddingReplicationTest, SyncJobLosesAShardAndEndsLikeAnUninterruptedOne
 // A shard that hangs (SIGSTOP): the workers' calls to it are cancelled once
 // it is declared lost, and when it comes back its forwards are refused.
 TEST_F(EmbeddingReplicationTest, AStoppedShardThatComesBackIsFenced) {
-  // No periodic checkpoint: one under way when the shard stops waits for
-  // its save until checkpoint_save_timeout (docs/replication.md, "Not yet").
-  const std::string yaml = absl::StrReplaceAll(CtrYaml("ctr", "sync", 180),
-                                               {{"OUT", dir_ + "/out"}, {"checkpoint_every_steps: 60\n", ""}});
+  // Periodic checkpoints too: one under way when the shard stops is
+  // abandoned once the shard is declared lost (the routing changes under
+  // it), and the next one is taken under the new routing.
+  const std::string yaml = absl::StrReplaceAll(CtrYaml("ctr", "sync", 180), {{"OUT", dir_ + "/out"}});
   const std::string whole = Submit(WriteSpec("whole", yaml));
   ASSERT_EQ(Cli({"watch", whole}).code, 0) << Logs();
   auto want = ReadWeightsFile(dir_ + "/out/" + whole + "/model.pt");
@@ -367,7 +367,7 @@ TEST_F(EmbeddingReplicationTest, AStoppedShardThatComesBackIsFenced) {
 // uninterrupted run to the last digit.
 TEST_F(EmbeddingReplicationTest, ASpareRestoresTheCopiesBetweenTwoLosses) {
   const std::string yaml = absl::StrReplaceAll(
-      CtrYaml("ctr", "sync", 500), {{"OUT", dir_ + "/out"}, {"epochs: 1", "epochs: 3"}, {"checkpoint_every_steps: 60\n", ""}});
+      CtrYaml("ctr", "sync", 500), {{"OUT", dir_ + "/out"}, {"epochs: 1", "epochs: 3"}});
   const std::string whole = Submit(WriteSpec("whole", yaml));
   ASSERT_EQ(Cli({"watch", whole}).code, 0) << Logs();
   auto want = ReadWeightsFile(dir_ + "/out/" + whole + "/model.pt");

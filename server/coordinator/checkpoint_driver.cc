@@ -57,11 +57,19 @@ absl::Status SaveOnWorkers(const CheckpointWrite& w, const std::string& pending,
 // The name of shard i's embedding file in a checkpoint directory.
 std::string EmbeddingFileName(size_t i) { return absl::StrCat("emb-", i, ".bin"); }
 
+// How often SaveOnShards asks CheckpointWrite::abandon.
+constexpr absl::Duration kAbandonPoll = absl::Milliseconds(100);
+
 // Every shard writes its table (unless `dense` is false: a hybrid job's
 // dense part is worker 0's) and its embedding tables at once; the first
-// failure is returned once every call has ended.
+// failure is returned once every call has ended, or ABORTED once
+// w.abandon gives a reason (the calls in flight cancelled).
 absl::Status SaveOnShards(const CheckpointWrite& w, const std::string& pending_name, bool dense,
                           std::vector<SaveTableResponse>& saved, std::vector<SaveEmbeddingsResponse>& embeddings) {
+  // This checkpoint's own clients and contexts: cancelling them touches no
+  // other call to the shards.
+  std::vector<std::shared_ptr<grpc::ClientContext>> embedding_calls;
+  std::vector<std::unique_ptr<GrpcRemoteShard>> dense_clients;
   FanOut calls;
   if (dense) calls.Add(static_cast<int>(w.shards.size()));
   if (w.embeddings) {
@@ -72,11 +80,11 @@ absl::Status SaveOnShards(const CheckpointWrite& w, const std::string& pending_n
       req.set_job(w.job_id);
       req.set_attempt(w.attempt);
       req.set_path(absl::StrCat(pending_name, "/", EmbeddingFileName(i)));
-      SaveEmbeddingsAsync(
+      embedding_calls.push_back(SaveEmbeddingsAsync(
           CreateChannel(w.shards[i]), req, w.job_secret, absl::Now() + w.save_timeout, &embeddings[i],
           [&calls, i](absl::Status s) {
             calls.Done(s.ok() ? s : absl::Status(s.code(), absl::StrCat("shard ", i, "'s embeddings: ", s.message())));
-          });
+          }));
     }
   }
   for (size_t i = 0; dense && i < w.shards.size(); ++i) {
@@ -89,11 +97,22 @@ absl::Status SaveOnShards(const CheckpointWrite& w, const std::string& pending_n
     CallOptions opts;
     opts.deadline = absl::Now() + w.save_timeout;
     opts.job_secret = w.job_secret;
-    SharedRemoteShard(ro)->SaveTableAsync(req, &saved[i], opts, [&, i](absl::Status s) {
+    dense_clients.push_back(std::make_unique<GrpcRemoteShard>(ro));
+    dense_clients.back()->SaveTableAsync(req, &saved[i], opts, [&, i](absl::Status s) {
       calls.Done(s.ok() ? s : absl::Status(s.code(), absl::StrCat("shard ", i, ": ", s.message())));
     });
   }
-  return calls.Wait();
+  std::string abandoned;
+  while (!calls.Settled(kAbandonPoll)) {
+    if (!w.abandon || !(abandoned = w.abandon()).empty()) break;
+  }
+  if (!abandoned.empty()) {
+    for (const auto& context : embedding_calls) context->TryCancel();
+    for (const auto& client : dense_clients) client->CancelCalls();
+  }
+  absl::Status status = calls.Wait();
+  if (abandoned.empty()) return status;
+  return absl::AbortedError(absl::StrCat("the checkpoint was abandoned: ", abandoned));
 }
 
 // Every new shard loads every embedding file of the checkpoint (`dir`:

@@ -6,6 +6,7 @@
 #define PSTRAIN_SERVER_COORDINATOR_CHECKPOINT_DRIVER_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -88,6 +89,11 @@ struct CheckpointWrite {
   // How long the shards (or worker 0) may take to write their tables
   // (CoordinatorOptions::checkpoint_save_timeout).
   absl::Duration save_timeout = absl::Minutes(10);
+  // Asked while the shards write (a few times a second): a reason to give
+  // up (one of them was declared lost, the job ended) or empty. The calls
+  // still in flight are cancelled and the checkpoint fails with ABORTED
+  // naming it, instead of waiting out save_timeout on a shard that hangs.
+  std::function<std::string()> abandon;
 };
 
 // All-reduce worker 0's answer under ckpt/<id>/saved (checkpoint/

@@ -1,10 +1,19 @@
 #include "server/coordinator/checkpoint_driver.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <random>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "checkpoint/layout.h"
 #include "checkpoint/manifest.h"
 #include "checkpoint/pause_keys.h"
@@ -160,6 +169,66 @@ TEST(WriteCheckpointTest, AQatWorkerThatNeverSavesItsBuffersLeavesNothing) {
   absl::Status s = WriteCheckpoint(w, root, rendezvous);
   EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
   EXPECT_NE(s.message().find("did not save its buffers"), std::string::npos) << s;
+  EXPECT_FALSE(std::filesystem::exists(w.dir));
+  EXPECT_FALSE(std::filesystem::exists(PendingCheckpointDir(w.dir)));
+}
+
+// A shard that hangs: its port takes connections (the kernel's backlog)
+// and nobody ever answers on them, as a SIGSTOPped pstrain-ps.
+class HungPort {
+ public:
+  HungPort() {
+    fd_ = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(addr);
+    if (fd_ < 0 || bind(fd_, reinterpret_cast<sockaddr*>(&addr), len) != 0 || listen(fd_, 16) != 0 ||
+        getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+      ADD_FAILURE() << "no listening socket: " << std::strerror(errno);
+      return;
+    }
+    address_ = absl::StrCat("127.0.0.1:", ntohs(addr.sin_port));
+  }
+  ~HungPort() {
+    if (fd_ >= 0) close(fd_);
+  }
+  const std::string& address() const { return address_; }
+
+ private:
+  int fd_ = -1;
+  std::string address_;
+};
+
+// A shard that hangs while the shards write (and is then declared lost:
+// abandon says so) fails the checkpoint at once, with no directory left
+// behind, instead of holding the paused workers until save_timeout.
+TEST(WriteCheckpointTest, AHungShardsSaveIsAbandoned) {
+  HungPort dense_and_rows, other;
+  std::string root = std::filesystem::canonical(testing::TempDir()).string() + "/abandoned";
+  std::filesystem::remove_all(root);
+  std::filesystem::create_directories(root);
+  CheckpointWrite w;
+  w.job_id = "job";
+  w.attempt = 1;
+  w.pause_id = 44;
+  w.shards = {dense_and_rows.address(), other.address()};
+  w.embeddings = true;
+  w.dir = root + "/job/ckpt-7";
+  w.save_timeout = absl::Minutes(5);
+  const absl::Time start = absl::Now();
+  std::atomic<int> asked{0};
+  w.abandon = [&]() -> std::string {
+    ++asked;
+    return absl::Now() - start > absl::Milliseconds(300) ? "shard 0 was declared lost" : "";
+  };
+  Rendezvous rendezvous(RendezvousLimits{});
+  absl::Status s = WriteCheckpoint(w, root, rendezvous);
+  const absl::Duration took = absl::Now() - start;
+  EXPECT_EQ(s.code(), absl::StatusCode::kAborted) << s;
+  EXPECT_NE(s.message().find("shard 0 was declared lost"), std::string::npos) << s;
+  EXPECT_LT(took, absl::Seconds(10)) << "the hung calls were not cancelled";
+  EXPECT_GE(asked.load(), 2);
   EXPECT_FALSE(std::filesystem::exists(w.dir));
   EXPECT_FALSE(std::filesystem::exists(PendingCheckpointDir(w.dir)));
 }

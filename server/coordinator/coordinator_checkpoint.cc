@@ -193,6 +193,20 @@ absl::StatusOr<CheckpointWrite> Coordinator::PauseForCheckpoint(const std::strin
   w.dir = CheckpointDir(JobDir(job->stored.output_dir, job_id), manifest.step);
   w.keep = job->spec.checkpoint_keep;
   w.save_timeout = options_.checkpoint_save_timeout;
+  // A shard lost (or a spare taking over) while they write: which shard
+  // leads a chunk changed under the saves, and a lost one's call would
+  // hold the workers until save_timeout. The next checkpoint is whole.
+  w.abandon = [this, job_id, attempt = s.attempt(), generation = s.routing_generation()]() -> std::string {
+    absl::MutexLock lock(&mu_);
+    const Job* job = FindJob(job_id);
+    if (job == nullptr) return "the job was deleted";
+    const JobStatus& st = job->stored.status;
+    if (st.attempt() != attempt || IsTerminal(st.state())) return "the job's attempt ended";
+    if (st.routing_generation() == generation) return "";
+    return absl::StrCat("the shards' routing changed (generation ", generation, " -> ", st.routing_generation(),
+                        ", ", st.lost_shards_size(), " shard(s) lost, ", st.catching_up_shards_size(),
+                        " catching up) while they wrote; the next checkpoint is taken under the new one");
+  };
   spdlog::debug("coordinator: {} pause {}: {} of {} ranks paused (the rest done or vacant), step {}", job_id,
                 w.pause_id, c.paused.size(), job->spec.workers, manifest.step);
   return w;

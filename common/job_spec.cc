@@ -137,7 +137,9 @@ absl::Status CheckValues(const JobSpec& spec, const MappingReader& r) {
                                               : "must be in 1..1024");
   }
   if (spec.replicas != 0) {
-    if (spec.allreduce()) return r.Error("replicas", "is for ps mode (all-reduce workers hold no shards)");
+    if (spec.allreduce() && spec.embeddings.empty()) {
+      return r.Error("replicas", "is for ps mode, or all-reduce with embeddings (all-reduce workers hold no shards)");
+    }
     if (spec.replicas < 0 || spec.replicas >= spec.shards) {
       return r.Error("replicas", absl::StrCat("must be in 0..", spec.shards - 1, " (a chunk's copies are on distinct "
                                               "shards: at most shards - 1 backups)"));

@@ -87,7 +87,9 @@ class EmbeddingStore {
   // attempt or rank count, or for a job without embeddings, changes
   // nothing. Its routing, of a higher generation than the last, says which
   // shards are lost: a slot's first live copy leads it from then on.
-  void SetWorkers(const SetWorkersRequest& request);
+  // FAILED_PRECONDITION when the shard holds no slot of the job's attempt
+  // (a hybrid job's shard holds nothing else: its SetWorkers is this one's).
+  absl::Status SetWorkers(const SetWorkersRequest& request);
   // A slot leader's forwards, on one of the slot's backups: applied in seq
   // order, once each. ABORTED when the sender does not lead the slot under
   // this shard's routing (fenced), UNAVAILABLE when the sender's routing is

@@ -308,7 +308,7 @@ void EmbeddingStore::ApplyRouting(Job& job, const Routing& routing) {
   job.changed.SignalAll();
 }
 
-void EmbeddingStore::SetWorkers(const SetWorkersRequest& request) {
+absl::Status EmbeddingStore::SetWorkers(const SetWorkersRequest& request) {
   std::vector<std::shared_ptr<Job>> slots;
   {
     absl::MutexLock lock(&mu_);
@@ -317,14 +317,19 @@ void EmbeddingStore::SetWorkers(const SetWorkersRequest& request) {
       slots.push_back(it->second);
     }
   }
+  bool held = false;
   for (const auto& job : slots) {
     absl::MutexLock lock(&job->mu);
     if (request.attempt() != job->init.attempt()) continue;
+    held = true;
     if (job->replica != nullptr && request.has_routing()) ApplyRouting(*job, request.routing());
     if (request.seats_size() != static_cast<int>(job->active.size())) continue;
     for (int r = 0; r < request.seats_size(); ++r) job->active[r] = request.seats(r).active() ? 1 : 0;
     job->changed.SignalAll();
   }
+  if (held) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat("job '", Quote(request.job()), "' attempt ", request.attempt(),
+                                                    " has no embedding tables on this shard"));
 }
 
 

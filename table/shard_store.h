@@ -139,6 +139,8 @@ class ShardStore : public ParameterStore {
   // Applies the coordinator's view of the job's ranks (see WorkerSeat); a
   // seat's generation never goes back (a late, older view of a rank is
   // ignored for that rank).
+  // Whether the shard holds a table of `job` (any attempt).
+  bool HoldsTable(const std::string& job);
   void SetWorkersAsync(const SetWorkersRequest& request, SetWorkersResponse* response,
                        const CallOptions& options, StatusCallback done) override;
 

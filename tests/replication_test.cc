@@ -333,6 +333,34 @@ TEST_F(EmbeddingReplicationTest, SyncJobLosesAShardAndEndsLikeAnUninterruptedOne
   }
 }
 
+// A hybrid job (the dense part all-reduced among the workers, the rows on
+// the shards) with replicas: a shard SIGKILLed, and the job ends as the
+// uninterrupted one, rows and dense part alike, without a restart.
+TEST_F(EmbeddingReplicationTest, HybridJobLosesAShardAndEndsLikeAnUninterruptedOne) {
+  const std::string yaml =
+      absl::StrReplaceAll(CtrYaml("ctr-hybrid", "sync", 180), {{"OUT", dir_ + "/out"}}) + "mode: allreduce\n";
+  const std::string whole = Submit(WriteSpec("whole", yaml));
+  CliResult w = Cli({"watch", whole});
+  ASSERT_EQ(w.code, 0) << w.out << Logs();
+  auto want = ReadWeightsFile(dir_ + "/out/" + whole + "/model.pt");
+  ASSERT_TRUE(want.ok()) << want.status();
+
+  const std::string job = Submit(WriteSpec("killed", yaml));
+  WaitForStep(job, 75);
+  const int64_t before = Step(job);
+  pool_[0]->Signal(SIGKILL);
+  pool_[0]->Wait();
+  std::printf("ctr hybrid: 5 more steps %.2f s after the SIGKILL of a shard at step %lld (lease 0.5 s)\n",
+              SecondsUntilPast(job, before), static_cast<long long>(before));
+  ExpectSucceededWithoutARestart(job);
+  auto got = ReadWeightsFile(dir_ + "/out/" + job + "/model.pt");
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(BitwiseDifference(*want, *got), "");
+  const std::string metrics = Metrics(whole);
+  EXPECT_NE(metrics.find("log_loss="), std::string::npos) << JsonStatus(whole);
+  EXPECT_EQ(Metrics(job), metrics);
+}
+
 // A shard that hangs (SIGSTOP): the workers' calls to it are cancelled once
 // it is declared lost, and when it comes back its forwards are refused.
 TEST_F(EmbeddingReplicationTest, AStoppedShardThatComesBackIsFenced) {

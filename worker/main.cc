@@ -286,8 +286,8 @@ absl::Status RunJobOrThrow(pstrain::JobSpec spec, int rank, int world_size, cons
     remote_shards.push_back(pstrain::SharedRemoteShard(ro));
     options.shards.push_back(remote_shards.back().get());
   }
-  if (spec.replicas > 0 && !spec.allreduce()) {
-    // The coordinator's routings, and spares at new addresses.
+  if (spec.replicas > 0) {
+    // The coordinator's routings (a hybrid job's: for its rows), and spares at new addresses.
     options.shard_targets = targets;
     if (member != nullptr) options.next_routing = pstrain::RoutingsFrom(member);
     options.connect_shard = pstrain::SpareShardClients(absl::Seconds(absl::GetFlag(FLAGS_rpc_timeout_s)));

@@ -129,7 +129,7 @@ absl::Status LoadEmbeddingsOnShards(const CheckpointManifest& manifest, const st
   init.set_staleness(spec.staleness);
   init.set_num_shards(static_cast<uint32_t>(shards.size()));
   for (const EmbeddingTableConfig& t : spec.embeddings.tables) *init.add_tables() = t;
-  if (spec.replicas > 0 && !spec.allreduce()) {  // every copy of each slot loads it, as the workers will ask
+  if (spec.replicas > 0) {  // every copy of each slot loads it, as the workers will ask
     init.set_replicas(static_cast<uint32_t>(spec.replicas));
     for (const std::string& t : shards) init.mutable_routing()->add_targets(t);
   }

@@ -23,31 +23,37 @@ void Remove(google::protobuf::RepeatedField<int32_t>* set, int x) {
   if (it != set->end()) set->erase(it);
 }
 
+// The dense half of CaughtUp, asked of shard i (at `target`).
+bool DenseCaughtUp(const std::string& target, int i, int shard, const std::string& job, const std::string& secret,
+                   uint64_t generation) {
+  RemoteShardOptions ro;
+  ro.target = target;
+  ro.default_timeout = absl::Seconds(5);
+  ro.max_attempts = 1;
+  StatsRequest req;
+  req.set_job(job);
+  StatsResponse resp;
+  CallOptions opts;
+  opts.job_secret = secret;
+  absl::Status s = WaitFor([&](StatusCallback done) { SharedRemoteShard(ro)->StatsAsync(req, &resp, opts, done); });
+  if (!s.ok() || resp.tables_size() != 1) return false;
+  const ReplicationStats& r = resp.tables(0).replication();
+  if (i == shard) return true;  // the spare: its table is there
+  if (r.generation() < generation) return false;
+  return std::count(r.copying_to().begin(), r.copying_to().end(), static_cast<uint32_t>(shard)) == 0;
+}
+
 // Whether every live primary of the job has finished copying to `shard`:
 // each answers Stats with the routing generation that made `shard` a
 // catching-up backup (or a later one) and does not list it in copying_to;
-// and `shard` holds the job's table.
+// and `shard` holds the job's table. `dense`: the job's dense table is on
+// the shards (not a hybrid job's); `embeddings`: so are embedding rows.
 bool CaughtUp(const std::vector<std::string>& targets, const std::vector<int>& skip, int shard,
-              const std::string& job, const std::string& secret, uint64_t generation, bool embeddings) {
+              const std::string& job, const std::string& secret, uint64_t generation, bool dense, bool embeddings) {
   for (size_t i = 0; i < targets.size(); ++i) {
     if (std::count(skip.begin(), skip.end(), static_cast<int>(i)) > 0) continue;
-    RemoteShardOptions ro;
-    ro.target = targets[i];
-    ro.default_timeout = absl::Seconds(5);
-    ro.max_attempts = 1;
-    StatsRequest req;
-    req.set_job(job);
-    StatsResponse resp;
-    CallOptions opts;
-    opts.job_secret = secret;
-    absl::Status s =
-        WaitFor([&](StatusCallback done) { SharedRemoteShard(ro)->StatsAsync(req, &resp, opts, done); });
-    if (!s.ok() || resp.tables_size() != 1) return false;
-    const ReplicationStats& r = resp.tables(0).replication();
-    if (static_cast<int>(i) == shard) continue;  // the spare: its table is there
-    if (r.generation() < generation) return false;
-    if (std::count(r.copying_to().begin(), r.copying_to().end(), static_cast<uint32_t>(shard)) > 0) return false;
-    if (!embeddings) continue;
+    if (dense && !DenseCaughtUp(targets[i], static_cast<int>(i), shard, job, secret, generation)) return false;
+    if (!embeddings || static_cast<int>(i) == shard) continue;
     // And the slots of embedding rows it leads (docs/replication.md).
     auto e = FetchEmbeddingStats(CreateChannel(targets[i]), job, secret, absl::Now() + absl::Seconds(5));
     if (!e.ok() || e->generation() < generation) return false;
@@ -82,7 +88,7 @@ void Coordinator::PublishRouting(Job& job, uint64_t attempt, const Routing& rout
 
 bool Coordinator::LoseShard(Job& job, const MemberStatus& lost, const std::string& what) {
   JobStatus& st = job.stored.status;
-  if (job.spec.allreduce() || job.spec.replicas == 0 || lost.role() != MEMBER_ROLE_SHARD || ShardLost(st, lost) ||
+  if ((job.spec.allreduce() && job.spec.embeddings.empty()) || job.spec.replicas == 0 || lost.role() != MEMBER_ROLE_SHARD || ShardLost(st, lost) ||
       lost.rank() < 0 || lost.rank() >= job.spec.shards) {
     return false;
   }
@@ -149,7 +155,7 @@ void Coordinator::CatchUpLoop(const std::string& job_id, uint64_t attempt, int s
     std::vector<int> skip;
     std::string secret;
     uint64_t generation = 0;
-    bool embeddings = false;
+    bool dense = true, embeddings = false;
     {
       absl::MutexLock lock(&mu_);
       Job* job = FindJob(job_id);
@@ -164,9 +170,10 @@ void Coordinator::CatchUpLoop(const std::string& job_id, uint64_t attempt, int s
       skip.assign(st.lost_shards().begin(), st.lost_shards().end());
       secret = st.job_secret();
       generation = st.routing_generation();
+      dense = !job->spec.allreduce();
       embeddings = !job->spec.embeddings.empty();
     }
-    if (!CaughtUp(targets, skip, shard, job_id, secret, generation, embeddings)) {
+    if (!CaughtUp(targets, skip, shard, job_id, secret, generation, dense, embeddings)) {
       absl::SleepFor(absl::Milliseconds(200));
       continue;
     }

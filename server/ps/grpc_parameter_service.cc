@@ -267,10 +267,10 @@ grpc::ServerUnaryReactor* GrpcParameterService::SetWorkers(grpc::CallbackServerC
   return Serve<SetWorkersRequest, SetWorkersResponse>(
       "SetWorkers", metrics_, &secrets_, SecretUse::kCheck, context, request, response,
       [this, context](const SetWorkersRequest&) { return CoordinatorOnly(context, "SetWorkers"); },
-      [this](auto state, const CallOptions& options, StatusCallback done) {
+      [this, context](auto state, const CallOptions& options, StatusCallback done) {
         store_->SetWorkersAsync(state->request, &state->response, options,
-                                [this, state, done = std::move(done)](absl::Status s) {
-                                  if (s.ok() && options_.on_set_workers) options_.on_set_workers(state->request);
+                                [this, state, secret = PresentedSecret(context), done = std::move(done)](absl::Status s) {
+                                  if (options_.on_set_workers) s = options_.on_set_workers(state->request, secret, s);
                                   done(std::move(s));
                                 });
       });

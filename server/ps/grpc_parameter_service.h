@@ -50,9 +50,13 @@ class GrpcParameterService final
     std::shared_ptr<TokenTable> tokens;
     // Checks the coordinator's table grants (null: tables are made without).
     std::shared_ptr<const TableGrantVerifier> grants;
-    // Told of each SetWorkers the store took (the shard's embedding tables
-    // learn which ranks are active); may be empty.
-    std::function<void(const SetWorkersRequest&)> on_set_workers;
+    // Told of each SetWorkers after the store (the shard's embedding tables
+    // learn which ranks are active and the routing), with the secret the
+    // caller presented and the store's answer; returns the call's answer
+    // (a hybrid job's shard holds no dense table: NOT_FOUND there, and its
+    // embedding tables answer). May be empty.
+    std::function<absl::Status(const SetWorkersRequest&, const std::string& secret, absl::Status dense)>
+        on_set_workers;
   };
   // `store` (and options.metrics) are not owned and must outlive the
   // service.

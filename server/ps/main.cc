@@ -261,8 +261,18 @@ int main(int argc, char** argv) {
   embedding_forwarding = &embedding_service;
   // The embedding tables learn from the dense SetWorkers which ranks take
   // part, and replicated ones which shards are lost.
-  service_options.on_set_workers = [&embeddings](const pstrain::SetWorkersRequest& r) {
-    embeddings.SetWorkers(r);
+  service_options.on_set_workers = [&store, &embeddings, &embedding_service](
+                                       const pstrain::SetWorkersRequest& r, const std::string& secret,
+                                       absl::Status dense) {
+    if (dense.ok()) {
+      (void)embeddings.SetWorkers(r);  // a job without embeddings: nothing to tell
+      return dense;
+    }
+    // A hybrid job (all-reduce with embeddings) keeps only rows here.
+    if (store.HoldsTable(r.job())) return dense;
+    if (absl::Status s = embedding_service.secrets().Check(r.job(), secret); !s.ok()) return s;
+    if (!embeddings.SetWorkers(r).ok()) return dense;
+    return absl::OkStatus();
   };
   pstrain::GrpcParameterService service(&store, std::move(service_options));
   forwarding_service = &service;

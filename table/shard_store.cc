@@ -104,11 +104,6 @@ absl::Status ShardStore::CheckAttempt(const Table& table, uint64_t attempt) cons
   return absl::OkStatus();
 }
 
-bool ShardStore::HoldsTable(const std::string& job) {
-  absl::MutexLock lock(&mu_);
-  return tables_.count(job) > 0;
-}
-
 absl::StatusOr<std::shared_ptr<ShardStore::Table>> ShardStore::FindTable(const std::string& job,
                                                                          uint64_t attempt) {
   absl::Status down = ShutdownStatus();

@@ -34,6 +34,11 @@ absl::Status SettleChunk(ShardStore::Table& table, ShardStore::Chunk& c, const s
 
 }  // namespace
 
+bool ShardStore::HoldsTable(const std::string& job) {
+  absl::MutexLock lock(&mu_);
+  return tables_.count(job) > 0;
+}
+
 void ShardStore::SetWorkersAsync(const SetWorkersRequest& request, SetWorkersResponse* response,
                                  const CallOptions& /*options*/, StatusCallback done) {
   absl::StatusOr<std::shared_ptr<Table>> found = FindTable(request.job(), request.attempt());

@@ -396,6 +396,9 @@ class Coordinator {
   // Pauses the workers and decides what the checkpoint writes.
   absl::StatusOr<CheckpointWrite> PauseForCheckpoint(const std::string& job_id, uint64_t attempt)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // CheckpointWrite::abandon for the attempt's checkpoint under routing
+  // `generation` (called without mu_ held).
+  std::function<std::string()> AbandonCheck(const std::string& job_id, uint64_t attempt, uint64_t generation);
   // A pause id no pause of any job has had, in this coordinator's life or
   // an earlier one's (workers skip a pause whose id they already served).
   int64_t NextPauseId() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

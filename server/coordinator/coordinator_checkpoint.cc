@@ -183,9 +183,7 @@ absl::StatusOr<CheckpointWrite> Coordinator::PauseForCheckpoint(const std::strin
   // Replicated shards: a lost one's chunks are saved by their new primaries.
   std::vector<int> lost(s.lost_shards().begin(), s.lost_shards().end());
   std::sort(lost.rbegin(), lost.rend());  // erased from the back
-  for (int i : lost) {
-    if (i >= 0 && i < static_cast<int>(w.shards.size())) w.shards.erase(w.shards.begin() + i);
-  }
+  for (int i : lost) if (i >= 0 && i < static_cast<int>(w.shards.size())) w.shards.erase(w.shards.begin() + i);
   w.embeddings = !job->spec.embeddings.empty();
   w.buffers = buffers;
   // The job's own directory: jobs sharing an output_dir never touch each
@@ -193,10 +191,20 @@ absl::StatusOr<CheckpointWrite> Coordinator::PauseForCheckpoint(const std::strin
   w.dir = CheckpointDir(JobDir(job->stored.output_dir, job_id), manifest.step);
   w.keep = job->spec.checkpoint_keep;
   w.save_timeout = options_.checkpoint_save_timeout;
-  // A shard lost (or a spare taking over) while they write: which shard
-  // leads a chunk changed under the saves, and a lost one's call would
-  // hold the workers until save_timeout. The next checkpoint is whole.
-  w.abandon = [this, job_id, attempt = s.attempt(), generation = s.routing_generation()]() -> std::string {
+  w.abandon = AbandonCheck(job_id, s.attempt(), s.routing_generation());
+  spdlog::debug("coordinator: {} pause {}: {} of {} ranks paused (the rest done or vacant), step {}", job_id,
+                w.pause_id, c.paused.size(), job->spec.workers, manifest.step);
+  return w;
+}
+
+// CheckpointWrite::abandon for a checkpoint of `job_id`'s attempt taken
+// under routing `generation`: a shard lost (or a spare taking over) while
+// the shards write changed which shard leads a chunk under the saves, and a
+// lost one's call would hold the workers until save_timeout. The next
+// checkpoint is whole.
+std::function<std::string()> Coordinator::AbandonCheck(const std::string& job_id, uint64_t attempt,
+                                                       uint64_t generation) {
+  return [this, job_id, attempt, generation]() -> std::string {
     absl::MutexLock lock(&mu_);
     const Job* job = FindJob(job_id);
     if (job == nullptr) return "the job was deleted";
@@ -207,9 +215,6 @@ absl::StatusOr<CheckpointWrite> Coordinator::PauseForCheckpoint(const std::strin
                         ", ", st.lost_shards_size(), " shard(s) lost, ", st.catching_up_shards_size(),
                         " catching up) while they wrote; the next checkpoint is taken under the new one");
   };
-  spdlog::debug("coordinator: {} pause {}: {} of {} ranks paused (the rest done or vacant), step {}", job_id,
-                w.pause_id, c.paused.size(), job->spec.workers, manifest.step);
-  return w;
 }
 
 absl::StatusOr<CheckpointResponse> Coordinator::RunCheckpoint(const std::string& job_id, uint64_t attempt) {

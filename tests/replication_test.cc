@@ -24,6 +24,7 @@
 
 #include <filesystem>
 #include <regex>
+#include <utility>
 
 #include "absl/strings/str_replace.h"
 
@@ -274,6 +275,37 @@ class EmbeddingReplicationTest : public ReplicationTest {
     return yaml;
   }
 
+  // `yaml`'s job run whole, then again with shard `shard` SIGKILLed at
+  // step 75 or so: the second ends without a restart, with the first's
+  // dense values bit for bit and its test metrics (every row the test set
+  // reads, through the model) to the last digit. SYNC with 2 ranks is
+  // deterministic, so that means no update was lost or applied twice, on
+  // the dense part or on the rows. Returns the second job and its step at
+  // the SIGKILL.
+  std::pair<std::string, int64_t> EndsAsWholeAfterASigkill(const std::string& yaml, int shard, const char* what) {
+    const std::string whole = Submit(WriteSpec("whole", yaml));
+    CliResult w = Cli({"watch", whole});
+    EXPECT_EQ(w.code, 0) << w.out << Logs();
+    auto want = ReadWeightsFile(dir_ + "/out/" + whole + "/model.pt");
+    EXPECT_TRUE(want.ok()) << want.status();
+    const std::string job = Submit(WriteSpec("killed", yaml));
+    WaitForStep(job, 75);
+    const int64_t before = Step(job);
+    pool_[shard]->Signal(SIGKILL);
+    pool_[shard]->Wait();
+    std::printf("ctr %s: 5 more steps %.2f s after the SIGKILL of a shard at step %lld (lease 0.5 s)\n", what,
+                SecondsUntilPast(job, before), static_cast<long long>(before));
+    ExpectSucceededWithoutARestart(job);
+    auto got = ReadWeightsFile(dir_ + "/out/" + job + "/model.pt");
+    EXPECT_TRUE(got.ok()) << got.status();
+    if (want.ok() && got.ok()) EXPECT_EQ(BitwiseDifference(*want, *got), "");
+    const std::string metrics = Metrics(whole);
+    EXPECT_NE(metrics.find("log_loss="), std::string::npos) << JsonStatus(whole);
+    EXPECT_EQ(Metrics(job), metrics);
+    std::printf("uninterrupted: %s\n", metrics.c_str());
+    return {job, before};
+  }
+
   // The test AUC and log loss `job` reported, as its status prints them
   // (every digit of a double).
   std::string Metrics(const std::string& job) {
@@ -289,31 +321,8 @@ class EmbeddingReplicationTest : public ReplicationTest {
 
 TEST_F(EmbeddingReplicationTest, SyncJobLosesAShardAndEndsLikeAnUninterruptedOne) {
   const std::string yaml = absl::StrReplaceAll(CtrYaml("ctr", "sync", 180), {{"OUT", dir_ + "/out"}});
-  const std::string whole = Submit(WriteSpec("whole", yaml));
-  CliResult w = Cli({"watch", whole});
-  ASSERT_EQ(w.code, 0) << w.out << Logs();
-  auto want = ReadWeightsFile(dir_ + "/out/" + whole + "/model.pt");
-  ASSERT_TRUE(want.ok()) << want.status();
-
-  const std::string job = Submit(WriteSpec("killed", yaml));
-  WaitForStep(job, 75);
-  const int64_t before = Step(job);
-  pool_[1]->Signal(SIGKILL);  // shard-1: slot 1's rows are led by shard 2 from now on
-  pool_[1]->Wait();
-  std::printf("ctr sync: 5 more steps %.2f s after the SIGKILL of a shard at step %lld (lease 0.5 s)\n",
-              SecondsUntilPast(job, before), static_cast<long long>(before));
-  ExpectSucceededWithoutARestart(job);
-  // The dense part bit for bit, and the test metrics of the final values
-  // (every row the test set reads, through the model) to the last digit:
-  // SYNC with 2 ranks is deterministic, so no update was lost or applied
-  // twice, on the dense chunks or on the rows.
-  auto got = ReadWeightsFile(dir_ + "/out/" + job + "/model.pt");
-  ASSERT_TRUE(got.ok()) << got.status();
-  EXPECT_EQ(BitwiseDifference(*want, *got), "");
-  const std::string metrics = Metrics(whole);
-  EXPECT_NE(metrics.find("log_loss="), std::string::npos) << JsonStatus(whole);
-  EXPECT_EQ(Metrics(job), metrics);
-  std::printf("uninterrupted: %s\n", metrics.c_str());
+  // shard-1: slot 1's rows are led by shard 2 from the SIGKILL on.
+  const auto [job, before] = EndsAsWholeAfterASigkill(yaml, 1, "sync");
   // A checkpoint after the loss is saved by the two shards left (shard 2
   // for its slot and the lost one's), and holds every trained row.
   CliResult ck = Cli({"status", job, "-o", "json"});
@@ -339,26 +348,7 @@ TEST_F(EmbeddingReplicationTest, SyncJobLosesAShardAndEndsLikeAnUninterruptedOne
 TEST_F(EmbeddingReplicationTest, HybridJobLosesAShardAndEndsLikeAnUninterruptedOne) {
   const std::string yaml =
       absl::StrReplaceAll(CtrYaml("ctr-hybrid", "sync", 180), {{"OUT", dir_ + "/out"}}) + "mode: allreduce\n";
-  const std::string whole = Submit(WriteSpec("whole", yaml));
-  CliResult w = Cli({"watch", whole});
-  ASSERT_EQ(w.code, 0) << w.out << Logs();
-  auto want = ReadWeightsFile(dir_ + "/out/" + whole + "/model.pt");
-  ASSERT_TRUE(want.ok()) << want.status();
-
-  const std::string job = Submit(WriteSpec("killed", yaml));
-  WaitForStep(job, 75);
-  const int64_t before = Step(job);
-  pool_[0]->Signal(SIGKILL);
-  pool_[0]->Wait();
-  std::printf("ctr hybrid: 5 more steps %.2f s after the SIGKILL of a shard at step %lld (lease 0.5 s)\n",
-              SecondsUntilPast(job, before), static_cast<long long>(before));
-  ExpectSucceededWithoutARestart(job);
-  auto got = ReadWeightsFile(dir_ + "/out/" + job + "/model.pt");
-  ASSERT_TRUE(got.ok()) << got.status();
-  EXPECT_EQ(BitwiseDifference(*want, *got), "");
-  const std::string metrics = Metrics(whole);
-  EXPECT_NE(metrics.find("log_loss="), std::string::npos) << JsonStatus(whole);
-  EXPECT_EQ(Metrics(job), metrics);
+  EndsAsWholeAfterASigkill(yaml, 0, "hybrid");
 }
 
 // A shard that hangs (SIGSTOP): the workers' calls to it are cancelled once

@@ -34,11 +34,14 @@ struct InProcessServices {
     if (!shard_root.ok()) return shard_root.status();
     so.checkpoint_root = *shard_root;
     store = std::make_unique<ShardStore>(so);
-    ps_service = std::make_unique<GrpcParameterService>(
-        store.get(), GrpcParameterService::Options{nullptr, security.tokens, grant_verifier});
     embeddings = std::make_unique<EmbeddingStore>(EmbeddingStoreOptions{});
     embedding_service = std::make_unique<GrpcEmbeddingService>(
         embeddings.get(), GrpcEmbeddingService::Options{security.tokens, grant_verifier, *shard_root});
+    // As pstrain-ps wires them: SetWorkers reaches the embedding tables too.
+    ps_service = std::make_unique<GrpcParameterService>(
+        store.get(), GrpcParameterService::Options{nullptr, security.tokens, grant_verifier,
+                                                   SetWorkersOnEmbeddings(store.get(), embeddings.get(),
+                                                                          embedding_service.get())});
     auto ps = GrpcServer::Create(options, {ps_service.get(), embedding_service.get()});
     if (!ps.ok()) return ps.status();
     ps_server = std::move(*ps);

@@ -172,4 +172,18 @@ grpc::Status GrpcEmbeddingService::LoadEmbeddings(grpc::ServerContext* context, 
   return ToGrpcStatus(s);
 }
 
+std::function<absl::Status(const SetWorkersRequest&, const std::string& secret, absl::Status dense)>
+SetWorkersOnEmbeddings(ShardStore* dense, EmbeddingStore* embeddings, const GrpcEmbeddingService* service) {
+  return [dense, embeddings, service](const SetWorkersRequest& r, const std::string& secret, absl::Status answer) {
+    if (answer.ok()) {
+      (void)embeddings->SetWorkers(r);  // a job without embeddings: nothing to tell
+      return answer;
+    }
+    if (dense->HoldsTable(r.job())) return answer;
+    if (absl::Status s = service->secrets().Check(r.job(), secret); !s.ok()) return s;
+    if (!embeddings->SetWorkers(r).ok()) return answer;
+    return absl::OkStatus();
+  };
+}
+
 }  // namespace pstrain

@@ -17,6 +17,7 @@
 #ifndef PSTRAIN_SERVER_PS_GRPC_EMBEDDING_SERVICE_H_
 #define PSTRAIN_SERVER_PS_GRPC_EMBEDDING_SERVICE_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -26,6 +27,7 @@
 #include "rpc/table_grant.h"
 #include "rpc/token_table.h"
 #include "server/ps/job_secrets.h"
+#include "table/shard_store.h"
 
 namespace pstrain {
 
@@ -72,6 +74,16 @@ class GrpcEmbeddingService final : public ParsingService {
   const Options options_;
   JobSecrets secrets_;
 };
+
+// The coordinator's SetWorkers on a shard, after its dense store took it
+// (GrpcParameterService::Options::on_set_workers): the embedding tables
+// learn the seats and the routing too. A hybrid job (all-reduce with
+// embeddings) has no dense table here: its call is answered by its
+// embedding tables, for a caller with the secret they recorded
+// (PERMISSION_DENIED otherwise), and keeps the dense store's answer when
+// they do not hold the job either.
+std::function<absl::Status(const SetWorkersRequest&, const std::string& secret, absl::Status dense)>
+SetWorkersOnEmbeddings(ShardStore* dense, EmbeddingStore* embeddings, const GrpcEmbeddingService* service);
 
 }  // namespace pstrain
 

@@ -14,6 +14,8 @@
 
 #include "common/file_util.h"
 #include "proto/embedding.grpc.pb.h"
+#include "server/ps/grpc_parameter_service.h"
+#include "rpc/grpc_remote_shard.h"
 #include "rpc/grpc_server.h"
 #include "rpc/grpc_tensor_coding.h"
 
@@ -143,6 +145,54 @@ TEST_F(GrpcEmbeddingServiceTest, ASyncLookupEndsAtTheCallsDeadline) {
   grpc::Status s = stub_->Lookup(Context("s3cret", absl::Milliseconds(300)).get(), LookupOf(1, {1}), &r);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << s.error_message();
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+}
+
+// A hybrid job's shard holds only rows: the coordinator's SetWorkers (seats
+// and routing), sent to the ParameterService, reaches them through
+// SetWorkersOnEmbeddings -- for a caller with the job's secret only.
+TEST_F(GrpcEmbeddingServiceTest, AHybridJobsSeatsReachItsRowsWithItsSecretOnly) {
+  ShardStore dense{ShardStoreOptions{}};
+  service_ = std::make_unique<GrpcEmbeddingService>(&store_, GrpcEmbeddingService::Options{});
+  GrpcParameterService::Options po;
+  po.on_set_workers = SetWorkersOnEmbeddings(&dense, &store_, service_.get());
+  GrpcParameterService ps(&dense, po);
+  GrpcServerOptions so;
+  so.address = "127.0.0.1:0";
+  auto server = GrpcServer::Create(so, {service_.get(), &ps});
+  ASSERT_TRUE(server.ok()) << server.status();
+  server_ = std::move(*server);
+  stub_ = EmbeddingService::NewStub(grpc::CreateChannel(server_->local_target(), grpc::InsecureChannelCredentials()));
+  InitEmbeddingsResponse created;
+  ASSERT_TRUE(stub_->InitEmbeddings(Context("s3cret").get(), Init(SSP), &created).ok());
+  // Rank 0's step 1 waits for rank 1's step 0 (staleness 0) while both are active.
+  EmbeddingLookupResponse r;
+  EXPECT_EQ(stub_->Lookup(Context("s3cret", absl::Milliseconds(300)).get(), LookupOf(1, {1}), &r).error_code(),
+            grpc::StatusCode::DEADLINE_EXCEEDED);
+  RemoteShardOptions ro;
+  ro.target = server_->local_target();
+  GrpcRemoteShard shard(ro);
+  SetWorkersRequest seats;
+  seats.set_job("ctr");
+  seats.set_attempt(3);
+  seats.add_seats()->set_active(true);
+  seats.add_seats()->set_active(false);  // rank 1 lost
+  auto set = [&](const std::string& secret, uint64_t attempt) {
+    seats.set_attempt(attempt);
+    CallOptions opts;
+    opts.deadline = absl::Now() + absl::Seconds(10);
+    opts.job_secret = secret;
+    SetWorkersResponse resp;
+    return WaitFor([&](StatusCallback done) { shard.SetWorkersAsync(seats, &resp, opts, std::move(done)); });
+  };
+  EXPECT_EQ(set("other", 3).code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(set("", 3).code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(set("s3cret", 2).code(), absl::StatusCode::kFailedPrecondition);  // no table of that attempt
+  EXPECT_EQ(stub_->Lookup(Context("s3cret", absl::Milliseconds(300)).get(), LookupOf(1, {1}), &r).error_code(),
+            grpc::StatusCode::DEADLINE_EXCEEDED)
+      << "a refused SetWorkers changed the seats";
+  ASSERT_TRUE(set("s3cret", 3).ok());
+  EXPECT_TRUE(stub_->Lookup(Context("s3cret").get(), LookupOf(1, {1}), &r).ok()) << "rank 1 is vacant now";
+  dense.Shutdown();
 }
 
 TEST_F(GrpcEmbeddingServiceTest, ACheckpointGoesToTheJobsDirectoryAndComesBackOnAnotherShard) {

@@ -53,8 +53,8 @@ class GrpcParameterService final
     // Told of each SetWorkers after the store (the shard's embedding tables
     // learn which ranks are active and the routing), with the secret the
     // caller presented and the store's answer; returns the call's answer
-    // (a hybrid job's shard holds no dense table: NOT_FOUND there, and its
-    // embedding tables answer). May be empty.
+    // (a hybrid job's shard holds no dense table, and its embedding tables
+    // answer: SetWorkersOnEmbeddings). May be empty.
     std::function<absl::Status(const SetWorkersRequest&, const std::string& secret, absl::Status dense)>
         on_set_workers;
   };

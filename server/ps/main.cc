@@ -136,26 +136,6 @@ void Drain(pstrain::ClusterMember& member, pstrain::ShardStore& store, const sig
   (void)pstrain::WaitFor([&](pstrain::StatusCallback done) { store.DropTableAsync(drop, &dropped, {}, done); });
 }
 
-// The coordinator's SetWorkers, after the dense store took it: the shard's
-// embedding tables learn the seats and the routing too. A hybrid job
-// (all-reduce with embeddings) keeps only rows here: its call answers for
-// them, with the secret they recorded.
-decltype(pstrain::GrpcParameterService::Options::on_set_workers) SetWorkersHook(
-    pstrain::ShardStore* store, pstrain::EmbeddingStore* embeddings,
-    const pstrain::GrpcEmbeddingService* embedding_service) {
-  return [store, embeddings, embedding_service](const pstrain::SetWorkersRequest& r, const std::string& secret,
-                                                absl::Status dense) {
-    if (dense.ok()) {
-      (void)embeddings->SetWorkers(r);  // a job without embeddings: nothing to tell
-      return dense;
-    }
-    if (store->HoldsTable(r.job())) return dense;
-    if (absl::Status s = embedding_service->secrets().Check(r.job(), secret); !s.ok()) return s;
-    if (!embeddings->SetWorkers(r).ok()) return dense;
-    return absl::OkStatus();
-  };
-}
-
 // How a primary's forwards reach its backups: over gRPC, with the job's
 // secret (`*service` holds it; set before any table exists).
 decltype(pstrain::ShardStoreOptions::forward) Forwarder(const pstrain::GrpcParameterService* const* service) {
@@ -281,7 +261,7 @@ int main(int argc, char** argv) {
   embedding_forwarding = &embedding_service;
   // The embedding tables learn from the dense SetWorkers which ranks take
   // part, and replicated ones which shards are lost.
-  service_options.on_set_workers = SetWorkersHook(&store, &embeddings, &embedding_service);
+  service_options.on_set_workers = pstrain::SetWorkersOnEmbeddings(&store, &embeddings, &embedding_service);
   pstrain::GrpcParameterService service(&store, std::move(service_options));
   forwarding_service = &service;
   pstrain::GrpcServerOptions server_options = pstrain::GrpcServerOptionsFromFlags(*server_security);

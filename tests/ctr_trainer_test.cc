@@ -13,6 +13,7 @@
 #include <ATen/Parallel.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <iostream>
 #include <memory>
@@ -263,6 +264,87 @@ TEST(CtrTrainerEqualStepsTest, DeclaredExamplesSkipTheCountAndAShortFileFails) {
 }
 
 // What the loop does not do yet is refused before anything is trained.
+// Passes every call on to `rows`, keeping the rows' gradients each Update
+// pushed (every table's, in order).
+class RecordingRows : public EmbeddingRows {
+ public:
+  explicit RecordingRows(EmbeddingRows* rows) : rows_(rows) {}
+  absl::Status Lookup(int64_t step, const std::vector<std::vector<int64_t>>& unique_ids,
+                      std::vector<std::vector<float>>* rows, EmbeddingLookupKind kind) override {
+    return rows_->Lookup(step, unique_ids, rows, kind);
+  }
+  absl::Status Update(int64_t step, const std::vector<std::vector<int64_t>>& unique_ids,
+                      const std::vector<const float*>& grads) override {
+    for (size_t t = 0; t < unique_ids.size(); ++t) {
+      pushed.insert(pushed.end(), grads[t], grads[t] + unique_ids[t].size() * dim(t));
+    }
+    return rows_->Update(step, unique_ids, grads);
+  }
+  size_t num_tables() const override { return rows_->num_tables(); }
+  int dim(size_t table) const override { return rows_->dim(table); }
+  std::vector<float> pushed;
+
+ private:
+  EmbeddingRows* rows_;
+};
+
+// clip_grad_norm in ps mode: one step's dense and rows' gradients are
+// scaled by one coefficient, clip / (norm + 1e-6), the norm over both
+// (the unclipped step's: its dense update over the learning rate, its rows'
+// gradients as pushed).
+TEST(CtrTrainerClipTest, ClipsTheDenseAndTheRowsGradientsTogether) {
+  at::set_num_threads(1);
+  struct Step {
+    std::vector<std::pair<std::string, at::Tensor>> params;
+    std::vector<float> rows;
+  };
+  auto one_step = [](double lr, double clip) -> Step {
+    JobSpec spec = CtrSpec(absl::StrCat("clip", lr, "-", clip), 1);
+    spec.optimizer.set_kind(OptimizerConfig::SGD);
+    spec.optimizer.set_lr(lr);
+    spec.max_steps = 1;
+    spec.clip_grad_norm = clip;
+    Shards shards(spec.shards);
+    auto local = LocalEmbeddingRows::Create(spec.embeddings.tables);
+    EXPECT_TRUE(local.ok()) << local.status();
+    RecordingRows rows(local->get());
+    TrainerOptions o = Options(spec, 0);
+    o.shards = shards.ptrs;
+    auto result = RunCtrTrainer(o, &rows);
+    EXPECT_TRUE(result.ok()) << result.status();
+    if (!result.ok()) return {};
+    return {result->parameters, rows.pushed};
+  };
+  const double lr = 0.5;
+  // The initial values: a learning rate too small to move any float32.
+  const Step start = one_step(1e-10, 0), whole = one_step(lr, 0);
+  ASSERT_FALSE(whole.params.empty());
+  ASSERT_EQ(start.params.size(), whole.params.size());
+  double sq = 0;
+  for (float g : whole.rows) sq += static_cast<double>(g) * g;
+  std::vector<at::Tensor> dense;  // the unclipped step's gradients
+  for (size_t i = 0; i < whole.params.size(); ++i) {
+    dense.push_back(start.params[i].second.sub(whole.params[i].second).to(at::kDouble).div(lr));
+    sq += dense.back().pow(2).sum().item<double>();
+  }
+  const double norm = std::sqrt(sq);
+  ASSERT_GT(norm, 0);
+  const double clip = norm / 4;
+  const Step clipped = one_step(lr, clip);
+  const double coef = clip / (norm + 1e-6);
+  ASSERT_EQ(clipped.rows.size(), whole.rows.size());
+  for (size_t j = 0; j < whole.rows.size(); ++j) {
+    ASSERT_NEAR(clipped.rows[j], coef * whole.rows[j], 1e-6 + 1e-4 * std::fabs(whole.rows[j])) << "row value " << j;
+  }
+  for (size_t i = 0; i < dense.size(); ++i) {
+    const at::Tensor step = start.params[i].second.sub(clipped.params[i].second).to(at::kDouble).div(lr);
+    EXPECT_TRUE(step.allclose(dense[i].mul(coef), 1e-3, 1e-6)) << whole.params[i].first;
+  }
+  // A bound above the norm changes nothing.
+  const Step loose = one_step(lr, norm * 2);
+  EXPECT_EQ(loose.rows, whole.rows);
+}
+
 TEST(CtrTrainerRefusalTest, RefusesWhatItDoesNotDo) {
   auto rows = LocalEmbeddingRows::Create(Tables(kDim));
   ASSERT_TRUE(rows.ok());

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -56,7 +57,7 @@ absl::Status CheckSupported(const TrainerOptions& options, const EmbeddingRows* 
   }
   if (spec.precision == Precision::kFp16 || options.loss_scaling.has_value()) return refuse("loss scaling (fp16)");
   if (spec.accumulate_steps > 1) return refuse("accumulate_steps above 1");
-  if (spec.clip_grad_norm > 0) return refuse("clip_grad_norm");
+  if (spec.clip_grad_norm > 0 && spec.allreduce()) return refuse("clip_grad_norm in mode allreduce (hybrid)");
   if (!elastic && options.rejoin_step >= 0) {
     return refuse("taking over a lost worker's rank mid-run (rejoin) under sync or all-reduce");
   }
@@ -105,6 +106,14 @@ class CtrTrainer {
   // share (examples_per_epoch_ = -1).
   absl::Status CountExamples();
   absl::Status Step(int epoch, const CriteoBatch& batch);
+  // clip_grad_norm (ps mode: this worker's gradient, as the dense trainer
+  // clips each rank's) over the whole model: the dense parameters'
+  // gradients and the rows' (one per unique row, summed over its
+  // occurrences), scaled alike by clip / (norm + 1e-6) when that is below
+  // 1, as torch.nn.utils.clip_grad_norm_ over DLRM's parameters with the
+  // EmbeddingBags' sparse gradients coalesced. Returns the norm before;
+  // *rows_scale: what Backward scales the rows' gradients by.
+  double ClipGradients(double* rows_scale);
   // A spare taking over a lost rank (ASYNC, SSP; rejoin_step: the step after
   // the last one the shards applied for it): the epoch and the batch of the
   // rank's share it continues at, its share's batches counted.
@@ -231,6 +240,12 @@ absl::Status CtrTrainer::Step(int epoch, const CriteoBatch& batch) {
   } catch (const c10::Error& e) {
     return fail(absl::InternalError(e.what_without_backtrace()));
   }
+  double rows_scale = 1.0, grad_norm = -1;
+  try {
+    if (spec_.clip_grad_norm > 0) grad_norm = ClipGradients(&rows_scale);
+  } catch (const c10::Error& e) {
+    return fail(absl::InternalError(e.what_without_backtrace()));
+  }
   const auto compute_end = Clock::now();
   // Every parameter, zeros where backward left none (the shards expect
   // every chunk).
@@ -240,14 +255,31 @@ absl::Status CtrTrainer::Step(int epoch, const CriteoBatch& batch) {
   }
   activity_.Enter(WorkerActivity::SHARDS, step_);
   absl::Status s = exchange.Finish();
-  if (s.ok()) s = embeddings_->Backward(step_);
+  if (s.ok()) s = embeddings_->Backward(step_, rows_scale);
   if (!s.ok()) return absl::Status(s.code(), absl::StrCat("step ", step_, ": ", s.message()));
   const auto now = Clock::now();
   progress_->Add({step_ + 1, DeferredScalar(loss.detach()), batch.size(), Seconds(step_start, now),
-                  Seconds(compute_end, now), /*data_seconds=*/0, lr, /*grad_norm=*/-1});
+                  Seconds(compute_end, now), /*data_seconds=*/0, lr, grad_norm});
   ++step_;
   result_.samples += batch.size();
   return absl::OkStatus();
+}
+
+double CtrTrainer::ClipGradients(double* rows_scale) {
+  double sq = embeddings_->GradSquaredNorm();
+  for (const auto& p : params_) {
+    if (p.grad().defined()) sq += p.grad().to(at::kDouble).pow(2).sum().item<double>();
+  }
+  const double norm = std::sqrt(sq);
+  const double coef = spec_.clip_grad_norm / (norm + 1e-6);
+  *rows_scale = 1.0;
+  if (coef < 1.0) {
+    for (auto& p : params_) {
+      if (p.grad().defined()) p.mutable_grad().mul_(coef);
+    }
+    *rows_scale = coef;
+  }
+  return norm;
 }
 
 absl::Status CtrTrainer::PlaceRejoin(int64_t batch_size, int* epoch, int64_t* epoch_step) {

@@ -257,7 +257,21 @@ absl::Status SparseEmbeddings::Evaluate(int64_t step, const CriteoBatch& batch, 
   return LookupAndPool(step, batch, EmbeddingLookupKind::kReadOnly, pooled);
 }
 
-absl::Status SparseEmbeddings::Backward(int64_t step) {
+double SparseEmbeddings::GradSquaredNorm() const {
+  double sum = 0;
+  if (fused_) {
+    const at::Tensor& g = all_.grad();
+    if (g.defined()) sum += g.to(at::kDouble).pow(2).sum().item<double>();
+    return sum;
+  }
+  for (const at::Tensor& leaf : leaves_) {
+    const at::Tensor& g = leaf.grad();
+    if (g.defined()) sum += g.to(at::kDouble).pow(2).sum().item<double>();
+  }
+  return sum;
+}
+
+absl::Status SparseEmbeddings::Backward(int64_t step, double scale) {
   if (!pending_) return absl::FailedPreconditionError("Backward without a Forward since the last one");
   pending_ = false;
   // Kept alive until Update returns: grads point into them.
@@ -268,6 +282,7 @@ absl::Status SparseEmbeddings::Backward(int64_t step) {
       // all_'s grad row i is already the sum over every occurrence of its id.
       const at::Tensor& g = all_.grad();
       grads[0] = g.defined() ? g.contiguous() : at::zeros_like(all_);
+      if (scale != 1.0) grads[0] = grads[0].mul(scale);
       for (size_t t = 0; t < pointers.size(); ++t) pointers[t] = grads[0].data_ptr<float>() + base_[t] * rows_->dim(0);
     }
     for (size_t t = 0; !fused_ && t < leaves_.size(); ++t) {
@@ -275,6 +290,7 @@ absl::Status SparseEmbeddings::Backward(int64_t step) {
       // A row the loss never reached (a field the model ignores) has no
       // gradient; the shard still expects one row per id.
       grads[t] = g.defined() ? g.contiguous() : at::zeros_like(leaves_[t]);
+      if (scale != 1.0) grads[t] = grads[t].mul(scale);
       pointers[t] = grads[t].data_ptr<float>();
     }
   } catch (const c10::Error& e) {

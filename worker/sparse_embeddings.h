@@ -129,10 +129,16 @@ class SparseEmbeddings {
   // counted), outside autograd; no Backward follows.
   absl::Status Evaluate(int64_t step, const CriteoBatch& batch, std::vector<at::Tensor>* pooled);
 
+  // The squared L2 norm of the last Forward's rows' gradients (each unique
+  // row's, summed over its occurrences: the coalesced sparse gradient's),
+  // after loss.backward(); 0 before.
+  double GradSquaredNorm() const;
+
   // Pushes the gradient of the last Forward's rows (zeros for a row the
-  // loss did not reach) for step `step`. FAILED_PRECONDITION without a
-  // Forward since the last Backward.
-  absl::Status Backward(int64_t step);
+  // loss did not reach), times `scale` (clip_grad_norm's coefficient), for
+  // step `step`. FAILED_PRECONDITION without a Forward since the last
+  // Backward.
+  absl::Status Backward(int64_t step, double scale = 1.0);
 
   // The last Forward's unique ids per table, in the order of its rows.
   const std::vector<std::vector<int64_t>>& unique_ids() const { return unique_ids_; }

@@ -16,6 +16,7 @@
 #include <cmath>
 #include <filesystem>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -276,13 +277,20 @@ class RecordingRows : public EmbeddingRows {
   absl::Status Update(int64_t step, const std::vector<std::vector<int64_t>>& unique_ids,
                       const std::vector<const float*>& grads) override {
     for (size_t t = 0; t < unique_ids.size(); ++t) {
-      pushed.insert(pushed.end(), grads[t], grads[t] + unique_ids[t].size() * dim(t));
+      const size_t d = static_cast<size_t>(dim(t));
+      pushed.insert(pushed.end(), grads[t], grads[t] + unique_ids[t].size() * d);
+      for (size_t i = 0; i < unique_ids[t].size(); ++i) {
+        std::vector<float>& row = by_row[{t, unique_ids[t][i]}];
+        EXPECT_TRUE(row.empty()) << "table " << t << " id " << unique_ids[t][i] << " pushed twice in a step";
+        row.assign(grads[t] + i * d, grads[t] + (i + 1) * d);
+      }
     }
     return rows_->Update(step, unique_ids, grads);
   }
   size_t num_tables() const override { return rows_->num_tables(); }
   int dim(size_t table) const override { return rows_->dim(table); }
   std::vector<float> pushed;
+  std::map<std::pair<size_t, int64_t>, std::vector<float>> by_row;  // (table, id): its gradient
 
  private:
   EmbeddingRows* rows_;
@@ -345,6 +353,54 @@ TEST(CtrTrainerClipTest, ClipsTheDenseAndTheRowsGradientsTogether) {
   EXPECT_EQ(loose.rows, whole.rows);
 }
 
+// accumulate_steps 2 of 64 examples is one step of 128: the same dense
+// update and, per row, the same gradient pushed once (the union of the
+// micro-batches' rows, each summed over both).
+TEST(CtrTrainerClipTest, TwoMicroBatchesPushWhatTheirWholeBatchDoes) {
+  at::set_num_threads(1);
+  struct Step {
+    std::vector<std::pair<std::string, at::Tensor>> params;
+    std::map<std::pair<size_t, int64_t>, std::vector<float>> rows;
+  };
+  auto one_step = [](int64_t batch, int accumulate, double clip) -> Step {
+    JobSpec spec = CtrSpec(absl::StrCat("acc", batch, "-", accumulate, "-", clip), 1);
+    spec.optimizer.set_kind(OptimizerConfig::SGD);
+    spec.optimizer.set_lr(0.5);
+    spec.batch_size = batch;
+    spec.accumulate_steps = accumulate;
+    spec.clip_grad_norm = clip;
+    spec.max_steps = 1;
+    Shards shards(spec.shards);
+    auto local = LocalEmbeddingRows::Create(spec.embeddings.tables);
+    EXPECT_TRUE(local.ok()) << local.status();
+    RecordingRows rows(local->get());
+    TrainerOptions o = Options(spec, 0);
+    o.shards = shards.ptrs;
+    auto result = RunCtrTrainer(o, &rows);
+    EXPECT_TRUE(result.ok()) << result.status();
+    if (!result.ok()) return {};
+    EXPECT_EQ(result->samples, 128);
+    return {result->parameters, rows.by_row};
+  };
+  for (double clip : {0.0, 0.05}) {
+    SCOPED_TRACE(clip);
+    const Step whole = one_step(128, 1, clip), halves = one_step(64, 2, clip);
+    ASSERT_FALSE(whole.params.empty());
+    ASSERT_EQ(whole.params.size(), halves.params.size());
+    for (size_t i = 0; i < whole.params.size(); ++i) {
+      EXPECT_TRUE(halves.params[i].second.allclose(whole.params[i].second, 1e-5, 1e-7)) << whole.params[i].first;
+    }
+    ASSERT_EQ(halves.rows.size(), whole.rows.size());
+    for (const auto& [row, grad] : whole.rows) {
+      auto it = halves.rows.find(row);
+      ASSERT_NE(it, halves.rows.end()) << "table " << row.first << " id " << row.second;
+      for (size_t d = 0; d < grad.size(); ++d) {
+        ASSERT_NEAR(it->second[d], grad[d], 1e-7 + 1e-4 * std::fabs(grad[d])) << "table " << row.first;
+      }
+    }
+  }
+}
+
 TEST(CtrTrainerRefusalTest, RefusesWhatItDoesNotDo) {
   auto rows = LocalEmbeddingRows::Create(Tables(kDim));
   ASSERT_TRUE(rows.ok());
@@ -370,7 +426,6 @@ TEST(CtrTrainerRefusalTest, RefusesWhatItDoesNotDo) {
        }},
       {"fp16", [](TrainerOptions& o) { o.spec.precision = Precision::kFp16; }},
       {"loss scaling", [](TrainerOptions& o) { o.loss_scaling = LossScalerOptions{}; }},
-      {"accumulation", [](TrainerOptions& o) { o.spec.accumulate_steps = 2; }},
       {"spec and rows disagree", [](TrainerOptions& o) { o.spec.embeddings.tables[3].set_dim(kDim * 2); }},
       {"no embeddings", [](TrainerOptions& o) { o.spec.embeddings = EmbeddingsSpec{}; }},
       {"other format", [](TrainerOptions& o) { o.spec.data.format = "idx"; }},

@@ -56,7 +56,6 @@ absl::Status CheckSupported(const TrainerOptions& options, const EmbeddingRows* 
     return refuse("min_workers below workers under sync or all-reduce");
   }
   if (spec.precision == Precision::kFp16 || options.loss_scaling.has_value()) return refuse("loss scaling (fp16)");
-  if (spec.accumulate_steps > 1) return refuse("accumulate_steps above 1");
   if (spec.clip_grad_norm > 0 && spec.allreduce()) return refuse("clip_grad_norm in mode allreduce (hybrid)");
   if (!elastic && options.rejoin_step >= 0) {
     return refuse("taking over a lost worker's rank mid-run (rejoin) under sync or all-reduce");
@@ -105,7 +104,11 @@ class CtrTrainer {
   // as data.train_examples declares them). ASYNC ranks train their whole
   // share (examples_per_epoch_ = -1).
   absl::Status CountExamples();
-  absl::Status Step(int epoch, const CriteoBatch& batch);
+  // One optimizer step over micro[0..n) (accumulate_steps micro-batches,
+  // fewer at the end of an epoch): each one's loss, weighted by its share of
+  // the step's examples, goes through backward; the dense gradients add up
+  // in place and the rows' in SparseEmbeddings::Stash; one exchange.
+  absl::Status Step(int epoch, const std::vector<CriteoBatch>& micro, size_t n);
   // clip_grad_norm (ps mode: this worker's gradient, as the dense trainer
   // clips each rank's) over the whole model: the dense parameters'
   // gradients and the rows' (one per unique row, summed over its
@@ -212,7 +215,7 @@ absl::Status CtrTrainer::CountExamples() {
   return absl::OkStatus();
 }
 
-absl::Status CtrTrainer::Step(int epoch, const CriteoBatch& batch) {
+absl::Status CtrTrainer::Step(int epoch, const std::vector<CriteoBatch>& micro, size_t n) {
   const auto step_start = Clock::now();
   for (auto& p : params_) {
     if (p.grad().defined()) p.mutable_grad().reset();
@@ -224,19 +227,26 @@ absl::Status CtrTrainer::Step(int epoch, const CriteoBatch& batch) {
     exchange.Abandon();
     return absl::Status(s.code(), absl::StrCat("step ", step_, ": ", s.message()));
   };
-  at::Tensor loss;
+  int64_t examples = 0;
+  for (size_t j = 0; j < n; ++j) examples += micro[j].size();
+  at::Tensor loss;  // the mean over the step's examples
   try {
-    activity_.Enter(WorkerActivity::SHARDS, step_);  // the embedding rows' lookup
-    std::vector<at::Tensor> pooled;
-    absl::Status s = embeddings_->Forward(step_, batch, &pooled);
-    if (!s.ok()) return fail(s);
-    activity_.Enter(WorkerActivity::COMPUTE, step_);
-    auto logits = model_->Forward(FromVector(batch.dense, {batch.size(), kCriteoDenseFields}), pooled);
-    if (!logits.ok()) return fail(logits.status());
-    auto l = DlrmLoss(*logits, FromVector(batch.labels, {batch.size()}));
-    if (!l.ok()) return fail(l.status());
-    loss = *l;
-    loss.backward();
+    for (size_t j = 0; j < n; ++j) {
+      const CriteoBatch& batch = micro[j];
+      activity_.Enter(WorkerActivity::SHARDS, step_);  // the embedding rows' lookup
+      std::vector<at::Tensor> pooled;
+      absl::Status s = embeddings_->Forward(step_, batch, &pooled);
+      if (!s.ok()) return fail(s);
+      activity_.Enter(WorkerActivity::COMPUTE, step_);
+      auto logits = model_->Forward(FromVector(batch.dense, {batch.size(), kCriteoDenseFields}), pooled);
+      if (!logits.ok()) return fail(logits.status());
+      auto l = DlrmLoss(*logits, FromVector(batch.labels, {batch.size()}));
+      if (!l.ok()) return fail(l.status());
+      at::Tensor weighted = n == 1 ? *l : l->mul(static_cast<double>(batch.size()) / examples);
+      weighted.backward();
+      loss = j == 0 ? weighted.detach() : loss.add(weighted.detach());
+      if (n > 1 && !(s = embeddings_->Stash()).ok()) return fail(s);
+    }
   } catch (const c10::Error& e) {
     return fail(absl::InternalError(e.what_without_backtrace()));
   }
@@ -258,10 +268,10 @@ absl::Status CtrTrainer::Step(int epoch, const CriteoBatch& batch) {
   if (s.ok()) s = embeddings_->Backward(step_, rows_scale);
   if (!s.ok()) return absl::Status(s.code(), absl::StrCat("step ", step_, ": ", s.message()));
   const auto now = Clock::now();
-  progress_->Add({step_ + 1, DeferredScalar(loss.detach()), batch.size(), Seconds(step_start, now),
-                  Seconds(compute_end, now), /*data_seconds=*/0, lr, grad_norm});
+  progress_->Add({step_ + 1, DeferredScalar(loss), examples, Seconds(step_start, now), Seconds(compute_end, now),
+                  /*data_seconds=*/0, lr, grad_norm});
   ++step_;
-  result_.samples += batch.size();
+  result_.samples += examples;
   return absl::OkStatus();
 }
 
@@ -415,47 +425,57 @@ absl::StatusOr<TrainResult> CtrTrainer::Run() {
   progress_ = std::make_unique<ProgressWindow>(options_.on_step, start_);
   const int64_t max_steps = spec_.max_steps > 0 ? spec_.max_steps : INT64_MAX;
   const int64_t batch_size = std::max<int64_t>(spec_.batch_size, 1);
+  const int accumulate = std::max(1, spec_.accumulate_steps);
   // Resuming: at the checkpoint's place (step, epoch, batches into it);
   // a spare: at the lost rank's.
   int epoch = options_.start_epoch, start_epoch = options_.start_epoch;
   int64_t start_epoch_step = options_.start_epoch_step;
   step_ = options_.start_step;
   if (options_.rejoin_step >= 0) {
-    s = PlaceRejoin(batch_size, &start_epoch, &start_epoch_step);
+    s = PlaceRejoin(batch_size * accumulate, &start_epoch, &start_epoch_step);
     if (!s.ok()) return s;
     epoch = start_epoch;
   }
-  CriteoBatch batch;
+  std::vector<CriteoBatch> micro(static_cast<size_t>(accumulate));
   for (; epoch < spec_.epochs && step_ < max_steps; ++epoch) {
     auto reader = Open(spec_.data.train_file, options_.rank, options_.world_size);
     if (!reader.ok()) return reader.status();
     int64_t epoch_step = epoch == start_epoch ? start_epoch_step : 0;
-    s = SkipTrained(**reader, epoch_step, batch_size, &batch);
+    s = SkipTrained(**reader, epoch_step * accumulate, batch_size, &micro[0]);
     if (!s.ok()) return s;
     // Counted examples (SYNC, SSP, all-reduce): what is left of this rank's
     // part of the epoch after the batches skipped.
-    int64_t left = examples_per_epoch_ >= 0 ? examples_per_epoch_ - epoch_step * batch_size : INT64_MAX;
-    while (step_ < max_steps && left > 0) {
+    int64_t left =
+        examples_per_epoch_ >= 0 ? examples_per_epoch_ - epoch_step * accumulate * batch_size : INT64_MAX;
+    bool ended = false;
+    while (step_ < max_steps && left > 0 && !ended) {
       if (options_.stop != nullptr && options_.stop->load()) {
         return absl::CancelledError(absl::StrCat("job cancelled at step ", step_));
       }
       activity_.Enter(WorkerActivity::DATA, step_);
-      s = (*reader)->ReadBatch(std::min(batch_size, left), &batch);
-      if (!s.ok()) return s;
-      if (batch.size() == 0 && examples_per_epoch_ >= 0) {
-        // The other ranks would wait for this one's steps.
-        return absl::FailedPreconditionError(absl::StrCat(
-            "train file ", spec_.data.train_file, " ended ", left, " examples short of this rank's ",
-            examples_per_epoch_, " per epoch (", spec_.data.train_examples > 0 ? "data.train_examples" : "counted",
-            ": ", examples_per_epoch_ * options_.world_size, " examples in all); did the file change?"));
+      size_t n = 0;
+      for (; n < micro.size() && left > 0; ++n) {
+        s = (*reader)->ReadBatch(std::min(batch_size, left), &micro[n]);
+        if (!s.ok()) return s;
+        if (micro[n].size() == 0 && examples_per_epoch_ >= 0) {
+          // The other ranks would wait for this one's steps.
+          return absl::FailedPreconditionError(absl::StrCat(
+              "train file ", spec_.data.train_file, " ended ", left, " examples short of this rank's ",
+              examples_per_epoch_, " per epoch (", spec_.data.train_examples > 0 ? "data.train_examples" : "counted",
+              ": ", examples_per_epoch_ * options_.world_size, " examples in all); did the file change?"));
+        }
+        if (micro[n].size() == 0) {
+          ended = true;
+          break;
+        }
+        left -= micro[n].size();
       }
-      if (batch.size() == 0) break;
-      left -= batch.size();
+      if (n == 0) break;
       AtStepBoundary(epoch, epoch_step++);
       if (options_.stop != nullptr && options_.stop->load()) {
         return absl::CancelledError(absl::StrCat("job cancelled at step ", step_));
       }
-      s = Step(epoch, batch);
+      s = Step(epoch, micro, n);
       if (!s.ok()) return s;
       const bool log_now = step_ % spec_.log_every_steps == 0 || step_ == max_steps;
       progress_->ReadLosses(/*all=*/log_now);

@@ -257,8 +257,65 @@ absl::Status SparseEmbeddings::Evaluate(int64_t step, const CriteoBatch& batch, 
   return LookupAndPool(step, batch, EmbeddingLookupKind::kReadOnly, pooled);
 }
 
+absl::Status SparseEmbeddings::LeafGradients(std::vector<at::Tensor>* keep,
+                                             std::vector<const float*>* pointers) const {
+  keep->assign(fused_ ? 1 : leaves_.size(), at::Tensor());
+  pointers->assign(unique_ids_.size(), nullptr);
+  try {
+    if (fused_) {
+      // all_'s grad row i is already the sum over every occurrence of its id.
+      const at::Tensor& g = all_.grad();
+      (*keep)[0] = g.defined() ? g.contiguous() : at::zeros_like(all_);
+      for (size_t t = 0; t < pointers->size(); ++t) {
+        (*pointers)[t] = (*keep)[0].data_ptr<float>() + base_[t] * rows_->dim(0);
+      }
+    }
+    for (size_t t = 0; !fused_ && t < leaves_.size(); ++t) {
+      const at::Tensor& g = leaves_[t].grad();
+      // A row the loss never reached (a field the model ignores) has no
+      // gradient; the shard still expects one row per id.
+      (*keep)[t] = g.defined() ? g.contiguous() : at::zeros_like(leaves_[t]);
+      (*pointers)[t] = (*keep)[t].data_ptr<float>();
+    }
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("reading embedding gradients: ", e.what_without_backtrace()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SparseEmbeddings::Stash() {
+  if (!pending_) return absl::FailedPreconditionError("Stash without a Forward since the last one");
+  pending_ = false;
+  std::vector<at::Tensor> keep;
+  std::vector<const float*> grads;
+  if (absl::Status s = LeafGradients(&keep, &grads); !s.ok()) return s;
+  stashed_.resize(unique_ids_.size());
+  for (size_t t = 0; t < unique_ids_.size(); ++t) {
+    const size_t dim = static_cast<size_t>(rows_->dim(t));
+    Stashed& st = stashed_[t];
+    for (size_t i = 0; i < unique_ids_[t].size(); ++i) {
+      auto [it, fresh] = st.row.try_emplace(unique_ids_[t][i], st.ids.size());
+      if (fresh) {
+        st.ids.push_back(unique_ids_[t][i]);
+        st.grads.resize(st.grads.size() + dim, 0.0f);
+      }
+      float* sum = st.grads.data() + it->second * dim;
+      const float* g = grads[t] + i * dim;
+      for (size_t d = 0; d < dim; ++d) sum[d] += g[d];
+    }
+  }
+  has_stash_ = true;
+  return absl::OkStatus();
+}
+
 double SparseEmbeddings::GradSquaredNorm() const {
   double sum = 0;
+  if (has_stash_) {
+    for (const Stashed& st : stashed_) {
+      for (float g : st.grads) sum += static_cast<double>(g) * g;
+    }
+    return sum;
+  }
   if (fused_) {
     const at::Tensor& g = all_.grad();
     if (g.defined()) sum += g.to(at::kDouble).pow(2).sum().item<double>();
@@ -272,29 +329,32 @@ double SparseEmbeddings::GradSquaredNorm() const {
 }
 
 absl::Status SparseEmbeddings::Backward(int64_t step, double scale) {
+  if (has_stash_) {
+    if (pending_) {
+      if (absl::Status s = Stash(); !s.ok()) return s;
+    }
+    has_stash_ = false;
+    std::vector<std::vector<int64_t>> ids(stashed_.size());
+    std::vector<const float*> pointers(stashed_.size());
+    for (size_t t = 0; t < stashed_.size(); ++t) {
+      if (scale != 1.0) {
+        for (float& g : stashed_[t].grads) g = static_cast<float>(g * scale);
+      }
+      ids[t] = std::move(stashed_[t].ids);
+      pointers[t] = stashed_[t].grads.data();
+    }
+    absl::Status s = rows_->Update(step, ids, pointers);
+    stashed_.clear();
+    return s;
+  }
   if (!pending_) return absl::FailedPreconditionError("Backward without a Forward since the last one");
   pending_ = false;
   // Kept alive until Update returns: grads point into them.
-  std::vector<at::Tensor> grads(fused_ ? 1 : leaves_.size());
-  std::vector<const float*> pointers(unique_ids_.size(), nullptr);
-  try {
-    if (fused_) {
-      // all_'s grad row i is already the sum over every occurrence of its id.
-      const at::Tensor& g = all_.grad();
-      grads[0] = g.defined() ? g.contiguous() : at::zeros_like(all_);
-      if (scale != 1.0) grads[0] = grads[0].mul(scale);
-      for (size_t t = 0; t < pointers.size(); ++t) pointers[t] = grads[0].data_ptr<float>() + base_[t] * rows_->dim(0);
-    }
-    for (size_t t = 0; !fused_ && t < leaves_.size(); ++t) {
-      const at::Tensor& g = leaves_[t].grad();
-      // A row the loss never reached (a field the model ignores) has no
-      // gradient; the shard still expects one row per id.
-      grads[t] = g.defined() ? g.contiguous() : at::zeros_like(leaves_[t]);
-      if (scale != 1.0) grads[t] = grads[t].mul(scale);
-      pointers[t] = grads[t].data_ptr<float>();
-    }
-  } catch (const c10::Error& e) {
-    return absl::InternalError(absl::StrCat("reading embedding gradients: ", e.what_without_backtrace()));
+  std::vector<at::Tensor> grads;
+  std::vector<const float*> pointers;
+  if (absl::Status s = LeafGradients(&grads, &pointers); !s.ok()) return s;
+  if (scale != 1.0) {
+    for (at::Tensor& g : grads) g.mul_(scale);  // each its own (contiguous() of a grad may alias it: harmless)
   }
   return rows_->Update(step, unique_ids_, pointers);
 }

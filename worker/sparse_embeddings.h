@@ -17,6 +17,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <unordered_map>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -129,15 +130,22 @@ class SparseEmbeddings {
   // counted), outside autograd; no Backward follows.
   absl::Status Evaluate(int64_t step, const CriteoBatch& batch, std::vector<at::Tensor>* pooled);
 
-  // The squared L2 norm of the last Forward's rows' gradients (each unique
-  // row's, summed over its occurrences: the coalesced sparse gradient's),
-  // after loss.backward(); 0 before.
+  // Gradient accumulation (accumulate_steps): after a micro-batch's
+  // loss.backward(), adds its rows' gradients into a sum per (table, id)
+  // kept until Backward, which then pushes the sum (the union of the
+  // micro-batches' rows, each once). FAILED_PRECONDITION without a Forward
+  // since the last Stash or Backward.
+  absl::Status Stash();
+
+  // The squared L2 norm of the rows' gradients Backward would push (each
+  // unique row's, summed over its occurrences: the coalesced sparse
+  // gradient's), after loss.backward() (and Stash); 0 before.
   double GradSquaredNorm() const;
 
   // Pushes the gradient of the last Forward's rows (zeros for a row the
-  // loss did not reach), times `scale` (clip_grad_norm's coefficient), for
-  // step `step`. FAILED_PRECONDITION without a Forward since the last
-  // Backward.
+  // loss did not reach), or what Stash summed, times `scale`
+  // (clip_grad_norm's coefficient), for step `step`. FAILED_PRECONDITION
+  // with neither a Forward nor a Stash since the last Backward.
   absl::Status Backward(int64_t step, double scale = 1.0);
 
   // The last Forward's unique ids per table, in the order of its rows.
@@ -168,6 +176,17 @@ class SparseEmbeddings {
   at::Tensor all_;                  // the fused path's one leaf: table t's rows from base_[t]
   std::vector<int64_t> base_;
   bool pending_ = false;  // a Forward whose gradient is not pushed yet
+  // Stash's sums, per table: ids in first-seen order, their gradient rows.
+  struct Stashed {
+    std::unordered_map<int64_t, size_t> row;  // id -> its index in ids
+    std::vector<int64_t> ids;
+    std::vector<float> grads;  // ids.size() x dim
+  };
+  std::vector<Stashed> stashed_;
+  bool has_stash_ = false;
+  // The last Forward's gradient of table t's rows (zeros where none), as
+  // Backward pushes them; `keep` holds what the pointers point into.
+  absl::Status LeafGradients(std::vector<at::Tensor>* keep, std::vector<const float*>* pointers) const;
 };
 
 }  // namespace pstrain

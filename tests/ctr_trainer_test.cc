@@ -356,7 +356,7 @@ TEST(CtrTrainerClipTest, ClipsTheDenseAndTheRowsGradientsTogether) {
 // accumulate_steps 2 of 64 examples is one step of 128: the same dense
 // update and, per row, the same gradient pushed once (the union of the
 // micro-batches' rows, each summed over both).
-TEST(CtrTrainerClipTest, TwoMicroBatchesPushWhatTheirWholeBatchDoes) {
+TEST(CtrTrainerAccumulationTest, TwoMicroBatchesPushWhatTheirWholeBatchDoes) {
   at::set_num_threads(1);
   struct Step {
     std::vector<std::pair<std::string, at::Tensor>> params;

@@ -296,40 +296,52 @@ class RecordingRows : public EmbeddingRows {
   EmbeddingRows* rows_;
 };
 
+// One step of `spec` (one worker, SGD at `lr` for the dense part, on fresh
+// shards and rows): the dense values after it and the rows' gradients it
+// pushed.
+struct OneStep {
+  std::vector<std::pair<std::string, at::Tensor>> params;
+  std::vector<float> pushed;
+  std::map<std::pair<size_t, int64_t>, std::vector<float>> by_row;
+  int64_t samples = 0;
+};
+OneStep RunOneStep(JobSpec spec, double lr) {
+  spec.name = absl::StrCat(spec.name, "-", lr, "-", spec.batch_size, "-", spec.accumulate_steps, "-",
+                           spec.clip_grad_norm);
+  spec.optimizer.set_kind(OptimizerConfig::SGD);
+  spec.optimizer.set_lr(lr);
+  spec.max_steps = 1;
+  Shards shards(spec.shards);
+  auto local = LocalEmbeddingRows::Create(spec.embeddings.tables);
+  EXPECT_TRUE(local.ok()) << local.status();
+  if (!local.ok()) return {};
+  RecordingRows rows(local->get());
+  TrainerOptions o = Options(spec, 0);
+  o.shards = shards.ptrs;
+  auto result = RunCtrTrainer(o, &rows);
+  EXPECT_TRUE(result.ok()) << result.status();
+  if (!result.ok()) return {};
+  return {result->parameters, rows.pushed, rows.by_row, result->samples};
+}
+
 // clip_grad_norm in ps mode: one step's dense and rows' gradients are
 // scaled by one coefficient, clip / (norm + 1e-6), the norm over both
 // (the unclipped step's: its dense update over the learning rate, its rows'
 // gradients as pushed).
 TEST(CtrTrainerClipTest, ClipsTheDenseAndTheRowsGradientsTogether) {
   at::set_num_threads(1);
-  struct Step {
-    std::vector<std::pair<std::string, at::Tensor>> params;
-    std::vector<float> rows;
-  };
-  auto one_step = [](double lr, double clip) -> Step {
-    JobSpec spec = CtrSpec(absl::StrCat("clip", lr, "-", clip), 1);
-    spec.optimizer.set_kind(OptimizerConfig::SGD);
-    spec.optimizer.set_lr(lr);
-    spec.max_steps = 1;
+  auto one_step = [](double lr, double clip) {
+    JobSpec spec = CtrSpec("clip", 1);
     spec.clip_grad_norm = clip;
-    Shards shards(spec.shards);
-    auto local = LocalEmbeddingRows::Create(spec.embeddings.tables);
-    EXPECT_TRUE(local.ok()) << local.status();
-    RecordingRows rows(local->get());
-    TrainerOptions o = Options(spec, 0);
-    o.shards = shards.ptrs;
-    auto result = RunCtrTrainer(o, &rows);
-    EXPECT_TRUE(result.ok()) << result.status();
-    if (!result.ok()) return {};
-    return {result->parameters, rows.pushed};
+    return RunOneStep(spec, lr);
   };
   const double lr = 0.5;
   // The initial values: a learning rate too small to move any float32.
-  const Step start = one_step(1e-10, 0), whole = one_step(lr, 0);
+  const OneStep start = one_step(1e-10, 0), whole = one_step(lr, 0);
   ASSERT_FALSE(whole.params.empty());
   ASSERT_EQ(start.params.size(), whole.params.size());
   double sq = 0;
-  for (float g : whole.rows) sq += static_cast<double>(g) * g;
+  for (float g : whole.pushed) sq += static_cast<double>(g) * g;
   std::vector<at::Tensor> dense;  // the unclipped step's gradients
   for (size_t i = 0; i < whole.params.size(); ++i) {
     dense.push_back(start.params[i].second.sub(whole.params[i].second).to(at::kDouble).div(lr));
@@ -338,19 +350,19 @@ TEST(CtrTrainerClipTest, ClipsTheDenseAndTheRowsGradientsTogether) {
   const double norm = std::sqrt(sq);
   ASSERT_GT(norm, 0);
   const double clip = norm / 4;
-  const Step clipped = one_step(lr, clip);
+  const OneStep clipped = one_step(lr, clip);
   const double coef = clip / (norm + 1e-6);
-  ASSERT_EQ(clipped.rows.size(), whole.rows.size());
-  for (size_t j = 0; j < whole.rows.size(); ++j) {
-    ASSERT_NEAR(clipped.rows[j], coef * whole.rows[j], 1e-6 + 1e-4 * std::fabs(whole.rows[j])) << "row value " << j;
+  ASSERT_EQ(clipped.pushed.size(), whole.pushed.size());
+  for (size_t j = 0; j < whole.pushed.size(); ++j) {
+    ASSERT_NEAR(clipped.pushed[j], coef * whole.pushed[j], 1e-6 + 1e-4 * std::fabs(whole.pushed[j])) << "row value " << j;
   }
   for (size_t i = 0; i < dense.size(); ++i) {
     const at::Tensor step = start.params[i].second.sub(clipped.params[i].second).to(at::kDouble).div(lr);
     EXPECT_TRUE(step.allclose(dense[i].mul(coef), 1e-3, 1e-6)) << whole.params[i].first;
   }
   // A bound above the norm changes nothing.
-  const Step loose = one_step(lr, norm * 2);
-  EXPECT_EQ(loose.rows, whole.rows);
+  const OneStep loose = one_step(lr, norm * 2);
+  EXPECT_EQ(loose.pushed, whole.pushed);
 }
 
 // accumulate_steps 2 of 64 examples is one step of 128: the same dense
@@ -358,42 +370,27 @@ TEST(CtrTrainerClipTest, ClipsTheDenseAndTheRowsGradientsTogether) {
 // micro-batches' rows, each summed over both).
 TEST(CtrTrainerAccumulationTest, TwoMicroBatchesPushWhatTheirWholeBatchDoes) {
   at::set_num_threads(1);
-  struct Step {
-    std::vector<std::pair<std::string, at::Tensor>> params;
-    std::map<std::pair<size_t, int64_t>, std::vector<float>> rows;
-  };
-  auto one_step = [](int64_t batch, int accumulate, double clip) -> Step {
-    JobSpec spec = CtrSpec(absl::StrCat("acc", batch, "-", accumulate, "-", clip), 1);
-    spec.optimizer.set_kind(OptimizerConfig::SGD);
-    spec.optimizer.set_lr(0.5);
+  auto one_step = [](int64_t batch, int accumulate, double clip) {
+    JobSpec spec = CtrSpec("acc", 1);
     spec.batch_size = batch;
     spec.accumulate_steps = accumulate;
     spec.clip_grad_norm = clip;
-    spec.max_steps = 1;
-    Shards shards(spec.shards);
-    auto local = LocalEmbeddingRows::Create(spec.embeddings.tables);
-    EXPECT_TRUE(local.ok()) << local.status();
-    RecordingRows rows(local->get());
-    TrainerOptions o = Options(spec, 0);
-    o.shards = shards.ptrs;
-    auto result = RunCtrTrainer(o, &rows);
-    EXPECT_TRUE(result.ok()) << result.status();
-    if (!result.ok()) return {};
-    EXPECT_EQ(result->samples, 128);
-    return {result->parameters, rows.by_row};
+    OneStep step = RunOneStep(spec, 0.5);
+    EXPECT_EQ(step.samples, 128);
+    return step;
   };
   for (double clip : {0.0, 0.05}) {
     SCOPED_TRACE(clip);
-    const Step whole = one_step(128, 1, clip), halves = one_step(64, 2, clip);
+    const OneStep whole = one_step(128, 1, clip), halves = one_step(64, 2, clip);
     ASSERT_FALSE(whole.params.empty());
     ASSERT_EQ(whole.params.size(), halves.params.size());
     for (size_t i = 0; i < whole.params.size(); ++i) {
       EXPECT_TRUE(halves.params[i].second.allclose(whole.params[i].second, 1e-5, 1e-7)) << whole.params[i].first;
     }
-    ASSERT_EQ(halves.rows.size(), whole.rows.size());
-    for (const auto& [row, grad] : whole.rows) {
-      auto it = halves.rows.find(row);
-      ASSERT_NE(it, halves.rows.end()) << "table " << row.first << " id " << row.second;
+    ASSERT_EQ(halves.by_row.size(), whole.by_row.size());
+    for (const auto& [row, grad] : whole.by_row) {
+      auto it = halves.by_row.find(row);
+      ASSERT_NE(it, halves.by_row.end()) << "table " << row.first << " id " << row.second;
       for (size_t d = 0; d < grad.size(); ++d) {
         ASSERT_NEAR(it->second[d], grad[d], 1e-7 + 1e-4 * std::fabs(grad[d])) << "table " << row.first;
       }

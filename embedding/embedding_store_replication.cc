@@ -261,6 +261,11 @@ void EmbeddingStore::ApplyRouting(Job& job, const Routing& routing) {
   SlotReplica& rep = *job.replica;
   if (routing.generation() <= rep.routing.generation()) return;
   if (routing.targets_size() != rep.routing.targets_size()) return;  // another layout: not this job's
+  // As InitEmbeddings checks them: a hybrid job's SetWorkers reaches here
+  // with no dense table to check its routing first.
+  for (const std::string& t : routing.targets()) {
+    if (t.empty() || t.size() > embedding_internal::kMaxTargetBytes) return;
+  }
   for (const auto* set : {&routing.lost_shards(), &routing.catching_up()}) {
     for (uint32_t s : *set) {
       if (s >= static_cast<uint32_t>(routing.targets_size())) return;

@@ -434,6 +434,28 @@ TEST_F(ReplicatedShards, ReplicationIsRefusedWithoutAForwarderAndForBadLayouts) 
   EXPECT_EQ(shards_[0]->Init(r, &response).code(), absl::StatusCode::kInvalidArgument);
 }
 
+// SetWorkers' routing is checked as InitEmbeddings' (a hybrid job's comes
+// with no dense table to check it first): a 300-byte target changes nothing.
+TEST_F(ReplicatedShards, ARoutingWithAnOversizedTargetIsNotApplied) {
+  CreateJob(ASYNC, 1, 1);
+  SetWorkersRequest r;
+  r.set_job("ctr");
+  r.set_attempt(1);
+  r.mutable_routing()->set_generation(1);
+  for (uint32_t i = 0; i < kShards; ++i) r.mutable_routing()->add_targets(i == 2 ? std::string(300, 'h') : "s0");
+  auto generation = [&] {
+    EXPECT_TRUE(shards_[0]->SetWorkers(r).ok());  // the job is held: its seats are taken
+    EmbeddingStatsRequest sr;
+    EmbeddingStatsResponse stats;
+    sr.set_job("ctr");
+    EXPECT_TRUE(shards_[0]->Stats(sr, &stats).ok());
+    return stats.generation();
+  };
+  EXPECT_EQ(generation(), 0u);
+  r.mutable_routing()->set_targets(2, "s2");
+  EXPECT_EQ(generation(), 1u);
+}
+
 TEST_F(ReplicatedShards, MalformedForwardsAreRefusedWholeAndChangeNothing) {
   CreateJob(SYNC, 1, 1);
   ReplicateEmbeddingsRequest r;

@@ -100,7 +100,7 @@ void PrintJobTable(const pstrain::JobStatus& st) {
   std::printf("members:\n");
   for (const auto& m : st.members()) {
     std::printf("  %-6s %-3d %-16s %-22s %s\n", pstrain::RoleName(m.role()), m.rank(), m.name().c_str(),
-                m.address().c_str(), m.alive() ? "alive" : "LOST");
+                m.address().c_str(), !m.unresponsive().empty() ? "HUNG" : m.alive() ? "alive" : "LOST");
   }
   std::printf("conditions:\n");
   for (const auto& c : st.conditions()) {
@@ -125,7 +125,8 @@ void PrintMembers(const pstrain::ListMembersResponse& resp) {
   std::printf("%-7s %-18s %-22s %-7s %-12s %-5s %s\n", "ROLE", "NAME", "ADDRESS", "HEALTH", "JOB", "RANK", "LAST BEAT");
   for (const auto& m : resp.members()) {
     std::printf("%-7s %-18s %-22s %-7s %-12s %-5s %s ago\n", pstrain::RoleName(m.role()), m.name().c_str(),
-                m.address().empty() ? "-" : m.address().c_str(), m.alive() ? "alive" : "LOST",
+                m.address().empty() ? "-" : m.address().c_str(),
+                !m.unresponsive().empty() ? "HUNG" : m.alive() ? "alive" : "LOST",
                 m.job_id().empty() ? "-" : m.job_id().c_str(),
                 m.job_id().empty() ? "-" : std::to_string(m.rank()).c_str(), Ago(m.last_heartbeat_unix_ms()).c_str());
   }

@@ -130,6 +130,11 @@ void ClusterMember::HeartbeatLoop() {
       spdlog::info("{} {}: registered again with the coordinator: {}", RoleName(options_.role), options_.name,
                    r.ToString());
     }
+    if (s.ok() && !resp.exit_reason().empty()) {
+      spdlog::error("{} {}: the coordinator asks this member to exit: {}", RoleName(options_.role), options_.name,
+                    resp.exit_reason());
+      if (options_.on_exit_request) options_.on_exit_request(resp.exit_reason());
+    }
     mu_.Lock();
     if (!s.ok()) continue;
     pause_id_ = resp.pause_id();

@@ -34,6 +34,11 @@ struct ClusterMemberOptions {
   std::string name;         // stable name (pod name)
   std::string address;      // shards: where their ParameterService listens
   absl::Duration rpc_timeout = absl::Seconds(10);
+  // The coordinator stopped trusting this member (a shard whose data path
+  // answered none of its probes; HeartbeatResponse.exit_reason says why):
+  // called on the heartbeat thread, at each heartbeat that says so. A
+  // shard exits so that its supervisor starts it afresh. Null: logged only.
+  std::function<void(const std::string& why)> on_exit_request;
 };
 
 // This machine's host name (what other processes reach it by, unless told

@@ -31,6 +31,13 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(CoordinatorOpti
   if (options.heartbeat_interval <= absl::ZeroDuration() || options.missed_heartbeats < 1) {
     return absl::InvalidArgumentError("heartbeat interval and missed heartbeats must be positive");
   }
+  if (options.shard_probe_timeout > absl::ZeroDuration() &&
+      options.shard_probe_timeout < 2 * options.heartbeat_interval) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the shard probe timeout (", absl::FormatDuration(options.shard_probe_timeout),
+        ") must be at least two heartbeat intervals (", absl::FormatDuration(2 * options.heartbeat_interval),
+        "), or zero for no probes"));
+  }
   if (options.checkpoint_root.empty()) {
     auto root = CanonicalRoot("out");
     if (!root.ok()) return root.status();
@@ -97,6 +104,9 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(CoordinatorOpti
   }
   c->persister_ = std::thread([raw = c.get()] { raw->PersistLoop(); });
   if (options.background_tick) c->ticker_ = std::thread([raw = c.get()] { raw->TickLoop(); });
+  if (options.background_tick && options.shard_probe_timeout > absl::ZeroDuration()) {
+    c->prober_ = std::thread([raw = c.get()] { raw->ProbeLoop(); });
+  }
   return c;
 }
 
@@ -116,6 +126,9 @@ void Coordinator::TickLoop() {
     last_tick = now;
     if (late > period) {
       members_.ExtendLeases(late);
+      for (Job* job : ActiveJobs()) {
+        for (auto& [id, probe] : job->probes) probe.answered += late;
+      }
       spdlog::warn("coordinator: paused for {}; leases extended by as much", absl::FormatDuration(late));
     }
     StartDeferred();
@@ -139,6 +152,13 @@ void Coordinator::Shutdown() {
   }
   rendezvous_.Shutdown();
   if (ticker_.joinable()) ticker_.join();
+  if (prober_.joinable()) prober_.join();
+  {
+    // A probe of a hung shard ends by its deadline.
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(
+        +[](int* n) { return *n == 0; }, &probes_in_flight_));
+  }
   for (auto& t : background) t.thread.join();
   {
     absl::MutexLock lock(&mu_);
@@ -403,9 +423,17 @@ void Coordinator::ExpireLeases() {
     for (const MemberStatus& jm : present) {
       // A vacated rank may have ended the job (the others were done).
       if (st.state() != RUNNING && st.state() != CHECKPOINTING) break;
-      if (members_.Attached(jm.name(), id) || ShardLost(st, jm)) continue;
-      const std::string what = absl::StrCat(RoleName(jm.role()), " ", jm.name(), " (rank ", jm.rank(),
-                                            ") was lost: missed ", options_.missed_heartbeats, " heartbeats");
+      if (ShardLost(st, jm)) continue;
+      std::string what;
+      if (!members_.Attached(jm.name(), id)) {
+        what = absl::StrCat(RoleName(jm.role()), " ", jm.name(), " (rank ", jm.rank(), ") was lost: missed ",
+                            options_.missed_heartbeats, " heartbeats");
+      } else if (what = Unanswered(job, jm, now); !what.empty()) {
+        spdlog::error("coordinator: {}: {}", id, what);
+        members_.Quarantine(jm.name(), id, what);
+      } else {
+        continue;
+      }
       if (VacateRank(job, jm, what)) continue;  // a parameter-server job goes on without it
       if (LoseShard(job, jm, what)) continue;   // its chunks' backups lead them now
       RestartOrFail(job, "MemberLost", what, /*retryable=*/true);

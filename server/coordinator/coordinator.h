@@ -82,6 +82,15 @@ namespace pstrain {
 
 class TableGrantSigner;
 
+// One probe of a shard's data path: a Stats call for `job` at `address`,
+// with the job's secret, due by `deadline`.
+struct ShardProbe {
+  std::string job;
+  std::string address;
+  std::string job_secret;
+  absl::Time deadline;
+};
+
 struct CoordinatorOptions {
   absl::Duration heartbeat_interval = absl::Seconds(1);
   int missed_heartbeats = 5;
@@ -155,6 +164,16 @@ struct CoordinatorOptions {
   std::function<void()> before_thread_start;
   // TensorBoard event files and the dashboard's curves (job_telemetry.h).
   TelemetryOptions telemetry;
+  // The shards of running parameter-server and hybrid jobs are probed on
+  // their data path every heartbeat_interval (coordinator_probes.cc): one
+  // that answers no probe for this long while it still heartbeats (a hung
+  // table service, a data port cut off) is lost as if its lease had run
+  // out, and quarantined. At least 4 heartbeat intervals; zero: no probes.
+  absl::Duration shard_probe_timeout = absl::Seconds(10);
+  // How a probe is made (tests); null: a Stats call over gRPC. `done` gets
+  // the call's status: DEADLINE_EXCEEDED and UNAVAILABLE are no answer,
+  // any other code is one (the service ran the call).
+  std::function<void(const ShardProbe& probe, std::function<void(absl::Status)> done)> shard_probe;
 };
 
 inline constexpr size_t kMaxEventBytes = 1 << 20;
@@ -233,6 +252,13 @@ class Coordinator {
   uint64_t TelemetryDropped() const { return telemetry_.dropped(); }
   // Expires leases and schedules pending jobs.
   void Tick();
+  // One round of shard probes (coordinator_probes.cc): a probe is started
+  // for each attached shard of a running job that has none in flight (a
+  // hung shard holds one until its deadline, shard_probe_timeout); each
+  // answer is recorded as it comes. The prober thread calls it every
+  // heartbeat interval (tests without background_tick call it themselves,
+  // then Tick() to act on the answers).
+  void ProbeShards() ABSL_LOCKS_EXCLUDED(mu_);
   void Shutdown();
 
  private:
@@ -269,6 +295,14 @@ class Coordinator {
     // Replicated shards: the routing generations the workers were told
     // (the job's KV store) up to this one.
     uint64_t routing_published = 0;
+    // Probes of the attempt's shards, by member id: when one last answered
+    // (or was first probed), and whether a probe is in flight.
+    struct Probe {
+      absl::Time answered;
+      bool in_flight = false;
+    };
+    std::map<std::string, Probe> probes;
+    uint64_t probes_attempt = 0;
   };
 
   Coordinator(CoordinatorOptions options, std::unique_ptr<JobStore> store);
@@ -304,6 +338,12 @@ class Coordinator {
   void RefreshMembers(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MaybeSucceed(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ExpireLeases() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Shard probes (coordinator_probes.cc). Why shard `m` of the job counts
+  // as lost though it heartbeats (it answered no probe for
+  // shard_probe_timeout); empty while it answers, or was never probed.
+  std::string Unanswered(const Job& job, const MemberStatus& m, absl::Time now) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ProbeLoop() ABSL_LOCKS_EXCLUDED(mu_);
   // Replicated shards (coordinator_elastic.cc): a lost shard's chunks are
   // led by their backups from a new routing generation, and the job goes on;
   // false (the caller restarts the job) when `lost` is not a shard of a
@@ -434,6 +474,8 @@ class Coordinator {
   int64_t incarnation_ = 0;
   int64_t pauses_ ABSL_GUARDED_BY(mu_) = 0;
   std::thread ticker_;
+  std::thread prober_;
+  int probes_in_flight_ ABSL_GUARDED_BY(mu_) = 0;  // Shutdown waits for them
   // Background work: finished threads are joined by the next Background()
   // call, the rest by Shutdown().
   struct BackgroundThread {

@@ -120,6 +120,14 @@ absl::StatusOr<HeartbeatResponse> Coordinator::Heartbeat(const HeartbeatRequest&
   const bool running = !request.running_job_id().empty();
   members_.SetActivity(m, running && m.status.role() == MEMBER_ROLE_WORKER ? request.activity() : WorkerActivity());
   HeartbeatResponse r;
+  if (!m.status.unresponsive().empty()) {
+    // Its data path failed the coordinator's probes (coordinator_probes.cc):
+    // a fresh process under its name is trusted again.
+    r.set_exit_reason(m.status.unresponsive());
+    r.set_cancel_job(running);
+    if (m.releasing && !running) m.Free();
+    return r;
+  }
   if (m.releasing) {
     if (!running) {
       m.Free();

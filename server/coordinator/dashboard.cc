@@ -161,6 +161,7 @@ json Detail(const JobStatus& st, const JobCurves& c, const std::optional<JobTele
   for (const MemberStatus& m : st.members()) {
     if (m.role() != MEMBER_ROLE_SHARD) continue;
     json s{{"index", m.rank()}, {"member", m.name()}, {"address", m.address()}, {"alive", m.alive()},
+           {"hung", !m.unresponsive().empty()},
            {"last_heartbeat_unix_ms", m.last_heartbeat_unix_ms()}};
     auto it = c.shards.find(m.rank());
     if (it != c.shards.end()) {

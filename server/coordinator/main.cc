@@ -6,6 +6,7 @@
 // shards and workers), grpc.health.v1.Health and reflection. Jobs live in
 // the SQLite database at --db and survive restarts. SIGTERM/SIGINT: stop
 // accepting, drain, exit 0.
+#include <algorithm>
 #include <signal.h>
 
 #include <cstdio>
@@ -31,6 +32,10 @@
 ABSL_FLAG(std::string, db, "pstrain-jobs.db", "SQLite job store (created if missing).");
 ABSL_FLAG(int, heartbeat_ms, 1000, "Heartbeat interval members are told to use.");
 ABSL_FLAG(int, missed_heartbeats, 5, "A member missing this many heartbeats is lost.");
+ABSL_FLAG(int, shard_probe_timeout_ms, 10000,
+          "A shard of a running job whose table service answers none of the coordinator's probes (one per "
+          "heartbeat) for this long, while it still heartbeats, is lost and quarantined; at least two "
+          "heartbeats; 0: no probes.");
 ABSL_FLAG(std::string, checkpoint_root, "out",
           "Directory (the shared volume) that jobs' output_dir and resume_from must lie under; shards get "
           "checkpoint names relative to it, so give them the same --checkpoint_root.");
@@ -144,6 +149,13 @@ std::optional<pstrain::CoordinatorOptions> CoordinatorOptionsFromFlags() {
   pstrain::CoordinatorOptions options;
   options.heartbeat_interval = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_ms));
   options.missed_heartbeats = absl::GetFlag(FLAGS_missed_heartbeats);
+  options.shard_probe_timeout = absl::Milliseconds(std::max(0, absl::GetFlag(FLAGS_shard_probe_timeout_ms)));
+  if (options.shard_probe_timeout > absl::ZeroDuration() &&
+      options.shard_probe_timeout < 2 * options.heartbeat_interval) {
+    options.shard_probe_timeout = 2 * options.heartbeat_interval;  // long heartbeats: the least that makes sense
+    spdlog::warn("pstrain-coordinator: --shard_probe_timeout_ms raised to two heartbeats, {}",
+                 absl::FormatDuration(options.shard_probe_timeout));
+  }
   auto root = pstrain::CanonicalRoot(absl::GetFlag(FLAGS_checkpoint_root));
   if (!root.ok()) {
     spdlog::error("pstrain-coordinator: --checkpoint_root: {}", root.status().ToString());

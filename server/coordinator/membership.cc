@@ -131,7 +131,9 @@ void Membership::ExtendLeases(absl::Duration d) {
 
 bool Membership::Attached(const std::string& name, const std::string& job_id) const {
   for (const auto& [id, m] : members_) {
-    if (m.status.name() == name && m.status.alive() && m.Holds(job_id)) return true;
+    if (m.status.name() == name && m.status.alive() && m.Holds(job_id) && m.status.unresponsive().empty()) {
+      return true;
+    }
   }
   return false;
 }
@@ -145,6 +147,7 @@ void Membership::Refresh(MemberStatus& m, const std::string& job_id) const {
       *m.mutable_activity() = member.status.activity();
       m.set_member_id(id);
       m.set_address(member.status.address());
+      m.set_unresponsive(member.status.unresponsive());
       found = true;
     }
   }
@@ -154,6 +157,12 @@ void Membership::Refresh(MemberStatus& m, const std::string& job_id) const {
 void Membership::FreeAll(const std::string& job_id) {
   for (auto& [id, m] : members_) {
     if (m.Holds(job_id)) m.Free();
+  }
+}
+
+void Membership::Quarantine(const std::string& name, const std::string& job_id, const std::string& why) {
+  for (auto& [id, m] : members_) {
+    if (m.status.name() == name && m.Holds(job_id)) m.status.set_unresponsive(why.substr(0, 512));
   }
 }
 
@@ -183,7 +192,7 @@ int Membership::Stopping(const std::string& job_id) const {
 std::vector<FreeMember> Membership::FreeMembers() const {
   std::vector<FreeMember> out;
   for (const auto& [id, m] : members_) {
-    if (m.status.alive() && m.status.job_id().empty() && !m.leaving) {
+    if (m.status.alive() && m.status.job_id().empty() && !m.leaving && m.status.unresponsive().empty()) {
       out.push_back({id, m.status.name(), m.status.role(), m.order});
     }
   }

@@ -81,7 +81,14 @@ class Membership {
   // The coordinator itself stalled for `d`: nobody could be heard meanwhile.
   void ExtendLeases(absl::Duration d);
 
-  // Whether the member called `name` is alive and on `job_id`.
+  // The member called `name`, on `job_id`, stopped answering on its data
+  // path while it heartbeats: it no longer counts as attached, is never
+  // free again, and its heartbeats ask it to exit (`why`, bounded, says
+  // what happened). A registration under its name after it has gone is a
+  // new member, trusted again.
+  void Quarantine(const std::string& name, const std::string& job_id, const std::string& why);
+  // Whether the member called `name` is alive and on `job_id` (and not
+  // quarantined).
   bool Attached(const std::string& name, const std::string& job_id) const;
   // Copies the live view (alive, last beat, id, address) of the member
   // with m's name and role that holds `job_id` into m; not alive if there

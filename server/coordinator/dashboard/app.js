@@ -194,7 +194,7 @@ function renderJob(j) {
   });
   const shards = j.shards.map((s) => el("tr", { class: "shard" },
     el("td", {}, s.index), el("td", { class: "hide-narrow" }, s.member), el("td", {}, s.address),
-    el("td", { class: s.alive ? "alive" : "lost" }, s.alive ? "alive" : "lost"),
+    el("td", { class: s.alive && !s.hung ? "alive" : "lost" }, s.hung ? "hung" : s.alive ? "alive" : "lost"),
     el("td", { class: "num" }, s.call_ms === undefined ? "-" : s.call_ms.toFixed(2) + " ms"),
     el("td", { class: "num" }, s.bytes_per_s === undefined ? "-" : fmt(s.bytes_per_s / 1e6, 1) + " MB/s")));
   const conditions = j.conditions.slice().reverse().map((c) => el("tr", { class: "condition" },

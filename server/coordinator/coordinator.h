@@ -164,11 +164,10 @@ struct CoordinatorOptions {
   std::function<void()> before_thread_start;
   // TensorBoard event files and the dashboard's curves (job_telemetry.h).
   TelemetryOptions telemetry;
-  // The shards of running parameter-server and hybrid jobs are probed on
-  // their data path every heartbeat_interval (coordinator_probes.cc): one
-  // that answers no probe for this long while it still heartbeats (a hung
-  // table service, a data port cut off) is lost as if its lease had run
-  // out, and quarantined. At least 4 heartbeat intervals; zero: no probes.
+  // The shards of running ps and hybrid jobs are probed on their data path
+  // every heartbeat (coordinator_probes.cc): one that answers none for this
+  // long while it heartbeats (hung, its data port cut off) is lost as if
+  // its lease had run out, and quarantined. At least 2 heartbeats; 0: off.
   absl::Duration shard_probe_timeout = absl::Seconds(10);
   // How a probe is made (tests); null: a Stats call over gRPC. `done` gets
   // the call's status: DEADLINE_EXCEEDED and UNAVAILABLE are no answer,
@@ -252,12 +251,10 @@ class Coordinator {
   uint64_t TelemetryDropped() const { return telemetry_.dropped(); }
   // Expires leases and schedules pending jobs.
   void Tick();
-  // One round of shard probes (coordinator_probes.cc): a probe is started
-  // for each attached shard of a running job that has none in flight (a
-  // hung shard holds one until its deadline, shard_probe_timeout); each
-  // answer is recorded as it comes. The prober thread calls it every
-  // heartbeat interval (tests without background_tick call it themselves,
-  // then Tick() to act on the answers).
+  // Starts a probe of each attached shard of a running job that has none in
+  // flight (coordinator_probes.cc); answers are recorded as they come. The
+  // prober thread calls it every heartbeat (tests without background_tick
+  // call it, then Tick() to act on the answers).
   void ProbeShards() ABSL_LOCKS_EXCLUDED(mu_);
   void Shutdown();
 
@@ -295,8 +292,8 @@ class Coordinator {
     // Replicated shards: the routing generations the workers were told
     // (the job's KV store) up to this one.
     uint64_t routing_published = 0;
-    // Probes of the attempt's shards, by member id: when one last answered
-    // (or was first probed), and whether a probe is in flight.
+    // The attempt's shard probes by member id: last answered (or first
+    // probed), and whether one is in flight.
     struct Probe {
       absl::Time answered;
       bool in_flight = false;
@@ -338,9 +335,8 @@ class Coordinator {
   void RefreshMembers(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MaybeSucceed(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ExpireLeases() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Shard probes (coordinator_probes.cc). Why shard `m` of the job counts
-  // as lost though it heartbeats (it answered no probe for
-  // shard_probe_timeout); empty while it answers, or was never probed.
+  // Why shard `m` of the job is lost though it heartbeats (no probe answer
+  // for shard_probe_timeout); empty while it answers, or was never probed.
   std::string Unanswered(const Job& job, const MemberStatus& m, absl::Time now) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ProbeLoop() ABSL_LOCKS_EXCLUDED(mu_);

@@ -114,13 +114,14 @@ class ControlPlaneTest : public ::testing::Test {
   void StartCoordinator(int port) {
     const std::string port_file = dir_ + "/coordinator.addr";
     std::filesystem::remove(port_file);
-    coordinator_process_ = Start("coordinator", {"server/coordinator/pstrain-coordinator", "--host=127.0.0.1",
-                                                 "--port=" + std::to_string(port), "--port_file=" + port_file,
-                                                 "--db=" + dir_ + "/jobs.db", "--heartbeat_ms=" + std::to_string(heartbeat_ms_),
-                                                 "--checkpoint_root=" + dir_,
-                                                 "--missed_heartbeats=" + std::to_string(missed_heartbeats_),
-                                                 "--metrics_port=0",
-                                                 "--metrics_port_file=" + dir_ + "/metrics.addr"});
+    std::vector<std::string> argv = {"server/coordinator/pstrain-coordinator", "--host=127.0.0.1",
+                                     "--port=" + std::to_string(port), "--port_file=" + port_file,
+                                     "--db=" + dir_ + "/jobs.db", "--heartbeat_ms=" + std::to_string(heartbeat_ms_),
+                                     "--checkpoint_root=" + dir_,
+                                     "--missed_heartbeats=" + std::to_string(missed_heartbeats_),
+                                     "--metrics_port=0", "--metrics_port_file=" + dir_ + "/metrics.addr"};
+    argv.insert(argv.end(), coordinator_flags_.begin(), coordinator_flags_.end());
+    coordinator_process_ = Start("coordinator", argv);
     auto addr = WaitForAddressFile(port_file, absl::Seconds(30));
     ASSERT_TRUE(addr.ok()) << addr.status();
     coordinator_ = *addr;
@@ -243,6 +244,7 @@ class ControlPlaneTest : public ::testing::Test {
   // Leases of 100 ms heartbeats: 2 s by default.
   int heartbeat_ms_ = 100;
   int missed_heartbeats_ = 20;
+  std::vector<std::string> coordinator_flags_;  // more of them
   std::string dir_, coordinator_;
   std::unique_ptr<ChildProcess> coordinator_process_;
   std::vector<std::unique_ptr<ChildProcess>> pool_;

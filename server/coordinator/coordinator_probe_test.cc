@@ -150,13 +150,17 @@ TEST_F(ProbeTest, AReplicatedJobLosesAHeartbeatingShardThatAnswersNoProbeAndTake
   EXPECT_NE(last[victim.member_id()].exit_reason().find("answered no probe"), std::string::npos);
   EXPECT_TRUE(last[victim.member_id()].cancel_job());
   for (const std::string& m : all) {
-    if (m != victim.member_id()) EXPECT_EQ(last[m].exit_reason(), "") << m;
+    if (m != victim.member_id()) {
+      EXPECT_EQ(last[m].exit_reason(), "") << m;
+    }
   }
   {
     absl::MutexLock lock(&mu_);
     EXPECT_EQ(probes_[victim.address()], 1) << "one probe in flight to a hung shard, not one per round";
     for (const std::string name : {"shard-0", "shard-1", "shard-2"}) {
-      if (Address(name) != victim.address()) EXPECT_GE(probes_[Address(name)], 12) << name;
+      if (Address(name) != victim.address()) {
+        EXPECT_GE(probes_[Address(name)], 12) << name;
+      }
     }
   }
   // It stops the job and stays alive, yet is never the spare.

@@ -158,16 +158,30 @@ pushpull() {
   declare -A runs
   for r in $(seq "$reps"); do
     for model in flat mixed; do
-      log "rep $r/$reps: pstrain $model"
-      runs[ours_$model]+="$(ours_once "$model" "$secs")"$'\n'
+      # Plain and replicas: 1 side by side (alternating which goes first),
+      # so that their ratio is taken over adjacent runs, not across a drift
+      # of the machine.
+      local plain replicated
+      if (( r % 2 )); then
+        log "rep $r/$reps: pstrain $model"
+        plain="$(ours_once "$model" "$secs")"
+        log "rep $r/$reps: pstrain $model, replicas: 1 (each update forwarded to a backup shard)"
+        replicated="$(ours_once "$model" "$secs" replicas)"
+      else
+        log "rep $r/$reps: pstrain $model, replicas: 1 (each update forwarded to a backup shard)"
+        replicated="$(ours_once "$model" "$secs" replicas)"
+        log "rep $r/$reps: pstrain $model"
+        plain="$(ours_once "$model" "$secs")"
+      fi
+      runs[ours_$model]+="$plain"$'\n'
+      runs[ours_replicas_$model]+="$replicated"$'\n'
+      runs[pair_replicas_$model]+="$($PY -c "print(${replicated%% *} / ${plain%% *})")"$'\n'
       log "rep $r/$reps: pstrain $model, one request per shard"
       runs[ours_whole_$model]+="$(ours_once "$model" "$secs" whole)"$'\n'
       log "rep $r/$reps: pstrain $model over TLS with tokens"
       runs[ours_tls_$model]+="$(ours_once "$model" "$secs" tls)"$'\n'
       log "rep $r/$reps: pstrain $model, bf16 wire"
       runs[ours_bf16_$model]+="$(ours_once "$model" "$secs" bf16)"$'\n'
-      log "rep $r/$reps: pstrain $model, replicas: 1 (each update forwarded to a backup shard)"
-      runs[ours_replicas_$model]+="$(ours_once "$model" "$secs" replicas)"$'\n'
       for tr in tcp default; do
         log "rep $r/$reps: torch.distributed.rpc ($tr) $model"
         runs[torch_${tr}_$model]+="$(torch_once "$model" "$tr" "$secs")"$'\n'
@@ -229,8 +243,12 @@ out = {
         "tls_vs_plain": round($(col ours_tls_flat 1) / ours_flat, 3),
         "mixed_tls_vs_plain": round($(col ours_tls_mixed 1) / ours_mixed, 3),
         "bf16_vs_fp32_params_per_s": round($(col ours_bf16_flat 1) / ours_flat, 3),
-        "replicas_vs_none": round($(col ours_replicas_flat 1) / ours_flat, 3),
-        "mixed_replicas_vs_none": round($(col ours_replicas_mixed 1) / ours_mixed, 3),
+        # The median of each rep's ratio of adjacent runs; and the ratio of
+        # the two lines' medians.
+        "replicas_vs_none": round($(col pair_replicas_flat 1), 3),
+        "mixed_replicas_vs_none": round($(col pair_replicas_mixed 1), 3),
+        "replicas_vs_none_of_medians": round($(col ours_replicas_flat 1) / ours_flat, 3),
+        "mixed_replicas_vs_none_of_medians": round($(col ours_replicas_mixed 1) / ours_mixed, 3),
     },
 }
 print(json.dumps(out))
@@ -800,6 +818,7 @@ quantize() {
       fi
       log "exporting $model in int8 (dynamic, static)"
       "$BIN/quantize/pstrain-quantize" $model "$w" "$WORK/$model-dynamic.pt" dynamic >&2
+      "$BIN/quantize/pstrain-quantize" $model "$w" "$WORK/$model-dynamic-pt.pt" dynamic --per_tensor >&2
       "$BIN/quantize/pstrain-quantize" $model "$w" "$WORK/$model-static.pt" static \
         --calibration "$WORK/calibration.pt" >&2
       args+=("$model=$w")

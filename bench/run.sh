@@ -203,6 +203,8 @@ pushpull() {
     printf '%-24s %10.3f %10.1f %10.1f\n' "$k" "$(col "$k" 1)" "$(col "$k" 2)" "$(col "$k" 3)" >&2
   done
   printf '%-24s %10.3f\n' "iperf3 loopback" "$(col iperf 1)" >&2
+  printf '%-24s %s / %s\n' "replicas:1 / 0, by rep" "$(printf '%s' "${runs[pair_replicas_flat]}" | awk 'NF {printf "%.3f ", $1}')" \
+    "$(printf '%s' "${runs[pair_replicas_mixed]}" | awk 'NF {printf "%.3f ", $1}')" >&2
   printf 'codec: %s\n\n' "$codec" >&2
 
   $PY - "$codec" <<PYEOF

@@ -184,6 +184,28 @@ TEST(PipelineTrainer, ATorchScriptModuleThatIsNotSequentialIsRefused) {
   }
 }
 
+// A module that is not sequential (a skip connection inside a stage, a
+// flatten between layers) but names its stages, stage_0..stage_2: cut
+// between those methods, each stage training the parameters its method
+// uses, like the uncut module. One that uses a layer in two stages is
+// refused, naming it.
+constexpr char kNamedStagesNet[] = "torchscript:worker/testdata/named_stages_net.pt";
+
+TEST(PipelineTrainer, ATorchScriptModuleIsCutBetweenTheStagesItNames) {
+  CheckLikeUncut({kNamedStagesNet, 2, 1, 4, "1f1b", 16, 100, "parameters"});
+  CheckLikeUncut({kNamedStagesNet, 3, 1, 5, "gpipe", 16, 100});
+  JobSpec spec = AllReduceSpec("pipe-shared", "torchscript:worker/testdata/shared_stages_net.pt", 2, 16, 4);
+  spec.pipeline.stages = 2;
+  const TrainTest data{MakeSynthetic(64, 10, 3), MakeSynthetic(100, 10, 4)};
+  for (const auto& r : RunPipelined(spec, data)) {
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+    EXPECT_NE(r.status().message().find("parameter 'fc1.bias' is used by stage_1 and stage_2"),
+              absl::string_view::npos)
+        << r.status();
+  }
+}
+
 // Hybrid: 2 replicas of a 2-stage pipeline, each stage's replicas
 // averaging its gradients, against 2 all-reduce workers.
 TEST(PipelineTrainer, TwoReplicasOfTwoStagesTrainLikeTwoAllReduceWorkers) {

@@ -37,7 +37,8 @@ inline DataRoot TestModelsRoot() {
   const fs::path root = fs::path(::testing::TempDir()) / "models_root";
   std::error_code ec;
   fs::create_directories(root / "worker/testdata", ec);
-  for (const char* name : {"small_net.pt", "small_net_f64.pt", "sequential_net.pt", "not_sequential_net.pt"}) {
+  for (const char* name : {"small_net.pt", "small_net_f64.pt", "sequential_net.pt", "not_sequential_net.pt",
+                           "named_stages_net.pt", "shared_stages_net.pt"}) {
     const fs::path from = fs::path("worker/testdata") / name;
     if (fs::exists(from) && !fs::exists(root / from)) fs::copy_file(from, root / from, ec);
   }

@@ -96,8 +96,8 @@ absl::StatusOr<LayerSource> ScriptedLayers(const TrainerOptions& options, const 
   source.count = whole->LayerCount();
   if (source.count < spec.pipeline.stages) {
     return absl::InvalidArgumentError(absl::StrCat("pipeline.stages must be at most ", source.count, ": model ", name,
-                                                   " has ", source.count, " top-level children, and a stage holds "
-                                                   "at least one"));
+                                                   " has ", source.count, " top-level children (or stage_<i> "
+                                                   "methods), and a stage holds at least one"));
   }
   source.make = [whole](int begin, int end) { return whole->Layers(begin, end); };
   auto chained = whole->Layers(0, source.count);
@@ -114,9 +114,10 @@ absl::StatusOr<LayerSource> ScriptedLayers(const TrainerOptions& options, const 
   whole->SetTraining(true);
   if (!why.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "model ", name, " cannot be cut into stages: its top-level children run one after the other ", why,
-        " than its forward; a pipelined TorchScript module must be sequential at its top level (an "
-        "nn.Sequential, or a forward that only calls its children in order)"));
+        "model ", name, " cannot be cut into stages: its top-level children (or stage_<i> methods) run one "
+        "after the other ", why, " than its forward; a pipelined TorchScript module must be sequential at its "
+        "top level (an nn.Sequential, or a forward that only calls its children in order), or name its stages: "
+        "methods stage_0, stage_1, ... whose chain is its forward"));
   }
   for (int i = 0; i < source.count; ++i) {
     auto layer = whole->Layers(i, i + 1);

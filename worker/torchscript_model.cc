@@ -1,6 +1,8 @@
 // TorchScript models: a module scripted and saved in Python, trained here.
 #include <torch/script.h>
 
+#include <map>
+#include <set>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
@@ -40,9 +42,101 @@ class TorchScriptLayers : public Model {
   std::vector<torch::jit::NameModule> children_;
 };
 
+// Named stages: a module whose methods stage_0, stage_1, ... chained give
+// its forward may be cut between them, whatever each does (a skip
+// connection within a stage, a reshape between children). Stages [begin,
+// end) of such a module, and the parameters those methods use.
+class TorchScriptStages : public Model {
+ public:
+  TorchScriptStages(torch::jit::Module module, int begin, int end,
+                    std::vector<std::pair<std::string, at::Tensor>> parameters)
+      : module_(std::move(module)), begin_(begin), end_(end), parameters_(std::move(parameters)) {}
+  at::Tensor Forward(const at::Tensor& inputs) override {
+    at::Tensor h = inputs;
+    for (int i = begin_; i < end_; ++i) h = module_.get_method(absl::StrCat("stage_", i))({h}).toTensor();
+    return h;
+  }
+  std::vector<std::pair<std::string, at::Tensor>> NamedParameters() override { return parameters_; }
+  void SetTraining(bool training) override { module_.train(training); }
+  void To(const c10::Device& device) override {
+    module_.to(device);
+    std::map<std::string, at::Tensor> moved;
+    for (const auto& p : module_.named_parameters(/*recurse=*/true)) moved.emplace(p.name, p.value);
+    for (auto& [name, t] : parameters_) t = moved.at(name);
+  }
+
+ private:
+  torch::jit::Module module_;  // shares its parameters with the whole model's
+  const int begin_, end_;
+  std::vector<std::pair<std::string, at::Tensor>> parameters_;
+};
+
+// The trainable parameters method `method` of `module` reads: attributes of
+// `self` it gets (a submodule: all of its parameters) and those of the
+// methods of `self` it calls, by the names named_parameters gives them.
+void MethodParameters(const torch::jit::Module& module, const std::string& method, std::set<std::string>* seen,
+                      std::set<std::string>* out) {
+  if (!seen->insert(method).second) return;
+  std::shared_ptr<torch::jit::Graph> graph = module.get_method(method).graph();
+  const torch::jit::Value* self = graph->inputs()[0];
+  std::vector<const torch::jit::Block*> blocks = {graph->block()};  // and those of ifs and loops
+  while (!blocks.empty()) {
+    const torch::jit::Block* block = blocks.back();
+    blocks.pop_back();
+    for (const torch::jit::Node* node : block->nodes()) {
+      for (const torch::jit::Block* b : node->blocks()) blocks.push_back(b);
+      if (node->inputs().empty() || node->inputs()[0] != self) continue;
+      if (node->kind() == c10::prim::CallMethod) {
+        MethodParameters(module, node->s(c10::attr::name), seen, out);
+      } else if (node->kind() == c10::prim::GetAttr) {
+        const std::string attr = node->s(c10::attr::name);
+        for (const auto& c : module.named_children()) {
+          if (c.name != attr) continue;
+          for (const auto& p : c.value.named_parameters(/*recurse=*/true)) out->insert(attr + "." + p.name);
+        }
+        for (const auto& p : module.named_parameters(/*recurse=*/false)) {
+          if (p.name == attr) out->insert(attr);
+        }
+      }
+    }
+  }
+}
+
+// The stage_<i> methods' parameters (none: the module names no stages);
+// INVALID_ARGUMENT when a parameter is in two stages or in none.
+absl::StatusOr<std::vector<std::set<std::string>>> StageParameterNames(const torch::jit::Module& module) {
+  std::vector<std::set<std::string>> stages;
+  while (module.find_method(absl::StrCat("stage_", stages.size()))) {
+    std::set<std::string> seen, names;
+    MethodParameters(module, absl::StrCat("stage_", stages.size()), &seen, &names);
+    stages.push_back(std::move(names));
+  }
+  if (stages.empty()) return stages;
+  // Each trainable parameter in exactly one stage: a stage trains what it
+  // holds, and the stages' parameters together are the model's.
+  std::map<std::string, size_t> owner;
+  for (size_t i = 0; i < stages.size(); ++i) {
+    for (const std::string& name : stages[i]) {
+      auto [it, first] = owner.emplace(name, i);
+      if (!first) {
+        return absl::InvalidArgumentError(absl::StrCat("parameter '", Quote(name, 100), "' is used by stage_", it->second,
+                                                       " and stage_", i, "; a stage's parameters must be its own"));
+      }
+    }
+  }
+  for (const auto& p : module.named_parameters(/*recurse=*/true)) {
+    if (p.value.requires_grad() && owner.count(p.name) == 0) {
+      return absl::InvalidArgumentError(absl::StrCat("parameter '", Quote(p.name, 100), "' is used by no stage_<i> method ",
+                                                     "(0 to ", stages.size() - 1, "); every parameter must be in one"));
+    }
+  }
+  return stages;
+}
+
 class TorchScriptModel : public Model {
  public:
-  explicit TorchScriptModel(torch::jit::Module module) : module_(std::move(module)) {
+  TorchScriptModel(torch::jit::Module module, std::vector<std::set<std::string>> stages)
+      : module_(std::move(module)), stages_(std::move(stages)) {
     for (const auto& c : module_.named_children()) children_.push_back(c);
   }
   at::Tensor Forward(const at::Tensor& inputs) override {
@@ -57,18 +151,31 @@ class TorchScriptModel : public Model {
   }
   void SetTraining(bool training) override { module_.train(training); }
   void To(const c10::Device& device) override { module_.to(device); }
-  int LayerCount() override { return static_cast<int>(children_.size()); }
+  // Its stage_<i> methods, if it names stages; else its top-level children.
+  int LayerCount() override {
+    return static_cast<int>(stages_.empty() ? children_.size() : stages_.size());
+  }
   absl::StatusOr<std::unique_ptr<Model>> Layers(int begin, int end) override {
     if (begin < 0 || begin >= end || end > LayerCount()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("children [", begin, ", ", end, ") are not a stage of a module with ", LayerCount()));
+      return absl::InvalidArgumentError(absl::StrCat(stages_.empty() ? "children [" : "stage methods [", begin, ", ",
+                                                     end, ") are not a stage of a module with ", LayerCount()));
     }
-    return std::unique_ptr<Model>(new TorchScriptLayers({children_.begin() + begin, children_.begin() + end}));
+    if (stages_.empty()) {
+      return std::unique_ptr<Model>(new TorchScriptLayers({children_.begin() + begin, children_.begin() + end}));
+    }
+    std::vector<std::pair<std::string, at::Tensor>> parameters;
+    for (const auto& [name, t] : NamedParameters()) {
+      for (int i = begin; i < end; ++i) {
+        if (stages_[i].count(name) > 0) parameters.emplace_back(name, t);
+      }
+    }
+    return std::unique_ptr<Model>(new TorchScriptStages(module_, begin, end, std::move(parameters)));
   }
 
  private:
   torch::jit::Module module_;
   std::vector<torch::jit::NameModule> children_;  // the top level's, in order
+  std::vector<std::set<std::string>> stages_;     // each stage_<i> method's parameters
 };
 
 }  // namespace
@@ -86,7 +193,12 @@ absl::StatusOr<std::unique_ptr<Model>> LoadTorchScriptModel(const DataRoot& root
     std::istringstream in(std::move(*bytes));
     torch::jit::Module module = torch::jit::load(in);
     module.train(true);
-    auto model = std::make_unique<TorchScriptModel>(std::move(module));
+    auto stages = StageParameterNames(module);
+    if (!stages.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": its stages cannot be cut apart: ",
+                                                     stages.status().message()));
+    }
+    auto model = std::make_unique<TorchScriptModel>(std::move(module), std::move(*stages));
     if (model->NamedParameters().empty()) {
       return absl::InvalidArgumentError(absl::StrCat(path, ": the module has no trainable parameters"));
     }

@@ -6,6 +6,11 @@ Used by the tests of pipelined TorchScript models: the workers cut it
 between its top-level children. With --not-sequential the module's forward
 does more than run its children in order (it adds a skip connection), so
 cutting it would change the model: such a job is refused.
+
+With --named-stages the module is not sequential (a skip connection, a
+flatten between children) but names its stages: methods stage_0, stage_1,
+stage_2 whose chain is its forward; the workers cut it between them. With
+--shared-stages two of those methods use one layer: refused.
 """
 import sys
 
@@ -32,7 +37,40 @@ class NotSequential(torch.nn.Sequential):
         return h + 1.0
 
 
+class NamedStages(torch.nn.Module):
+    shared: torch.jit.Final[bool]  # a constant: the branch not taken is not compiled
+
+    def __init__(self, shared: bool):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(1, 4, 3, stride=2)
+        self.fc1 = torch.nn.Linear(4 * 13 * 13, 64)
+        self.skip = torch.nn.Linear(4 * 13 * 13, 64)
+        self.fc2 = torch.nn.Linear(64, 32)
+        self.fc3 = torch.nn.Linear(32, 10)
+        self.shared = shared
+
+    @torch.jit.export
+    def stage_0(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.conv(x)).flatten(1)
+
+    @torch.jit.export
+    def stage_1(self, h: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.fc1(h)) + self.skip(h)
+
+    @torch.jit.export
+    def stage_2(self, h: torch.Tensor) -> torch.Tensor:
+        if self.shared:
+            h = h + self.fc1.bias
+        return self.fc3(torch.relu(self.fc2(h)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.stage_2(self.stage_1(self.stage_0(x)))
+
+
 torch.manual_seed(0)
+if "--named-stages" in sys.argv[2:] or "--shared-stages" in sys.argv[2:]:
+    torch.jit.script(NamedStages("--shared-stages" in sys.argv[2:])).save(sys.argv[1])
+    sys.exit(0)
 layers = [
     Block(torch.nn.Conv2d(1, 4, 3, stride=2), flatten=True),  # 4 x 13 x 13
     Block(torch.nn.Linear(4 * 13 * 13, 64), flatten=False),

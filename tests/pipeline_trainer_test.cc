@@ -187,8 +187,8 @@ TEST(PipelineTrainer, ATorchScriptModuleThatIsNotSequentialIsRefused) {
 // A module that is not sequential (a skip connection inside a stage, a
 // flatten between layers) but names its stages, stage_0..stage_2: cut
 // between those methods, each stage training the parameters its method
-// uses, like the uncut module. One that uses a layer in two stages is
-// refused, naming it.
+// reads (enc.a in one, enc.b in another), like the uncut module. One that
+// reads a parameter in two stages is refused, naming it.
 constexpr char kNamedStagesNet[] = "torchscript:worker/testdata/named_stages_net.pt";
 
 TEST(PipelineTrainer, ATorchScriptModuleIsCutBetweenTheStagesItNames) {
@@ -200,7 +200,7 @@ TEST(PipelineTrainer, ATorchScriptModuleIsCutBetweenTheStagesItNames) {
   for (const auto& r : RunPipelined(spec, data)) {
     ASSERT_FALSE(r.ok());
     EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
-    EXPECT_NE(r.status().message().find("parameter 'fc1.bias' is used by stage_1 and stage_2"),
+    EXPECT_NE(r.status().message().find("parameter 'enc.a.bias' is used by stage_1 and stage_2"),
               absl::string_view::npos)
         << r.status();
   }

@@ -101,7 +101,9 @@ absl::StatusOr<LayerSource> ScriptedLayers(const TrainerOptions& options, const 
   }
   source.make = [whole](int begin, int end) { return whole->Layers(begin, end); };
   auto chained = whole->Layers(0, source.count);
-  if (!chained.ok()) return chained.status();
+  if (!chained.ok()) {
+    return absl::Status(chained.status().code(), absl::StrCat("model ", name, ": ", chained.status().message()));
+  }
   std::string why;
   try {
     c10::NoGradGuard no_grad;

@@ -5,6 +5,7 @@
 #include <set>
 #include <sstream>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/quote.h"
 #include "worker/model.h"
@@ -58,12 +59,8 @@ class TorchScriptStages : public Model {
   }
   std::vector<std::pair<std::string, at::Tensor>> NamedParameters() override { return parameters_; }
   void SetTraining(bool training) override { module_.train(training); }
-  void To(const c10::Device& device) override {
-    module_.to(device);
-    std::map<std::string, at::Tensor> moved;
-    for (const auto& p : module_.named_parameters(/*recurse=*/true)) moved.emplace(p.name, p.value);
-    for (auto& [name, t] : parameters_) t = moved.at(name);
-  }
+  // The whole module, every stage's parameters included (moved in place).
+  void To(const c10::Device& device) override { module_.to(device); }
 
  private:
   torch::jit::Module module_;  // shares its parameters with the whole model's
@@ -71,44 +68,59 @@ class TorchScriptStages : public Model {
   std::vector<std::pair<std::string, at::Tensor>> parameters_;
 };
 
-// The trainable parameters method `method` of `module` reads: attributes of
-// `self` it gets (a submodule: all of its parameters) and those of the
-// methods of `self` it calls, by the names named_parameters gives them.
-void MethodParameters(const torch::jit::Module& module, const std::string& method, std::set<std::string>* seen,
-                      std::set<std::string>* out) {
+// The attribute paths (`fc1`, `enc.a`, `enc.a.bias`) method `method` of
+// `module` reads: each chain of attribute reads from `self` is followed to
+// the path it reaches, and a path used by anything but a further read
+// counts whole (a submodule: all of its parameters); the methods of `self`
+// it calls are read as well.
+void MethodPaths(const torch::jit::Module& module, const std::string& method, std::set<std::string>* seen,
+                 std::set<std::string>* paths) {
   if (!seen->insert(method).second) return;
   std::shared_ptr<torch::jit::Graph> graph = module.get_method(method).graph();
-  const torch::jit::Value* self = graph->inputs()[0];
+  std::map<const torch::jit::Value*, std::string> path = {{graph->inputs()[0], ""}};  // "": self
+  auto use = [&](const torch::jit::Value* v) {
+    auto it = path.find(v);
+    if (it != path.end() && !it->second.empty()) paths->insert(it->second);
+  };
   std::vector<const torch::jit::Block*> blocks = {graph->block()};  // and those of ifs and loops
   while (!blocks.empty()) {
     const torch::jit::Block* block = blocks.back();
     blocks.pop_back();
     for (const torch::jit::Node* node : block->nodes()) {
       for (const torch::jit::Block* b : node->blocks()) blocks.push_back(b);
-      if (node->inputs().empty() || node->inputs()[0] != self) continue;
-      if (node->kind() == c10::prim::CallMethod) {
-        MethodParameters(module, node->s(c10::attr::name), seen, out);
-      } else if (node->kind() == c10::prim::GetAttr) {
-        const std::string attr = node->s(c10::attr::name);
-        for (const auto& c : module.named_children()) {
-          if (c.name != attr) continue;
-          for (const auto& p : c.value.named_parameters(/*recurse=*/true)) out->insert(attr + "." + p.name);
-        }
-        for (const auto& p : module.named_parameters(/*recurse=*/false)) {
-          if (p.name == attr) out->insert(attr);
-        }
+      const auto from = node->inputs().empty() ? path.end() : path.find(node->inputs()[0]);
+      if (node->kind() == c10::prim::GetAttr && from != path.end()) {
+        const std::string name = node->s(c10::attr::name);
+        path[node->output()] = from->second.empty() ? name : from->second + "." + name;
+        continue;
       }
+      if (node->kind() == c10::prim::CallMethod && from != path.end() && from->second.empty()) {
+        MethodPaths(module, node->s(c10::attr::name), seen, paths);  // a method of self
+        for (size_t i = 1; i < node->inputs().size(); ++i) use(node->inputs()[i]);
+        continue;
+      }
+      for (const torch::jit::Value* v : node->inputs()) use(v);
     }
+    for (const torch::jit::Value* v : block->return_node()->inputs()) use(v);
   }
 }
 
 // The stage_<i> methods' parameters (none: the module names no stages);
 // INVALID_ARGUMENT when a parameter is in two stages or in none.
 absl::StatusOr<std::vector<std::set<std::string>>> StageParameterNames(const torch::jit::Module& module) {
+  std::set<std::string> trainable;  // frozen ones may be shared: nobody updates them
+  for (const auto& p : module.named_parameters(/*recurse=*/true)) {
+    if (p.value.requires_grad()) trainable.insert(p.name);
+  }
   std::vector<std::set<std::string>> stages;
   while (module.find_method(absl::StrCat("stage_", stages.size()))) {
-    std::set<std::string> seen, names;
-    MethodParameters(module, absl::StrCat("stage_", stages.size()), &seen, &names);
+    std::set<std::string> seen, paths, names;
+    MethodPaths(module, absl::StrCat("stage_", stages.size()), &seen, &paths);
+    for (const std::string& name : trainable) {
+      for (const std::string& p : paths) {
+        if (name == p || absl::StartsWith(name, p + ".")) names.insert(name);
+      }
+    }
     stages.push_back(std::move(names));
   }
   if (stages.empty()) return stages;
@@ -124,9 +136,9 @@ absl::StatusOr<std::vector<std::set<std::string>>> StageParameterNames(const tor
       }
     }
   }
-  for (const auto& p : module.named_parameters(/*recurse=*/true)) {
-    if (p.value.requires_grad() && owner.count(p.name) == 0) {
-      return absl::InvalidArgumentError(absl::StrCat("parameter '", Quote(p.name, 100), "' is used by no stage_<i> method ",
+  for (const std::string& name : trainable) {
+    if (owner.count(name) == 0) {
+      return absl::InvalidArgumentError(absl::StrCat("parameter '", Quote(name, 100), "' is used by no stage_<i> method ",
                                                      "(0 to ", stages.size() - 1, "); every parameter must be in one"));
     }
   }
@@ -135,9 +147,17 @@ absl::StatusOr<std::vector<std::set<std::string>>> StageParameterNames(const tor
 
 class TorchScriptModel : public Model {
  public:
-  TorchScriptModel(torch::jit::Module module, std::vector<std::set<std::string>> stages)
-      : module_(std::move(module)), stages_(std::move(stages)) {
+  explicit TorchScriptModel(torch::jit::Module module) : module_(std::move(module)) {
     for (const auto& c : module_.named_children()) children_.push_back(c);
+    // Only a pipeline cuts the module: a job that does not is not refused
+    // for stage methods it never uses (Layers says what is wrong).
+    auto stages = StageParameterNames(module_);
+    if (stages.ok()) {
+      stages_ = std::move(*stages);
+    } else {
+      stages_error_ = absl::InvalidArgumentError(absl::StrCat("its stages cannot be cut apart: ",
+                                                              stages.status().message()));
+    }
   }
   at::Tensor Forward(const at::Tensor& inputs) override {
     return module_.forward({inputs}).toTensor();
@@ -156,6 +176,7 @@ class TorchScriptModel : public Model {
     return static_cast<int>(stages_.empty() ? children_.size() : stages_.size());
   }
   absl::StatusOr<std::unique_ptr<Model>> Layers(int begin, int end) override {
+    if (!stages_error_.ok()) return stages_error_;
     if (begin < 0 || begin >= end || end > LayerCount()) {
       return absl::InvalidArgumentError(absl::StrCat(stages_.empty() ? "children [" : "stage methods [", begin, ", ",
                                                      end, ") are not a stage of a module with ", LayerCount()));
@@ -176,6 +197,7 @@ class TorchScriptModel : public Model {
   torch::jit::Module module_;
   std::vector<torch::jit::NameModule> children_;  // the top level's, in order
   std::vector<std::set<std::string>> stages_;     // each stage_<i> method's parameters
+  absl::Status stages_error_;
 };
 
 }  // namespace
@@ -193,12 +215,7 @@ absl::StatusOr<std::unique_ptr<Model>> LoadTorchScriptModel(const DataRoot& root
     std::istringstream in(std::move(*bytes));
     torch::jit::Module module = torch::jit::load(in);
     module.train(true);
-    auto stages = StageParameterNames(module);
-    if (!stages.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat(path, ": its stages cannot be cut apart: ",
-                                                     stages.status().message()));
-    }
-    auto model = std::make_unique<TorchScriptModel>(std::move(module), std::move(*stages));
+    auto model = std::make_unique<TorchScriptModel>(std::move(module));
     if (model->NamedParameters().empty()) {
       return absl::InvalidArgumentError(absl::StrCat(path, ": the module has no trainable parameters"));
     }

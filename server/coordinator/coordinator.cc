@@ -127,7 +127,7 @@ void Coordinator::TickLoop() {
     if (late > period) {
       members_.ExtendLeases(late);
       for (Job* job : ActiveJobs()) {
-        for (auto& [id, probe] : job->probes) probe.answered += late;
+        for (auto& [id, probe] : job->probes) probe.answered = std::min(probe.answered + late, now);
       }
       spdlog::warn("coordinator: paused for {}; leases extended by as much", absl::FormatDuration(late));
     }
@@ -154,7 +154,8 @@ void Coordinator::Shutdown() {
   if (ticker_.joinable()) ticker_.join();
   if (prober_.joinable()) prober_.join();
   {
-    // A probe of a hung shard ends by its deadline.
+    // A probe of a hung shard would end only at its deadline: cancelled.
+    CancelProbes();
     absl::MutexLock lock(&mu_);
     mu_.Await(absl::Condition(
         +[](int* n) { return *n == 0; }, &probes_in_flight_));
@@ -434,6 +435,7 @@ void Coordinator::ExpireLeases() {
       } else {
         continue;
       }
+      job.probes.erase(jm.member_id());
       if (VacateRank(job, jm, what)) continue;  // a parameter-server job goes on without it
       if (LoseShard(job, jm, what)) continue;   // its chunks' backups lead them now
       RestartOrFail(job, "MemberLost", what, /*retryable=*/true);

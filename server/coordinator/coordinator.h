@@ -335,11 +335,11 @@ class Coordinator {
   void RefreshMembers(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MaybeSucceed(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ExpireLeases() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Why shard `m` of the job is lost though it heartbeats (no probe answer
-  // for shard_probe_timeout); empty while it answers, or was never probed.
+  // Why shard `m` is lost though it heartbeats (no probe answered); or "".
   std::string Unanswered(const Job& job, const MemberStatus& m, absl::Time now) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ProbeLoop() ABSL_LOCKS_EXCLUDED(mu_);
+  void CancelProbes() ABSL_LOCKS_EXCLUDED(mu_);  // Shutdown: those in flight end now
   // Replicated shards (coordinator_elastic.cc): a lost shard's chunks are
   // led by their backups from a new routing generation, and the job goes on;
   // false (the caller restarts the job) when `lost` is not a shard of a
@@ -471,7 +471,8 @@ class Coordinator {
   int64_t pauses_ ABSL_GUARDED_BY(mu_) = 0;
   std::thread ticker_;
   std::thread prober_;
-  int probes_in_flight_ ABSL_GUARDED_BY(mu_) = 0;  // Shutdown waits for them
+  int probes_in_flight_ ABSL_GUARDED_BY(mu_) = 0;  // Shutdown cancels and waits for them
+  std::map<std::string, int> probing_ ABSL_GUARDED_BY(mu_);  // their addresses
   // Background work: finished threads are joined by the next Background()
   // call, the rest by Shutdown().
   struct BackgroundThread {

@@ -78,11 +78,12 @@ class ProbeTest : public ::testing::Test {
   }
 
   // `rounds` of 40 ms: every member in `running` heartbeats naming `job`,
-  // those in `idle` naming none; a probe round; a tick. The last
+  // those in `idle` naming none; a probe round (unless `probe` is false:
+  // the prober's thread has not come round yet); a tick. The last
   // heartbeat responses, by member id.
   std::map<std::string, HeartbeatResponse> Rounds(int rounds, const std::vector<std::string>& running,
                                                   const std::string& job,
-                                                  const std::vector<std::string>& idle = {}) {
+                                                  const std::vector<std::string>& idle = {}, bool probe = true) {
     std::map<std::string, HeartbeatResponse> last;
     for (int i = 0; i < rounds; ++i) {
       clock_.Advance(absl::Milliseconds(40));
@@ -97,7 +98,7 @@ class ProbeTest : public ::testing::Test {
           if (r.ok()) last[m] = *r;
         }
       }
-      c_->ProbeShards();
+      if (probe) c_->ProbeShards();
       c_->Tick();
     }
     return last;
@@ -183,6 +184,40 @@ TEST_F(ProbeTest, AReplicatedJobLosesAHeartbeatingShardThatAnswersNoProbeAndTake
   st = *c_->GetJob(job);
   ASSERT_EQ(st.catching_up_shards_size(), 1) << st.DebugString();
   EXPECT_EQ(ShardAt(job, 1).name(), "shard-3");
+}
+
+// A shard lost by its lease (it answered its probes) that comes back long
+// after is probed afresh when it becomes the spare: its answers from
+// before say nothing of it now.
+TEST_F(ProbeTest, ASpareThatWasLostLongAgoIsProbedAfresh) {
+  Make();
+  const std::string s0 = Join(MEMBER_ROLE_SHARD, "shard-0");
+  const std::string s1 = Join(MEMBER_ROLE_SHARD, "shard-1");
+  const std::string s2 = Join(MEMBER_ROLE_SHARD, "shard-2");
+  const std::string w0 = Join(MEMBER_ROLE_WORKER, "worker-0");
+  const std::string job = SubmitSpec(*c_, "name: r\nworkers: 1\nshards: 3\nreplicas: 1\n");
+  ASSERT_EQ(c_->GetJob(job)->state(), RUNNING);
+  const std::vector<std::string> all = {s0, s1, s2, w0};
+  Rounds(3, all, job);
+  const MemberStatus gone = ShardAt(job, 2);
+  std::vector<std::string> others;
+  for (const std::string& m : all) {
+    if (m != gone.member_id()) others.push_back(m);
+  }
+  // Silent for 600 ms (lost by its lease after 150), then back, idle.
+  Rounds(15, others, job);
+  ASSERT_EQ(c_->GetJob(job)->lost_shards_size(), 1);
+  // Placed as the spare by its heartbeat; the ticks come before the
+  // prober's next round: nothing to judge it by yet.
+  Rounds(1, others, job, {gone.member_id()}, /*probe=*/false);
+  JobStatus st = *c_->GetJob(job);
+  ASSERT_EQ(st.catching_up_shards_size(), 1) << st.DebugString();
+  EXPECT_EQ(ShardAt(job, 2).member_id(), gone.member_id());
+  others.push_back(gone.member_id());
+  Rounds(2, others, job, {}, /*probe=*/false);
+  st = *c_->GetJob(job);
+  EXPECT_FALSE(HasReason(st, "ShardLost", "answered no probe")) << st.DebugString();
+  EXPECT_EQ(st.catching_up_shards_size(), 1) << st.DebugString();
 }
 
 // Without replicas the job restarts from its checkpoint (here it has none:

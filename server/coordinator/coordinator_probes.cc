@@ -10,6 +10,7 @@
 // It is also quarantined: it is given no job again, and its heartbeats ask
 // it to exit so that its supervisor starts it afresh.
 #include <memory>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "common/member_role.h"
@@ -26,28 +27,34 @@ bool Answered(const absl::Status& s) {
   return s.code() != absl::StatusCode::kDeadlineExceeded && s.code() != absl::StatusCode::kUnavailable;
 }
 
+// The client the probes of `address` go through.
+std::shared_ptr<GrpcRemoteShard> ProbeClient(const std::string& address) {
+  RemoteShardOptions ro;  // as CaughtUp's: the two share a client
+  ro.target = address;
+  ro.default_timeout = absl::Seconds(5);
+  ro.max_attempts = 1;
+  return SharedRemoteShard(ro);
+}
+
 // Stats of the job's dense table over gRPC. A hybrid job has none there:
 // its NOT_FOUND is an answer as good as any.
 void StatsProbe(const ShardProbe& probe, std::function<void(absl::Status)> done) {
-  RemoteShardOptions ro;  // as CaughtUp's: the two share a client
-  ro.target = probe.address;
-  ro.default_timeout = absl::Seconds(5);
-  ro.max_attempts = 1;
   auto request = std::make_shared<StatsRequest>();
   request->set_job(probe.job);
   auto response = std::make_shared<StatsResponse>();
   CallOptions opts;
   opts.deadline = probe.deadline;
   opts.job_secret = probe.job_secret;
-  SharedRemoteShard(ro)->StatsAsync(*request, response.get(), opts,
-                                    [request, response, done = std::move(done)](absl::Status s) { done(s); });
+  ProbeClient(probe.address)->StatsAsync(*request, response.get(), opts,
+                                        [request, response, done = std::move(done)](absl::Status s) { done(s); });
 }
 
 }  // namespace
 
+
 void Coordinator::ProbeShards() {
   struct Target {
-    std::string job, member;
+    std::string job, member, name;
     uint64_t attempt;
     ShardProbe probe;
   };
@@ -65,26 +72,39 @@ void Coordinator::ProbeShards() {
         job.probes.clear();
         job.probes_attempt = st.attempt();
       }
+      std::set<std::string> eligible;
       for (const MemberStatus& m : st.members()) {
         if (m.role() != MEMBER_ROLE_SHARD || ShardLost(st, m) || !members_.Attached(m.name(), st.job_id())) continue;
+        eligible.insert(m.member_id());
         auto [it, first] = job.probes.try_emplace(m.member_id());
         if (first) it->second.answered = now;  // the timeout counts from the first probe
         if (it->second.in_flight) continue;    // one at a time: a hung shard holds one
         it->second.in_flight = true;
         ++probes_in_flight_;
-        targets.push_back({st.job_id(), m.member_id(), st.attempt(),
+        ++probing_[m.address()];
+        targets.push_back({st.job_id(), m.member_id(), m.name(), st.attempt(),
                            ShardProbe{st.job_id(), m.address(), st.job_secret(),
                                       absl::Now() + options_.shard_probe_timeout}});
       }
+      // A member that left the probed set (lost, released) starts afresh
+      // if it comes back: its old answer time says nothing of it then.
+      for (auto it = job.probes.begin(); it != job.probes.end();) {
+        it = eligible.count(it->first) > 0 ? std::next(it) : job.probes.erase(it);
+      }
     }
   }
-  // Each answer is recorded as it comes; Shutdown waits for those in
-  // flight (each ends by its deadline).
+  // Each answer is recorded as it comes; Shutdown cancels those in flight
+  // and waits for them.
   for (const Target& t : targets) {
-    auto done = [this, job_id = t.job, member = t.member, attempt = t.attempt](absl::Status s) {
-      if (!Answered(s)) spdlog::warn("coordinator: a shard of {} answered no probe: {}", job_id, s.ToString());
+    auto done = [this, job_id = t.job, member = t.member, name = t.name, address = t.probe.address,
+                 attempt = t.attempt](absl::Status s) {
+      if (!Answered(s)) {
+        spdlog::warn("coordinator: shard {} of {} answered no probe: {}: {}", Quote(name, 64), job_id,
+                     absl::StatusCodeToString(s.code()), Quote(s.message(), 200));
+      }
       absl::MutexLock lock(&mu_);
       --probes_in_flight_;
+      if (--probing_[address] <= 0) probing_.erase(address);
       Job* job = FindJob(job_id);
       if (job == nullptr || job->probes_attempt != attempt) return;
       auto it = job->probes.find(member);
@@ -111,6 +131,15 @@ std::string Coordinator::Unanswered(const Job& job, const MemberStatus& m, absl:
                       Quote(m.address(), 128), " answered no probe for ",
                       absl::FormatDuration(now - it->second.answered),
                       " while it still heartbeats (hung, or its data port cut off); it is quarantined");
+}
+
+void Coordinator::CancelProbes() {
+  std::vector<std::string> probing;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [address, n] : probing_) probing.push_back(address);
+  }
+  for (const std::string& address : probing) ProbeClient(address)->CancelCalls();
 }
 
 void Coordinator::ProbeLoop() {

@@ -130,6 +130,7 @@ void Coordinator::FillLostShards() {
     if (spare == free.end()) return;  // none for any job
     const int index = st.lost_shards(0);
     Member& m = *members_.Find(spare->id);
+    job.probes.erase(spare->id);  // probed afresh from its first probe in this place
     m.status.set_job_id(st.job_id());
     m.status.set_rank(index);
     for (int i = 0; i < st.members_size(); ++i) {

@@ -43,10 +43,13 @@ class NamedStages(torch.nn.Module):
     def __init__(self, shared: bool):
         super().__init__()
         self.conv = torch.nn.Conv2d(1, 4, 3, stride=2)
-        self.fc1 = torch.nn.Linear(4 * 13 * 13, 64)
+        # One container, its layers in two stages (stage_1 reads enc.a,
+        # stage_2 enc.b): the stages own what they read, not all of enc.
+        self.enc = torch.nn.Module()
+        self.enc.a = torch.nn.Linear(4 * 13 * 13, 64)
+        self.enc.b = torch.nn.Linear(32, 10)
         self.skip = torch.nn.Linear(4 * 13 * 13, 64)
         self.fc2 = torch.nn.Linear(64, 32)
-        self.fc3 = torch.nn.Linear(32, 10)
         self.shared = shared
 
     @torch.jit.export
@@ -55,13 +58,13 @@ class NamedStages(torch.nn.Module):
 
     @torch.jit.export
     def stage_1(self, h: torch.Tensor) -> torch.Tensor:
-        return torch.relu(self.fc1(h)) + self.skip(h)
+        return torch.relu(self.enc.a(h)) + self.skip(h)
 
     @torch.jit.export
     def stage_2(self, h: torch.Tensor) -> torch.Tensor:
         if self.shared:
-            h = h + self.fc1.bias
-        return self.fc3(torch.relu(self.fc2(h)))
+            h = h + self.enc.a.bias
+        return self.enc.b(torch.relu(self.fc2(h)))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.stage_2(self.stage_1(self.stage_0(x)))

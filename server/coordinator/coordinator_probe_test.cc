@@ -67,6 +67,15 @@ class ProbeTest : public ::testing::Test {
     return ids_[name] = resp.value_or(RegisterResponse()).member_id();
   }
 
+  // A coordinator, shard-0..2 and worker-0, and a 3-shard job with
+  // replicas: 1 on them (its id).
+  std::string StartReplicatedJob() {
+    Make();
+    for (const char* name : {"shard-0", "shard-1", "shard-2"}) Join(MEMBER_ROLE_SHARD, name);
+    Join(MEMBER_ROLE_WORKER, "worker-0");
+    return SubmitSpec(*c_, "name: r\nworkers: 1\nshards: 3\nreplicas: 1\n");
+  }
+
   // The member of `job` holding shard rank `rank`.
   MemberStatus ShardAt(const std::string& job, int rank) {
     const JobStatus st = *c_->GetJob(job);
@@ -121,12 +130,7 @@ class ProbeTest : public ::testing::Test {
 };
 
 TEST_F(ProbeTest, AReplicatedJobLosesAHeartbeatingShardThatAnswersNoProbeAndTakesASpare) {
-  Make();
-  const std::string s0 = Join(MEMBER_ROLE_SHARD, "shard-0");
-  const std::string s1 = Join(MEMBER_ROLE_SHARD, "shard-1");
-  const std::string s2 = Join(MEMBER_ROLE_SHARD, "shard-2");
-  const std::string w0 = Join(MEMBER_ROLE_WORKER, "worker-0");
-  const std::string job = SubmitSpec(*c_, "name: r\nworkers: 1\nshards: 3\nreplicas: 1\n");
+  const std::string job = StartReplicatedJob();
   ASSERT_EQ(c_->GetJob(job)->state(), RUNNING);
   const MemberStatus victim = ShardAt(job, 1);
   {
@@ -136,7 +140,7 @@ TEST_F(ProbeTest, AReplicatedJobLosesAHeartbeatingShardThatAnswersNoProbeAndTake
   // It heartbeats all along: only the probes tell. 280 ms, under the
   // 400 ms timeout: nothing yet (shard-0, if it answers, says NOT_FOUND:
   // an answer).
-  const std::vector<std::string> all = {s0, s1, s2, w0};
+  const std::vector<std::string> all = {ids_["shard-0"], ids_["shard-1"], ids_["shard-2"], ids_["worker-0"]};
   Rounds(7, all, job);
   EXPECT_EQ(c_->GetJob(job)->lost_shards_size(), 0) << c_->GetJob(job)->DebugString();
   // 240 ms more: lost, its chunks led by their backups; the job goes on.
@@ -190,14 +194,9 @@ TEST_F(ProbeTest, AReplicatedJobLosesAHeartbeatingShardThatAnswersNoProbeAndTake
 // after is probed afresh when it becomes the spare: its answers from
 // before say nothing of it now.
 TEST_F(ProbeTest, ASpareThatWasLostLongAgoIsProbedAfresh) {
-  Make();
-  const std::string s0 = Join(MEMBER_ROLE_SHARD, "shard-0");
-  const std::string s1 = Join(MEMBER_ROLE_SHARD, "shard-1");
-  const std::string s2 = Join(MEMBER_ROLE_SHARD, "shard-2");
-  const std::string w0 = Join(MEMBER_ROLE_WORKER, "worker-0");
-  const std::string job = SubmitSpec(*c_, "name: r\nworkers: 1\nshards: 3\nreplicas: 1\n");
+  const std::string job = StartReplicatedJob();
   ASSERT_EQ(c_->GetJob(job)->state(), RUNNING);
-  const std::vector<std::string> all = {s0, s1, s2, w0};
+  const std::vector<std::string> all = {ids_["shard-0"], ids_["shard-1"], ids_["shard-2"], ids_["worker-0"]};
   Rounds(3, all, job);
   const MemberStatus gone = ShardAt(job, 2);
   std::vector<std::string> others;

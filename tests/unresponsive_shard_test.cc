@@ -64,6 +64,12 @@ TEST_F(UnresponsiveShardTest, AShardCutOffFromItsClientsIsLostThoughItHeartbeats
   EXPECT_LT(seconds, 20) << JsonStatus(job) << Logs();
   ASSERT_TRUE(AwaitReason(job, "ShardLost", absl::Seconds(30))) << JsonStatus(job) << Logs();
   EXPECT_NE(JsonStatus(job).find("answered no probe for"), std::string::npos) << JsonStatus(job);
+  // Quarantined (until it is forgotten, 20 leases after its last beat).
+  auto metrics_addr = WaitForAddressFile(dir_ + "/metrics.addr", absl::Seconds(10));
+  ASSERT_TRUE(metrics_addr.ok()) << metrics_addr.status();
+  const std::string metrics = Scrape(*metrics_addr);
+  EXPECT_NE(metrics.find("pstrain_member_quarantined{role=\"shard\",name=\"shard-2\"} 1"), std::string::npos)
+      << metrics;
   // Asked to exit by its next heartbeat, it does.
   EXPECT_EQ(pool_[kRelayedShard]->Wait(absl::Seconds(30)), 75) << Logs();
   ExpectSucceededWithoutARestart(job);

@@ -61,13 +61,17 @@ std::vector<prometheus::MetricFamily> CoordinatorMetrics::Collect() const {
   for (const auto& [state, n] : by_state) Add(jobs, {{"state", JobStateName(state)}}, n);
 
   auto up = Gauge("pstrain_member_up", "1 if a registered shard or worker is alive, 0 if lost.");
+  auto quarantined = Gauge("pstrain_member_quarantined",
+                           "1 if a shard's table service answered no probe while it heartbeated: it gets no job "
+                           "until a fresh process registers its name.");
   for (const MemberStatus& m : coordinator_->Members()) {
     Add(up, {{"role", RoleName(m.role())}, {"name", m.name()}}, m.alive() ? 1 : 0);
+    if (!m.unresponsive().empty()) Add(quarantined, {{"role", RoleName(m.role())}, {"name", m.name()}}, 1);
   }
   auto dropped = Gauge("pstrain_tensorboard_events_dropped",
                        "TensorBoard events not written (a writer's queue full, or its disk failing).");
   Add(dropped, {}, static_cast<double>(coordinator_->TelemetryDropped()));
-  return {jobs, step, loss, rate, accuracy, restarts, workers, replacements, up, dropped};
+  return {jobs, step, loss, rate, accuracy, restarts, workers, replacements, up, quarantined, dropped};
 }
 
 }  // namespace pstrain

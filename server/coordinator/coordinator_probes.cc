@@ -51,7 +51,6 @@ void StatsProbe(const ShardProbe& probe, std::function<void(absl::Status)> done)
 
 }  // namespace
 
-
 void Coordinator::ProbeShards() {
   struct Target {
     std::string job, member, name;

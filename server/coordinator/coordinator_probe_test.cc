@@ -3,7 +3,11 @@
 // (never placed again, asked to exit) and replaced; one that answers, even
 // with an error, is not. The probes are the test's: it decides which shard
 // answers and holds the calls of a hung one in flight.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <map>
 #include <set>
@@ -252,6 +256,40 @@ TEST_F(ProbeTest, AnUnreplicatedJobEndsAndTheNextWaitsForAShardItCanTrust) {
   EXPECT_NE(fresh, s0);
   Rounds(1, {}, next, {fresh, w0});
   EXPECT_EQ(c_->GetJob(next)->state(), RUNNING) << c_->GetJob(next)->DebugString();
+}
+
+// A real probe (a Stats call over gRPC) of a shard that completes TCP
+// handshakes and never answers (a socket that listens and never accepts)
+// would stay in flight until its deadline; the coordinator's Shutdown
+// cancels it instead of waiting the probe timeout out.
+TEST(ProbeShutdownTest, ShutdownCancelsAProbeOfAHungShard) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(listen(fd, 16), 0);
+  ASSERT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  CoordinatorOptions o = TestCoordinatorOptions();
+  o.shard_probe_timeout = absl::Seconds(30);
+  std::unique_ptr<Coordinator> c = MakeTestCoordinator(o);
+  ASSERT_NE(c, nullptr);
+  for (const auto& [role, name] : {std::pair{MEMBER_ROLE_SHARD, "shard-0"}, std::pair{MEMBER_ROLE_WORKER, "worker-0"}}) {
+    RegisterRequest r;
+    r.set_role(role);
+    r.set_name(name);
+    if (role == MEMBER_ROLE_SHARD) r.set_address("127.0.0.1:" + std::to_string(ntohs(addr.sin_port)));
+    ASSERT_TRUE(c->Register(r).ok());
+  }
+  const std::string job = SubmitSpec(*c, "name: one\nworkers: 1\nshards: 1\n");
+  ASSERT_EQ(c->GetJob(job)->state(), RUNNING);
+  c->ProbeShards();
+  absl::SleepFor(absl::Milliseconds(300));  // connected, the call sent, no answer
+  const absl::Time start = absl::Now();
+  c.reset();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5)) << "Shutdown waited for the probe's deadline";
+  close(fd);
 }
 
 TEST(ProbeOptionsTest, ATimeoutUnderTwoHeartbeatsIsRefused) {

@@ -108,6 +108,7 @@ void MethodPaths(const torch::jit::Module& module, const std::string& method, st
 // The stage_<i> methods' parameters (none: the module names no stages);
 // INVALID_ARGUMENT when a parameter is in two stages or in none.
 absl::StatusOr<std::vector<std::set<std::string>>> StageParameterNames(const torch::jit::Module& module) {
+  if (!module.find_method("stage_0")) return std::vector<std::set<std::string>>();  // most modules
   std::set<std::string> trainable;  // frozen ones may be shared: nobody updates them
   for (const auto& p : module.named_parameters(/*recurse=*/true)) {
     if (p.value.requires_grad()) trainable.insert(p.name);
@@ -123,7 +124,6 @@ absl::StatusOr<std::vector<std::set<std::string>>> StageParameterNames(const tor
     }
     stages.push_back(std::move(names));
   }
-  if (stages.empty()) return stages;
   // Each trainable parameter in exactly one stage: a stage trains what it
   // holds, and the stages' parameters together are the model's.
   std::map<std::string, size_t> owner;

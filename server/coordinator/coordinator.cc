@@ -435,7 +435,6 @@ void Coordinator::ExpireLeases() {
       } else {
         continue;
       }
-      job.probes.erase(jm.member_id());
       if (VacateRank(job, jm, what)) continue;  // a parameter-server job goes on without it
       if (LoseShard(job, jm, what)) continue;   // its chunks' backups lead them now
       RestartOrFail(job, "MemberLost", what, /*retryable=*/true);

@@ -6,9 +6,9 @@
 // shards and workers), grpc.health.v1.Health and reflection. Jobs live in
 // the SQLite database at --db and survive restarts. SIGTERM/SIGINT: stop
 // accepting, drain, exit 0.
-#include <algorithm>
 #include <signal.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <optional>

@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <set>
 #include <utility>
 
 #include "absl/strings/numbers.h"
@@ -188,8 +189,18 @@ absl::Status CommitCheckpoint(const std::string& pending, const std::string& dir
     if (name.rfind("ckpt-", 0) == 0 && absl::SimpleAtoi(name.substr(5), &step)) all.emplace_back(step, it->path());
   }
   std::sort(all.begin(), all.end());
-  for (size_t i = 0; i + static_cast<size_t>(std::max(keep, 1)) < all.size(); ++i) {
-    std::filesystem::remove_all(all[i].second, ec);
+  const size_t kept = std::min(all.size(), static_cast<size_t>(std::max(keep, 1)));
+  // The checkpoints a kept one's embeddings are incremental on stay too.
+  std::set<std::string> needed;
+  for (size_t i = all.size() - kept; i < all.size(); ++i) {
+    auto m = ReadManifest(all[i].second.string());
+    for (int depth = 0; m.ok() && !m->embeddings_base.empty() && depth <= kMaxEmbeddingChain; ++depth) {
+      if (!needed.insert(m->embeddings_base).second) break;
+      m = ReadManifest(absl::StrCat(parent, "/", m->embeddings_base));
+    }
+  }
+  for (size_t i = 0; i + kept < all.size(); ++i) {
+    if (needed.count(all[i].second.filename().string()) == 0) std::filesystem::remove_all(all[i].second, ec);
   }
   return absl::OkStatus();
 }

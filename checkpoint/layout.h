@@ -53,7 +53,8 @@ std::string PendingCheckpointDir(const std::string& checkpoint_dir);
 
 // Renames `pending` (whose manifest is written) to `dir`, fsyncs the
 // parent, then removes all but the newest `keep` ckpt-<step> directories
-// beside it (only its own job's: the parent is the job's directory).
+// beside it (only its own job's: the parent is the job's directory), and
+// those a kept one's embeddings are incremental on (its chain's bases).
 // Retention failures are ignored. An older directory of that name is
 // replaced atomically (RENAME_EXCHANGE; where the file system has none,
 // moved aside first and put back by RecoverCheckpoints after a crash): a

@@ -136,6 +136,42 @@ TEST_P(CommitCrashTest, AKillAtAnyStepLeavesTheStepWhole) {
 INSTANTIATE_TEST_SUITE_P(ExchangeOrAside, CommitCrashTest, ::testing::Bool(),
                          [](const ::testing::TestParamInfo<bool>& p) { return p.param ? "Exchange" : "Aside"; });
 
+// checkpoint_keep 1 with incremental embedding checkpoints: the checkpoints
+// the newest is incremental on stay (its chain restores it); once a whole
+// one is the newest, they go.
+TEST(CheckpointLayoutTest, RetentionKeepsTheBasesOfAKeptCheckpoint) {
+  const std::string job = JobDir(::testing::TempDir() + "/layout-chain", "job-1");
+  std::filesystem::remove_all(job);
+  auto commit = [&job](int64_t step, const std::string& base) {
+    const std::string dir = CheckpointDir(job, step), pending = PendingCheckpointDir(dir);
+    std::filesystem::create_directories(pending);
+    std::ofstream(pending + "/shard-0.bin") << "0123456789";
+    std::ofstream(pending + "/emb-0.bin") << "rows";
+    CheckpointManifest m;
+    m.job = "job-1";
+    m.name = "t";
+    m.id = static_cast<uint64_t>(step);
+    m.step = step;
+    m.chunk_bytes = 1024;
+    m.params.push_back({"w", {2}, DT_FLOAT32});
+    m.shards.push_back({0, "shard-0.bin", 10, 0});
+    m.embeddings.push_back({0, "emb-0.bin", 4, 0});
+    if (!base.empty()) {
+      m.embeddings_base = base;
+      m.embeddings_base_id = static_cast<uint64_t>(std::stoll(base.substr(5)));
+      m.embeddings_chain = 1;
+    }
+    ASSERT_TRUE(WriteManifest(pending, m).ok());
+    ASSERT_TRUE(CommitCheckpoint(pending, dir, /*keep=*/1).ok());
+  };
+  commit(10, "");
+  commit(20, "ckpt-10");
+  commit(30, "ckpt-20");
+  EXPECT_EQ(Names(job), (std::set<std::string>{"ckpt-10", "ckpt-20", "ckpt-30"}));
+  commit(40, "");
+  EXPECT_EQ(Names(job), (std::set<std::string>{"ckpt-40"}));
+}
+
 TEST(CheckpointLayoutTest, RestoreRequestNamesTheFilesRelativeToTheStoresRoot) {
   CheckpointManifest m;
   m.shards.push_back({0, "shard-0.bin", 10, 7});

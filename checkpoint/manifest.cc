@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
+#include <random>
 
 #include "absl/strings/str_cat.h"
 #include "common/file_util.h"
@@ -22,6 +23,12 @@ absl::Status WriteManifest(const std::string& dir, const CheckpointManifest& m) 
   j["created_unix_ms"] = m.created_unix_ms;
   j["spec_yaml"] = m.spec_yaml;
   j["chunk_bytes"] = m.chunk_bytes;
+  if (m.id != 0) j["id"] = m.id;
+  if (!m.embeddings_base.empty()) {
+    j["embeddings_base"] = m.embeddings_base;
+    j["embeddings_base_id"] = m.embeddings_base_id;
+    j["embeddings_chain"] = m.embeddings_chain;
+  }
   // Empty lists are written as [] (the reader requires every key).
   j["params"] = nlohmann::json::array();
   j["workers"] = nlohmann::json::array();
@@ -46,6 +53,13 @@ absl::Status WriteManifest(const std::string& dir, const CheckpointManifest& m) 
     j["buffers"].push_back({{"index", s.index}, {"file", s.file}, {"bytes", s.bytes}, {"crc32", s.crc32}});
   }
   return WriteFileAtomically(dir + "/" + kManifestName, j.dump(2) + "\n");
+}
+
+uint64_t NewCheckpointId() {
+  std::random_device rd;
+  uint64_t id = 0;
+  while (id == 0) id = (uint64_t{rd()} << 32) | rd();
+  return id;
 }
 
 bool ValidLossScale(double scale) { return std::isfinite(scale) && scale >= 0x1p-24 && scale <= 0x1p127; }
@@ -74,6 +88,10 @@ absl::StatusOr<CheckpointManifest> ReadManifest(const std::string& dir) {
     m.created_unix_ms = j.value("created_unix_ms", int64_t{0});
     m.spec_yaml = j.at("spec_yaml").get<std::string>();
     m.chunk_bytes = j.at("chunk_bytes").get<int64_t>();
+    m.id = j.value("id", uint64_t{0});
+    m.embeddings_base = j.value("embeddings_base", std::string());
+    m.embeddings_base_id = j.value("embeddings_base_id", uint64_t{0});
+    m.embeddings_chain = j.value("embeddings_chain", 0);
     for (const auto& p : j.at("params")) {
       ParameterSpec spec;
       spec.name = p.at("name").get<std::string>();
@@ -105,6 +123,14 @@ absl::StatusOr<CheckpointManifest> ReadManifest(const std::string& dir) {
     if (m.buffers.size() > 1) return absl::DataLossError(absl::StrCat(path, " lists more than one buffers file"));
   } catch (const nlohmann::json::exception& e) {
     return absl::DataLossError(absl::StrCat(path, " is incomplete: ", e.what()));
+  }
+  if (!m.embeddings_base.empty() &&
+      (m.embeddings_base.rfind("ckpt-", 0) != 0 || m.embeddings_base.size() > 64 ||
+       m.embeddings_base.find_first_not_of("0123456789", 5) != std::string::npos || m.embeddings_base.size() == 5 ||
+       m.embeddings_base_id == 0 || m.embeddings_chain < 1 || m.embeddings_chain > kMaxEmbeddingChain)) {
+    return absl::DataLossError(absl::StrCat(path, " names the embedding base '", Quote(m.embeddings_base, 64),
+                                            "' (id ", m.embeddings_base_id, ", chain ", m.embeddings_chain,
+                                            "): not a checkpoint beside it, or a chain over ", kMaxEmbeddingChain));
   }
   if (m.params.empty() || m.shards.empty()) {
     return absl::DataLossError(absl::StrCat(path, " lists no parameters or no shard files"));
@@ -146,6 +172,41 @@ std::vector<CheckpointManifest::Worker> StartPositions(const CheckpointManifest&
   std::vector<CheckpointManifest::Worker> out;
   for (int r = 0; r < workers; ++r) out.push_back({r, manifest.step, epoch, 0, scale});
   return out;
+}
+
+absl::StatusOr<std::vector<EmbeddingChainLink>> EmbeddingChain(const std::string& dir,
+                                                               const CheckpointManifest& manifest) {
+  std::vector<EmbeddingChainLink> chain;
+  auto add = [&chain](const std::string& d, const CheckpointManifest& m) {
+    EmbeddingChainLink link{d, {}};
+    for (const auto& f : m.embeddings) link.files.push_back(absl::StrCat(d, "/", f.file));
+    chain.insert(chain.begin(), std::move(link));
+  };
+  add(dir, manifest);
+  const std::string parent = std::filesystem::path(dir).parent_path().string();
+  CheckpointManifest m = manifest;
+  while (!m.embeddings_base.empty()) {
+    // ReadManifest checked the name: a sibling ckpt-<step>.
+    const std::string base_dir = absl::StrCat(parent, "/", m.embeddings_base);
+    if (chain.size() > static_cast<size_t>(kMaxEmbeddingChain)) {
+      return absl::DataLossError(absl::StrCat("checkpoint ", dir, "'s embeddings chain back over ",
+                                              kMaxEmbeddingChain, " incremental checkpoints"));
+    }
+    auto base = ReadManifest(base_dir);
+    if (!base.ok()) {
+      return absl::DataLossError(absl::StrCat("checkpoint ", chain.front().dir, "'s embeddings are incremental on ",
+                                              base_dir, ", which cannot be read: ", base.status().message()));
+    }
+    if (base->id != m.embeddings_base_id || base->embeddings.empty()) {
+      return absl::DataLossError(absl::StrCat("checkpoint ", chain.front().dir, "'s embeddings are incremental on ",
+                                              m.embeddings_base, " of id ", m.embeddings_base_id, ", but ", base_dir,
+                                              " is checkpoint ", base->id, base->embeddings.empty() ? " without embeddings" : "",
+                                              " (replaced by a later one of that step)"));
+    }
+    m = *std::move(base);
+    add(base_dir, m);
+  }
+  return chain;
 }
 
 }  // namespace pstrain

@@ -20,6 +20,9 @@ namespace pstrain {
 struct CheckpointManifest {
   std::string job;
   std::string name;
+  // Random, nonzero (0: a checkpoint of an older pstrain): what an
+  // incremental checkpoint's files and manifest name their base by.
+  uint64_t id = 0;
   int64_t step = 0;  // the slowest worker's next step
   int64_t created_unix_ms = 0;
   std::string spec_yaml;
@@ -46,12 +49,22 @@ struct CheckpointManifest {
   // shard of the checkpointed job; empty for a job without embeddings. A
   // restore hands every one of them to every new shard, which keeps its rows.
   std::vector<ShardFile> embeddings;
+  // Incremental embedding files (docs/embeddings.md): the checkpoint they
+  // are incremental on, a sibling directory's name (ckpt-<step>) and its
+  // id, and how many incremental checkpoints lead back to a whole one
+  // (this one included). Empty, 0, 0: whole.
+  std::string embeddings_base;
+  uint64_t embeddings_base_id = 0;
+  int embeddings_chain = 0;
   // Worker 0's model buffers (QAT's quantizers, common/weights_file.h's
   // format): none, or one file every resumed worker loads.
   std::vector<ShardFile> buffers;
 };
 
 constexpr char kManifestName[] = "manifest.json";
+
+// A fresh CheckpointManifest::id: random, nonzero.
+uint64_t NewCheckpointId();
 
 // A loss scale a checkpoint may carry: finite, in [2^-24, 2^127] (what a
 // LossScaler can reach before it fails the job or stops growing).
@@ -61,6 +74,23 @@ absl::Status WriteManifest(const std::string& dir, const CheckpointManifest& man
 // Reads and checks a manifest: every shard and embedding file must exist with its size
 // (the crc32 is checked by the shards when they load the files).
 absl::StatusOr<CheckpointManifest> ReadManifest(const std::string& dir);
+
+// A manifest read names at most this many incremental checkpoints back to
+// a whole one (a job's spec allows at most 32: job_spec.h).
+constexpr int kMaxEmbeddingChain = 64;
+
+// The checkpoints whose embedding files restore the one in `dir` (whose
+// manifest is `manifest`): its bases, oldest (a whole one) first, then
+// `dir` itself, each as its directory and the paths of its embedding files
+// (ReadEmbeddingChain's order). DATA_LOSS naming what is wrong where a base
+// is gone, was replaced (another id), or the chain is longer than
+// kMaxEmbeddingChain.
+struct EmbeddingChainLink {
+  std::string dir;
+  std::vector<std::string> files;  // dir/<file>, in the manifest's order
+};
+absl::StatusOr<std::vector<EmbeddingChainLink>> EmbeddingChain(const std::string& dir,
+                                                               const CheckpointManifest& manifest);
 
 // Where each of `workers` workers starts after restoring `manifest`: where
 // it paused, when the worker count is the same; else the checkpoint's

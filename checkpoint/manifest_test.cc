@@ -1,6 +1,7 @@
 // The manifest's workers with their fp16 loss scales: written and read back,
 // absent for fp32 jobs, and a crafted scale refused. Embedding files: kept,
-// absent (and read as none) without them, checked like shard files.
+// absent (and read as none) without them, checked like shard files; an
+// incremental checkpoint's chain of bases, and chains that do not hold.
 #include "checkpoint/manifest.h"
 
 #include <gtest/gtest.h>
@@ -97,6 +98,58 @@ TEST(ManifestTest, EmbeddingFilesAreListedOnlyWhereThereAreSome) {
   m.embeddings[1].file = "../emb-1.bin";
   ASSERT_TRUE(WriteManifest(dir, m).ok());
   EXPECT_EQ(ReadManifest(dir).status().code(), absl::StatusCode::kDataLoss);
+}
+
+// Three checkpoints of one job, each incremental on the one before: the
+// chain runs oldest first; a base replaced by another checkpoint of its
+// step, a base gone, a crafted name or a cycle is DATA_LOSS.
+TEST(ManifestTest, AnIncrementalCheckpointsChainRunsBackToAWholeOne) {
+  const std::string job = ::testing::TempDir() + "/manifest_chain";
+  std::filesystem::remove_all(job);
+  auto write = [&job](int step, uint64_t id, const std::string& base, uint64_t base_id, int chain) {
+    const std::string dir = job + "/ckpt-" + std::to_string(step);
+    std::filesystem::create_directories(dir);
+    std::ofstream(dir + "/shard-0.bin") << "abcd";
+    std::ofstream(dir + "/emb-0.bin") << "xyz";
+    CheckpointManifest m = Sample();
+    m.id = id;
+    m.embeddings.push_back({0, "emb-0.bin", 3, 77});
+    m.embeddings_base = base;
+    m.embeddings_base_id = base_id;
+    m.embeddings_chain = chain;
+    EXPECT_TRUE(WriteManifest(dir, m).ok());
+    return dir;
+  };
+  write(10, 101, "", 0, 0);
+  write(20, 102, "ckpt-10", 101, 1);
+  const std::string newest = write(30, 103, "ckpt-20", 102, 2);
+  auto m = ReadManifest(newest);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->id, 103u);
+  EXPECT_EQ(m->embeddings_base, "ckpt-20");
+  auto chain = EmbeddingChain(newest, *m);
+  ASSERT_TRUE(chain.ok()) << chain.status();
+  ASSERT_EQ(chain->size(), 3u);
+  EXPECT_EQ((*chain)[0].dir, job + "/ckpt-10");
+  EXPECT_EQ((*chain)[0].files, std::vector<std::string>{job + "/ckpt-10/emb-0.bin"});
+  EXPECT_EQ((*chain)[2].dir, newest);
+
+  write(20, 999, "", 0, 0);  // step 20 checkpointed again: another checkpoint
+  auto replaced = EmbeddingChain(newest, *m);
+  EXPECT_EQ(replaced.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(replaced.status().message().find("replaced"), std::string::npos) << replaced.status();
+  std::filesystem::remove_all(job + "/ckpt-20");
+  EXPECT_EQ(EmbeddingChain(newest, *m).status().code(), absl::StatusCode::kDataLoss);
+
+  write(40, 104, "ckpt-50", 105, 1);
+  write(50, 105, "ckpt-40", 104, 1);  // a cycle: ends at the chain's bound
+  auto cycle = ReadManifest(job + "/ckpt-50");
+  ASSERT_TRUE(cycle.ok());
+  EXPECT_EQ(EmbeddingChain(job + "/ckpt-50", *cycle).status().code(), absl::StatusCode::kDataLoss);
+  for (const char* bad : {"../other/ckpt-1", "ckpt-", "ckpt-1x", "shard-0.bin"}) {
+    write(60, 106, bad, 1, 1);
+    EXPECT_EQ(ReadManifest(job + "/ckpt-60").status().code(), absl::StatusCode::kDataLoss) << bad;
+  }
 }
 
 // A QAT job's buffers file: listed only where there is one, checked as a

@@ -22,9 +22,15 @@ absl::StatusOr<int64_t> ExportCheckpointEmbeddings(const std::string& checkpoint
                                                       " holds no embedding tables (its job has none, or it was "
                                                       "written before checkpoints held them)"));
   }
+  // An incremental checkpoint's bases first, oldest first.
+  auto chain = EmbeddingChain(checkpoint_dir, *manifest);
+  if (!chain.ok()) return chain.status();
   SpawnOptions o;
   o.argv = {tool, std::filesystem::absolute(out).string()};
-  for (const auto& f : manifest->embeddings) o.argv.push_back(checkpoint_dir + "/" + f.file);
+  for (size_t k = 0; k < chain->size(); ++k) {
+    if (k > 0) o.argv.push_back("--");
+    for (const std::string& f : (*chain)[k].files) o.argv.push_back(f);
+  }
   o.log_path = (std::filesystem::temp_directory_path() / absl::StrCat("pstrain-export-", getpid(), ".log")).string();
   auto pid = Spawn(o);
   if (!pid.ok()) return pid.status();

@@ -14,8 +14,9 @@
 
 namespace pstrain {
 
-// Exports the embedding files listed in `checkpoint_dir`'s manifest to
-// `out` with `tool` (embedding_export_tool's path), waiting at most
+// Exports the embedding files listed in `checkpoint_dir`'s manifest (and,
+// an incremental checkpoint, those of the checkpoints it is incremental on)
+// to `out` with `tool` (embedding_export_tool's path), waiting at most
 // `timeout`. Returns the checkpoint's step. FAILED_PRECONDITION when the
 // checkpoint holds no embedding tables; the tool's own error (its last
 // output) otherwise.

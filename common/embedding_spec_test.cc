@@ -204,6 +204,9 @@ TEST(EmbeddingSpecTest, CrossFieldRulesNameTheirField) {
       {"model: dlrn\n", "model 'dlrn' is unknown: use mlp, mlp_wide, mlp_deep, lenet, dlrm"},
       {"model: torchscript:ctr.pt\ndata: {format: idx}\n" + tables, "data.format must be criteo for a model with embeddings"},
       {"data: {format: tsv}\n", "data.format must be idx, csv, synthetic or criteo"},
+      {"checkpoint_incremental: 2\n", "checkpoint_incremental is for jobs with embeddings"},
+      {"model: dlrm\ncheckpoint_incremental: 33\n" + criteo + tables, "checkpoint_incremental must be in 0..32"},
+      {"model: dlrm\ncheckpoint_incremental: -1\n" + criteo + tables, "checkpoint_incremental must be in 0..32"},
   };
   for (const Case& c : cases) {
     EXPECT_NE(Refusal(c.yaml).find(c.field), std::string::npos)
@@ -216,6 +219,9 @@ TEST(EmbeddingSpecTest, CrossFieldRulesNameTheirField) {
       ParseJobSpec("model: dlrm\nworkers: 3\nmin_workers: 2\nconsistency: ssp\nstaleness: 2\n" + criteo + tables).ok());
   // Periodic checkpoints of an embedding job: allowed (the shards save its rows).
   EXPECT_TRUE(ParseJobSpec("model: dlrm\ncheckpoint_every_steps: 100\n" + criteo + tables).ok());
+  auto incremental = ParseJobSpec("model: dlrm\ncheckpoint_incremental: 4\n" + criteo + tables);
+  ASSERT_TRUE(incremental.ok()) << incremental.status();
+  EXPECT_EQ(incremental->checkpoint_incremental, 4);
   // Without test_file: no evaluation set, allowed; workers 3 = min_workers.
   auto spec = ParseJobSpec("model: dlrm\nworkers: 3\nshards: 2\nconsistency: async\n" + criteo + tables);
   ASSERT_TRUE(spec.ok()) << spec.status();

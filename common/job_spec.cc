@@ -162,6 +162,12 @@ absl::Status CheckValues(const JobSpec& spec, const MappingReader& r) {
   if (spec.output_dir.empty()) return r.Error("output_dir", "must not be empty");
   if (spec.checkpoint_every_steps < 0) return r.Error("checkpoint_every_steps", "must be >= 0");
   if (spec.checkpoint_keep < 1) return r.Error("checkpoint_keep", "must be >= 1");
+  if (spec.checkpoint_incremental < 0 || spec.checkpoint_incremental > 32) {
+    return r.Error("checkpoint_incremental", "must be in 0..32 (incremental checkpoints after each whole one)");
+  }
+  if (spec.checkpoint_incremental > 0 && spec.embeddings.empty()) {
+    return r.Error("checkpoint_incremental", "is for jobs with embeddings: (only their rows are written incrementally)");
+  }
   if (spec.max_restarts < 0) return r.Error("max_restarts", "must be >= 0");
   if (spec.min_workers < 1 || spec.min_workers > spec.workers) {
     return r.Error("min_workers", "must be in 1..workers");
@@ -332,6 +338,7 @@ absl::Status ReadRunFields(MappingReader& r, JobSpec& spec) {
   RETURN_IF_ERROR(r.Read("output_dir", &spec.output_dir));
   RETURN_IF_ERROR(r.Read("checkpoint_every_steps", &spec.checkpoint_every_steps));
   RETURN_IF_ERROR(r.Read("checkpoint_keep", &spec.checkpoint_keep));
+  RETURN_IF_ERROR(r.Read("checkpoint_incremental", &spec.checkpoint_incremental));
   RETURN_IF_ERROR(r.Read("max_restarts", &spec.max_restarts));
   RETURN_IF_ERROR(r.Read("min_workers", &spec.min_workers));
   RETURN_IF_ERROR(r.Read("replacement_timeout_s", &spec.replacement_timeout_s));

@@ -154,7 +154,10 @@ struct JobSpec {
   int64_t max_steps = 0;        // stop each worker after this many steps (0: all epochs)
   std::string output_dir = "out";
   int64_t checkpoint_every_steps = 0;  // 0: only on demand (pstrain checkpoint)
-  int checkpoint_keep = 3;             // newest checkpoints kept
+  int checkpoint_keep = 3;             // newest checkpoints kept (and those they are incremental on)
+  // With embeddings: after a whole checkpoint, up to this many write only
+  // the rows changed since the checkpoint before (0..32; 0: all whole).
+  int checkpoint_incremental = 0;
   // After a member is lost or shuts down, the job restarts from its last
   // checkpoint this many times at most (without a checkpoint it fails).
   int max_restarts = 3;

@@ -5,6 +5,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <random>
@@ -20,6 +21,9 @@ constexpr char kMagic[8] = {'P', 'S', 'E', 'M', 'B', '0', '1', '\n'};
 constexpr uint32_t kMaxHeaderBytes = 1 << 20;
 constexpr uint32_t kMaxBlockRows = 1 << 16;
 constexpr uint32_t kEndBlock = 0xffffffffu;
+// A block of ids (an incremental file's unchanged rows): the table index
+// with this bit set.
+constexpr uint32_t kIdsBlock = 0x80000000u;
 constexpr size_t kBufferBytes = 1 << 20;
 
 uint32_t Crc(uint32_t crc, const void* p, size_t n) {
@@ -67,33 +71,44 @@ class Writer {
 };
 
 absl::Status WriteRows(Writer& w, const std::vector<const EmbeddingTable*>& tables, size_t per_part,
-                       int64_t* rows) {
+                       const std::vector<uint32_t>& changed_since, EmbeddingFileInfo* info) {
   for (size_t part = 0; part < tables.size(); ++part) {
     const EmbeddingTable& table = *tables[part];
-    const size_t t = part % per_part;
-    // A stripe's rows come in a burst; blocks of them, each with its count.
-    std::string block;
-    uint32_t in_block = 0;
-    auto end_block = [&] {
-      if (in_block == 0) return;
-      w.Put<uint32_t>(static_cast<uint32_t>(t));
-      w.Put<uint32_t>(in_block);
+    const uint32_t t = static_cast<uint32_t>(part % per_part);
+    // A stripe's rows come in a burst; blocks of them, each with its count:
+    // rows written whole in one, the ids of unchanged rows in the other.
+    std::string rows, ids;
+    uint32_t in_rows = 0, in_ids = 0;
+    auto end_block = [&w](uint32_t index, std::string& block, uint32_t& n) {
+      if (n == 0) return;
+      w.Put<uint32_t>(index);
+      w.Put<uint32_t>(n);
       w.Append(block.data(), block.size());
       block.clear();
-      in_block = 0;
+      n = 0;
     };
-    absl::Status s = table.ForEachRow([&](const EmbeddingRowView& r) {
-      block.append(reinterpret_cast<const char*>(&r.id), sizeof(r.id));
-      block.append(reinterpret_cast<const char*>(&r.last_step), sizeof(r.last_step));
-      block.append(reinterpret_cast<const char*>(&r.count), sizeof(r.count));
-      block.append(reinterpret_cast<const char*>(r.value), sizeof(float) * table.dim());
-      block.append(reinterpret_cast<const char*>(r.slots), sizeof(float) * table.slot_floats());
-      ++*rows;
-      if (++in_block == kMaxBlockRows) end_block();
-      return w.ok() ? absl::OkStatus() : ErrnoToStatus(w.error(), "writing", "an embedding checkpoint");
-    });
+    auto put = [](std::string& to, const void* p, size_t n) { to.append(static_cast<const char*>(p), n); };
+    absl::Status s = table.ForEachRow(
+        [&](const EmbeddingRowView& r) {
+          if (r.value == nullptr) {
+            put(ids, &r.id, sizeof(r.id));
+            ++info->unchanged_rows;
+            if (++in_ids == kMaxBlockRows) end_block(t | kIdsBlock, ids, in_ids);
+          } else {
+            put(rows, &r.id, sizeof(r.id));
+            put(rows, &r.last_step, sizeof(r.last_step));
+            put(rows, &r.count, sizeof(r.count));
+            put(rows, r.value, sizeof(float) * table.dim());
+            put(rows, r.slots, sizeof(float) * table.slot_floats());
+            ++info->rows;
+            if (++in_rows == kMaxBlockRows) end_block(t, rows, in_rows);
+          }
+          return w.ok() ? absl::OkStatus() : ErrnoToStatus(w.error(), "writing", "an embedding checkpoint");
+        },
+        changed_since.empty() ? 0 : changed_since[part]);
     if (!s.ok()) return s;
-    end_block();
+    end_block(t, rows, in_rows);
+    end_block(t | kIdsBlock, ids, in_ids);
   }
   w.Put<uint32_t>(kEndBlock);
   w.Put<uint32_t>(0);
@@ -110,7 +125,13 @@ std::string Directory(const std::string& path) {
 }  // namespace
 
 absl::StatusOr<EmbeddingFileInfo> WriteEmbeddingFile(const std::string& path, const EmbeddingFileHeader& header,
-                                                     const std::vector<const EmbeddingTable*>& tables) {
+                                                     const std::vector<const EmbeddingTable*>& tables,
+                                                     const std::vector<uint32_t>& changed_since) {
+  const bool incremental =
+      std::any_of(changed_since.begin(), changed_since.end(), [](uint32_t e) { return e != 0; });
+  if ((!changed_since.empty() && changed_since.size() != tables.size()) || (incremental && header.base_id() == 0)) {
+    return absl::InvalidArgumentError("an incremental embedding file needs one epoch per part and its base's id");
+  }
   const std::string tmp = absl::StrCat(path, ".tmp.", getpid(), ".", std::random_device()());
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
   if (fd < 0) return ErrnoToStatus(errno, "creating", tmp);
@@ -120,13 +141,14 @@ absl::StatusOr<EmbeddingFileInfo> WriteEmbeddingFile(const std::string& path, co
   w.Put<uint32_t>(static_cast<uint32_t>(head.size()));
   w.Append(head.data(), head.size());
   EmbeddingFileInfo info;
+  info.incremental = header.base_id() != 0;
   if (header.tables_size() == 0 || tables.size() % header.tables_size() != 0) {
     ::close(fd);
     ::unlink(tmp.c_str());
     return absl::InvalidArgumentError(absl::StrCat("an embedding file of ", header.tables_size(), " tables given ",
                                                    tables.size(), " parts of tables"));
   }
-  absl::Status s = WriteRows(w, tables, static_cast<size_t>(header.tables_size()), &info.rows);
+  absl::Status s = WriteRows(w, tables, static_cast<size_t>(header.tables_size()), changed_since, &info);
   if (s.ok() && !w.Flush()) s = ErrnoToStatus(w.error(), "writing", tmp);
   if (s.ok() && ::fsync(fd) != 0) s = ErrnoToStatus(errno, "syncing", tmp);
   if (::close(fd) != 0 && s.ok()) s = ErrnoToStatus(errno, "closing", tmp);
@@ -236,15 +258,29 @@ absl::Status CheckTables(const std::string& path, const EmbeddingFileHeader& hea
   return absl::OkStatus();
 }
 
-absl::Status ReadRows(const std::string& path, Reader& r, const std::vector<EmbeddingTable*>& tables,
-                      const std::function<bool(size_t, int64_t)>& keep) {
+absl::Status ReadRows(const std::string& path, Reader& r, const EmbeddingFileHeader& head,
+                      const std::vector<EmbeddingTable*>& tables, const std::function<bool(size_t, int64_t)>& keep) {
   std::vector<float> row;
   for (;;) {
     uint32_t t = 0, n = 0;
     if (!r.Read(&t, sizeof(t)) || !r.Read(&n, sizeof(n))) return Corrupt(path, "cut short");
     if (t == kEndBlock) return n == 0 ? absl::OkStatus() : Corrupt(path, "a malformed end block");
+    const bool ids_only = (t & kIdsBlock) != 0 && head.base_id() != 0;
+    if (ids_only) t &= ~kIdsBlock;
     if (t >= tables.size() || n == 0 || n > kMaxBlockRows) return Corrupt(path, "a malformed block of rows");
     EmbeddingTable& table = *tables[t];
+    if (ids_only) {
+      for (uint32_t i = 0; i < n; ++i) {
+        int64_t id = 0;
+        if (!r.Read(&id, sizeof(id))) return Corrupt(path, "cut short");
+        if (!keep(t, id) || table.MarkRow(id)) continue;
+        return Corrupt(path, absl::StrCat("row ", id, " of table '", table.config().name(),
+                                          "' is unchanged since checkpoint ", head.base_id(),
+                                          ", whose rows do not hold it (read the checkpoint it is incremental on "
+                                          "first)"));
+      }
+      continue;
+    }
     row.resize(static_cast<size_t>(table.dim()) + table.slot_floats());
     for (uint32_t i = 0; i < n; ++i) {
       EmbeddingRowView v;
@@ -275,7 +311,7 @@ absl::Status ReadEmbeddingFile(const std::string& path, const std::vector<Embedd
     if (!c.ok()) return c;
     c = CheckTables(path, head, tables);
     if (!c.ok()) return c;
-    c = ReadRows(path, r, tables, keep);
+    c = ReadRows(path, r, head, tables, keep);
     if (!c.ok()) return c;
     const uint32_t want = r.crc();
     uint32_t crc = 0;
@@ -301,9 +337,47 @@ absl::StatusOr<EmbeddingFileHeader> ReadEmbeddingFileHeader(const std::string& p
   return head;
 }
 
-absl::StatusOr<std::vector<std::unique_ptr<EmbeddingTable>>> ReadEmbeddingFiles(const std::vector<std::string>& paths) {
-  if (paths.empty()) return absl::InvalidArgumentError("no embedding checkpoint files");
-  auto header = ReadEmbeddingFileHeader(paths.front());
+absl::StatusOr<uint64_t> ReadEmbeddingChain(const std::vector<std::vector<std::string>>& chain,
+                                            const std::vector<EmbeddingTable*>& tables,
+                                            const std::function<bool(size_t table, int64_t id)>& keep) {
+  uint64_t previous = 0;  // the id of the checkpoint read before
+  for (size_t k = 0; k < chain.size(); ++k) {
+    if (chain[k].empty()) return absl::InvalidArgumentError(absl::StrCat("checkpoint ", k, " of a chain has no files"));
+    // This checkpoint's rows, put back or named, get a new epoch; the rows
+    // left with an older one are those it no longer holds.
+    std::vector<uint32_t> epochs;
+    for (EmbeddingTable* t : tables) epochs.push_back(t->NextEpoch());
+    uint64_t id = 0;
+    for (size_t f = 0; f < chain[k].size(); ++f) {
+      const std::string& path = chain[k][f];
+      auto head = ReadEmbeddingFileHeader(path);
+      if (!head.ok()) return head.status();
+      if (f > 0 && head->checkpoint_id() != id) {
+        return Corrupt(path, absl::StrCat("belongs to checkpoint ", head->checkpoint_id(), ", the files beside it to ",
+                                          id, ": files of two checkpoints given as one"));
+      }
+      id = head->checkpoint_id();
+      if (head->base_id() != 0 && (k == 0 || head->base_id() != previous)) {
+        return Corrupt(path, absl::StrCat("is incremental on checkpoint ", head->base_id(), ", but ",
+                                          k == 0 ? std::string("no checkpoint was read before it")
+                                                 : absl::StrCat("the one read before it is ", previous),
+                                          " (its base is gone or was replaced)"));
+      }
+      absl::Status s = ReadEmbeddingFile(path, tables, keep, nullptr);
+      if (!s.ok()) return s;
+    }
+    if (k > 0) {
+      for (size_t t = 0; t < tables.size(); ++t) tables[t]->DropRowsBefore(epochs[t]);
+    }
+    previous = id;
+  }
+  return previous;
+}
+
+absl::StatusOr<std::vector<std::unique_ptr<EmbeddingTable>>> ReadEmbeddingFiles(
+    const std::vector<std::vector<std::string>>& chain) {
+  if (chain.empty() || chain.back().empty()) return absl::InvalidArgumentError("no embedding checkpoint files");
+  auto header = ReadEmbeddingFileHeader(chain.back().front());
   if (!header.ok()) return header.status();
   std::vector<std::unique_ptr<EmbeddingTable>> tables;
   std::vector<EmbeddingTable*> targets;
@@ -313,11 +387,8 @@ absl::StatusOr<std::vector<std::unique_ptr<EmbeddingTable>>> ReadEmbeddingFiles(
     targets.push_back(table->get());
     tables.push_back(std::move(*table));
   }
-  for (const std::string& path : paths) {
-    absl::Status s = ReadEmbeddingFile(
-        path, targets, [](size_t, int64_t) { return true; }, nullptr);
-    if (!s.ok()) return s;
-  }
+  auto read = ReadEmbeddingChain(chain, targets, [](size_t, int64_t) { return true; });
+  if (!read.ok()) return read.status();
   return tables;
 }
 

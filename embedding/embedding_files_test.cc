@@ -1,6 +1,7 @@
 // Embedding checkpoint files: a round trip, a restore onto another shard
-// count, rows never torn by updates racing the save, and files that are
-// cut short, altered or not the job's refused.
+// count, rows never torn by updates racing the save, incremental files and
+// their chains, and files that are cut short, altered or not the job's
+// refused.
 #include "embedding/embedding_files.h"
 
 #include <gtest/gtest.h>
@@ -150,6 +151,82 @@ TEST(EmbeddingFilesTest, UpdatesRacingASaveNeverTearARow) {
   }
   for (auto& p : pushers) p.join();
   EXPECT_GT(during, 0);
+}
+
+// A whole file, then two incremental ones: rows updated, rows created, and
+// rows evicted between them. The chain read back is the table as it is now
+// (rows evicted since the whole file are gone), and the incremental files
+// write whole only what changed.
+TEST(EmbeddingFilesTest, AnIncrementalChainReadsBackAsTheTableIsNow) {
+  EmbeddingTableConfig c = Config();
+  c.mutable_eviction()->set_ttl_steps(5);
+  auto t = std::move(*EmbeddingTable::Create(c, nullptr, 8));
+  auto ids_in = [](int from, int to) {
+    std::vector<int64_t> ids;
+    for (int i = from; i < to; ++i) ids.push_back(i * 0x9e3779b97f4aLL);
+    return ids;
+  };
+  auto train = [&t](const std::vector<int64_t>& ids, int64_t step) {
+    std::vector<float> out(ids.size() * 4), g(ids.size() * 4, 0.25f);
+    ASSERT_TRUE(t->Lookup(ids, step, out.data()).ok());
+    ASSERT_TRUE(t->Update(ids, g.data(), step, 1.0).ok());
+  };
+  auto header = [&c](uint64_t id, uint64_t base) {
+    EmbeddingFileHeader h;
+    h.set_job("ctr");
+    *h.add_tables() = c;
+    h.set_checkpoint_id(id);
+    h.set_base_id(base);
+    return h;
+  };
+  const std::string whole = Dir() + "/chain-1.emb", second = Dir() + "/chain-2.emb", third = Dir() + "/chain-3.emb";
+  train(ids_in(0, 1000), 1);
+  const uint32_t e1 = t->NextEpoch();
+  auto info = WriteEmbeddingFile(whole, header(1, 0), {t.get()});
+  ASSERT_TRUE(info.ok()) << info.status();
+  train(ids_in(0, 600), 4);     // 600 changed, 400 not
+  train(ids_in(1000, 1050), 4);  // 50 new
+  const uint32_t e2 = t->NextEpoch();
+  info = WriteEmbeddingFile(second, header(2, 1), {t.get()}, {e1});
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->rows, 650);
+  EXPECT_EQ(info->unchanged_rows, 400);
+  train(ids_in(0, 300), 8);
+  train(ids_in(2000, 2020), 8);
+  EXPECT_EQ(t->EvictExpired(8), 400);  // last touched at step 1
+  t->NextEpoch();
+  info = WriteEmbeddingFile(third, header(3, 2), {t.get()}, {e2});
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->rows, 320);
+  EXPECT_EQ(info->unchanged_rows, 350);
+  EXPECT_TRUE(info->incremental);
+
+  auto back = ReadEmbeddingFiles({{whole}, {second}, {third}});
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(RowsOf(*(*back)[0]), RowsOf(*t));
+  EXPECT_EQ((*back)[0]->Stats().rows, 670);
+  // Onto two shards, each keeping its own rows.
+  Rows halves;
+  for (uint32_t s = 0; s < 2; ++s) {
+    auto half = Make();
+    auto mine = [s](size_t, int64_t id) { return ShardOfId(id, 1024, 2) == s; };
+    auto id = ReadEmbeddingChain({{whole}, {second}, {third}}, {half.get()}, mine);
+    ASSERT_TRUE(id.ok()) << id.status();
+    EXPECT_EQ(*id, 3u);
+    for (const auto& [row, v] : RowsOf(*half)) halves[row] = v;
+  }
+  EXPECT_EQ(halves, RowsOf(*t));
+
+  // A chain that does not hold together.
+  for (const auto& chain : std::vector<std::vector<std::vector<std::string>>>{
+           {{third}}, {{whole}, {third}}, {{second}, {third}}, {{whole, second}, {third}}}) {
+    auto bad = ReadEmbeddingFiles(chain);
+    EXPECT_EQ(bad.status().code(), absl::StatusCode::kDataLoss) << chain.size() << " " << bad.status();
+  }
+  auto lone = Make();
+  absl::Status s = ReadEmbeddingFile(second, {lone.get()}, [](size_t, int64_t) { return true; }, nullptr);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_NE(s.message().find("unchanged since checkpoint 1"), std::string::npos) << s;
 }
 
 TEST(EmbeddingFilesTest, FilesCutShortAlteredOrOfOtherTablesAreRefused) {

@@ -101,13 +101,19 @@ class EmbeddingStore {
 
   // Checkpoints (embedding_store_files.cc; paths absolute, confined by the
   // caller). Save writes this shard's rows of the job, each row from one
-  // state; a SYNC job should be paused at a step boundary. Load creates the
-  // job's tables (a new attempt: `request` as for Init) from files written
+  // state, as checkpoint `checkpoint_id`; a SYNC job should be paused at a
+  // step boundary. With `base_id`, a checkpoint whose rows this shard wrote
+  // or loaded, the file is incremental: only the rows changed since are
+  // written whole (a slot it has no record of the base for is written
+  // whole). Load creates the job's tables (a new attempt: `request` as for
+  // Init) from a chain of checkpoints' files (ReadEmbeddingChain) written
   // by any number of shards, keeping the rows this shard holds, and
   // continues at `start_step`; nothing is installed unless every file reads
   // whole (DATA_LOSS names the file that does not).
-  absl::StatusOr<EmbeddingFileInfo> Save(const std::string& job, uint64_t attempt, const std::string& path);
-  absl::Status Load(const InitEmbeddingsRequest& request, const std::vector<std::string>& paths, int64_t start_step);
+  absl::StatusOr<EmbeddingFileInfo> Save(const std::string& job, uint64_t attempt, const std::string& path,
+                                         uint64_t checkpoint_id = 0, uint64_t base_id = 0);
+  absl::Status Load(const InitEmbeddingsRequest& request, const std::vector<std::vector<std::string>>& chain,
+                    int64_t start_step);
 
   // Fails waiting calls and every later call with UNAVAILABLE.
   void Shutdown();

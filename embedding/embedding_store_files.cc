@@ -11,7 +11,8 @@
 namespace pstrain {
 
 absl::StatusOr<EmbeddingFileInfo> EmbeddingStore::Save(const std::string& job, uint64_t attempt,
-                                                       const std::string& path) {
+                                                       const std::string& path, uint64_t checkpoint_id,
+                                                       uint64_t base_id) {
   auto own = FindJob(job, attempt, nullptr);
   if (!own.ok()) return own.status();
   // The slots this shard leads (replicated: its own unless it was declared
@@ -29,13 +30,22 @@ absl::StatusOr<EmbeddingFileInfo> EmbeddingStore::Save(const std::string& job, u
     steps = (*own)->steps;
   }
   std::vector<const EmbeddingTable*> tables;  // every led slot's tables, in the header's order each
+  // Per part: rows unchanged since this epoch are written by id alone (0:
+  // all whole, a slot this shard has no record of the base for).
+  std::vector<uint32_t> changed_since;
   for (const auto& slot : led) {
+    absl::MutexLock lock(&slot->mu);
     if (slot->replica != nullptr) {
-      absl::MutexLock lock(&slot->mu);
       if (slot->replica->leader != static_cast<int64_t>(slot->self) || !slot->replica->fenced.empty()) continue;
       steps = slot->steps;
     }
-    for (const auto& t : slot->tables) tables.push_back(t.get());
+    const Job::Saved* base = slot->FindSaved(base_id);
+    for (size_t t = 0; t < slot->tables.size(); ++t) {
+      tables.push_back(slot->tables[t].get());
+      changed_since.push_back(base == nullptr ? 0 : base->epochs[t]);
+    }
+    // Before any row is copied: a change from here on is in a later file.
+    slot->RecordSaved(checkpoint_id);
   }
   const Job& j = **own;
   EmbeddingFileHeader header;
@@ -44,11 +54,17 @@ absl::StatusOr<EmbeddingFileInfo> EmbeddingStore::Save(const std::string& job, u
   header.set_num_shards(j.init.num_shards());
   *header.mutable_tables() = j.init.tables();
   header.set_steps(steps);
-  return WriteEmbeddingFile(path, header, tables);
+  header.set_checkpoint_id(checkpoint_id);
+  if (std::any_of(changed_since.begin(), changed_since.end(), [](uint32_t e) { return e != 0; })) {
+    header.set_base_id(base_id);
+  } else {
+    changed_since.clear();
+  }
+  return WriteEmbeddingFile(path, header, tables, changed_since);
 }
 
-absl::Status EmbeddingStore::Load(const InitEmbeddingsRequest& request, const std::vector<std::string>& paths,
-                                  int64_t start_step) {
+absl::Status EmbeddingStore::Load(const InitEmbeddingsRequest& request,
+                                  const std::vector<std::vector<std::string>>& chain, int64_t start_step) {
   if (start_step < 0 || start_step >= embedding_internal::kMaxStep) {
     return embedding_internal::Invalid(request.job(), "start_step out of range");
   }
@@ -62,10 +78,12 @@ absl::Status EmbeddingStore::Load(const InitEmbeddingsRequest& request, const st
       return ShardOfId(id, init.tables(static_cast<int>(table)).virtual_shards(), init.num_shards()) ==
              init.shard_index();
     };
-    for (const std::string& path : paths) {
-      absl::Status s = ReadEmbeddingFile(path, tables, mine, nullptr);
-      if (!s.ok()) return s;  // the new tables go with `jobs`; the running job is untouched
-    }
+    auto loaded = ReadEmbeddingChain(chain, tables, mine);
+    if (!loaded.ok()) return loaded.status();  // the new tables go with `jobs`; the running job is untouched
+    // The rows are the checkpoint's: a save incremental on it writes only
+    // what changes from here on.
+    absl::MutexLock lock(&job->mu);
+    job->RecordSaved(*loaded);
   }
   bool created = false;
   return Install(std::move(*jobs), /*keep_identical=*/false, &created);

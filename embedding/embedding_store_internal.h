@@ -113,6 +113,32 @@ struct EmbeddingStore::Job {
   std::vector<char> pending_ranks ABSL_GUARDED_BY(mu);
   uint64_t pending_bytes ABSL_GUARDED_BY(mu) = 0;
   int64_t max_step ABSL_GUARDED_BY(mu) = 0;  // for TTL eviction
+  // Checkpoints of this slot's rows that this shard wrote (leading it) or
+  // loaded, newest last, each with its tables' epochs (NextEpoch) at that
+  // moment: what a later incremental save may name as its base.
+  struct Saved {
+    uint64_t checkpoint_id = 0;
+    std::vector<uint32_t> epochs;
+  };
+  std::vector<Saved> saved ABSL_GUARDED_BY(mu);
+  // Starts a new epoch of every table and records it as checkpoint_id's
+  // (the newest few are kept). Called before the rows are copied.
+  void RecordSaved(uint64_t checkpoint_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    Saved s{checkpoint_id, {}};
+    for (const auto& t : tables) s.epochs.push_back(t->NextEpoch());
+    if (checkpoint_id == 0) return;
+    saved.erase(std::remove_if(saved.begin(), saved.end(),
+                               [checkpoint_id](const Saved& x) { return x.checkpoint_id == checkpoint_id; }),
+                saved.end());
+    saved.push_back(std::move(s));
+    if (saved.size() > 8) saved.erase(saved.begin());
+  }
+  const Saved* FindSaved(uint64_t checkpoint_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    for (const Saved& s : saved) {
+      if (checkpoint_id != 0 && s.checkpoint_id == checkpoint_id) return &s;
+    }
+    return nullptr;
+  }
   std::atomic<int64_t> nonfinite_dropped{0};
   // Null: not replicated. Fixed at creation; its fields under `mu`.
   std::unique_ptr<embedding_internal::SlotReplica> replica;

@@ -80,7 +80,8 @@ EmbeddingTable::EmbeddingTable(EmbeddingTableConfig config, ByteBudget* budget, 
   evicts_ = cap > 0;
   for (int i = 0; i < stripes; ++i) {
     stripes_.push_back(std::make_unique<Stripe>(budget, static_cast<int>(config_.dim()) + slot_floats_,
-                                                evicts_ ? cap / stripes : std::numeric_limits<uint64_t>::max()));
+                                                evicts_ ? cap / stripes : std::numeric_limits<uint64_t>::max(),
+                                                &epoch_));
   }
 }
 
@@ -297,7 +298,8 @@ int64_t EmbeddingTable::EvictExpired(int64_t step) {
   return evicted;
 }
 
-absl::Status EmbeddingTable::ForEachRow(const std::function<absl::Status(const EmbeddingRowView&)>& visit) const {
+absl::Status EmbeddingTable::ForEachRow(const std::function<absl::Status(const EmbeddingRowView&)>& visit,
+                                        uint32_t changed_since) const {
   const int row_floats = dim() + slot_floats_;
   std::vector<RowMeta> meta;
   std::vector<float> data;
@@ -307,20 +309,49 @@ absl::Status EmbeddingTable::ForEachRow(const std::function<absl::Status(const E
     {
       absl::MutexLock lock(&stripe->mu);
       meta.reserve(stripe->index.size());
-      data.reserve(stripe->index.size() * row_floats);
       for (uint32_t r : stripe->index) {
         meta.push_back(stripe->Meta(r));
+        if (meta.back().epoch < changed_since) continue;  // its id alone
         const float* row = stripe->Data(r, row_floats);
         data.insert(data.end(), row, row + row_floats);
       }
     }
-    for (size_t k = 0; k < meta.size(); ++k) {
-      const float* row = data.data() + k * row_floats;
-      absl::Status s = visit(EmbeddingRowView{meta[k].id, row, row + dim(), meta[k].last_step, meta[k].count});
+    size_t k_data = 0;
+    for (const RowMeta& m : meta) {
+      EmbeddingRowView v{m.id, nullptr, nullptr, m.last_step, m.count};
+      if (m.epoch >= changed_since) {
+        v.value = data.data() + k_data++ * row_floats;
+        v.slots = v.value + dim();
+      }
+      absl::Status s = visit(v);
       if (!s.ok()) return s;
     }
   }
   return absl::OkStatus();
+}
+
+bool EmbeddingTable::MarkRow(int64_t id) {
+  Stripe& stripe = *stripes_[StripeOf(id)];
+  absl::MutexLock lock(&stripe.mu);
+  auto it = stripe.index.find(IdKey{id});
+  if (it == stripe.index.end()) return false;
+  stripe.Meta(*it).epoch = stripe.Epoch();
+  return true;
+}
+
+int64_t EmbeddingTable::DropRowsBefore(uint32_t epoch) {
+  int64_t dropped = 0;
+  std::vector<uint32_t> stale;
+  for (auto& stripe : stripes_) {
+    absl::MutexLock lock(&stripe->mu);
+    stale.clear();
+    for (uint32_t r : stripe->index) {
+      if (stripe->Meta(r).epoch < epoch) stale.push_back(r);
+    }
+    for (uint32_t r : stale) stripe->Evict(r);
+    dropped += static_cast<int64_t>(stale.size());
+  }
+  return dropped;
 }
 
 void EmbeddingTable::CopyRows(absl::Span<const int64_t> ids, EmbeddingRowsProto* rows) const {
@@ -352,6 +383,7 @@ absl::Status EmbeddingTable::InsertRow(const EmbeddingRowView& row) {
     RowMeta& m = stripe.Meta(r);
     m.last_step = row.last_step;
     m.count = row.count;
+    m.epoch = stripe.Epoch();
     stripe.Unlink(r);
     stripe.PushFront(r);
   } else {

@@ -52,7 +52,9 @@ struct EmbeddingTableStats {
 // A row as a checkpoint sees it (pointers valid during the visit only).
 struct EmbeddingRowView {
   int64_t id = 0;
-  const float* value = nullptr;  // dim floats
+  // dim floats; null (slots too): a row ForEachRow found unchanged since the
+  // epoch it was given, visited by its id alone.
+  const float* value = nullptr;
   const float* slots = nullptr;  // SlotFloats(kind, dim) floats
   int64_t last_step = 0;
   uint32_t count = 0;
@@ -110,8 +112,24 @@ class EmbeddingTable {
   // Calls `visit` for every row, one stripe at a time: the stripe's rows are
   // copied under its lock (each row from one state), then visited without
   // it, so memory beyond the table is one stripe's rows. Stops at the first
-  // error `visit` returns.
-  absl::Status ForEachRow(const std::function<absl::Status(const EmbeddingRowView&)>& visit) const;
+  // error `visit` returns. A row whose last change is older than
+  // `changed_since` (an epoch) is visited by its id alone (value null).
+  absl::Status ForEachRow(const std::function<absl::Status(const EmbeddingRowView&)>& visit,
+                          uint32_t changed_since = 0) const;
+
+  // Change tracking for incremental checkpoints (docs/embeddings.md): every
+  // row carries the table's epoch of its last change (created, looked up,
+  // updated or put back). NextEpoch starts a new epoch and returns it; a
+  // save that calls it before copying the stripes knows that a row whose
+  // epoch is below the returned one is as that save found it (a change
+  // made under the old epoch is in the copy, a later one is tagged anew).
+  uint32_t NextEpoch() { return epoch_.fetch_add(1) + 1; }
+  // Restoring a chain of checkpoints: MarkRow gives a held row the current
+  // epoch without changing it (false: there is no row of that id), and
+  // DropRowsBefore drops the rows whose epoch is below `epoch` (neither put
+  // back nor marked since), returning how many.
+  bool MarkRow(int64_t id);
+  int64_t DropRowsBefore(uint32_t epoch);
 
   // The held rows among `ids`, each copied under its stripe's lock (one
   // state): appended to `rows` as EmbeddingRowsProto packs them (ids,
@@ -154,6 +172,7 @@ class EmbeddingTable {
   // With eviction.max_memory_mb the table evicts its least recently used
   // rows (each stripe within its share of the cap).
   bool evicts_ = false;
+  std::atomic<uint32_t> epoch_{1};
   std::vector<std::unique_ptr<Stripe>> stripes_;
   mutable Counters counters_;
 };

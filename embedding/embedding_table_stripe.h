@@ -36,7 +36,11 @@ struct RowMeta {
   uint32_t count;
   uint32_t prev;  // toward the most recently used
   uint32_t next;  // toward the least recently used; a free row: the next free
+  // The table's epoch at the row's last change (EmbeddingTable::NextEpoch):
+  // what an incremental checkpoint writes. In what was padding.
+  uint32_t epoch;
 };
+static_assert(sizeof(RowMeta) == 32, "a row's metadata stays 32 bytes");
 
 // The index of a stripe holds row numbers, found by id: a row's id is in its
 // metadata, so a slot is 4 bytes (a map from int64 to uint32 pads each pair
@@ -85,10 +89,11 @@ struct EmbeddingTable::Stripe : embedding_internal::RowIds {
   static constexpr uint32_t kBlockRows = embedding_internal::kBlockRows;
   static constexpr uint64_t kIndexSlotBytes = embedding_internal::kIndexSlotBytes;
 
-  Stripe(ByteBudget* budget, int row_floats, uint64_t cap_bytes)
+  Stripe(ByteBudget* budget, int row_floats, uint64_t cap_bytes, const std::atomic<uint32_t>* epoch)
       : budget(budget),
         row_floats(row_floats),
         cap_bytes(cap_bytes),
+        epoch(epoch),
         index(0, embedding_internal::RowHash{this}, embedding_internal::RowEq{this}) {}
   // Only under `mu` (the index hashes and compares under it).
   int64_t IdOf(uint32_t r) const override ABSL_NO_THREAD_SAFETY_ANALYSIS {
@@ -99,6 +104,10 @@ struct EmbeddingTable::Stripe : embedding_internal::RowIds {
   const int row_floats;      // value and slots
   // The table's eviction.max_memory_mb, this stripe's share (max: none).
   const uint64_t cap_bytes;
+  // The table's epoch, read under `mu` whenever a row changes: a save that
+  // advanced it before taking `mu` sees every change made under the old
+  // one, and every later change is tagged with the new one.
+  const std::atomic<uint32_t>* const epoch;
 
   absl::Mutex mu;
   std::vector<std::unique_ptr<RowMeta[]>> meta_blocks ABSL_GUARDED_BY(mu);
@@ -127,9 +136,11 @@ struct EmbeddingTable::Stripe : embedding_internal::RowIds {
     (head == kNil ? tail : Meta(head).prev) = r;
     head = r;
   }
+  uint32_t Epoch() const { return epoch->load(std::memory_order_relaxed); }
   void Touch(uint32_t r, int64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     RowMeta& m = Meta(r);
     m.last_step = std::max(m.last_step, step);
+    m.epoch = Epoch();
     if (head != r) {
       Unlink(r);
       PushFront(r);
@@ -149,7 +160,7 @@ struct EmbeddingTable::Stripe : embedding_internal::RowIds {
   uint32_t Take(int64_t id, int64_t step, uint32_t count) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     const uint32_t r = free_head;
     free_head = Meta(r).next;
-    Meta(r) = RowMeta{id, step, count, kNil, kNil};
+    Meta(r) = RowMeta{id, step, count, kNil, kNil, Epoch()};
     const size_t capacity = index.capacity();
     index.insert(r);
     if (index.capacity() != capacity) Reconcile();  // MakeRoom keeps this rare

@@ -79,9 +79,10 @@ std::vector<Progress> ProgressLines(const std::string& log) {
   return out;
 }
 
-std::string SpecYaml(int shards, const std::string& extra) {
+std::string SpecYaml(int shards, const std::string& extra, const std::string& data = "criteo") {
   std::string yaml =
-      "name: ctr\nmodel: dlrm\ndata: {format: criteo, dir: criteo, train_file: train.tsv, test_file: test.tsv}\n"
+      "name: ctr\nmodel: dlrm\ndata: {format: criteo, dir: " + data +
+      ", train_file: train.tsv, test_file: test.tsv}\n"
       "workers: 2\nshards: " +
       std::to_string(shards) + "\nconsistency: async\nbatch_size: 64\nlog_every_steps: " + std::to_string(kLogEvery) +
       "\noptimizer: {kind: adagrad, lr: 0.02}\nembeddings:\n  tables:\n";
@@ -164,17 +165,35 @@ class CheckpointEmbeddingsTest : public ControlPlaneTest {
 
   // An open-ended job on 2 shards, checkpointed every 40 steps, cancelled
   // after its first checkpoint: its id and that checkpoint's directory.
-  // `mode`: spec lines such as "mode: allreduce\n" (hybrid).
+  // `mode`: spec lines such as "mode: allreduce\n" (hybrid). With
+  // incremental_: after the first checkpoint that many links incremental on
+  // a whole one.
   void CheckpointThenCancel(std::string* job, std::string* ck, const std::string& mode = "") {
-    *job = Submit(WriteSpec("a", SpecYaml(2, mode + "epochs: 1000\ncheckpoint_every_steps: 40\n")));
-    *ck = WaitForCheckpoint(*job, absl::Seconds(180));
-    ASSERT_FALSE(ck->empty());
+    *job = Submit(WriteSpec("a", SpecYaml(2, mode + "epochs: 1000\ncheckpoint_every_steps: 40\n" + incremental_spec(),
+                                          data_)));
+    const absl::Time deadline = absl::Now() + absl::Seconds(240);
+    do {
+      *ck = WaitForCheckpoint(*job, absl::Seconds(180));
+      ASSERT_FALSE(ck->empty());
+      auto m = ReadManifest(*ck);
+      if (m.ok() && m->embeddings_chain == incremental_) break;
+      ASSERT_LT(absl::Now(), deadline) << "no checkpoint " << incremental_ << " links from a whole one: " << *ck;
+      absl::SleepFor(absl::Milliseconds(100));
+    } while (true);
     ASSERT_EQ(Cli({"cancel", *job}).code, 0);
     WaitForState(*job, "CANCELLED", absl::Seconds(60));
   }
 
   void RestoreOntoThreeShardsAndTrainOn(const std::string& mode, const std::string& into_mode);
+  // The spec lines of incremental checkpoints (none without incremental_;
+  // checkpoint_keep 2: a later checkpoint leaves the one waited for).
+  std::string incremental_spec() const {
+    return incremental_ == 0 ? ""
+                             : "checkpoint_incremental: " + std::to_string(incremental_) + "\ncheckpoint_keep: 2\n";
+  }
   std::vector<size_t> workers_;  // indexes into pool_
+  int incremental_ = 0;
+  std::string data_ = "criteo";  // under --data_root
 };
 
 // A job of `mode` (spec lines) checkpointed on 2 shards is restored onto 3
@@ -191,11 +210,37 @@ void CheckpointEmbeddingsTest::RestoreOntoThreeShardsAndTrainOn(const std::strin
   // The dense part: each shard's table, or (hybrid) worker 0's.
   ASSERT_EQ(manifest->shards.size(), mode.empty() ? 2u : 1u);
   ASSERT_GE(manifest->step, 40);
-  std::vector<std::string> files;
-  for (const auto& f : manifest->embeddings) files.push_back(ck + "/" + f.file);
+  auto chain = EmbeddingChain(ck, *manifest);
+  ASSERT_TRUE(chain.ok()) << chain.status();
+  ASSERT_EQ(chain->size(), static_cast<size_t>(incremental_ + 1)) << "the chain back to a whole checkpoint";
+  std::vector<std::vector<std::string>> files;
+  for (const EmbeddingChainLink& link : *chain) files.push_back(link.files);
   auto saved = ReadEmbeddingRows(files);
   ASSERT_TRUE(saved.ok()) << saved.status();
   ASSERT_EQ(saved->size(), 26u);
+  if (incremental_ > 0) {
+    // Kept beside the newest two for the chain; each incremental link
+    // smaller than the whole one (the rarer ids were not all touched); the
+    // rows moved on from it.
+    auto whole = ReadManifest((*chain)[0].dir);
+    ASSERT_TRUE(whole.ok()) << whole.status();
+    auto bytes = [](const CheckpointManifest& m) {
+      uint64_t b = 0;
+      for (const auto& f : m.embeddings) b += f.bytes;
+      return b;
+    };
+    for (size_t k = 1; k < chain->size(); ++k) {
+      auto link = ReadManifest((*chain)[k].dir);
+      ASSERT_TRUE(link.ok()) << link.status();
+      std::printf("embedding checkpoint %s: %llu bytes, incremental on %s (whole: %llu bytes)\n",
+                  (*chain)[k].dir.c_str(), static_cast<unsigned long long>(bytes(*link)),
+                  link->embeddings_base.c_str(), static_cast<unsigned long long>(bytes(*whole)));
+      EXPECT_LT(bytes(*link), bytes(*whole) * 3 / 4);
+    }
+    auto base_rows = ReadEmbeddingRows({files.front()});
+    ASSERT_TRUE(base_rows.ok()) << base_rows.status();
+    EXPECT_NE(EmbeddingRowDifference(*saved, *base_rows), "");
+  }
   size_t rows = 0;
   for (const auto& [name, table] : *saved) rows += table.size();
   EXPECT_GT(rows, 26u * 20) << "the checkpoint holds the trained rows";
@@ -211,7 +256,7 @@ void CheckpointEmbeddingsTest::RestoreOntoThreeShardsAndTrainOn(const std::strin
   for (size_t w : workers_) pool_[w]->Signal(SIGSTOP);
   const int64_t max_steps = manifest->step + 300;
   const std::string spec_b =
-      WriteSpec("b", SpecYaml(3, into_mode + "epochs: 1000\nmax_steps: " + std::to_string(max_steps) + "\n"));
+      WriteSpec("b", SpecYaml(3, into_mode + "epochs: 1000\nmax_steps: " + std::to_string(max_steps) + "\n", data_));
   CliResult r = Cli({"restore", "--from", ck, "--spec", spec_b, "--output_dir", dir_ + "/out"});
   ASSERT_EQ(r.code, 0) << r.out;
   const std::string restored = r.out.substr(0, r.out.find('\n'));
@@ -245,7 +290,7 @@ void CheckpointEmbeddingsTest::RestoreOntoThreeShardsAndTrainOn(const std::strin
     probes.push_back(dir_ + "/" + name);
   }
   ASSERT_EQ(probes.size(), 3u);
-  auto loaded = ReadEmbeddingRows(probes);
+  auto loaded = ReadEmbeddingRows({probes});
   ASSERT_TRUE(loaded.ok()) << loaded.status();
   EXPECT_EQ(EmbeddingRowDifference(*saved, *loaded), "") << "the restored shards do not hold the checkpoint's rows";
 
@@ -300,6 +345,25 @@ TEST_F(CheckpointEmbeddingsTest, AHybridJobsCheckpointRestoresOntoAnotherShardCo
   RestoreOntoThreeShardsAndTrainOn("mode: allreduce\n", "mode: allreduce\n");
 }
 
+// checkpoint_incremental: 2 on data whose rarer ids a few steps do not all
+// touch. The third checkpoint is incremental on the second, itself on the
+// first (kept by retention, though checkpoint_keep is 2); a restore onto 3
+// shards holds the rows the chain reads back, and trains on.
+TEST_F(CheckpointEmbeddingsTest, AnIncrementalCheckpointsChainRestoresOntoAnotherShardCount) {
+  CriteoSynthOptions o;
+  o.train_examples = 40000;  // kBatchesPerEpoch
+  o.test_examples = 5000;
+  o.id_space.fill(50);
+  for (int f = kCriteoSparseFields / 2; f < kCriteoSparseFields; ++f) o.id_space[f] = 20000;
+  std::filesystem::create_directories(dir_ + "/data/criteo_wide");
+  auto meta =
+      WriteCriteoSynth(o, dir_ + "/data/criteo_wide/train.tsv", dir_ + "/data/criteo_wide/test.tsv", "");
+  ASSERT_TRUE(meta.ok()) << meta.status();
+  data_ = "criteo_wide";
+  incremental_ = 2;
+  RestoreOntoThreeShardsAndTrainOn("", "");
+}
+
 // Across modes: a ps job's checkpoint (dense part on the shards) restored
 // as a hybrid job (its workers load the dense part, re-cut from the
 // manifest's parameter list; the shards the rows).
@@ -326,7 +390,7 @@ TEST_F(CheckpointEmbeddingsTest, ExportWritesTheNewestCheckpointsTablesForPyTorc
   ASSERT_TRUE(manifest.ok()) << manifest.status();
   std::vector<std::string> files;
   for (const auto& f : manifest->embeddings) files.push_back(ck + "/" + f.file);
-  auto rows = ReadEmbeddingRows(files);
+  auto rows = ReadEmbeddingRows({files});
   ASSERT_TRUE(rows.ok()) << rows.status();
   std::string expected;
   for (const auto& [table, by_id] : *rows) {

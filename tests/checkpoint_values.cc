@@ -108,8 +108,8 @@ absl::StatusOr<double> TestAccuracyOf(const std::string& spec_yaml, const NamedT
   return Evaluate(**model, data->test, c10::Device(c10::kCPU), spec->precision).accuracy;
 }
 
-absl::StatusOr<EmbeddingRows> ReadEmbeddingRows(const std::vector<std::string>& files) {
-  auto tables = ReadEmbeddingFiles(files);
+absl::StatusOr<EmbeddingRows> ReadEmbeddingRows(const std::vector<std::vector<std::string>>& chain) {
+  auto tables = ReadEmbeddingFiles(chain);
   if (!tables.ok()) return tables.status();
   EmbeddingRows rows;
   for (const auto& table : *tables) {

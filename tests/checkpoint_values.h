@@ -28,10 +28,11 @@ absl::StatusOr<NamedTensors> ReadWeightsFile(const std::string& path);
 // what differs first (a name and the largest difference).
 std::string BitwiseDifference(const NamedTensors& a, const NamedTensors& b);
 
-// Every row of a set of embedding checkpoint files: table name -> id -> the
-// row's bytes (value, slots, last step, count).
+// Every row of a set of embedding checkpoint files (one checkpoint's; an
+// incremental one's after its bases', as ReadEmbeddingChain takes them):
+// table name -> id -> the row's bytes (value, slots, last step, count).
 using EmbeddingRows = std::map<std::string, std::map<int64_t, std::string>>;
-absl::StatusOr<EmbeddingRows> ReadEmbeddingRows(const std::vector<std::string>& files);
+absl::StatusOr<EmbeddingRows> ReadEmbeddingRows(const std::vector<std::vector<std::string>>& chain);
 
 // "" when `a` and `b` hold the same rows, else the first difference.
 std::string EmbeddingRowDifference(const EmbeddingRows& a, const EmbeddingRows& b);

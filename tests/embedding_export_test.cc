@@ -74,7 +74,7 @@ TEST(EmbeddingExportTest, TorchLoadsTheTablesAndEmbeddingBagPoolsThem) {
     ASSERT_TRUE(WriteEmbeddingFile(files.back(), header, {shards[s][0].get(), shards[s][1].get()}).ok());
   }
   const std::string out = ::testing::TempDir() + "/embeddings.pt";
-  ASSERT_TRUE(ExportEmbeddings(files, out).ok());
+  ASSERT_TRUE(ExportEmbeddings({files}, out).ok());
   const std::string cmd =
       "/usr/bin/python3 tests/check_embedding_export.py " + out + " " + ::testing::TempDir() + "/export_expected.txt";
   EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;

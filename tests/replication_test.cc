@@ -248,7 +248,7 @@ TEST_F(EmbeddingReplicationTest, SyncJobLosesAShardAndEndsLikeAnUninterruptedOne
     EXPECT_EQ(manifest->embeddings.size(), 2u);
     std::vector<std::string> files;
     for (const auto& f : manifest->embeddings) files.push_back(m[1].str() + "/" + f.file);
-    auto rows = ReadEmbeddingRows(files);
+    auto rows = ReadEmbeddingRows({files});
     ASSERT_TRUE(rows.ok()) << rows.status();
     size_t n = 0;
     for (const auto& [table, held] : *rows) n += held.size();

@@ -14,9 +14,9 @@
 
 namespace pstrain {
 
-absl::Status ExportEmbeddings(const std::vector<std::string>& files, const std::string& out) {
-  if (files.empty()) return absl::InvalidArgumentError("no embedding checkpoint files to export");
-  auto read = ReadEmbeddingFiles(files);
+absl::Status ExportEmbeddings(const std::vector<std::vector<std::string>>& chain, const std::string& out) {
+  if (chain.empty() || chain.back().empty()) return absl::InvalidArgumentError("no embedding checkpoint files to export");
+  auto read = ReadEmbeddingFiles(chain);
   if (!read.ok()) return read.status();
   const std::vector<std::unique_ptr<EmbeddingTable>>& tables = *read;
   std::vector<std::pair<std::string, at::Tensor>> named;

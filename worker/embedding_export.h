@@ -13,10 +13,12 @@
 
 namespace pstrain {
 
-// Reads `files` (every shard's SaveEmbeddings file of one checkpoint; they
-// must hold the same tables) and writes `out` atomically. The rows are held
-// in memory while they are written (a table PyTorch loads must fit anyway).
-absl::Status ExportEmbeddings(const std::vector<std::string>& files, const std::string& out);
+// Reads `chain` (every shard's SaveEmbeddings file of one checkpoint, after
+// those of the checkpoints it is incremental on, oldest first: embedding/
+// embedding_files.h's ReadEmbeddingChain; they must hold the same tables)
+// and writes `out` atomically. The rows are held in memory while they are
+// written (a table PyTorch loads must fit anyway).
+absl::Status ExportEmbeddings(const std::vector<std::vector<std::string>>& chain, const std::string& out);
 
 }  // namespace pstrain
 

@@ -4,6 +4,7 @@
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
+#include "spdlog/spdlog.h"
 #include "checkpoint/layout.h"
 #include "checkpoint/pause_keys.h"
 #include "common/fan_out.h"
@@ -57,6 +58,24 @@ absl::Status SaveOnWorkers(const CheckpointWrite& w, const std::string& pending,
 // The name of shard i's embedding file in a checkpoint directory.
 std::string EmbeddingFileName(size_t i) { return absl::StrCat("emb-", i, ".bin"); }
 
+// The checkpoint a new one's embedding files are incremental on: the
+// attempt's newest (CheckpointWrite::base_dir) when the spec allows one
+// more link in its chain; id 0: whole files.
+struct IncrementalBase {
+  uint64_t id = 0;
+  std::string name;  // its directory's, beside the new one
+  int chain = 0;     // its own chain's length
+};
+IncrementalBase ChooseBase(const CheckpointWrite& w) {
+  if (!w.embeddings || w.incremental <= 0 || w.base_dir.empty() || w.manifest.id == 0) return {};
+  const std::filesystem::path base(w.base_dir), dir(w.dir);
+  // Another job's directory, or the same step's (which the new one replaces).
+  if (base.parent_path() != dir.parent_path() || base.filename() == dir.filename()) return {};
+  auto m = ReadManifest(w.base_dir);
+  if (!m.ok() || m->id == 0 || m->embeddings.empty() || m->embeddings_chain >= w.incremental) return {};
+  return {m->id, base.filename().string(), m->embeddings_chain};
+}
+
 // How often SaveOnShards asks CheckpointWrite::abandon.
 constexpr absl::Duration kAbandonPoll = absl::Milliseconds(100);
 
@@ -64,7 +83,7 @@ constexpr absl::Duration kAbandonPoll = absl::Milliseconds(100);
 // dense part is worker 0's) and its embedding tables at once; the first
 // failure is returned once every call has ended, or ABORTED once
 // w.abandon gives a reason (the calls in flight cancelled).
-absl::Status SaveOnShards(const CheckpointWrite& w, const std::string& pending_name, bool dense,
+absl::Status SaveOnShards(const CheckpointWrite& w, const std::string& pending_name, bool dense, uint64_t base_id,
                           std::vector<SaveTableResponse>& saved, std::vector<SaveEmbeddingsResponse>& embeddings) {
   // This checkpoint's own clients and contexts: cancelling them touches no
   // other call to the shards.
@@ -80,6 +99,8 @@ absl::Status SaveOnShards(const CheckpointWrite& w, const std::string& pending_n
       req.set_job(w.job_id);
       req.set_attempt(w.attempt);
       req.set_path(absl::StrCat(pending_name, "/", EmbeddingFileName(i)));
+      req.set_checkpoint_id(w.manifest.id);
+      req.set_base_id(base_id);
       embedding_calls.push_back(SaveEmbeddingsAsync(
           CreateChannel(w.shards[i]), req, w.job_secret, absl::Now() + w.save_timeout, &embeddings[i],
           [&calls, i](absl::Status s) {
@@ -116,10 +137,14 @@ absl::Status SaveOnShards(const CheckpointWrite& w, const std::string& pending_n
 }
 
 // Every new shard loads every embedding file of the checkpoint (`dir`:
-// relative to the root) and keeps its rows, continuing at its step.
+// absolute) and of the checkpoints it is incremental on, and keeps its rows,
+// continuing at its step.
 absl::Status LoadEmbeddingsOnShards(const CheckpointManifest& manifest, const std::string& job_id, uint64_t attempt,
-                                    const std::string& job_secret, const std::string& dir, const JobSpec& spec,
-                                    const std::vector<std::string>& shards, absl::Duration timeout) {
+                                    const std::string& job_secret, const std::string& root, const std::string& dir,
+                                    const JobSpec& spec, const std::vector<std::string>& shards,
+                                    absl::Duration timeout) {
+  auto chain = EmbeddingChain(dir, manifest);
+  if (!chain.ok()) return chain.status();
   LoadEmbeddingsRequest req;
   InitEmbeddingsRequest& init = *req.mutable_init();
   init.set_job(job_id);
@@ -133,7 +158,10 @@ absl::Status LoadEmbeddingsOnShards(const CheckpointManifest& manifest, const st
     init.set_replicas(static_cast<uint32_t>(spec.replicas));
     for (const std::string& t : shards) init.mutable_routing()->add_targets(t);
   }
-  for (const auto& f : manifest.embeddings) req.add_paths(absl::StrCat(dir, "/", f.file));
+  for (size_t k = 0; k < chain->size(); ++k) {
+    auto* paths = k + 1 < chain->size() ? req.add_bases()->mutable_paths() : req.mutable_paths();
+    for (const std::string& f : (*chain)[k].files) paths->Add(RelativeToRoot(root, f));
+  }
   req.set_start_step(manifest.step);
   for (size_t i = 0; i < shards.size(); ++i) {
     init.set_shard_index(static_cast<uint32_t>(i));
@@ -241,24 +269,40 @@ absl::Status WriteCheckpoint(const CheckpointWrite& w, const std::string& root, 
   }
   std::vector<SaveTableResponse> saved(w.allreduce ? 0 : w.shards.size());
   std::vector<SaveEmbeddingsResponse> embeddings;
+  CheckpointManifest manifest = w.manifest;
+  const IncrementalBase base = ChooseBase(w);
   // A hybrid job (all-reduce with embeddings): worker 0 writes the dense
   // part, then the shards their rows. The workers stay paused until the
   // checkpoint ends, so both are of the same step.
   if (status.ok() && w.allreduce) status = SaveOnWorkers(w, pending, rendezvous, &saved);
   if (status.ok() && (!w.allreduce || w.embeddings)) {
-    status = SaveOnShards(w, RelativeToRoot(root, pending), /*dense=*/!w.allreduce, saved, embeddings);
+    status = SaveOnShards(w, RelativeToRoot(root, pending), /*dense=*/!w.allreduce, base.id, saved, embeddings);
   }
   std::vector<SaveTableResponse> buffers;
   if (status.ok() && w.buffers) status = SaveOnWorkers(w, pending, rendezvous, &buffers, /*buffers=*/true);
   if (status.ok()) {
-    CheckpointManifest manifest = w.manifest;
     for (size_t i = 0; i < saved.size(); ++i) {
       manifest.shards.push_back({static_cast<int>(i), absl::StrCat("shard-", i, ".bin"), saved[i].bytes(),
                                  saved[i].crc32()});
     }
+    int64_t whole = 0, unchanged = 0;
+    bool incremental = false;
     for (size_t i = 0; i < embeddings.size(); ++i) {
       manifest.embeddings.push_back(
           {static_cast<int>(i), EmbeddingFileName(i), embeddings[i].bytes(), embeddings[i].crc32()});
+      incremental |= embeddings[i].incremental();
+      whole += embeddings[i].rows();
+      unchanged += embeddings[i].unchanged_rows();
+    }
+    if (incremental) {  // else every shard wrote its rows whole: no base needed
+      manifest.embeddings_base = base.name;
+      manifest.embeddings_base_id = base.id;
+      manifest.embeddings_chain = base.chain + 1;
+    }
+    if (!embeddings.empty()) {
+      spdlog::info("coordinator: {} checkpoint {}: embeddings {} ({} rows written whole, {} by id)", w.job_id,
+                   w.dir, incremental ? absl::StrCat("incremental on ", base.name) : std::string("whole"), whole,
+                   unchanged);
     }
     if (w.buffers) manifest.buffers.push_back({0, kBuffersFile, buffers[0].bytes(), buffers[0].crc32()});
     status = WriteManifest(pending, manifest);
@@ -292,8 +336,7 @@ absl::StatusOr<CheckpointManifest> LoadCheckpoint(const std::string& job_id, uin
     if (!status.ok()) return status;
   }
   if (!spec.embeddings.empty()) {
-    status = LoadEmbeddingsOnShards(*manifest, job_id, attempt, job_secret, RelativeToRoot(root, dir), spec, shards,
-                                    timeout);
+    status = LoadEmbeddingsOnShards(*manifest, job_id, attempt, job_secret, root, dir, spec, shards, timeout);
     if (!status.ok()) return status;
   }
   return manifest;

@@ -31,6 +31,9 @@ struct CheckpointState {
   int64_t pause_id = 0;  // unique across coordinator lifetimes (NextPauseId)
   std::map<int, CheckpointManifest::Worker> paused;
   int64_t last_step = 0;  // of the newest checkpoint written or restored
+  // That checkpoint's directory, in this attempt (empty: none yet): the base
+  // of the next incremental embedding checkpoint.
+  std::string last_dir;
   // The shards load a checkpoint before the workers get to start; then
   // each worker starts at its position.
   bool restoring = false;
@@ -49,6 +52,7 @@ struct CheckpointState {
     EndPause();
     draining = false;
     restoring = false;  // a late restore result finds nothing to end
+    last_dir.clear();   // the new attempt's shards hold none of its rows
     start_positions.clear();
   }
 };
@@ -80,6 +84,12 @@ struct CheckpointWrite {
   // (SaveEmbeddings) to emb-<rank>.bin, beside its dense shard file (a
   // hybrid job, `allreduce` too: beside worker 0's).
   bool embeddings = false;
+  // checkpoint_incremental: up to this many incremental embedding
+  // checkpoints follow a whole one; each is incremental on `base_dir` (the
+  // newest checkpoint of the attempt, written or restored) when that one's
+  // chain is shorter. Shards that cannot vouch for it write whole files.
+  int incremental = 0;
+  std::string base_dir;
   // QAT: worker 0 also writes the model's buffers (its quantizers) to
   // buffers.pt, told where and answering through the rendezvous.
   bool buffers = false;

@@ -159,6 +159,7 @@ absl::StatusOr<CheckpointWrite> Coordinator::PauseForCheckpoint(const std::strin
   CheckpointWrite w;
   CheckpointManifest& manifest = w.manifest;
   manifest.job = job_id;
+  manifest.id = NewCheckpointId();
   manifest.name = s.name();
   manifest.created_unix_ms = absl::ToUnixMillis(Now());
   manifest.spec_yaml = job->stored.spec_yaml;
@@ -185,6 +186,8 @@ absl::StatusOr<CheckpointWrite> Coordinator::PauseForCheckpoint(const std::strin
   std::sort(lost.rbegin(), lost.rend());  // erased from the back
   for (int i : lost) if (i >= 0 && i < static_cast<int>(w.shards.size())) w.shards.erase(w.shards.begin() + i);
   w.embeddings = !job->spec.embeddings.empty();
+  w.incremental = job->spec.checkpoint_incremental;
+  w.base_dir = c.last_dir;
   w.buffers = buffers;
   // The job's own directory: jobs sharing an output_dir never touch each
   // other's checkpoints.
@@ -253,6 +256,7 @@ absl::StatusOr<CheckpointResponse> Coordinator::RunCheckpoint(const std::string&
   if (job != nullptr) {
     job->stored.status.set_last_checkpoint(write->dir);
     job->checkpoint.last_step = step;
+    job->checkpoint.last_dir = write->dir;
     EndCheckpoint(*job, "CheckpointSaved", absl::StrCat("step ", step, " saved in ", write->dir));
   }
   CheckpointResponse r;
@@ -306,6 +310,7 @@ void Coordinator::Restore(const std::string& job_id) {
   }
   job->checkpoint.start_positions = StartPositions(*manifest, job->spec.workers);
   job->checkpoint.last_step = manifest->step;
+  job->checkpoint.last_dir = dir;
   // The job goes on from the checkpoint: until its workers report, its
   // progress is the checkpoint's, not what a lost attempt had reached past it.
   JobStatus& st = job->stored.status;

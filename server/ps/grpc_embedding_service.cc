@@ -141,11 +141,13 @@ grpc::Status GrpcEmbeddingService::SaveEmbeddings(grpc::ServerContext* context, 
   if (!s.ok()) return ToGrpcStatus(s);
   auto path = Resolve(request.path());
   if (!path.ok()) return ToGrpcStatus(path.status());
-  auto info = store_->Save(request.job(), request.attempt(), *path);
+  auto info = store_->Save(request.job(), request.attempt(), *path, request.checkpoint_id(), request.base_id());
   if (!info.ok()) return ToGrpcStatus(info.status());
   response->set_bytes(info->bytes);
   response->set_crc32(info->crc32);
   response->set_rows(info->rows);
+  response->set_unchanged_rows(info->unchanged_rows);
+  response->set_incremental(info->incremental);
   return grpc::Status::OK;
 }
 
@@ -155,19 +157,28 @@ grpc::Status GrpcEmbeddingService::LoadEmbeddings(grpc::ServerContext* context, 
   const std::string secret = MetadataValue(*context, kJobSecretMetadata);
   absl::Status s = CoordinatorOnly(*context, "LoadEmbeddings");
   if (s.ok()) s = secrets_.Check(job, secret);
-  if (s.ok() && request.paths_size() > 4096) {
-    s = absl::InvalidArgumentError(absl::StrCat("LoadEmbeddings names ", request.paths_size(), " files; at most 4096"));
+  int files = request.paths_size();
+  for (const auto& base : request.bases()) files += base.paths_size();
+  if (s.ok() && (files > 4096 || request.bases_size() > 64)) {
+    s = absl::InvalidArgumentError(absl::StrCat("LoadEmbeddings names ", files, " files of ", request.bases_size() + 1,
+                                                " checkpoints; at most 4096 files of 65 checkpoints"));
   }
-  std::vector<std::string> paths;
-  for (const std::string& name : request.paths()) {
-    if (!s.ok()) break;
-    auto path = Resolve(name);
-    if (path.ok()) paths.push_back(*path);
-    s = path.status();
+  // The bases, oldest first, then the checkpoint itself.
+  std::vector<std::vector<std::string>> chain;
+  for (int k = 0; s.ok() && k <= request.bases_size(); ++k) {
+    chain.emplace_back();
+    for (const std::string& name : k < request.bases_size() ? request.bases(k).paths() : request.paths()) {
+      auto path = Resolve(name);
+      if (!path.ok()) {
+        s = path.status();
+        break;
+      }
+      chain.back().push_back(*path);
+    }
   }
   if (!s.ok()) return ToGrpcStatus(s);
   secrets_.BeginMake(job);
-  s = store_->Load(request.init(), paths, request.start_step());
+  s = store_->Load(request.init(), chain, request.start_step());
   secrets_.EndMake(job, s.ok(), secret);
   return ToGrpcStatus(s);
 }

@@ -190,16 +190,20 @@ absl::Status CommitCheckpoint(const std::string& pending, const std::string& dir
   }
   std::sort(all.begin(), all.end());
   const size_t kept = std::min(all.size(), static_cast<size_t>(std::max(keep, 1)));
-  // The checkpoints a kept one's embeddings are incremental on stay too.
+  // The checkpoints a kept one's embeddings are incremental on stay too;
+  // where a manifest cannot be read (even for a passing reason), nothing
+  // goes this time: a base deleted would make a kept checkpoint useless.
   std::set<std::string> needed;
-  for (size_t i = all.size() - kept; i < all.size(); ++i) {
+  bool known = true;
+  for (size_t i = all.size() - kept; i < all.size() && known; ++i) {
     auto m = ReadManifest(all[i].second.string());
     for (int depth = 0; m.ok() && !m->embeddings_base.empty() && depth <= kMaxEmbeddingChain; ++depth) {
       if (!needed.insert(m->embeddings_base).second) break;
       m = ReadManifest(absl::StrCat(parent, "/", m->embeddings_base));
     }
+    known = m.ok();
   }
-  for (size_t i = 0; i + kept < all.size(); ++i) {
+  for (size_t i = 0; known && i + kept < all.size(); ++i) {
     if (needed.count(all[i].second.filename().string()) == 0) std::filesystem::remove_all(all[i].second, ec);
   }
   return absl::OkStatus();

@@ -21,35 +21,6 @@ TEST(CheckpointLayoutTest, EachJobHasItsOwnDirectory) {
   EXPECT_EQ(PendingCheckpointDir("/d/ckpt-5"), "/d/ckpt-5.tmp");
 }
 
-// A commit renames the pending directory whole and keeps the newest `keep`
-// checkpoints of the job -- never another job's, never one in progress.
-TEST(CheckpointLayoutTest, CommitRenamesWholeAndKeepsOnlyTheNewestOfThisJob) {
-  const std::string out = ::testing::TempDir() + "/layout";
-  std::filesystem::remove_all(out);
-  const std::string job = JobDir(out, "job-1"), other = JobDir(out, "job-2");
-  for (int64_t step : {100, 200}) std::filesystem::create_directories(CheckpointDir(other, step));
-  std::filesystem::create_directories(PendingCheckpointDir(CheckpointDir(job, 999)));  // in progress elsewhere
-  for (int64_t step : {10, 20, 30, 40}) {
-    const std::string dir = CheckpointDir(job, step);
-    const std::string pending = PendingCheckpointDir(dir);
-    std::filesystem::create_directories(pending);
-    ASSERT_TRUE(WriteFileAtomically(pending + "/manifest.json", "{}").ok());
-    ASSERT_TRUE(CommitCheckpoint(pending, dir, /*keep=*/2).ok());
-    EXPECT_TRUE(std::filesystem::exists(dir + "/manifest.json"));
-    EXPECT_FALSE(std::filesystem::exists(pending));
-  }
-  EXPECT_FALSE(std::filesystem::exists(CheckpointDir(job, 10)));
-  EXPECT_FALSE(std::filesystem::exists(CheckpointDir(job, 20)));
-  EXPECT_TRUE(std::filesystem::exists(CheckpointDir(job, 30)));
-  EXPECT_TRUE(std::filesystem::exists(CheckpointDir(job, 40)));
-  EXPECT_TRUE(std::filesystem::exists(PendingCheckpointDir(CheckpointDir(job, 999))));
-  EXPECT_TRUE(std::filesystem::exists(CheckpointDir(other, 100)));  // another job's: untouched
-  EXPECT_TRUE(std::filesystem::exists(CheckpointDir(other, 200)));
-  // A pending directory that is missing is an error naming it, not a throw.
-  absl::Status s = CommitCheckpoint(out + "/nope.tmp", CheckpointDir(job, 50), 2);
-  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
-}
-
 // A checkpoint directory with a manifest that says `created` (to tell the
 // old one from the new).
 void WriteCheckpointDir(const std::string& dir, int64_t created) {
@@ -64,6 +35,34 @@ void WriteCheckpointDir(const std::string& dir, int64_t created) {
   m.params.push_back({"w", {2}, DT_FLOAT32});
   m.shards.push_back({0, "shard-0.bin", 10, 0});
   ASSERT_TRUE(WriteManifest(dir, m).ok());
+}
+
+// A commit renames the pending directory whole and keeps the newest `keep`
+// checkpoints of the job -- never another job's, never one in progress.
+TEST(CheckpointLayoutTest, CommitRenamesWholeAndKeepsOnlyTheNewestOfThisJob) {
+  const std::string out = ::testing::TempDir() + "/layout";
+  std::filesystem::remove_all(out);
+  const std::string job = JobDir(out, "job-1"), other = JobDir(out, "job-2");
+  for (int64_t step : {100, 200}) std::filesystem::create_directories(CheckpointDir(other, step));
+  std::filesystem::create_directories(PendingCheckpointDir(CheckpointDir(job, 999)));  // in progress elsewhere
+  for (int64_t step : {10, 20, 30, 40}) {
+    const std::string dir = CheckpointDir(job, step);
+    const std::string pending = PendingCheckpointDir(dir);
+    WriteCheckpointDir(pending, step);
+    ASSERT_TRUE(CommitCheckpoint(pending, dir, /*keep=*/2).ok());
+    EXPECT_TRUE(std::filesystem::exists(dir + "/manifest.json"));
+    EXPECT_FALSE(std::filesystem::exists(pending));
+  }
+  EXPECT_FALSE(std::filesystem::exists(CheckpointDir(job, 10)));
+  EXPECT_FALSE(std::filesystem::exists(CheckpointDir(job, 20)));
+  EXPECT_TRUE(std::filesystem::exists(CheckpointDir(job, 30)));
+  EXPECT_TRUE(std::filesystem::exists(CheckpointDir(job, 40)));
+  EXPECT_TRUE(std::filesystem::exists(PendingCheckpointDir(CheckpointDir(job, 999))));
+  EXPECT_TRUE(std::filesystem::exists(CheckpointDir(other, 100)));  // another job's: untouched
+  EXPECT_TRUE(std::filesystem::exists(CheckpointDir(other, 200)));
+  // A pending directory that is missing is an error naming it, not a throw.
+  absl::Status s = CommitCheckpoint(out + "/nope.tmp", CheckpointDir(job, 50), 2);
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
 }
 
 std::set<std::string> Names(const std::string& dir) {
@@ -170,6 +169,13 @@ TEST(CheckpointLayoutTest, RetentionKeepsTheBasesOfAKeptCheckpoint) {
   EXPECT_EQ(Names(job), (std::set<std::string>{"ckpt-10", "ckpt-20", "ckpt-30"}));
   commit(40, "");
   EXPECT_EQ(Names(job), (std::set<std::string>{"ckpt-40"}));
+  // A kept checkpoint whose manifest cannot be read: its bases are not
+  // known, so nothing goes.
+  commit(50, "ckpt-40");
+  commit(60, "ckpt-50");
+  std::filesystem::remove(CheckpointDir(job, 50) + "/manifest.json");
+  commit(70, "ckpt-60");
+  EXPECT_EQ(Names(job), (std::set<std::string>{"ckpt-40", "ckpt-50", "ckpt-60", "ckpt-70"}));
 }
 
 TEST(CheckpointLayoutTest, RestoreRequestNamesTheFilesRelativeToTheStoresRoot) {

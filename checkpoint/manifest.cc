@@ -183,7 +183,9 @@ absl::StatusOr<std::vector<EmbeddingChainLink>> EmbeddingChain(const std::string
     chain.insert(chain.begin(), std::move(link));
   };
   add(dir, manifest);
-  const std::string parent = std::filesystem::path(dir).parent_path().string();
+  std::string parent = dir;  // ".../ckpt-30" or ".../ckpt-30/"
+  while (parent.size() > 1 && parent.back() == '/') parent.pop_back();
+  parent = std::filesystem::path(parent).parent_path().string();
   CheckpointManifest m = manifest;
   while (!m.embeddings_base.empty()) {
     // ReadManifest checked the name: a sibling ckpt-<step>.

@@ -258,8 +258,17 @@ absl::Status CheckTables(const std::string& path, const EmbeddingFileHeader& hea
   return absl::OkStatus();
 }
 
+// What a read of a file does with its entries. kAll: rows written whole
+// are put back, ids of unchanged rows mark theirs (one missing is
+// DATA_LOSS). A link of a chain is read twice: kMarkIds marks the row of
+// every id the file names (whole or not; an unchanged one missing is
+// DATA_LOSS) and puts nothing back, kPutRows puts back the rows written
+// whole and skips the ids.
+enum class ReadMode { kAll, kMarkIds, kPutRows };
+
 absl::Status ReadRows(const std::string& path, Reader& r, const EmbeddingFileHeader& head,
-                      const std::vector<EmbeddingTable*>& tables, const std::function<bool(size_t, int64_t)>& keep) {
+                      const std::vector<EmbeddingTable*>& tables, const std::function<bool(size_t, int64_t)>& keep,
+                      ReadMode mode) {
   std::vector<float> row;
   for (;;) {
     uint32_t t = 0, n = 0;
@@ -273,7 +282,7 @@ absl::Status ReadRows(const std::string& path, Reader& r, const EmbeddingFileHea
       for (uint32_t i = 0; i < n; ++i) {
         int64_t id = 0;
         if (!r.Read(&id, sizeof(id))) return Corrupt(path, "cut short");
-        if (!keep(t, id) || table.MarkRow(id)) continue;
+        if (mode == ReadMode::kPutRows || !keep(t, id) || table.MarkRow(id)) continue;
         return Corrupt(path, absl::StrCat("row ", id, " of table '", table.config().name(),
                                           "' is unchanged since checkpoint ", head.base_id(),
                                           ", whose rows do not hold it (read the checkpoint it is incremental on "
@@ -289,6 +298,10 @@ absl::Status ReadRows(const std::string& path, Reader& r, const EmbeddingFileHea
         return Corrupt(path, "cut short");
       }
       if (!keep(t, v.id)) continue;
+      if (mode == ReadMode::kMarkIds) {
+        table.MarkRow(v.id);  // an older value, replaced by the second read
+        continue;
+      }
       v.value = row.data();
       v.slots = row.data() + table.dim();
       absl::Status s = table.InsertRow(v);
@@ -297,10 +310,13 @@ absl::Status ReadRows(const std::string& path, Reader& r, const EmbeddingFileHea
   }
 }
 
-}  // namespace
-
-absl::Status ReadEmbeddingFile(const std::string& path, const std::vector<EmbeddingTable*>& tables,
-                               const std::function<bool(size_t table, int64_t id)>& keep, EmbeddingFileHeader* header) {
+// ReadEmbeddingFile's work, in `mode`. `accept` (may be null) judges the
+// header this open read before any row is: a file swapped under the reader
+// cannot pass one header's checks and give another's rows.
+absl::Status ReadFile(const std::string& path, const std::vector<EmbeddingTable*>& tables,
+                      const std::function<bool(size_t, int64_t)>& keep, ReadMode mode,
+                      const std::function<absl::Status(const EmbeddingFileHeader&)>& accept,
+                      EmbeddingFileHeader* header) {
   auto opened = OpenRegular(path);
   if (!opened.ok()) return opened.status();
   const int fd = *opened;
@@ -308,10 +324,11 @@ absl::Status ReadEmbeddingFile(const std::string& path, const std::vector<Embedd
   EmbeddingFileHeader head;
   absl::Status s = [&]() -> absl::Status {
     absl::Status c = ReadHeader(path, r, &head);
+    if (c.ok() && accept) c = accept(head);
     if (!c.ok()) return c;
     c = CheckTables(path, head, tables);
     if (!c.ok()) return c;
-    c = ReadRows(path, r, head, tables, keep);
+    c = ReadRows(path, r, head, tables, keep, mode);
     if (!c.ok()) return c;
     const uint32_t want = r.crc();
     uint32_t crc = 0;
@@ -322,6 +339,16 @@ absl::Status ReadEmbeddingFile(const std::string& path, const std::vector<Embedd
   }();
   ::close(fd);
   if (s.ok() && r.error() != 0) s = ErrnoToStatus(r.error(), "reading", path);
+  *header = std::move(head);
+  return s;
+}
+
+}  // namespace
+
+absl::Status ReadEmbeddingFile(const std::string& path, const std::vector<EmbeddingTable*>& tables,
+                               const std::function<bool(size_t table, int64_t id)>& keep, EmbeddingFileHeader* header) {
+  EmbeddingFileHeader head;
+  absl::Status s = ReadFile(path, tables, keep, ReadMode::kAll, nullptr, &head);
   if (s.ok() && header != nullptr) *header = std::move(head);
   return s;
 }
@@ -341,33 +368,44 @@ absl::StatusOr<uint64_t> ReadEmbeddingChain(const std::vector<std::vector<std::s
                                             const std::vector<EmbeddingTable*>& tables,
                                             const std::function<bool(size_t table, int64_t id)>& keep) {
   uint64_t previous = 0;  // the id of the checkpoint read before
+  // Each file's header, as the open that reads its rows read it: of one
+  // checkpoint per link, and incremental only on the link before.
+  uint64_t id = 0;
+  auto check = [&](size_t k, size_t f, const std::string& path, const EmbeddingFileHeader& head) -> absl::Status {
+    if (f > 0 && head.checkpoint_id() != id) {
+      return Corrupt(path, absl::StrCat("belongs to checkpoint ", head.checkpoint_id(), ", the files beside it to ", id,
+                                        ": files of two checkpoints given as one"));
+    }
+    id = head.checkpoint_id();
+    if (head.base_id() != 0 && (k == 0 || head.base_id() != previous)) {
+      return Corrupt(path, absl::StrCat("is incremental on checkpoint ", head.base_id(), ", but ",
+                                        k == 0 ? std::string("no checkpoint was read before it")
+                                               : absl::StrCat("the one read before it is ", previous),
+                                        " (its base is gone or was replaced)"));
+    }
+    return absl::OkStatus();
+  };
   for (size_t k = 0; k < chain.size(); ++k) {
     if (chain[k].empty()) return absl::InvalidArgumentError(absl::StrCat("checkpoint ", k, " of a chain has no files"));
-    // This checkpoint's rows, put back or named, get a new epoch; the rows
-    // left with an older one are those it no longer holds.
-    std::vector<uint32_t> epochs;
-    for (EmbeddingTable* t : tables) epochs.push_back(t->NextEpoch());
-    uint64_t id = 0;
-    for (size_t f = 0; f < chain[k].size(); ++f) {
-      const std::string& path = chain[k][f];
-      auto head = ReadEmbeddingFileHeader(path);
-      if (!head.ok()) return head.status();
-      if (f > 0 && head->checkpoint_id() != id) {
-        return Corrupt(path, absl::StrCat("belongs to checkpoint ", head->checkpoint_id(), ", the files beside it to ",
-                                          id, ": files of two checkpoints given as one"));
-      }
-      id = head->checkpoint_id();
-      if (head->base_id() != 0 && (k == 0 || head->base_id() != previous)) {
-        return Corrupt(path, absl::StrCat("is incremental on checkpoint ", head->base_id(), ", but ",
-                                          k == 0 ? std::string("no checkpoint was read before it")
-                                                 : absl::StrCat("the one read before it is ", previous),
-                                          " (its base is gone or was replaced)"));
-      }
-      absl::Status s = ReadEmbeddingFile(path, tables, keep, nullptr);
-      if (!s.ok()) return s;
-    }
+    EmbeddingFileHeader head;
     if (k > 0) {
+      // First the rows this checkpoint names (every file's ids) keep their
+      // place and the rest go, then its rows written whole are put back:
+      // the tables never hold more rows than its shards did, so a table
+      // at its memory cap evicts none of them.
+      std::vector<uint32_t> epochs;
+      for (EmbeddingTable* t : tables) epochs.push_back(t->NextEpoch());
+      for (size_t f = 0; f < chain[k].size(); ++f) {
+        absl::Status s = ReadFile(chain[k][f], tables, keep, ReadMode::kMarkIds,
+                                  [&](const EmbeddingFileHeader& h) { return check(k, f, chain[k][f], h); }, &head);
+        if (!s.ok()) return s;
+      }
       for (size_t t = 0; t < tables.size(); ++t) tables[t]->DropRowsBefore(epochs[t]);
+    }
+    for (size_t f = 0; f < chain[k].size(); ++f) {
+      absl::Status s = ReadFile(chain[k][f], tables, keep, k > 0 ? ReadMode::kPutRows : ReadMode::kAll,
+                                [&](const EmbeddingFileHeader& h) { return check(k, f, chain[k][f], h); }, &head);
+      if (!s.ok()) return s;
     }
     previous = id;
   }
@@ -381,7 +419,9 @@ absl::StatusOr<std::vector<std::unique_ptr<EmbeddingTable>>> ReadEmbeddingFiles(
   if (!header.ok()) return header.status();
   std::vector<std::unique_ptr<EmbeddingTable>> tables;
   std::vector<EmbeddingTable*> targets;
-  for (const EmbeddingTableConfig& config : header->tables()) {
+  for (EmbeddingTableConfig config : header->tables()) {
+    // Every shard's rows in one table: no shard's memory cap applies.
+    config.mutable_eviction()->set_max_memory_mb(0);
     auto table = EmbeddingTable::Create(config, /*budget=*/nullptr);
     if (!table.ok()) return table.status();
     targets.push_back(table->get());

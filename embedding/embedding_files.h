@@ -65,10 +65,12 @@ absl::Status ReadEmbeddingFile(const std::string& path, const std::vector<Embedd
 
 // Reads a checkpoint and the checkpoints it is incremental on: chain[0] is
 // a full checkpoint's files (every shard's), each later element the files
-// of one incremental on the one before it, the newest last. Later rows
-// replace earlier ones, and after each checkpoint the rows it does not name
-// are dropped (evicted meanwhile), so the tables end as the newest
-// checkpoint's shards held them. DATA_LOSS where the chain does not hold
+// of one incremental on the one before it, the newest last. Each later
+// checkpoint's files are read twice: first the rows they name (by id or
+// whole) are kept and the others dropped (evicted meanwhile), then their
+// rows written whole replace the older ones. The tables end as the newest
+// checkpoint's shards held them, and never hold more rows than those did
+// at one of the checkpoints: a table at its eviction cap drops none. DATA_LOSS where the chain does not hold
 // together (a file incremental on another checkpoint than the one before
 // it, files of two checkpoints in one element). Returns the newest
 // checkpoint's id (0: its files record none).

@@ -229,6 +229,49 @@ TEST(EmbeddingFilesTest, AnIncrementalChainReadsBackAsTheTableIsNow) {
   EXPECT_NE(s.message().find("unchanged since checkpoint 1"), std::string::npos) << s;
 }
 
+// A table at its eviction cap (LRU), restored from a whole checkpoint and
+// an incremental one into a table of the same cap: the rows the newest
+// names are all there (read in one pass, its new rows would have evicted
+// the older rows it names by id).
+TEST(EmbeddingFilesTest, AChainRestoresATableAtItsMemoryCap) {
+  EmbeddingTableConfig c = Config();
+  c.mutable_eviction()->set_max_memory_mb(1);
+  auto make = [&c] { return std::move(*EmbeddingTable::Create(c, nullptr, 8)); };
+  auto t = make();
+  auto train = [&t](int64_t from, int64_t to, int64_t step) {
+    std::vector<int64_t> ids;
+    for (int64_t i = from; i < to; ++i) ids.push_back(i * 0x9e3779b97f4aLL);
+    std::vector<float> out(ids.size() * 4), g(ids.size() * 4, 0.25f);
+    ASSERT_TRUE(t->Lookup(ids, step, out.data()).ok());
+    ASSERT_TRUE(t->Update(ids, g.data(), step, 1.0).ok());
+  };
+  auto header = [&c](uint64_t id, uint64_t base) {
+    EmbeddingFileHeader h;
+    h.set_job("ctr");
+    *h.add_tables() = c;
+    h.set_checkpoint_id(id);
+    h.set_base_id(base);
+    return h;
+  };
+  train(0, 30000, 1);
+  ASSERT_GT(t->Stats().evicted_lru, 0) << "the table is at its cap";
+  const std::string whole = Dir() + "/capped-1.emb", next = Dir() + "/capped-2.emb";
+  const uint32_t e1 = t->NextEpoch();
+  ASSERT_TRUE(WriteEmbeddingFile(whole, header(1, 0), {t.get()}).ok());
+  train(29000, 30000, 2);  // the newest rows, updated
+  train(40000, 44000, 2);  // new rows, evicting the oldest
+  t->NextEpoch();
+  auto info = WriteEmbeddingFile(next, header(2, 1), {t.get()}, {e1});
+  ASSERT_TRUE(info.ok()) << info.status();
+  ASSERT_GT(info->unchanged_rows, 0);
+  auto back = make();
+  auto read = ReadEmbeddingChain({{whole}, {next}}, {back.get()}, [](size_t, int64_t) { return true; });
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(back->Stats().rows, t->Stats().rows);
+  EXPECT_TRUE(RowsOf(*back) == RowsOf(*t));
+  EXPECT_EQ(back->Stats().evicted_lru, 0);
+}
+
 TEST(EmbeddingFilesTest, FilesCutShortAlteredOrOfOtherTablesAreRefused) {
   auto a = Make();
   Fill(*a, 200);

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <map>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "common/weights_file.h"
@@ -204,6 +205,41 @@ TEST(PipelineTrainer, ATorchScriptModuleIsCutBetweenTheStagesItNames) {
               absl::string_view::npos)
         << r.status();
   }
+}
+
+// A stage of a module that names its stages shares the module object; once
+// cut, it lets go of the other stages' parameters (the rank then holds its
+// stage's alone) and still computes what it did.
+TEST(PipelineTrainer, AStageOfANamedStagesModuleHoldsOnlyItsParameters) {
+  auto whole = CreateModel(kNamedStagesNet, {1, 28, 28}, 10, 1, TestModelsRoot());
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  ASSERT_EQ((*whole)->LayerCount(), 3);
+  auto stage = (*whole)->Layers(1, 2);
+  ASSERT_TRUE(stage.ok()) << stage.status();
+  int64_t all = 0, own = 0;
+  for (const auto& [name, t] : (*whole)->NamedParameters()) all += t.numel();
+  std::set<std::string> names;
+  for (const auto& [name, t] : (*stage)->NamedParameters()) {
+    names.insert(name);
+    own += t.numel();
+  }
+  ASSERT_LT(own, all);
+  auto first = (*whole)->Layers(0, 1);
+  ASSERT_TRUE(first.ok()) << first.status();
+  const at::Tensor h = (*first)->Forward(at::randn({4, 1, 28, 28})).detach();
+  const at::Tensor before = (*stage)->Forward(h).detach();
+  (*stage)->ReleaseUnused();
+  int64_t held = 0;
+  std::set<std::string> left;
+  for (const auto& [name, t] : (*whole)->NamedParameters()) {  // the shared module's trainable ones
+    left.insert(name);
+    held += t.numel();
+  }
+  EXPECT_EQ(left, names);
+  EXPECT_EQ(held, own);
+  EXPECT_TRUE(at::equal((*stage)->Forward(h), before));
+  std::printf("stage 1 of %s: %lld of %lld parameters held\n", kNamedStagesNet, static_cast<long long>(held),
+              static_cast<long long>(all));
 }
 
 // Hybrid: 2 replicas of a 2-stage pipeline, each stage's replicas

@@ -59,6 +59,12 @@ class Model {
   // that (an nn.Sequential): CreatePipelineStageModel checks it on a batch.
   virtual int LayerCount() { return 0; }
   virtual absl::StatusOr<std::unique_ptr<Model>> Layers(int begin, int end);
+  // A stage, once the model it was cut from is no longer needed: lets go of
+  // what it holds but does not use, so that a rank holds its stage alone.
+  // (A stage of a module that names its stages shares the module object:
+  // the other stages' trainable parameters are replaced there by empty
+  // tensors, which the model cut from it then sees too.)
+  virtual void ReleaseUnused() {}
 };
 
 // `input_shape` is one example's shape, e.g. {1, 28, 28} or {F}.

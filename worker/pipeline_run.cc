@@ -210,7 +210,9 @@ absl::StatusOr<std::unique_ptr<Model>> CreatePipelineStageModel(const TrainerOpt
   spdlog::info("rank {}: stage {} of {}: layers {}..{} of {}'s {} (balanced by {}: {})", options.rank, s,
                spec.pipeline.stages, (*cut)[s], (*cut)[s + 1] - 1, spec.model, costs.size(), spec.pipeline.balance,
                absl::StrJoin(costs, " "));
-  return source->make((*cut)[s], (*cut)[s + 1]);
+  auto stage = source->make((*cut)[s], (*cut)[s + 1]);
+  if (stage.ok()) (*stage)->ReleaseUnused();  // the whole model goes with `source`
+  return stage;
 }
 
 absl::StatusOr<std::vector<ParameterSpec>> PipelineModelSpecs(const TrainerOptions& options, const Dataset& train) {

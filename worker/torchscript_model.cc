@@ -59,8 +59,29 @@ class TorchScriptStages : public Model {
   }
   std::vector<std::pair<std::string, at::Tensor>> NamedParameters() override { return parameters_; }
   void SetTraining(bool training) override { module_.train(training); }
-  // The whole module, every stage's parameters included (moved in place).
+  // The module in place: this stage's parameters, the frozen ones and the
+  // buffers (after ReleaseUnused; before it, every stage's).
   void To(const c10::Device& device) override { module_.to(device); }
+  // The other stages' trainable parameters, which this stage's methods do
+  // not read (StageParameterNames checked it), become empty tensors in
+  // their submodules: their storage goes once nothing else holds it.
+  void ReleaseUnused() override {
+    std::set<std::string> mine;
+    for (const auto& [name, t] : parameters_) mine.insert(name);
+    std::vector<std::string> others;
+    for (const auto& p : module_.named_parameters(/*recurse=*/true)) {
+      if (p.value.requires_grad() && mine.count(p.name) == 0) others.push_back(p.name);
+    }
+    for (const std::string& name : others) {
+      torch::jit::Module owner = module_;
+      size_t from = 0;
+      for (size_t dot = name.find('.'); dot != std::string::npos; dot = name.find('.', from = dot + 1)) {
+        owner = owner.attr(name.substr(from, dot - from)).toModule();
+      }
+      const at::Tensor old = owner.attr(name.substr(from)).toTensor();
+      owner.register_parameter(name.substr(from), at::empty({0}, old.options()), /*is_buffer=*/false);
+    }
+  }
 
  private:
   torch::jit::Module module_;  // shares its parameters with the whole model's

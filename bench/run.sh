@@ -35,6 +35,11 @@
 #                                  (2 shards, 2 workers, async; hybrid) vs PyTorch
 #                                  EmbeddingBag(sparse=True), one process and DDP
 #                                  (gloo); then 100x the ids (bench/embeddings.sh)
+#   bench/run.sh embckpt [REPS]    a shard's embedding table (2M rows, dim 16, Adagrad)
+#                                  checkpointed incrementally after 1%, 10% and 50% of
+#                                  its rows trained, vs saving it whole at that point:
+#                                  bytes, seconds to save and to restore (the chain vs
+#                                  the whole file), medians of REPS
 #   bench/run.sh quantize          int8 exports (docs/quantization.md): an MLP and a
 #                                  LeNet trained by pstrain local (fp32, and QAT),
 #                                  exported dynamic, static and from QAT by
@@ -801,6 +806,12 @@ quantize_spec() {  # quantize_spec MODEL qat|fp32 -> a spec file: 1 worker, 1 sh
   echo "$f"
 }
 
+embckpt() {
+  bazel build //bench:embedding_checkpoint_bench >&2
+  "$BIN/bench/embedding_checkpoint_bench" --dir="$WORK/embckpt" --reps="${1:-3}" \
+    --rows="${EMBCKPT_ROWS:-2000000}"
+}
+
 quantize() {
   log "building"
   bazel build //client:pstrain //quantize:pstrain-quantize >&2
@@ -842,6 +853,7 @@ case "${1:-}" in
   commhosts) shift; commhosts "$@" ;;
   allreduce) shift; allreduce "$@" ;;
   quantize) shift; quantize "$@" ;;
+  embckpt) shift; embckpt "$@" ;;
   pipeline) shift; pipeline "$@" ;;
   *) echo "usage: bench/run.sh pushpull|replication|train|comm|commhosts|allreduce|gpu|elastic|telemetry|embeddings|quantize|pipeline [REPS]" >&2; exit 2 ;;
 esac

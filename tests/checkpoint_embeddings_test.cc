@@ -93,6 +93,38 @@ std::string SpecYaml(int shards, const std::string& extra, const std::string& da
   return yaml + extra;
 }
 
+// An incremental checkpoint's chain (the newest last; `files` as
+// ReadEmbeddingRows takes them, `saved` their rows): kept beside the newest
+// two by retention; the newest smaller than its rows written whole (the
+// rarer ids were not all touched); the rows moved on from the whole one.
+void ExpectIncrementalChain(const std::vector<EmbeddingChainLink>& chain, const CheckpointManifest& manifest,
+                            const EmbeddingRows& saved, const std::vector<std::vector<std::string>>& files) {
+  auto whole = ReadManifest(chain[0].dir);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  auto bytes = [](const CheckpointManifest& m) {
+    uint64_t b = 0;
+    for (const auto& f : m.embeddings) b += f.bytes;
+    return b;
+  };
+  size_t held = 0;
+  for (const auto& [name, table] : saved) held += table.size();
+  // A row written whole: id, last step, count, value and Adagrad slots.
+  const uint64_t whole_row = 8 + 8 + 4 + 2 * kDim * sizeof(float);
+  for (size_t k = 1; k < chain.size(); ++k) {
+    auto link = ReadManifest(chain[k].dir);
+    ASSERT_TRUE(link.ok()) << link.status();
+    std::printf("embedding checkpoint %s: %llu bytes, incremental on %s (the whole one: %llu bytes)\n",
+                chain[k].dir.c_str(), static_cast<unsigned long long>(bytes(*link)),
+                link->embeddings_base.c_str(), static_cast<unsigned long long>(bytes(*whole)));
+  }
+  std::printf("the newest holds %zu rows: %llu bytes whole\n", held,
+              static_cast<unsigned long long>(held * whole_row));
+  EXPECT_LT(bytes(manifest), held * whole_row * 3 / 4) << "the newest wrote most of its rows whole";
+  auto base_rows = ReadEmbeddingRows({files.front()});
+  ASSERT_TRUE(base_rows.ok()) << base_rows.status();
+  EXPECT_NE(EmbeddingRowDifference(saved, *base_rows), "");
+}
+
 class CheckpointEmbeddingsTest : public ControlPlaneTest {
  protected:
   void SetUp() override {
@@ -220,33 +252,7 @@ void CheckpointEmbeddingsTest::RestoreOntoThreeShardsAndTrainOn(const std::strin
   ASSERT_TRUE(saved.ok()) << saved.status();
   ASSERT_EQ(saved->size(), 26u);
   if (incremental_ > 0) {
-    // Kept beside the newest two for the chain; each incremental link
-    // smaller than the whole one (the rarer ids were not all touched); the
-    // rows moved on from it.
-    auto whole = ReadManifest((*chain)[0].dir);
-    ASSERT_TRUE(whole.ok()) << whole.status();
-    auto bytes = [](const CheckpointManifest& m) {
-      uint64_t b = 0;
-      for (const auto& f : m.embeddings) b += f.bytes;
-      return b;
-    };
-    size_t held = 0;
-    for (const auto& [name, table] : *saved) held += table.size();
-    // A row written whole: id, last step, count, value and Adagrad slots.
-    const uint64_t whole_row = 8 + 8 + 4 + 2 * kDim * sizeof(float);
-    for (size_t k = 1; k < chain->size(); ++k) {
-      auto link = ReadManifest((*chain)[k].dir);
-      ASSERT_TRUE(link.ok()) << link.status();
-      std::printf("embedding checkpoint %s: %llu bytes, incremental on %s (the whole one: %llu bytes)\n",
-                  (*chain)[k].dir.c_str(), static_cast<unsigned long long>(bytes(*link)),
-                  link->embeddings_base.c_str(), static_cast<unsigned long long>(bytes(*whole)));
-    }
-    std::printf("the newest holds %zu rows: %llu bytes whole\n", held,
-                static_cast<unsigned long long>(held * whole_row));
-    EXPECT_LT(bytes(*manifest), held * whole_row * 3 / 4) << "the newest wrote most of its rows whole";
-    auto base_rows = ReadEmbeddingRows({files.front()});
-    ASSERT_TRUE(base_rows.ok()) << base_rows.status();
-    EXPECT_NE(EmbeddingRowDifference(*saved, *base_rows), "");
+    ASSERT_NO_FATAL_FAILURE(ExpectIncrementalChain(*chain, *manifest, *saved, files));
   }
   size_t rows = 0;
   for (const auto& [name, table] : *saved) rows += table.size();

@@ -16,6 +16,16 @@ namespace {
 // The workers that write part of a checkpoint: all-reduce worker 0 holds
 // the model (a pipelined job: worker s holds stage s); QAT's worker 0 its
 // buffers.
+// The shards that write a checkpoint, by rank: those not declared lost
+// (replicated shards: a lost one's chunks are saved by their new primaries).
+std::vector<std::string> SavingShards(const JobStatus& s) {
+  std::vector<std::string> shards = ShardAddresses(s);
+  std::vector<int> lost(s.lost_shards().begin(), s.lost_shards().end());
+  std::sort(lost.rbegin(), lost.rend());  // erased from the back
+  for (int i : lost) if (i >= 0 && i < static_cast<int>(shards.size())) shards.erase(shards.begin() + i);
+  return shards;
+}
+
 int CheckpointWriters(const JobSpec& spec) {
   if (spec.allreduce() && spec.pipeline.enabled()) return spec.pipeline.stages;
   return spec.allreduce() || spec.quantization.qat() ? 1 : 0;
@@ -180,11 +190,7 @@ absl::StatusOr<CheckpointWrite> Coordinator::PauseForCheckpoint(const std::strin
   w.pause_id = c.pause_id;
   w.allreduce = allreduce;
   w.stages = allreduce && job->spec.pipeline.enabled() ? job->spec.pipeline.stages : 1;
-  w.shards = ShardAddresses(s);
-  // Replicated shards: a lost one's chunks are saved by their new primaries.
-  std::vector<int> lost(s.lost_shards().begin(), s.lost_shards().end());
-  std::sort(lost.rbegin(), lost.rend());  // erased from the back
-  for (int i : lost) if (i >= 0 && i < static_cast<int>(w.shards.size())) w.shards.erase(w.shards.begin() + i);
+  w.shards = SavingShards(s);
   w.embeddings = !job->spec.embeddings.empty();
   w.incremental = job->spec.checkpoint_incremental;
   w.base_dir = c.last_dir;

@@ -258,13 +258,22 @@ absl::Status CheckEmbeddingJob(const JobSpec& spec, const MappingReader& r) {
   }
   if (criteo && spec.data.train_file.empty()) return r.Error("data.train_file", "is needed for format criteo");
   if (!embeddings) return absl::OkStatus();
-  // ASYNC and SSP: the shards wait for no vacant rank (SSP's bound counts
-  // the active ones), so a lost one's rank may stay vacant until a spare
-  // takes it over. SYNC would wait for it.
-  if (spec.min_workers < spec.workers && (spec.allreduce() || spec.consistency == SYNC)) {
-    return r.Error("min_workers", "must equal workers with embeddings, unless the job is a ps job with "
-                                  "consistency: async or ssp (a lost worker's rank would hold every sync step: "
-                                  "covering it is not built yet; a lost worker restarts such a job)");
+  // ps: the shards wait for no vacant rank (ASYNC), count the active ones
+  // (SSP's bound), or complete a step with the active ones, which cover
+  // the vacant ranks' batches (SYNC), so a lost one's rank may stay vacant
+  // until a spare takes it over. All-reduce cannot shrink its group.
+  if (spec.min_workers < spec.workers && spec.allreduce()) {
+    return r.Error("min_workers", "must equal workers with embeddings in allreduce mode (hybrid: a collective "
+                                  "group cannot shrink; a lost worker restarts the job)");
+  }
+  if (spec.min_workers < spec.workers && spec.consistency == SYNC && spec.replicas > 0) {
+    return r.Error("min_workers", "must equal workers in a sync job with embeddings and replicas (covering a "
+                                  "lost worker's batches is not built for replicated rows yet)");
+  }
+  if (spec.min_workers < spec.workers && spec.consistency == SYNC && spec.clip_grad_norm > 0) {
+    return r.Error("min_workers", "must equal workers in a sync job with embeddings and clip_grad_norm (a worker "
+                                  "covering a lost one's batch would have to clip each batch on its own: not "
+                                  "built yet)");
   }
   return absl::OkStatus();
 }

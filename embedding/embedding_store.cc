@@ -314,7 +314,7 @@ absl::Status EmbeddingStore::Lookup(const EmbeddingLookupRequest& request, absl:
       std::vector<uint32_t> late;
       for (uint32_t r = 0; r < job.applied.size(); ++r) {
         if (job.init.consistency() == SYNC
-                ? job.pending_ranks[r] == 0
+                ? job.active[r] && job.pending_ranks[r] == 0
                 : r != request.rank() && job.active[r] &&
                       job.applied[r] < request.step() - static_cast<int64_t>(job.init.staleness())) {
           late.push_back(r);
@@ -357,6 +357,13 @@ absl::Status EmbeddingStore::Update(const EmbeddingUpdateRequest& request) {
       return Invalid(job.name, absl::StrCat("a gradient for table '", table.config().name(),
                                             "' has NaN or Inf; nothing was applied"));
     }
+  }
+  if ((request.extra_batches() > 0 || request.empty()) && job.init.consistency() != SYNC) {
+    return Invalid(job.name, "extra_batches and empty are for SYNC steps (covering vacant ranks)");
+  }
+  if (request.extra_batches() >= job.init.num_workers()) {
+    return Invalid(job.name, absl::StrCat("extra_batches ", request.extra_batches(), " of ",
+                                          job.init.num_workers(), " ranks"));
   }
   int64_t forwarded = 0;  // replicated: the forward every live backup must hold before the answer
   if (job.init.consistency() == SYNC) {
@@ -407,84 +414,6 @@ absl::Status EmbeddingStore::Update(const EmbeddingUpdateRequest& request) {
     for (auto& table : job.tables) table->EvictExpired(request.step());
   }
   return absl::OkStatus();
-}
-
-absl::Status EmbeddingStore::AddSync(Job& job, const EmbeddingUpdateRequest& request, const std::vector<int>& tables,
-                                     const std::vector<std::vector<int64_t>>& ids, int64_t* forwarded) {
-  absl::MutexLock lock(&job.mu);
-  if (job.gone) return absl::AbortedError(absl::StrCat("job '", Quote(job.name), "''s embeddings were dropped"));
-  if (request.step() < job.steps || job.pending_ranks[request.rank()]) return absl::OkStatus();  // a retry
-  if (request.step() > job.steps) {
-    return absl::FailedPreconditionError(absl::StrCat("rank ", request.rank(), " sent step ", request.step(),
-                                                      " of job '", Quote(job.name), "' while this shard is at step ",
-                                                      job.steps, ": SYNC ranks train the same step"));
-  }
-  // The worst case first (every id new), charged before anything grows.
-  uint64_t worst = 0;
-  for (size_t t = 0; t < tables.size(); ++t) {
-    worst += ids[t].size() * (job.tables[tables[t]]->dim() * sizeof(float) + sizeof(int64_t) + 40);
-  }
-  if (options_.budget != nullptr && !options_.budget->TryReserve(worst)) {
-    return absl::ResourceExhaustedError(absl::StrCat("step ", request.step(), " of job '", Quote(job.name), "' needs ",
-                                                     worst,
-                                                     " bytes to sum its embedding gradients; "
-                                                     "the shard has no more (pstrain-ps --max_memory_mb)"));
-  }
-  job.pending_bytes += worst;
-  for (size_t t = 0; t < tables.size(); ++t) {
-    const EmbeddingTable& table = *job.tables[tables[t]];
-    const int dim = table.dim();
-    Pending& p = job.pending[tables[t]];
-    const float* g = reinterpret_cast<const float*>(request.grads(t).data());
-    for (size_t i = 0; i < ids[t].size(); ++i, g += dim) {
-      if (!Finite(g, dim)) {  // NONFINITE_SKIP: this rank's gradient of this row only
-        ++job.nonfinite_dropped;
-        continue;
-      }
-      auto [it, fresh] = p.index.emplace(ids[t][i], static_cast<uint32_t>(p.ids.size()));
-      if (fresh) {
-        p.ids.push_back(ids[t][i]);
-        p.sums.insert(p.sums.end(), g, g + dim);
-      } else {
-        float* acc = p.sums.data() + static_cast<size_t>(it->second) * dim;
-        for (int j = 0; j < dim; ++j) acc[j] += g[j];
-      }
-    }
-  }
-  job.pending_ranks[request.rank()] = 1;
-  if (std::find(job.pending_ranks.begin(), job.pending_ranks.end(), 0) != job.pending_ranks.end()) {
-    return absl::OkStatus();
-  }
-  // Every rank's gradients are in: apply their mean, once.
-  const double scale = 1.0 / job.init.num_workers();
-  absl::Status s;
-  std::vector<int> all;
-  std::vector<std::vector<int64_t>> changed;
-  for (size_t t = 0; t < job.tables.size(); ++t) {
-    Pending& p = job.pending[t];
-    if (!p.ids.empty()) {
-      absl::Status u = job.tables[t]->Update(p.ids, p.sums.data(), job.steps + 1, scale, job.replica != nullptr);
-      if (s.ok()) s = u;
-    }
-    all.push_back(static_cast<int>(t));
-    changed.push_back(std::move(p.ids));
-    p = Pending();
-  }
-  if (options_.budget != nullptr) options_.budget->Release(job.pending_bytes);
-  job.pending_bytes = 0;
-  std::fill(job.pending_ranks.begin(), job.pending_ranks.end(), 0);
-  job.max_step = job.steps;
-  ++job.steps;
-  for (auto& table : job.tables) table->EvictExpired(job.max_step);
-  if (job.replica == nullptr) {
-    job.released = job.steps;
-  } else {  // released once every live backup holds the step (AwaitForwarded)
-    EmbeddingForward f;
-    f.set_steps(job.steps);
-    *forwarded = QueueForward(job, all, changed, std::move(f));
-  }
-  job.changed.SignalAll();
-  return s;
 }
 
 }  // namespace pstrain

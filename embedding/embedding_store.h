@@ -167,11 +167,17 @@ class EmbeddingStore {
   static void ApplyRouting(Job& job, const Routing& routing);
   static absl::Status ParseTables(const Job& job, const google::protobuf::RepeatedPtrField<EmbeddingIds>& in,
                                   std::vector<int>* tables, std::vector<std::vector<int64_t>>* ids);
-  // SYNC: adds one rank's gradients to the step's sums; the last rank's
-  // applies them.
-  // Replicated: *forwarded = the seq of the step's forward (the last rank's).
+  // SYNC (embedding_store_sync.cc): adds one rank's arrival (its gradients,
+  // summing 1 + extra_batches batches, or none: empty) to the step's sums,
+  // then CompleteSync. Replicated: *forwarded = the seq of the step's
+  // forward (the completing arrival's).
   absl::Status AddSync(Job& job, const EmbeddingUpdateRequest& request, const std::vector<int>& tables,
                        const std::vector<std::vector<int64_t>>& ids, int64_t* forwarded);
+  // Once every active rank has arrived (one at least), applies the step's
+  // sums over the arrivals' batches and releases the step (job.mu held):
+  // also when SetWorkers makes a rank that had not arrived vacant. The
+  // error is an update's; OK when the step is not complete yet.
+  absl::Status CompleteSync(Job& job, int64_t* forwarded);
 
   const EmbeddingStoreOptions options_;
   std::atomic<size_t> waiters_{0};

@@ -111,6 +111,7 @@ struct EmbeddingStore::Job {
   int64_t released ABSL_GUARDED_BY(mu) = 0;
   std::vector<embedding_internal::Pending> pending ABSL_GUARDED_BY(mu);
   std::vector<char> pending_ranks ABSL_GUARDED_BY(mu);
+  uint32_t pending_batches ABSL_GUARDED_BY(mu) = 0;  // the arrivals' batches
   uint64_t pending_bytes ABSL_GUARDED_BY(mu) = 0;
   int64_t max_step ABSL_GUARDED_BY(mu) = 0;  // for TTL eviction
   // Checkpoints of this slot's rows that this shard wrote (leading it) or

@@ -323,6 +323,7 @@ absl::Status EmbeddingStore::SetWorkers(const SetWorkersRequest& request) {
     }
   }
   bool held = false;
+  absl::Status completed;  // a step SetWorkers completed: its update's error
   for (const auto& job : slots) {
     absl::MutexLock lock(&job->mu);
     if (request.attempt() != job->init.attempt()) continue;
@@ -330,9 +331,17 @@ absl::Status EmbeddingStore::SetWorkers(const SetWorkersRequest& request) {
     if (job->replica != nullptr && request.has_routing()) ApplyRouting(*job, request.routing());
     if (request.seats_size() != static_cast<int>(job->active.size())) continue;
     for (int r = 0; r < request.seats_size(); ++r) job->active[r] = request.seats(r).active() ? 1 : 0;
+    // SYNC: a step that waited only for ranks now vacant completes (an
+    // unreplicated slot: a replicated one's step goes out with its forward,
+    // which a worker's call sends; covering is refused with replicas).
+    if (job->init.consistency() == SYNC && job->replica == nullptr) {
+      int64_t unused = 0;
+      absl::Status s = CompleteSync(*job, &unused);
+      if (completed.ok()) completed = s;
+    }
     job->changed.SignalAll();
   }
-  if (held) return absl::OkStatus();
+  if (held) return completed;
   return absl::FailedPreconditionError(absl::StrCat("job '", Quote(request.job()), "' attempt ", request.attempt(),
                                                     " has no embedding tables on this shard"));
 }

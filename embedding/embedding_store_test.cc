@@ -218,6 +218,48 @@ TEST(EmbeddingStoreTest, SspWaitsOnlyForActiveRanks) {
   ASSERT_TRUE(store.Lookup(LookupOf(0, 3, {1}), Soon(), &r).ok());
 }
 
+// SYNC with a rank lost: SetWorkers completes the step that waited only for
+// it (the mean over the batches that arrived); then a rank covering its
+// batch sends the sum of two (extra_batches 1), a replacement whose batch
+// was covered an empty arrival, and each step moves the rows by the mean
+// over every batch of the step.
+TEST(EmbeddingStoreTest, SyncCompletesWithTheActiveRanksOverTheirBatches) {
+  EmbeddingStore store({});
+  CreateJob(store, SYNC, 3);
+  ASSERT_EQ(Read(store, {1}), std::vector<float>(2, 0.0f));
+  ASSERT_TRUE(store.Update(UpdateOf(0, 0, {1}, {3, 3})).ok());
+  ASSERT_TRUE(store.Update(UpdateOf(1, 0, {1}, {6, 6})).ok());
+  EXPECT_TRUE(Held(store, 0, 1));  // rank 2 is lost before its step 0
+  SetWorkersRequest seats;
+  seats.set_job("ctr");
+  seats.set_attempt(1);
+  for (bool active : {true, true, false}) seats.add_seats()->set_active(active);
+  ASSERT_TRUE(store.SetWorkers(seats).ok());
+  EXPECT_EQ(Read(store, {1}, 1), std::vector<float>(2, -4.5f));  // (3 + 6) / 2
+  EmbeddingUpdateRequest covering = UpdateOf(0, 1, {1}, {3, 3});
+  covering.set_extra_batches(1);
+  ASSERT_TRUE(store.Update(covering).ok());
+  ASSERT_TRUE(store.Update(UpdateOf(1, 1, {1}, {3, 3})).ok());
+  EXPECT_EQ(Read(store, {1}, 2), std::vector<float>(2, -6.5f));  // (3 + 3) / 3 batches
+  seats.mutable_seats(2)->set_active(true);  // a spare takes rank 2 over at step 2
+  ASSERT_TRUE(store.SetWorkers(seats).ok());
+  EmbeddingUpdateRequest empty = UpdateOf(2, 2, {}, {});
+  empty.set_empty(true);
+  ASSERT_TRUE(store.Update(empty).ok());
+  covering = UpdateOf(0, 2, {1}, {2, 2});
+  covering.set_extra_batches(1);
+  ASSERT_TRUE(store.Update(covering).ok());
+  EXPECT_TRUE(Held(store, 0, 3));  // rank 1 still owes step 2
+  ASSERT_TRUE(store.Update(UpdateOf(1, 2, {1}, {1, 1})).ok());
+  EXPECT_EQ(Read(store, {1}, 3), std::vector<float>(2, -7.5f));  // (2 + 1) / 3
+  covering.set_extra_batches(3);  // more batches than ranks
+  EXPECT_EQ(store.Update(covering).code(), absl::StatusCode::kInvalidArgument);
+  EmbeddingStore async({});
+  CreateJob(async, ASYNC, 3);
+  covering.set_extra_batches(1);
+  EXPECT_EQ(async.Update(covering).code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(EmbeddingStoreTest, HostileRequestsChangeNothing) {
   EmbeddingStore store({});
   CreateJob(store, ASYNC, 1);

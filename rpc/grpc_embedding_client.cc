@@ -312,7 +312,8 @@ absl::Status GrpcEmbeddingClient::Lookup(int64_t step, const std::vector<std::ve
 }
 
 absl::Status GrpcEmbeddingClient::Update(int64_t step, const std::vector<std::vector<int64_t>>& ids,
-                                         const std::vector<const float*>& grads) {
+                                         const std::vector<const float*>& grads, uint32_t extra_batches,
+                                         bool empty) {
   if (ids.size() != tables_.size() || grads.size() != tables_.size()) {
     return absl::InvalidArgumentError("one id list and one gradient block per embedding table");
   }
@@ -325,6 +326,8 @@ absl::Status GrpcEmbeddingClient::Update(int64_t step, const std::vector<std::ve
     slots.push_back(s);
     EmbeddingUpdateRequest& r = requests[s];
     Fill(options_, step, tables_, ids, at[s], &r);
+    r.set_extra_batches(extra_batches);
+    r.set_empty(empty);
     for (size_t t = 0; t < ids.size(); ++t) {
       const size_t row_bytes = tables_[t].dim() * sizeof(float);
       std::string* g = r.add_grads();

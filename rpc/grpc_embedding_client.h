@@ -77,8 +77,10 @@ class GrpcEmbeddingClient {
                       std::vector<std::vector<float>>* rows,
                       EmbeddingLookupKind kind = EmbeddingLookupKind::kTrain);
   // grads[t]: one gradient row (dim floats) per id of ids[t].
+  // `extra_batches` and `empty`: SYNC, covering vacant ranks
+  // (EmbeddingUpdateRequest's fields).
   absl::Status Update(int64_t step, const std::vector<std::vector<int64_t>>& ids,
-                      const std::vector<const float*>& grads);
+                      const std::vector<const float*>& grads, uint32_t extra_batches = 0, bool empty = false);
 
   size_t num_shards() const { return stubs_.size(); }
   int dim(size_t table) const { return static_cast<int>(tables_[table].dim()); }

@@ -410,17 +410,6 @@ TEST(CtrTrainerRefusalTest, RefusesWhatItDoesNotDo) {
   };
   const std::vector<std::pair<std::string, std::function<void(TrainerOptions&)>>> cases = {
       {"allreduce without a collective", [](TrainerOptions& o) { o.spec.mode = TrainMode::kAllReduce; }},
-      {"vacant ranks under sync",
-       [](TrainerOptions& o) {
-         o.spec.workers = 2;
-         o.spec.min_workers = 1;
-         o.spec.consistency = SYNC;
-       }},
-      {"a rejoin under sync",
-       [](TrainerOptions& o) {
-         o.spec.consistency = SYNC;
-         o.rejoin_step = 5;
-       }},
       {"fp16", [](TrainerOptions& o) { o.spec.precision = Precision::kFp16; }},
       {"loss scaling", [](TrainerOptions& o) { o.loss_scaling = LossScalerOptions{}; }},
       {"spec and rows disagree", [](TrainerOptions& o) { o.spec.embeddings.tables[3].set_dim(kDim * 2); }},

@@ -280,4 +280,46 @@ absl::Status CriteoReader::ReadBatch(int64_t max_examples, CriteoBatch* batch) {
   return error_;
 }
 
+absl::StatusOr<int64_t> CriteoReader::ReadRanks(int64_t per_rank, const std::vector<int>& ranks,
+                                                const std::vector<CriteoBatch*>& out) {
+  for (CriteoBatch* b : out) b->Clear();
+  if (!error_.ok()) return error_;
+  if (per_rank < 1 || ranks.size() != out.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("a read of ", per_rank, " examples of ", ranks.size(),
+                                                   " ranks into ", out.size(), " batches"));
+  }
+  // Where example i goes: the batch of rank i % world, if it is listed.
+  std::vector<CriteoBatch*> of_rank(static_cast<size_t>(options_.world), nullptr);
+  for (size_t k = 0; k < ranks.size(); ++k) {
+    if (ranks[k] < 0 || ranks[k] >= options_.world) {
+      return absl::InvalidArgumentError(absl::StrCat("rank ", ranks[k], " of ", options_.world));
+    }
+    of_rank[static_cast<size_t>(ranks[k])] = out[k];
+  }
+  int64_t read = 0;
+  for (int64_t left = per_rank * options_.world; left > 0;) {
+    absl::string_view line;
+    absl::StatusOr<bool> got = NextLine(&line);
+    if (!got.ok()) {
+      error_ = got.status();
+      break;
+    }
+    if (!*got) break;
+    if (line.empty()) continue;
+    --left;
+    ++read;
+    CriteoBatch* into = of_rank[static_cast<size_t>(example_index_++ % options_.world)];
+    if (into == nullptr) continue;
+    if (absl::Status s = ParseCriteoLine(line, options_.parse, into); !s.ok()) {
+      error_ = LineError(s.message());
+      break;
+    }
+  }
+  if (!error_.ok()) {
+    for (CriteoBatch* b : out) b->Clear();
+    return error_;
+  }
+  return read;
+}
+
 }  // namespace pstrain

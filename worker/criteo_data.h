@@ -108,6 +108,17 @@ class CriteoReader {
   // is final: later calls return it again.
   absl::Status ReadBatch(int64_t max_examples, CriteoBatch* batch);
 
+  // Reads the next per_rank * world examples (fewer only at the end of the
+  // file) and parses those of ranks[k] into *out[k] (cleared first): each
+  // listed rank's next per_rank examples, as its own reader's ReadBatch
+  // would give them, and the others' lines passed over unparsed. A worker
+  // covering vacant ranks reads its batch and theirs in one pass; every
+  // read of a file must then be a ReadRanks (ReadBatch stops within a
+  // window). Returns how many examples (of every rank) it read. An error
+  // is final as for ReadBatch.
+  absl::StatusOr<int64_t> ReadRanks(int64_t per_rank, const std::vector<int>& ranks,
+                                    const std::vector<CriteoBatch*>& out);
+
   // Reads the rest of the file without parsing it and returns how many
   // examples (non-empty lines) of every rank it held: on a new reader, the
   // file's examples. After it, ReadBatch returns no more. An error is final

@@ -200,6 +200,40 @@ TEST(CriteoReaderTest, RanksSplitTheFileByExample) {
   EXPECT_EQ(CriteoReader::Open(TempPath("ranks.tsv"), bad).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// ReadRanks: a window of the file per call, each listed rank's examples as
+// its own reader's batches would hold them; the others passed over.
+TEST(CriteoReaderTest, ReadRanksGivesEachListedRankItsOwnBatch) {
+  std::string text;
+  for (int i = 0; i < 20; ++i) absl::StrAppend(&text, Line(0, i), "\n", i == 4 ? "\n" : "");
+  WritePlain(TempPath("windows.tsv"), text);
+  CriteoReaderOptions options;
+  options.rank = 0;
+  options.world = 3;
+  auto reader = CriteoReader::Open(TempPath("windows.tsv"), options);
+  ASSERT_TRUE(reader.ok());
+  CriteoBatch own, other;
+  // Window 1 (examples 0..5): rank 0's and rank 2's two each.
+  EXPECT_EQ(*(*reader)->ReadRanks(2, {0, 2}, {&own, &other}), 6);
+  auto ids = [](const CriteoBatch& b) {
+    std::vector<int64_t> out;
+    for (int64_t k = 0; k < b.size(); ++k) out.push_back(b.sparse_ids[0][k] / 100);
+    return out;
+  };
+  EXPECT_EQ(ids(own), (std::vector<int64_t>{0, 3}));
+  EXPECT_EQ(ids(other), (std::vector<int64_t>{2, 5}));
+  // Window 2 (6..11), skipped: nothing parsed; window 3 (12..17): rank 1.
+  ASSERT_TRUE((*reader)->ReadRanks(2, {}, {}).ok());
+  ASSERT_TRUE((*reader)->ReadRanks(2, {1}, {&other}).ok());
+  EXPECT_EQ(ids(other), (std::vector<int64_t>{13, 16}));
+  // The end of the file: a short window, then none.
+  EXPECT_EQ(*(*reader)->ReadRanks(2, {0, 1}, {&own, &other}), 2);
+  EXPECT_EQ(ids(own), (std::vector<int64_t>{18}));
+  EXPECT_EQ(ids(other), (std::vector<int64_t>{19}));
+  ASSERT_TRUE((*reader)->ReadRanks(2, {0}, {&own}).ok());
+  EXPECT_EQ(own.size(), 0);
+  EXPECT_EQ((*reader)->ReadRanks(2, {3}, {&own}).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(CriteoReaderTest, ErrorsNameFileAndLine) {
   const std::string path = TempPath("bad.tsv");
   std::string third = Line(0, 2);

@@ -21,12 +21,14 @@
 #include "worker/activity.h"
 #include "worker/binary_metrics.h"
 #include "worker/criteo_data.h"
+#include "worker/ctr_batches.h"
 #include "worker/data_root.h"
 #include "worker/device.h"
 #include "worker/ctr_model.h"
 #include "worker/dlrm_model.h"
 #include "worker/exchange_setup.h"
 #include "worker/progress_window.h"
+#include "worker/sampler.h"
 #include "worker/trainer_events.h"
 
 namespace pstrain {
@@ -50,15 +52,16 @@ absl::Status CheckSupported(const TrainerOptions& options, const EmbeddingRows* 
   if (spec.allreduce() != (options.collective != nullptr)) {
     return absl::InvalidArgumentError("a job with embeddings: mode allreduce needs the workers' collective, and only it does");
   }
-  // ASYNC and SSP ps: a lost rank may stay vacant, and a spare take it over.
-  const bool elastic = !spec.allreduce() && spec.consistency != SYNC;
+  // ps: a lost rank may stay vacant (SYNC: the others cover its batches),
+  // and a spare take it over.
+  const bool elastic = !spec.allreduce();
   if (!elastic && spec.min_workers >= 0 && spec.min_workers < spec.workers) {
-    return refuse("min_workers below workers under sync or all-reduce");
+    return refuse("min_workers below workers in all-reduce mode");
   }
   if (spec.precision == Precision::kFp16 || options.loss_scaling.has_value()) return refuse("loss scaling (fp16)");
   if (spec.clip_grad_norm > 0 && spec.allreduce()) return refuse("clip_grad_norm in mode allreduce (hybrid)");
   if (!elastic && options.rejoin_step >= 0) {
-    return refuse("taking over a lost worker's rank mid-run (rejoin) under sync or all-reduce");
+    return refuse("taking over a lost worker's rank mid-run (rejoin) in all-reduce mode");
   }
   if (spec.data.format != "criteo" || spec.data.train_file.empty()) {
     return absl::InvalidArgumentError("a job with embeddings reads data of format criteo with a train_file");
@@ -104,11 +107,14 @@ class CtrTrainer {
   // as data.train_examples declares them). ASYNC ranks train their whole
   // share (examples_per_epoch_ = -1).
   absl::Status CountExamples();
-  // One optimizer step over micro[0..n) (accumulate_steps micro-batches,
-  // fewer at the end of an epoch): each one's loss, weighted by its share of
-  // the step's examples, goes through backward; the dense gradients add up
-  // in place and the rows' in SparseEmbeddings::Stash; one exchange.
-  absl::Status Step(int epoch, const std::vector<CriteoBatch>& micro, size_t n);
+  // One optimizer step over the step's batches (each of accumulate_steps
+  // micro-batches, fewer at the end of an epoch; SYNC ps: this rank's and
+  // the vacant ranks' it covers): each micro-batch's loss, weighted by its
+  // share of its batch's examples, goes through backward, so that the
+  // gradients are the sum of the batches' means; the dense ones add up in
+  // place and the rows' in SparseEmbeddings::Stash; one exchange, which
+  // says how many batches it sums (none: an empty arrival).
+  absl::Status Step(int epoch, const CtrStep& batches);
   // clip_grad_norm (ps mode: this worker's gradient, as the dense trainer
   // clips each rank's) over the whole model: the dense parameters'
   // gradients and the rows' (one per unique row, summed over its
@@ -121,9 +127,6 @@ class CtrTrainer {
   // the last one the shards applied for it): the epoch and the batch of the
   // rank's share it continues at, its share's batches counted.
   absl::Status PlaceRejoin(int64_t batch_size, int* epoch, int64_t* epoch_step);
-  // Resuming: the first batches of the rank's share this epoch, which it
-  // trained before the checkpoint, read and dropped.
-  absl::Status SkipTrained(CriteoReader& reader, int64_t batches, int64_t batch_size, CriteoBatch* scratch);
   // Before step step_, the epoch_step'th of `epoch`: a checkpoint may pause
   // the rank here (TrainerOptions::at_step_boundary).
   void AtStepBoundary(int epoch, int64_t epoch_step);
@@ -215,7 +218,7 @@ absl::Status CtrTrainer::CountExamples() {
   return absl::OkStatus();
 }
 
-absl::Status CtrTrainer::Step(int epoch, const std::vector<CriteoBatch>& micro, size_t n) {
+absl::Status CtrTrainer::Step(int epoch, const CtrStep& batches) {
   const auto step_start = Clock::now();
   for (auto& p : params_) {
     if (p.grad().defined()) p.mutable_grad().reset();
@@ -227,49 +230,62 @@ absl::Status CtrTrainer::Step(int epoch, const std::vector<CriteoBatch>& micro, 
     exchange.Abandon();
     return absl::Status(s.code(), absl::StrCat("step ", step_, ": ", s.message()));
   };
-  int64_t examples = 0;
-  for (size_t j = 0; j < n; ++j) examples += micro[j].size();
-  at::Tensor loss;  // the mean over the step's examples
+  const size_t trained = batches.batches.size(), n = batches.micro;
+  const int64_t examples = batches.examples();
+  at::Tensor loss;  // the sum of the batches' mean losses
   try {
-    for (size_t j = 0; j < n; ++j) {
-      const CriteoBatch& batch = micro[j];
-      activity_.Enter(WorkerActivity::SHARDS, step_);  // the embedding rows' lookup
-      std::vector<at::Tensor> pooled;
-      absl::Status s = embeddings_->Forward(step_, batch, &pooled);
-      if (!s.ok()) return fail(s);
-      activity_.Enter(WorkerActivity::COMPUTE, step_);
-      auto logits = model_->Forward(FromVector(batch.dense, {batch.size(), kCriteoDenseFields}), pooled);
-      if (!logits.ok()) return fail(logits.status());
-      auto l = DlrmLoss(*logits, FromVector(batch.labels, {batch.size()}));
-      if (!l.ok()) return fail(l.status());
-      at::Tensor weighted = n == 1 ? *l : l->mul(static_cast<double>(batch.size()) / examples);
-      weighted.backward();
-      loss = j == 0 ? weighted.detach() : loss.add(weighted.detach());
-      if (n > 1 && !(s = embeddings_->Stash()).ok()) return fail(s);
+    for (const std::vector<CriteoBatch>& micro : batches.batches) {
+      int64_t in_batch = 0;
+      for (size_t j = 0; j < n; ++j) in_batch += micro[j].size();
+      for (size_t j = 0; j < n; ++j) {
+        const CriteoBatch& batch = micro[j];
+        activity_.Enter(WorkerActivity::SHARDS, step_);  // the embedding rows' lookup
+        std::vector<at::Tensor> pooled;
+        absl::Status s = embeddings_->Forward(step_, batch, &pooled);
+        if (!s.ok()) return fail(s);
+        activity_.Enter(WorkerActivity::COMPUTE, step_);
+        auto logits = model_->Forward(FromVector(batch.dense, {batch.size(), kCriteoDenseFields}), pooled);
+        if (!logits.ok()) return fail(logits.status());
+        auto l = DlrmLoss(*logits, FromVector(batch.labels, {batch.size()}));
+        if (!l.ok()) return fail(l.status());
+        at::Tensor weighted = n == 1 ? *l : l->mul(static_cast<double>(batch.size()) / in_batch);
+        weighted.backward();
+        loss = loss.defined() ? loss.add(weighted.detach()) : weighted.detach();
+        if (n * trained > 1 && !(s = embeddings_->Stash()).ok()) return fail(s);
+      }
     }
   } catch (const c10::Error& e) {
     return fail(absl::InternalError(e.what_without_backtrace()));
   }
   double rows_scale = 1.0, grad_norm = -1;
   try {
-    if (spec_.clip_grad_norm > 0) grad_norm = ClipGradients(&rows_scale);
+    if (spec_.clip_grad_norm > 0 && trained > 0) grad_norm = ClipGradients(&rows_scale);
   } catch (const c10::Error& e) {
     return fail(absl::InternalError(e.what_without_backtrace()));
   }
   const auto compute_end = Clock::now();
   // Every parameter, zeros where backward left none (the shards expect
-  // every chunk).
+  // every chunk). SYNC ps: the batches the gradients sum.
+  const bool empty = trained == 0;
+  const uint32_t extra = empty ? 0 : static_cast<uint32_t>(trained - 1);
+  exchange.SetStepBatches(extra, empty);
+  rows_->SetStepBatches(extra, empty);
   for (size_t i = 0; i < params_.size(); ++i) {
     const at::Tensor g = params_[i].grad();
     exchange.Offer(i, g.defined() ? g : at::zeros_like(params_[i]));
   }
   activity_.Enter(WorkerActivity::SHARDS, step_);
   absl::Status s = exchange.Finish();
-  if (s.ok()) s = embeddings_->Backward(step_, rows_scale);
+  if (s.ok() && !empty) s = embeddings_->Backward(step_, rows_scale);
+  if (s.ok() && empty) {  // an arrival with no batch: the shards count it
+    s = rows_->Update(step_, std::vector<std::vector<int64_t>>(rows_->num_tables()),
+                      std::vector<const float*>(rows_->num_tables(), nullptr));
+  }
   if (!s.ok()) return absl::Status(s.code(), absl::StrCat("step ", step_, ": ", s.message()));
   const auto now = Clock::now();
-  progress_->Add({step_ + 1, DeferredScalar(loss), examples, Seconds(step_start, now), Seconds(compute_end, now),
-                  /*data_seconds=*/0, lr, grad_norm});
+  if (trained > 1) loss = loss / static_cast<double>(trained);
+  progress_->Add({step_ + 1, loss.defined() ? DeferredScalar(loss) : DeferredScalar(), examples,
+                  Seconds(step_start, now), Seconds(compute_end, now), /*data_seconds=*/0, lr, grad_norm});
   ++step_;
   result_.samples += examples;
   return absl::OkStatus();
@@ -313,18 +329,6 @@ absl::Status CtrTrainer::PlaceRejoin(int64_t batch_size, int* epoch, int64_t* ep
   *epoch_step = step_ - static_cast<int64_t>(*epoch) * per_epoch;
   spdlog::info("rank {}: taking over at step {}: epoch {}, batch {} of {}", options_.rank, step_, *epoch,
                *epoch_step, per_epoch);
-  return absl::OkStatus();
-}
-
-absl::Status CtrTrainer::SkipTrained(CriteoReader& reader, int64_t batches, int64_t batch_size, CriteoBatch* scratch) {
-  activity_.Enter(WorkerActivity::DATA, step_);
-  for (int64_t i = 0; i < batches; ++i) {
-    if (options_.stop != nullptr && options_.stop->load()) {
-      return absl::CancelledError(absl::StrCat("job cancelled at step ", step_));
-    }
-    absl::Status s = reader.ReadBatch(batch_size, scratch);
-    if (!s.ok() || scratch->size() == 0) return s;  // a share ending early: the epoch is over
-  }
   return absl::OkStatus();
 }
 
@@ -436,46 +440,41 @@ absl::StatusOr<TrainResult> CtrTrainer::Run() {
     if (!s.ok()) return s;
     epoch = start_epoch;
   }
-  std::vector<CriteoBatch> micro(static_cast<size_t>(accumulate));
+  // SYNC ps: the batches of vacant ranks are covered by the others, read in
+  // windows of the file (every rank's reads aligned).
+  const bool windows = spec_.consistency == SYNC && !spec_.allreduce();
+  CtrStep batches;
   for (; epoch < spec_.epochs && step_ < max_steps; ++epoch) {
-    auto reader = Open(spec_.data.train_file, options_.rank, options_.world_size);
-    if (!reader.ok()) return reader.status();
+    auto file = Open(spec_.data.train_file, options_.rank, options_.world_size);
+    if (!file.ok()) return file.status();
+    CtrBatchOptions bo;
+    bo.rank = options_.rank;
+    bo.world = options_.world_size;
+    bo.batch_size = batch_size;
+    bo.accumulate = accumulate;
+    bo.examples_per_epoch = examples_per_epoch_;
+    bo.windows = windows;
+    bo.file = spec_.data.train_file;
+    bo.declared = spec_.data.train_examples > 0;
+    CtrBatchReader reader(*std::move(file), bo);
     int64_t epoch_step = epoch == start_epoch ? start_epoch_step : 0;
-    s = SkipTrained(**reader, epoch_step * accumulate, batch_size, &micro[0]);
-    if (!s.ok()) return s;
-    // Counted examples (SYNC, SSP, all-reduce): what is left of this rank's
-    // part of the epoch after the batches skipped.
-    int64_t left =
-        examples_per_epoch_ >= 0 ? examples_per_epoch_ - epoch_step * accumulate * batch_size : INT64_MAX;
-    bool ended = false;
-    while (step_ < max_steps && left > 0 && !ended) {
+    activity_.Enter(WorkerActivity::DATA, step_);
+    if (s = reader.Skip(epoch_step, options_.stop); !s.ok()) return s;
+    while (step_ < max_steps) {
       if (options_.stop != nullptr && options_.stop->load()) {
         return absl::CancelledError(absl::StrCat("job cancelled at step ", step_));
       }
       activity_.Enter(WorkerActivity::DATA, step_);
-      size_t n = 0;
-      for (; n < micro.size() && left > 0; ++n) {
-        s = (*reader)->ReadBatch(std::min(batch_size, left), &micro[n]);
-        if (!s.ok()) return s;
-        if (micro[n].size() == 0 && examples_per_epoch_ >= 0) {
-          // The other ranks would wait for this one's steps.
-          return absl::FailedPreconditionError(absl::StrCat(
-              "train file ", spec_.data.train_file, " ended ", left, " examples short of this rank's ",
-              examples_per_epoch_, " per epoch (", spec_.data.train_examples > 0 ? "data.train_examples" : "counted",
-              ": ", examples_per_epoch_ * options_.world_size, " examples in all); did the file change?"));
-        }
-        if (micro[n].size() == 0) {
-          ended = true;
-          break;
-        }
-        left -= micro[n].size();
-      }
-      if (n == 0) break;
+      StepBatches assigned;
+      if (windows) assigned = AssignBatches(exchange_.exchange->VacantRanks(), options_.rank, options_.world_size);
+      absl::StatusOr<bool> more = reader.Next(assigned, &batches);
+      if (!more.ok()) return more.status();
+      if (!*more) break;
       AtStepBoundary(epoch, epoch_step++);
       if (options_.stop != nullptr && options_.stop->load()) {
         return absl::CancelledError(absl::StrCat("job cancelled at step ", step_));
       }
-      s = Step(epoch, micro, n);
+      s = Step(epoch, batches);
       if (!s.ok()) return s;
       const bool log_now = step_ % spec_.log_every_steps == 0 || step_ == max_steps;
       progress_->ReadLosses(/*all=*/log_now);

@@ -22,7 +22,11 @@ absl::Status RemoteEmbeddingRows::Lookup(int64_t step, const std::vector<std::ve
 
 absl::Status RemoteEmbeddingRows::Update(int64_t step, const std::vector<std::vector<int64_t>>& unique_ids,
                                          const std::vector<const float*>& grads) {
-  return client_->Update(step, unique_ids, grads);
+  const uint32_t extra = extra_batches_;
+  const bool empty = empty_;
+  extra_batches_ = 0;
+  empty_ = false;
+  return client_->Update(step, unique_ids, grads, extra, empty);
 }
 
 absl::StatusOr<std::unique_ptr<LocalEmbeddingRows>> LocalEmbeddingRows::Create(

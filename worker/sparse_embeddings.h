@@ -47,6 +47,10 @@ class EmbeddingRows {
                               const std::vector<const float*>& grads) = 0;
   virtual size_t num_tables() const = 0;
   virtual int dim(size_t table) const = 0;
+  // SYNC, covering vacant ranks: the next Update's gradients sum
+  // 1 + extra_batches of the step's batches, or none (`empty`: its ids and
+  // gradients are not looked at). Once, for that Update.
+  virtual void SetStepBatches(uint32_t /*extra_batches*/, bool /*empty*/) {}
 };
 
 // The job's shards. The client must be Init'ed (it knows the tables' dims
@@ -60,10 +64,16 @@ class RemoteEmbeddingRows : public EmbeddingRows {
                       const std::vector<const float*>& grads) override;
   size_t num_tables() const override { return num_tables_; }
   int dim(size_t table) const override { return client_->dim(table); }
+  void SetStepBatches(uint32_t extra_batches, bool empty) override {
+    extra_batches_ = extra_batches;
+    empty_ = empty;
+  }
 
  private:
   GrpcEmbeddingClient* client_;
   const size_t num_tables_;
+  uint32_t extra_batches_ = 0;
+  bool empty_ = false;
 };
 
 // Whole tables in this process, with no shard and no network: what one

@@ -64,6 +64,25 @@ EmbeddingFileHeader Header() {
 
 std::string Dir() { return ::testing::TempDir(); }
 
+// Looks up and trains rows from..to-1 (times a large odd number) at `step`.
+void Train(EmbeddingTable& t, int64_t from, int64_t to, int64_t step) {
+  std::vector<int64_t> ids;
+  for (int64_t i = from; i < to; ++i) ids.push_back(i * 0x9e3779b97f4aLL);
+  std::vector<float> out(ids.size() * 4), g(ids.size() * 4, 0.25f);
+  ASSERT_TRUE(t.Lookup(ids, step, out.data()).ok());
+  ASSERT_TRUE(t.Update(ids, g.data(), step, 1.0).ok());
+}
+
+// The header of checkpoint `id`'s file of table `c`, incremental on `base`.
+EmbeddingFileHeader ChainHeader(const EmbeddingTableConfig& c, uint64_t id, uint64_t base) {
+  EmbeddingFileHeader h;
+  h.set_job("ctr");
+  *h.add_tables() = c;
+  h.set_checkpoint_id(id);
+  h.set_base_id(base);
+  return h;
+}
+
 TEST(EmbeddingFilesTest, RowsComeBackAsTheyWere) {
   auto a = Make(8);
   Fill(*a, 1000);
@@ -161,38 +180,22 @@ TEST(EmbeddingFilesTest, AnIncrementalChainReadsBackAsTheTableIsNow) {
   EmbeddingTableConfig c = Config();
   c.mutable_eviction()->set_ttl_steps(5);
   auto t = std::move(*EmbeddingTable::Create(c, nullptr, 8));
-  auto ids_in = [](int from, int to) {
-    std::vector<int64_t> ids;
-    for (int i = from; i < to; ++i) ids.push_back(i * 0x9e3779b97f4aLL);
-    return ids;
-  };
-  auto train = [&t](const std::vector<int64_t>& ids, int64_t step) {
-    std::vector<float> out(ids.size() * 4), g(ids.size() * 4, 0.25f);
-    ASSERT_TRUE(t->Lookup(ids, step, out.data()).ok());
-    ASSERT_TRUE(t->Update(ids, g.data(), step, 1.0).ok());
-  };
-  auto header = [&c](uint64_t id, uint64_t base) {
-    EmbeddingFileHeader h;
-    h.set_job("ctr");
-    *h.add_tables() = c;
-    h.set_checkpoint_id(id);
-    h.set_base_id(base);
-    return h;
-  };
+  auto train = [&t](int64_t from, int64_t to, int64_t step) { Train(*t, from, to, step); };
+  auto header = [&c](uint64_t id, uint64_t base) { return ChainHeader(c, id, base); };
   const std::string whole = Dir() + "/chain-1.emb", second = Dir() + "/chain-2.emb", third = Dir() + "/chain-3.emb";
-  train(ids_in(0, 1000), 1);
+  train(0, 1000, 1);
   const uint32_t e1 = t->NextEpoch();
   auto info = WriteEmbeddingFile(whole, header(1, 0), {t.get()});
   ASSERT_TRUE(info.ok()) << info.status();
-  train(ids_in(0, 600), 4);     // 600 changed, 400 not
-  train(ids_in(1000, 1050), 4);  // 50 new
+  train(0, 600, 4);     // 600 changed, 400 not
+  train(1000, 1050, 4);  // 50 new
   const uint32_t e2 = t->NextEpoch();
   info = WriteEmbeddingFile(second, header(2, 1), {t.get()}, {e1});
   ASSERT_TRUE(info.ok()) << info.status();
   EXPECT_EQ(info->rows, 650);
   EXPECT_EQ(info->unchanged_rows, 400);
-  train(ids_in(0, 300), 8);
-  train(ids_in(2000, 2020), 8);
+  train(0, 300, 8);
+  train(2000, 2020, 8);
   EXPECT_EQ(t->EvictExpired(8), 400);  // last touched at step 1
   t->NextEpoch();
   info = WriteEmbeddingFile(third, header(3, 2), {t.get()}, {e2});
@@ -238,21 +241,8 @@ TEST(EmbeddingFilesTest, AChainRestoresATableAtItsMemoryCap) {
   c.mutable_eviction()->set_max_memory_mb(1);
   auto make = [&c] { return std::move(*EmbeddingTable::Create(c, nullptr, 8)); };
   auto t = make();
-  auto train = [&t](int64_t from, int64_t to, int64_t step) {
-    std::vector<int64_t> ids;
-    for (int64_t i = from; i < to; ++i) ids.push_back(i * 0x9e3779b97f4aLL);
-    std::vector<float> out(ids.size() * 4), g(ids.size() * 4, 0.25f);
-    ASSERT_TRUE(t->Lookup(ids, step, out.data()).ok());
-    ASSERT_TRUE(t->Update(ids, g.data(), step, 1.0).ok());
-  };
-  auto header = [&c](uint64_t id, uint64_t base) {
-    EmbeddingFileHeader h;
-    h.set_job("ctr");
-    *h.add_tables() = c;
-    h.set_checkpoint_id(id);
-    h.set_base_id(base);
-    return h;
-  };
+  auto train = [&t](int64_t from, int64_t to, int64_t step) { Train(*t, from, to, step); };
+  auto header = [&c](uint64_t id, uint64_t base) { return ChainHeader(c, id, base); };
   train(0, 30000, 1);
   ASSERT_GT(t->Stats().evicted_lru, 0) << "the table is at its cap";
   const std::string whole = Dir() + "/capped-1.emb", next = Dir() + "/capped-2.emb";

@@ -256,20 +256,27 @@ absl::StatusOr<int64_t> CriteoReader::CountRemainingExamples() {
   return error_;
 }
 
+bool CriteoReader::NextExample(absl::string_view* line, int64_t* index) {
+  for (;;) {
+    absl::StatusOr<bool> got = NextLine(line);
+    if (!got.ok()) {
+      error_ = got.status();
+      return false;
+    }
+    if (!*got) return false;
+    if (line->empty()) continue;  // no example
+    *index = example_index_++;
+    return true;
+  }
+}
+
 absl::Status CriteoReader::ReadBatch(int64_t max_examples, CriteoBatch* batch) {
   batch->Clear();
   if (!error_.ok()) return error_;
   if (max_examples < 1) return absl::InvalidArgumentError(absl::StrCat("a batch of ", max_examples, " examples"));
-  while (batch->size() < max_examples) {
-    absl::string_view line;
-    absl::StatusOr<bool> got = NextLine(&line);
-    if (!got.ok()) {
-      error_ = got.status();
-      break;
-    }
-    if (!*got) break;
-    if (line.empty()) continue;
-    const int64_t index = example_index_++;
+  absl::string_view line;
+  int64_t index = 0;
+  while (batch->size() < max_examples && NextExample(&line, &index)) {
     if (index % options_.world != options_.rank) continue;
     if (absl::Status s = ParseCriteoLine(line, options_.parse, batch); !s.ok()) {
       error_ = LineError(s.message());
@@ -297,18 +304,11 @@ absl::StatusOr<int64_t> CriteoReader::ReadRanks(int64_t per_rank, const std::vec
     of_rank[static_cast<size_t>(ranks[k])] = out[k];
   }
   int64_t read = 0;
-  for (int64_t left = per_rank * options_.world; left > 0;) {
-    absl::string_view line;
-    absl::StatusOr<bool> got = NextLine(&line);
-    if (!got.ok()) {
-      error_ = got.status();
-      break;
-    }
-    if (!*got) break;
-    if (line.empty()) continue;
-    --left;
+  absl::string_view line;
+  int64_t index = 0;
+  while (read < per_rank * options_.world && NextExample(&line, &index)) {
     ++read;
-    CriteoBatch* into = of_rank[static_cast<size_t>(example_index_++ % options_.world)];
+    CriteoBatch* into = of_rank[static_cast<size_t>(index % options_.world)];
     if (into == nullptr) continue;
     if (absl::Status s = ParseCriteoLine(line, options_.parse, into); !s.ok()) {
       error_ = LineError(s.message());

@@ -132,6 +132,9 @@ class CriteoReader {
   CriteoReader(std::string path, const CriteoReaderOptions& options, void* gz);
   // The next line into *line (valid until the next call); false at the end.
   absl::StatusOr<bool> NextLine(absl::string_view* line);
+  // The next example's line and its index among every rank's (empty lines
+  // are none); false at the end, or on an error (in error_).
+  bool NextExample(absl::string_view* line, int64_t* index);
   absl::Status Fill();
   absl::Status LineError(absl::string_view what) const;
 

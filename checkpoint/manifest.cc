@@ -202,7 +202,8 @@ absl::StatusOr<std::vector<EmbeddingChainLink>> EmbeddingChain(const std::string
     if (base->id != m.embeddings_base_id || base->embeddings.empty()) {
       return absl::DataLossError(absl::StrCat("checkpoint ", chain.front().dir, "'s embeddings are incremental on ",
                                               m.embeddings_base, " of id ", m.embeddings_base_id, ", but ", base_dir,
-                                              " is checkpoint ", base->id, base->embeddings.empty() ? " without embeddings" : "",
+                                              " is checkpoint ", base->id,
+                                              base->embeddings.empty() ? " without embeddings" : "",
                                               " (replaced by a later one of that step)"));
     }
     m = *std::move(base);

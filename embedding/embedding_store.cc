@@ -361,6 +361,13 @@ absl::Status EmbeddingStore::Update(const EmbeddingUpdateRequest& request) {
   if ((request.extra_batches() > 0 || request.empty()) && job.init.consistency() != SYNC) {
     return Invalid(job.name, "extra_batches and empty are for SYNC steps (covering vacant ranks)");
   }
+  if (request.empty()) {
+    for (const auto& t : ids) {
+      if (!t.empty() || request.extra_batches() > 0) {
+        return Invalid(job.name, "an empty arrival carries no ids and no extra batches");
+      }
+    }
+  }
   if (request.extra_batches() >= job.init.num_workers()) {
     return Invalid(job.name, absl::StrCat("extra_batches ", request.extra_batches(), " of ",
                                           job.init.num_workers(), " ranks"));

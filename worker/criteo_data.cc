@@ -298,8 +298,8 @@ absl::StatusOr<int64_t> CriteoReader::ReadRanks(int64_t per_rank, const std::vec
   // Where example i goes: the batch of rank i % world, if it is listed.
   std::vector<CriteoBatch*> of_rank(static_cast<size_t>(options_.world), nullptr);
   for (size_t k = 0; k < ranks.size(); ++k) {
-    if (ranks[k] < 0 || ranks[k] >= options_.world) {
-      return absl::InvalidArgumentError(absl::StrCat("rank ", ranks[k], " of ", options_.world));
+    if (ranks[k] < 0 || ranks[k] >= options_.world || of_rank[static_cast<size_t>(ranks[k])] != nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("rank ", ranks[k], " of ", options_.world, ", or listed twice"));
     }
     of_rank[static_cast<size_t>(ranks[k])] = out[k];
   }

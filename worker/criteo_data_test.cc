@@ -232,6 +232,7 @@ TEST(CriteoReaderTest, ReadRanksGivesEachListedRankItsOwnBatch) {
   ASSERT_TRUE((*reader)->ReadRanks(2, {0}, {&own}).ok());
   EXPECT_EQ(own.size(), 0);
   EXPECT_EQ((*reader)->ReadRanks(2, {3}, {&own}).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*reader)->ReadRanks(2, {1, 1}, {&own, &other}).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(CriteoReaderTest, ErrorsNameFileAndLine) {

@@ -123,9 +123,10 @@ class CtrTrainer {
   // EmbeddingBags' sparse gradients coalesced. Returns the norm before;
   // *rows_scale: what Backward scales the rows' gradients by.
   double ClipGradients(double* rows_scale);
-  // A spare taking over a lost rank (ASYNC, SSP; rejoin_step: the step after
-  // the last one the shards applied for it): the epoch and the batch of the
-  // rank's share it continues at, its share's batches counted.
+  // A spare taking over a lost rank (rejoin_step: ASYNC and SSP, the step
+  // after the last one the shards applied for it; SYNC, the step in flight):
+  // the epoch and the batch of the rank's share it continues at, its
+  // share's batches counted.
   absl::Status PlaceRejoin(int64_t batch_size, int* epoch, int64_t* epoch_step);
   // Before step step_, the epoch_step'th of `epoch`: a checkpoint may pause
   // the rank here (TrainerOptions::at_step_boundary).
@@ -435,35 +436,38 @@ absl::StatusOr<TrainResult> CtrTrainer::Run() {
   int epoch = options_.start_epoch, start_epoch = options_.start_epoch;
   int64_t start_epoch_step = options_.start_epoch_step;
   step_ = options_.start_step;
+  // SYNC ps: the batches of vacant ranks are covered by the others, read in
+  // windows of the file (every rank's reads aligned).
+  const bool windows = spec_.consistency == SYNC && !spec_.allreduce();
   if (options_.rejoin_step >= 0) {
     s = PlaceRejoin(batch_size * accumulate, &start_epoch, &start_epoch_step);
     if (!s.ok()) return s;
     epoch = start_epoch;
   }
-  // SYNC ps: the batches of vacant ranks are covered by the others, read in
-  // windows of the file (every rank's reads aligned).
-  const bool windows = spec_.consistency == SYNC && !spec_.allreduce();
+  if (windows && options_.rejoin_step > 0) {
+    // The dense shards' step placed this spare, and the rows' shards may be
+    // one behind, their step before it waiting for this rank (made active
+    // while its batch was covered): an empty arrival for it (a retry where
+    // that step is done).
+    rows_->SetStepBatches(0, /*empty=*/true);
+    s = rows_->Update(options_.rejoin_step - 1, std::vector<std::vector<int64_t>>(rows_->num_tables()),
+                      std::vector<const float*>(rows_->num_tables(), nullptr));
+    if (!s.ok()) return s;
+  }
   CtrStep batches;
+  auto cancelled = [this] { return options_.stop != nullptr && options_.stop->load(); };
   for (; epoch < spec_.epochs && step_ < max_steps; ++epoch) {
     auto file = Open(spec_.data.train_file, options_.rank, options_.world_size);
     if (!file.ok()) return file.status();
-    CtrBatchOptions bo;
-    bo.rank = options_.rank;
-    bo.world = options_.world_size;
-    bo.batch_size = batch_size;
-    bo.accumulate = accumulate;
-    bo.examples_per_epoch = examples_per_epoch_;
-    bo.windows = windows;
-    bo.file = spec_.data.train_file;
-    bo.declared = spec_.data.train_examples > 0;
+    // {rank, world, batch_size, accumulate, examples_per_epoch, windows, file, declared}
+    const CtrBatchOptions bo{options_.rank, options_.world_size, batch_size, accumulate, examples_per_epoch_,
+                             windows, spec_.data.train_file, spec_.data.train_examples > 0};
     CtrBatchReader reader(*std::move(file), bo);
     int64_t epoch_step = epoch == start_epoch ? start_epoch_step : 0;
     activity_.Enter(WorkerActivity::DATA, step_);
     if (s = reader.Skip(epoch_step, options_.stop); !s.ok()) return s;
     while (step_ < max_steps) {
-      if (options_.stop != nullptr && options_.stop->load()) {
-        return absl::CancelledError(absl::StrCat("job cancelled at step ", step_));
-      }
+      if (cancelled()) return absl::CancelledError(absl::StrCat("job cancelled at step ", step_));
       activity_.Enter(WorkerActivity::DATA, step_);
       StepBatches assigned;
       if (windows) assigned = AssignBatches(exchange_.exchange->VacantRanks(), options_.rank, options_.world_size);
@@ -471,9 +475,7 @@ absl::StatusOr<TrainResult> CtrTrainer::Run() {
       if (!more.ok()) return more.status();
       if (!*more) break;
       AtStepBoundary(epoch, epoch_step++);
-      if (options_.stop != nullptr && options_.stop->load()) {
-        return absl::CancelledError(absl::StrCat("job cancelled at step ", step_));
-      }
+      if (cancelled()) return absl::CancelledError(absl::StrCat("job cancelled at step ", step_));
       s = Step(epoch, batches);
       if (!s.ok()) return s;
       const bool log_now = step_ % spec_.log_every_steps == 0 || step_ == max_steps;

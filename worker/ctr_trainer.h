@@ -30,11 +30,11 @@
 // start_epoch_step, the rank reads and drops the first start_epoch_step
 // batches of its share of that epoch (the file is streamed, not indexed).
 //
-// ASYNC and SSP parameter-server jobs go on without a lost rank
-// (min_workers < workers) and a spare takes it over where it had got to
-// (rejoin_step). Not yet: covering vacant ranks (SYNC), rejoining an
-// all-reduce (hybrid) job, loss scaling or fp16, accumulate_steps > 1,
-// clip_grad_norm: refused with INVALID_ARGUMENT.
+// Parameter-server jobs go on without a lost rank (min_workers < workers;
+// SYNC: the others cover its batches, worker/ctr_batches.h) and a spare
+// takes it over where it had got to (rejoin_step). Not yet: rejoining an
+// all-reduce (hybrid) job, loss scaling or fp16, clip_grad_norm in hybrid
+// mode: refused with INVALID_ARGUMENT.
 #ifndef PSTRAIN_WORKER_CTR_TRAINER_H_
 #define PSTRAIN_WORKER_CTR_TRAINER_H_
 

@@ -11,6 +11,7 @@
 #include "rpc/security.h"
 #include "rpc/status_util.h"
 #include "server/ps/job_paths.h"
+#include "spdlog/spdlog.h"
 
 namespace pstrain {
 namespace {
@@ -187,7 +188,13 @@ std::function<absl::Status(const SetWorkersRequest&, const std::string& secret, 
 SetWorkersOnEmbeddings(ShardStore* dense, EmbeddingStore* embeddings, const GrpcEmbeddingService* service) {
   return [dense, embeddings, service](const SetWorkersRequest& r, const std::string& secret, absl::Status answer) {
     if (answer.ok()) {
-      (void)embeddings->SetWorkers(r);  // a job without embeddings: nothing to tell
+      // A job without embeddings: nothing to tell (FAILED_PRECONDITION).
+      // A SYNC step SetWorkers completed may fail its update: the step is
+      // done all the same, as when a worker's arrival completes it.
+      absl::Status s = embeddings->SetWorkers(r);
+      if (!s.ok() && !absl::IsFailedPrecondition(s)) {
+        spdlog::warn("job {}: the embedding step SetWorkers completed: {}", Quote(r.job(), 64), s.ToString());
+      }
       return answer;
     }
     if (dense->HoldsTable(r.job())) return answer;

@@ -366,9 +366,13 @@ TEST_F(CtrElasticTest, AJobWithEmbeddingsLosesAWorkerAndASpareTakesItsRankOver) 
     if (name == "sync") {
       // The others covered rank 2's batches while it was vacant, and the
       // spare joined the step in flight: every example of both epochs
-      // once, less what rank 2 trained before it died (its steps 0..last:
-      // 313 batches an epoch, the last of 64) and at most its batch in
-      // flight.
+      // once, less what rank 2 trained before it died (its steps 0..last,
+      // the shards' least: 313 batches an epoch, the last of 64) and at
+      // most two batches in flight: killed between its push to one shard
+      // and to the other, its step last + 1 counts as neither its own nor
+      // covered, and the shard that completed that step with it (holding
+      // the first key, whose view the workers follow) saw no vacancy, so
+      // its next batch was not covered either (seen once in 6 runs).
       ASSERT_TRUE(std::regex_search(log, m, std::regex(job + " rank 2 is vacant after its step (-?\\d+)"))) << log;
       int64_t own = 0;
       for (int64_t step = 0; step <= std::stoll(m[1]); ++step) own += step % 313 == 312 ? 64 : 128;
@@ -376,7 +380,7 @@ TEST_F(CtrElasticTest, AJobWithEmbeddingsLosesAWorkerAndASpareTakesItsRankOver) 
       std::printf("ctr sync: rank 2 trained %lld examples before it died, the others %lld, of %lld\n",
                   static_cast<long long>(own), static_cast<long long>(samples), static_cast<long long>(2 * kTrain));
       EXPECT_LE(samples + own, 2 * kTrain) << Logs();
-      EXPECT_GE(samples + own, 2 * kTrain - 128) << Logs();
+      EXPECT_GE(samples + own, 2 * kTrain - 2 * 128) << Logs();
       std::printf("ctr sync: rank 2 continued at step %lld; final AUC %.4f\n", static_cast<long long>(continued),
                   Field(job, "final_auc"));
       continue;

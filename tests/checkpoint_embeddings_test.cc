@@ -253,6 +253,11 @@ void CheckpointEmbeddingsTest::RestoreOntoThreeShardsAndTrainOn(const std::strin
   ASSERT_EQ(saved->size(), 26u);
   if (incremental_ > 0) {
     ASSERT_NO_FATAL_FAILURE(ExpectIncrementalChain(*chain, *manifest, *saved, files));
+    // The job's events say what each checkpoint wrote of the tables.
+    const std::string events = Cli({"status", job, "-o", "json"}).out;
+    EXPECT_NE(events.find("(embeddings incremental on " + manifest->embeddings_base + ": "), std::string::npos)
+        << events;
+    EXPECT_NE(events.find("(embeddings whole: "), std::string::npos) << events;
   }
   size_t rows = 0;
   for (const auto& [name, table] : *saved) rows += table.size();

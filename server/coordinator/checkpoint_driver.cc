@@ -258,7 +258,8 @@ bool ShardLost(const JobStatus& status, const MemberStatus& m) {
          std::find(status.lost_shards().begin(), status.lost_shards().end(), m.rank()) != status.lost_shards().end();
 }
 
-absl::Status WriteCheckpoint(const CheckpointWrite& w, const std::string& root, Rendezvous& rendezvous) {
+absl::Status WriteCheckpoint(const CheckpointWrite& w, const std::string& root, Rendezvous& rendezvous,
+                             std::string* embedding_summary) {
   const std::string pending = PendingCheckpointDir(w.dir);
   std::error_code ec;
   absl::Status status = PathUnderRoot(root, w.dir, "the checkpoint directory").status();
@@ -300,9 +301,11 @@ absl::Status WriteCheckpoint(const CheckpointWrite& w, const std::string& root, 
       manifest.embeddings_chain = base.chain + 1;
     }
     if (!embeddings.empty()) {
-      spdlog::info("coordinator: {} checkpoint {}: embeddings {} ({} rows written whole, {} by id)", w.job_id,
-                   w.dir, incremental ? absl::StrCat("incremental on ", base.name) : std::string("whole"), whole,
-                   unchanged);
+      const std::string summary =
+          absl::StrCat(incremental ? absl::StrCat("incremental on ", base.name) : std::string("whole"), ": ", whole,
+                       " rows whole, ", unchanged, " by id");
+      spdlog::info("coordinator: {} checkpoint {}: embeddings {}", w.job_id, w.dir, summary);
+      if (embedding_summary != nullptr) *embedding_summary = summary;
     }
     if (w.buffers) manifest.buffers.push_back({0, kBuffersFile, buffers[0].bytes(), buffers[0].crc32()});
     status = WriteManifest(pending, manifest);

@@ -233,7 +233,8 @@ absl::StatusOr<CheckpointResponse> Coordinator::RunCheckpoint(const std::string&
   // to checkpoint_save_timeout).
   spdlog::debug("coordinator: {} pause {}: writing {} ({})", job_id, write->pause_id, write->dir,
                 write->allreduce ? "worker 0" : absl::StrCat(write->shards.size(), " shard(s)"));
-  absl::Status status = WriteCheckpoint(*write, options_.checkpoint_root, rendezvous_);
+  std::string embeddings;  // what the shards wrote of the embedding tables
+  absl::Status status = WriteCheckpoint(*write, options_.checkpoint_root, rendezvous_, &embeddings);
   spdlog::debug("coordinator: {} pause {}: written: {}", job_id, write->pause_id, status.ToString());
   if (options_.on_checkpoint_written) options_.on_checkpoint_written(job_id);
   absl::MutexLock lock(&mu_);
@@ -263,7 +264,9 @@ absl::StatusOr<CheckpointResponse> Coordinator::RunCheckpoint(const std::string&
     job->stored.status.set_last_checkpoint(write->dir);
     job->checkpoint.last_step = step;
     job->checkpoint.last_dir = write->dir;
-    EndCheckpoint(*job, "CheckpointSaved", absl::StrCat("step ", step, " saved in ", write->dir));
+    EndCheckpoint(*job, "CheckpointSaved",
+                  absl::StrCat("step ", step, " saved in ", write->dir,
+                               embeddings.empty() ? std::string() : absl::StrCat(" (embeddings ", embeddings, ")")));
   }
   CheckpointResponse r;
   r.set_path(write->dir);

@@ -117,10 +117,14 @@ class ElasticTest : public ControlPlaneTest {
   }
 
   // Under SYNC every example of both epochs is trained once, less the lost
-  // worker's batch in flight: the finishing workers trained the whole data
-  // but what rank 2 trained before it died (its steps 0..last, 16 examples
-  // each, from the coordinator's log) and at most its step in flight --
-  // its batches while vacant were covered by the others.
+  // worker's batches in flight: the finishing workers trained the whole
+  // data but what rank 2 trained before it died (its steps 0..last, the
+  // shards' least, 16 examples each, from the coordinator's log) and at
+  // most two steps -- its batches while vacant were covered by the others.
+  // Two: killed between its pushes to two chunks, its step last + 1 counts
+  // as neither its own nor covered, and the chunk whose view the workers
+  // follow, having completed that step with it, saw no vacancy, so its
+  // next batch was not covered either (the CTR case below met it).
   void ExpectEveryExampleOnceLessTheBatchInFlight(const std::string& job) {
     const std::string log = ReadFile(dir_ + "/coordinator.log").value_or("");
     std::smatch m;
@@ -130,7 +134,7 @@ class ElasticTest : public ControlPlaneTest {
     std::printf("%s: rank 2 trained %.0f examples before it died; the others %.0f; of %lld\n", job.c_str(), own,
                 samples, static_cast<long long>(2 * train_));
     EXPECT_LE(samples + own, 2 * train_) << Logs();
-    EXPECT_GE(samples + own, 2 * train_ - 16) << Logs();
+    EXPECT_GE(samples + own, 2 * train_ - 2 * 16) << Logs();
   }
 
   void ExpectFinishedWithoutARestart(const std::string& job, double min_accuracy = 0.9) {

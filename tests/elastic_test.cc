@@ -376,7 +376,7 @@ TEST_F(CtrElasticTest, AJobWithEmbeddingsLosesAWorkerAndASpareTakesItsRankOver) 
       // and to the other, its step last + 1 counts as neither its own nor
       // covered, and the shard that completed that step with it (holding
       // the first key, whose view the workers follow) saw no vacancy, so
-      // its next batch was not covered either (seen once in 6 runs).
+      // its next batch was not covered either (seen once in 12 runs).
       ASSERT_TRUE(std::regex_search(log, m, std::regex(job + " rank 2 is vacant after its step (-?\\d+)"))) << log;
       int64_t own = 0;
       for (int64_t step = 0; step <= std::stoll(m[1]); ++step) own += step % 313 == 312 ? 64 : 128;

@@ -18,6 +18,7 @@ static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "ids and values travel 
 
 namespace pstrain {
 
+using embedding_internal::Finite;
 using embedding_internal::Invalid;
 using embedding_internal::kMaxJobBytes;
 using embedding_internal::kMaxReplicas;
@@ -253,12 +254,6 @@ bool Reached(const InitEmbeddingsRequest& init, int64_t steps, const std::vector
     default:
       return true;
   }
-}
-
-bool Finite(const float* x, size_t n) {
-  float acc = 0.0f;
-  for (size_t j = 0; j < n; ++j) acc += x[j] * 0.0f;
-  return acc == 0.0f;
 }
 
 }  // namespace

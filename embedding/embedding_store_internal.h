@@ -29,6 +29,13 @@ inline constexpr int64_t kMaxStep = int64_t{1} << 40;
 inline constexpr uint32_t kMaxReplicas = 15;
 inline constexpr size_t kMaxTargetBytes = 256;
 
+// Whether all n floats are finite (a NaN or Inf makes the sum NaN).
+inline bool Finite(const float* x, size_t n) {
+  float acc = 0.0f;
+  for (size_t j = 0; j < n; ++j) acc += x[j] * 0.0f;
+  return acc == 0.0f;
+}
+
 inline absl::Status Invalid(absl::string_view job, absl::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat("embeddings of job '", Quote(job), "': ", what));
 }

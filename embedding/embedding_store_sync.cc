@@ -13,16 +13,8 @@
 #include "embedding/embedding_table.h"
 
 namespace pstrain {
-namespace {
 
-bool Finite(const float* x, size_t n) {
-  float acc = 0.0f;
-  for (size_t j = 0; j < n; ++j) acc += x[j] * 0.0f;
-  return acc == 0.0f;
-}
-
-}  // namespace
-
+using embedding_internal::Finite;
 using embedding_internal::Pending;
 
 absl::Status EmbeddingStore::AddSync(Job& job, const EmbeddingUpdateRequest& request, const std::vector<int>& tables,

@@ -4,7 +4,6 @@
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
-#include "spdlog/spdlog.h"
 #include "checkpoint/layout.h"
 #include "checkpoint/pause_keys.h"
 #include "common/fan_out.h"
@@ -15,6 +14,7 @@
 #include "rpc/grpc_channel.h"
 #include "rpc/grpc_embedding_client.h"
 #include "rpc/grpc_remote_shard.h"
+#include "spdlog/spdlog.h"
 
 namespace pstrain {
 namespace {

@@ -26,6 +26,7 @@ using embedding_internal::kMaxTargetBytes;
 using embedding_internal::kMaxStep;
 using embedding_internal::kMaxTables;
 using embedding_internal::kMaxWorkers;
+using embedding_internal::Leads;
 using embedding_internal::Pending;
 EmbeddingStore::EmbeddingStore(EmbeddingStoreOptions options) : options_(std::move(options)) {}
 
@@ -296,7 +297,10 @@ absl::Status EmbeddingStore::Lookup(const EmbeddingLookupRequest& request, absl:
         return absl::ResourceExhaustedError("too many embedding lookups are waiting on this shard");
       }
       const absl::Time until = std::min(deadline, absl::Now() + options_.max_wait);
-      while (!job.gone && !Reached(job.init, job.released, job.applied, job.active, request.rank(), request.step())) {
+      // Also until the slot is handed to another shard (fenced, or a spare
+      // caught up): the step is then released there, not here.
+      while (!job.gone && Leads(job.self, job.replica.get()) &&
+             !Reached(job.init, job.released, job.applied, job.active, request.rank(), request.step())) {
         if (job.changed.WaitWithDeadline(&job.mu, until)) break;
       }
       --waiters_;
@@ -305,6 +309,7 @@ absl::Status EmbeddingStore::Lookup(const EmbeddingLookupRequest& request, absl:
     if (job.gone) {
       return absl::AbortedError(absl::StrCat("job '", Quote(job.name), "''s embeddings were dropped or replaced"));
     }
+    if (!Leads(job.self, job.replica.get())) return NotLeading(job);
     if (!Reached(job.init, job.released, job.applied, job.active, request.rank(), request.step())) {
       std::vector<uint32_t> late;
       for (uint32_t r = 0; r < job.applied.size(); ++r) {

@@ -147,6 +147,8 @@ class EmbeddingStore {
   // Replicated slots (embedding_store_replication.cc). FAILED_PRECONDITION
   // unless this shard leads the job's slot.
   static absl::Status CheckLeads(Job& job);
+  // That FAILED_PRECONDITION, naming the slot's leader (job.mu held).
+  static absl::Status NotLeading(const Job& job);
   // Queues a forward of `tables`' rows `ids` (held ones), made after an
   // update, and returns its seq; the job's mu held.
   static int64_t QueueForward(Job& job, const std::vector<int>& tables, const std::vector<std::vector<int64_t>>& ids,
@@ -183,6 +185,13 @@ class EmbeddingStore {
   std::atomic<size_t> waiters_{0};
   absl::Mutex mu_;
   std::map<Key, std::shared_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);
+  // The newest routing SetWorkers brought, per job with slots here: a slot
+  // a copy makes after SetWorkers took the slots it tells gets it too.
+  struct Told {
+    uint64_t attempt = 0;
+    Routing routing;
+  };
+  std::map<std::string, Told> routings_ ABSL_GUARDED_BY(mu_);
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
 };
 

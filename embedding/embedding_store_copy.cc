@@ -39,14 +39,16 @@ absl::Status EmbeddingStore::FullCopy(Job& job, uint32_t backup, const std::stri
   request.set_sender(job.self);
   {
     absl::MutexLock lock(&job.mu);
-    const SlotReplica& rep = *job.replica;
+    SlotReplica& rep = *job.replica;
     request.set_generation(rep.routing.generation());
+    request.set_copy(++rep.copies_made);
     InitEmbeddingsRequest* init = request.mutable_copy_init();
     *init = job.init;
     init->set_shard_index(backup);
     *init->mutable_routing() = rep.routing;
     EmbeddingSlotState* state = request.mutable_copy_state();
     state->set_seq(base);
+    state->set_copy(request.copy());
     state->set_steps(job.released);
     *state->mutable_claimed() = {job.claimed.begin(), job.claimed.end()};
     *state->mutable_applied() = {job.applied.begin(), job.applied.end()};
@@ -101,6 +103,11 @@ absl::Status EmbeddingStore::ReceiveCopy(const ReplicateEmbeddingsRequest& reque
       return absl::AbortedError(absl::StrCat("shard ", request.sender(), " does not lead slot ", slot, " of job '",
                                              Quote(job.name), "': its copy is refused"));
     }
+    if (request.copy() != job.replica->made_from_copy) {
+      return absl::AbortedError(absl::StrCat("rows of copy ", request.copy(), " of slot ", slot, " of job '",
+                                             Quote(job.name), "', which holds copy ", job.replica->made_from_copy,
+                                             ": refused (the sender began another copy)"));
+    }
     std::vector<int> tables;
     for (const EmbeddingRowsProto& rows : request.copy_rows()) {
       auto t = job.table_index.find(rows.table());
@@ -151,6 +158,7 @@ absl::Status EmbeddingStore::ReceiveCopy(const ReplicateEmbeddingsRequest& reque
                                              " under the copy's routing: its copy is refused"));
     }
     rep.seq = state.seq();
+    rep.made_from_copy = state.copy();
     for (int r = 0; r < state.claimed_size(); ++r) {
       job->claimed[r] = std::max<int64_t>(0, std::min(state.claimed(r), kMaxStep));
       job->applied[r] = std::max<int64_t>(0, std::min(state.applied(r), kMaxStep));
@@ -164,12 +172,14 @@ absl::Status EmbeddingStore::ReceiveCopy(const ReplicateEmbeddingsRequest& reque
     if (at != nullptr) {
       absl::MutexLock held(&at->mu);
       const SlotReplica* had = at->replica.get();
-      // A later attempt or routing here, or another leader under the same
-      // routing: the copy is not the slot's leader's.
+      // A later attempt or routing here, another leader under the same
+      // routing, or a later copy of the same leader: the copy is not the
+      // one the slot's leader sends now (a late request of an earlier one).
+      const bool same = had != nullptr && had->routing.generation() == request.generation();
       const bool newer = at->init.attempt() > request.attempt() ||
-                         (had != nullptr && (had->routing.generation() > request.generation() ||
-                                             (had->routing.generation() == request.generation() &&
-                                              had->leader != static_cast<int64_t>(request.sender()))));
+                         (had != nullptr && had->routing.generation() > request.generation()) ||
+                         (same && had->leader != static_cast<int64_t>(request.sender())) ||
+                         (same && had->made_from_copy >= state.copy());
       if (newer) {
         return absl::AbortedError(absl::StrCat("slot ", slot, " of job '", Quote(request.job()),
                                                "' is held under a later attempt or routing: the copy is refused"));
@@ -180,6 +190,14 @@ absl::Status EmbeddingStore::ReceiveCopy(const ReplicateEmbeddingsRequest& reque
     }
     replaced = std::move(at);
     at = job;
+    // A routing SetWorkers brought meanwhile, which the slot made here would
+    // otherwise miss (it took the slots it tells before this one was in).
+    auto told = routings_.find(request.job());
+    if (told != routings_.end() && told->second.attempt == request.attempt() &&
+        told->second.routing.generation() > request.generation()) {
+      absl::MutexLock held(&job->mu);
+      ApplyRouting(*job, told->second.routing);
+    }
   }
   if (replaced != nullptr) {
     absl::MutexLock lock(&replaced->mu);

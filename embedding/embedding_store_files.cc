@@ -102,6 +102,7 @@ absl::Status EmbeddingStore::Drop(const DropEmbeddingsRequest& request) {
       dropped.push_back(it->second);
     }
     jobs_.erase(first, it);  // none: already gone, a retry
+    routings_.erase(request.job());
   }
   for (const auto& job : dropped) {
     absl::MutexLock lock(&job->mu);

@@ -87,7 +87,17 @@ struct SlotReplica {
   // Leading: spares in a lost copy's place that get a full copy of the slot
   // before their first forward (the routing says they are catching up).
   std::vector<uint32_t> needs_copy;
+  // Leading: full copies begun (each is numbered). A copy's receiver: the
+  // number of the copy it was made from, so that a late request of an
+  // earlier copy (its sender gave up on it and began another) is refused.
+  uint64_t copies_made = 0;
+  uint64_t made_from_copy = 0;
 };
+// Whether this shard leads the slot (job.mu held): unreplicated, or the
+// routing's leader and not fenced.
+inline bool Leads(int64_t self, const SlotReplica* rep) {
+  return rep == nullptr || (rep->leader == self && rep->fenced.empty());
+}
 
 }  // namespace embedding_internal
 

@@ -37,6 +37,7 @@ namespace pstrain {
 using embedding_internal::CheckRows;
 using embedding_internal::In;
 using embedding_internal::Invalid;
+using embedding_internal::Leads;
 using embedding_internal::kMaxStep;
 using embedding_internal::LeaderOf;
 using embedding_internal::Lost;
@@ -116,8 +117,12 @@ absl::StatusOr<std::vector<std::shared_ptr<EmbeddingStore::Job>>> EmbeddingStore
 absl::Status EmbeddingStore::CheckLeads(Job& job) {
   if (job.replica == nullptr) return absl::OkStatus();
   absl::MutexLock lock(&job.mu);
+  if (Leads(job.self, job.replica.get())) return absl::OkStatus();
+  return NotLeading(job);
+}
+
+absl::Status EmbeddingStore::NotLeading(const Job& job) {
   const SlotReplica& rep = *job.replica;
-  if (rep.leader == static_cast<int64_t>(job.self) && rep.fenced.empty()) return absl::OkStatus();
   return absl::FailedPreconditionError(absl::StrCat(
       "slot ", job.init.shard_index(), " of job '", Quote(job.name), "' is led by shard ", rep.leader,
       " under routing generation ", rep.routing.generation(), ", not by this one (", job.self, ")",
@@ -146,6 +151,9 @@ absl::Status EmbeddingStore::AwaitForwarded(Job& job, int64_t seq) {
   while (rep.acked < seq) {
     if (job.gone) return absl::AbortedError(absl::StrCat("job '", Quote(job.name), "''s embeddings were dropped"));
     if (!rep.fenced.empty()) return absl::AbortedError(rep.fenced);
+    // Handed to another shard before its forward went out (the queue went
+    // with it): the caller sends it again to the new leader.
+    if (rep.leader != static_cast<int64_t>(job.self)) return NotLeading(job);
     if (rep.sending || rep.queue.empty()) {  // another caller sends the round that holds `seq`
       if (job.changed.WaitWithDeadline(&job.mu, until)) {
         return absl::DeadlineExceededError(absl::StrCat("the backups of slot ", job.init.shard_index(), " of job '",
@@ -277,6 +285,17 @@ void EmbeddingStore::ApplyRouting(Job& job, const Routing& routing) {
   rep.routing = routing;
   rep.leader = LeaderOf(rep.copies, routing);
   if (!rep.fenced.empty()) {
+    if (!Lost(routing, job.self) && rep.leader >= 0 && rep.leader != self) {
+      // Fenced by a backup that had heard of a newer routing first (a slot
+      // handed back to a spare that caught up); this routing makes it a
+      // backup too. Its rows may hold a step whose forward was refused:
+      // it asks the leader for the whole slot (a seq below any forward).
+      rep.fenced.clear();
+      rep.seq = rep.acked = -1;
+      rep.last = nullptr;
+      rep.queue.clear();
+      rep.needs_copy.clear();
+    }
   } else if (Lost(routing, job.self)) {
     rep.fenced = absl::StrCat("shard ", job.self, " of job '", Quote(job.name),
                               "' was declared lost (routing generation ", routing.generation(),
@@ -317,9 +336,18 @@ absl::Status EmbeddingStore::SetWorkers(const SetWorkersRequest& request) {
   std::vector<std::shared_ptr<Job>> slots;
   {
     absl::MutexLock lock(&mu_);
+    bool replicated = false;
     for (auto it = jobs_.lower_bound(Key(request.job(), 0)); it != jobs_.end() && it->first.first == request.job();
          ++it) {
       slots.push_back(it->second);
+      replicated = replicated || (it->second->replica != nullptr && it->second->init.attempt() == request.attempt());
+    }
+    if (replicated && request.has_routing()) {  // recorded with the slots taken, under one lock (ReceiveCopy)
+      Told& told = routings_[request.job()];
+      if (request.attempt() > told.attempt ||
+          (request.attempt() == told.attempt && request.routing().generation() > told.routing.generation())) {
+        told = Told{request.attempt(), request.routing()};
+      }
     }
   }
   bool held = false;

@@ -21,7 +21,13 @@ absl::Status EmbeddingStore::AddSync(Job& job, const EmbeddingUpdateRequest& req
                                      const std::vector<std::vector<int64_t>>& ids, int64_t* forwarded) {
   absl::MutexLock lock(&job.mu);
   if (job.gone) return absl::AbortedError(absl::StrCat("job '", Quote(job.name), "''s embeddings were dropped"));
-  if (request.step() < job.steps || job.pending_ranks[request.rank()]) return absl::OkStatus();  // a retry
+  if (request.step() < job.steps || job.pending_ranks[request.rank()]) {  // a retry
+    // Of a step this shard completed: answered, as the first try would
+    // have been, once its forward is held by the backups (the first try's
+    // round may have failed: the retry sends it again).
+    if (job.replica != nullptr && request.step() < job.steps) *forwarded = job.replica->seq;
+    return absl::OkStatus();
+  }
   if (request.step() > job.steps) {
     return absl::FailedPreconditionError(absl::StrCat("rank ", request.rank(), " sent step ", request.step(),
                                                       " of job '", Quote(job.name), "' while this shard is at step ",

@@ -12,6 +12,7 @@
 #include "rpc/grpc_channel.h"
 #include "rpc/grpc_tensor_coding.h"
 #include "rpc/status_util.h"
+#include "spdlog/spdlog.h"
 
 namespace pstrain {
 namespace {
@@ -233,6 +234,11 @@ absl::Status GrpcEmbeddingClient::CallSlots(const std::vector<size_t>& slots, st
     if (options_.stop != nullptr && options_.stop->load()) {
       return absl::CancelledError(absl::StrCat("the job is stopping: ", got[failed[0]].message()));
     }
+    // Once a second at most (AwaitRouting waits that long for a routing):
+    // a call that keeps failing over says where it is stuck.
+    spdlog::warn("rank {}: embedding call to slot {} on shard {} failed under routing generation {} ({}); "
+                 "trying again on the leader of the next routing",
+                 options_.rank, failed[0], leader[failed[0]], generation, got[failed[0]].ToString());
     AwaitRouting(generation, deadline);
     pending = std::move(failed);
   }

@@ -266,14 +266,11 @@ absl::Status CheckEmbeddingJob(const JobSpec& spec, const MappingReader& r) {
     return r.Error("min_workers", "must equal workers with embeddings in allreduce mode (hybrid: a collective "
                                   "group cannot shrink; a lost worker restarts the job)");
   }
-  if (spec.min_workers < spec.workers && spec.consistency == SYNC && spec.replicas > 0) {
-    return r.Error("min_workers", "must equal workers in a sync job with embeddings and replicas (covering a "
-                                  "lost worker's batches is not built for replicated rows yet)");
-  }
-  if (spec.min_workers < spec.workers && spec.consistency == SYNC && spec.clip_grad_norm > 0) {
-    return r.Error("min_workers", "must equal workers in a sync job with embeddings and clip_grad_norm (a worker "
-                                  "covering a lost one's batch would have to clip each batch on its own: not "
-                                  "built yet)");
+  if (spec.min_workers < spec.workers && spec.consistency == SYNC && spec.clip_grad_norm > 0 &&
+      spec.accumulate_steps > 1) {
+    return r.Error("min_workers", "must equal workers in a sync job with embeddings, clip_grad_norm and "
+                                  "accumulate_steps (a worker covering a lost one's batch clips each batch on its "
+                                  "own: not built for micro-batches yet)");
   }
   return absl::OkStatus();
 }

@@ -197,10 +197,9 @@ TEST(EmbeddingSpecTest, CrossFieldRulesNameTheirField) {
       {"model: dlrm\ndata: {format: criteo}\n" + tables, "data.train_file is needed for format criteo"},
       {"model: dlrm\nmode: allreduce\nshards: 0\nconsistency: sync\n" + criteo + tables,
        "shards must be in 1..1024 in allreduce mode with embeddings"},
-      {"model: dlrm\nworkers: 3\nshards: 2\nreplicas: 1\nmin_workers: 2\nconsistency: sync\n" + criteo + tables,
-       "min_workers must equal workers in a sync job with embeddings and replicas"},
-      {"model: dlrm\nworkers: 3\nmin_workers: 2\nclip_grad_norm: 1\nconsistency: sync\n" + criteo + tables,
-       "min_workers must equal workers in a sync job with embeddings and clip_grad_norm"},
+      {"model: dlrm\nworkers: 3\nmin_workers: 2\nclip_grad_norm: 1\naccumulate_steps: 2\nconsistency: sync\n" +
+           criteo + tables,
+       "min_workers must equal workers in a sync job with embeddings, clip_grad_norm and accumulate_steps"},
       {"model: dlrm\nmode: allreduce\nshards: 2\nworkers: 3\nmin_workers: 2\nconsistency: sync\n" + criteo + tables,
        "min_workers must equal workers"},
       {"model: dlrn\n", "model 'dlrn' is unknown: use mlp, mlp_wide, mlp_deep, lenet, dlrm"},
@@ -217,6 +216,12 @@ TEST(EmbeddingSpecTest, CrossFieldRulesNameTheirField) {
   // A ps job goes on without a lost worker (the shards wait for no vacant
   // rank; sync: the others cover its batches).
   EXPECT_TRUE(ParseJobSpec("model: dlrm\nworkers: 3\nmin_workers: 2\nconsistency: sync\n" + criteo + tables).ok());
+  EXPECT_TRUE(
+      ParseJobSpec("model: dlrm\nworkers: 3\nmin_workers: 2\nclip_grad_norm: 1\nconsistency: sync\n" + criteo + tables)
+          .ok());
+  EXPECT_TRUE(ParseJobSpec("model: dlrm\nworkers: 3\nshards: 2\nreplicas: 1\nmin_workers: 2\nconsistency: sync\n" +
+                           criteo + tables)
+                  .ok());
   EXPECT_TRUE(ParseJobSpec("model: dlrm\nworkers: 3\nmin_workers: 2\nconsistency: async\n" + criteo + tables).ok());
   EXPECT_TRUE(
       ParseJobSpec("model: dlrm\nworkers: 3\nmin_workers: 2\nconsistency: ssp\nstaleness: 2\n" + criteo + tables).ok());

@@ -301,6 +301,19 @@ absl::Status EmbeddingStore::Lookup(const EmbeddingLookupRequest& request, absl:
       // caught up): the step is then released there, not here.
       while (!job.gone && Leads(job.self, job.replica.get()) &&
              !Reached(job.init, job.released, job.applied, job.active, request.rank(), request.step())) {
+        if (job.replica != nullptr && !job.replica->queue.empty() && !job.replica->sending) {
+          // A forward no caller sends (SetWorkers completed a SYNC step for
+          // a rank made vacant): the lookups that wait for it send it.
+          const int64_t seq = job.replica->queue.back().seq();
+          job.mu.Unlock();
+          absl::Status sent = AwaitForwarded(job, seq);
+          job.mu.Lock();
+          if (!sent.ok()) {
+            --waiters_;
+            return sent;
+          }
+          continue;
+        }
         if (job.changed.WaitWithDeadline(&job.mu, until)) break;
       }
       --waiters_;

@@ -167,6 +167,45 @@ TEST_F(HandBack, ALeaderFencedByTheSparesNewerRoutingBacksTheSlotUpAgain) {
   EXPECT_EQ(promoted, ReferenceRows(7));
 }
 
+// Rank 1 is lost mid-step: SetWorkers makes it vacant and so completes
+// step 1 on slot 1's leader with rank 0's update alone (a worker covering
+// the vacant batch says so with extra_batches). No caller waits for that
+// step's forward: rank 0's next lookup sends it, and the backup holds it.
+TEST_F(HandBack, AStepSetWorkersCompletesIsForwardedByTheNextLookup) {
+  ASSERT_NO_FATAL_FAILURE(Step(0, 1));
+  ASSERT_TRUE(Lookup(1, 1, 0, 1, ids_).ok());
+  ASSERT_TRUE(Update(1, 1, 0, 1, ids_).ok());
+  SetWorkersRequest vacant;
+  vacant.set_job("ctr");
+  vacant.set_attempt(1);
+  vacant.add_seats()->set_active(true);
+  vacant.add_seats()->set_active(false);
+  const int before = forwards_;
+  for (uint32_t s = 0; s < kShards; ++s) shards_[s]->SetWorkers(vacant);
+  EXPECT_EQ(forwards_, before) << "SetWorkers sends nothing itself";
+  std::vector<float> leader, promoted;
+  ASSERT_TRUE(Lookup(1, 1, 0, 2, ids_, &leader).ok());
+  EXPECT_GT(forwards_, before);
+  // The reference: rank 0's gradient of step 1 alone (a mean over 1 batch).
+  auto u = RequestOf<EmbeddingUpdateRequest>(0, 0, 1, ids_);
+  u.clear_slot();
+  std::vector<float> grads;
+  for (size_t i = 0; i < ids_.size(); ++i) {
+    for (int j = 0; j < kDim; ++j) grads.push_back(0.01f * 2 + 0.001f * i - 0.002f * j);
+  }
+  u.add_grads(Bytes(grads.data(), grads.size() * sizeof(float)));
+  auto l = RequestOf<EmbeddingLookupRequest>(0, 0, 1, ids_);
+  l.clear_slot();
+  EmbeddingLookupResponse ignored;
+  ASSERT_TRUE(reference_.Lookup(l, absl::Now() + absl::Seconds(5), &ignored).ok());
+  ASSERT_TRUE(reference_.SetWorkers(vacant).ok());
+  ASSERT_TRUE(reference_.Update(u).ok());
+  EXPECT_EQ(leader, ReferenceRows(2));
+  Route(1, {1}, {0, 2});
+  ASSERT_TRUE(Lookup(2, 1, 0, 2, ids_, &promoted, true).ok());
+  EXPECT_EQ(promoted, leader);
+}
+
 // A copy's first request that arrives late (its sender gave up on it and
 // copied the slot again) must not remake the slot over the later copy.
 TEST_F(HandBack, ALateRequestOfAnEarlierCopyIsRefused) {

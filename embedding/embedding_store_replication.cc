@@ -359,10 +359,11 @@ absl::Status EmbeddingStore::SetWorkers(const SetWorkersRequest& request) {
     if (job->replica != nullptr && request.has_routing()) ApplyRouting(*job, request.routing());
     if (request.seats_size() != static_cast<int>(job->active.size())) continue;
     for (int r = 0; r < request.seats_size(); ++r) job->active[r] = request.seats(r).active() ? 1 : 0;
-    // SYNC: a step that waited only for ranks now vacant completes (an
-    // unreplicated slot: a replicated one's step goes out with its forward,
-    // which a worker's call sends; covering is refused with replicas).
-    if (job->init.consistency() == SYNC && job->replica == nullptr) {
+    // SYNC: a step that waited only for ranks now vacant completes, on the
+    // slot's leader (a backup's sums, if any, are its old leader's). A
+    // replicated slot's forward is then sent by the next step's lookups,
+    // which wait for it (Lookup).
+    if (job->init.consistency() == SYNC && Leads(job->self, job->replica.get())) {
       int64_t unused = 0;
       absl::Status s = CompleteSync(*job, &unused);
       if (completed.ok()) completed = s;

@@ -327,8 +327,10 @@ class CtrElasticTest : public ElasticTest {
 };
 
 TEST_F(CtrElasticTest, AJobWithEmbeddingsLosesAWorkerAndASpareTakesItsRankOver) {
-  for (const std::string consistency : {"async", "ssp\nstaleness: 2", "sync"}) {
-    const std::string name = consistency.substr(0, consistency.find('\n'));
+  // sync-replicas: the rows and the dense part on both shards (the steps
+  // the shards complete for the vacant rank are forwarded to the backups).
+  for (const auto& [name, consistency] : std::vector<std::pair<std::string, std::string>>{
+           {"async", "async"}, {"ssp", "ssp\nstaleness: 2"}, {"sync", "sync"}, {"sync-replicas", "sync\nreplicas: 1"}}) {
     SCOPED_TRACE(name);
     std::string spec = ReadFile("examples/criteo_synth.yaml").value_or("");
     for (const auto& [what, with] : std::vector<std::pair<std::string, std::string>>{
@@ -367,7 +369,7 @@ TEST_F(CtrElasticTest, AJobWithEmbeddingsLosesAWorkerAndASpareTakesItsRankOver) 
     ASSERT_TRUE(std::regex_search(log, m, std::regex(job + " rank 2 continues at step (\\d+)"))) << log;
     const int64_t continued = std::stoll(m[1]);
     EXPECT_GT(continued, 0);
-    if (name == "sync") {
+    if (consistency.rfind("sync", 0) == 0) {
       // The others covered rank 2's batches while it was vacant, and the
       // spare joined the step in flight: every example of both epochs
       // once, less what rank 2 trained before it died (its steps 0..last,
@@ -381,12 +383,12 @@ TEST_F(CtrElasticTest, AJobWithEmbeddingsLosesAWorkerAndASpareTakesItsRankOver) 
       int64_t own = 0;
       for (int64_t step = 0; step <= std::stoll(m[1]); ++step) own += step % 313 == 312 ? 64 : 128;
       const int64_t samples = static_cast<int64_t>(Field(job, "samples"));
-      std::printf("ctr sync: rank 2 trained %lld examples before it died, the others %lld, of %lld\n",
-                  static_cast<long long>(own), static_cast<long long>(samples), static_cast<long long>(2 * kTrain));
+      std::printf("ctr %s: rank 2 trained %lld examples before it died, the others %lld, of %lld\n",
+                  name.c_str(), static_cast<long long>(own), static_cast<long long>(samples), static_cast<long long>(2 * kTrain));
       EXPECT_LE(samples + own, 2 * kTrain) << Logs();
       EXPECT_GE(samples + own, 2 * kTrain - 2 * 128) << Logs();
-      std::printf("ctr sync: rank 2 continued at step %lld; final AUC %.4f\n", static_cast<long long>(continued),
-                  Field(job, "final_auc"));
+      std::printf("ctr %s: rank 2 continued at step %lld; final AUC %.4f\n", name.c_str(),
+                  static_cast<long long>(continued), Field(job, "final_auc"));
       continue;
     }
     // Every example of both epochs once: the finishing workers trained the

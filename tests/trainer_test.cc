@@ -310,28 +310,6 @@ TEST(TrainerTest, AllReduceFp16WireTrainsLikeFp32AndBf16FallsBack) {
   }
 }
 
-// Calls an in-process store's method and waits for its callback.
-template <typename Call>
-absl::Status Await(Call call) {
-  std::promise<absl::Status> done;
-  call([&](absl::Status s) { done.set_value(s); });
-  return done.get_future().get();
-}
-
-// The coordinator's view of the job's ranks, on every shard: seat r active
-// when active[r] (generation 0).
-absl::Status SetSeats(Shards& shards, const std::string& job, const std::vector<bool>& active) {
-  for (auto& store : shards.stores) {
-    SetWorkersRequest req;
-    req.set_job(job);
-    for (bool a : active) req.add_seats()->set_active(a);
-    SetWorkersResponse resp;
-    absl::Status s = Await([&](StatusCallback cb) { store->SetWorkersAsync(req, &resp, {}, cb); });
-    if (!s.ok()) return s;
-  }
-  return absl::OkStatus();
-}
-
 // A worker covering a vacant rank (SYNC) finishes each rank's batch on its
 // own -- clipped, and with loss scaling unscaled, as that rank's worker
 // would -- before summing, so covering trains exactly like the two workers.
@@ -380,20 +358,8 @@ TEST(TrainerTest, ACoveringWorkerClipsEachRanksBatchOnItsOwn) {
         if (at.step != 1) return;
         // Rank 1's step-1 push on every chunk of both shards (step 0: two
         // arrivals per chunk, step 1: one), then rank 1 leaves the view.
-        for (auto& store : shards.stores) {
-          for (int i = 0; i < 30000; ++i) {
-            StatsRequest req;
-            req.set_job(spec.name);
-            StatsResponse resp;
-            seats = Await([&](StatusCallback cb) { store->StatsAsync(req, &resp, {}, cb); });
-            if (!seats.ok() || resp.tables_size() == 0) break;
-            const TableStats& t = resp.tables(0);
-            if (t.pushes_applied() >= 3 * t.num_chunks()) break;
-            std::this_thread::sleep_for(std::chrono::milliseconds(1));
-          }
-          if (!seats.ok()) return;
-        }
-        seats = SetSeats(shards, spec.name, {true, false});
+        seats = AwaitPushes(shards, spec.name, 3);
+        if (seats.ok()) seats = SetSeats(shards, spec.name, {true, false});
       };
     });
     ASSERT_TRUE(seats.ok()) << seats;

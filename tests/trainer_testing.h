@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <functional>
+#include <future>
 #include <map>
 #include <memory>
 #include <string>
@@ -112,6 +113,47 @@ struct Shards {
   std::vector<std::unique_ptr<ShardStore>> stores;
   std::vector<ParameterStore*> ptrs;
 };
+
+// Calls an in-process store's method and waits for its callback.
+template <typename Call>
+absl::Status Await(Call call) {
+  std::promise<absl::Status> done;
+  call([&](absl::Status s) { done.set_value(s); });
+  return done.get_future().get();
+}
+
+// The coordinator's view of the job's ranks, on every shard: seat r active
+// when active[r] (generation 0).
+inline absl::Status SetSeats(Shards& shards, const std::string& job, const std::vector<bool>& active) {
+  for (auto& store : shards.stores) {
+    SetWorkersRequest req;
+    req.set_job(job);
+    for (bool a : active) req.add_seats()->set_active(a);
+    SetWorkersResponse resp;
+    absl::Status s = Await([&](StatusCallback cb) { store->SetWorkersAsync(req, &resp, {}, cb); });
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+// Until every shard's table of `job` has taken `per_chunk` pushes per chunk
+// (30 s at most).
+inline absl::Status AwaitPushes(Shards& shards, const std::string& job, int64_t per_chunk) {
+  for (auto& store : shards.stores) {
+    for (int i = 0; i < 30000; ++i) {
+      StatsRequest req;
+      req.set_job(job);
+      StatsResponse resp;
+      absl::Status s = Await([&](StatusCallback cb) { store->StatsAsync(req, &resp, {}, cb); });
+      if (!s.ok()) return s;
+      if (resp.tables_size() == 0) break;
+      const TableStats& t = resp.tables(0);
+      if (t.pushes_applied() >= per_chunk * t.num_chunks()) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+  return absl::OkStatus();
+}
 
 // Completes a rank's options before it runs (tests: loss scaling, say).
 using AdjustOptions = std::function<void(TrainerOptions&)>;

@@ -22,6 +22,7 @@
 #include "worker/binary_metrics.h"
 #include "worker/criteo_data.h"
 #include "worker/ctr_batches.h"
+#include "worker/ctr_clip.h"
 #include "worker/data_root.h"
 #include "worker/device.h"
 #include "worker/ctr_model.h"
@@ -115,14 +116,6 @@ class CtrTrainer {
   // place and the rows' in SparseEmbeddings::Stash; one exchange, which
   // says how many batches it sums (none: an empty arrival).
   absl::Status Step(int epoch, const CtrStep& batches);
-  // clip_grad_norm (ps mode: this worker's gradient, as the dense trainer
-  // clips each rank's) over the whole model: the dense parameters'
-  // gradients and the rows' (one per unique row, summed over its
-  // occurrences), scaled alike by clip / (norm + 1e-6) when that is below
-  // 1, as torch.nn.utils.clip_grad_norm_ over DLRM's parameters with the
-  // EmbeddingBags' sparse gradients coalesced. Returns the norm before;
-  // *rows_scale: what Backward scales the rows' gradients by.
-  double ClipGradients(double* rows_scale);
   // A spare taking over a lost rank (rejoin_step: ASYNC and SSP, the step
   // after the last one the shards applied for it; SYNC, the step in flight):
   // the epoch and the batch of the rank's share it continues at, its
@@ -234,6 +227,12 @@ absl::Status CtrTrainer::Step(int epoch, const CtrStep& batches) {
   const size_t trained = batches.batches.size(), n = batches.micro;
   const int64_t examples = batches.examples();
   at::Tensor loss;  // the sum of the batches' mean losses
+  // clip_grad_norm (ctr_clip.h) of a step that covers vacant ranks: each
+  // batch clipped apart, its dense gradients summed here. Reported: this
+  // rank's own batch's norm.
+  const bool clip_apart = spec_.clip_grad_norm > 0 && trained > 1;
+  std::vector<at::Tensor> clipped;
+  double grad_norm = -1;
   try {
     for (const std::vector<CriteoBatch>& micro : batches.batches) {
       int64_t in_batch = 0;
@@ -252,15 +251,25 @@ absl::Status CtrTrainer::Step(int epoch, const CtrStep& batches) {
         at::Tensor weighted = n == 1 ? *l : l->mul(static_cast<double>(batch.size()) / in_batch);
         weighted.backward();
         loss = loss.defined() ? loss.add(weighted.detach()) : weighted.detach();
-        if (n * trained > 1 && !(s = embeddings_->Stash()).ok()) return fail(s);
+        if (!clip_apart && n * trained > 1 && !(s = embeddings_->Stash()).ok()) return fail(s);
+      }
+      if (clip_apart) {
+        auto norm = ClipBatchApart(spec_.clip_grad_norm, params_, &clipped, embeddings_.get());
+        if (!norm.ok()) return fail(norm.status());
+        if (grad_norm < 0) grad_norm = *norm;
       }
     }
   } catch (const c10::Error& e) {
     return fail(absl::InternalError(e.what_without_backtrace()));
   }
-  double rows_scale = 1.0, grad_norm = -1;
+  double rows_scale = 1.0;
   try {
-    if (spec_.clip_grad_norm > 0 && trained > 0) grad_norm = ClipGradients(&rows_scale);
+    for (size_t i = 0; i < clipped.size(); ++i) {
+      if (clipped[i].defined()) params_[i].mutable_grad() = clipped[i];
+    }
+    if (spec_.clip_grad_norm > 0 && trained == 1) {
+      grad_norm = ClipStepGradients(spec_.clip_grad_norm, params_, *embeddings_, &rows_scale);
+    }
   } catch (const c10::Error& e) {
     return fail(absl::InternalError(e.what_without_backtrace()));
   }
@@ -290,23 +299,6 @@ absl::Status CtrTrainer::Step(int epoch, const CtrStep& batches) {
   ++step_;
   result_.samples += examples;
   return absl::OkStatus();
-}
-
-double CtrTrainer::ClipGradients(double* rows_scale) {
-  double sq = embeddings_->GradSquaredNorm();
-  for (const auto& p : params_) {
-    if (p.grad().defined()) sq += p.grad().to(at::kDouble).pow(2).sum().item<double>();
-  }
-  const double norm = std::sqrt(sq);
-  const double coef = spec_.clip_grad_norm / (norm + 1e-6);
-  *rows_scale = 1.0;
-  if (coef < 1.0) {
-    for (auto& p : params_) {
-      if (p.grad().defined()) p.mutable_grad().mul_(coef);
-    }
-    *rows_scale = coef;
-  }
-  return norm;
 }
 
 absl::Status CtrTrainer::PlaceRejoin(int64_t batch_size, int* epoch, int64_t* epoch_step) {

@@ -287,7 +287,7 @@ absl::Status SparseEmbeddings::LeafGradients(std::vector<at::Tensor>* keep,
   return absl::OkStatus();
 }
 
-absl::Status SparseEmbeddings::Stash() {
+absl::Status SparseEmbeddings::Stash(double scale) {
   if (!pending_) return absl::FailedPreconditionError("Stash without a Forward since the last one");
   pending_ = false;
   std::vector<at::Tensor> keep;
@@ -305,16 +305,21 @@ absl::Status SparseEmbeddings::Stash() {
       }
       float* sum = st.grads.data() + it->second * dim;
       const float* g = grads[t] + i * dim;
-      for (size_t d = 0; d < dim; ++d) sum[d] += g[d];
+      if (scale == 1.0) {
+        for (size_t d = 0; d < dim; ++d) sum[d] += g[d];
+      } else {
+        for (size_t d = 0; d < dim; ++d) sum[d] += static_cast<float>(g[d] * scale);
+      }
     }
   }
   has_stash_ = true;
   return absl::OkStatus();
 }
 
-double SparseEmbeddings::GradSquaredNorm() const {
+double SparseEmbeddings::GradSquaredNorm(bool last_forward_only) const {
   double sum = 0;
-  if (has_stash_) {
+  if (last_forward_only && !pending_) return 0;
+  if (has_stash_ && !last_forward_only) {
     for (const Stashed& st : stashed_) {
       for (float g : st.grads) sum += static_cast<double>(g) * g;
     }

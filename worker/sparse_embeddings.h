@@ -144,13 +144,15 @@ class SparseEmbeddings {
   // loss.backward(), adds its rows' gradients into a sum per (table, id)
   // kept until Backward, which then pushes the sum (the union of the
   // micro-batches' rows, each once). FAILED_PRECONDITION without a Forward
-  // since the last Stash or Backward.
-  absl::Status Stash();
+  // since the last Stash or Backward. `scale`: the gradients are added
+  // times it (a covered batch clipped on its own: ctr_clip.h).
+  absl::Status Stash(double scale = 1.0);
 
   // The squared L2 norm of the rows' gradients Backward would push (each
   // unique row's, summed over its occurrences: the coalesced sparse
-  // gradient's), after loss.backward() (and Stash); 0 before.
-  double GradSquaredNorm() const;
+  // gradient's), after loss.backward() (and Stash); 0 before. With
+  // `last_forward_only`: the last Forward's rows' alone (none stashed).
+  double GradSquaredNorm(bool last_forward_only = false) const;
 
   // Pushes the gradient of the last Forward's rows (zeros for a row the
   // loss did not reach), or what Stash summed, times `scale`

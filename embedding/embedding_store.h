@@ -185,11 +185,13 @@ class EmbeddingStore {
   std::atomic<size_t> waiters_{0};
   absl::Mutex mu_;
   std::map<Key, std::shared_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);
-  // The newest routing SetWorkers brought, per job with slots here: a slot
-  // a copy makes after SetWorkers took the slots it tells gets it too.
+  // The newest routing and seats SetWorkers brought, per job with slots
+  // here: a slot a copy makes after SetWorkers took the slots it tells
+  // gets them too.
   struct Told {
     uint64_t attempt = 0;
     Routing routing;
+    std::vector<char> active;  // empty: none told
   };
   std::map<std::string, Told> routings_ ABSL_GUARDED_BY(mu_);
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;

@@ -159,6 +159,8 @@ absl::Status EmbeddingStore::ReceiveCopy(const ReplicateEmbeddingsRequest& reque
     }
     rep.seq = state.seq();
     rep.made_from_copy = state.copy();
+    rep.made_from_generation = request.generation();
+    rep.made_from_sender = request.sender();
     for (int r = 0; r < state.claimed_size(); ++r) {
       job->claimed[r] = std::max<int64_t>(0, std::min(state.claimed(r), kMaxStep));
       job->applied[r] = std::max<int64_t>(0, std::min(state.applied(r), kMaxStep));
@@ -179,7 +181,9 @@ absl::Status EmbeddingStore::ReceiveCopy(const ReplicateEmbeddingsRequest& reque
       const bool newer = at->init.attempt() > request.attempt() ||
                          (had != nullptr && had->routing.generation() > request.generation()) ||
                          (same && had->leader != static_cast<int64_t>(request.sender())) ||
-                         (same && had->made_from_copy >= state.copy());
+                         (same && had->made_from_generation == request.generation() &&
+                          had->made_from_sender == static_cast<int64_t>(request.sender()) &&
+                          had->made_from_copy >= state.copy());
       if (newer) {
         return absl::AbortedError(absl::StrCat("slot ", slot, " of job '", Quote(request.job()),
                                                "' is held under a later attempt or routing: the copy is refused"));
@@ -190,13 +194,14 @@ absl::Status EmbeddingStore::ReceiveCopy(const ReplicateEmbeddingsRequest& reque
     }
     replaced = std::move(at);
     at = job;
-    // A routing SetWorkers brought meanwhile, which the slot made here would
-    // otherwise miss (it took the slots it tells before this one was in).
+    // The routing and seats SetWorkers brought, which the slot made here
+    // would otherwise miss (it took the slots it tells before this one was
+    // in; the copy's state carries neither).
     auto told = routings_.find(request.job());
-    if (told != routings_.end() && told->second.attempt == request.attempt() &&
-        told->second.routing.generation() > request.generation()) {
+    if (told != routings_.end() && told->second.attempt == request.attempt()) {
       absl::MutexLock held(&job->mu);
-      ApplyRouting(*job, told->second.routing);
+      if (told->second.routing.generation() > request.generation()) ApplyRouting(*job, told->second.routing);
+      if (told->second.active.size() == job->active.size()) job->active = told->second.active;
     }
   }
   if (replaced != nullptr) {

@@ -143,8 +143,9 @@ TEST_F(HandBack, TheOldLeadersWaitingLookupFailsAtOnceAndTheStepEndsOnTheNewLead
 // The coordinator tells the spare it leads again before it tells shard 2,
 // which completes step 4 meanwhile: its forward is refused and it fences
 // itself. The routing that reaches it next makes it a backup: it must be
-// one again (brought in line with a whole copy of the slot), so that a
-// later loss of the spare finds a copy that may lead.
+// one again (the spare's forward of step 4, made from the same updates,
+// replaces the rows it could not forward), so that a later loss of the
+// spare finds a copy that may lead.
 TEST_F(HandBack, ALeaderFencedByTheSparesNewerRoutingBacksTheSlotUpAgain) {
   ASSERT_NO_FATAL_FAILURE(UpToASpareCopied());
   for (uint32_t rank = 0; rank < 2; ++rank) ASSERT_TRUE(Lookup(2, 1, rank, 4, ids_).ok());
@@ -204,6 +205,25 @@ TEST_F(HandBack, AStepSetWorkersCompletesIsForwardedByTheNextLookup) {
   Route(1, {1}, {0, 2});
   ASSERT_TRUE(Lookup(2, 1, 0, 2, ids_, &promoted, true).ok());
   EXPECT_EQ(promoted, leader);
+}
+
+// As above, but the spare is lost before it trains anything: shard 2, its
+// fence lifted, leads slot 1 again holding step 4 as it applied it (from
+// both ranks' updates), and the ranks' updates sent again are retries.
+TEST_F(HandBack, AFenceLiftedLeaderPromotedAtOnceHoldsTheStepItApplied) {
+  ASSERT_NO_FATAL_FAILURE(UpToASpareCopied());
+  for (uint32_t rank = 0; rank < 2; ++rank) ASSERT_TRUE(Lookup(2, 1, rank, 4, ids_).ok());
+  ASSERT_TRUE(Update(2, 1, 0, 4, ids_).ok());
+  Route(3, {}, {kSpare}, {}, /*spare=*/true);
+  EXPECT_EQ(Update(2, 1, 1, 4, ids_).code(), absl::StatusCode::kAborted);
+  Route(3, {}, {0, 2}, {}, /*spare=*/true);
+  Route(4, {1}, {0, 2}, {}, /*spare=*/true);  // the spare lost
+  for (uint32_t rank = 0; rank < 2; ++rank) ASSERT_TRUE(Update(2, 1, rank, 4, ids_).ok());
+  ASSERT_NO_FATAL_FAILURE(ReferenceStep(4));
+  ASSERT_NO_FATAL_FAILURE(Step(5, 2));
+  std::vector<float> got;
+  ASSERT_TRUE(Lookup(2, 1, 0, 6, ids_, &got, true).ok());
+  EXPECT_EQ(got, ReferenceRows(6));
 }
 
 // A copy's first request that arrives late (its sender gave up on it and

@@ -76,6 +76,10 @@ struct SlotReplica {
   Routing routing;               // the latest the shard was told
   int64_t leader = -1;           // under `routing`
   std::string fenced;            // why this shard may not lead the slot again
+  // The fence came from a backup's refusal of a forward (it had heard of a
+  // newer routing first), not from this shard being declared lost: the next
+  // routing that makes this copy a backup lifts it.
+  bool fenced_by_refusal = false;
   // Leading: forwards made and held by every live backup; backing up:
   // forwards applied (acked unused).
   int64_t seq = 0;
@@ -92,6 +96,8 @@ struct SlotReplica {
   // earlier copy (its sender gave up on it and began another) is refused.
   uint64_t copies_made = 0;
   uint64_t made_from_copy = 0;
+  uint64_t made_from_generation = 0;
+  int64_t made_from_sender = -1;
 };
 // Whether this shard leads the slot (job.mu held): unreplicated, or the
 // routing's leader and not fenced.

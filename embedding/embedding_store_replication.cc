@@ -251,7 +251,10 @@ absl::Status EmbeddingStore::SendRound(Job& job, const std::vector<EmbeddingForw
       if (rep.leader != static_cast<int64_t>(job.self)) {  // handed back meanwhile (a spare caught up)
         return absl::AbortedError(absl::StrCat("slot ", slot, " is led by shard ", rep.leader, " now"));
       }
-      if (rep.fenced.empty()) rep.fenced = absl::StrCat("backup shard ", backup, " refused this shard's forward: ", s.message());
+      if (rep.fenced.empty()) {
+        rep.fenced = absl::StrCat("backup shard ", backup, " refused this shard's forward: ", s.message());
+        rep.fenced_by_refusal = true;
+      }
       job.changed.SignalAll();
       return absl::AbortedError(rep.fenced);
     }
@@ -285,14 +288,16 @@ void EmbeddingStore::ApplyRouting(Job& job, const Routing& routing) {
   rep.routing = routing;
   rep.leader = LeaderOf(rep.copies, routing);
   if (!rep.fenced.empty()) {
-    if (!Lost(routing, job.self) && rep.leader >= 0 && rep.leader != self) {
+    if (rep.fenced_by_refusal && !Lost(routing, job.self) && rep.leader >= 0 && rep.leader != self) {
       // Fenced by a backup that had heard of a newer routing first (a slot
       // handed back to a spare that caught up); this routing makes it a
-      // backup too. Its rows may hold a step whose forward was refused:
-      // it asks the leader for the whole slot (a seq below any forward).
+      // backup too, from what every copy holds, as a hand-back does below.
+      // A step it applied and could not forward is applied again by the
+      // leader from the same updates (the workers send them there), whose
+      // forward replaces those rows here.
       rep.fenced.clear();
-      rep.seq = rep.acked = -1;
-      rep.last = nullptr;
+      rep.fenced_by_refusal = false;
+      rep.seq = rep.acked;
       rep.queue.clear();
       rep.needs_copy.clear();
     }
@@ -342,11 +347,17 @@ absl::Status EmbeddingStore::SetWorkers(const SetWorkersRequest& request) {
       slots.push_back(it->second);
       replicated = replicated || (it->second->replica != nullptr && it->second->init.attempt() == request.attempt());
     }
-    if (replicated && request.has_routing()) {  // recorded with the slots taken, under one lock (ReceiveCopy)
+    if (replicated) {  // recorded with the slots taken, under one lock (ReceiveCopy)
       Told& told = routings_[request.job()];
-      if (request.attempt() > told.attempt ||
-          (request.attempt() == told.attempt && request.routing().generation() > told.routing.generation())) {
-        told = Told{request.attempt(), request.routing()};
+      if (request.attempt() > told.attempt) told = Told{request.attempt(), Routing(), {}};
+      if (request.attempt() == told.attempt) {
+        if (request.has_routing() && request.routing().generation() > told.routing.generation()) {
+          told.routing = request.routing();
+        }
+        if (request.seats_size() > 0) {
+          told.active.clear();
+          for (const auto& seat : request.seats()) told.active.push_back(seat.active() ? 1 : 0);
+        }
       }
     }
   }

@@ -21,6 +21,8 @@ absl::Status EmbeddingStore::AddSync(Job& job, const EmbeddingUpdateRequest& req
                                      const std::vector<std::vector<int64_t>>& ids, int64_t* forwarded) {
   absl::MutexLock lock(&job.mu);
   if (job.gone) return absl::AbortedError(absl::StrCat("job '", Quote(job.name), "''s embeddings were dropped"));
+  // Handed to another shard since OpenCall looked: the arrival goes there.
+  if (!embedding_internal::Leads(job.self, job.replica.get())) return NotLeading(job);
   if (request.step() < job.steps || job.pending_ranks[request.rank()]) {  // a retry
     // Of a step this shard completed: answered, as the first try would
     // have been, once its forward is held by the backups (the first try's

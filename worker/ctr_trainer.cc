@@ -233,6 +233,9 @@ absl::Status CtrTrainer::Step(int epoch, const CtrStep& batches) {
   const bool clip_apart = spec_.clip_grad_norm > 0 && trained > 1;
   std::vector<at::Tensor> clipped;
   double grad_norm = -1;
+  if (clip_apart && n > 1) {  // the spec refuses it: ClipBatchApart takes one Forward a batch
+    return fail(absl::InvalidArgumentError("clip_grad_norm with accumulate_steps while covering a vacant rank"));
+  }
   try {
     for (const std::vector<CriteoBatch>& micro : batches.batches) {
       int64_t in_batch = 0;

@@ -165,6 +165,8 @@ class EmbeddingStore {
   // A spare's side of FullCopy: (re)makes the slot from the copy's first
   // request, or inserts its rows.
   absl::Status ReceiveCopy(const ReplicateEmbeddingsRequest& request, ReplicateEmbeddingsResponse* response);
+  // ReceiveCopy's rows after the first request, into the slot it made.
+  absl::Status ReceiveCopyRows(const ReplicateEmbeddingsRequest& request, ReplicateEmbeddingsResponse* response);
   // A routing of a higher generation, for one slot (mu held).
   static void ApplyRouting(Job& job, const Routing& routing);
   static absl::Status ParseTables(const Job& job, const google::protobuf::RepeatedPtrField<EmbeddingIds>& in,

@@ -90,44 +90,48 @@ absl::Status EmbeddingStore::FullCopy(Job& job, uint32_t backup, const std::stri
   return send();
 }
 
+absl::Status EmbeddingStore::ReceiveCopyRows(const ReplicateEmbeddingsRequest& request,
+                                             ReplicateEmbeddingsResponse* response) {
+  const uint32_t slot = request.slot();
+  auto found = FindJob(request.job(), request.attempt(), &slot);
+  if (!found.ok()) return found.status();
+  Job& job = **found;
+  if (job.replica == nullptr) return Invalid(job.name, "rows of a copy for a slot that is not replicated");
+  absl::MutexLock lock(&job.mu);
+  if (static_cast<int64_t>(request.sender()) != job.replica->leader || request.sender() == job.self) {
+    return absl::AbortedError(absl::StrCat("shard ", request.sender(), " does not lead slot ", slot, " of job '",
+                                           Quote(job.name), "': its copy is refused"));
+  }
+  if (request.copy() != job.replica->made_from_copy) {
+    return absl::AbortedError(absl::StrCat("rows of copy ", request.copy(), " of slot ", slot, " of job '",
+                                           Quote(job.name), "', which holds copy ", job.replica->made_from_copy,
+                                           ": refused (the sender began another copy)"));
+  }
+  std::vector<int> tables;
+  for (const EmbeddingRowsProto& rows : request.copy_rows()) {
+    auto t = job.table_index.find(rows.table());
+    if (t == job.table_index.end()) return Invalid(job.name, absl::StrCat("no embedding table '", Quote(rows.table()), "'"));
+    if (absl::Status s = CheckRows(job.init, *job.tables[t->second], rows); !s.ok()) return s;
+    tables.push_back(t->second);
+  }
+  for (int k = 0; k < request.copy_rows_size(); ++k) {
+    const EmbeddingRowsProto& rows = request.copy_rows(k);
+    EmbeddingTable& table = *job.tables[tables[k]];
+    for (size_t i = 0; i < rows.ids().size() / sizeof(int64_t); ++i) {
+      absl::Status s = table.InsertRow({Packed<int64_t>(rows.ids())[i], Packed<float>(rows.values()) + i * table.dim(),
+                                        Packed<float>(rows.slots()) + i * table.slot_floats(),
+                                        Packed<int64_t>(rows.last_steps())[i], Packed<uint32_t>(rows.counts())[i]});
+      if (!s.ok()) return s;
+    }
+  }
+  response->set_seq(job.replica->seq);
+  return absl::OkStatus();
+}
+
 absl::Status EmbeddingStore::ReceiveCopy(const ReplicateEmbeddingsRequest& request,
                                          ReplicateEmbeddingsResponse* response) {
+  if (!request.has_copy_init()) return ReceiveCopyRows(request, response);  // rows of a copy begun earlier
   const uint32_t slot = request.slot();
-  if (!request.has_copy_init()) {  // rows of a copy begun earlier
-    auto found = FindJob(request.job(), request.attempt(), &slot);
-    if (!found.ok()) return found.status();
-    Job& job = **found;
-    if (job.replica == nullptr) return Invalid(job.name, "rows of a copy for a slot that is not replicated");
-    absl::MutexLock lock(&job.mu);
-    if (static_cast<int64_t>(request.sender()) != job.replica->leader || request.sender() == job.self) {
-      return absl::AbortedError(absl::StrCat("shard ", request.sender(), " does not lead slot ", slot, " of job '",
-                                             Quote(job.name), "': its copy is refused"));
-    }
-    if (request.copy() != job.replica->made_from_copy) {
-      return absl::AbortedError(absl::StrCat("rows of copy ", request.copy(), " of slot ", slot, " of job '",
-                                             Quote(job.name), "', which holds copy ", job.replica->made_from_copy,
-                                             ": refused (the sender began another copy)"));
-    }
-    std::vector<int> tables;
-    for (const EmbeddingRowsProto& rows : request.copy_rows()) {
-      auto t = job.table_index.find(rows.table());
-      if (t == job.table_index.end()) return Invalid(job.name, absl::StrCat("no embedding table '", Quote(rows.table()), "'"));
-      if (absl::Status s = CheckRows(job.init, *job.tables[t->second], rows); !s.ok()) return s;
-      tables.push_back(t->second);
-    }
-    for (int k = 0; k < request.copy_rows_size(); ++k) {
-      const EmbeddingRowsProto& rows = request.copy_rows(k);
-      EmbeddingTable& table = *job.tables[tables[k]];
-      for (size_t i = 0; i < rows.ids().size() / sizeof(int64_t); ++i) {
-        absl::Status s = table.InsertRow({Packed<int64_t>(rows.ids())[i], Packed<float>(rows.values()) + i * table.dim(),
-                                          Packed<float>(rows.slots()) + i * table.slot_floats(),
-                                          Packed<int64_t>(rows.last_steps())[i], Packed<uint32_t>(rows.counts())[i]});
-        if (!s.ok()) return s;
-      }
-    }
-    response->set_seq(job.replica->seq);
-    return absl::OkStatus();
-  }
   // The first request: the slot made afresh, as its leader holds it up to
   // copy_state.seq (its rows follow).
   const InitEmbeddingsRequest& init = request.copy_init();

@@ -39,10 +39,7 @@ class HandBack : public ReplicatedShards {
     for (uint32_t rank = 0; rank < 2; ++rank) {
       auto u = RequestOf<EmbeddingUpdateRequest>(0, rank, step, ids_);
       u.clear_slot();
-      std::vector<float> grads;
-      for (size_t i = 0; i < ids_.size(); ++i) {
-        for (int j = 0; j < kDim; ++j) grads.push_back(0.01f * (rank + 1) * (step + 1) + 0.001f * i - 0.002f * j);
-      }
+      const std::vector<float> grads = GradsOf(rank, step, ids_.size());
       u.add_grads(Bytes(grads.data(), grads.size() * sizeof(float)));
       ASSERT_TRUE(reference_.Update(u).ok());
     }
@@ -80,6 +77,20 @@ class HandBack : public ReplicatedShards {
     EmbeddingStatsResponse stats;
     ASSERT_TRUE(shards_[2]->Stats(sr, &stats).ok());
     ASSERT_TRUE(stats.copying_to().empty());
+  }
+
+  // Up to a spare copied; then step 4 on shard 2 while generation 3 (the
+  // spare leads slot 1 again) has reached the spare only: rank 1's update
+  // completes the step, whose forward the spare refuses (shard 2 fences
+  // itself); then generation 3 reaches shards 0 and 2.
+  void FencedByTheSpare() {
+    ASSERT_NO_FATAL_FAILURE(UpToASpareCopied());
+    for (uint32_t rank = 0; rank < 2; ++rank) ASSERT_TRUE(Lookup(2, 1, rank, 4, ids_).ok());
+    ASSERT_TRUE(Update(2, 1, 0, 4, ids_).ok());
+    Route(3, {}, {kSpare}, {}, /*spare=*/true);
+    absl::Status s = Update(2, 1, 1, 4, ids_);
+    EXPECT_EQ(s.code(), absl::StatusCode::kAborted) << s;
+    Route(3, {}, {0, 2}, {}, /*spare=*/true);
   }
 
   EmbeddingStore reference_{EmbeddingStoreOptions{}};
@@ -147,13 +158,7 @@ TEST_F(HandBack, TheOldLeadersWaitingLookupFailsAtOnceAndTheStepEndsOnTheNewLead
 // replaces the rows it could not forward), so that a later loss of the
 // spare finds a copy that may lead.
 TEST_F(HandBack, ALeaderFencedByTheSparesNewerRoutingBacksTheSlotUpAgain) {
-  ASSERT_NO_FATAL_FAILURE(UpToASpareCopied());
-  for (uint32_t rank = 0; rank < 2; ++rank) ASSERT_TRUE(Lookup(2, 1, rank, 4, ids_).ok());
-  ASSERT_TRUE(Update(2, 1, 0, 4, ids_).ok());
-  Route(3, {}, {kSpare}, {}, /*spare=*/true);  // only the spare has heard
-  absl::Status s = Update(2, 1, 1, 4, ids_);
-  EXPECT_EQ(s.code(), absl::StatusCode::kAborted) << s;
-  Route(3, {}, {0, 2}, {}, /*spare=*/true);
+  ASSERT_NO_FATAL_FAILURE(FencedByTheSpare());
   for (uint32_t rank = 0; rank < 2; ++rank) ASSERT_TRUE(Update(kSpare, 1, rank, 4, ids_).ok());
   ASSERT_NO_FATAL_FAILURE(ReferenceStep(4));
   ASSERT_NO_FATAL_FAILURE(Step(5, kSpare));  // its round copies the whole slot to shard 2
@@ -190,10 +195,7 @@ TEST_F(HandBack, AStepSetWorkersCompletesIsForwardedByTheNextLookup) {
   // The reference: rank 0's gradient of step 1 alone (a mean over 1 batch).
   auto u = RequestOf<EmbeddingUpdateRequest>(0, 0, 1, ids_);
   u.clear_slot();
-  std::vector<float> grads;
-  for (size_t i = 0; i < ids_.size(); ++i) {
-    for (int j = 0; j < kDim; ++j) grads.push_back(0.01f * 2 + 0.001f * i - 0.002f * j);
-  }
+  const std::vector<float> grads = GradsOf(0, 1, ids_.size());
   u.add_grads(Bytes(grads.data(), grads.size() * sizeof(float)));
   auto l = RequestOf<EmbeddingLookupRequest>(0, 0, 1, ids_);
   l.clear_slot();
@@ -211,12 +213,7 @@ TEST_F(HandBack, AStepSetWorkersCompletesIsForwardedByTheNextLookup) {
 // fence lifted, leads slot 1 again holding step 4 as it applied it (from
 // both ranks' updates), and the ranks' updates sent again are retries.
 TEST_F(HandBack, AFenceLiftedLeaderPromotedAtOnceHoldsTheStepItApplied) {
-  ASSERT_NO_FATAL_FAILURE(UpToASpareCopied());
-  for (uint32_t rank = 0; rank < 2; ++rank) ASSERT_TRUE(Lookup(2, 1, rank, 4, ids_).ok());
-  ASSERT_TRUE(Update(2, 1, 0, 4, ids_).ok());
-  Route(3, {}, {kSpare}, {}, /*spare=*/true);
-  EXPECT_EQ(Update(2, 1, 1, 4, ids_).code(), absl::StatusCode::kAborted);
-  Route(3, {}, {0, 2}, {}, /*spare=*/true);
+  ASSERT_NO_FATAL_FAILURE(FencedByTheSpare());
   Route(4, {1}, {0, 2}, {}, /*spare=*/true);  // the spare lost
   for (uint32_t rank = 0; rank < 2; ++rank) ASSERT_TRUE(Update(2, 1, rank, 4, ids_).ok());
   ASSERT_NO_FATAL_FAILURE(ReferenceStep(4));

@@ -92,10 +92,7 @@ TEST_F(ReplicatedShards, AStepTheLeaderDiedInIsTrainedOnceFromTheRetriedUpdates)
   auto ref_update = [&](uint32_t rank, int64_t step, const std::vector<int64_t>& ids) {
     auto r = RequestOf<EmbeddingUpdateRequest>(0, rank, step, ids);
     r.clear_slot();
-    std::vector<float> grads;
-    for (size_t i = 0; i < ids.size(); ++i) {
-      for (int j = 0; j < kDim; ++j) grads.push_back(0.01f * (rank + 1) * (step + 1) + 0.001f * i - 0.002f * j);
-    }
+    const std::vector<float> grads = GradsOf(rank, step, ids.size());
     r.add_grads(Bytes(grads.data(), grads.size() * sizeof(float)));
     return reference.Update(r);
   };

@@ -120,13 +120,18 @@ class ReplicatedShards : public ::testing::Test {
     return s;
   }
 
-  // A gradient that differs per rank, step and id.
-  absl::Status Update(uint32_t shard, uint32_t slot, uint32_t rank, int64_t step, const std::vector<int64_t>& ids) {
-    auto request = RequestOf<EmbeddingUpdateRequest>(slot, rank, step, ids);
+  // A gradient of n rows that differs per rank, step and row.
+  static std::vector<float> GradsOf(uint32_t rank, int64_t step, size_t n) {
     std::vector<float> grads;
-    for (size_t i = 0; i < ids.size(); ++i) {
+    for (size_t i = 0; i < n; ++i) {
       for (int j = 0; j < kDim; ++j) grads.push_back(0.01f * (rank + 1) * (step + 1) + 0.001f * i - 0.002f * j);
     }
+    return grads;
+  }
+
+  absl::Status Update(uint32_t shard, uint32_t slot, uint32_t rank, int64_t step, const std::vector<int64_t>& ids) {
+    auto request = RequestOf<EmbeddingUpdateRequest>(slot, rank, step, ids);
+    const std::vector<float> grads = GradsOf(rank, step, ids.size());
     request.add_grads(Bytes(grads.data(), grads.size() * sizeof(float)));
     return shards_[shard]->Update(request);
   }

@@ -29,13 +29,9 @@ namespace {
 // id) over every rank's Update, without applying them: the rows keep their
 // first values, so what a rank looks up does not depend on whether the
 // other rank pushed first (the local rows have no SYNC step of their own).
-class SummingRows : public EmbeddingRows {
+class SummingRows : public ForwardingRows {
  public:
-  explicit SummingRows(EmbeddingRows* rows) : rows_(rows) {}
-  absl::Status Lookup(int64_t step, const std::vector<std::vector<int64_t>>& unique_ids,
-                      std::vector<std::vector<float>>* rows, EmbeddingLookupKind kind) override {
-    return rows_->Lookup(step, unique_ids, rows, kind);
-  }
+  explicit SummingRows(EmbeddingRows* rows) : ForwardingRows(rows) {}
   absl::Status Update(int64_t step, const std::vector<std::vector<int64_t>>& unique_ids,
                       const std::vector<const float*>& grads) override {
     std::lock_guard<std::mutex> lock(mu_);
@@ -49,13 +45,10 @@ class SummingRows : public EmbeddingRows {
     }
     return absl::OkStatus();
   }
-  size_t num_tables() const override { return rows_->num_tables(); }
-  int dim(size_t table) const override { return rows_->dim(table); }
   std::map<std::tuple<int64_t, int64_t, int64_t>, std::vector<double>> sums;
 
  private:
   std::mutex mu_;
-  EmbeddingRows* rows_;
 };
 
 struct Trained {

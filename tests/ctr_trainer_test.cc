@@ -194,13 +194,9 @@ TEST(CtrTrainerEqualStepsTest, DeclaredExamplesSkipTheCountAndAShortFileFails) {
 // What the loop does not do yet is refused before anything is trained.
 // Passes every call on to `rows`, keeping the rows' gradients each Update
 // pushed (every table's, in order).
-class RecordingRows : public EmbeddingRows {
+class RecordingRows : public ForwardingRows {
  public:
-  explicit RecordingRows(EmbeddingRows* rows) : rows_(rows) {}
-  absl::Status Lookup(int64_t step, const std::vector<std::vector<int64_t>>& unique_ids,
-                      std::vector<std::vector<float>>* rows, EmbeddingLookupKind kind) override {
-    return rows_->Lookup(step, unique_ids, rows, kind);
-  }
+  explicit RecordingRows(EmbeddingRows* rows) : ForwardingRows(rows) {}
   absl::Status Update(int64_t step, const std::vector<std::vector<int64_t>>& unique_ids,
                       const std::vector<const float*>& grads) override {
     for (size_t t = 0; t < unique_ids.size(); ++t) {
@@ -214,13 +210,8 @@ class RecordingRows : public EmbeddingRows {
     }
     return rows_->Update(step, unique_ids, grads);
   }
-  size_t num_tables() const override { return rows_->num_tables(); }
-  int dim(size_t table) const override { return rows_->dim(table); }
   std::vector<float> pushed;
   std::map<std::pair<size_t, int64_t>, std::vector<float>> by_row;  // (table, id): its gradient
-
- private:
-  EmbeddingRows* rows_;
 };
 
 // One step of `spec` (one worker, SGD at `lr` for the dense part, on fresh

@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "worker/criteo_synth.h"
+#include "worker/sparse_embeddings.h"
 #include "worker/trainer.h"
 
 namespace pstrain {
@@ -89,6 +90,21 @@ inline TrainerOptions Options(const JobSpec& spec, int rank) {
   o.write_weights = false;
   return o;
 }
+
+// Rows that look up in `rows`; subclasses say what an Update does.
+class ForwardingRows : public EmbeddingRows {
+ public:
+  explicit ForwardingRows(EmbeddingRows* rows) : rows_(rows) {}
+  absl::Status Lookup(int64_t step, const std::vector<std::vector<int64_t>>& unique_ids,
+                      std::vector<std::vector<float>>* rows, EmbeddingLookupKind kind) override {
+    return rows_->Lookup(step, unique_ids, rows, kind);
+  }
+  size_t num_tables() const override { return rows_->num_tables(); }
+  int dim(size_t table) const override { return rows_->dim(table); }
+
+ protected:
+  EmbeddingRows* rows_;
+};
 
 }  // namespace pstrain
 

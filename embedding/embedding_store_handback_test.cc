@@ -25,31 +25,44 @@ class HandBack : public ReplicatedShards {
     one.clear_routing();
     InitEmbeddingsResponse created;
     ASSERT_TRUE(reference_.Init(one, &created).ok());
-    CreateJob(SYNC, 2, 1);
+    CreateJob(SYNC, 2, Replicas());
   }
+  virtual uint32_t Replicas() const { return 1; }
 
   // The gradient ReplicatedShards::Update sends, on the reference table.
-  void ReferenceStep(int64_t step) {
+  void ReferenceStep(int64_t step) { ReferenceStep(step, ids_); }
+  void ReferenceStep(int64_t step, const std::vector<int64_t>& ids) {
     for (uint32_t rank = 0; rank < 2; ++rank) {
-      auto l = RequestOf<EmbeddingLookupRequest>(0, rank, step, ids_);
+      auto l = RequestOf<EmbeddingLookupRequest>(0, rank, step, ids);
       l.clear_slot();
       EmbeddingLookupResponse ignored;
       ASSERT_TRUE(reference_.Lookup(l, absl::Now() + absl::Seconds(5), &ignored).ok());
     }
     for (uint32_t rank = 0; rank < 2; ++rank) {
-      auto u = RequestOf<EmbeddingUpdateRequest>(0, rank, step, ids_);
+      auto u = RequestOf<EmbeddingUpdateRequest>(0, rank, step, ids);
       u.clear_slot();
-      const std::vector<float> grads = GradsOf(rank, step, ids_.size());
+      const std::vector<float> grads = GradsOf(rank, step, ids.size());
       u.add_grads(Bytes(grads.data(), grads.size() * sizeof(float)));
       ASSERT_TRUE(reference_.Update(u).ok());
     }
   }
 
   // One step of slot 1 on `leader`, both ranks, and on the reference.
-  void Step(int64_t step, uint32_t leader) {
-    for (uint32_t rank = 0; rank < 2; ++rank) ASSERT_TRUE(Lookup(leader, 1, rank, step, ids_).ok());
-    for (uint32_t rank = 0; rank < 2; ++rank) ASSERT_TRUE(Update(leader, 1, rank, step, ids_).ok());
-    ReferenceStep(step);
+  void Step(int64_t step, uint32_t leader) { Step(step, leader, ids_); }
+  void Step(int64_t step, uint32_t leader, const std::vector<int64_t>& ids) {
+    ASSERT_NO_FATAL_FAILURE(StepSlot(step, 1, leader, ids));
+    ReferenceStep(step, ids);
+  }
+  void StepSlot(int64_t step, uint32_t slot, uint32_t leader, const std::vector<int64_t>& ids) {
+    for (uint32_t rank = 0; rank < 2; ++rank) ASSERT_TRUE(Lookup(leader, slot, rank, step, ids).ok());
+    for (uint32_t rank = 0; rank < 2; ++rank) ASSERT_TRUE(Update(leader, slot, rank, step, ids).ok());
+  }
+  // A step of every slot: slot 1 on `leader`, slots 0 and 2 on their own
+  // shards (never lost here).
+  void StepAll(int64_t step, uint32_t leader) {
+    ASSERT_NO_FATAL_FAILURE(StepSlot(step, 0, 0, IdsOf(0, 6)));
+    ASSERT_NO_FATAL_FAILURE(StepSlot(step, 2, 2, IdsOf(2, 6)));
+    ASSERT_NO_FATAL_FAILURE(Step(step, leader));
   }
 
   std::vector<float> ReferenceRows(int64_t step) {
@@ -64,19 +77,22 @@ class HandBack : public ReplicatedShards {
   }
 
   // Shard 1 lost, slot 1 led by shard 2; then a spare in shard 1's place,
-  // copied slot 1 by shard 2's round of step 3. Steps 0..3 trained.
+  // copied the slots it holds by their leaders' rounds of step 3. Steps
+  // 0..3 trained, every slot.
   void UpToASpareCopied() {
-    ASSERT_NO_FATAL_FAILURE(Step(0, 1));
-    ASSERT_NO_FATAL_FAILURE(Step(1, 1));
+    ASSERT_NO_FATAL_FAILURE(StepAll(0, 1));
+    ASSERT_NO_FATAL_FAILURE(StepAll(1, 1));
     Route(1, {1}, {0, 2});
-    ASSERT_NO_FATAL_FAILURE(Step(2, 2));
+    ASSERT_NO_FATAL_FAILURE(StepAll(2, 2));
     Route(2, {}, {0, 2}, {1}, /*spare=*/true);
-    ASSERT_NO_FATAL_FAILURE(Step(3, 2));
-    EmbeddingStatsRequest sr;
-    sr.set_job("ctr");
-    EmbeddingStatsResponse stats;
-    ASSERT_TRUE(shards_[2]->Stats(sr, &stats).ok());
-    ASSERT_TRUE(stats.copying_to().empty());
+    ASSERT_NO_FATAL_FAILURE(StepAll(3, 2));
+    for (uint32_t leader : {0u, 2u}) {
+      EmbeddingStatsRequest sr;
+      sr.set_job("ctr");
+      EmbeddingStatsResponse stats;
+      ASSERT_TRUE(shards_[leader]->Stats(sr, &stats).ok());
+      ASSERT_TRUE(stats.copying_to().empty()) << leader;
+    }
   }
 
   // Up to a spare copied; then step 4 on shard 2 while generation 3 (the
@@ -220,6 +236,48 @@ TEST_F(HandBack, AFenceLiftedLeaderPromotedAtOnceHoldsTheStepItApplied) {
   ASSERT_NO_FATAL_FAILURE(Step(5, 2));
   std::vector<float> got;
   ASSERT_TRUE(Lookup(2, 1, 0, 6, ids_, &got, true).ok());
+  EXPECT_EQ(got, ReferenceRows(6));
+}
+
+// The fenced leader is told the spare is lost before it hears that the
+// spare leads again: the routing makes it the leader straight away. Its
+// fence (a refused forward, not a loss) is lifted and it leads.
+TEST_F(HandBack, ALeaderFencedByARefusalLeadsAgainWhenTheRoutingSaysSo) {
+  ASSERT_NO_FATAL_FAILURE(UpToASpareCopied());
+  for (uint32_t rank = 0; rank < 2; ++rank) ASSERT_TRUE(Lookup(2, 1, rank, 4, ids_).ok());
+  ASSERT_TRUE(Update(2, 1, 0, 4, ids_).ok());
+  Route(3, {}, {kSpare}, {}, /*spare=*/true);
+  EXPECT_EQ(Update(2, 1, 1, 4, ids_).code(), absl::StatusCode::kAborted);
+  Route(4, {1}, {0, 2}, {}, /*spare=*/true);  // the spare lost; generation 3 never reached shard 2
+  for (uint32_t rank = 0; rank < 2; ++rank) ASSERT_TRUE(Update(2, 1, rank, 4, ids_).ok());
+  ASSERT_NO_FATAL_FAILURE(ReferenceStep(4));
+  ASSERT_NO_FATAL_FAILURE(Step(5, 2));
+  std::vector<float> got;
+  ASSERT_TRUE(Lookup(2, 1, 0, 6, ids_, &got, true).ok());
+  EXPECT_EQ(got, ReferenceRows(6));
+}
+
+// Three copies of each slot. Shard 2's forward of step 4 is refused by the
+// spare (the first backup in copy order), so shard 0, the other backup,
+// never gets it either; then the spare is lost and shard 2 leads again,
+// holding step 4 as only it applied it. Shard 0 must get the whole slot
+// before shard 2's next forward, or a later loss of shard 2 leaves it
+// without step 4's rows that step 5 did not touch.
+class HandBackThreeCopies : public HandBack {
+ protected:
+  uint32_t Replicas() const override { return 2; }
+};
+
+TEST_F(HandBackThreeCopies, ALeaderThatStoppedWithUnforwardedRowsCopiesEveryBackupWhenItLeadsAgain) {
+  ASSERT_NO_FATAL_FAILURE(FencedByTheSpare());
+  Route(4, {1}, {0, 2}, {}, /*spare=*/true);  // the spare lost: shard 2 leads slot 1
+  for (uint32_t rank = 0; rank < 2; ++rank) ASSERT_TRUE(Update(2, 1, rank, 4, ids_).ok());
+  ASSERT_NO_FATAL_FAILURE(ReferenceStep(4));
+  const std::vector<int64_t> some(ids_.begin(), ids_.begin() + 4);
+  ASSERT_NO_FATAL_FAILURE(Step(5, 2, some));
+  Route(5, {1, 2}, {0}, {}, /*spare=*/true);  // shard 2 lost too: shard 0 leads
+  std::vector<float> got;
+  ASSERT_TRUE(Lookup(0, 1, 0, 6, ids_, &got, true).ok());
   EXPECT_EQ(got, ReferenceRows(6));
 }
 

@@ -80,6 +80,10 @@ struct SlotReplica {
   // newer routing first), not from this shard being declared lost: the next
   // routing that makes this copy a backup lifts it.
   bool fenced_by_refusal = false;
+  // It stopped leading holding changes some backup never got (a forward
+  // refused or dropped at a hand-back): were it to lead again, every live
+  // backup gets the whole slot first.
+  bool unforwarded = false;
   // Leading: forwards made and held by every live backup; backing up:
   // forwards applied (acked unused).
   int64_t seq = 0;

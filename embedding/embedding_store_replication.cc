@@ -254,6 +254,7 @@ absl::Status EmbeddingStore::SendRound(Job& job, const std::vector<EmbeddingForw
       if (rep.fenced.empty()) {
         rep.fenced = absl::StrCat("backup shard ", backup, " refused this shard's forward: ", s.message());
         rep.fenced_by_refusal = true;
+        rep.unforwarded = true;
       }
       job.changed.SignalAll();
       return absl::AbortedError(rep.fenced);
@@ -288,13 +289,14 @@ void EmbeddingStore::ApplyRouting(Job& job, const Routing& routing) {
   rep.routing = routing;
   rep.leader = LeaderOf(rep.copies, routing);
   if (!rep.fenced.empty()) {
-    if (rep.fenced_by_refusal && !Lost(routing, job.self) && rep.leader >= 0 && rep.leader != self) {
+    if (rep.fenced_by_refusal && !Lost(routing, job.self) && rep.leader >= 0) {
       // Fenced by a backup that had heard of a newer routing first (a slot
-      // handed back to a spare that caught up); this routing makes it a
-      // backup too, from what every copy holds, as a hand-back does below.
-      // A step it applied and could not forward is applied again by the
+      // handed back to a spare that caught up). This routing makes it a
+      // backup, from what every copy holds, as a hand-back does below: a
+      // step it applied and could not forward is applied again by the
       // leader from the same updates (the workers send them there), whose
-      // forward replaces those rows here.
+      // forward replaces those rows here. Or the leader again (the spare
+      // lost meanwhile): promoted below, every live backup copied whole.
       rep.fenced.clear();
       rep.fenced_by_refusal = false;
       rep.seq = rep.acked;
@@ -309,6 +311,7 @@ void EmbeddingStore::ApplyRouting(Job& job, const Routing& routing) {
     if (rep.leader >= 0 && In(old.catching_up(), static_cast<uint32_t>(rep.leader))) {
       // Handed back to a spare that caught up: this copy backs it up from
       // now on, from what every copy holds.
+      if (rep.seq > rep.acked) rep.unforwarded = true;
       rep.seq = rep.acked;
       rep.queue.clear();
       rep.needs_copy.clear();
@@ -316,18 +319,29 @@ void EmbeddingStore::ApplyRouting(Job& job, const Routing& routing) {
       rep.fenced = absl::StrCat("slot ", job.init.shard_index(), " is led by shard ", rep.leader,
                                 " from routing generation ", routing.generation());
     }
-  } else if (!led && rep.leader == self) {
+  }
+  bool copy_all = false;
+  if (!led && rep.leader == self && rep.fenced.empty()) {
     // Promoted: what it holds, every live copy holds (or is one forward
-    // short of, which the first round mends).
+    // short of, which the first round mends), unless it once led and
+    // stopped holding changes it never forwarded: then each live backup
+    // gets the whole slot first.
     rep.acked = rep.seq;
     rep.queue.clear();
     job.released = job.steps;
+    copy_all = rep.unforwarded;
+    rep.unforwarded = false;
   }
   // A spare in a lost copy's place gets the whole slot from its leader.
   if (rep.leader == self && rep.fenced.empty()) {
     std::vector<uint32_t> copy;
     for (uint32_t c : rep.copies) {
-      if (c == job.self || Lost(routing, c) || !In(routing.catching_up(), c)) continue;
+      if (c == job.self || Lost(routing, c)) continue;
+      if (copy_all) {
+        copy.push_back(c);
+        continue;
+      }
+      if (!In(routing.catching_up(), c)) continue;
       const bool pending = std::count(rep.needs_copy.begin(), rep.needs_copy.end(), c) > 0;
       const bool fresh = !In(old.catching_up(), c) || old.targets(static_cast<int>(c)) != routing.targets(static_cast<int>(c));
       if (pending || fresh || !led) copy.push_back(c);

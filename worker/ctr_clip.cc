@@ -1,9 +1,8 @@
 #include "worker/ctr_clip.h"
 
-#include <ATen/ATen.h>
-
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 namespace pstrain {
 namespace {

@@ -212,6 +212,7 @@ absl::StatusOr<std::vector<size_t>> ShardStore::ResolveKeys(
     if (!seen.insert(it->second).second) {
       return absl::InvalidArgumentError(absl::StrCat("key '", Quote(key), "' appears twice in one request"));
     }
+    if (absl::Status s = shard_internal::CheckStagePusher(*table.chunks[it->second], -1); !s.ok()) return s;
     out.push_back(it->second);
   }
   return out;
@@ -220,17 +221,18 @@ absl::StatusOr<std::vector<size_t>> ShardStore::ResolveKeys(
 
 absl::StatusOr<std::unique_ptr<ShardStore::Chunk>> ShardStore::NewChunk(const std::string& key,
                                                                         const TensorBuffer& v,
-                                                                        const TableConfig& config) {
+                                                                        const TableConfig& config, bool pending) {
   auto chunk = std::make_unique<Chunk>();
   chunk->key = key;
   chunk->dtype = v.dtype;
   chunk->shape = v.shape;
   chunk->numel = static_cast<size_t>(v.NumElements());
-  absl::StatusOr<TensorBuffer> value = CopyBuffer(v);
+  absl::StatusOr<TensorBuffer> value = pending ? Zeros(v.dtype, v.shape) : CopyBuffer(v);
   if (!value.ok()) return value.status();
   chunk->value = std::move(*value);
-  const bool per_worker = config.consistency() != SYNC && !config.shared_async_state();
-  const uint32_t sets = per_worker ? config.num_workers() : 1;
+  chunk->stages = shard_internal::PipelineStages(config);
+  chunk->pending.store(pending);
+  const uint32_t sets = shard_internal::StateSets(config);
   chunk->state.resize(sets);
   chunk->optimizer_step.assign(sets, 0);
   chunk->last_step.assign(config.num_workers(), -1);
@@ -248,6 +250,16 @@ void ShardStore::InitTableAsync(const InitTableRequest& request, std::vector<Ten
   TableConfig config = request.config();
   absl::Status s = ValidateTableRequest(request.job(), request.keys(), &config);
   if (!s.ok()) return done(s);
+  const bool pipelined = config.pipeline_stages() > 1;
+  std::vector<bool> pending(values.size(), false);
+  if (pipelined) {
+    absl::StatusOr<std::vector<TensorBuffer>> all = PipelinedInitValues(request, std::move(values), &pending);
+    if (!all.ok()) return done(all.status());
+    values = std::move(*all);
+  } else if (request.key_stages_size() > 0 || request.layouts_size() > 0 || request.stage() > 0) {
+    return done(absl::InvalidArgumentError("stage, key_stages and layouts are for pipelined tables "
+                                           "(config.pipeline_stages > 1)"));
+  }
   if (static_cast<size_t>(request.keys_size()) != values.size()) {
     return done(absl::InvalidArgumentError(absl::StrCat(request.keys_size(), " keys but ", values.size(),
                                                         " values: give one value per key")));
@@ -258,13 +270,13 @@ void ShardStore::InitTableAsync(const InitTableRequest& request, std::vector<Ten
     const std::string& key = request.keys(static_cast<int>(i));
     const TensorBuffer& v = values[i];
     const std::string what = absl::StrCat("value of key '", Quote(key), "'");
-    s = ValidateTensorBuffer(v, what);
+    if (!pending[i]) s = ValidateTensorBuffer(v, what);
     if (!s.ok()) return done(s);
     if (v.dtype != DT_FLOAT32 && v.dtype != DT_FLOAT64) {
       return done(absl::InvalidArgumentError(absl::StrCat(
           what, " is ", DataTypeName(v.dtype), ": trainable parameters must be float32 or float64")));
     }
-    if (!IsFinite(v)) return done(absl::InvalidArgumentError(what + " has NaN or Inf"));
+    if (!pending[i] && !IsFinite(v)) return done(absl::InvalidArgumentError(what + " has NaN or Inf"));
     if (!keys.insert(key).second) {
       return done(absl::InvalidArgumentError(absl::StrCat("key '", Quote(key), "' appears twice")));
     }
@@ -298,6 +310,8 @@ void ShardStore::InitTableAsync(const InitTableRequest& request, std::vector<Ten
           "job '", Quote(request.job()), "' already has a table on shard ", options_.shard_index,
           " with different keys, shapes or config; use a new job name")));
     }
+    if (pipelined) s = FillStage(*existing, request, values);
+    if (!s.ok()) return done(s);
     response->set_created(false);
     // A worker's InitTable for a spare catching up may bring a newer routing
     // than the one a leftover table holds (ignored unless newer).
@@ -314,8 +328,12 @@ void ShardStore::InitTableAsync(const InitTableRequest& request, std::vector<Ten
   if (!table.ok()) return done(table.status());
   for (size_t i = 0; i < values.size(); ++i) {
     const std::string& key = request.keys(static_cast<int>(i));
-    absl::StatusOr<std::unique_ptr<Chunk>> chunk = NewChunk(key, values[i], config);
+    absl::StatusOr<std::unique_ptr<Chunk>> chunk = NewChunk(key, values[i], config, pending[i]);
     if (!chunk.ok()) return done(chunk.status());
+    if (pipelined) {
+      (*chunk)->stage.store(request.key_stages(static_cast<int>(i)));
+      (*chunk)->stage_known.store(true);
+    }
     (*table)->index.emplace(key, i);
     (*table)->chunks.push_back(std::move(*chunk));
   }
@@ -323,6 +341,9 @@ void ShardStore::InitTableAsync(const InitTableRequest& request, std::vector<Ten
   bool created = false;
   absl::StatusOr<std::shared_ptr<Table>> installed = Install(std::move(*table), /*keep_identical=*/true, &created);
   if (!installed.ok()) return done(installed.status());
+  // Another stage's InitTable may have made the table first.
+  if (pipelined && !created) s = FillStage(**installed, request, values);
+  if (!s.ok()) return done(s);
   if ((*installed)->replica != nullptr) ApplyRouting(*installed, request.routing());
   response->set_created(created);
   done(absl::OkStatus());

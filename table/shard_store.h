@@ -216,10 +216,24 @@ class ShardStore : public ParameterStore {
                                                  bool* created);
   absl::StatusOr<std::vector<size_t>> ResolveKeys(
       const Table& table, const google::protobuf::RepeatedPtrField<std::string>& keys);
-  // A chunk holding a copy of `value`; its optimizer state sets are
-  // allocated on first use.
+  // A chunk holding a copy of `value` (`pending`: zeros of its layout, a
+  // pipelined table's key whose stage has not given its value yet); its
+  // optimizer state sets are allocated on first use.
   static absl::StatusOr<std::unique_ptr<Chunk>> NewChunk(const std::string& key, const TensorBuffer& value,
-                                                         const TableConfig& config);
+                                                         const TableConfig& config, bool pending = false);
+
+  // --- Pipelined tables (shard_store_pipeline.cc).
+  // A pipelined InitTable's values, one per key: its own stage's as given,
+  // the other keys' as layouts without data (`pending`; dtype and shape
+  // checked, nbytes set).
+  static absl::StatusOr<std::vector<TensorBuffer>> PipelinedInitValues(const InitTableRequest& request,
+                                                                       std::vector<TensorBuffer> values,
+                                                                       std::vector<bool>* pending);
+  // Into a pipelined table with the request's layout: every key's stage
+  // (a restored table learns them here; a table told another cut is
+  // ALREADY_EXISTS), and the values of the request's stage where they are
+  // still pending. All or nothing.
+  static absl::Status FillStage(Table& table, const InitTableRequest& request, const std::vector<TensorBuffer>& values);
 
   // --- Restoring from checkpoint files (shard_store_files.cc).
   // A chunk restored from its checkpoint snapshot (read from a table of

@@ -58,6 +58,7 @@ void ShardStore::SaveTableAsync(const SaveTableRequest& request, SaveTableRespon
       // A replicated table: each chunk is saved by its primary alone.
       if ((*table)->replica != nullptr && !c->led.load(std::memory_order_acquire)) continue;
       std::lock_guard<std::mutex> lock(c->mu);
+      if (c->pending.load(std::memory_order_acquire)) return done(shard_internal::CheckStagePusher(*c, -1));
       if (c->arrivals > 0) {
         return done(absl::FailedPreconditionError(absl::StrCat(
             "key '", Quote(c->key), "' has a SYNC step half pushed; checkpoint when every worker is paused")));
@@ -128,8 +129,7 @@ absl::Status ValidateChunkSnapshot(const ChunkSnapshot& c, const TableConfig& sn
   for (int64_t l : c.last_step()) {
     if (l < -1 || l >= kMaxStep) return bad(absl::StrCat("has a worker step of ", l));
   }
-  const bool per_worker = snap_config.consistency() != SYNC && !snap_config.shared_async_state();
-  const int sets = per_worker ? static_cast<int>(snap_config.num_workers()) : 1;
+  const int sets = static_cast<int>(shard_internal::StateSets(snap_config));
   if (c.state_size() != sets) return bad(absl::StrCat("has ", c.state_size(), " optimizer state sets, not ", sets));
   const int slots = OptimizerStateSlots(snap_config.optimizer().kind());
   for (const auto& set : c.state()) {

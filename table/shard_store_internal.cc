@@ -116,10 +116,40 @@ void ResetStateSet(const OptimizerConfig& optimizer, std::vector<TensorBuffer>& 
   }
 }
 
+absl::Status CheckStagePusher(const ShardStore::Chunk& c, int64_t worker) {
+  if (c.stages <= 1) return absl::OkStatus();
+  if (c.pending.load(std::memory_order_acquire) || !c.stage_known.load(std::memory_order_acquire)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("key '", Quote(c.key), "' of a pipelined job has no value yet: the workers of its stage ",
+                     "call InitTable first"));
+  }
+  if (worker >= 0 && !c.PushedBy(static_cast<size_t>(worker))) {
+    return absl::InvalidArgumentError(absl::StrCat("key '", Quote(c.key), "' belongs to stage ", c.stage.load(),
+                                                   " of a pipelined job; worker ", worker, " is of stage ",
+                                                   worker % c.stages, " and pushes its own stage's keys only"));
+  }
+  return absl::OkStatus();
+}
+
+uint32_t PipelineStages(const TableConfig& config) { return std::max<uint32_t>(1, config.pipeline_stages()); }
+
+namespace {
+bool PerWorkerState(const TableConfig& config) {
+  return config.consistency() != SYNC && !config.shared_async_state();
+}
+}  // namespace
+
+uint32_t StateSets(const TableConfig& config) {
+  return PerWorkerState(config) ? config.num_workers() / PipelineStages(config) : 1;
+}
+
+size_t StateSetOf(const TableConfig& config, uint32_t worker) {
+  return PerWorkerState(config) ? worker / PipelineStages(config) : 0;
+}
+
 uint64_t WorstCaseBytes(const TableConfig& config, uint64_t value_bytes) {
   const uint64_t slots = static_cast<uint64_t>(OptimizerStateSlots(config.optimizer().kind()));
-  const bool per_worker = config.consistency() != SYNC && !config.shared_async_state();
-  const uint64_t sets = per_worker ? config.num_workers() : 1;
+  const uint64_t sets = StateSets(config);
   const uint64_t accum = config.consistency() == SYNC ? 1 : 0;
   return value_bytes * (2 + slots * sets + accum);
 }
@@ -127,7 +157,7 @@ uint64_t WorstCaseBytes(const TableConfig& config, uint64_t value_bytes) {
 bool StepComplete(const ShardStore::Chunk& c, const std::vector<bool>& active, int worker) {
   if (c.arrivals == 0 && worker < 0) return false;
   for (size_t r = 0; r < active.size(); ++r) {
-    if (active[r] && !c.arrived[r] && static_cast<int>(r) != worker) return false;
+    if (active[r] && c.PushedBy(r) && !c.arrived[r] && static_cast<int>(r) != worker) return false;
   }
   return true;
 }
@@ -136,7 +166,7 @@ int64_t ActiveClock(const ShardStore::Chunk& c, const std::vector<bool>& active)
   int64_t lo = INT64_MAX, hi = -1;
   for (size_t r = 0; r < c.last_step.size(); ++r) {
     hi = std::max(hi, c.last_step[r]);
-    if (r < active.size() && active[r]) lo = std::min(lo, c.last_step[r]);
+    if (r < active.size() && active[r] && c.PushedBy(r)) lo = std::min(lo, c.last_step[r]);
   }
   return lo == INT64_MAX ? hi : lo;
 }
@@ -226,6 +256,11 @@ absl::Status ValidateTableConfig(TableConfig* config) {
   }
   if (config->num_workers() == 0 || config->num_workers() > kMaxTableWorkers) {
     return absl::InvalidArgumentError(absl::StrCat("config.num_workers must be between 1 and ", kMaxTableWorkers));
+  }
+  const uint32_t stages = config->pipeline_stages();
+  if (stages > 1 && (stages > config->num_workers() || config->num_workers() % stages != 0)) {
+    return absl::InvalidArgumentError(absl::StrCat("config.pipeline_stages (", stages,
+                                                   ") must divide config.num_workers (", config->num_workers(), ")"));
   }
   if (config->staleness() > 1000000) {
     return absl::InvalidArgumentError("config.staleness must be at most 1000000");

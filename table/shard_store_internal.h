@@ -61,6 +61,18 @@ struct ShardStore::Chunk {
   // workers read to cover their batches in the next one).
   std::vector<uint32_t> vacant_at_version;
 
+  // A pipelined table's (TableConfig.pipeline_stages): the stages P and
+  // this key's stage, which only ranks r with r % P == stage push. `stage`
+  // is set by the InitTables (under mu; a restored table learns it from
+  // the first), `pending` until a rank of its stage gave its value: such a
+  // chunk refuses pushes, pulls and saves. Read without mu by checks.
+  uint32_t stages = 1;
+  std::atomic<uint32_t> stage{0};
+  std::atomic<bool> stage_known{false};
+  std::atomic<bool> pending{false};
+  // Whether rank r pushes this chunk.
+  bool PushedBy(size_t r) const { return stages <= 1 || r % stages == stage.load(std::memory_order_acquire); }
+
   // Published under mu, read by waiters without it.
   std::atomic<int64_t> version{0};
   std::atomic<int64_t> clock{-1};  // min over active ranks of last_step
@@ -254,11 +266,21 @@ absl::Status ValidateRouting(const Routing& routing, int targets);
 int64_t LeaderOf(const std::vector<uint32_t>& copies, const Routing& r);
 // Back to the state of a fresh table (zeros; Adagrad's initial accumulator).
 void ResetStateSet(const OptimizerConfig& optimizer, std::vector<TensorBuffer>& set);
+// A pipelined table's chunk: FAILED_PRECONDITION while it waits for its
+// stage's value (or, restored, its stage), INVALID_ARGUMENT when `worker`
+// (a pusher; -1 for a puller) is not of its stage. OK otherwise.
+absl::Status CheckStagePusher(const ShardStore::Chunk& c, int64_t worker);
+// The stages of a pipelined table (at least 1).
+uint32_t PipelineStages(const TableConfig& config);
+// Optimizer state sets a chunk may hold: one per replica of a stage under
+// ASYNC/SSP (unless shared), else one; and the set rank `worker` uses.
+uint32_t StateSets(const TableConfig& config);
+size_t StateSetOf(const TableConfig& config, uint32_t worker);
 // SYNC: whether the chunk's step is complete once `worker` (-1: nobody
-// more) has arrived: every active rank has pushed it.
+// more) has arrived: every active rank that pushes it has.
 bool StepComplete(const ShardStore::Chunk& c, const std::vector<bool>& active, int worker = -1);
-// ASYNC/SSP: the slowest active rank's last step (every rank's when none is
-// active: nobody is left to wait for).
+// ASYNC/SSP: the slowest active rank's last step among those that push the
+// chunk (every rank's when none is active: nobody is left to wait for).
 int64_t ActiveClock(const ShardStore::Chunk& c, const std::vector<bool>& active);
 // A buffer for the chunk's next value: its spare if no reader holds it.
 absl::StatusOr<TensorBuffer> TakeSpare(ShardStore::Chunk& c);

@@ -57,7 +57,7 @@ class ShardStore::PushTransaction {
         config_(table.config),
         sync_(config_.consistency() == SYNC),
         // Per-worker optimizer state under ASYNC/SSP unless shared.
-        set_(!sync_ && !config_.shared_async_state() ? in.worker : 0),
+        set_(shard_internal::StateSetOf(config_, in.worker)),
         skip_(chunks.size(), false),
         action_(chunks.size()),
         new_value_(chunks.size()) {
@@ -66,8 +66,9 @@ class ShardStore::PushTransaction {
     if (!sync_ && !config_.shared_async_state()) {
       // With per-worker state, one round of pushes from all N workers moves
       // the parameters as far as one SYNC step of the averaged gradient:
-      // the job's lr means the same in every mode (and as in DDP).
-      optimizer_.set_lr(optimizer_.lr() / config_.num_workers());
+      // the job's lr means the same in every mode (and as in DDP). A
+      // pipelined table's key is pushed by its stage's replicas only.
+      optimizer_.set_lr(optimizer_.lr() / (config_.num_workers() / shard_internal::PipelineStages(config_)));
     }
   }
 
@@ -112,7 +113,8 @@ absl::Status ShardStore::PushTransaction::Validate() {
     const Chunk& c = chunk(i);
     const TensorBuffer& g = (*in_.grads)[i];
     const std::string what = absl::StrCat("gradient for key '", Quote(c.key), "'");
-    absl::Status s = ValidateTensorBuffer(g, what);
+    absl::Status s = shard_internal::CheckStagePusher(c, in_.worker);
+    if (s.ok()) s = ValidateTensorBuffer(g, what);
     if (!s.ok()) return s;
     if (g.dtype != c.dtype || g.shape != c.shape) {
       return absl::InvalidArgumentError(absl::StrCat(what, " is ", DataTypeName(g.dtype), g.ShapeString(),

@@ -256,8 +256,8 @@ void ShardStore::InitTableAsync(const InitTableRequest& request, std::vector<Ten
     absl::StatusOr<std::vector<TensorBuffer>> all = PipelinedInitValues(request, std::move(values), &pending);
     if (!all.ok()) return done(all.status());
     values = std::move(*all);
-  } else if (request.key_stages_size() > 0 || request.layouts_size() > 0 || request.stage() > 0) {
-    return done(absl::InvalidArgumentError("stage, key_stages and layouts are for pipelined tables "
+  } else if (request.own_keys_size() > 0 || request.layouts_size() > 0 || request.stage() > 0) {
+    return done(absl::InvalidArgumentError("stage, own_keys and layouts are for pipelined tables "
                                            "(config.pipeline_stages > 1)"));
   }
   if (static_cast<size_t>(request.keys_size()) != values.size()) {
@@ -330,8 +330,8 @@ void ShardStore::InitTableAsync(const InitTableRequest& request, std::vector<Ten
     const std::string& key = request.keys(static_cast<int>(i));
     absl::StatusOr<std::unique_ptr<Chunk>> chunk = NewChunk(key, values[i], config, pending[i]);
     if (!chunk.ok()) return done(chunk.status());
-    if (pipelined) {
-      (*chunk)->stage.store(request.key_stages(static_cast<int>(i)));
+    if (pipelined && !pending[i]) {
+      (*chunk)->stage.store(request.stage());
       (*chunk)->stage_known.store(true);
     }
     (*table)->index.emplace(key, i);

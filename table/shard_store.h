@@ -229,10 +229,10 @@ class ShardStore : public ParameterStore {
   static absl::StatusOr<std::vector<TensorBuffer>> PipelinedInitValues(const InitTableRequest& request,
                                                                        std::vector<TensorBuffer> values,
                                                                        std::vector<bool>* pending);
-  // Into a pipelined table with the request's layout: every key's stage
-  // (a restored table learns them here; a table told another cut is
-  // ALREADY_EXISTS), and the values of the request's stage where they are
-  // still pending. All or nothing.
+  // Into a pipelined table with the request's layout: the stage of the
+  // request's own keys (a restored table learns them here; a key of
+  // another stage is ALREADY_EXISTS) and their values where still pending.
+  // All or nothing.
   static absl::Status FillStage(Table& table, const InitTableRequest& request, const std::vector<TensorBuffer>& values);
 
   // --- Restoring from checkpoint files (shard_store_files.cc).

@@ -63,9 +63,10 @@ struct ShardStore::Chunk {
 
   // A pipelined table's (TableConfig.pipeline_stages): the stages P and
   // this key's stage, which only ranks r with r % P == stage push. `stage`
-  // is set by the InitTables (under mu; a restored table learns it from
-  // the first), `pending` until a rank of its stage gave its value: such a
-  // chunk refuses pushes, pulls and saves. Read without mu by checks.
+  // is told by its stage's InitTables (under mu), `pending` until then:
+  // such a chunk refuses pushes, pulls and saves (a restored one has its
+  // value but no stage: it refuses pushes and pulls). Read without mu by
+  // checks.
   uint32_t stages = 1;
   std::atomic<uint32_t> stage{0};
   std::atomic<bool> stage_known{false};

@@ -1,10 +1,10 @@
 // Pipelined tables (TableConfig.pipeline_stages; docs/pipeline.md): the
 // shard holds every stage's keys of a job whose workers each hold one
-// stage of the model. Every rank's InitTable names all of the shard's keys
-// with their stages, and carries values for its own stage's only: the
-// first request makes the table with the other keys pending, and each
-// stage's first request fills its own. Who pushes a key (its stage's
-// replicas) is the chunk's business (Chunk::PushedBy).
+// stage of the model. Every rank's InitTable names all of the shard's
+// keys, and carries values for its own stage's only: the first request
+// makes the table with the other keys pending, and each stage's first
+// request fills its own and tells their stage. Who pushes a key (its
+// stage's replicas) is the chunk's business (Chunk::PushedBy).
 #include <algorithm>
 #include <mutex>
 
@@ -26,30 +26,27 @@ absl::StatusOr<std::vector<TensorBuffer>> ShardStore::PipelinedInitValues(const 
     return absl::InvalidArgumentError(
         absl::StrCat("stage ", request.stage(), " is out of range: the table has ", stages, " stages"));
   }
-  if (request.key_stages_size() != n) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(n, " keys but ", request.key_stages_size(), " key_stages: give each key its stage"));
-  }
-  size_t own = 0;
-  for (uint32_t s : request.key_stages()) {
-    if (s >= stages) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("a key's stage ", s, " is out of range: the table has ", stages, " stages"));
+  pending->assign(static_cast<size_t>(n), true);
+  int64_t last = -1;
+  for (uint32_t k : request.own_keys()) {
+    if (static_cast<int64_t>(k) <= last || k >= static_cast<uint32_t>(n)) {
+      return absl::InvalidArgumentError(absl::StrCat("own_keys must be ascending indices of the request's ", n,
+                                                     " keys; ", k, " is not"));
     }
-    if (s == request.stage()) ++own;
+    (*pending)[k] = false;
+    last = k;
   }
+  const size_t own = static_cast<size_t>(request.own_keys_size());
   if (values.size() != own || static_cast<size_t>(request.layouts_size()) != n - own) {
     return absl::InvalidArgumentError(absl::StrCat(
         values.size(), " values and ", request.layouts_size(), " layouts for ", own, " keys of stage ",
-        request.stage(), " and ", n - own, " of other stages: give a value per key of the request's stage "
-        "and a layout per other key, in key order"));
+        request.stage(), " and ", n - own, " others: give a value per own key and a layout per other key"));
   }
   std::vector<TensorBuffer> out(static_cast<size_t>(n));
-  pending->assign(static_cast<size_t>(n), false);
   size_t next_value = 0;
   int next_layout = 0;
   for (int i = 0; i < n; ++i) {
-    if (request.key_stages(i) == request.stage()) {
+    if (!(*pending)[i]) {
       out[i] = std::move(values[next_value++]);
       continue;
     }
@@ -63,7 +60,6 @@ absl::StatusOr<std::vector<TensorBuffer>> ShardStore::PipelinedInitValues(const 
           absl::StrCat("layout of key '", Quote(request.keys(i)), "': ", bytes.status().message()));
     }
     v.nbytes = *bytes;
-    (*pending)[i] = true;
   }
   return out;
 }
@@ -75,30 +71,29 @@ absl::Status ShardStore::FillStage(Table& table, const InitTableRequest& request
   // may be filled meanwhile (by a replica of this stage), never emptied.
   std::vector<TensorBuffer> copies(table.chunks.size());
   std::vector<bool> copied(table.chunks.size(), false);
-  for (size_t i = 0; i < table.chunks.size(); ++i) {
-    if (request.key_stages(static_cast<int>(i)) != stage || !table.chunks[i]->pending.load()) continue;
+  for (uint32_t i : request.own_keys()) {
+    if (!table.chunks[i]->pending.load()) continue;
     absl::StatusOr<TensorBuffer> copy = shard_internal::CopyBuffer(values[i]);
     if (!copy.ok()) return copy.status();
     copies[i] = std::move(*copy);
     copied[i] = true;
   }
   std::vector<std::unique_lock<std::mutex>> locks;  // index order, as a push takes them
-  locks.reserve(table.chunks.size());
-  for (const auto& c : table.chunks) locks.emplace_back(c->mu);
-  for (size_t i = 0; i < table.chunks.size(); ++i) {
+  locks.reserve(request.own_keys_size());
+  for (uint32_t i : request.own_keys()) locks.emplace_back(table.chunks[i]->mu);
+  for (uint32_t i : request.own_keys()) {
     const Chunk& c = *table.chunks[i];
-    const uint32_t want = request.key_stages(static_cast<int>(i));
-    if (c.stage_known.load() && c.stage.load() != want) {
+    if (c.stage_known.load() && c.stage.load() != stage) {
       return absl::AlreadyExistsError(absl::StrCat(
           "job '", Quote(table.job), "' already has a table whose key '", Quote(c.key), "' is of stage ",
-          c.stage.load(), ", not ", want, ": every worker of a run must cut the model alike"));
+          c.stage.load(), ", not ", stage, ": every worker of a run must cut the model alike"));
     }
   }
   const bool sync = table.config.consistency() == SYNC;
   const std::vector<bool> active = table.Active();  // lock order: the chunks, then seats_mu
-  for (size_t i = 0; i < table.chunks.size(); ++i) {
+  for (uint32_t i : request.own_keys()) {
     Chunk& c = *table.chunks[i];
-    c.stage.store(request.key_stages(static_cast<int>(i)), std::memory_order_release);
+    c.stage.store(stage, std::memory_order_release);
     c.stage_known.store(true, std::memory_order_release);
     if (c.pending.load() && copied[i]) {
       c.value = std::move(copies[i]);

@@ -1,7 +1,7 @@
 // Pipelined tables (TableConfig.pipeline_stages): a job of 4 workers in 2
 // stages, rank r of stage r % 2; key "a" of stage 0, key "b" of stage 1.
-// Each stage's InitTable brings its own values; a key is pushed by its
-// stage's two replicas only, whom SYNC waits for, SSP's clock counts and
+// Each stage's InitTable brings its own keys' values and tells their
+// stage; a key is pushed by its stage's two replicas only, whom SYNC waits for, SSP's clock counts and
 // whose optimizer state and lr are per replica.
 #include <gtest/gtest.h>
 
@@ -23,7 +23,7 @@ TableConfig Piped(Consistency consistency, double lr = 1.0) {
 
 class PipelinedTable : public ::testing::Test {
  protected:
-  // Stage `stage`'s InitTable: its own key's value, the other key's layout.
+  // Stage `stage`'s InitTable: its own key's value, the other's layout.
   InitTableRequest InitRequest(uint32_t stage, const TableConfig& config, uint64_t attempt = 0) {
     InitTableRequest req;
     req.set_job("job");
@@ -31,9 +31,8 @@ class PipelinedTable : public ::testing::Test {
     *req.mutable_config() = config;
     req.add_keys("a");
     req.add_keys("b");
-    req.add_key_stages(0);
-    req.add_key_stages(1);
     req.set_stage(stage);
+    req.add_own_keys(stage);  // "a" is stage 0's, "b" stage 1's
     KeyLayout* other = req.add_layouts();
     other->set_dtype(DT_FLOAT32);
     other->add_shape(2);
@@ -146,19 +145,25 @@ TEST_F(PipelinedTable, ARestoredTableLearnsItsStagesFromTheInitTables) {
   load.add_keys("b");
   LoadTableResponse loaded;
   ASSERT_TRUE(WaitFor([&](StatusCallback d) { store_.LoadTableAsync(load, &loaded, {}, d); }).ok());
-  // Until a worker's InitTable tells the cut, nobody may push.
-  EXPECT_EQ(PushKey("b", 1, 0, {1, 1}, 1).code(), absl::StatusCode::kFailedPrecondition);
+  // Until its stage's InitTable tells a key's stage, nobody may push it.
+  EXPECT_EQ(PushKey("a", 0, 0, {1, 1}, 1).code(), absl::StatusCode::kFailedPrecondition);
   // The restored values stay: the InitTable's are the seeded ones.
   ASSERT_TRUE(InitWith(InitRequest(0, Piped(SYNC), 1), {Floats({5, 5})}).ok());
   EXPECT_EQ(*PullKey("a", 0, 0, 1), (std::vector<float>{1, 2}));
+  EXPECT_EQ(PushKey("b", 1, 0, {1, 1}, 1).code(), absl::StatusCode::kFailedPrecondition);
+  // Another cut, claiming "a" for stage 1, is refused whole: "b" learns
+  // no stage from it.
+  InitTableRequest recut = InitRequest(1, Piped(SYNC), 1);
+  recut.clear_own_keys();
+  recut.add_own_keys(0);
+  recut.add_own_keys(1);
+  recut.clear_layouts();
+  EXPECT_EQ(InitWith(recut, {Floats({0, 0}), Floats({0, 0})}).code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(PushKey("b", 1, 0, {1, 1}, 1).code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(InitStage(1, Piped(SYNC), 1).ok());
   ASSERT_TRUE(PushKey("b", 1, 0, {2, 2}, 1).ok());
   ASSERT_TRUE(PushKey("b", 3, 0, {0, 0}, 1).ok());
   EXPECT_EQ(*PullKey("b", 1, 0, 1), (std::vector<float>{9, 19}));
-  // Another cut of the same keys in this attempt is refused, whole.
-  InitTableRequest recut = InitRequest(1, Piped(SYNC), 1);
-  recut.set_key_stages(0, 1);
-  recut.clear_layouts();
-  EXPECT_EQ(InitWith(recut, {Floats({0, 0}), Floats({0, 0})}).code(), absl::StatusCode::kAlreadyExists);
 }
 
 TEST_F(PipelinedTable, MalformedPipelinedInitTablesAreRefused) {
@@ -169,8 +174,9 @@ TEST_F(PipelinedTable, MalformedPipelinedInitTablesAreRefused) {
   };
   const std::vector<Case> cases = {
       {"a stage out of range", [](InitTableRequest& r) { r.set_stage(2); }},
-      {"a key's stage out of range", [](InitTableRequest& r) { r.set_key_stages(1, 9); }},
-      {"key_stages missing", [](InitTableRequest& r) { r.clear_key_stages(); }},
+      {"an own key out of range", [](InitTableRequest& r) { r.set_own_keys(0, 2); }},
+      {"own keys not ascending", [](InitTableRequest& r) { r.clear_layouts(), r.add_own_keys(0); }, 2},
+      {"no own key for a value", [](InitTableRequest& r) { r.clear_own_keys(); }},
       {"a layout missing", [](InitTableRequest& r) { r.clear_layouts(); }},
       {"a negative dimension", [](InitTableRequest& r) { r.mutable_layouts(0)->set_shape(0, -1); }},
       {"an int layout", [](InitTableRequest& r) { r.mutable_layouts(0)->set_dtype(DT_INT64); }},

@@ -474,6 +474,8 @@ TableConfig MakeTableConfig(const JobSpec& spec) {
     // gradients.
     c.set_consistency(SYNC);
     c.set_num_workers(1);
+  } else if (spec.pipeline.enabled()) {
+    c.set_pipeline_stages(static_cast<uint32_t>(spec.pipeline.stages));
   }
   c.set_staleness(spec.staleness);
   return c;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <numeric>
+#include <unordered_map>
 #include <unordered_set>
 
 #include "absl/strings/str_cat.h"
@@ -104,6 +105,38 @@ absl::StatusOr<PartitionPlan> MakePartitionPlan(const std::vector<ParameterSpec>
   for (size_t i = 0; i < plan.chunks.size(); ++i) plan.shard_chunks[plan.chunks[i].shard].push_back(i);
   plan.replicas = replicas;
   PlaceBackups(order, &plan);
+  return plan;
+}
+
+absl::StatusOr<PartitionPlan> RestrictPlan(const PartitionPlan& whole, const std::vector<ParameterSpec>& params) {
+  if (whole.replicas > 0) return absl::InvalidArgumentError("a replicated plan cannot be restricted");
+  std::unordered_map<std::string, size_t> in_whole;
+  for (size_t p = 0; p < whole.params.size(); ++p) in_whole.emplace(whole.params[p].name, p);
+  std::vector<int64_t> mine(whole.params.size(), -1);  // whole's parameter -> index in params
+  for (size_t p = 0; p < params.size(); ++p) {
+    auto it = in_whole.find(params[p].name);
+    if (it == in_whole.end() || whole.params[it->second].shape != params[p].shape ||
+        whole.params[it->second].dtype != params[p].dtype || mine[it->second] >= 0) {
+      return absl::InvalidArgumentError(absl::StrCat("parameter '", params[p].name,
+                                                     "' is not one of the whole model's, with its shape and dtype"));
+    }
+    mine[it->second] = static_cast<int64_t>(p);
+  }
+  PartitionPlan plan;
+  plan.num_shards = whole.num_shards;
+  plan.chunk_bytes = whole.chunk_bytes;
+  plan.params = params;
+  plan.shard_bytes.assign(whole.num_shards, 0);
+  plan.shard_chunks.assign(whole.num_shards, {});
+  for (const ChunkSpec& c : whole.chunks) {
+    if (mine[c.param] < 0) continue;
+    plan.chunks.push_back(c);
+    plan.chunks.back().param = static_cast<size_t>(mine[c.param]);
+    plan.shard_bytes[c.shard] += c.bytes;
+    plan.shard_chunks[c.shard].push_back(plan.chunks.size() - 1);
+  }
+  plan.shard_backup_bytes.assign(whole.num_shards, 0);
+  plan.shard_backup_chunks.assign(whole.num_shards, {});
   return plan;
 }
 

@@ -63,6 +63,13 @@ absl::StatusOr<PartitionPlan> MakePartitionPlan(const std::vector<ParameterSpec>
                                                 int num_shards,
                                                 size_t chunk_bytes = kDefaultChunkBytes, int replicas = 0);
 
+// The part of `whole` that holds `params` (each one of whole's, by name,
+// with its shape and dtype; in any order): a pipeline stage's plan of the
+// whole model's. Its chunks keep their keys and shards, in whole's order,
+// and refer to `params`; shard_bytes count them only. INVALID_ARGUMENT for
+// a parameter not in whole or not alike, or a replicated plan.
+absl::StatusOr<PartitionPlan> RestrictPlan(const PartitionPlan& whole, const std::vector<ParameterSpec>& params);
+
 }  // namespace pstrain
 
 #endif  // PSTRAIN_COMMON_PARTITION_PLAN_H_

@@ -165,5 +165,37 @@ TEST(PartitionPlanTest, RejectsBadInput) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// A stage's part of the whole model's plan: its chunks where the whole
+// plan put them, referring to the stage's own parameter list.
+TEST(PartitionPlanTest, RestrictPlanKeepsTheWholePlansShards) {
+  std::mt19937 rng(5);
+  auto params = RandomModel(&rng, 12);
+  auto whole = MakePartitionPlan(params, 3, 1 << 20);
+  ASSERT_TRUE(whole.ok());
+  const std::vector<ParameterSpec> stage = {params[7], params[4], params[5]};
+  auto part = RestrictPlan(*whole, stage);
+  ASSERT_TRUE(part.ok()) << part.status();
+  size_t want = 0;
+  for (const ChunkSpec& c : whole->chunks) want += (c.param == 4 || c.param == 5 || c.param == 7) ? 1 : 0;
+  ASSERT_EQ(part->chunks.size(), want);
+  std::vector<size_t> bytes(3, 0);
+  for (size_t i = 0; i < part->chunks.size(); ++i) {
+    const ChunkSpec& c = part->chunks[i];
+    auto it = std::find_if(whole->chunks.begin(), whole->chunks.end(), [&](const ChunkSpec& w) { return w.key == c.key; });
+    ASSERT_NE(it, whole->chunks.end());
+    EXPECT_EQ(c.shard, it->shard) << c.key;
+    EXPECT_EQ(part->params[c.param].name, whole->params[it->param].name) << c.key;
+    EXPECT_NE(std::find(part->shard_chunks[c.shard].begin(), part->shard_chunks[c.shard].end(), i),
+              part->shard_chunks[c.shard].end());
+    bytes[c.shard] += c.bytes;
+  }
+  EXPECT_EQ(part->shard_bytes, bytes);
+  ParameterSpec stranger = params[0];
+  stranger.shape.push_back(2);
+  EXPECT_FALSE(RestrictPlan(*whole, {stranger}).ok());
+  EXPECT_FALSE(RestrictPlan(*whole, {params[1], params[1]}).ok());
+  EXPECT_FALSE(RestrictPlan(*MakePartitionPlan(params, 3, 1 << 20, 1), {params[1]}).ok());
+}
+
 }  // namespace
 }  // namespace pstrain

@@ -66,7 +66,15 @@ absl::Status CheckPipelineJob(const JobSpec& spec, const MappingReader& r) {
   auto refuse = [&r](const std::string& field, const std::string& why) {
     return r.Error(field, absl::StrCat(why, " with pipeline (not built yet)"));
   };
-  if (!spec.allreduce()) return refuse("mode", "must be allreduce: a stage's replicas average its gradients");
+  if (!spec.allreduce()) {
+    // Parameter server: each stage's keys on the shards, pushed by its replicas.
+    if (spec.min_workers != spec.workers) {
+      return r.Error("min_workers", "must equal workers with pipeline (a lost stage restarts the job from its "
+                                    "checkpoint: its neighbours cannot go on without it)");
+    }
+    if (spec.replicas > 0) return refuse("replicas", "must be 0");
+    if (spec.clip_grad_norm > 0) return refuse("clip_grad_norm", "must be 0 in ps mode (the whole model's norm)");
+  }
   if (spec.precision == Precision::kFp16) return refuse("precision", "must be fp32 or bf16 (fp16's loss scaling)");
   if (spec.device == DeviceChoice::kCuda) return refuse("device", "must be cpu or auto (the stages run on the CPU)");
   if (spec.backend == CollectiveBackend::kNccl) return refuse("backend", "must be gloo or auto");

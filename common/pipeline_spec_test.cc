@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include "absl/strings/str_cat.h"
 #include "common/job_spec.h"
 
 namespace pstrain {
@@ -38,6 +39,13 @@ TEST(PipelineSpec, ReadsStagesMicroBatchesAndScheduleAndRunsOnTheCpu) {
                            "pipeline: {stages: 8}\n").ok());
   // The stages are checkpointed (each its own file, docs/pipeline.md).
   EXPECT_TRUE(ParseJobSpec(std::string(kBase) + "checkpoint_every_steps: 10\npipeline: {stages: 2}\n").ok());
+  // Parameter-server mode: the stages' keys on the shards, any consistency.
+  for (const char* consistency : {"sync", "async", "ssp"}) {
+    auto ps = ParseJobSpec(absl::StrCat("model: lenet\nworkers: 4\nshards: 2\nconsistency: ", consistency,
+                                        "\npipeline: {stages: 2}\n"));
+    EXPECT_TRUE(ps.ok()) << consistency << ": " << ps.status();
+    if (ps.ok()) EXPECT_EQ(MakeTableConfig(*ps).pipeline_stages(), 2u);
+  }
 }
 
 TEST(PipelineSpec, RefusesWhatTheStagesCannotRunNamingTheField) {
@@ -58,7 +66,9 @@ TEST(PipelineSpec, RefusesWhatTheStagesCannotRunNamingTheField) {
       {"model: dlrm\nmode: allreduce\nshards: 1\nworkers: 2\ndata: {format: criteo, train_file: t.tsv}\n"
        "embeddings: {tables: [{name: t, dim: 4}]}\npipeline: {stages: 2}\n",
        "model 'dlrm' cannot be cut into stages"},
-      {"model: lenet\nworkers: 2\npipeline: {stages: 2}\n", "mode must be allreduce"},
+      {"model: lenet\nworkers: 4\nmin_workers: 2\npipeline: {stages: 2}\n", "min_workers must equal workers"},
+      {"model: lenet\nworkers: 2\nshards: 2\nreplicas: 1\npipeline: {stages: 2}\n", "replicas must be 0"},
+      {"model: lenet\nworkers: 2\nclip_grad_norm: 1\npipeline: {stages: 2}\n", "clip_grad_norm must be 0"},
       {base + "precision: fp16\npipeline: {stages: 2}\n", "precision must be fp32 or bf16"},
       {base + "device: cuda\npipeline: {stages: 2}\n", "device must be cpu or auto"},
       {base + "backend: nccl\npipeline: {stages: 2}\n", "backend must be gloo or auto"},

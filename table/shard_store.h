@@ -23,7 +23,7 @@
 // state is reserved against max_bytes before anything is allocated, and an
 // allocation failure is RESOURCE_EXHAUSTED, never a throw.
 //
-// Where the code is: the class spreads over seven files, and its methods
+// Where the code is: the class spreads over nine files, and its methods
 // below are grouped under "---" headers naming the file of each group. The
 // chunk, table and waiter structs, and the optimizer and chunk helpers, are
 // in shard_store_internal.h (map at its top).
@@ -108,9 +108,9 @@ class ShardStore : public ParameterStore {
   // Fails waiting calls and every later call with UNAVAILABLE. Idempotent.
   void Shutdown();
 
-  // --- Tables and calls (shard_store.cc); a push itself is applied in
-  // shard_store_push.cc, a parked Pull or PushPull completed in
-  // shard_store_waiters.cc.
+  // --- Tables and calls (shard_store.cc; InitTableAsync in
+  // shard_store_init.cc); a push itself is applied in shard_store_push.cc,
+  // a parked Pull or PushPull completed in shard_store_waiters.cc.
   void InitTableAsync(const InitTableRequest& request, std::vector<TensorBuffer> values,
                       InitTableResponse* response, const CallOptions& options,
                       StatusCallback done) override;
@@ -216,13 +216,13 @@ class ShardStore : public ParameterStore {
                                                  bool* created);
   absl::StatusOr<std::vector<size_t>> ResolveKeys(
       const Table& table, const google::protobuf::RepeatedPtrField<std::string>& keys);
+  // --- Making tables (shard_store_init.cc).
   // A chunk holding a copy of `value` (`pending`: zeros of its layout, a
   // pipelined table's key whose stage has not given its value yet); its
   // optimizer state sets are allocated on first use.
   static absl::StatusOr<std::unique_ptr<Chunk>> NewChunk(const std::string& key, const TensorBuffer& value,
                                                          const TableConfig& config, bool pending = false);
 
-  // --- Pipelined tables (shard_store_pipeline.cc).
   // A pipelined InitTable's values, one per key: its own stage's as given,
   // the other keys' as layouts without data (`pending`; dtype and shape
   // checked, nbytes set).

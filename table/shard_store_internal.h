@@ -1,5 +1,6 @@
 // ShardStore's insides, shared by the files that implement it
-// (shard_store.cc: tables and calls; shard_store_push.cc: applying a push
+// (shard_store.cc: tables and calls; shard_store_init.cc: making tables,
+// pipelined ones too; shard_store_push.cc: applying a push
 // under the three consistency models; shard_store_waiters.cc: parked
 // calls; shard_store_files.cc: checkpoint files and chunk export;
 // shard_store_seats.cc: who holds a job's ranks). Not a public header: only

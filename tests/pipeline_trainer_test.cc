@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <map>
+#include <optional>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -18,7 +19,8 @@ namespace pstrain {
 namespace {
 
 // `spec`'s ranks at once (threads), pipelined when spec.pipeline says so:
-// each rank gets the whole group (point-to-point) and its stage's group.
+// each rank gets the whole group (point-to-point) and, all-reduce, its
+// stage's group; parameter server, the job's shards (in process).
 std::vector<absl::StatusOr<TrainResult>> RunPipelined(const JobSpec& spec, const TrainTest& data,
                                                       bool write_weights = false,
                                                       std::vector<WorkerEvent>* rank0_events = nullptr) {
@@ -28,6 +30,18 @@ std::vector<absl::StatusOr<TrainResult>> RunPipelined(const JobSpec& spec, const
   const int world = spec.workers, stages = std::max(1, spec.pipeline.stages);
   std::vector<std::unique_ptr<Collective>> whole(world), stage(world);
   std::vector<std::unique_ptr<Shards>> locals(world);
+  Shards shards(spec.allreduce() ? 0 : spec.shards);
+  if (!spec.allreduce()) {
+    return TrainRanks(spec, data, world, [&](int r, TrainerOptions& o) -> absl::Status {
+      o.shards = shards.ptrs;
+      if (!spec.pipeline.enabled()) return absl::OkStatus();
+      auto all = LoopbackGlooRank(store, r, world);
+      if (!all.ok()) return all.status();
+      whole[r] = std::move(*all);
+      o.pipeline = whole[r].get();
+      return absl::OkStatus();
+    });
+  }
   return TrainRanks(spec, data, world, [&](int r, TrainerOptions& o) -> absl::Status {
     CollectiveOptions co;
     co.store = store;
@@ -86,14 +100,22 @@ struct Case {
   std::string balance = "time";  // where the cut falls changes nothing but the speed
   double clip_grad_norm = 0;
   int accumulate_steps = 1;
+  // Parameter server: the stages' keys on 2 shards, several chunks each.
+  std::optional<Consistency> ps;
 };
 
 // The pipelined job against the same job unpipelined, with `replicas`
-// all-reduce workers (the pipeline's data-parallel width).
+// workers (the pipeline's data-parallel width): all-reduce, or on shards.
 void CheckLikeUncut(const Case& c) {
   SCOPED_TRACE(::testing::Message() << c.model << " P " << c.stages << " x " << c.replicas << " M " << c.micro
-                                    << " " << c.schedule);
+                                    << " " << c.schedule << (c.ps ? " ps " + Consistency_Name(*c.ps) : ""));
   JobSpec plain = AllReduceSpec("pipe-ref", c.model, c.replicas, c.batch, /*max_steps=*/0);
+  if (c.ps) {
+    plain.mode = TrainMode::kParameterServer;
+    plain.consistency = *c.ps;
+    plain.shards = 2;
+    plain.chunk_bytes = 16 << 10;
+  }
   plain.data.synthetic_train = c.train_examples;
   plain.data.synthetic_test = 200;
   plain.clip_grad_norm = c.clip_grad_norm;
@@ -246,6 +268,18 @@ TEST(PipelineTrainer, AStageOfANamedStagesModuleHoldsOnlyItsParameters) {
 // averaging its gradients, against 2 all-reduce workers.
 TEST(PipelineTrainer, TwoReplicasOfTwoStagesTrainLikeTwoAllReduceWorkers) {
   CheckLikeUncut({"lenet", 2, 2, 4, "1f1b", 8, 100});
+}
+
+// Parameter server: each stage's replicas push its keys, and the shards
+// average them (SYNC) or apply each push with lr / replicas (ASYNC: one
+// replica trains as one worker does, push after push).
+TEST(PipelineTrainer, StagesOnTheShardsTrainLikeUnpipelinedPsWorkers) {
+  Case sync{"lenet", 2, 2, 4, "1f1b", 8, 100};
+  sync.ps = SYNC;
+  CheckLikeUncut(sync);
+  Case async{"mlp", 3, 1, 4, "gpipe", 16, 100};
+  async.ps = ASYNC;
+  CheckLikeUncut(async);
 }
 
 // bf16 autocast through the stages: the pipelined job stays with the

@@ -74,9 +74,9 @@ absl::StatusOr<std::unique_ptr<AllReduceSetup>> AllReduceSetup::Create(const All
   auto collective = CreateCollective(*backend, co);
   if (!collective.ok()) return collective.status();
   s->collective_ = std::move(*collective);
-  if (options.spec.pipeline.enabled()) {
+  if (options.spec.pipeline.enabled() && options.spec.allreduce()) {
     // Rank = replica * P + stage: stage s's replicas average their
-    // gradients in a group of their own.
+    // gradients in a group of their own (a ps job's, on the shards).
     const int stages = options.spec.pipeline.stages;
     co.rank = options.rank / stages;
     co.size = options.world_size / stages;
@@ -126,6 +126,7 @@ std::function<absl::Status(const std::vector<std::string>& keys)> AllReduceSetup
 void AllReduceSetup::Wire(TrainerOptions* options) {
   if (!options_.spec.allreduce()) {
     options->observer_group = exchange_group();
+    options->pipeline = pipeline_group();
     return;
   }
   options->local_store = local_store();

@@ -45,11 +45,11 @@ class AllReduceSetup {
   // The whole job's group.
   Collective* collective() { return collective_.get(); }
   // The group that averages this rank's gradients: the whole job's, or in
-  // a pipelined job its stage's replicas (TrainerOptions::collective).
+  // a pipelined all-reduce job its stage's replicas (TrainerOptions::collective).
   Collective* exchange_group() { return stage_group_ != nullptr ? stage_group_.get() : collective_.get(); }
   // A pipelined job's whole group, whose point-to-point carries the
   // stages' activations (TrainerOptions::pipeline); null otherwise.
-  Collective* pipeline_group() { return stage_group_ != nullptr ? collective_.get() : nullptr; }
+  Collective* pipeline_group() { return options_.spec.pipeline.enabled() ? collective_.get() : nullptr; }
   ShardStore* local_store() { return local_.get(); }
   // For TrainerOptions::restore_local; empty when not resuming.
   std::function<absl::Status(const std::vector<std::string>& keys)> restore_local();

@@ -12,16 +12,24 @@ namespace pstrain {
 
 absl::StatusOr<ExchangeSet> MakeExchange(const TrainerOptions& options, const std::vector<at::Tensor>& params,
                                          const std::vector<ParameterSpec>& specs, Activity* activity,
-                                         LossScaler* scaler) {
+                                         LossScaler* scaler, const std::vector<ParameterSpec>* whole) {
   const JobSpec& spec = options.spec;
   const bool allreduce = options.collective != nullptr;
   if (allreduce && (options.local_store == nullptr || !options.shards.empty())) {
     return absl::InvalidArgumentError("all-reduce mode needs a local store and no shards");
   }
-  auto plan = MakePartitionPlan(specs, allreduce ? 1 : spec.shards, static_cast<size_t>(spec.chunk_bytes),
-                                allreduce ? 0 : spec.replicas);
-  if (!plan.ok()) return plan.status();
   PsClientOptions po;
+  if (!allreduce && whole != nullptr) {
+    auto whole_plan = MakePartitionPlan(*whole, spec.shards, static_cast<size_t>(spec.chunk_bytes), spec.replicas);
+    if (!whole_plan.ok()) return whole_plan.status();
+    po.whole_plan = std::move(*whole_plan);
+    po.stage = static_cast<uint32_t>(options.rank % std::max(1, spec.pipeline.stages));
+  }
+  auto plan = po.whole_plan.num_shards > 0
+                  ? RestrictPlan(po.whole_plan, specs)
+                  : MakePartitionPlan(specs, allreduce ? 1 : spec.shards, static_cast<size_t>(spec.chunk_bytes),
+                                      allreduce ? 0 : spec.replicas);
+  if (!plan.ok()) return plan.status();
   po.job = spec.name;
   po.attempt = allreduce ? 0 : options.attempt;  // the local store is this attempt's alone
   po.worker = allreduce ? 0 : static_cast<uint32_t>(options.rank);

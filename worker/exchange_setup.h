@@ -37,11 +37,14 @@ struct ExchangeSet {
 // values are broadcast and options.restore_local, when set, loads a
 // checkpoint into the local store. `activity` (not owned) is told of every
 // shard call; `scaler` (may be null) is the all-reduce exchange's loss
-// scaler. INVALID_ARGUMENT for all-reduce without a local store or with
-// shards; the plan's, the client's or the shards' error otherwise.
+// scaler. A pipeline stage in parameter-server mode gives `whole`, the
+// whole model's layout: its chunks lie where the whole model's plan puts
+// them, in tables of every stage's keys (PsClientOptions::whole_plan).
+// INVALID_ARGUMENT for all-reduce without a local store or with shards;
+// the plan's, the client's or the shards' error otherwise.
 absl::StatusOr<ExchangeSet> MakeExchange(const TrainerOptions& options, const std::vector<at::Tensor>& params,
                                          const std::vector<ParameterSpec>& specs, Activity* activity,
-                                         LossScaler* scaler);
+                                         LossScaler* scaler, const std::vector<ParameterSpec>* whole = nullptr);
 
 }  // namespace pstrain
 

@@ -267,7 +267,7 @@ absl::Status RunJobOrThrow(pstrain::JobSpec spec, int rank, int world_size, cons
   options.data_root.dir = absl::GetFlag(FLAGS_data_root);
   options.data_root.max_file_bytes = absl::GetFlag(FLAGS_max_data_file_bytes);
   std::unique_ptr<pstrain::AllReduceSetup> allreduce;
-  if (spec.allreduce() || (spec.quantization.qat() && world_size > 1)) {
+  if (spec.allreduce() || (spec.quantization.qat() && world_size > 1) || spec.pipeline.enabled()) {
     auto ar = SetUpAllReduce(spec, rank, world_size, ctx, &options);
     if (!ar.ok()) return ar.status();
     allreduce = std::move(*ar);

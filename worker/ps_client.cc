@@ -18,6 +18,9 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Create(PsClientOptions optio
         absl::StrCat("the plan has ", options.plan.num_shards, " shards but ", shards.size(), " were given"));
   }
   if (options.job.empty()) return absl::InvalidArgumentError("job must not be empty");
+  if (options.whole_plan.num_shards > 0 && options.whole_plan.num_shards != options.plan.num_shards) {
+    return absl::InvalidArgumentError("a stage's plan and the whole model's must have the same shards");
+  }
   if (options.plan.replicas > 0 && static_cast<int>(options.shard_targets.size()) != options.plan.num_shards) {
     return absl::InvalidArgumentError(
         absl::StrCat("a replicated plan needs the address of each of its ", options.plan.num_shards, " shards"));
@@ -195,8 +198,11 @@ absl::Status PsClient::ForEachShard(const Route& route, const std::function<void
   FanOut calls;
   std::vector<int> involved;
   for (int s = 0; s < static_cast<int>(shards_.size()); ++s) {
-    // A replicated table's shards that lead nothing (lost ones) are not called.
-    if (options_.plan.replicas == 0 || !route.shard_chunks[s].empty() || (every_shard && !route.lost[s])) {
+    // A replicated table's shards that lead nothing (lost ones) are not
+    // called, nor a pipeline stage's shards that hold none of its chunks.
+    const bool pipelined = options_.whole_plan.num_shards > 0;
+    if ((options_.plan.replicas == 0 && !pipelined) || !route.shard_chunks[s].empty() ||
+        (every_shard && !route.lost[s])) {
       involved.push_back(s);
     }
   }

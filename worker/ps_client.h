@@ -43,6 +43,13 @@ struct PsClientOptions {
   DataType wire_dtype = DT_FLOAT32;
   bool error_feedback = false;
   PartitionPlan plan;
+  // A pipelined job's rank (docs/pipeline.md): `plan` holds its stage's
+  // parameters only (RestrictPlan of whole_plan). InitTables names every
+  // key whole_plan puts on a shard and gives the values of this stage's
+  // (InitTableRequest.own_keys); other calls skip the shards that hold
+  // none of this stage's chunks. whole_plan.num_shards 0: not pipelined.
+  PartitionPlan whole_plan;
+  uint32_t stage = 0;
   // Deadline of each operation (all shards together).
   absl::Duration timeout = absl::Seconds(120);
   // PushPullAsync cuts a shard's part of a bucket into requests of at most
@@ -154,6 +161,10 @@ class PsClient {
   void InitTableOn(const Route& route, int shard, const std::vector<at::Tensor>& params, const TableConfig& config,
                    const Routing& routing, InitTableRequest* request, InitTableResponse* response,
                    const CallOptions& opts, StatusCallback done);
+  // InitTableOn for a pipeline stage (PsClientOptions::whole_plan).
+  void InitPipelinedTableOn(const Route& route, int shard, const std::vector<at::Tensor>& params,
+                            const TableConfig& config, InitTableRequest* request, InitTableResponse* response,
+                            const CallOptions& opts, StatusCallback done);
   // The table on each spare catching up under `route` that this client has
   // not made yet (zeros: its primaries copy it the values before it may
   // lead).

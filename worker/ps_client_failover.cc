@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <map>
+#include <unordered_map>
 
 #include "common/routing_key.h"
 #include "rpc/tensor_codec.h"
@@ -143,6 +144,9 @@ void PsClient::InitTableOn(const Route& route, int shard, const std::vector<at::
                            const TableConfig& config, const Routing& routing, InitTableRequest* request,
                            InitTableResponse* response, const CallOptions& opts, StatusCallback done) {
   const PartitionPlan& plan = options_.plan;
+  if (options_.whole_plan.num_shards > 0) {
+    return InitPipelinedTableOn(route, shard, params, config, request, response, opts, std::move(done));
+  }
   // A replicated table: the chunks the shard leads and those it backs up,
   // each with its copies (primary first), in chunk order.
   std::vector<size_t> ids = plan.shard_chunks[shard];
@@ -163,6 +167,40 @@ void PsClient::InitTableOn(const Route& route, int shard, const std::vector<at::
       for (int b : plan.chunks[id].backups) copies->Add(b);
     }
   }
+  route.shards[shard]->InitTableAsync(req, std::move(*views), response, opts, std::move(done));
+}
+
+void PsClient::InitPipelinedTableOn(const Route& route, int shard, const std::vector<at::Tensor>& params,
+                                    const TableConfig& config, InitTableRequest* request,
+                                    InitTableResponse* response, const CallOptions& opts, StatusCallback done) {
+  const PartitionPlan& whole = options_.whole_plan;
+  std::unordered_map<std::string, size_t> own;  // key -> chunk of this stage's plan
+  for (size_t id : options_.plan.shard_chunks[shard]) own.emplace(options_.plan.chunks[id].key, id);
+  InitTableRequest& req = *request;
+  req.set_job(options_.job);
+  req.set_attempt(options_.attempt);
+  *req.mutable_config() = config;
+  req.set_stage(options_.stage);
+  std::vector<size_t> ids;  // this stage's chunks, in the shard's key order
+  for (size_t w : whole.shard_chunks[shard]) {
+    const ChunkSpec& c = whole.chunks[w];
+    auto it = own.find(c.key);
+    if (it != own.end()) {
+      req.add_own_keys(static_cast<uint32_t>(req.keys_size()));
+      ids.push_back(it->second);
+    } else {
+      KeyLayout* layout = req.add_layouts();
+      layout->set_dtype(whole.params[c.param].dtype);
+      layout->add_shape(c.numel);
+    }
+    req.add_keys(c.key);
+  }
+  if (ids.size() != own.size()) {
+    return done(absl::InternalError(
+        absl::StrCat("shard ", shard, ": the stage's plan has chunks the whole plan does not")));
+  }
+  auto views = ChunkViews(params, ids);
+  if (!views.ok()) return done(views.status());
   route.shards[shard]->InitTableAsync(req, std::move(*views), response, opts, std::move(done));
 }
 

@@ -89,6 +89,7 @@ class Trainer {
   std::vector<std::pair<std::string, at::Tensor>> named_;
   std::vector<at::Tensor> params_;
   std::vector<ParameterSpec> specs_;
+  std::vector<ParameterSpec> whole_specs_;  // a pipeline's: every stage's parameters
   std::unique_ptr<PsClient> ps_;
   std::unique_ptr<GradientExchange> exchange_;
   // fp16: the loss scale, unscaled and checked by this worker (PS) or by
@@ -154,7 +155,13 @@ absl::Status Trainer::BuildModel() {
 }
 
 absl::Status Trainer::BuildExchange() {
-  auto set = MakeExchange(options_, params_, specs_, &activity_, scaler_.get());
+  if (options_.pipeline != nullptr) {  // rank 0 reports it; a ps stage's chunks lie where its plan puts them
+    auto whole = PipelineModelSpecs(options_, data_.train);
+    if (!whole.ok()) return whole.status();
+    whole_specs_ = std::move(*whole);
+  }
+  auto set = MakeExchange(options_, params_, specs_, &activity_, scaler_.get(),
+                          options_.pipeline != nullptr ? &whole_specs_ : nullptr);
   if (!set.ok()) return set.status();
   ps_ = std::move(set->ps);
   exchange_ = std::move(set->exchange);
@@ -162,12 +169,9 @@ absl::Status Trainer::BuildExchange() {
 }
 
 void Trainer::RegisterHooks() {
-  // With gradient accumulation only the last micro-step's backward
-  // completes the gradients, and (PS) clipping needs them all first, so
-  // then everything is offered after backward. All-reduce clips the
-  // averaged gradients itself.
-  // The same holds for a worker's own check of scaled (fp16) gradients.
-  // A pipeline stage's gradients sum over its micro-batches.
+  // Hooks offer gradients during backward, unless the step must have them
+  // all first: accumulated micro-batches (a pipeline's too), or a ps
+  // worker's own clipping or fp16 check (all-reduce's come after reducing).
   hooks_ = spec_.accumulate_steps == 1 && pipeline_ == nullptr &&
            (exchange_->processes_reduced() || (spec_.clip_grad_norm == 0 && scaler_ == nullptr));
   offered_.assign(params_.size(), false);
@@ -421,11 +425,7 @@ absl::StatusOr<TrainResult> Trainer::Run() {
   if (s.ok()) s = BuildExchange();
   if (!s.ok()) return s;
   // Rank 0 reports the model's layout (for checkpoints): a pipeline's, all stages'.
-  if (options_.rank == 0) {
-    auto whole = options_.pipeline ? PipelineModelSpecs(options_, data_.train) : specs_;
-    if (!whole.ok()) return whole.status();
-    options_.emit(PlanEvent(0, spec_.chunk_bytes, *whole));
-  }
+  if (options_.rank == 0) options_.emit(PlanEvent(0, spec_.chunk_bytes, options_.pipeline ? whole_specs_ : specs_));
   if (options_.pipeline != nullptr) pipeline_ = std::make_unique<PipelineRun>(options_, model_.get(), &activity_);
   // Unpipelined: replica = rank. A replica's stages draw the same batches.
   const PipelinePlace place = PipelinePlaceOf(spec_.pipeline, options_.rank, options_.world_size);
@@ -446,7 +446,7 @@ absl::StatusOr<TrainResult> Trainer::Run() {
   batch_plan.micro_per_epoch = schedule_.micro_per_epoch;
   batch_plan.pin = !device_.is_cpu();
   loader_ = std::make_unique<BatchLoader>(data_.train, *sampler_, batch_plan);
-  if (spec_.consistency == SYNC && !spec_.allreduce()) {
+  if (spec_.consistency == SYNC && !spec_.allreduce() && pipeline_ == nullptr) {  // a lost stage restarts the job
     covering_ = std::make_unique<VacantRankCover>(data_.train, options_.rank, options_.world_size, spec_.seed,
                                                   spec_.batch_size);
   }

@@ -3,8 +3,9 @@
 // waiting for it), a free pool worker takes it over with a higher
 // generation (the shards refuse its predecessor) and continues it where it
 // stopped; below min_workers the job waits replacement_timeout_s for one,
-// then restarts from its checkpoint as before. All-reduce jobs always
-// restart: a collective group cannot shrink.
+// then restarts from its checkpoint as before. All-reduce and pipelined
+// jobs always restart: a collective group cannot shrink, and a stage's
+// neighbours cannot go on without it.
 #include <algorithm>
 #include <tuple>
 
@@ -76,8 +77,9 @@ absl::StatusOr<JobStatus> Coordinator::ScaleJob(const std::string& job_id, int w
   Job* job = FindJob(job_id);
   if (job == nullptr) return absl::NotFoundError(absl::StrCat("no job '", Quote(job_id), "'"));
   JobStatus& st = job->stored.status;
-  if (job->spec.allreduce()) {
-    return absl::FailedPreconditionError("an all-reduce job cannot change its worker count while it runs");
+  if (job->spec.allreduce() || job->spec.pipeline.enabled()) {
+    return absl::FailedPreconditionError(absl::StrCat(job->spec.allreduce() ? "an all-reduce" : "a pipelined",
+                                                      " job cannot change its worker count while it runs"));
   }
   if (st.state() != RUNNING) {
     return absl::FailedPreconditionError(
@@ -152,7 +154,8 @@ void Coordinator::DropRank(Job& job, const MemberStatus& holder) {
 
 bool Coordinator::VacateRank(Job& job, const MemberStatus& lost, const std::string& what) {
   JobStatus& st = job.stored.status;
-  if (job.spec.allreduce() || lost.role() != MEMBER_ROLE_WORKER || st.rank_generations_size() != job.spec.workers) {
+  if (job.spec.allreduce() || job.spec.pipeline.enabled() || lost.role() != MEMBER_ROLE_WORKER ||
+      st.rank_generations_size() != job.spec.workers) {
     return false;
   }
   const int rank = lost.rank();

@@ -118,10 +118,10 @@ void ResetStateSet(const OptimizerConfig& optimizer, std::vector<TensorBuffer>& 
 
 absl::Status CheckStagePusher(const ShardStore::Chunk& c, int64_t worker) {
   if (c.stages <= 1) return absl::OkStatus();
-  if (c.pending.load(std::memory_order_acquire) || !c.stage_known.load(std::memory_order_acquire)) {
+  if (c.pending.load(std::memory_order_acquire) || (worker >= 0 && !c.stage_known.load(std::memory_order_acquire))) {
     return absl::FailedPreconditionError(
-        absl::StrCat("key '", Quote(c.key), "' of a pipelined job has no value yet: the workers of its stage ",
-                     "call InitTable first"));
+        absl::StrCat("key '", Quote(c.key), "' of a pipelined job has no ",
+                     c.pending.load() ? "value" : "stage", " yet: the workers of its stage call InitTable first"));
   }
   if (worker >= 0 && !c.PushedBy(static_cast<size_t>(worker))) {
     return absl::InvalidArgumentError(absl::StrCat("key '", Quote(c.key), "' belongs to stage ", c.stage.load(),

@@ -66,8 +66,7 @@ struct ShardStore::Chunk {
   // this key's stage, which only ranks r with r % P == stage push. `stage`
   // is told by its stage's InitTables (under mu), `pending` until then:
   // such a chunk refuses pushes, pulls and saves (a restored one has its
-  // value but no stage: it refuses pushes and pulls). Read without mu by
-  // checks.
+  // value but no stage: it refuses pushes). Read without mu by checks.
   uint32_t stages = 1;
   std::atomic<uint32_t> stage{0};
   std::atomic<bool> stage_known{false};
@@ -269,8 +268,9 @@ int64_t LeaderOf(const std::vector<uint32_t>& copies, const Routing& r);
 // Back to the state of a fresh table (zeros; Adagrad's initial accumulator).
 void ResetStateSet(const OptimizerConfig& optimizer, std::vector<TensorBuffer>& set);
 // A pipelined table's chunk: FAILED_PRECONDITION while it waits for its
-// stage's value (or, restored, its stage), INVALID_ARGUMENT when `worker`
-// (a pusher; -1 for a puller) is not of its stage. OK otherwise.
+// stage's value (a pusher, `worker` >= 0: or, restored, for its stage),
+// INVALID_ARGUMENT when the pusher is not of its stage. OK otherwise (a
+// puller: worker -1).
 absl::Status CheckStagePusher(const ShardStore::Chunk& c, int64_t worker);
 // The stages of a pipelined table (at least 1).
 uint32_t PipelineStages(const TableConfig& config);

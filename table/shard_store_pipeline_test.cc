@@ -145,8 +145,10 @@ TEST_F(PipelinedTable, ARestoredTableLearnsItsStagesFromTheInitTables) {
   load.add_keys("b");
   LoadTableResponse loaded;
   ASSERT_TRUE(WaitFor([&](StatusCallback d) { store_.LoadTableAsync(load, &loaded, {}, d); }).ok());
-  // Until its stage's InitTable tells a key's stage, nobody may push it.
+  // Until its stage's InitTable tells a key's stage, nobody may push it;
+  // its restored value may be read (a checkpoint's reader does).
   EXPECT_EQ(PushKey("a", 0, 0, {1, 1}, 1).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(*PullKey("b", 0, 0, 1), (std::vector<float>{10, 20}));
   // The restored values stay: the InitTable's are the seeded ones.
   ASSERT_TRUE(InitWith(InitRequest(0, Piped(SYNC), 1), {Floats({5, 5})}).ok());
   EXPECT_EQ(*PullKey("a", 0, 0, 1), (std::vector<float>{1, 2}));

@@ -10,7 +10,8 @@
 //   checkpoint by the coordinator) ends with the very values of the same job
 //   run without interruption (SYNC and seeded: one build gives the same
 //   figures every run, whatever kernels the CPU has); so does a pipelined
-//   one, whose stages each wrote their part of the checkpoint.
+//   one, whose stages each wrote their part of the checkpoint, and a
+//   pipelined ps one, whose shards hold every stage's keys.
 // An all-reduce resume once trained on from the initial weights with the
 // checkpoint's step and optimizer state; every test here failed on it.
 #include <ATen/Functions.h>
@@ -82,6 +83,8 @@ class ResumeValuesTest : public ControlPlaneTest {
     ASSERT_TRUE(got.ok()) << got.status();
     EXPECT_EQ(BitwiseDifference(expected, *got), "") << weights;
   }
+
+  void RequeuePipelined(const std::string& unpiped);
 
   // SIGKILLs worker-1 (after `job`'s checkpoint `ck`), starts worker-2 in
   // its place, and expects the coordinator to restart the job from `ck`
@@ -185,17 +188,17 @@ TEST_F(ResumeValuesTest, AllReduceJobRequeuedAfterALostRankEndsLikeAnUninterrupt
   KillWorker1AndExpectTheRestartToEndAt(job, ck, *uninterrupted);
 }
 
-// A pipelined job (2 stages, issue 35): each stage's worker writes its own
-// file of the checkpoint, and together they are a checkpoint of the whole
-// model. A stage's worker dies after it; the coordinator restarts the job
-// from it, and the job ends with the uninterrupted run's very values. The
-// same checkpoint restored into an unpipelined job (another cut: none)
+// A pipelined job (2 stages, issue 35) in both modes: all-reduce, each
+// stage's worker writing its own file of the checkpoint; ps, the shards
+// saving every stage's keys. Either way the files are a checkpoint of the
+// whole model. A stage's worker dies after it; the coordinator restarts the
+// job from it, and the job ends with the uninterrupted run's very values.
+// The same checkpoint restored into an unpipelined job (another cut: none)
 // starts from its values bit for bit.
-TEST_F(ResumeValuesTest, PipelinedJobRequeuedAfterALostStageEndsLikeAnUninterruptedOne) {
+void ResumeValuesTest::RequeuePipelined(const std::string& unpiped) {
   // balance: parameters, so both runs cut alike (a timed cut may differ).
-  const std::string yaml = std::string(kAllReduceYaml) +
-                           "pipeline: {stages: 2, micro_batches: 4, balance: parameters}\n"
-                           "max_steps: 1500\ncollective_timeout_s: 10\n";
+  const std::string yaml = unpiped + "pipeline: {stages: 2, micro_batches: 4, balance: parameters}\n"
+                                     "max_steps: 1500\ncollective_timeout_s: 10\n";
   const std::string whole = Submit(WriteSpec("pipe-whole", yaml));
   CliResult w = Cli({"watch", whole});
   ASSERT_EQ(w.code, 0) << w.out << Logs();
@@ -207,17 +210,25 @@ TEST_F(ResumeValuesTest, PipelinedJobRequeuedAfterALostStageEndsLikeAnUninterrup
   CliResult out = Cli({"checkpoint", job});
   ASSERT_EQ(out.code, 0) << out.out << Cli({"status", job}).out << Logs();
   const Checkpointed ck = ParseCheckpoint(out.out);
-  ASSERT_TRUE(std::filesystem::exists(ck.path + "/shard-1.bin")) << "stage 1 wrote no file in " << ck.path;
+  ASSERT_TRUE(std::filesystem::exists(ck.path + "/shard-1.bin")) << "no stage or shard 1 file in " << ck.path;
   auto saved = ReadCheckpointValues(ck.path);
   ASSERT_TRUE(saved.ok()) << saved.status();
   EXPECT_EQ(saved->size(), 6u);  // the whole mlp: 3 layers' weights and biases
   KillWorker1AndExpectTheRestartToEndAt(job, ck, *uninterrupted);  // worker-1: one of the stages
 
   double accuracy = -1;
-  ExpectValues(*saved, RestoreAndStop(ck, kAllReduceYaml, "pipe-into-ar", &accuracy));
-  auto expected_accuracy = TestAccuracyOf(kAllReduceYaml, *saved);
+  ExpectValues(*saved, RestoreAndStop(ck, unpiped, "pipe-into-unpiped", &accuracy));
+  auto expected_accuracy = TestAccuracyOf(unpiped, *saved);
   ASSERT_TRUE(expected_accuracy.ok()) << expected_accuracy.status();
   EXPECT_NEAR(accuracy, *expected_accuracy, 1e-3);
+}
+
+TEST_F(ResumeValuesTest, PipelinedJobRequeuedAfterALostStageEndsLikeAnUninterruptedOne) {
+  RequeuePipelined(kAllReduceYaml);
+}
+
+TEST_F(ResumeValuesTest, PipelinedPsJobRequeuedAfterALostStageEndsLikeAnUninterruptedOne) {
+  RequeuePipelined(AsPs(kAllReduceYaml));
 }
 
 }  // namespace

@@ -69,6 +69,23 @@ void AddParameterCallCases(const CaseAdder& add) {
     r.mutable_config()->mutable_optimizer()->set_lr(1);
     r.set_attempt(1);  // the table "job" holds attempt 2
     add("InitTable", "earlier attempt", r, grpc::StatusCode::ABORTED);
+    // A pipelined table's request: a huge layout, a stage past the table's.
+    InitTableRequest piped;
+    piped.set_job("piped");
+    *piped.mutable_config() = r.config();
+    piped.mutable_config()->set_num_workers(2);
+    piped.mutable_config()->set_pipeline_stages(2);
+    piped.add_keys("k");
+    KeyLayout* huge = piped.add_layouts();
+    huge->set_dtype(DT_FLOAT32);
+    huge->add_shape(int64_t{1} << 40);
+    huge->add_shape(int64_t{1} << 40);
+    add("InitTable", "a pipelined key of 2^80 elements", piped, grpc::StatusCode::INVALID_ARGUMENT);
+    piped.mutable_layouts(0)->set_shape(0, 1 << 30);
+    piped.mutable_layouts(0)->set_shape(1, 1 << 10);
+    add("InitTable", "a pipelined key over the shard's memory", piped, grpc::StatusCode::RESOURCE_EXHAUSTED);
+    piped.set_stage(7);
+    add("InitTable", "a stage past the table's", piped, grpc::StatusCode::INVALID_ARGUMENT);
   }
   {
     PullRequest r;

@@ -474,7 +474,7 @@ TableConfig MakeTableConfig(const JobSpec& spec) {
     // gradients.
     c.set_consistency(SYNC);
     c.set_num_workers(1);
-  } else if (spec.pipeline.enabled()) {
+  } else if (spec.pipeline.stages > 1) {
     c.set_pipeline_stages(static_cast<uint32_t>(spec.pipeline.stages));
   }
   c.set_staleness(spec.staleness);

@@ -46,6 +46,9 @@ TEST(PipelineSpec, ReadsStagesMicroBatchesAndScheduleAndRunsOnTheCpu) {
     EXPECT_TRUE(ps.ok()) << consistency << ": " << ps.status();
     if (ps.ok()) EXPECT_EQ(MakeTableConfig(*ps).pipeline_stages(), 2u);
   }
+  auto one = ParseJobSpec("model: lenet\nworkers: 2\nshards: 1\npipeline: {stages: 1}\n");
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_EQ(MakeTableConfig(*one).pipeline_stages(), 0u);  // one stage: an ordinary table
 }
 
 TEST(PipelineSpec, RefusesWhatTheStagesCannotRunNamingTheField) {

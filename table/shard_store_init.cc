@@ -83,6 +83,13 @@ void ShardStore::InitTableAsync(const InitTableRequest& request, std::vector<Ten
     if (!keys.insert(key).second) {
       return done(absl::InvalidArgumentError(absl::StrCat("key '", Quote(key), "' appears twice")));
     }
+    // A layout costs nothing to send: the sum is bounded before it can
+    // wrap (a table over the shard's memory cannot be made anyway).
+    if (v.nbytes > options_.max_bytes - value_bytes) {
+      return done(absl::ResourceExhaustedError(absl::StrCat(
+          "job '", Quote(request.job()), "' has more than the ", options_.max_bytes, " bytes of values shard ",
+          options_.shard_index, " may hold (pstrain-ps --max_memory_mb)")));
+    }
     value_bytes += v.nbytes;
   }
 
@@ -115,6 +122,7 @@ void ShardStore::InitTableAsync(const InitTableRequest& request, std::vector<Ten
     }
     if (pipelined) s = FillStage(*existing, request, values);
     if (!s.ok()) return done(s);
+    if (pipelined) NotifyWaiters();  // a restored chunk's clock may have moved
     response->set_created(false);
     // A worker's InitTable for a spare catching up may bring a newer routing
     // than the one a leftover table holds (ignored unless newer).
@@ -217,15 +225,20 @@ absl::Status ShardStore::FillStage(Table& table, const InitTableRequest& request
     copied[i] = true;
   }
   std::vector<std::unique_lock<std::mutex>> locks;  // index order, as a push takes them
-  locks.reserve(request.own_keys_size());
-  for (uint32_t i : request.own_keys()) locks.emplace_back(table.chunks[i]->mu);
-  for (uint32_t i : request.own_keys()) {
+  locks.reserve(table.chunks.size());
+  for (const auto& c : table.chunks) locks.emplace_back(c->mu);
+  // Every key must stay where it is: one of the request's own keys of
+  // another stage, or a key of the request's stage it does not claim (its
+  // pushers would wait for this rank's pushes), is another cut.
+  std::vector<bool> own(table.chunks.size(), false);
+  for (uint32_t i : request.own_keys()) own[i] = true;
+  for (size_t i = 0; i < table.chunks.size(); ++i) {
     const Chunk& c = *table.chunks[i];
-    if (c.stage_known.load() && c.stage.load() != stage) {
-      return absl::AlreadyExistsError(absl::StrCat(
-          "job '", Quote(table.job), "' already has a table whose key '", Quote(c.key), "' is of stage ",
-          c.stage.load(), ", not ", stage, ": every worker of a run must cut the model alike"));
-    }
+    if (!c.stage_known.load() || (c.stage.load() == stage) == own[i]) continue;
+    return absl::AlreadyExistsError(absl::StrCat(
+        "job '", Quote(table.job), "' already has a table whose key '", Quote(c.key), "' is of stage ",
+        c.stage.load(), ", which this request of stage ", stage,
+        own[i] ? " claims" : " does not claim", ": every worker of a run must cut the model alike"));
   }
   const bool sync = table.config.consistency() == SYNC;
   const std::vector<bool> active = table.Active();  // lock order: the chunks, then seats_mu

@@ -95,6 +95,12 @@ TEST_F(PipelinedTable, EachStageGivesItsOwnKeysValuesAndPendingKeysAreRefused) {
   // A replica's InitTable, or the other stage's again, changes nothing.
   ASSERT_TRUE(InitWith(InitRequest(1, Piped(SYNC)), {Floats({7, 7})}).ok());
   EXPECT_EQ(*PullKey("b"), (std::vector<float>{10, 20}));
+  // A rank of stage 0 that does not claim "a" is of another cut: "a"'s
+  // pushers would wait for its pushes.
+  InitTableRequest unclaimed = InitRequest(0, Piped(SYNC));
+  unclaimed.clear_own_keys();
+  *unclaimed.add_layouts() = unclaimed.layouts(0);
+  EXPECT_EQ(InitWith(unclaimed, {}).code(), absl::StatusCode::kAlreadyExists);
   EXPECT_TRUE(Save("filled/shard-0.bin", &saved).ok());
 }
 
@@ -166,6 +172,22 @@ TEST_F(PipelinedTable, ARestoredTableLearnsItsStagesFromTheInitTables) {
   ASSERT_TRUE(PushKey("b", 1, 0, {2, 2}, 1).ok());
   ASSERT_TRUE(PushKey("b", 3, 0, {0, 0}, 1).ok());
   EXPECT_EQ(*PullKey("b", 1, 0, 1), (std::vector<float>{9, 19}));
+}
+
+// Layouts cost nothing to send: their bytes, summed, must not wrap around
+// to a table the budget lets in (here 2^35 + 4 x (2^62 - 2^33) = 2^64).
+TEST_F(PipelinedTable, LayoutsWhoseBytesWouldWrapAreRefusedBeforeAnyAllocation) {
+  InitTableRequest req = InitRequest(0, Piped(SYNC));
+  req.clear_keys();
+  req.clear_own_keys();
+  req.clear_layouts();
+  for (int i = 0; i < 5; ++i) {
+    req.add_keys("k" + std::to_string(i));
+    KeyLayout* layout = req.add_layouts();
+    layout->set_dtype(DT_FLOAT32);
+    layout->add_shape(i == 0 ? int64_t{1} << 33 : (int64_t{1} << 60) - (int64_t{1} << 31));
+  }
+  EXPECT_EQ(InitWith(req, {}).code(), absl::StatusCode::kResourceExhausted);
 }
 
 TEST_F(PipelinedTable, MalformedPipelinedInitTablesAreRefused) {

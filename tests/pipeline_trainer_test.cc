@@ -280,6 +280,9 @@ TEST(PipelineTrainer, StagesOnTheShardsTrainLikeUnpipelinedPsWorkers) {
   Case async{"mlp", 3, 1, 4, "gpipe", 16, 100};
   async.ps = ASYNC;
   CheckLikeUncut(async);
+  Case one_stage{"mlp", 1, 2, 2, "gpipe", 16, 64};  // an unpipelined table
+  one_stage.ps = SYNC;
+  CheckLikeUncut(one_stage);
 }
 
 // bf16 autocast through the stages: the pipelined job stays with the

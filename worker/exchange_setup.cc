@@ -19,7 +19,7 @@ absl::StatusOr<ExchangeSet> MakeExchange(const TrainerOptions& options, const st
     return absl::InvalidArgumentError("all-reduce mode needs a local store and no shards");
   }
   PsClientOptions po;
-  if (!allreduce && whole != nullptr) {
+  if (!allreduce && whole != nullptr && spec.pipeline.stages > 1) {
     auto whole_plan = MakePartitionPlan(*whole, spec.shards, static_cast<size_t>(spec.chunk_bytes), spec.replicas);
     if (!whole_plan.ok()) return whole_plan.status();
     po.whole_plan = std::move(*whole_plan);
@@ -46,6 +46,7 @@ absl::StatusOr<ExchangeSet> MakeExchange(const TrainerOptions& options, const st
   po.shard_targets = options.shard_targets;
   po.next_routing = options.next_routing;
   po.connect = options.connect_shard;
+  po.stop = options.stop;
   auto ps = PsClient::Create(po, allreduce ? std::vector<ParameterStore*>{options.local_store} : options.shards);
   if (!ps.ok()) return ps.status();
   ExchangeSet set;

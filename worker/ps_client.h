@@ -11,6 +11,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <atomic>
 #include <deque>
 #include <functional>
 #include <memory>
@@ -52,6 +53,10 @@ struct PsClientOptions {
   uint32_t stage = 0;
   // Deadline of each operation (all shards together).
   absl::Duration timeout = absl::Seconds(120);
+  // The job's stop flag (not owned; may be null): once it is true, a call
+  // that failed on a lost shard fails CANCELLED instead of waiting for a
+  // newer routing until `timeout` (a cancelled job stops within a second).
+  const std::atomic<bool>* stop = nullptr;
   // PushPullAsync cuts a shard's part of a bucket into requests of at most
   // this many value bytes (whole chunks; at least one), so values of the
   // first come back while the later still go out.
@@ -148,8 +153,13 @@ class PsClient {
   // `previous` (null at first): whose clients are kept for the same targets.
   std::shared_ptr<const Route> MakeRoute(const Routing& routing, const Route* previous) const;
   bool replicated() const { return options_.plan.replicas > 0 && static_cast<bool>(options_.next_routing); }
+  // Whether the job's stop flag is up; the CANCELLED a failed-over call
+  // then ends with.
+  bool Stopped() const;
+  static absl::Status Cancelled(const absl::Status& failure);
   // Runs `op` (one whole operation) and, for a replicated table, again
-  // under a newer routing while it fails on a lost shard, until `timeout`.
+  // under a newer routing while it fails on a lost shard, until `timeout`
+  // or the job's stop.
   absl::Status WithFailover(const std::function<absl::Status(const Route&)>& op);
   // Waits (up to `deadline`, at most a second) for a routing newer than
   // `seen`, and uses it.

@@ -257,12 +257,20 @@ void PsClient::WatchRoutings(const TableConfig& config) {
   });
 }
 
+bool PsClient::Stopped() const { return options_.stop != nullptr && options_.stop->load(); }
+
+absl::Status PsClient::Cancelled(const absl::Status& failure) {
+  return absl::CancelledError(
+      absl::StrCat("the job was stopped while a shard call failed over (", failure.message(), ")"));
+}
+
 absl::Status PsClient::WithFailover(const std::function<absl::Status(const Route&)>& op) {
   const absl::Time deadline = absl::Now() + options_.timeout;
   while (true) {
     const std::shared_ptr<const Route> r = route();
     absl::Status s = op(*r);
     if (s.ok() || !replicated() || !MayFailOver(s) || absl::Now() >= deadline) return s;
+    if (Stopped()) return Cancelled(s);
     AwaitRouting(r->generation, deadline);
     // No newer routing for a failure only a routing mends: it stays.
     if (s.code() != absl::StatusCode::kUnavailable && route()->generation == r->generation) return s;
@@ -293,10 +301,12 @@ void PsClient::PartDone(const std::shared_ptr<AsyncPushPull>& state, size_t k, a
   }
   if (first.ok()) return state->done(absl::OkStatus());
   if (!retry || absl::Now() >= state->deadline) return state->done(first);
+  if (Stopped()) return state->done(Cancelled(first));
   // Waiting for the coordinator's routing blocks: not on a gRPC thread.
   OnFailoverThread([this, state, first] {
     const uint64_t seen = state->generation;
     AwaitRouting(seen, state->deadline);
+    if (Stopped()) return state->done(Cancelled(first));
     const std::shared_ptr<const Route> r = route();
     if (first.code() != absl::StatusCode::kUnavailable && r->generation == seen) return state->done(first);
     IssueParts(state, *r);

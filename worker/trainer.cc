@@ -155,13 +155,14 @@ absl::Status Trainer::BuildModel() {
 }
 
 absl::Status Trainer::BuildExchange() {
-  if (options_.pipeline != nullptr) {  // rank 0 reports it; a ps stage's chunks lie where its plan puts them
+  // A pipeline's whole layout: rank 0 reports it; a ps stage's chunks lie where its plan puts them.
+  if (options_.pipeline != nullptr && (options_.rank == 0 || !spec_.allreduce())) {
     auto whole = PipelineModelSpecs(options_, data_.train);
     if (!whole.ok()) return whole.status();
     whole_specs_ = std::move(*whole);
   }
   auto set = MakeExchange(options_, params_, specs_, &activity_, scaler_.get(),
-                          options_.pipeline != nullptr ? &whole_specs_ : nullptr);
+                          whole_specs_.empty() ? nullptr : &whole_specs_);
   if (!set.ok()) return set.status();
   ps_ = std::move(set->ps);
   exchange_ = std::move(set->exchange);
@@ -169,9 +170,8 @@ absl::Status Trainer::BuildExchange() {
 }
 
 void Trainer::RegisterHooks() {
-  // Hooks offer gradients during backward, unless the step must have them
-  // all first: accumulated micro-batches (a pipeline's too), or a ps
-  // worker's own clipping or fp16 check (all-reduce's come after reducing).
+  // Hooks offer gradients during backward, unless the step needs them all first: accumulated
+  // micro-batches (a pipeline's too), a ps worker's own clipping or fp16 check (not all-reduce's).
   hooks_ = spec_.accumulate_steps == 1 && pipeline_ == nullptr &&
            (exchange_->processes_reduced() || (spec_.clip_grad_norm == 0 && scaler_ == nullptr));
   offered_.assign(params_.size(), false);

@@ -63,7 +63,14 @@ TEST(TrainerTest, AllReduceTwoWorkersEqualOneWorkerOnTheConcatenatedBatch) {
 void ExpectQatWorkersLikeOneWorker(const JobSpec& two, const TrainTest& data,
                                    const std::vector<absl::StatusOr<TrainResult>>& results) {
   TrainResult one;
-  ExpectLikeOneWorkerOnTheConcatenatedBatch(two, data, results, c10::Device(c10::kCPU), 1e-4, 1e-5, &one);
+  // One element of a parameter may be further off: for a weight right at
+  // a rounding or clamping edge of its fake quantization, the last bit
+  // (two workers' sums ordered unlike one worker's) decides the step, and
+  // the straight-through estimator's mask with it. Seen with
+  // ATEN_CPU_CAPABILITY avx2 and avx512: one of fc3.weight's 840 elements
+  // off by 3.9e-4, every other element of every parameter within 2e-8.
+  ExpectLikeOneWorkerOnTheConcatenatedBatch(two, data, results, c10::Device(c10::kCPU), 1e-4, 1e-5, &one,
+                                            /*stray=*/1);
   if (::testing::Test::HasFailure()) return;
   ASSERT_EQ(results[0]->buffers.size(), one.buffers.size());
   ASSERT_GT(one.buffers.size(), 8u);

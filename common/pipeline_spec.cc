@@ -73,7 +73,6 @@ absl::Status CheckPipelineJob(const JobSpec& spec, const MappingReader& r) {
                                     "checkpoint: its neighbours cannot go on without it)");
     }
     if (spec.replicas > 0) return refuse("replicas", "must be 0");
-    if (spec.clip_grad_norm > 0) return refuse("clip_grad_norm", "must be 0 in ps mode (the whole model's norm)");
   }
   if (spec.precision == Precision::kFp16) return refuse("precision", "must be fp32 or bf16 (fp16's loss scaling)");
   if (spec.device == DeviceChoice::kCuda) return refuse("device", "must be cpu or auto (the stages run on the CPU)");

@@ -71,7 +71,6 @@ TEST(PipelineSpec, RefusesWhatTheStagesCannotRunNamingTheField) {
        "model 'dlrm' cannot be cut into stages"},
       {"model: lenet\nworkers: 4\nmin_workers: 2\npipeline: {stages: 2}\n", "min_workers must equal workers"},
       {"model: lenet\nworkers: 2\nshards: 2\nreplicas: 1\npipeline: {stages: 2}\n", "replicas must be 0"},
-      {"model: lenet\nworkers: 2\nclip_grad_norm: 1\npipeline: {stages: 2}\n", "clip_grad_norm must be 0"},
       {base + "precision: fp16\npipeline: {stages: 2}\n", "precision must be fp32 or bf16"},
       {base + "device: cuda\npipeline: {stages: 2}\n", "device must be cpu or auto"},
       {base + "backend: nccl\npipeline: {stages: 2}\n", "backend must be gloo or auto"},

@@ -280,6 +280,11 @@ TEST(PipelineTrainer, StagesOnTheShardsTrainLikeUnpipelinedPsWorkers) {
   Case async{"mlp", 3, 1, 4, "gpipe", 16, 100};
   async.ps = ASYNC;
   CheckLikeUncut(async);
+  // clip_grad_norm: each replica clips its own gradient, as a ps worker
+  // does, by the norm its stages add up (0.05 clips every step here).
+  Case clipped{"lenet", 2, 2, 4, "gpipe", 8, 100, "parameters", 0.05};
+  clipped.ps = SYNC;
+  CheckLikeUncut(clipped);
   Case one_stage{"mlp", 1, 2, 2, "gpipe", 16, 64};  // an unpipelined table
   one_stage.ps = SYNC;
   CheckLikeUncut(one_stage);

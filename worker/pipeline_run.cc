@@ -1,10 +1,13 @@
 #include "worker/pipeline_run.h"
 
 #include <ATen/ops/cross_entropy_loss.h>
+#include <ATen/ops/linalg_vector_norm.h>
+#include <ATen/ops/zeros.h>
 #include <c10/core/GradMode.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <functional>
 
@@ -351,6 +354,27 @@ absl::StatusOr<std::optional<EvalResult>> PipelineRun::Evaluate(const Dataset& t
   ev.loss = n == 0 ? 0 : loss_sum / static_cast<double>(n);
   ev.accuracy = n == 0 ? 0 : correct / static_cast<double>(n);
   return std::optional<EvalResult>(ev);
+}
+
+absl::StatusOr<double> PipelineRun::ClipReplicaGradients(const std::vector<at::Tensor>& params, double max_norm) {
+  at::Tensor slots = at::zeros({place_.replicas}, at::kDouble);
+  double own = 0;
+  for (const auto& p : params) {
+    if (p.grad().defined()) own += std::pow(at::linalg_vector_norm(p.grad(), 2).item<double>(), 2);
+  }
+  slots.data_ptr<double>()[place_.replica] = own;
+  if (absl::Status s = group_->AllReduce(slots)->Wait(); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("the replica's gradient norm: ", s.message()));
+  }
+  const double norm = std::sqrt(slots.data_ptr<double>()[place_.replica]);
+  const double coef = max_norm / (norm + 1e-6);
+  if (coef < 1) {
+    c10::NoGradGuard no_grad;
+    for (const auto& p : params) {
+      if (p.grad().defined()) p.grad().mul_(coef);
+    }
+  }
+  return norm;
 }
 
 absl::StatusOr<NamedTensors> PipelineRun::Conclude(const NamedTensors& own, bool gather) {

@@ -89,6 +89,14 @@ class PipelineRun {
   absl::Status Step(const Dataset& data, const BatchLoader::Batch& batch, int64_t step, double scale,
                     at::Tensor* loss);
 
+  // Parameter server (each replica clips its own gradient, as a worker
+  // does): scales `params`' gradients (this stage's) so that the norm of
+  // the replica's whole-model gradient -- its stages' squared norms added
+  // over the job's group, each replica in its own slot -- is at most
+  // `max_norm`, as torch::nn::utils::clip_grad_norm_ would. Returns that
+  // norm; a neighbour's failure is the group's error.
+  absl::StatusOr<double> ClipReplicaGradients(const std::vector<at::Tensor>& params, double max_norm);
+
   // The stage, the fraction of the steps' time since the last report that
   // this rank waited for its neighbours (the bubble, the transfers), and
   // the most micro-batches whose activations it held at once.

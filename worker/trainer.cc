@@ -63,12 +63,10 @@ class Trainer {
   // offered, the exchange finished.
   absl::Status Step(int epoch, int64_t first_micro, int64_t last_micro);
   void TrainMicro(const BatchLoader::Batch& batch, double scale, bool arm, at::Tensor* loss_sum);
-  // Parameter server, after one rank's batch (its micro-batches) went
-  // through backward: with loss scaling its gradient is unscaled and
-  // checked, with clip_grad_norm clipped -- each rank's batch on its own, as
-  // its own worker would, also when this worker covers vacant ranks.
-  // Returns whether it is finite; adds its norm to *norms.
-  bool FinishBatchGradient(std::vector<double>* norms);
+  // Parameter server, after one rank's batch went through backward: its gradient unscaled and checked
+  // (fp16), clipped (clip_grad_norm), each rank's batch on its own as its worker would (covering vacant
+  // ranks too). Whether it is finite; its norm added to *norms.
+  absl::StatusOr<bool> FinishBatchGradient(std::vector<double>* norms);
   // The step's scaling outcome: an overflow makes the step an empty push
   // (the shards count the step and change nothing). Sets *skipped.
   absl::Status ConcludeScaling(bool finite, bool* skipped);
@@ -242,7 +240,7 @@ absl::Status Trainer::Step(int epoch, int64_t first, int64_t last) {
   std::vector<double> norms;
   auto batch_done = [&] {
     if (!per_batch) return;
-    finite = FinishBatchGradient(&norms) && finite;
+    finite = FinishBatchGradient(&norms).value_or(false) && finite;  // no pipeline: no collective to fail
     covering_->SetAside(params_);
   };
   try {
@@ -275,7 +273,9 @@ absl::Status Trainer::Step(int epoch, int64_t first, int64_t last) {
     if (per_batch) {
       covering_->Restore(params_);
     } else if (finish_here && trained > 0) {
-      finite = FinishBatchGradient(&norms);
+      absl::StatusOr<bool> f = FinishBatchGradient(&norms);  // nothing offered yet: hooks are off
+      if (!f.ok()) return absl::Status(f.status().code(), absl::StrCat("step ", step_, ": ", f.status().message()));
+      finite = *f;
     }
     if (!norms.empty()) grad_norm = norms.front();  // this rank's own (or first) batch
     bool skipped = false;
@@ -313,7 +313,7 @@ absl::Status Trainer::Step(int epoch, int64_t first, int64_t last) {
   return absl::OkStatus();
 }
 
-bool Trainer::FinishBatchGradient(std::vector<double>* norms) {
+absl::StatusOr<bool> Trainer::FinishBatchGradient(std::vector<double>* norms) {
   bool finite = true;
   if (scaler_ != nullptr) {
     std::vector<at::Tensor> grads;
@@ -321,7 +321,11 @@ bool Trainer::FinishBatchGradient(std::vector<double>* norms) {
     finite = scaler_->UnscaleAndCheck(grads);
   }
   if (spec_.clip_grad_norm > 0 && finite) {
-    norms->push_back(torch::nn::utils::clip_grad_norm_(params_, spec_.clip_grad_norm));
+    auto norm = pipeline_ != nullptr
+                    ? pipeline_->ClipReplicaGradients(params_, spec_.clip_grad_norm)
+                    : absl::StatusOr<double>(torch::nn::utils::clip_grad_norm_(params_, spec_.clip_grad_norm));
+    if (!norm.ok()) return norm.status();
+    norms->push_back(*norm);
   }
   return finite;
 }
@@ -438,14 +442,10 @@ absl::StatusOr<TrainResult> Trainer::Run() {
   // A resumed QAT job quantizes from its first step -- and in an
   // evaluation before any (stopped at the checkpoint's step).
   model_->SetStep(step_);
-  BatchPlan batch_plan;
-  batch_plan.batch_size = spec_.batch_size;
-  batch_plan.start_epoch = schedule_.start_epoch;
-  batch_plan.start_micro = schedule_.start_epoch_step * spec_.accumulate_steps;
-  batch_plan.epochs = spec_.epochs;
-  batch_plan.micro_per_epoch = schedule_.micro_per_epoch;
-  batch_plan.pin = !device_.is_cpu();
-  loader_ = std::make_unique<BatchLoader>(data_.train, *sampler_, batch_plan);
+  // BatchPlan{batch_size, start_epoch, start_micro, epochs, micro_per_epoch, pin}
+  const BatchPlan plan{spec_.batch_size, schedule_.start_epoch, schedule_.start_epoch_step * spec_.accumulate_steps,
+                       spec_.epochs,     schedule_.micro_per_epoch, !device_.is_cpu()};
+  loader_ = std::make_unique<BatchLoader>(data_.train, *sampler_, plan);
   if (spec_.consistency == SYNC && !spec_.allreduce() && pipeline_ == nullptr) {  // a lost stage restarts the job
     covering_ = std::make_unique<VacantRankCover>(data_.train, options_.rank, options_.world_size, spec_.seed,
                                                   spec_.batch_size);

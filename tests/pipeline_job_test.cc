@@ -1,5 +1,6 @@
-// Pipelined jobs (issue 35) as users run them: the example through
-// `pstrain local` (a coordinator, four worker processes, real data), and
+// Pipelined jobs (issue 35) as users run them: the examples through
+// `pstrain local` (a coordinator, four worker processes, real data; on
+// shards too), and
 // two stages launched the torchrun way with one of them killed.
 #include <gtest/gtest.h>
 
@@ -29,6 +30,19 @@ TEST(PipelineJobTest, TheExampleTrainsThroughTheStagesAndWritesTheWholeModel) {
   ASSERT_TRUE(std::regex_search(run.output, loss, std::regex("step 900/938  loss ([0-9.]+)"))) << run.output;
   EXPECT_GT(std::stod(loss[1]), 0.05) << run.output;
   EXPECT_LT(std::stod(loss[1]), 0.6) << run.output;
+  std::smatch w;
+  ASSERT_TRUE(std::regex_search(run.output, w, std::regex("weights: (\\S+/model.pt)"))) << run.output;
+  EXPECT_NEAR(PythonAccuracy(w[1], "lenet", 10000, dir), accuracy, 0.0006);
+}
+
+// The same on parameter servers: 2 shards hold the whole model, each rank
+// pushes and pulls its stage's parameters (docs/pipeline.md).
+TEST(PipelineJobTest, ThePsExampleTrainsItsStagesOnTheShards) {
+  if (!HaveFashionMnist()) GTEST_SKIP() << "dataset-fashion-mnist is not installed (make setup installs it)";
+  const std::string dir = MakeTempDir("pipeline-ps-example");
+  RunOutput run;
+  const double accuracy = RunExampleAccuracy("examples/fashion_mnist_pipeline_ps.yaml", dir, &run);
+  EXPECT_GE(accuracy, 0.86) << run.output;
   std::smatch w;
   ASSERT_TRUE(std::regex_search(run.output, w, std::regex("weights: (\\S+/model.pt)"))) << run.output;
   EXPECT_NEAR(PythonAccuracy(w[1], "lenet", 10000, dir), accuracy, 0.0006);

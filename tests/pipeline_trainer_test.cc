@@ -271,8 +271,8 @@ TEST(PipelineTrainer, TwoReplicasOfTwoStagesTrainLikeTwoAllReduceWorkers) {
 }
 
 // Parameter server: each stage's replicas push its keys, and the shards
-// average them (SYNC) or apply each push with lr / replicas (ASYNC: one
-// replica trains as one worker does, push after push).
+// average them (SYNC) or apply each push with lr / replicas (ASYNC, SSP:
+// one replica trains as one worker does, push after push).
 TEST(PipelineTrainer, StagesOnTheShardsTrainLikeUnpipelinedPsWorkers) {
   Case sync{"lenet", 2, 2, 4, "1f1b", 8, 100};
   sync.ps = SYNC;
@@ -280,6 +280,9 @@ TEST(PipelineTrainer, StagesOnTheShardsTrainLikeUnpipelinedPsWorkers) {
   Case async{"mlp", 3, 1, 4, "gpipe", 16, 100};
   async.ps = ASYNC;
   CheckLikeUncut(async);
+  Case ssp{"mlp", 2, 1, 2, "1f1b", 16, 64};
+  ssp.ps = SSP;
+  CheckLikeUncut(ssp);
   // clip_grad_norm: each replica clips its own gradient, as a ps worker
   // does, by the norm its stages add up (0.05 clips every step here).
   Case clipped{"lenet", 2, 2, 4, "gpipe", 8, 100, "parameters", 0.05};

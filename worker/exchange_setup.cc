@@ -23,7 +23,7 @@ absl::StatusOr<ExchangeSet> MakeExchange(const TrainerOptions& options, const st
     auto whole_plan = MakePartitionPlan(*whole, spec.shards, static_cast<size_t>(spec.chunk_bytes), spec.replicas);
     if (!whole_plan.ok()) return whole_plan.status();
     po.whole_plan = std::move(*whole_plan);
-    po.stage = static_cast<uint32_t>(options.rank % std::max(1, spec.pipeline.stages));
+    po.stage = static_cast<uint32_t>(options.rank % spec.pipeline.stages);
   }
   auto plan = po.whole_plan.num_shards > 0
                   ? RestrictPlan(po.whole_plan, specs)

@@ -66,9 +66,10 @@ class ShardStore::PushTransaction {
     if (!sync_ && !config_.shared_async_state()) {
       // With per-worker state, one round of pushes from all N workers moves
       // the parameters as far as one SYNC step of the averaged gradient:
-      // the job's lr means the same in every mode (and as in DDP). A
-      // pipelined table's key is pushed by its stage's replicas only.
-      optimizer_.set_lr(optimizer_.lr() / (config_.num_workers() / shard_internal::PipelineStages(config_)));
+      // the job's lr means the same in every mode (and as in DDP). One set
+      // per pusher: a pipelined table's key is pushed by its stage's
+      // replicas only.
+      optimizer_.set_lr(optimizer_.lr() / shard_internal::StateSets(config_));
     }
   }
 
